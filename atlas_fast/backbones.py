@@ -1,0 +1,272 @@
+"""Frozen CLIP backbones through open_clip, identified by a fingerprint.
+
+A backbone is named by a :class:`BackboneConfig`:
+
+* ``model="ViT-B-16", pretrained="openai"`` -- an open_clip model name with a pretrained tag, downloaded on the
+  user's machine the way open_clip does it (QuickGELU is switched on when the tag needs it, as OpenAI's CLIP has it);
+* ``pretrained="/path/to/ViT-B-16.pt"`` -- a local file: OpenAI's JIT/state-dict ``.pt`` (as CoOp users have it,
+  the architecture is read from the weights) or an open_clip ``.bin``/``.pt``/``.safetensors`` checkpoint for
+  ``model``;
+* ``pretrained=None`` -- random weights from the model's config, seeded by ``init_seed`` (tests, benchmarks).
+
+Model configs shipped in ``atlas_fast/model_configs/`` (e.g. ``atlas-tiny``) are registered with open_clip, so they
+work everywhere an open_clip name does. The :attr:`Backbone.fingerprint` (architecture + a hash of the weights)
+keys caches and result records: features made with other weights are never mistaken for these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+import open_clip
+
+MODEL_CONFIG_DIR = Path(__file__).parent / "model_configs"
+CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+
+_registered = False
+
+
+def _register_model_configs() -> None:
+    """Make the JSON configs in ``atlas_fast/model_configs`` known to open_clip (once per process)."""
+    global _registered
+    if not _registered and MODEL_CONFIG_DIR.is_dir():
+        open_clip.add_model_config(MODEL_CONFIG_DIR)
+        _registered = True
+
+
+@dataclass(frozen=True)
+class BackboneConfig:
+    """Which CLIP to load. ``pretrained``: an open_clip tag, a local file path, a shipped checkpoint name, or None."""
+
+    model: str = "ViT-B-16"
+    pretrained: str | None = "openai"
+    init_seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """The pixel pipeline a backbone expects (CLIP: bicubic resize of the short side, centre crop, mean/std)."""
+
+    image_size: int
+    mean: tuple[float, float, float] = OPENAI_MEAN
+    std: tuple[float, float, float] = OPENAI_STD
+    interpolation: str = "bicubic"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image_size": self.image_size, "mean": list(self.mean), "std": list(self.std),
+                "interpolation": self.interpolation}
+
+
+@dataclass
+class Backbone:
+    """A frozen open_clip CLIP model with its tokenizer, preprocessing and fingerprint."""
+
+    model: nn.Module
+    tokenizer: Callable[..., torch.Tensor]
+    preprocessing: Preprocessing
+    config: BackboneConfig
+    architecture: dict[str, Any]
+    fingerprint: str = field(default="")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def embed_dim(self) -> int:
+        proj = self.model.text_projection
+        return proj.out_features if isinstance(proj, nn.Linear) else proj.shape[1]
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model.positional_embedding.shape[0])
+
+    def to(self, device: str | torch.device) -> "Backbone":
+        self.model.to(device)
+        return self
+
+    @torch.no_grad()
+    def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Un-normalised image features (B, D) for preprocessed pixels (B, 3, H, W)."""
+        return self.model.encode_image(pixels)
+
+    @torch.no_grad()
+    def encode_text(self, texts: list[str]) -> torch.Tensor:
+        """Un-normalised text features (N, D) for raw strings, exactly as CLIP's ``encode_text``."""
+        tokens = self.tokenizer(texts).to(self.device)
+        return self.model.encode_text(tokens)
+
+    def describe(self) -> str:
+        return f"{self.config.model} ({self.config.pretrained or 'random init'}) [{self.fingerprint[:12]}]"
+
+
+def weights_hash(model: nn.Module) -> str:
+    """A stable hash of every parameter and buffer (name, dtype, shape, bytes) in fp32 on the CPU."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu")
+        if t.is_floating_point():
+            t = t.float()
+        digest.update(name.encode())
+        digest.update(str(tuple(t.shape)).encode())
+        digest.update(t.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _architecture_of(model: nn.Module, name: str) -> dict[str, Any]:
+    """A compact description of the model's shape, enough to tell architectures apart."""
+    visual = model.visual
+    act = "unknown"
+    for module in model.modules():
+        cls = type(module).__name__
+        if cls in ("QuickGELU", "GELU"):
+            act = cls
+            break
+    return {
+        "name": name,
+        "image_size": _image_size(model),
+        "embed_dim": int(model.text_projection.shape[1]) if not isinstance(model.text_projection, nn.Linear)
+        else int(model.text_projection.out_features),
+        "text_width": int(model.token_embedding.weight.shape[1]),
+        "text_layers": len(model.transformer.resblocks),
+        "context_length": int(model.positional_embedding.shape[0]),
+        "vision": type(visual).__name__,
+        "vision_layers": len(getattr(getattr(visual, "transformer", None), "resblocks", [])),
+        "activation": act,
+        "n_params": int(sum(p.numel() for p in model.parameters())),
+    }
+
+
+def _image_size(model: nn.Module) -> int:
+    size = getattr(model.visual, "image_size", None)
+    if size is None:
+        size = getattr(model.visual, "input_resolution", 224)
+    if isinstance(size, (tuple, list)):
+        size = size[0]
+    return int(size)
+
+
+def _shipped_checkpoint(name: str) -> Path | None:
+    for suffix in ("", ".pt", ".safetensors", ".bin"):
+        path = CHECKPOINT_DIR / f"{name}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def _is_openai_checkpoint(path: Path) -> bool:
+    """OpenAI's released ``.pt`` files are TorchScript archives; a plain OpenAI state dict has no ``visual.``-less
+    open_clip wrapper either, so we treat ``.pt`` files that open as TorchScript, or whose keys are OpenAI's, as
+    OpenAI checkpoints."""
+    if path.suffix != ".pt":
+        return False
+    try:
+        torch.jit.load(str(path), map_location="cpu")
+        return True
+    except Exception:  # not TorchScript: inspect the state dict
+        pass
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception:
+        return False
+    if isinstance(state, dict) and "state_dict" in state:
+        state = state["state_dict"]
+    keys = set(state) if isinstance(state, dict) else set()
+    return "visual.proj" in keys and "text_projection" in keys and "visual.transformer.resblocks.0.attn.in_proj_weight" in keys
+
+
+def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") -> Backbone:
+    """Load a frozen CLIP in fp32 (mixed precision is applied by the caller with autocast) and fingerprint it."""
+    _register_model_configs()
+    pretrained = config.pretrained
+    name = config.model
+    if pretrained is not None and not os.path.isfile(pretrained) and _shipped_checkpoint(pretrained) is not None:
+        pretrained = str(_shipped_checkpoint(pretrained))
+
+    if pretrained is None:
+        torch.manual_seed(config.init_seed)
+        model = open_clip.create_model(name, pretrained=None, force_quick_gelu=_wants_quick_gelu(name, None))
+    elif os.path.isfile(pretrained):
+        path = Path(pretrained)
+        if _is_openai_checkpoint(path):
+            model = open_clip.load_openai_model(str(path), precision="fp32", device="cpu")
+            name = _openai_name_for(model, name)
+        else:
+            model = open_clip.create_model(name, pretrained=str(path), force_quick_gelu=_wants_quick_gelu(name, None))
+    elif Path(pretrained).suffix in (".pt", ".bin", ".safetensors", ".pth") or os.sep in pretrained:
+        raise FileNotFoundError(
+            f"Checkpoint file not found: {pretrained}. Pass the path of an existing file, e.g. "
+            f"--pretrained ~/.cache/clip/ViT-B-16.pt (OpenAI's file as CoOp uses it) or an open_clip .bin/.safetensors.")
+    else:
+        _check_known_tag(name, pretrained)
+        try:
+            model = open_clip.create_model(name, pretrained=pretrained,
+                                           force_quick_gelu=_wants_quick_gelu(name, pretrained))
+        except Exception as exc:  # network failures surface as many exception types
+            raise RuntimeError(
+                f"Could not obtain the weights of {name!r} with pretrained tag {pretrained!r} ({type(exc).__name__}: "
+                f"{exc}). Without network access, pass a local checkpoint file instead, e.g. "
+                f"`--pretrained /path/to/ViT-B-16.pt` (OpenAI's file, as CoOp users have it in ~/.cache/clip) or "
+                f"`--pretrained /path/to/open_clip_model.safetensors` with `--model {name}`.") from exc
+
+    model = model.float().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    image_size = _image_size(model)
+    mean = tuple(getattr(model.visual, "image_mean", None) or OPENAI_MEAN)
+    std = tuple(getattr(model.visual, "image_std", None) or OPENAI_STD)
+    preprocessing = Preprocessing(image_size=image_size, mean=mean, std=std, interpolation="bicubic")
+    architecture = _architecture_of(model, name)
+    fingerprint = hashlib.blake2b(
+        (json.dumps(architecture, sort_keys=True) + weights_hash(model)).encode(), digest_size=16).hexdigest()
+    backbone = Backbone(model=model, tokenizer=open_clip.get_tokenizer(name) if _tokenizer_known(name)
+                        else open_clip.get_tokenizer("ViT-B-16"),
+                        preprocessing=preprocessing, config=config, architecture=architecture, fingerprint=fingerprint)
+    return backbone.to(device)
+
+
+def _wants_quick_gelu(name: str, tag: str | None) -> bool:
+    """OpenAI-trained weights need QuickGELU; random ViT-B/16-shaped models default to OpenAI's architecture too."""
+    if tag is not None:
+        return bool(open_clip.get_pretrained_cfg(name, tag).get("quick_gelu", False))
+    cfg = open_clip.get_model_config(name) or {}
+    return bool(cfg.get("quick_gelu", name in ("ViT-B-16", "ViT-B-32", "ViT-L-14", "RN50")))
+
+
+def _check_known_tag(name: str, tag: str) -> None:
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    if tag not in tags:
+        raise ValueError(
+            f"Unknown pretrained tag {tag!r} for model {name!r}. Known tags: {sorted(tags) or 'none'}; "
+            f"or pass a local checkpoint file path.")
+
+
+def _tokenizer_known(name: str) -> bool:
+    try:
+        return open_clip.get_model_config(name) is not None
+    except Exception:
+        return False
+
+
+def _openai_name_for(model: nn.Module, fallback: str) -> str:
+    """Name an OpenAI checkpoint by its shape (ViT-B-16 for the 768-wide, patch-16 vision tower)."""
+    visual = model.visual
+    conv = getattr(visual, "conv1", None)
+    if conv is None:
+        return fallback
+    width, patch = conv.weight.shape[0], conv.weight.shape[-1]
+    known = {(768, 16): "ViT-B-16", (768, 32): "ViT-B-32", (1024, 14): "ViT-L-14"}
+    return known.get((int(width), int(patch)), fallback)
