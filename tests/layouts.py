@@ -40,7 +40,7 @@ def make_oxford_pets(data_root: Path, n_classes: int = 6, n_train: int = 8, n_va
         for name, n in (("train", n_train), ("val", n_val), ("test", n_test)):
             for i in range(n):
                 rel = f"{cname}_{name}{i}.jpg"
-                write_image(dataset_dir / "images" / rel, seed=label * 1000 + hash(name) % 97 * 10 + i, size=size)
+                write_image(dataset_dir / "images" / rel, seed=label * 1000 + ("train", "val", "test").index(name) * 100 + i, size=size)
                 split[name].append([rel, label, cname])
     for items in split.values():
         rng.shuffle(items)
