@@ -1,0 +1,71 @@
+"""Backbone loading: random configs, local OpenAI/open_clip files, fingerprints and the errors users meet."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import open_clip
+from atlas_fast import backbones
+from atlas_fast.backbones import BackboneConfig, load_backbone
+
+TINY = BackboneConfig("atlas-tiny", None)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_backbone(TINY)
+
+
+def test_random_init_is_seeded_and_fingerprinted(tiny):
+    again = load_backbone(TINY)
+    other = load_backbone(BackboneConfig("atlas-tiny", None, init_seed=1))
+    assert tiny.fingerprint == again.fingerprint
+    assert tiny.fingerprint != other.fingerprint
+    assert tiny.architecture["activation"] == "QuickGELU"
+    assert tiny.preprocessing.image_size == 32
+    assert not any(p.requires_grad for p in tiny.model.parameters())
+
+
+def test_openai_state_dict_file_runs_like_openai_clip(tiny, tmp_path):
+    """A ``.pt`` with OpenAI's keys goes through open_clip's OpenAI loader: QuickGELU, architecture from the weights."""
+    path = tmp_path / "ViT-tiny.pt"
+    torch.save(tiny.model.state_dict(), path)
+    loaded = load_backbone(BackboneConfig("atlas-tiny", str(path)))
+    assert loaded.architecture["activation"] == "QuickGELU"
+    assert loaded.preprocessing.mean == backbones.OPENAI_MEAN
+    pixels = torch.randn(2, 3, 32, 32)
+    # OpenAI's loader stores weights in fp16 (as the released files are), hence the tolerance.
+    torch.testing.assert_close(loaded.encode_image(pixels), tiny.encode_image(pixels), atol=5e-3, rtol=5e-3)
+    torch.testing.assert_close(loaded.encode_text(["a photo of a cat."]), tiny.encode_text(["a photo of a cat."]),
+                               atol=5e-3, rtol=5e-3)
+    assert loaded.fingerprint != tiny.fingerprint  # fp16-rounded weights are other weights
+
+
+def test_open_clip_safetensors_file_loads_exactly(tiny, tmp_path):
+    path = tmp_path / "tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in tiny.model.state_dict().items()}, str(path))
+    loaded = load_backbone(BackboneConfig("atlas-tiny", str(path)))
+    assert loaded.fingerprint == tiny.fingerprint
+    pixels = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(loaded.encode_image(pixels), tiny.encode_image(pixels))
+
+
+def test_missing_local_file_says_how_to_pass_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match="ViT-B-16.pt"):
+        load_backbone(BackboneConfig("ViT-B-16", str(tmp_path / "nope.pt")))
+
+
+def test_unknown_tag_lists_known_ones():
+    with pytest.raises(ValueError, match="openai"):
+        load_backbone(BackboneConfig("ViT-B-16", "not-a-tag"))
+
+
+def test_download_failure_says_how_to_pass_a_local_file(monkeypatch):
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(open_clip, "create_model", offline)
+    with pytest.raises(RuntimeError, match="local checkpoint file"):
+        load_backbone(BackboneConfig("ViT-B-16", "openai"))
