@@ -1,0 +1,167 @@
+"""The interface every prompt-tuning method implements, its registry, and the optimisation recipe type.
+
+A method owns its *learned* tensors (prompts, meta-nets, heads) and the class-name buffers it builds from the current
+class set; the frozen CLIP stays in the :class:`~atlas_fast.backbones.Backbone` and is **not** part of the method's
+module tree, so ``.to()``, ``.train()``, ``parameters()`` and checkpoints touch only what the method learns.
+
+``R`` (number of runs trained together, e.g. several seeds of one sweep) is the leading dimension of every learned
+tensor and of the text path: ``text_features()`` is (R, C, D) and ``forward()`` gives logits (R, B, C), so runs can
+share one batched text-encoder pass. ``R = 1`` is an ordinary single run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal, Sequence
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from atlas_fast.backbones import Backbone
+
+Consumes = Literal["features", "pixels"]
+
+
+@dataclass(frozen=True)
+class OptimRecipe:
+    """Dassl's optimisation recipe (``methods.md`` §1.4, §10): SGD + per-epoch cosine after a constant warmup.
+
+    The warmup epochs count inside ``epochs``; lr of 0-based epoch e is ``warmup_lr`` for e < warmup_epochs, then
+    ``0.5 * lr * (1 + cos(pi * (e - warmup_epochs) / epochs))``.
+    """
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_epochs: int = 1
+    warmup_lr: float = 1e-5
+    scheduler: Literal["cosine"] = "cosine"
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"OptimRecipe.epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"OptimRecipe.batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"OptimRecipe.lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_epochs < self.epochs + 1:
+            raise ValueError(f"OptimRecipe.warmup_epochs must be in [0, epochs={self.epochs}], got {self.warmup_epochs}")
+        if self.scheduler != "cosine":
+            raise ValueError(f"OptimRecipe.scheduler must be 'cosine' (the only schedule the recipes use), "
+                             f"got {self.scheduler!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Fields shared by every method's config. ``num_runs`` = R, the runs trained together in one module."""
+
+    num_runs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_runs < 1:
+            raise ValueError(f"{type(self).__name__}.num_runs must be >= 1, got {self.num_runs}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class PromptMethod(nn.Module):
+    """Base class of the prompt methods (CoOp, CoCoOp, DePT, IVLP, MaPLe, PromptSRC).
+
+    Subclasses set ``name``, ``consumes`` and ``config_class`` and implement :meth:`set_classnames`,
+    :meth:`text_features` and (for ``consumes == "pixels"``) :meth:`forward`.
+    """
+
+    name: ClassVar[str]
+    consumes: ClassVar[Consumes]
+    config_class: ClassVar[type[MethodConfig]] = MethodConfig
+
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        self.backbone = backbone  # a dataclass, not an nn.Module: the frozen CLIP stays out of the module tree
+        self.config = config
+        self.classnames: tuple[str, ...] = ()
+
+    @property
+    def num_runs(self) -> int:
+        return self.config.num_runs
+
+    @property
+    def logit_scale(self) -> torch.Tensor:
+        """CLIP's frozen temperature, exp(logit_scale) (100 for the released weights)."""
+        return self.backbone.model.logit_scale.detach().exp()
+
+    def set_classnames(self, classnames: Sequence[str]) -> None:
+        """(Re)build the class-token buffers for a class set; learned tensors are kept."""
+        raise NotImplementedError
+
+    def text_features(self) -> torch.Tensor:
+        """L2-normalised class text features (R, C, D) for the current class set."""
+        raise NotImplementedError
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (R, B, C) = exp(logit_scale) * f_v f_t^T.
+
+        With ``consumes == "features"`` ``images`` are cached, un-normalised image features (B, D); they are
+        normalised here. With ``consumes == "pixels"`` they are preprocessed pixels (B, 3, H, W).
+        """
+        if self.consumes != "features":
+            raise NotImplementedError(f"{type(self).__name__} consumes pixels and must implement forward()")
+        if images.dim() != 2 or images.shape[1] != self.backbone.embed_dim:
+            raise ValueError(f"{type(self).__name__} expects cached image features of shape (B, "
+                             f"{self.backbone.embed_dim}), got {tuple(images.shape)}")
+        image_features = F.normalize(images, dim=-1)
+        text_features = self.text_features()
+        return self.logit_scale * torch.einsum("bd,rcd->rbc", image_features.to(text_features.dtype), text_features)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The tensors the optimiser updates (everything the method owns that requires grad)."""
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def state_for_checkpoint(self) -> dict[str, torch.Tensor]:
+        """The learned tensors only (class buffers are rebuilt from class names at load time, as the reference does)."""
+        return {name: p.detach().cpu().clone() for name, p in self.named_parameters() if p.requires_grad}
+
+    def load_checkpoint_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load tensors saved by :meth:`state_for_checkpoint`; names and shapes must match exactly."""
+        own = {name: p for name, p in self.named_parameters() if p.requires_grad}
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise KeyError(f"{type(self).__name__} checkpoint mismatch: missing {missing}, unexpected {unexpected}")
+        for name, param in own.items():
+            value = state[name]
+            if tuple(value.shape) != tuple(param.shape):
+                raise ValueError(f"{type(self).__name__} checkpoint tensor {name!r} has shape {tuple(value.shape)}, "
+                                 f"expected {tuple(param.shape)} (R, class count or prompt length differ?)")
+            with torch.no_grad():
+                param.copy_(value.to(device=param.device, dtype=param.dtype))
+
+
+METHODS: dict[str, type[PromptMethod]] = {}
+
+
+def register_method(cls: type[PromptMethod]) -> type[PromptMethod]:
+    """Class decorator: make a method buildable by its ``name``."""
+    if cls.name in METHODS and METHODS[cls.name] is not cls:
+        raise ValueError(f"Two prompt methods are registered as {cls.name!r}")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def build_method(name: str, backbone: Backbone, classnames: Sequence[str],
+                 config: MethodConfig | None = None) -> PromptMethod:
+    """Build a registered method for ``classnames`` (config defaults to the method's config class defaults)."""
+    import atlas_fast.methods  # noqa: F401  (importing the package registers every method)
+
+    if name not in METHODS:
+        raise KeyError(f"Unknown prompt method {name!r}; known: {sorted(METHODS)}")
+    cls = METHODS[name]
+    return cls(backbone, classnames, config if config is not None else cls.config_class())
