@@ -1,0 +1,93 @@
+"""Label schedules: the ATLaS epoch pattern and each loss on tiny hand-computed cases."""
+
+import math
+
+import pytest
+import torch
+
+from atlas_fast.schedules import (Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD, build_schedule,
+                                  schedule_from_record, soft_cross_entropy)
+
+
+@pytest.mark.parametrize("period, soft_epochs", [
+    (1, [0, 1, 2, 3, 4, 5, 6, 7, 8]),
+    (2, [1, 3, 5, 7]),
+    (3, [2, 5, 8]),
+])
+def test_atlas_epoch_pattern(period, soft_epochs):
+    schedule = Atlas(period)
+    assert [e for e in range(9) if schedule.uses_soft_labels(e)] == soft_epochs
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_atlas_rejects_bad_period(bad):
+    with pytest.raises(ValueError, match=">= 1"):
+        Atlas(bad)
+
+
+def test_soft_cross_entropy_hand_case():
+    logits = torch.tensor([[0.0, math.log(3.0)]])  # softmax = [0.25, 0.75]
+    q = torch.tensor([[0.5, 0.5]])
+    expected = -(0.5 * math.log(0.25) + 0.5 * math.log(0.75))
+    assert soft_cross_entropy(logits, q).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_atlas_loss_switches_between_one_hot_and_soft():
+    logits = torch.tensor([[0.0, math.log(3.0)], [math.log(3.0), 0.0]])
+    labels = torch.tensor([1, 1])
+    soft = torch.tensor([[0.1, 0.9], [0.1, 0.9]])
+    schedule = Atlas(2)
+    hard = -(math.log(0.75) + math.log(0.25)) / 2
+    softv = -((0.1 * math.log(0.25) + 0.9 * math.log(0.75)) + (0.1 * math.log(0.75) + 0.9 * math.log(0.25))) / 2
+    assert schedule.loss(0, logits, labels, soft).item() == pytest.approx(hard, rel=1e-6)
+    assert schedule.loss(1, logits, labels, soft).item() == pytest.approx(softv, rel=1e-6)
+    assert OneHot().loss(1, logits, labels, None).item() == pytest.approx(hard, rel=1e-6)
+    assert Joint().loss(0, logits, labels, soft).item() == pytest.approx(hard + softv, rel=1e-6)
+    with pytest.raises(ValueError, match="needs soft labels"):
+        schedule.loss(1, logits, labels, None)
+
+
+def test_ols_accumulates_correct_predictions_for_next_epoch():
+    schedule = OnlineLabelSmoothing(alpha=0.5)
+    schedule.reset(2)
+    logits = torch.tensor([[0.0, math.log(3.0)], [math.log(3.0), 0.0], [0.0, math.log(9.0)]])
+    labels = torch.tensor([1, 1, 1])  # rows 0 and 2 correct (class 1), row 1 wrong
+    hard = torch.nn.functional.cross_entropy(logits, labels).item()
+    # epoch 0: S = 0, so only the one-hot term (weighted by alpha) is active
+    assert schedule.loss(0, logits, labels).item() == pytest.approx(0.5 * hard, rel=1e-6)
+    schedule.end_epoch(0)
+    expected_row = (torch.tensor([0.25, 0.75]) + torch.tensor([0.1, 0.9])) / 2
+    torch.testing.assert_close(schedule.matrix[1], expected_row)
+    torch.testing.assert_close(schedule.matrix[0], torch.zeros(2))  # no correct sample of class 0
+    soft = soft_cross_entropy(logits, expected_row.expand(3, 2)).item()
+    assert schedule.loss(1, logits, labels).item() == pytest.approx(0.5 * hard + 0.5 * soft, rel=1e-6)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        OnlineLabelSmoothing(alpha=1.5)
+
+
+def test_tfkd_teacher_and_loss():
+    schedule = TeacherFreeKD(a=0.7, alpha=0.4, tau=1.0)
+    labels = torch.tensor([2])
+    teacher = schedule.teacher(labels, 3)
+    torch.testing.assert_close(teacher, torch.tensor([[0.15, 0.15, 0.7]]))
+    logits = torch.tensor([[0.2, -0.1, 0.5]])
+    p = torch.softmax(logits, -1)[0]
+    kl = sum(t * math.log(t / q) for t, q in zip(teacher[0].tolist(), p.tolist()))
+    ce = -math.log(p[2].item())
+    assert schedule.loss(0, logits, labels).item() == pytest.approx(0.6 * ce + 0.4 * kl, rel=1e-5)
+    # temperature: teacher_tau = softmax(log(teacher) / tau), the KL is scaled by tau^2
+    hot = TeacherFreeKD(a=0.7, alpha=1.0, tau=2.0)
+    t2 = torch.softmax(teacher.log() / 2.0, -1)[0]
+    p2 = torch.softmax(logits / 2.0, -1)[0]
+    kl2 = sum(t * math.log(t / q) for t, q in zip(t2.tolist(), p2.tolist()))
+    assert hot.loss(0, logits, labels).item() == pytest.approx(4.0 * kl2, rel=1e-5)
+    for bad in (dict(a=1.0), dict(alpha=-0.1), dict(tau=0.0)):
+        with pytest.raises(ValueError):
+            TeacherFreeKD(**bad)
+
+
+def test_build_and_describe_round_trip():
+    for schedule in (OneHot(), Atlas(3), Joint(), OnlineLabelSmoothing(0.3), TeacherFreeKD(0.8, 0.2, 4.0)):
+        assert schedule_from_record(schedule.describe()) == schedule
+    with pytest.raises(ValueError, match="valid: onehot, atlas"):
+        build_schedule("mixup")
