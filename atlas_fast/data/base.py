@@ -28,7 +28,8 @@ class DatasetSplits:
 
     ``name`` is the registry name (e.g. ``OxfordPets``), ``dataset_dir`` the dataset's folder under the data root,
     ``classnames`` are indexed by label, and ``subset`` records how the lists were derived (few-shot K and seed,
-    base/new/all) so caches and result records can name them.
+    base/new/all) so caches and result records can name them. ``val_is_test`` marks datasets whose val list *is*
+    the test list (ImageNet, as in CoOp): few-shot sampling leaves it alone.
     """
 
     name: str
@@ -39,6 +40,7 @@ class DatasetSplits:
     classnames: tuple[str, ...]
     template: str
     subset: dict = field(default_factory=dict)
+    val_is_test: bool = False
 
     @property
     def num_classes(self) -> int:

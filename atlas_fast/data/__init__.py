@@ -1,0 +1,26 @@
+"""Datasets: the 15 CoOp benchmarks and a user's own data as :class:`DatasetSplits`, few-shot and base/new subsets."""
+
+from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
+from atlas_fast.data.datasets import (
+    DATASETS,
+    DatasetFormatError,
+    DatasetLayoutError,
+    DatasetSpec,
+    list_datasets,
+    load_dataset,
+    load_folder_dataset,
+    register_split_json_dataset,
+)
+from atlas_fast.data.templates import (
+    ATLAS_TEMPLATES,
+    CUSTOM_TEMPLATES,
+    DEFAULT_TEMPLATE,
+    atlas_template,
+    zeroshot_template,
+)
+
+__all__ = [
+    "ATLAS_TEMPLATES", "CUSTOM_TEMPLATES", "DATASETS", "DEFAULT_TEMPLATE", "DatasetFormatError", "DatasetLayoutError",
+    "DatasetSpec", "DatasetSplits", "Datum", "atlas_template", "classnames_from", "list_datasets", "load_dataset",
+    "load_folder_dataset", "register_split_json_dataset", "zeroshot_template",
+]
