@@ -1,0 +1,180 @@
+"""CoOp: learnable context tokens in front of (or around) the class name, frozen CLIP (``methods.md`` §3).
+
+Prompt of class c: ``[SOT][ctx_1..M][class tokens][.][EOT]`` ("end"), with the class tokens moved to the middle of
+the context or to its front by ``class_token_position``. ``ctx`` is shared by all classes, or one per class with
+``csc`` (class-specific context, which therefore cannot be evaluated on another class set). Image features come from
+the cache; only the text path has a graph. All of CoOp's math is in this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from atlas_fast.backbones import Backbone
+from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, register_method
+from atlas_fast.text_encoder import PromptTextEncoder, eot_positions, tokenize_prompts
+
+ClassTokenPosition = Literal["end", "middle", "front"]
+CLASS_TOKEN_POSITIONS = ("end", "middle", "front")
+PAPER_CTX_INIT = "a photo of a"
+
+
+@dataclass(frozen=True)
+class CoOpConfig(MethodConfig):
+    """CoOp's prompt learner (reference defaults: 16 random tokens, shared context, class token at the end).
+
+    A non-empty ``ctx_init`` overrides ``n_ctx`` with its word count and initialises the context with the words'
+    token embeddings (as the reference does); otherwise the context is drawn from N(0, 0.02^2).
+    """
+
+    n_ctx: int = 16
+    ctx_init: str = ""
+    csc: bool = False
+    class_token_position: ClassTokenPosition = "end"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.class_token_position not in CLASS_TOKEN_POSITIONS:
+            raise ValueError(f"CoOpConfig.class_token_position must be one of {CLASS_TOKEN_POSITIONS}, "
+                             f"got {self.class_token_position!r}")
+        if not self.ctx_init.strip() and self.n_ctx < 1:
+            raise ValueError(f"CoOpConfig.n_ctx must be >= 1, got {self.n_ctx}")
+        if self.csc and self.ctx_init.strip():
+            raise ValueError("CoOpConfig: csc=True needs random init (ctx_init=''); the reference silently drops "
+                             "CSC when an init phrase is given, so we refuse the combination instead")
+
+    @property
+    def init_words(self) -> str:
+        """The init phrase as CoOp uses it ("_" -> " ", surrounding blanks removed)."""
+        return self.ctx_init.replace("_", " ").strip()
+
+    @property
+    def context_length(self) -> int:
+        """M: the init phrase's word count if one is given, else ``n_ctx``."""
+        return len(self.init_words.split(" ")) if self.init_words else self.n_ctx
+
+
+@register_method
+class CoOp(PromptMethod):
+    """CoOp on cached image features. Learned tensor: ``ctx`` (R, M, d), or (R, C, M, d) with CSC."""
+
+    name = "coop"
+    consumes = "features"
+    config_class = CoOpConfig
+
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CoOpConfig) -> None:
+        super().__init__(backbone, classnames, config)
+        self.text_encoder = PromptTextEncoder(backbone)
+        model = backbone.model
+        n_ctx = config.context_length
+        width = int(model.token_embedding.weight.shape[1])
+        dtype = model.transformer.get_cast_dtype()
+        if config.init_words:
+            init = tokenize_prompts(backbone, [config.init_words]).embeddings[0, 1:1 + n_ctx]
+            ctx = init.unsqueeze(0).repeat(config.num_runs, 1, 1)
+            self.prompt_prefix = config.init_words
+        else:
+            shape = (config.num_runs, len(classnames), n_ctx, width) if config.csc else (config.num_runs, n_ctx, width)
+            ctx = torch.empty(shape, dtype=dtype, device=backbone.device)
+            nn.init.normal_(ctx, std=0.02)
+            self.prompt_prefix = " ".join(["X"] * n_ctx)
+        self.n_ctx = n_ctx
+        self.ctx = nn.Parameter(ctx.clone())
+        self.set_classnames(classnames)
+
+    def set_classnames(self, classnames: Sequence[str]) -> None:
+        """Rebuild the SOT / class-token / EOT buffers for ``classnames``; ``ctx`` is kept (CSC needs the same C)."""
+        if not classnames:
+            raise ValueError("CoOp needs at least one class name")
+        if self.config.csc and len(classnames) != self.ctx.shape[1]:
+            raise ValueError(f"CoOp with class-specific context was built for {self.ctx.shape[1]} classes and cannot "
+                             f"be used for {len(classnames)}: CSC context does not transfer to another class set")
+        names = [name.replace("_", " ") for name in classnames]
+        tokens = tokenize_prompts(self.backbone, [f"{self.prompt_prefix} {name}." for name in names])
+        # class-name token counts: EOT position minus SOT, from the name tokenized on its own
+        name_lengths = eot_positions(self.backbone.model, self.backbone.tokenizer(names)) - 1
+        n_used = int(tokens.eot_index.max()) + 1  # positions after the last EOT never matter (causal mask)
+        if n_used <= 1 + self.n_ctx:
+            raise ValueError(f"prompts are truncated inside the context (prefix {self.prompt_prefix!r} is too long "
+                             f"for the {self.text_encoder.context_length}-token context)")
+        device = self.ctx.device
+        self.classnames = tuple(classnames)
+        self.register_buffer("token_prefix", tokens.embeddings[:, :1].to(device), persistent=False)
+        self.register_buffer("token_suffix", tokens.embeddings[:, 1 + self.n_ctx:n_used].to(device), persistent=False)
+        self.register_buffer("eot_index", tokens.eot_index.to(device), persistent=False)
+        self.register_buffer("layout", self._layout(name_lengths.tolist(), n_used).to(device), persistent=False)
+
+    def _layout(self, name_lengths: list[int], n_used: int) -> torch.Tensor:
+        """Per class, which row of [SOT, ctx_1..M, class tokens, '.', EOT, ...] fills each output position.
+
+        "end" is the identity; "front" and "middle" move each class's name tokens before / into the context. One
+        (C, n_used) index built here lets the forward assemble every prompt with a single gather.
+        """
+        position = self.config.class_token_position
+        m, half = self.n_ctx, self.n_ctx // 2
+        rows = torch.arange(n_used).repeat(len(name_lengths), 1)
+        if position == "end":
+            return rows
+        for c, n in enumerate(name_lengths):
+            name_rows = torch.arange(1 + m, 1 + m + n)
+            if position == "front":  # [SOT][name][ctx_1..M][.][EOT]
+                rows[c, 1:1 + n] = name_rows
+                rows[c, 1 + n:1 + n + m] = torch.arange(1, 1 + m)
+            else:  # middle: [SOT][ctx_1..M/2][name][ctx_M/2+1..M][.][EOT]
+                rows[c, 1 + half:1 + half + n] = name_rows
+                rows[c, 1 + half + n:1 + m + n] = torch.arange(1 + half, 1 + m)
+        return rows
+
+    def prompt_embeddings(self) -> torch.Tensor:
+        """The assembled prompts (R, C, n_used, d), truncated after the longest EOT."""
+        runs, classes = self.ctx.shape[0], len(self.classnames)
+        ctx = self.ctx if self.config.csc else self.ctx.unsqueeze(1).expand(-1, classes, -1, -1)
+        prefix = self.token_prefix.unsqueeze(0).expand(runs, -1, -1, -1)
+        suffix = self.token_suffix.unsqueeze(0).expand(runs, -1, -1, -1)
+        prompts = torch.cat([prefix, ctx.to(suffix.dtype), suffix], dim=2)
+        if self.config.class_token_position == "end":
+            return prompts
+        index = self.layout.view(1, classes, -1, 1).expand(runs, -1, -1, prompts.shape[-1])
+        return prompts.gather(2, index)
+
+    def text_features(self) -> torch.Tensor:
+        return F.normalize(self.text_encoder(self.prompt_embeddings(), self.eot_index), dim=-1)
+
+
+Family = Literal["paper", "original"]
+Setting = Literal["base2new", "few_shot", "cross_dataset"]
+FEW_SHOT_EPOCHS = {1: 50, 2: 100, 4: 100, 8: 200, 16: 200}
+
+
+def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[CoOpConfig, OptimRecipe]:
+    """CoOp's configuration and optimisation recipe (``methods.md`` §10, ``protocol-decisions.md``).
+
+    * epochs: base-to-new 200 (ImageNet 50); few-shot by K: 1 -> 50, 2/4 -> 100, 8/16 -> 200 (ImageNet 50 for
+      every K); cross-dataset (trained on ImageNet) 50. Batch 32, lr 0.002, SGD + cosine, 1 warmup epoch at 1e-5.
+    * ``paper``: M = 4 initialised from "a photo of a" in every setting (the ATLaS paper's statement).
+    * ``original``: the CoOp repository's configs: base-to-new and cross-dataset use ``vit_b16(_ep50)_ctxv1``
+      (M = 4 from "a photo of a", as the CoCoOp paper ran CoOp), few-shot uses 16 random tokens at the end, no CSC.
+    """
+    if family not in ("paper", "original"):
+        raise ValueError(f"CoOp recipe family must be 'paper' or 'original', got {family!r}")
+    imagenet = dataset.lower() == "imagenet"
+    if setting == "base2new":
+        epochs = 50 if imagenet else 200
+    elif setting == "few_shot":
+        if shots not in FEW_SHOT_EPOCHS:
+            raise ValueError(f"CoOp few-shot recipes exist for K in {sorted(FEW_SHOT_EPOCHS)}, got shots={shots}")
+        epochs = 50 if imagenet else FEW_SHOT_EPOCHS[shots]
+    elif setting == "cross_dataset":
+        epochs = 50
+    else:
+        raise ValueError(f"CoOp recipe setting must be 'base2new', 'few_shot' or 'cross_dataset', got {setting!r}")
+    if family == "original" and setting == "few_shot":
+        config = CoOpConfig(n_ctx=16, ctx_init="", csc=False, class_token_position="end")
+    else:
+        config = CoOpConfig(ctx_init=PAPER_CTX_INIT)
+    return config, OptimRecipe(epochs=epochs, batch_size=32, lr=0.002)

@@ -1,0 +1,165 @@
+"""CoOp on cached features equals the reference computation (pixels through the image tower, 77-token prompts built
+class by class as CoOp's PromptLearner does), in logits and in the gradient of the context."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.methods import METHODS, CoOp, CoOpConfig, OptimRecipe, build_method, coop_recipe
+
+CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_backbone(BackboneConfig("atlas-tiny", None))
+
+
+@contextlib.contextmanager
+def token_embeddings_replaced_by(model, embeddings):
+    handle = model.token_embedding.register_forward_hook(lambda module, args, output: embeddings)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def reference_text_features(backbone, ctx, classnames, prompt_prefix, position):
+    """CoOp's PromptLearner.forward + TextEncoder: per-class concatenation over all 77 positions, CLIP encode_text."""
+    model, tokenizer = backbone.model, backbone.tokenizer
+    m = ctx.shape[-2]
+    names = [n.replace("_", " ") for n in classnames]
+    ids = tokenizer([f"{prompt_prefix} {n}." for n in names])
+    with torch.no_grad():
+        embedding = model.token_embedding(ids)
+    prefix, suffix = embedding[:, :1], embedding[:, 1 + m:]
+    ctx = ctx if ctx.dim() == 3 else ctx.unsqueeze(0).expand(len(names), -1, -1)
+    prompts = []
+    for i, name in enumerate(names):
+        n, half = len(tokenizer.encode(name)), m // 2
+        name_tokens, rest = suffix[i:i + 1, :n], suffix[i:i + 1, n:]
+        if position == "end":
+            parts = [prefix[i:i + 1], ctx[i:i + 1], suffix[i:i + 1]]
+        elif position == "middle":
+            parts = [prefix[i:i + 1], ctx[i:i + 1, :half], name_tokens, ctx[i:i + 1, half:], rest]
+        else:
+            parts = [prefix[i:i + 1], name_tokens, ctx[i:i + 1], rest]
+        prompts.append(torch.cat(parts, dim=1))
+    with token_embeddings_replaced_by(model, torch.cat(prompts)):
+        return F.normalize(model.encode_text(ids), dim=-1)
+
+
+@pytest.mark.parametrize("position,csc", [("end", False), ("middle", False), ("front", False), ("end", True)])
+def test_cached_feature_logits_and_ctx_gradients_match_full_forward(tiny, position, csc):
+    torch.manual_seed(0)
+    method = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=4, csc=csc, class_token_position=position))
+    pixels = torch.randn(6, 3, 32, 32)
+    labels = torch.tensor([0, 1, 2, 3, 1, 2])
+
+    logits = method(tiny.encode_image(pixels))
+    F.cross_entropy(logits[0], labels).backward()
+
+    ctx = method.ctx.detach()[0].clone().requires_grad_(True)
+    image_features = F.normalize(tiny.model.encode_image(pixels), dim=-1)
+    text_features = reference_text_features(tiny, ctx, CLASSNAMES, method.prompt_prefix, position)
+    reference = tiny.model.logit_scale.exp() * image_features @ text_features.t()
+    F.cross_entropy(reference, labels).backward()
+
+    assert logits.shape == (1, 6, 4)
+    torch.testing.assert_close(logits[0], reference, atol=1e-4, rtol=1e-5)
+    scale = ctx.grad.abs().max()
+    assert scale > 0
+    torch.testing.assert_close(method.ctx.grad[0] / scale, ctx.grad / scale, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("position,template", [("end", "a photo of a {}."), ("middle", "a photo {} of a."),
+                                               ("front", "{} a photo of a.")])
+def test_init_phrase_sets_m_and_embeddings_and_positions(tiny, position, template):
+    method = build_method("coop", tiny, CLASSNAMES, CoOpConfig(n_ctx=16, ctx_init="a_photo of a",
+                                                               class_token_position=position))
+    assert method.n_ctx == 4 and method.ctx.shape == (1, 4, tiny.architecture["text_width"])
+    expected_ctx = tiny.model.token_embedding(tiny.tokenizer(["a photo of a"]))[0, 1:5]
+    torch.testing.assert_close(method.ctx[0].detach(), expected_ctx)
+    # at init the learned prompt *is* the phrase, so CoOp's text features are CLIP's for the literal strings
+    literal = [template.format(n.replace("_", " ")) for n in CLASSNAMES]
+    torch.testing.assert_close(method.text_features()[0], F.normalize(tiny.encode_text(literal), dim=-1),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_runs_are_independent_models(tiny):
+    torch.manual_seed(1)
+    batched = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=3, num_runs=2))
+    features = torch.randn(5, tiny.embed_dim)
+    logits = batched(features)
+    assert logits.shape == (2, 5, 4)
+    for run in range(2):
+        single = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=3))
+        single.load_checkpoint_state({"ctx": batched.ctx.detach()[run:run + 1]})
+        torch.testing.assert_close(single(features)[0], logits[run], atol=1e-5, rtol=1e-5)
+    assert not torch.equal(batched.ctx[0], batched.ctx[1])
+
+
+def test_csc_shapes_and_class_set_guard(tiny):
+    method = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=5, csc=True, num_runs=3))
+    width = tiny.architecture["text_width"]
+    assert method.ctx.shape == (3, 4, 5, width)
+    assert method.text_features().shape == (3, 4, tiny.embed_dim)
+    assert sum(p.numel() for p in method.trainable_parameters()) == 3 * 4 * 5 * width
+    method.set_classnames(["a", "b", "c", "d"])  # same count is fine
+    with pytest.raises(ValueError, match="built for 4 classes and cannot be used for 2"):
+        method.set_classnames(["a", "b"])
+    with pytest.raises(ValueError, match="csc=True needs random init"):
+        CoOpConfig(csc=True, ctx_init="a photo of a")
+
+
+def test_new_class_set_keeps_ctx_and_checkpoints_hold_only_ctx(tiny):
+    torch.manual_seed(2)
+    method = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=4))
+    with torch.no_grad():
+        method.ctx.add_(torch.randn_like(method.ctx))  # pretend it was trained
+    before = method.ctx.detach().clone()
+    new = ["boxer", "american_pit_bull_terrier", "abyssinian"]
+    method.set_classnames(new)
+    assert torch.equal(method.ctx.detach(), before)
+    reference = reference_text_features(tiny, before[0], new, method.prompt_prefix, "end")
+    torch.testing.assert_close(method.text_features()[0], reference, atol=1e-5, rtol=1e-5)
+
+    state = method.state_for_checkpoint()
+    assert set(state) == {"ctx"}
+    restored = build_method("coop", tiny, ["x", "y"], CoOpConfig(n_ctx=4))
+    restored.load_checkpoint_state(state)
+    restored.set_classnames(new)
+    torch.testing.assert_close(restored.text_features(), method.text_features())
+    with pytest.raises(ValueError, match="has shape"):
+        build_method("coop", tiny, new, CoOpConfig(n_ctx=16)).load_checkpoint_state(state)
+
+
+def test_frozen_clip_is_not_part_of_the_method(tiny):
+    method = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=2))
+    assert [name for name, _ in method.named_parameters()] == ["ctx"]
+    assert METHODS["coop"] is CoOp and CoOp.consumes == "features"
+    with pytest.raises(ValueError, match=r"\(B, 64\)"):
+        method(torch.randn(2, 3, 32, 32))
+
+
+def test_recipes_follow_the_protocol():
+    config, recipe = coop_recipe("paper", "base2new", 16, "OxfordPets")
+    assert config.context_length == 4 and config.init_words == "a photo of a"
+    assert recipe == OptimRecipe(epochs=200, batch_size=32, lr=0.002, momentum=0.9, weight_decay=5e-4,
+                                 warmup_epochs=1, warmup_lr=1e-5, scheduler="cosine")
+    assert coop_recipe("paper", "base2new", 16, "ImageNet")[1].epochs == 50
+    assert [coop_recipe("paper", "few_shot", k, "DTD")[1].epochs for k in (1, 2, 4, 8, 16)] == [50, 100, 100, 200, 200]
+    assert coop_recipe("original", "few_shot", 8, "ImageNet")[1].epochs == 50
+    original, _ = coop_recipe("original", "few_shot", 4, "EuroSAT")
+    assert (original.context_length, original.init_words, original.csc) == (16, "", False)
+    assert coop_recipe("paper", "few_shot", 2, "EuroSAT")[0].context_length == 4
+    assert coop_recipe("original", "cross_dataset", 16, "ImageNet")[1].epochs == 50
+    with pytest.raises(ValueError, match=r"K in \[1, 2, 4, 8, 16\]"):
+        coop_recipe("paper", "few_shot", 3, "DTD")
+    with pytest.raises(ValueError, match="'paper' or 'original'"):
+        coop_recipe("mine", "few_shot", 1, "DTD")
