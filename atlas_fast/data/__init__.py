@@ -11,6 +11,7 @@ from atlas_fast.data.datasets import (
     load_folder_dataset,
     register_split_json_dataset,
 )
+from atlas_fast.data.fewshot import SUBSAMPLE_MODES, fewshot_subset, sample_per_class, subsample_classes
 from atlas_fast.data.templates import (
     ATLAS_TEMPLATES,
     CUSTOM_TEMPLATES,
@@ -21,6 +22,7 @@ from atlas_fast.data.templates import (
 
 __all__ = [
     "ATLAS_TEMPLATES", "CUSTOM_TEMPLATES", "DATASETS", "DEFAULT_TEMPLATE", "DatasetFormatError", "DatasetLayoutError",
-    "DatasetSpec", "DatasetSplits", "Datum", "atlas_template", "classnames_from", "list_datasets", "load_dataset",
-    "load_folder_dataset", "register_split_json_dataset", "zeroshot_template",
+    "DatasetSpec", "DatasetSplits", "Datum", "SUBSAMPLE_MODES", "atlas_template", "classnames_from", "fewshot_subset",
+    "list_datasets", "load_dataset", "load_folder_dataset", "register_split_json_dataset", "sample_per_class",
+    "subsample_classes", "zeroshot_template",
 ]

@@ -1,0 +1,138 @@
+"""Subsets of a dataset as the CoOp protocol derives them: K-shot sampling, then the base/new class split.
+
+Few-shot sampling reproduces Dassl's ``generate_fewshot_dataset`` (``shared/spec/data-pipeline.md`` §3): with
+Python's Mersenne Twister seeded by ``seed``, the train list gets K items per class and then the val list
+min(K, 4); classes are visited in order of first appearance (never sorted), a class with at least K items gives
+``random.sample(items, K)`` and a smaller class gives all its items. ImageNet samples train only (its val is the
+test list). A fresh ``random.Random(seed)`` draws exactly what ``random.seed(seed)`` followed by the same calls
+on the global RNG draws, without touching global state.
+
+Subsets are stored as portable JSON (keys = paths relative to the dataset folder, not Dassl's pickles of absolute
+paths) and reused when present; a stored subset that does not fit the current lists is an error, never reused.
+
+``subsample_classes`` is CoOp's ``OxfordPets.subsample_classes`` (§4), applied after few-shot sampling.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import tempfile
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
+
+MAX_VAL_SHOTS = 4
+SUBSAMPLE_MODES = ("all", "base", "new")
+
+
+def sample_per_class(items: Sequence[Datum], num_shots: int, rng: random.Random) -> list[Datum]:
+    """Dassl's ``generate_fewshot_dataset`` on one list (``repeat=False``), drawing from ``rng``."""
+    by_label: dict[int, list[Datum]] = defaultdict(list)  # insertion order = order of first appearance
+    for item in items:
+        by_label[item.label].append(item)
+    sampled: list[Datum] = []
+    for group in by_label.values():
+        sampled.extend(rng.sample(group, num_shots) if len(group) >= num_shots else group)
+    return sampled
+
+
+def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
+                   store_dir: str | Path | None = None) -> DatasetSplits:
+    """K-shot train (and min(K, 4)-shot val) lists, sampled as Dassl does with ``seed``, test untouched.
+
+    ``num_shots < 1`` returns ``splits`` unchanged, as do test-only datasets (no train list). With ``store_dir``,
+    the subset is read from ``<store_dir>/shot_{K}-seed_{S}.json`` when that file exists (and checked against the
+    current lists) and written there otherwise. Must run before :func:`subsample_classes`, as in CoOp."""
+    if num_shots < 1 or not splits.train:
+        return splits
+    if "shots" in splits.subset or splits.subset.get("classes", "all") != "all":
+        raise ValueError(f"{splits.name}: few-shot sampling must run once, on the full class set and before "
+                         f"subsample_classes (as in CoOp); these splits are already a subset: {splits.subset}")
+    path = Path(store_dir) / f"shot_{num_shots}-seed_{seed}.json" if store_dir is not None else None
+    if path is not None and path.is_file():
+        train, val = _load_stored(path, splits, num_shots, seed)
+    else:
+        rng = random.Random(seed)
+        train = sample_per_class(splits.train, num_shots, rng)
+        val = list(splits.val) if splits.val_is_test else sample_per_class(
+            splits.val, min(num_shots, MAX_VAL_SHOTS), rng)
+        if path is not None:
+            _store(path, splits, num_shots, seed, train, None if splits.val_is_test else val)
+    return replace(splits, train=tuple(train), val=tuple(val),
+                   subset={**splits.subset, "shots": num_shots, "seed": seed})
+
+
+def _store(path: Path, splits: DatasetSplits, num_shots: int, seed: int, train: list[Datum],
+           val: list[Datum] | None) -> None:
+    """Write atomically (temporary file + rename) so concurrent runs never read a half-written subset."""
+    record = {"dataset": splits.name, "shots": num_shots, "seed": seed, "train": [d.key for d in train]}
+    if val is not None:
+        record["val"] = [d.key for d in val]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=0)
+    os.replace(tmp, path)
+
+
+def _load_stored(path: Path, splits: DatasetSplits, num_shots: int,
+                 seed: int) -> tuple[list[Datum], list[Datum]]:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"stored few-shot subset {path}:{e.lineno}: invalid JSON ({e.msg}); delete it to resample")
+    expected = {"dataset": splits.name, "shots": num_shots, "seed": seed}
+    found = {k: record.get(k) for k in expected} if isinstance(record, dict) else record
+    if found != expected or not isinstance(record.get("train"), list):
+        raise ValueError(f"stored few-shot subset {path} is for {found}, not {expected}; delete it to resample")
+    train = _lookup_keys(path, "train", record["train"], splits.train)
+    if splits.val_is_test:
+        return train, list(splits.val)
+    if not isinstance(record.get("val"), list):
+        raise ValueError(f"stored few-shot subset {path} has no 'val' list; delete it to resample")
+    return train, _lookup_keys(path, "val", record["val"], splits.val)
+
+
+def _lookup_keys(path: Path, split: str, keys: list, items: Sequence[Datum]) -> list[Datum]:
+    by_key = {}
+    for d in items:
+        by_key.setdefault(d.key, d)
+    missing = [k for k in keys if k not in by_key]
+    if missing:
+        raise ValueError(
+            f"stored few-shot subset {path} is stale: {len(missing)} of its {len(keys)} '{split}' images are not in "
+            f"the current {split} split (first: {missing[0]!r}); it was made from other data. Delete it to resample.")
+    return [by_key[k] for k in keys]
+
+
+def subsample_classes(splits: DatasetSplits, subsample: str) -> DatasetSplits:
+    """Keep the base (first ceil(n/2)) or new (remaining) classes of the train labels and relabel them from 0.
+
+    ``"all"`` keeps every class and label. The same relabelling filters train, val and test; class names are rebuilt
+    from the new train list, so a ``"new"`` model classifies among the new names only."""
+    if subsample not in SUBSAMPLE_MODES:
+        raise ValueError(f"subsample must be one of {SUBSAMPLE_MODES}, got {subsample!r}")
+    if splits.subset.get("classes", "all") != "all":
+        raise ValueError(f"{splits.name}: classes were already subsampled ({splits.subset}); start from 'all'")
+    if subsample == "all":
+        return replace(splits, subset={**splits.subset, "classes": "all"})
+    if not splits.train:
+        raise ValueError(f"{splits.name} is test-only: it has no train labels to split into base/new classes "
+                         f"(use subsample 'all', as CoOp's variants ignore SUBSAMPLE_CLASSES)")
+    labels = sorted({d.label for d in splits.train})
+    m = math.ceil(len(labels) / 2)
+    selected = labels[:m] if subsample == "base" else labels[m:]
+    relabel = {old: new for new, old in enumerate(selected)}
+
+    def keep(items: Sequence[Datum]) -> tuple[Datum, ...]:
+        return tuple(replace(d, label=relabel[d.label]) for d in items if d.label in relabel)
+
+    train = keep(splits.train)
+    return replace(splits, train=train, val=keep(splits.val), test=keep(splits.test),
+                   classnames=classnames_from(train), subset={**splits.subset, "classes": subsample})
