@@ -1,0 +1,160 @@
+"""Image views for the feature cache: CLIP's test transform and per-(image, view) seeded train augmentations.
+
+A *view* of an image is fully determined by ``(transform spec, image key, view index)``:
+
+* view 0 is the test transform of CLIP / Dassl (``data-pipeline.md`` §5): PIL bicubic resize of the shorter side to
+  ``image_size``, centre crop, RGB, ToTensor, normalise with the backbone's mean/std;
+* views 1..V are Dassl's train augmentation for the CoOp configs: ``RandomResizedCrop(image_size, scale=(0.08, 1),
+  ratio=(3/4, 4/3), bicubic)`` (no pre-resize), horizontal flip with p=0.5, ToTensor, normalise. The crop and flip
+  parameters are drawn from a ``torch.Generator`` seeded by a blake2b hash of ``(aug_seed, key, view)``, never from
+  global RNG state nor Python's salted ``hash()``, so a view is the same pixels on every machine, in every run, in any
+  batch order or DataLoader worker. The sampling follows torchvision's ``RandomResizedCrop.get_params`` step by step.
+
+:meth:`TransformSpec.fingerprint` hashes a JSON description of all of this (plus a version number bumped whenever
+the pixels a spec produces change), and keys the feature cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import functional as TF
+
+from atlas_fast.backbones import Preprocessing
+
+TRANSFORM_VERSION = 1
+_INTERPOLATIONS = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
+                   "nearest": InterpolationMode.NEAREST}
+
+
+class ImageReadError(RuntimeError):
+    """An image file that is missing, truncated or not an image."""
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """Everything that decides the pixels of a view. Build it from a backbone with :meth:`for_backbone`."""
+
+    image_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str = "bicubic"
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_p: float = 0.5
+    aug_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in _INTERPOLATIONS:
+            raise ValueError(f"Unknown interpolation {self.interpolation!r}; expected one of {sorted(_INTERPOLATIONS)}.")
+        if self.image_size < 1:
+            raise ValueError(f"image_size must be >= 1, got {self.image_size}.")
+
+    @classmethod
+    def for_backbone(cls, preprocessing: Preprocessing, aug_seed: int = 0) -> "TransformSpec":
+        """The CoOp/Dassl transforms at the backbone's input size, mean, std and interpolation."""
+        return cls(image_size=preprocessing.image_size, mean=tuple(preprocessing.mean), std=tuple(preprocessing.std),
+                   interpolation=preprocessing.interpolation, aug_seed=aug_seed)
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON description stored in cache files (and hashed into :meth:`fingerprint`)."""
+        return {
+            "version": TRANSFORM_VERSION,
+            "view0": {"kind": "resize_shorter_side+center_crop", "size": self.image_size,
+                      "interpolation": self.interpolation},
+            "views1+": {"kind": "random_resized_crop+horizontal_flip", "size": self.image_size,
+                        "interpolation": self.interpolation, "scale": list(self.crop_scale),
+                        "ratio": list(self.crop_ratio), "flip_p": self.flip_p,
+                        "seeding": "torch.Generator(blake2b(aug_seed, key, view))"},
+            "mean": [float(m) for m in self.mean],
+            "std": [float(s) for s in self.std],
+            "aug_seed": self.aug_seed,
+        }
+
+    def fingerprint(self) -> str:
+        text = json.dumps(self.describe(), sort_keys=True)
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def read_image(path: str | Path) -> Image.Image:
+    """Open an image as RGB (as Dassl's ``read_image``); a missing or corrupt file raises an error naming it."""
+    try:
+        with Image.open(path) as img:
+            return img.convert("RGB")
+    except FileNotFoundError as exc:
+        raise ImageReadError(f"Image file not found: {path}") from exc
+    except Exception as exc:  # PIL raises many types for truncated/corrupt data
+        raise ImageReadError(f"Cannot read image {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def view_seed(aug_seed: int, key: str, view: int) -> int:
+    """A stable 63-bit seed for one (image key, view): the same on every machine and in every process."""
+    digest = hashlib.blake2b(f"{aug_seed}\x00{key}\x00{view}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def random_resized_crop_params(width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float],
+                               generator: torch.Generator) -> tuple[int, int, int, int]:
+    """``(top, left, height, width)`` of a crop, drawn exactly as torchvision's ``RandomResizedCrop.get_params``
+    but from ``generator``: 10 tries of (area, log-uniform aspect ratio), then a centre crop fallback."""
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
+        aspect = math.exp(torch.empty(1).uniform_(log_ratio[0].item(), log_ratio[1].item(),
+                                                  generator=generator).item())
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,), generator=generator).item())
+            left = int(torch.randint(0, width - w + 1, size=(1,), generator=generator).item())
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def test_view(image: Image.Image, spec: TransformSpec) -> torch.Tensor:
+    """CLIP's preprocessing: resize the shorter side (bicubic, PIL), centre crop, ToTensor, normalise."""
+    mode = _INTERPOLATIONS[spec.interpolation]
+    resized = TF.resize(image, spec.image_size, interpolation=mode)
+    cropped = TF.center_crop(resized, [spec.image_size, spec.image_size])
+    return TF.normalize(TF.to_tensor(cropped), spec.mean, spec.std)
+
+
+def augmented_view(image: Image.Image, spec: TransformSpec, key: str, view: int) -> torch.Tensor:
+    """Dassl's train transform (random resized crop, flip, normalise) with parameters seeded by (key, view)."""
+    generator = torch.Generator().manual_seed(view_seed(spec.aug_seed, key, view))
+    top, left, h, w = random_resized_crop_params(image.width, image.height, spec.crop_scale, spec.crop_ratio,
+                                                 generator)
+    crop = TF.resized_crop(image, top, left, h, w, [spec.image_size, spec.image_size],
+                           interpolation=_INTERPOLATIONS[spec.interpolation])
+    if torch.rand(1, generator=generator).item() < spec.flip_p:
+        crop = TF.hflip(crop)
+    return TF.normalize(TF.to_tensor(crop), spec.mean, spec.std)
+
+
+def image_view(image: Image.Image, spec: TransformSpec, key: str, view: int) -> torch.Tensor:
+    """View 0 = the test transform, views >= 1 = seeded augmentations; a (3, S, S) float tensor."""
+    if view < 0:
+        raise ValueError(f"View index must be >= 0 (0 = test transform), got {view} for {key!r}.")
+    return test_view(image, spec) if view == 0 else augmented_view(image, spec, key, view)
+
+
+def load_views(impath: str | Path, key: str, views: list[int] | tuple[int, ...], spec: TransformSpec) -> torch.Tensor:
+    """Decode one image once and return its requested views stacked as (len(views), 3, S, S)."""
+    image = read_image(impath)
+    return torch.stack([image_view(image, spec, key, v) for v in views])
