@@ -171,6 +171,7 @@ def test_user_folder_layout(tmp_path):
         assert splits.classnames == ("ant", "moth", "zebra") and splits.val == ()
         assert [d.key for d in splits.test[:2]] == ["test/ant/ant_0.png", "test/ant/ant_1.png"]
     assert load_folder_dataset(tmp_path / "mine", template="a {} bug.").prompts()[0] == "a ant bug."
+    assert zeroshot_template(splits.name) == atlas_template(splits.name) == "a photo of a {}."
     (tmp_path / "mine" / "test" / "wasp").mkdir()
     with pytest.raises(DatasetLayoutError, match=r"(?s)mine/test/wasp has no counterpart.*train/<class name>"):
         load_folder_dataset(tmp_path / "mine")
@@ -206,6 +207,9 @@ def test_missing_split_file_and_image_folder_show_the_layout(data_root, tmp_path
     shutil.rmtree(root / "imagenet" / "images" / "train")
     with pytest.raises(DatasetLayoutError, match=r"(?s)image folder not found: .*images/train\n"
                                                  r"Expected layout:.*classnames.txt"):
+        load_dataset("imagenet", root)
+    (root / "imagenet" / "images" / "train").mkdir()
+    with pytest.raises(DatasetLayoutError, match=r"(?s)hold different class folders.*Expected layout"):
         load_dataset("imagenet", root)
     root = copy_dataset(data_root, "fgvc_aircraft", tmp_path)
     (root / "fgvc_aircraft" / "images_variant_val.txt").unlink()
@@ -284,7 +288,9 @@ def test_fewshot_counts_order_and_determinism(data_root):
     assert Counter(d.label for d in sub.train) == {label: 4 for label in range(4)}
     assert Counter(d.label for d in sub.val) == {label: 2 for label in range(4)}  # fewer than min(4, 4): all kept
     assert list(dict.fromkeys(d.label for d in sub.train)) == list(dict.fromkeys(d.label for d in splits.train))
+    state = random.getstate()
     assert fewshot_subset(splits, 4, seed=1) == sub
+    assert random.getstate() == state  # a private RNG: the global one is left alone
     assert fewshot_subset(splits, 4, seed=2).train != sub.train
 
     pets = load_dataset("OxfordPets", data_root)  # 6 train / 5 val per class

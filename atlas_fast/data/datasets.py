@@ -96,8 +96,7 @@ def read_wnid_classnames(path: Path) -> dict[str, str]:
     """``classnames.txt`` of the ImageNet family: ``<wnid> <class name words...>`` per line, file order kept."""
     names: dict[str, str] = {}
     for number, line in _nonblank_lines(path):
-        wnid, _, classname = line.partition(" ")
-        classname = " ".join(classname.split(" "))  # Dassl re-joins the tokens with single spaces
+        wnid, _, classname = line.partition(" ")  # = Dassl's split(" ") then " ".join(tokens[1:])
         if not classname.strip():
             raise DatasetFormatError(f"{path}:{number}: expected '<wnid> <class name>', got {line!r}")
         if wnid in names:
@@ -233,14 +232,18 @@ class ImageNetLayout:
         names_path = dataset_dir / "classnames.txt"
         _require(names_path, "class-name file", self, dataset_dir, is_dir=False)
         classnames = read_wnid_classnames(names_path)
-        train = self._read_split(dataset_dir, "train", classnames, names_path)
-        test = self._read_split(dataset_dir, "val", classnames, names_path)
+        wnids = {}
+        for split in ("train", "val"):
+            split_dir = dataset_dir / "images" / split
+            _require(split_dir, "image folder", self, dataset_dir, is_dir=True)
+            wnids[split] = _subfolders(split_dir)
+        if wnids["train"] != wnids["val"]:  # labels are folder positions, counted per split: they must agree
+            only = sorted(set(wnids["train"]) ^ set(wnids["val"]))
+            raise DatasetLayoutError(f"images/train and images/val of {dataset_dir} hold different class folders "
+                                     f"(e.g. {only[:3]})\nExpected layout:\n{self.tree(dataset_dir)}")
+        train, test = (_read_wnid_folders(dataset_dir, dataset_dir / "images" / split, wnids[split], classnames,
+                                          names_path) for split in ("train", "val"))
         return train, test, test
-
-    def _read_split(self, dataset_dir: Path, split: str, classnames: dict[str, str], names_path: Path) -> list[Datum]:
-        split_dir = dataset_dir / "images" / split
-        _require(split_dir, "image folder", self, dataset_dir, is_dir=True)
-        return _read_wnid_folders(dataset_dir, split_dir, _subfolders(split_dir), classnames, names_path)
 
 
 def _read_wnid_folders(dataset_dir: Path, image_dir: Path, wnids: list[str], classnames: dict[str, str],
@@ -428,18 +431,24 @@ def _aliases() -> dict[str, str]:
     return table
 
 
-def get_spec(name: str) -> DatasetSpec:
-    """The spec of a registry name or CoOp config name (case-insensitive), or of ``folder:<path>``."""
+def find_spec(name: str) -> DatasetSpec | None:
+    """The spec of a registry name or CoOp config name (case-insensitive), or of ``folder:<path>``; None if unknown."""
     if name.startswith(FOLDER_PREFIX):
         path = name[len(FOLDER_PREFIX):]
         if not path:
             raise ValueError(f"{name!r}: give a folder after {FOLDER_PREFIX!r}, e.g. 'folder:/data/my_dataset'")
         return DatasetSpec(Path(path).name or path, path, ClassFolderLayout(), DEFAULT_TEMPLATE)
-    aliases = _aliases()
-    if name.lower() not in aliases:
+    registry_name = _aliases().get(name.lower())
+    return DATASETS[registry_name] if registry_name else None
+
+
+def get_spec(name: str) -> DatasetSpec:
+    """Like :func:`find_spec`, but an unknown name is an error that lists the valid ones."""
+    spec = find_spec(name)
+    if spec is None:
         valid = ", ".join(f"{s.name} ({s.config_name})" if s.config_name else s.name for s in DATASETS.values())
         raise ValueError(f"unknown dataset {name!r}; valid names (any case): {valid}, or 'folder:<path>'")
-    return DATASETS[aliases[name.lower()]]
+    return spec
 
 
 def load_dataset(name: str, data_root: str | Path) -> DatasetSplits:

@@ -6,8 +6,9 @@
 * :data:`IMAGENET_TEMPLATES_SELECT` -- the 7 prompts ``ZeroshotCLIP2`` ensembles (plus the dataset's CUSTOM prompt when
   the dataset is not ImageNet).
 
-Tables are keyed by registry name (``OxfordPets``, ``DescribableTextures``, ...); datasets without an entry (a
-user's own) use :data:`DEFAULT_TEMPLATE` unless they were registered with their own.
+Tables are keyed by registry name (``OxfordPets``, ``DescribableTextures``, ...). A dataset registered with
+``register_split_json_dataset`` gets its own template from both lookups; any other name (a ``{train,val,test}/<class>``
+folder dataset, whose ``DatasetSplits.name`` is its folder name) gets :data:`DEFAULT_TEMPLATE`.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def zeroshot_template(name: str) -> str:
 
 def _lookup(table: MappingProxyType, name: str) -> str:
     # Imported here: the registry imports this module's tables at import time.
-    from atlas_fast.data.datasets import get_spec
+    from atlas_fast.data.datasets import find_spec
 
-    spec = get_spec(name)
-    return table.get(spec.name, spec.template)
+    spec = find_spec(name)
+    return DEFAULT_TEMPLATE if spec is None else table.get(spec.name, spec.template)
