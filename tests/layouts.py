@@ -181,7 +181,7 @@ def make_imagenet_sketch(data_root: Path, n_classes: int = 5, n_images: int = 2,
 
 
 def make_imagenetv2(data_root: Path, n_classes: int = 5, n_images: int = 2, size: int = 8, seed: int = 0) -> Path:
-    """``imagenetv2/imagenetv2-matched-frequency-format-val/<0..n-1>/*.jpeg`` + ``classnames.txt`` (line i = label i)."""
+    """``imagenetv2/imagenetv2-matched-frequency-format-val/<label>/*.jpeg`` + ``classnames.txt`` (line i: label i)."""
     dataset_dir = Path(data_root) / "imagenetv2"
     write_classnames(dataset_dir / "classnames.txt", imagenet_classnames(n_classes))
     for label in range(n_classes):

@@ -146,7 +146,8 @@ def test_imagenet_labels_by_sorted_folders_names_by_wnid_val_is_test(data_root):
 
 def test_imagenet_a_and_r_are_k_way_over_the_present_wnids(data_root):
     pairs = imagenet_classnames(1000)
-    for name, folder, present in (("ImageNetA", "imagenet-a", (3, 17, 250, 999)), ("imagenet_r", "imagenet-r", (0, 5, 6))):
+    for name, folder, present in (("ImageNetA", "imagenet-a", (3, 17, 250, 999)),
+                                  ("imagenet_r", "imagenet-r", (0, 5, 6))):
         splits = load_dataset(name, data_root)
         assert splits.train == () and splits.val == ()
         assert splits.classnames == tuple(pairs[i][1] for i in present)

@@ -147,8 +147,9 @@ class SplitJsonLayout:
             raise DatasetFormatError(f"{split_path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
         if not isinstance(split, dict) or not {"train", "val", "test"} <= split.keys():
             raise DatasetFormatError(f"{split_path}: expected an object with keys 'train', 'val', 'test'")
-        lists = tuple(self._convert(dataset_dir, split_path, name, split[name]) for name in ("train", "val", "test"))
-        return lists  # type: ignore[return-value]
+        train, val, test = (self._convert(dataset_dir, split_path, name, split[name])
+                            for name in ("train", "val", "test"))
+        return train, val, test
 
     def _convert(self, dataset_dir: Path, split_path: Path, name: str, entries: object) -> list[Datum]:
         if not isinstance(entries, list):
@@ -199,7 +200,8 @@ class AircraftLayout:
             if name in label_of:
                 raise DatasetFormatError(f"{variants_path}:{number}: variant {name!r} listed twice")
             label_of[name] = len(label_of)
-        return tuple(self._read_list(dataset_dir, split, label_of) for split in ("train", "val", "test"))  # type: ignore[return-value]
+        train, val, test = (self._read_list(dataset_dir, split, label_of) for split in ("train", "val", "test"))
+        return train, val, test
 
     def _read_list(self, dataset_dir: Path, split: str, label_of: dict[str, int]) -> list[Datum]:
         list_path = dataset_dir / f"images_variant_{split}.txt"

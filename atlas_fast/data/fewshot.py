@@ -88,7 +88,9 @@ def _load_stored(path: Path, splits: DatasetSplits, num_shots: int,
     except json.JSONDecodeError as e:
         raise ValueError(f"stored few-shot subset {path}:{e.lineno}: invalid JSON ({e.msg}); delete it to resample")
     expected = {"dataset": splits.name, "shots": num_shots, "seed": seed}
-    found = {k: record.get(k) for k in expected} if isinstance(record, dict) else record
+    if not isinstance(record, dict):
+        raise ValueError(f"stored few-shot subset {path} is not a JSON object; delete it to resample")
+    found = {k: record.get(k) for k in expected}
     if found != expected or not isinstance(record.get("train"), list):
         raise ValueError(f"stored few-shot subset {path} is for {found}, not {expected}; delete it to resample")
     train = _lookup_keys(path, "train", record["train"], splits.train)

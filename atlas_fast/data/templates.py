@@ -55,7 +55,7 @@ def atlas_template(name: str) -> str:
 
 
 def zeroshot_template(name: str) -> str:
-    """CoOp's zero-shot CLIP template of a dataset (registry or CoOp config name, any case); e.g. DTD: ``{} texture.``."""
+    """CoOp's zero-shot CLIP template of a dataset (registry or CoOp config name, any case); DTD: ``{} texture.``."""
     return _lookup(CUSTOM_TEMPLATES, name)
 
 
