@@ -1,0 +1,131 @@
+"""Training loop, lr schedule, evaluation and result records on the tiny model and a synthetic OxfordPets."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from atlas_fast.backbones import BackboneConfig
+from atlas_fast.evaluate import harmonic_mean, top1_accuracy
+from atlas_fast.methods.base import OptimRecipe
+from atlas_fast.schedules import Atlas, OneHot
+from atlas_fast.train import TrainConfig, lr_at_epoch, run
+from layouts import make_oxford_pets
+
+TINY = BackboneConfig("atlas-tiny", None)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny model's steps are far too small for intra-op threads; on a shared 2-core machine they only contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_lr_schedule_matches_dassl_examples():
+    # methods.md §1.4: E=10, base 0.002 (CoCoOp)
+    recipe = OptimRecipe(epochs=10, batch_size=1, lr=0.002)
+    expected = [1e-5, .002, .001951, .001809, .001588, .001309, .001, .000691, .000412, .000191]
+    assert [lr_at_epoch(recipe, e) for e in range(10)] == pytest.approx(expected, abs=5e-7)
+    # E=5, 0.0035 (MaPLe) and E=2, 0.0026 (MaPLe xd): the warmup epoch counts inside E
+    maple = OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
+    assert [lr_at_epoch(maple, e) for e in range(5)] == pytest.approx(
+        [1e-5, .0035, .003166, .002291, .001209], abs=5e-7)
+    assert [lr_at_epoch(OptimRecipe(epochs=2, batch_size=4, lr=0.0026), e) for e in range(2)] == [1e-5, 0.0026]
+    # E=20, 0.0025 (PromptSRC): the last epoch is 6.1e-5, never 0
+    assert lr_at_epoch(OptimRecipe(epochs=20, batch_size=4, lr=0.0025), 19) == pytest.approx(6.1e-5, abs=5e-7)
+    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+        lr_at_epoch(recipe, 10)
+
+
+def test_accuracy_and_harmonic_mean():
+    logits = torch.tensor([[[0.1, 0.9], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]]])
+    assert top1_accuracy(logits, torch.tensor([1, 0, 0, 0])).tolist() == [75.0]
+    assert harmonic_mean(80.0, 60.0) == pytest.approx(2 * 80 * 60 / 140)
+    assert harmonic_mean(0.0, 0.0) == 0.0
+
+
+@pytest.fixture(scope="module")
+def pets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pets")
+    make_oxford_pets(root / "data", n_classes=8, n_train=4, n_val=2, n_test=3, size=36)
+    return root
+
+
+def tiny_config(root, **changes):
+    base = dict(dataset="OxfordPets", data_root=root / "data", backbone=TINY, shots=4, seed=1, epochs=8, views=2,
+                batch_size=3, lr=0.05, cache_root=root / "cache", results_dir=root / "results", progress=False)
+    return TrainConfig(**{**base, **changes})
+
+
+def test_end_to_end_loss_falls_and_record_is_complete(pets):
+    record = run(tiny_config(pets, results_dir=pets / "results-e2e"))
+    losses = [row["loss"] for row in record["epochs"]]
+    assert len(losses) == 8
+    assert losses[-1] < losses[0] - 0.1, losses
+    assert [row["soft"] for row in record["epochs"]] == [False] * 8
+    metrics = record["metrics"]
+    for name in ("base", "new", "all", "H"):
+        assert 0.0 <= metrics[name] <= 100.0
+    assert metrics["H"] == pytest.approx(harmonic_mean(metrics["base"], metrics["new"]))
+    assert set(metrics["zero_shot"]) == {"base", "new", "all", "H"}
+    assert record["data"] == {"dataset": "OxfordPets", "num_train": 16, "num_classes": 4,
+                              "num_test": {"base": 12, "new": 12, "all": 24}}
+    # the last partial batch is kept: 16 items at batch 3 -> 6 steps; the record says what ran
+    assert record["config"]["recipe"]["batch_size"] == 3 and record["config"]["views"] == 2
+    on_disk = json.loads(open(record["path"]).read())
+    assert on_disk["status"] == "finished" and on_disk["metrics"] == metrics
+    learned = torch.load(record["path"].replace(".json", ".pt"), weights_only=True)
+    assert any(t.shape[-1] > 0 for t in learned.values())
+    assert not list((pets / "results-e2e").rglob("*.tmp"))
+
+
+def test_same_seed_same_result_other_seed_other(pets):
+    first = run(tiny_config(pets, results_dir=pets / "r1"))
+    again = run(tiny_config(pets, results_dir=pets / "r2"))
+    other = run(tiny_config(pets, results_dir=pets / "r3", seed=2))
+    assert not again["skipped"]
+    assert [r["loss"] for r in first["epochs"]] == [r["loss"] for r in again["epochs"]]
+    assert first["metrics"] == again["metrics"]
+    learned_a = torch.load(first["path"].replace(".json", ".pt"), weights_only=True)
+    learned_b = torch.load(again["path"].replace(".json", ".pt"), weights_only=True)
+    for name in learned_a:
+        assert torch.equal(learned_a[name], learned_b[name])
+    assert [r["loss"] for r in first["epochs"]] != [r["loss"] for r in other["epochs"]]
+
+
+def test_identical_config_is_skipped(pets, monkeypatch):
+    config = tiny_config(pets, results_dir=pets / "skip", epochs=3)
+    first = run(config)
+    assert not first["skipped"]
+
+    def fail(*args, **kwargs):
+        raise AssertionError("an identical finished run must not train again")
+
+    monkeypatch.setattr("atlas_fast.train.train_epochs", fail)
+    second = run(tiny_config(pets, results_dir=pets / "skip", epochs=3, progress=True))
+    assert second["skipped"] and second["key"] == first["key"] and second["metrics"] == first["metrics"]
+    with pytest.raises(AssertionError, match="must not train"):
+        run(tiny_config(pets, results_dir=pets / "skip", epochs=3, lr=0.01))
+
+
+def test_pixel_methods_are_refused(pets, monkeypatch):
+    from atlas_fast.methods.coop import CoOp
+
+    monkeypatch.setattr(CoOp, "consumes", "pixels")
+    with pytest.raises(NotImplementedError, match="consumes pixels"):
+        run(tiny_config(pets, results_dir=pets / "pixels", epochs=2))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="set soft_labels"):
+        TrainConfig("OxfordPets", "data", schedule=Atlas(2))
+    with pytest.raises(ValueError, match="never uses them"):
+        TrainConfig("OxfordPets", "data", schedule=OneHot(), soft_labels=object())
+    with pytest.raises(ValueError, match="setting must be one of"):
+        TrainConfig("OxfordPets", "data", setting="b2n")
+    with pytest.raises(ValueError, match="views must be >= 1"):
+        TrainConfig("OxfordPets", "data", views=0)
