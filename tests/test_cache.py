@@ -1,0 +1,226 @@
+"""The HDF5 feature cache on CPU with the tiny model: incremental, resumable, self-checking, safe across processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import shutil
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+import torch
+
+from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.cache import CacheMismatchError, FeatureCache, MissingFeaturesError
+from atlas_fast.data.base import Datum
+from atlas_fast.transforms import ImageReadError, TransformSpec, load_views
+from tests.layouts import make_oxford_pets
+
+TINY = BackboneConfig("atlas-tiny", None)
+DATASET = "OxfordPets"
+
+
+def read_items(dataset_dir: Path, split: str) -> list[Datum]:
+    """Datum lists straight from the split JSON (the cache only needs impath and key)."""
+    entries = json.loads((dataset_dir / "split_zhou_OxfordPets.json").read_text())[split]
+    return [Datum(str(dataset_dir / "images" / rel), label, cname, f"images/{rel}") for rel, label, cname in entries]
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    return load_backbone(TINY)
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory) -> Path:
+    return make_oxford_pets(tmp_path_factory.mktemp("data"), n_classes=3, n_train=4, n_val=1, n_test=2)
+
+
+@pytest.fixture(scope="module")
+def train(dataset_dir) -> list[Datum]:
+    return read_items(dataset_dir, "train")  # 12 images
+
+
+def direct_features(backbone, items: list[Datum], view: int, aug_seed: int = 0) -> torch.Tensor:
+    spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)
+    pixels = torch.cat([load_views(d.impath, d.key, [view], spec) for d in items])
+    return backbone.encode_image(pixels).float()
+
+
+def build(cache: FeatureCache, backbone, items, **kwargs):
+    kwargs.setdefault("num_workers", 0)
+    kwargs.setdefault("progress", False)
+    return cache.build(backbone, DATASET, items, **kwargs)
+
+
+def test_builds_are_incremental(tmp_path, backbone, train):
+    cache = FeatureCache(tmp_path / "cache")
+    first = build(cache, backbone, train[:8], num_views=2)
+    assert (first.encoded, first.reused) == (8 * 3, 0) and first.path.is_file()
+    again = build(cache, backbone, train[:8], num_views=2)
+    assert (again.encoded, again.reused) == (0, 24)
+    more_views = build(cache, backbone, train[:8], num_views=4)
+    assert (more_views.encoded, more_views.reused) == (8 * 2, 24)
+    new_subset = build(cache, backbone, train[4:], num_views=4)  # 4 known images, 4 new ones
+    assert (new_subset.encoded, new_subset.reused) == (4 * 5, 4 * 5)
+    assert new_subset.path == first.path
+    features = cache.load(backbone, DATASET, train, views=range(5))
+    assert features.shape == (12, 5, backbone.embed_dim) and features.dtype == torch.float32
+
+
+def test_features_equal_a_direct_forward_pass(tmp_path, backbone, train):
+    items = train[:6]
+    for dtype, tolerance in (("float16", 2e-3), ("float32", 1e-5)):
+        cache = FeatureCache(tmp_path / dtype, storage_dtype=dtype)
+        build(cache, backbone, items, num_views=2, batch_size=4)
+        order = [5, 0, 3, 1, 4, 2]  # any order of items, any subset of views
+        loaded = cache.load(backbone, DATASET, [items[i] for i in order], views=[2, 0])
+        for j, view in enumerate((2, 0)):
+            expected = direct_features(backbone, [items[i] for i in order], view)
+            scale = expected.abs().max()
+            assert torch.allclose(loaded[:, j], expected, atol=tolerance * scale, rtol=0), dtype
+        with h5py.File(cache.path_for(backbone, DATASET), "r") as f:
+            assert f["features"].dtype == dtype and f.attrs["storage_dtype"] == dtype
+
+
+def test_views_are_distinct_and_the_same_whatever_the_batching(tmp_path, backbone, train):
+    a = FeatureCache(tmp_path / "a")
+    b = FeatureCache(tmp_path / "b", storage_dtype="float32")
+    build(a, backbone, train[:4], num_views=3, batch_size=64)
+    build(b, backbone, list(reversed(train[:4])), num_views=1, batch_size=1)
+    build(b, backbone, train[:4], num_views=3, batch_size=3)
+    fa = a.load(backbone, DATASET, train[:4], views=range(4))
+    fb = b.load(backbone, DATASET, train[:4], views=range(4))
+    assert torch.allclose(fa, fb, atol=2e-3 * fb.abs().max())
+    assert not torch.allclose(fb[:, 1], fb[:, 2]) and not torch.allclose(fb[:, 0], fb[:, 1])
+
+
+def test_missing_features_error_names_what_and_how(tmp_path, backbone, train):
+    cache = FeatureCache(tmp_path / "cache")
+    with pytest.raises(MissingFeaturesError, match="12 of 12") as nothing_yet:
+        cache.load(backbone, DATASET, train, views=[0])
+    assert "atlas-fast cache build --dataset OxfordPets --model atlas-tiny --pretrained none" in str(nothing_yet.value)
+    build(cache, backbone, train[:10], num_views=1)
+    with pytest.raises(MissingFeaturesError, match="4 of 24") as partly:
+        cache.load(backbone, DATASET, train, views=[0, 1])
+    assert set(partly.value.missing) == {(d.key, v) for d in train[10:] for v in (0, 1)}
+    with pytest.raises(MissingFeaturesError, match="--views 2"):
+        cache.load(backbone, DATASET, train[:10], views=[2])
+
+
+def test_other_weights_or_transform_are_never_reused(tmp_path, backbone, train):
+    cache = FeatureCache(tmp_path / "cache")
+    path = build(cache, backbone, train[:4]).path
+    other = load_backbone(BackboneConfig("atlas-tiny", None, init_seed=1))
+    assert other.fingerprint != backbone.fingerprint
+    assert cache.path_for(other, DATASET) != path
+    with pytest.raises(MissingFeaturesError):
+        cache.load(other, DATASET, train[:4], views=[0])
+    assert cache.path_for(backbone, DATASET, aug_seed=1) != path  # another augmentation seed, another file
+
+    # A file moved under another backbone's name is detected by its attributes, on load and on build.
+    shutil.copy(path, cache.path_for(other, DATASET))
+    with pytest.raises(CacheMismatchError, match="disagree with its location"):
+        cache.load(other, DATASET, train[:4], views=[0])
+    with pytest.raises(CacheMismatchError):
+        build(cache, other, train[:4])
+
+    # A tampered attribute is detected too.
+    with h5py.File(path, "a") as f:
+        description = json.loads(f.attrs["transform"])
+        description["views1+"]["scale"] = [0.5, 1.0]
+        f.attrs["transform"] = json.dumps(description, sort_keys=True)
+    with pytest.raises(CacheMismatchError, match="'transform'"):
+        cache.load(backbone, DATASET, train[:4], views=[0])
+    problems = {e.path.name: e.problem for e in cache.entries()}
+    assert problems[cache.path_for(other, DATASET).name] is not None
+
+
+def test_precision_and_storage_dtype_are_not_mixed(tmp_path, backbone, train):
+    build(FeatureCache(tmp_path / "cache"), backbone, train[:2])
+    with pytest.raises(CacheMismatchError, match="precision"):
+        build(FeatureCache(tmp_path / "cache"), backbone, train[2:4], precision="bf16")
+    with pytest.raises(CacheMismatchError, match="float16"):
+        build(FeatureCache(tmp_path / "cache", storage_dtype="float32"), backbone, train[2:4])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_unreadable_image_is_named(tmp_path, backbone, train, workers):
+    broken = tmp_path / "images" / "broken_cat.jpg"
+    broken.parent.mkdir()
+    broken.write_bytes(b"\xff\xd8 truncated")
+    items = train[:3] + [Datum(str(broken), 0, "cat", "images/broken_cat.jpg")]
+    with pytest.raises(ImageReadError, match="broken_cat.jpg"):
+        build(FeatureCache(tmp_path / "cache"), backbone, items, num_workers=workers)
+
+
+def test_an_interrupted_build_resumes(tmp_path, backbone, train, monkeypatch):
+    cache = FeatureCache(tmp_path / "cache")
+    calls = {"n": 0}
+    encode = backbone.encode_image
+
+    def failing_encoder(pixels):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated interruption")
+        return encode(pixels)
+
+    monkeypatch.setattr(backbone, "encode_image", failing_encoder)
+    with pytest.raises(KeyboardInterrupt):
+        build(cache, backbone, train, batch_size=4)  # 3 batches of 4 images; the third fails
+    monkeypatch.undo()
+    with pytest.raises(MissingFeaturesError, match="4 of 12"):
+        cache.load(backbone, DATASET, train, views=[0])
+    resumed = build(cache, backbone, train, batch_size=4)
+    assert (resumed.encoded, resumed.reused) == (4, 8)
+    expected = direct_features(backbone, train, 0)
+    loaded = cache.load(backbone, DATASET, train, views=[0])[:, 0]
+    assert torch.allclose(loaded, expected, atol=2e-3 * expected.abs().max())
+
+
+def test_entries_and_info_list_the_cache(tmp_path, backbone, train):
+    cache = FeatureCache(tmp_path / "cache")
+    build(cache, backbone, train[:6], num_views=2)
+    build(cache, backbone, train[6:], num_views=0)
+    (entry,) = cache.entries()
+    assert (entry.dataset, entry.num_images, entry.view_counts) == (DATASET, 12, [12, 6, 6])
+    assert entry.backbone_fingerprint == backbone.fingerprint and entry.problem is None
+    assert entry.size_bytes == entry.path.stat().st_size > 0
+    text = cache.info()
+    assert "OxfordPets" in text and entry.path.name in text and "v0:12 v1-2:6" in text
+    assert "No feature cache" in FeatureCache(tmp_path / "empty").info()
+
+
+def _build_in_process(root: str, items: list[Datum]) -> int:
+    torch.set_num_threads(1)  # a forked child must not reuse the parent's OpenMP pool
+    backbone = load_backbone(TINY)
+    return FeatureCache(root, storage_dtype="float32").build(backbone, DATASET, items, num_views=1, batch_size=2,
+                                                            num_workers=0, progress=False).encoded
+
+
+def test_concurrent_builders_and_readers_share_one_file(tmp_path, backbone, dataset_dir, train):
+    """Two builder processes on overlapping items: no duplicate work, no corruption; a reader polling meanwhile
+    only ever sees complete, correct features (or a clean MissingFeaturesError)."""
+    items = train + read_items(dataset_dir, "test")  # 18 images
+    root = str(tmp_path / "cache")
+    cache = FeatureCache(root, storage_dtype="float32")
+    expected = direct_features(backbone, items, 0)
+    # fork: the children inherit the imported modules (spawning would re-import torch and open_clip, ~10 s each).
+    with mp.get_context("fork").Pool(2) as pool:
+        pending = pool.starmap_async(_build_in_process, [(root, items[:12]), (root, items[6:])])
+        seen_complete = 0
+        while not pending.ready():
+            try:
+                loaded = cache.load(backbone, DATASET, items[6:12], views=[0])[:, 0]
+            except MissingFeaturesError:
+                time.sleep(0.02)
+                continue
+            assert torch.allclose(loaded, expected[6:12], atol=1e-5 * expected.abs().max())
+            seen_complete += 1
+        encoded = pending.get(timeout=120)
+    assert sum(encoded) == 18 * 2  # each (image, view) encoded exactly once across the two processes
+    loaded = cache.load(backbone, DATASET, items, views=[0, 1])
+    assert torch.allclose(loaded[:, 0], expected, atol=1e-5 * expected.abs().max())
+    assert torch.allclose(loaded[:, 1], direct_features(backbone, items, 1), atol=1e-5 * expected.abs().max())
