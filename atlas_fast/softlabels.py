@@ -120,9 +120,8 @@ def class_soft_labels(text_embeddings: torch.Tensor, tau_c: float, top_k: int | 
     missing_self = ~(neighbours == rows[:, None]).any(axis=1)
     neighbours[missing_self, -1] = rows[missing_self]
     similarities[missing_self, -1] = (vectors[missing_self] ** 2).sum(axis=1)
-    logits = torch.full((num_classes, num_classes), float("-inf"))
-    logits.scatter_(1, torch.from_numpy(neighbours).long(), torch.from_numpy(similarities).float() / tau_c)
-    return torch.softmax(logits, dim=1)
+    weights = torch.softmax(torch.from_numpy(similarities).float() / tau_c, dim=1)
+    return torch.zeros(num_classes, num_classes).scatter_(1, torch.from_numpy(neighbours).long(), weights)
 
 
 def instance_soft_labels(zs_probs: torch.Tensor, labels: torch.Tensor, alpha: float,
