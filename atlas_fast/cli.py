@@ -106,10 +106,175 @@ def run_cache_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
+    """``atlas-fast train`` and ``atlas-fast eval``."""
+    train = subparsers.add_parser(
+        "train", help="train a prompt method (optionally with ATLaS) on cached features and print base/new/H",
+        description="Train a prompt method from cached image features (the cache is built for what is missing), "
+                    "evaluate it and write a result record; an identical finished run is skipped. One run per "
+                    "--seed; a one-line table with the mean over seeds closes the output.")
+    train.add_argument("--dataset", required=True, help="dataset registry name, e.g. OxfordPets")
+    train.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
+    train.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
+    train.add_argument("--pretrained", type=_pretrained, default="openai",
+                       help="open_clip tag, checkpoint file, or 'none' for random weights (default openai)")
+    train.add_argument("--method", default="coop", help="prompt method (default coop)")
+    train.add_argument("--recipe", choices=("paper", "original"), default="paper",
+                       help="recipe family: the ATLaS paper's (default) or the method repository's own")
+    train.add_argument("--setting", choices=("base2new", "few_shot", "cross_dataset"), default="base2new",
+                       help="protocol: picks the recipe, the ATLaS presets and the class subset (default base2new)")
+    train.add_argument("--shots", type=int, default=16, help="training images per class (default 16)")
+    train.add_argument("--seed", type=int, nargs="+", default=[1], help="seed(s), e.g. --seed 1 2 3 (default 1)")
+    train.add_argument("--subsample", choices=("all", "base", "new"), default=None,
+                       help="training classes (default: base for base2new, all otherwise)")
+    atlas = train.add_argument_group("label schedule (ATLaS and baselines)")
+    atlas.add_argument("--atlas", choices=("none", "ls", "csl", "isl", "mix"), default="none",
+                       help="soft labels: none (plain method), ls (uniform), csl (class-wise), isl (instance-wise), "
+                            "mix (w*CSL + (1-w)*ISL)")
+    atlas.add_argument("--schedule", choices=("auto", "atlas", "joint", "ols", "tfkd"), default="auto",
+                       help="auto = atlas with --atlas, one-hot without; joint = CE(y) + CE(soft) every step; "
+                            "ols / tfkd = the online-LS and teacher-free-KD baselines (no --atlas)")
+    atlas.add_argument("--K", type=int, default=None, help="ATLaS period: soft labels every K-th epoch "
+                                                           "(default: the setting's preset, 1 = always soft)")
+    atlas.add_argument("--theta", type=float, default=None, help="LS smoothing (default: preset)")
+    atlas.add_argument("--tau-c", type=float, default=None, help="CSL temperature (default: preset)")
+    atlas.add_argument("--alpha", type=float, default=None, help="ISL rectification coefficient (default: preset)")
+    atlas.add_argument("--delta", choices=("wrong_only", "always"), default=None,
+                       help="when ISL rectifies (default: preset)")
+    atlas.add_argument("--w", type=float, default=None, help="CSL weight of --atlas mix (default 0.3)")
+    atlas.add_argument("--top-k", type=int, default=None, help="CSL: keep the k most similar classes per row")
+    atlas.add_argument("--ols-alpha", type=float, default=0.5, help="OLS weight of the one-hot CE (default 0.5)")
+    atlas.add_argument("--tfkd-a", type=float, default=0.9, help="TF-KD teacher's true-class probability (0.9)")
+    atlas.add_argument("--tfkd-alpha", type=float, default=0.1, help="TF-KD weight of the KL term (default 0.1)")
+    atlas.add_argument("--tfkd-tau", type=float, default=20.0, help="TF-KD temperature (default 20)")
+    optim = train.add_argument_group("recipe overrides and execution")
+    optim.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    optim.add_argument("--batch-size", type=int, default=None, help="override the recipe's batch size")
+    optim.add_argument("--lr", type=float, default=None, help="override the recipe's learning rate")
+    optim.add_argument("--views", type=int, default=None, help="cached augmented views (default: = epochs)")
+    optim.add_argument("--aug-seed", type=int, default=0, help="seed of the augmented views (default 0)")
+    optim.add_argument("--eval-every-epoch", action="store_true", help="record accuracy after every epoch")
+    optim.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    optim.add_argument("--precision", choices=("auto", "fp32", "amp"), default="auto",
+                       help="auto = fp16 autocast on CUDA, fp32 on CPU")
+    optim.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
+    optim.add_argument("--results-dir", type=Path, default=Path("results"), help="records (default ./results)")
+    optim.add_argument("--no-progress", action="store_true", help="no progress bars")
+    train.set_defaults(func=run_train)
+
+    evaluate = subparsers.add_parser(
+        "eval", help="evaluate saved runs' learned prompts on a dataset (cross-dataset, other class subsets)",
+        description="Load the learned tensors saved beside result record(s) and test them on a dataset's test "
+                    "split with that dataset's class names, e.g. an ImageNet-trained CoOp on OxfordPets.")
+    evaluate.add_argument("--record", type=Path, nargs="+", required=True, help="result record JSON file(s)")
+    evaluate.add_argument("--dataset", required=True, help="dataset to evaluate on")
+    evaluate.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
+    evaluate.add_argument("--subsample", choices=("all", "base", "new"), default="all",
+                          help="class subset of the test split (default all)")
+    evaluate.add_argument("--shots", type=int, default=None, help="few-shot K defining base/new (default: the run's)")
+    evaluate.add_argument("--seed", type=int, default=None, help="few-shot seed defining base/new (default: the run's)")
+    evaluate.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
+    evaluate.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    evaluate.add_argument("--no-progress", action="store_true", help="no progress bars")
+    evaluate.set_defaults(func=run_eval)
+
+
+def _label_schedule(args: argparse.Namespace):
+    """The soft-label config and schedule that the ``train`` flags ask for."""
+    from atlas_fast.schedules import Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD
+    from atlas_fast.softlabels import atlas_period, atlas_preset
+
+    name = args.schedule if args.schedule != "auto" else ("onehot" if args.atlas == "none" else "atlas")
+    if name in ("atlas", "joint") and args.atlas == "none":
+        raise SystemExit(f"error: --schedule {name} trains on soft labels: choose them with --atlas ls|csl|isl|mix.")
+    if name in ("onehot", "ols", "tfkd") and args.atlas != "none":
+        raise SystemExit(f"error: --schedule {name} uses no offline soft labels; drop --atlas {args.atlas}.")
+    if name == "onehot":
+        return None, OneHot()
+    if name == "ols":
+        return None, OnlineLabelSmoothing(alpha=args.ols_alpha)
+    if name == "tfkd":
+        return None, TeacherFreeKD(a=args.tfkd_a, alpha=args.tfkd_alpha, tau=args.tfkd_tau)
+    overrides = {key: getattr(args, key) for key in ("theta", "tau_c", "alpha", "delta", "w", "top_k")
+                 if getattr(args, key) is not None}
+    soft_labels = atlas_preset(args.setting, args.atlas, **overrides)
+    if name == "joint":
+        return soft_labels, Joint()
+    return soft_labels, Atlas(args.K if args.K is not None else atlas_period(args.setting))
+
+
+def _run_label(method: str, soft_labels, schedule) -> str:
+    """E.g. ``coop``, ``coop+ATLaS-CSL (K=2)``, ``coop+ISL+y``, ``coop+OLS``."""
+    kind = {"ls": "", "csl": "-CSL", "isl": "-ISL", "mix": "-mix"}
+    if schedule.name == "onehot":
+        return method
+    if schedule.name == "atlas":
+        if schedule.period == 1:
+            return f"{method}+{soft_labels.kind.upper()}"
+        return f"{method}+ATLaS{kind[soft_labels.kind]} (K={schedule.period})"
+    if schedule.name == "joint":
+        return f"{method}+{soft_labels.kind.upper()}+y"
+    return f"{method}+{schedule.name.upper()}"
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from atlas_fast.backbones import BackboneConfig
+    from atlas_fast.train import TrainConfig, run
+
+    soft_labels, schedule = _label_schedule(args)
+    label = _run_label(args.method, soft_labels, schedule)
+    columns = ("base", "new", "H") if (args.subsample or ("base" if args.setting == "base2new" else "all")) == "base" \
+        else ("all",)
+    rows = []
+    for seed in args.seed:
+        config = TrainConfig(
+            dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
+            method=args.method, recipe=args.recipe, setting=args.setting, shots=args.shots, seed=seed,
+            subsample=args.subsample, soft_labels=soft_labels, schedule=schedule, views=args.views,
+            aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+            eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
+            cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress)
+        record = run(config)
+        metrics = record["metrics"]
+        values = "  ".join(f"{c} {metrics[c]:.2f}" for c in columns)
+        zero_shot = "  ".join(f"{c} {metrics['zero_shot'][c]:.2f}" for c in columns)
+        note = " (existing record, skipped)" if record.get("skipped") else ""
+        print(f"{args.dataset} {label} seed {seed}: {values}  | zero-shot CLIP: {zero_shot}{note}\n"
+              f"  record: {record['path']}")
+        rows.append(metrics)
+    means = {c: sum(m[c] for m in rows) / len(rows) for c in columns}
+    if "base" in means:  # H of the mean accuracies, as the papers' tables do
+        from atlas_fast.evaluate import harmonic_mean
+
+        means["H"] = harmonic_mean(means["base"], means["new"])
+    seeds = ",".join(str(s) for s in args.seed)
+    print(f"| dataset | method | seeds | {' | '.join(columns)} |")
+    print(f"| {args.dataset} | {label} | {seeds} | {' | '.join(f'{means[c]:.2f}' for c in columns)} |")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from atlas_fast.evaluate import evaluate_record
+
+    accuracies = []
+    for record in args.record:
+        result = evaluate_record(record, args.dataset, args.data_root, args.subsample, shots=args.shots,
+                                 seed=args.seed, cache_root=args.cache_root, device=args.device,
+                                 progress=not args.no_progress)
+        accuracies.append(result["accuracy"])
+        print(f"{result['dataset']} ({result['subsample']}, {result['num_classes']} classes, {result['num_test']} "
+              f"test images): accuracy {result['accuracy']:.2f}  | zero-shot CLIP {result['zero_shot']:.2f}  "
+              f"<- {record}")
+    if len(accuracies) > 1:
+        print(f"mean over {len(accuracies)} runs: {sum(accuracies) / len(accuracies):.2f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atlas-fast", description="Feature-cache-first prompt tuning of CLIP.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_cache_commands(subparsers)
+    add_train_commands(subparsers)
     return parser
 
 

@@ -25,7 +25,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -184,8 +184,14 @@ def record_stem(config: TrainConfig, key: str) -> str:
             f"seed{config.seed}-{key[:12]}")
 
 
-class _TrainFeatures:
-    """The cached augmented views of the training images, one (N, D) tensor per epoch."""
+class EpochInputs(Protocol):
+    """What the training loop reads: the inputs of every training item for one epoch, indexable by item."""
+
+    def for_epoch(self, epoch: int) -> torch.Tensor: ...
+
+
+class CachedViews:
+    """The cached augmented views of the training images: epoch ``e`` gets view ``1 + (e mod V)`` as (N, D)."""
 
     def __init__(self, cache, backbone: Backbone, dataset: str, items, views: int, aug_seed: int) -> None:
         self.cache, self.backbone, self.dataset, self.items = cache, backbone, dataset, items
@@ -201,7 +207,7 @@ class _TrainFeatures:
         return self.cache.load(self.backbone, self.dataset, self.items, views=[1 + view], aug_seed=self.aug_seed)[:, 0]
 
 
-def train_epochs(method: PromptMethod, features: _TrainFeatures, labels: torch.Tensor,
+def train_epochs(method: PromptMethod, features: EpochInputs, labels: torch.Tensor,
                  soft_rows: torch.Tensor | None, schedule: LabelSchedule, recipe: OptimRecipe, seed: int,
                  device: torch.device, amp: bool, progress: bool = True,
                  on_epoch_end: Callable[[int], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -325,7 +331,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
     torch.manual_seed(config.seed)  # the method's random initialisation
     method = build_method(config.method, backbone, train_split.classnames, method_config).to(device)
-    train_features = _TrainFeatures(cache, backbone, full.name, train_split.train, views, config.aug_seed)
+    train_features = CachedViews(cache, backbone, full.name, train_split.train, views, config.aug_seed)
 
     def per_epoch_eval(epoch: int) -> dict[str, Any]:
         if not config.eval_every_epoch:

@@ -129,3 +129,32 @@ def test_config_validation():
         TrainConfig("OxfordPets", "data", setting="b2n")
     with pytest.raises(ValueError, match="views must be >= 1"):
         TrainConfig("OxfordPets", "data", views=0)
+
+
+@pytest.mark.parametrize("schedule, kind, soft_flags", [
+    ("atlas2", "csl", [False, True, False, True]),
+    ("atlas1", "isl", [True, True, True, True]),
+    ("joint", "ls", [True, True, True, True]),
+    ("ols", None, [False] * 4),
+    ("tfkd", None, [False] * 4),
+])
+def test_every_schedule_trains(pets, schedule, kind, soft_flags):
+    from atlas_fast.schedules import Joint, OnlineLabelSmoothing, TeacherFreeKD
+    from atlas_fast.softlabels import atlas_preset
+
+    build = {"atlas2": lambda: Atlas(2), "atlas1": lambda: Atlas(1), "joint": Joint,
+             "ols": OnlineLabelSmoothing, "tfkd": TeacherFreeKD}[schedule]
+    soft = atlas_preset("base2new", kind) if kind else None
+    record = run(tiny_config(pets, results_dir=pets / f"sched-{schedule}", epochs=4, schedule=build(),
+                             soft_labels=soft))
+    assert [row["soft"] for row in record["epochs"]] == soft_flags
+    assert all(math.isfinite(row["loss"]) for row in record["epochs"])
+    assert record["config"]["schedule"]["name"] == build().name
+    assert (record["config"]["soft_labels"] or {}).get("kind") == kind
+
+
+def test_eval_every_epoch_records_curves(pets):
+    record = run(tiny_config(pets, results_dir=pets / "curves", epochs=3, eval_every_epoch=True))
+    curves = [row["accuracy"] for row in record["epochs"]]
+    assert len(curves) == 3 and all(set(c) == {"base", "new", "all", "H"} for c in curves)
+    assert curves[-1] == {k: v for k, v in record["metrics"].items() if k != "zero_shot"}

@@ -1,0 +1,75 @@
+"""``atlas-fast train`` / ``atlas-fast eval`` end to end on the tiny model and a synthetic OxfordPets."""
+
+import re
+
+import pytest
+import torch
+
+from atlas_fast.cli import main
+from layouts import make_oxford_pets
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    make_oxford_pets(root / "data", n_classes=6, n_train=4, n_val=2, n_test=3, size=36)
+    return root
+
+
+def train_args(root, *extra):
+    return ["train", "--dataset", "OxfordPets", "--data-root", str(root / "data"), "--model", "atlas-tiny",
+            "--pretrained", "none", "--shots", "4", "--epochs", "4", "--batch-size", "4", "--views", "2",
+            "--cache-root", str(root / "cache"), "--results-dir", str(root / "results"), "--no-progress", *extra]
+
+
+NUMBER = r"(\d+\.\d\d)"
+
+
+@pytest.mark.parametrize("flags, label", [
+    ([], "coop"),
+    (["--atlas", "ls"], "coop+ATLaS (K=2)"),
+    (["--atlas", "csl"], "coop+ATLaS-CSL (K=2)"),
+    (["--atlas", "isl", "--alpha", "0.5"], "coop+ATLaS-ISL (K=2)"),
+])
+def test_train_prints_base_new_h(root, capsys, flags, label):
+    assert main(train_args(root, *flags)) == 0
+    out = capsys.readouterr().out
+    line = re.search(rf"OxfordPets {re.escape(label)} seed 1: base {NUMBER}  new {NUMBER}  H {NUMBER}", out)
+    assert line, out
+    base, new, h = map(float, line.groups())
+    assert h == pytest.approx(0.0 if base + new == 0 else 2 * base * new / (base + new), abs=0.01)
+    assert "| dataset | method | seeds | base | new | H |" in out
+    assert re.search(rf"\| OxfordPets \| {re.escape(label)} \| 1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \|", out)
+
+
+def test_second_identical_run_is_skipped_and_eval_reads_the_record(root, capsys):
+    assert main(train_args(root, "--atlas", "csl", "--K", "3", "--seed", "2")) == 0
+    first = capsys.readouterr().out
+    assert "skipped" not in first
+    assert main(train_args(root, "--atlas", "csl", "--K", "3", "--seed", "2")) == 0
+    second = capsys.readouterr().out
+    assert "(existing record, skipped)" in second
+    record = re.search(r"record: (\S+\.json)", second).group(1)
+    trained_new = float(re.search(rf"new {NUMBER}", second).group(1))
+
+    assert main(["eval", "--record", record, "--dataset", "OxfordPets", "--data-root", str(root / "data"),
+                 "--subsample", "new", "--cache-root", str(root / "cache"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    match = re.search(rf"OxfordPets \(new, 3 classes, 9 test images\): accuracy {NUMBER}", out)
+    assert match, out
+    assert float(match.group(1)) == pytest.approx(trained_new, abs=0.01)
+
+
+def test_bad_flag_combinations_are_explained(root):
+    with pytest.raises(SystemExit, match="choose them with --atlas"):
+        main(train_args(root, "--schedule", "joint"))
+    with pytest.raises(SystemExit, match="drop --atlas"):
+        main(train_args(root, "--schedule", "ols", "--atlas", "ls"))
