@@ -324,7 +324,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     if config.soft_labels is not None:
         from atlas_fast.softlabels import compute_soft_labels
 
-        view0 = cache.load(backbone, full.name, train_split.train, views=[0])[:, 0]
+        view0 = cache.load(backbone, full.name, train_split.train, views=[0], aug_seed=config.aug_seed)[:, 0]
         soft_rows = compute_soft_labels(config.soft_labels, backbone, train_split, view0,
                                         store_dir=Path(config.cache_root) / "softlabels")
     lap("soft_labels")
