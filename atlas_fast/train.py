@@ -25,7 +25,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -35,6 +35,9 @@ from atlas_fast.evaluate import EvalSet, evaluate_method, summarize, zero_shot_a
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod
 from atlas_fast.results import ResultStore, package_versions, record_key, utc_now
 from atlas_fast.schedules import LabelSchedule, OneHot
+
+if TYPE_CHECKING:
+    from atlas_fast.softlabels import SoftLabelConfig
 
 Setting = Literal["base2new", "few_shot", "cross_dataset"]
 SETTINGS = ("base2new", "few_shot", "cross_dataset")
@@ -66,7 +69,7 @@ class TrainConfig:
     shots: int = 16
     seed: int = 1
     subsample: Literal["all", "base", "new"] | None = None
-    soft_labels: Any = None
+    soft_labels: SoftLabelConfig | None = None
     schedule: LabelSchedule = field(default_factory=OneHot)
     views: int | None = None
     aug_seed: int = 0
@@ -137,12 +140,12 @@ def recipe_functions() -> dict[str, Callable[..., tuple[MethodConfig, OptimRecip
     return {"coop": coop_recipe}
 
 
-def resolve_recipe(config: TrainConfig) -> tuple[MethodConfig, OptimRecipe]:
-    """The method config and optimisation recipe of a run, with the config's overrides applied."""
+def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, OptimRecipe]:
+    """The method config and optimisation recipe of a run on ``dataset`` (registry name), with the overrides."""
     functions = recipe_functions()
     if config.method not in functions:
         raise ValueError(f"No training recipe for method {config.method!r}; known: {sorted(functions)}.")
-    method_config, recipe = functions[config.method](config.recipe, config.setting, config.shots, config.dataset)
+    method_config, recipe = functions[config.method](config.recipe, config.setting, config.shots, dataset)
     if config.method_config is not None:
         method_config = config.method_config
     overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
@@ -157,11 +160,12 @@ def _as_dict(value: Any) -> Any:
     return dataclasses.asdict(value)
 
 
-def describe_run(config: TrainConfig, method_config: MethodConfig, recipe: OptimRecipe,
+def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig, recipe: OptimRecipe,
                  device: torch.device) -> dict[str, Any]:
-    """The JSON form of a run's configuration, with every default resolved (this is what the record hash covers)."""
+    """The JSON form of a run's configuration, with every default resolved (this is what the record hash covers);
+    ``dataset`` is the registry name, so ``oxford_pets`` and ``OxfordPets`` name the same run."""
     return {
-        "dataset": config.dataset, "backbone": config.backbone.to_dict(), "method": config.method,
+        "dataset": dataset, "backbone": config.backbone.to_dict(), "method": config.method,
         "method_config": _as_dict(method_config), "recipe_family": config.recipe, "recipe": recipe.to_dict(),
         "setting": config.setting, "shots": config.shots, "seed": config.seed, "subsample": config.train_subsample,
         "soft_labels": _as_dict(config.soft_labels), "schedule": config.schedule.describe(),
@@ -269,6 +273,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     """
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
+    from atlas_fast.data.datasets import get_spec
     from atlas_fast.data.templates import zeroshot_template
     from atlas_fast.methods import build_method
 
@@ -286,14 +291,15 @@ def run(config: TrainConfig) -> dict[str, Any]:
     if amp and device.type != "cuda":
         raise ValueError("precision='amp' needs a CUDA device; use 'fp32' (or 'auto') on the CPU.")
     backbone = load_backbone(config.backbone, device)
-    method_config, recipe = resolve_recipe(config)
-    described = describe_run(config, method_config, recipe, device)
+    dataset = get_spec(config.dataset).name
+    method_config, recipe = resolve_recipe(config, dataset)
+    described = describe_run(config, dataset, method_config, recipe, device)
     key = record_key(described, backbone.fingerprint)
     store = ResultStore(config.results_dir)
     stem = record_stem(config, key)
-    existing = store.find(config.dataset, stem)
+    existing = store.find(dataset, stem)
     if existing is not None:
-        return {**existing, "skipped": True, "path": str(store.record_path(config.dataset, stem))}
+        return {**existing, "skipped": True, "path": str(store.record_path(dataset, stem))}
     lap("backbone")
 
     full = load_dataset(config.dataset, config.data_root)
@@ -358,5 +364,5 @@ def run(config: TrainConfig) -> dict[str, Any]:
         "metrics": metrics, "epochs": epochs,
         "timings": {**timings, "seconds_per_epoch": timings["train"] / recipe.epochs}, "versions": package_versions(),
     }
-    path = store.save(config.dataset, stem, record, method.state_for_checkpoint())
+    path = store.save(dataset, stem, record, method.state_for_checkpoint())
     return {**record, "status": "finished", "skipped": False, "path": str(path)}
