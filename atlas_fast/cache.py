@@ -113,6 +113,7 @@ class CacheEntry:
     backbone: str
     backbone_fingerprint: str
     transform_fingerprint: str
+    transform: str
     aug_seed: int | None
     num_images: int
     view_counts: list[int] = field(default_factory=list)
@@ -391,7 +392,7 @@ class FeatureCache:
         units = []
         for d in items:
             row = row_of[d.key]
-            todo = [v for v in views if row >= n_old or not done_now[row, v]]
+            todo = [v for v in views if not done_now[row, v]]
             if todo:
                 units.append((d, row, todo))
         units.sort(key=lambda u: u[1])
@@ -400,10 +401,10 @@ class FeatureCache:
     def _create(self, f: h5py.File, backbone: Backbone, expected: dict[str, object], precision: str,
                 device: torch.device) -> None:
         dim = int(backbone.embed_dim)
-        f.create_dataset("keys", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"), chunks=(4096,))
+        f.create_dataset("keys", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"), chunks=(1024,))
         f.create_dataset("features", shape=(0, 1, dim), maxshape=(None, None, dim), dtype=self.storage_dtype,
-                         chunks=(256, 1, dim))
-        f.create_dataset("done", shape=(0, 1), maxshape=(None, None), dtype=bool, chunks=(4096, 8))
+                         chunks=(64, 1, dim))
+        f.create_dataset("done", shape=(0, 1), maxshape=(None, None), dtype=bool, chunks=(1024, 8))
         for name, value in expected.items():
             f.attrs[name] = value
         f.attrs["backbone_config"] = json.dumps(backbone.config.to_dict(), sort_keys=True)
@@ -494,7 +495,7 @@ class FeatureCache:
         found = []
         for path in sorted(self.root.glob("*/*.h5")):
             entry = CacheEntry(dataset=path.parent.name, path=path, backbone="?", backbone_fingerprint="",
-                               transform_fingerprint="", aug_seed=None, num_images=0,
+                               transform_fingerprint="", transform="?", aug_seed=None, num_images=0,
                                size_bytes=path.stat().st_size)
             try:
                 with _flock(self._lock_path(path), exclusive=False):
@@ -503,8 +504,13 @@ class FeatureCache:
                         entry.backbone_fingerprint = str(attrs.get("backbone_fingerprint", ""))
                         entry.transform_fingerprint = str(attrs.get("transform_fingerprint", ""))
                         config = json.loads(attrs.get("backbone_config", "{}"))
-                        entry.backbone = f"{config.get('model', '?')} ({config.get('pretrained') or 'random init'})"
-                        entry.aug_seed = json.loads(attrs.get("transform", "{}")).get("aug_seed")
+                        entry.backbone = (f"{config.get('model', '?')} ({config.get('pretrained') or 'random init'})"
+                                          f" [{entry.backbone_fingerprint[:12]}]")
+                        transform = json.loads(attrs.get("transform", "{}"))
+                        entry.aug_seed = transform.get("aug_seed")
+                        view0 = transform.get("view0", {})
+                        entry.transform = (f"{view0.get('size', '?')}px {view0.get('interpolation', '?')} "
+                                           f"aug_seed={entry.aug_seed} [{entry.transform_fingerprint[:12]}]")
                         entry.encode_precision = str(attrs.get("encode_precision", ""))
                         entry.storage_dtype = str(attrs.get("storage_dtype", ""))
                         entry.embed_dim = int(attrs.get("embed_dim", 0))
@@ -521,10 +527,10 @@ class FeatureCache:
         entries = self.entries()
         if not entries:
             return f"No feature cache files under {self.root}."
-        header = ("dataset", "backbone", "file", "aug_seed", "images", "views done", "precision", "size")
+        header = ("dataset", "backbone", "transform", "images", "views done", "precision", "size")
         rows = [header]
         for e in entries:
-            rows.append((e.dataset, e.backbone, e.path.name, str(e.aug_seed), str(e.num_images),
+            rows.append((e.dataset, e.backbone, e.transform, str(e.num_images),
                          _views_summary(e.view_counts), f"{e.encode_precision}->{e.storage_dtype}",
                          _human_bytes(e.size_bytes)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 import torch
 
 from atlas_fast.backbones import BackboneConfig, load_backbone
-from atlas_fast.cache import CacheMismatchError, FeatureCache, MissingFeaturesError
+from atlas_fast.cache import CacheMismatchError, FeatureCache, MissingFeaturesError, _read_view, _write_cells
 from atlas_fast.data.base import Datum
 from atlas_fast.transforms import ImageReadError, TransformSpec, load_views
 from tests.layouts import make_oxford_pets
@@ -85,12 +86,12 @@ def test_features_equal_a_direct_forward_pass(tmp_path, backbone, train):
             assert f["features"].dtype == dtype and f.attrs["storage_dtype"] == dtype
 
 
-def test_views_are_distinct_and_the_same_whatever_the_batching(tmp_path, backbone, train):
+def test_views_are_distinct_and_the_same_whatever_the_batching_or_worker(tmp_path, backbone, train):
     a = FeatureCache(tmp_path / "a")
     b = FeatureCache(tmp_path / "b", storage_dtype="float32")
     build(a, backbone, train[:4], num_views=3, batch_size=64)
     build(b, backbone, list(reversed(train[:4])), num_views=1, batch_size=1)
-    build(b, backbone, train[:4], num_views=3, batch_size=3)
+    build(b, backbone, train[:4], num_views=3, batch_size=3, num_workers=1)  # decoded in a worker process
     fa = a.load(backbone, DATASET, train[:4], views=range(4))
     fb = b.load(backbone, DATASET, train[:4], views=range(4))
     assert torch.allclose(fa, fb, atol=2e-3 * fb.abs().max())
@@ -189,7 +190,8 @@ def test_entries_and_info_list_the_cache(tmp_path, backbone, train):
     assert entry.backbone_fingerprint == backbone.fingerprint and entry.problem is None
     assert entry.size_bytes == entry.path.stat().st_size > 0
     text = cache.info()
-    assert "OxfordPets" in text and entry.path.name in text and "v0:12 v1-2:6" in text
+    assert "OxfordPets" in text and "v0:12 v1-2:6" in text and "32px bicubic aug_seed=0" in text
+    assert backbone.fingerprint[:12] in text and entry.transform_fingerprint[:12] in text
     assert "No feature cache" in FeatureCache(tmp_path / "empty").info()
 
 
@@ -224,3 +226,19 @@ def test_concurrent_builders_and_readers_share_one_file(tmp_path, backbone, data
     loaded = cache.load(backbone, DATASET, items, views=[0, 1])
     assert torch.allclose(loaded[:, 0], expected, atol=1e-5 * expected.abs().max())
     assert torch.allclose(loaded[:, 1], direct_features(backbone, items, 1), atol=1e-5 * expected.abs().max())
+
+
+@pytest.mark.parametrize("rows", [[5, 2, 7, 2, 3], [3000, 1, 1500, 1]])  # dense block / sparse fancy-index paths
+def test_cell_writes_and_row_reads_in_any_order(rows):
+    with h5py.File("mem.h5", "w", driver="core", backing_store=False) as f:
+        ds = f.create_dataset("features", shape=(3200, 3, 4), dtype="float32", chunks=(64, 1, 4))
+        rows_a = np.array(rows)
+        unique_rows = np.unique(rows_a)
+        views = np.arange(len(unique_rows)) % 3
+        values = np.arange(len(unique_rows) * 4, dtype="float32").reshape(-1, 4) + 1
+        _write_cells(ds, unique_rows, views, values)
+        expected = np.zeros((3200, 3, 4), dtype="float32")
+        expected[unique_rows, views] = values
+        assert np.array_equal(ds[...], expected)
+        for v in range(3):
+            assert np.array_equal(_read_view(ds, rows_a, v), expected[rows_a, v])
