@@ -363,6 +363,9 @@ class FeatureCache:
         expected = self._expected_attrs(backbone, dataset, spec)
         with _open_h5(path, "a") as f:
             if "format" not in f.attrs:
+                if len(f):
+                    raise CacheMismatchError(f"{path} holds HDF5 data but is not an atlas_fast feature cache (no "
+                                             f"'format' attribute; a build killed while creating it?). Delete it.")
                 self._create(f, backbone, expected, precision, device)
             self._check(f, path, expected)
             recorded = str(f.attrs["encode_precision"])

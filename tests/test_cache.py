@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from atlas_fast.backbones import BackboneConfig, load_backbone
-from atlas_fast.cache import CacheMismatchError, FeatureCache, MissingFeaturesError, _read_view, _write_cells
+from atlas_fast.cache import CacheError, CacheMismatchError, FeatureCache, MissingFeaturesError, _read_view, _write_cells
 from atlas_fast.data.base import Datum
 from atlas_fast.transforms import ImageReadError, TransformSpec, load_views
 from tests.layouts import make_oxford_pets
@@ -135,6 +135,17 @@ def test_other_weights_or_transform_are_never_reused(tmp_path, backbone, train):
         f.attrs["transform"] = json.dumps(description, sort_keys=True)
     with pytest.raises(CacheMismatchError, match="'transform'"):
         cache.load(backbone, DATASET, train[:4], views=[0])
+    # A foreign HDF5 file in the cache's place is refused, not overwritten.
+    foreign = cache.path_for(backbone, DATASET, aug_seed=5)
+    foreign.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(foreign, "w") as f:
+        f["something"] = [1, 2, 3]
+    with pytest.raises(CacheMismatchError, match="not an atlas_fast feature cache"):
+        build(cache, backbone, train[:4], aug_seed=5)
+    damaged = cache.path_for(backbone, DATASET, aug_seed=6)
+    damaged.write_bytes(b"\x00" * 100)
+    with pytest.raises(CacheError, match="delete it"):
+        cache.load(backbone, DATASET, train[:4], views=[0], aug_seed=6)
     problems = {e.path.name: e.problem for e in cache.entries()}
     assert problems[cache.path_for(other, DATASET).name] is not None
 
