@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from atlas_fast.cli import main
-from layouts import make_oxford_pets
+from layouts import make_imagenet, make_oxford_pets
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -21,6 +21,7 @@ def one_thread():
 def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     make_oxford_pets(root / "data", n_classes=6, n_train=4, n_val=2, n_test=3, size=36)
+    make_imagenet(root / "data", n_classes=4, n_train=3, n_val=2, size=36)
     return root
 
 
@@ -73,3 +74,19 @@ def test_bad_flag_combinations_are_explained(root):
         main(train_args(root, "--schedule", "joint"))
     with pytest.raises(SystemExit, match="drop --atlas"):
         main(train_args(root, "--schedule", "ols", "--atlas", "ls"))
+
+
+def test_cross_dataset_train_on_imagenet_then_eval_on_another_dataset(root, capsys):
+    args = train_args(root, "--setting", "cross_dataset", "--atlas", "isl", "--epochs", "3")
+    args[args.index("OxfordPets")] = "ImageNet"
+    args[args.index("--shots") + 1] = "2"
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"ImageNet coop\+ATLaS-ISL \(K=3\) seed 1: all {NUMBER}  \| zero-shot CLIP: all {NUMBER}", out), out
+    assert "| dataset | method | seeds | all |" in out
+    record = re.search(r"record: (\S+\.json)", out).group(1)
+    assert main(["eval", "--record", record, record, "--dataset", "oxford_pets", "--data-root", str(root / "data"),
+                 "--cache-root", str(root / "cache"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"OxfordPets \(all, 6 classes, 18 test images\): accuracy {NUMBER}", out), out
+    assert re.search(rf"mean over 2 runs: {NUMBER}", out)
