@@ -223,9 +223,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     soft_labels, schedule = _label_schedule(args)
     label = _run_label(args.method, soft_labels, schedule)
-    columns = ("base", "new", "H") if (args.subsample or ("base" if args.setting == "base2new" else "all")) == "base" \
-        else ("all",)
-    rows = []
+    rows, columns = [], ()
     for seed in args.seed:
         config = TrainConfig(
             dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
@@ -236,6 +234,8 @@ def run_train(args: argparse.Namespace) -> int:
             cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress)
         record = run(config)
         metrics = record["metrics"]
+        # base/new/H in base-to-new; otherwise (and for class-specific context) the trained class set only
+        columns = ("base", "new", "H") if "new" in metrics and "base" in metrics else (record["config"]["subsample"],)
         values = "  ".join(f"{c} {metrics[c]:.2f}" for c in columns)
         zero_shot = "  ".join(f"{c} {metrics['zero_shot'][c]:.2f}" for c in columns)
         note = " (existing record, skipped)" if record.get("skipped") else ""

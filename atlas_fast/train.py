@@ -307,7 +307,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
                              store_dir=Path(config.cache_root) / full.name / "split_fewshot")
     train_split = subsample_classes(fewshot, config.train_subsample)
     eval_splits = {config.train_subsample: train_split}
-    if config.train_subsample == "base":
+    if config.train_subsample == "base" and not getattr(method_config, "csc", False):
+        # class-specific context (CoOp CSC) is tied to the training classes: no new/all evaluation (methods.md §11)
         eval_splits["new"] = subsample_classes(fewshot, "new")
         eval_splits["all"] = subsample_classes(fewshot, "all")
     if not train_split.train:
@@ -359,6 +360,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         "key": key, "created": utc_now(), "config": described,
         "backbone": {"fingerprint": backbone.fingerprint, "description": backbone.describe(),
                      "architecture": backbone.architecture},
+        "paths": {"data_root": str(config.data_root), "cache_root": str(config.cache_root)},
         "data": {"dataset": full.name, "num_train": len(labels), "num_classes": len(train_split.classnames),
                  "num_test": {s.name: len(s.labels) for s in eval_sets}},
         "metrics": metrics, "epochs": epochs,

@@ -160,3 +160,12 @@ def test_eval_every_epoch_records_curves(pets):
     curves = [row["accuracy"] for row in record["epochs"]]
     assert len(curves) == 3 and all(set(c) == {"base", "new", "all", "H"} for c in curves)
     assert curves[-1] == {k: v for k, v in record["metrics"].items() if k != "zero_shot"}
+
+
+def test_class_specific_context_is_evaluated_on_base_only(pets):
+    from atlas_fast.methods.coop import CoOpConfig
+
+    record = run(tiny_config(pets, results_dir=pets / "csc", epochs=2,
+                             method_config=CoOpConfig(n_ctx=2, ctx_init="", csc=True)))
+    assert set(record["metrics"]) == {"base", "zero_shot"}
+    assert record["config"]["method_config"]["csc"] is True
