@@ -202,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     backbone = load_backbone(BackboneConfig(args.model, None), device)
     print(f"{backbone.describe()} on {device} ({torch.get_num_threads()} threads); {args.shots} shot(s), "
-          f"{args.epochs} epochs, batch {args.batch_size}; epoch time = median over epochs; memory = peak "
-          f"{'CUDA allocation' if device.type == 'cuda' else 'resident set'} (+ = above the start of the path)")
-    header = (f"{'C':>4} {'N':>5} {'build s':>8} {'full s/ep':>10} {'cached s/ep':>12} {'speed-up':>9} "
-              f"{'full MiB (+train)':>18} {'cached MiB (+train)':>20} {'acc full':>9} {'acc cached':>11} {'max|dctx|':>10} {'same preds':>10}")
-    print(header)
+          f"{args.epochs} epochs, batch {args.batch_size}; epoch time = median over epochs; MiB = peak "
+          f"{'CUDA allocation' if device.type == 'cuda' else 'resident set'} + its rise during training")
+    columns = ("C", "N", "build s", "full s/ep", "cached s/ep", "speed-up", "full MiB", "cached MiB",
+               "acc full", "acc cached", "max|dctx|", "same preds")
+    print(" ".join(f"{name:>12}" for name in columns))
     rows = []
     with tempfile.TemporaryDirectory(prefix="atlas_train_speed_") as tmp:
         for classes in args.classes:
@@ -214,10 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                          device, args.progress)
             rows.append(r)
             full, cached = r["full"], r["cached"]
-            print(f"{classes:>4} {r['train_images']:>5} {r['build_s']:>8.2f} {full['epoch_s']:>10.3f} "
-                  f"{cached['epoch_s']:>12.4f} {full['epoch_s'] / cached['epoch_s']:>8.1f}x "
-                  f"{full['peak_mib']:>9.0f} (+{full['added_mib']:>5.0f}) {cached['peak_mib']:>11.0f} (+{cached['added_mib']:>5.0f}) {full['accuracy']:>9.2f} "
-                  f"{cached['accuracy']:>11.2f} {r['ctx_max_diff']:>10.2e} {str(r['same_predictions']):>10}", flush=True)
+            values = (classes, r["train_images"], f"{r['build_s']:.2f}", f"{full['epoch_s']:.3f}",
+                      f"{cached['epoch_s']:.4f}", f"{full['epoch_s'] / cached['epoch_s']:.1f}x",
+                      f"{full['peak_mib']:.0f}+{full['added_mib']:.0f}",
+                      f"{cached['peak_mib']:.0f}+{cached['added_mib']:.0f}", f"{full['accuracy']:.2f}",
+                      f"{cached['accuracy']:.2f}", f"{r['ctx_max_diff']:.2e}", r["same_predictions"])
+            print(" ".join(f"{str(v):>12}" for v in values), flush=True)
     same = all(r["full"]["accuracy"] == r["cached"]["accuracy"] and r["same_predictions"] for r in rows)
     print(f"accuracy and test predictions identical on every size: {same}")
     return 0 if same else 1

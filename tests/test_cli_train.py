@@ -82,7 +82,8 @@ def test_cross_dataset_train_on_imagenet_then_eval_on_another_dataset(root, caps
     args[args.index("--shots") + 1] = "2"
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert re.search(rf"ImageNet coop\+ATLaS-ISL \(K=3\) seed 1: all {NUMBER}  \| zero-shot CLIP: all {NUMBER}", out), out
+    label = re.escape("ImageNet coop+ATLaS-ISL (K=3) seed 1")
+    assert re.search(rf"{label}: all {NUMBER}  \| zero-shot CLIP: all {NUMBER}", out), out
     assert "| dataset | method | seeds | all |" in out
     record = re.search(r"record: (\S+\.json)", out).group(1)
     assert main(["eval", "--record", record, record, "--dataset", "oxford_pets", "--data-root", str(root / "data"),
