@@ -211,14 +211,19 @@ class CachedViews:
         return self.cache.load(self.backbone, self.dataset, self.items, views=[1 + view], aug_seed=self.aug_seed)[:, 0]
 
 
+def require_cached_features(method_class: type[PromptMethod]) -> None:
+    """Refuse methods whose image path is prompted: they cannot train from cached image features."""
+    if method_class.consumes != "features":
+        raise NotImplementedError(f"{method_class.__name__} consumes pixels (its image encoder is prompted), so it "
+                                  f"cannot train from cached features; the full forward path is not implemented yet.")
+
+
 def train_epochs(method: PromptMethod, features: EpochInputs, labels: torch.Tensor,
                  soft_rows: torch.Tensor | None, schedule: LabelSchedule, recipe: OptimRecipe, seed: int,
                  device: torch.device, amp: bool, progress: bool = True,
                  on_epoch_end: Callable[[int], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The training loop. Returns one log row per epoch (mean loss, lr, soft-label flag, seconds, + callback's)."""
-    if method.consumes != "features":
-        raise NotImplementedError(f"{type(method).__name__} consumes pixels (its image encoder is prompted), so it "
-                                  f"cannot train from cached features; the full forward path is not implemented yet.")
+    require_cached_features(type(method))
     if method.num_runs != 1:
         raise NotImplementedError(f"train.run trains one run at a time (num_runs = 1), got {method.num_runs}.")
     parameters = method.trainable_parameters()
@@ -239,23 +244,23 @@ def train_epochs(method: PromptMethod, features: EpochInputs, labels: torch.Tens
             group["lr"] = lr
         x_epoch = features.for_epoch(epoch).to(device)
         order = torch.randperm(len(labels), generator=generator).to(device)
-        total, count = 0.0, 0
+        total = torch.zeros((), device=device)
         for batch in order.split(recipe.batch_size):  # the last partial batch is kept
             with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
                 logits = method(x_epoch[batch])[0]
             loss = schedule.loss(epoch, logits.float(), labels[batch],
                                  soft_rows[batch] if soft_rows is not None else None)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"Non-finite loss {loss.item()} at epoch {epoch}; lower the lr "
-                                         f"({recipe.lr}) or use precision='fp32'.")
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
-            total += loss.item() * len(batch)
-            count += len(batch)
+            total += loss.detach() * len(batch)  # summed on the device: no host sync per step
         schedule.end_epoch(epoch)
-        row = {"epoch": epoch, "lr": lr, "loss": total / count, "soft": schedule.uses_soft_labels(epoch),
+        epoch_loss = total.item() / len(labels)
+        if not math.isfinite(epoch_loss):
+            raise FloatingPointError(f"Non-finite training loss in epoch {epoch} (lr {lr:.2e}); lower the lr "
+                                     f"({recipe.lr}) or use precision='fp32'.")
+        row = {"epoch": epoch, "lr": lr, "loss": epoch_loss, "soft": schedule.uses_soft_labels(epoch),
                "seconds": time.perf_counter() - start}
         if on_epoch_end is not None:
             row.update(on_epoch_end(epoch))
@@ -275,7 +280,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.data.datasets import get_spec
     from atlas_fast.data.templates import zeroshot_template
-    from atlas_fast.methods import build_method
+    from atlas_fast.methods import METHODS, build_method
 
     timings: dict[str, float] = {}
     clock = time.perf_counter()
@@ -286,6 +291,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
         timings[name] = round(now - clock, 4)
         clock = now
 
+    if config.method in METHODS:
+        require_cached_features(METHODS[config.method])
     device = resolve_device(config.device)
     amp = _precision(config.precision, device) == "amp"
     if amp and device.type != "cuda":

@@ -169,3 +169,8 @@ def test_class_specific_context_is_evaluated_on_base_only(pets):
                              method_config=CoOpConfig(n_ctx=2, ctx_init="", csc=True)))
     assert set(record["metrics"]) == {"base", "zero_shot"}
     assert record["config"]["method_config"]["csc"] is True
+
+
+def test_divergence_is_reported(pets):
+    with pytest.raises(FloatingPointError, match="Non-finite training loss in epoch"):
+        run(tiny_config(pets, results_dir=pets / "diverge", epochs=3, lr=1e38))
