@@ -1,0 +1,177 @@
+"""Paper-ready tables and plots from result records (the output of :func:`atlas_fast.train.run`).
+
+Aggregation follows the papers' convention (``data-pipeline.md`` §7): per dataset the accuracies are averaged over
+seeds; the "average over datasets" row averages those means; H is computed from the averaged base and new
+accuracies (not averaged per-dataset H values). Improvements are given against the row marked as the baseline.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from atlas_fast.evaluate import harmonic_mean
+
+SOFT_LABEL_NAMES = {"ls": "ATLaS", "csl": "ATLaS-CSL", "isl": "ATLaS-ISL", "mix": "ATLaS-Mix"}
+
+
+def variant_label(config: dict[str, Any]) -> str:
+    """How the paper names a run's variant: ``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``, ``+ Joint (ISL)``, ``+ OLS``..."""
+    schedule = config["schedule"]["name"]
+    soft = (config.get("soft_labels") or {}).get("kind")
+    if schedule == "onehot":
+        return config["method"].replace("coop", "CoOp")
+    if schedule == "atlas":
+        period = config["schedule"].get("period")
+        suffix = "" if period is None else f" (K={period})"
+        return f"+ {SOFT_LABEL_NAMES[soft]}{suffix}"
+    if schedule == "joint":
+        return f"+ soft + y ({soft.upper()})"
+    return {"ols": "+ OLS", "tfkd": "+ TF-KD"}.get(schedule, f"+ {schedule}")
+
+
+@dataclass
+class TableRow:
+    """One method variant: metric means (over seeds, then datasets) and the per-seed spread of each metric."""
+
+    label: str
+    metrics: dict[str, float]
+    spread: dict[str, float] = field(default_factory=dict)
+    seeds: int = 0
+    datasets: tuple[str, ...] = ()
+
+
+def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base", "new"),
+              label=variant_label) -> list[TableRow]:
+    """Group records by variant label (first-seen order) and average as the papers do; adds H when base and new are
+    present. ``spread`` is the population std over seeds (CoOp's ``parse_test_res``), averaged over datasets."""
+    groups: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for record in records:
+        variant = label(record["config"])
+        dataset = record["config"]["dataset"]
+        for name in metrics:
+            groups[variant][dataset][name].append(float(record["metrics"][name]))
+    rows = []
+    for variant, per_dataset in groups.items():
+        means = {m: statistics.fmean(statistics.fmean(d[m]) for d in per_dataset.values()) for m in metrics}
+        spread = {m: statistics.fmean(statistics.pstdev(d[m]) for d in per_dataset.values()) for m in metrics}
+        if "base" in means and "new" in means:
+            means["H"] = harmonic_mean(means["base"], means["new"])
+        seeds = min(len(next(iter(d.values()))) for d in per_dataset.values())
+        rows.append(TableRow(variant, means, spread, seeds, tuple(per_dataset)))
+    return rows
+
+
+def _columns(rows: Sequence[TableRow]) -> list[str]:
+    return list(rows[0].metrics) if rows else []
+
+
+def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0) -> str:
+    """A Markdown table; the last metric column carries the change against ``rows[baseline]`` in parentheses."""
+    if not rows:
+        return "(no results)"
+    cols = _columns(rows)
+    lines = [f"**{title}**", ""] if title else []
+    lines.append("| Method | " + " | ".join(cols) + " |")
+    lines.append("|---|" + "---:|" * len(cols))
+    ref = rows[baseline].metrics[cols[-1]]
+    for i, row in enumerate(rows):
+        cells = []
+        for c in cols:
+            cell = f"{row.metrics[c]:.2f}"
+            if c in row.spread and row.seeds > 1:
+                cell += f" ± {row.spread[c]:.2f}"
+            if c == cols[-1] and i != baseline:
+                cell += f" ({row.metrics[c] - ref:+.2f})"
+            cells.append(cell)
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    seeds = min(r.seeds for r in rows)
+    datasets = sorted({d for r in rows for d in r.datasets})
+    lines.append("")
+    lines.append(f"Mean over {seeds} seed(s) per dataset{', then over ' + str(len(datasets)) + ' datasets' if len(datasets) > 1 else ''}"
+                 f" ({', '.join(datasets)}); ± = std over seeds; H from the mean base and new accuracies.")
+    return "\n".join(lines)
+
+
+def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0) -> str:
+    """A booktabs LaTeX table shaped like the paper's Table III (Methods | metrics, improvement of the last)."""
+    cols = _columns(rows)
+    ref = rows[baseline].metrics[cols[-1]] if rows else 0.0
+    body = []
+    for i, row in enumerate(rows):
+        cells = [f"{row.metrics[c]:.2f}" for c in cols]
+        if i != baseline:
+            cells[-1] += f" ({{{row.metrics[cols[-1]] - ref:+.2f}}})"
+        body.append(f"    {row.label} & " + " & ".join(cells) + r" \\")
+    return "\n".join([
+        r"\begin{table}[t]", r"  \centering", f"  \\caption{{{caption}}}",
+        r"  \begin{tabular}{l|" + "c" * len(cols) + "}", r"    \toprule",
+        "    Method & " + " & ".join(cols) + r" \\", r"    \midrule", *body, r"    \bottomrule",
+        r"  \end{tabular}", r"\end{table}"])
+
+
+def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str = "") -> Path:
+    """Grouped bars (one group per metric, one bar per variant) with seed std as error bars, saved as PNG/PDF."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = _columns(rows)
+    width = 0.8 / max(1, len(rows))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(cols) + 0.3 * len(rows), 3.2))
+    for i, row in enumerate(rows):
+        xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(cols))]
+        values = [row.metrics[c] for c in cols]
+        errors = [row.spread.get(c, 0.0) for c in cols]
+        bars = ax.bar(xs, values, width, yerr=errors, capsize=2, label=row.label)
+        for bar, value in zip(bars, values):
+            ax.annotate(f"{value:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), fontsize=6,
+                        ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(range(len(cols)), cols)
+    ax.set_ylabel("accuracy (%)")
+    low = min(r.metrics[c] for r in rows for c in cols)
+    ax.set_ylim(max(0.0, low - 10), 100)
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=160)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str = "new",
+                label=variant_label) -> Path:
+    """Accuracy over epochs (runs trained with ``eval_every_epoch``), mean over seeds per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[str, list[list[float]]] = defaultdict(list)
+    for record in records:
+        points = [e["accuracy"][metric] for e in record["epochs"] if "accuracy" in e]
+        if points:
+            curves[label(record["config"])].append(points)
+    if not curves:
+        raise ValueError("No per-epoch accuracy in these records: train with eval_every_epoch=True.")
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    for name, runs in curves.items():
+        length = min(len(r) for r in runs)
+        mean = [statistics.fmean(r[e] for r in runs) for e in range(length)]
+        ax.plot(range(1, length + 1), mean, label=name)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"{metric} accuracy (%)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=160)
+    plt.close(fig)
+    return path
