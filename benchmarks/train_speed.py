@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             full, cached = r["full"], r["cached"]
             values = (classes, r["train_images"], f"{r['build_s']:.2f}", f"{full['epoch_s']:.3f}",
                       f"{cached['epoch_s']:.4f}", f"{full['epoch_s'] / cached['epoch_s']:.1f}x",
-                      f"{full['peak_mib']:.0f}+{full['added_mib']:.0f}",
-                      f"{cached['peak_mib']:.0f}+{cached['added_mib']:.0f}", f"{full['accuracy']:.2f}",
+                      f"{full['peak_mib']:.0f}+{max(0.0, full['added_mib']):.0f}",
+                      f"{cached['peak_mib']:.0f}+{max(0.0, cached['added_mib']):.0f}", f"{full['accuracy']:.2f}",
                       f"{cached['accuracy']:.2f}", f"{r['ctx_max_diff']:.2e}", r["same_predictions"])
             print(" ".join(f"{str(v):>12}" for v in values), flush=True)
     same = all(r["full"]["accuracy"] == r["cached"]["accuracy"] and r["same_predictions"] for r in rows)
