@@ -15,8 +15,10 @@ batch size, SGD + cosine schedule) and differ only in the forward:
 Because both read the same views, their final test accuracies must be identical (the script checks and prints the
 largest difference of the learned context, which is rounding noise). Memory is the process's peak resident set (CPU)
 or peak CUDA allocation, plus how much it rose during each path's training; all sizes run in one process, so the
-totals of later sizes include what earlier ones left resident, and the rise is the number to compare. Model: a ViT-B/16-shaped CLIP with random
-weights (``BackboneConfig("ViT-B-16", None)``); the speed ratio does not depend on the weights.
+totals of later sizes include what earlier ones left resident, and the rise is the number to compare.
+Model: a ViT-B/16-shaped CLIP with random weights (``BackboneConfig("ViT-B-16", None)``); the speed ratio does not
+depend on the weights. On a busy machine pass ``--threads 1``: two intra-op threads competing with other processes
+slow the many small ops of the cached path several-fold.
 
 Usage::
 
