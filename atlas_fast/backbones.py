@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +35,23 @@ OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 
 _registered = False
+
+
+class _RandomInitNotice(logging.Filter):
+    """open_clip warns on the root logger when it builds a model without weights; for ``pretrained=None`` that is
+    what was asked for, so that one warning is dropped while such a model is created (any other message passes)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith("No pretrained weights loaded")
+
+
+def _create_random_model(name: str) -> nn.Module:
+    notice = _RandomInitNotice()
+    logging.getLogger().addFilter(notice)
+    try:
+        return open_clip.create_model(name, pretrained=None, force_quick_gelu=_wants_quick_gelu(name, None))
+    finally:
+        logging.getLogger().removeFilter(notice)
 
 
 def _register_model_configs() -> None:
@@ -197,8 +215,9 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
         pretrained = str(_shipped_checkpoint(pretrained))
 
     if pretrained is None:
-        torch.manual_seed(config.init_seed)
-        model = open_clip.create_model(name, pretrained=None, force_quick_gelu=_wants_quick_gelu(name, None))
+        with torch.random.fork_rng(devices=[]):  # seeded init without disturbing the caller's RNG
+            torch.manual_seed(config.init_seed)
+            model = _create_random_model(name)
     elif os.path.isfile(pretrained):
         path = Path(pretrained)
         if _is_openai_checkpoint(path):

@@ -19,15 +19,14 @@ SOFT_LABEL_NAMES = {"ls": "ATLaS", "csl": "ATLaS-CSL", "isl": "ATLaS-ISL", "mix"
 
 
 def variant_label(config: dict[str, Any]) -> str:
-    """How the paper names a run's variant: ``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``, ``+ Joint (ISL)``, ``+ OLS``..."""
+    """How the paper names a run's variant: ``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``, ``+ soft + y (ISL)``, ``+ OLS``...
+    (the period K is not part of the name: pass another ``label`` function to tables that vary it)."""
     schedule = config["schedule"]["name"]
     soft = (config.get("soft_labels") or {}).get("kind")
     if schedule == "onehot":
         return config["method"].replace("coop", "CoOp")
     if schedule == "atlas":
-        period = config["schedule"].get("period")
-        suffix = "" if period is None else f" (K={period})"
-        return f"+ {SOFT_LABEL_NAMES[soft]}{suffix}"
+        return f"+ {SOFT_LABEL_NAMES[soft]}"
     if schedule == "joint":
         return f"+ soft + y ({soft.upper()})"
     return {"ols": "+ OLS", "tfkd": "+ TF-KD"}.get(schedule, f"+ {schedule}")
@@ -122,7 +121,7 @@ def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str = "") -> Pa
 
     cols = _columns(rows)
     width = 0.8 / max(1, len(rows))
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(cols) + 0.3 * len(rows), 3.2))
+    fig, ax = plt.subplots(figsize=(3.2 + 1.4 * len(cols) + 0.3 * len(rows), 3.2))
     for i, row in enumerate(rows):
         xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(cols))]
         values = [row.metrics[c] for c in cols]
@@ -135,7 +134,7 @@ def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str = "") -> Pa
     ax.set_ylabel("accuracy (%)")
     low = min(r.metrics[c] for r in rows for c in cols)
     ax.set_ylim(max(0.0, low - 10), 100)
-    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()

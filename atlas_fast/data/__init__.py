@@ -26,3 +26,13 @@ __all__ = [
     "list_datasets", "load_dataset", "load_folder_dataset", "register_split_json_dataset", "sample_per_class",
     "subsample_classes", "zeroshot_template",
 ]
+
+
+def _register_builtin_extras() -> None:
+    """The embedded world's benchmark datasets (``atlas_fast.world``) are known by name in every process."""
+    from atlas_fast.world.benchmark import register_world_datasets
+
+    register_world_datasets()
+
+
+_register_builtin_extras()
