@@ -174,3 +174,27 @@ def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str
     fig.savefig(path, dpi=160)
     plt.close(fig)
     return path
+
+
+def plot_series(xs: Sequence[float], series: dict[str, Sequence[float]], path: str | Path, xlabel: str,
+                ylabel: str = "accuracy (%)", title: str = "") -> Path:
+    """Line plot of several named series over the same x values (few-shot curves, sensitivity sweeps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    for name, ys in series.items():
+        ax.plot(list(xs)[:len(ys)], list(ys), marker="o", markersize=3, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=160)
+    plt.close(fig)
+    return path
