@@ -1,0 +1,73 @@
+"""Experiment modules and paper tables end to end on the tiny model (outputs written, rows as the paper names them)."""
+
+import json
+
+import pytest
+import torch
+
+from atlas_fast.report import aggregate, latex_table, markdown_table, variant_label
+from experiments import table3_base_to_new, table_ablation
+from layouts import make_oxford_pets
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _args(tmp_path, data_root):
+    return ["--data-root", str(data_root), "--datasets", "OxfordPets", "--model", "atlas-tiny", "--pretrained",
+            "none", "--seeds", "1", "2", "--epochs", "2", "--views", "2", "--cache-root", str(tmp_path / "cache"),
+            "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "out")]
+
+
+def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
+    data_root = tmp_path / "data"
+    make_oxford_pets(data_root, n_classes=4, n_train=4, n_val=2, n_test=3, size=32)
+    table = table3_base_to_new.main(_args(tmp_path, data_root))
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in lines[1:]] == ["| CoOp", "| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
+    for suffix in ("md", "tex", "png"):
+        assert (tmp_path / "out" / f"table3_base_to_new.{suffix}").stat().st_size > 0
+    records = list((tmp_path / "results" / "OxfordPets").glob("*.json"))
+    assert len(records) == 8  # 4 variants x 2 seeds
+    # a second call reuses every finished run
+    before = {p: p.stat().st_mtime_ns for p in records}
+    table3_base_to_new.main(_args(tmp_path, data_root))
+    assert {p: p.stat().st_mtime_ns for p in records} == before
+
+
+def test_ablation_rows_are_named_like_the_paper():
+    assert [table_ablation.ablation_label(_config(v)) for v in table_ablation.variants()] == [
+        "CoOp (baseline)", "+ vanilla LS", "+ vanilla LS + y", "+ ATLaS", "+ CSL", "+ CSL + y", "+ ATLaS-CSL",
+        "+ ISL", "+ ISL + y", "+ ATLaS-ISL"]
+
+
+def _config(variant):
+    return {"method": "coop", "schedule": variant.schedule.describe(),
+            "soft_labels": None if variant.soft_labels is None else {"kind": variant.soft_labels.kind}}
+
+
+def test_aggregate_averages_seeds_then_datasets_and_takes_h_of_the_means():
+    def record(dataset, seed, base, new, kind=None):
+        schedule = {"name": "onehot"} if kind is None else {"name": "atlas", "period": 2}
+        return {"config": {"method": "coop", "dataset": dataset, "seed": seed, "schedule": schedule,
+                           "soft_labels": None if kind is None else {"kind": kind}},
+                "metrics": {"base": base, "new": new}}
+
+    records = [record("A", 1, 80, 60), record("A", 2, 90, 70), record("B", 1, 50, 50),
+               record("A", 1, 82, 66, "isl"), record("B", 1, 52, 58, "isl")]
+    coop, isl = aggregate(records)
+    assert coop.label == "CoOp" and isl.label == "+ ATLaS-ISL" == variant_label(records[3]["config"])
+    assert coop.metrics["base"] == pytest.approx((85 + 50) / 2)
+    assert coop.metrics["new"] == pytest.approx((65 + 50) / 2)
+    b, n = coop.metrics["base"], coop.metrics["new"]
+    assert coop.metrics["H"] == pytest.approx(2 * b * n / (b + n))
+    assert coop.spread["base"] == pytest.approx((5 + 0) / 2)  # population std over seeds, averaged over datasets
+    table = markdown_table([coop, isl])
+    h_isl = isl.metrics["H"] - coop.metrics["H"]
+    assert f"({h_isl:+.2f})" in table
+    assert r"\begin{tabular}" in latex_table([coop, isl])
