@@ -13,6 +13,16 @@ def _pretrained(value: str) -> str | None:
     return None if value.lower() in ("none", "random", "") else value
 
 
+def _add_data_and_backbone_args(parser: argparse.ArgumentParser) -> None:
+    """--dataset, --data-root, --model, --pretrained: the options every data-reading command takes."""
+    parser.add_argument("--dataset", required=True, help="dataset registry name, e.g. OxfordPets")
+    parser.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
+    parser.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
+    parser.add_argument("--pretrained", type=_pretrained, default="openai",
+                        help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt), or 'none' for "
+                             "random weights (default openai)")
+
+
 def _split_names(value: str) -> tuple[str, ...]:
     names = tuple(s.strip() for s in value.split(",") if s.strip())
     bad = [s for s in names if s not in ("train", "val", "test")]
@@ -31,11 +41,7 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
         description="Encode the images of a dataset once with a frozen CLIP image encoder. Train images get views "
                     "0..V (0 = test transform, 1..V = seeded augmentations), val/test images view 0. With --shots "
                     "and --seed, train/val are the few-shot subsets (test stays full).")
-    build.add_argument("--dataset", required=True, help="dataset registry name, e.g. OxfordPets")
-    build.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
-    build.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
-    build.add_argument("--pretrained", type=_pretrained, default="openai",
-                       help="open_clip tag, checkpoint file, or 'none' for random weights (default openai)")
+    _add_data_and_backbone_args(build)
     build.add_argument("--views", type=int, default=0, help="augmented views per train image (default 0)")
     build.add_argument("--aug-seed", type=int, default=0, help="seed of the augmented views (default 0)")
     build.add_argument("--shots", type=int, default=None, help="few-shot K: train/val become K-shot subsets")
@@ -113,11 +119,7 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
         description="Train a prompt method from cached image features (the cache is built for what is missing), "
                     "evaluate it and write a result record; an identical finished run is skipped. One run per "
                     "--seed; a one-line table with the mean over seeds closes the output.")
-    train.add_argument("--dataset", required=True, help="dataset registry name, e.g. OxfordPets")
-    train.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
-    train.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
-    train.add_argument("--pretrained", type=_pretrained, default="openai",
-                       help="open_clip tag, checkpoint file, or 'none' for random weights (default openai)")
+    _add_data_and_backbone_args(train)
     train.add_argument("--method", default="coop", help="prompt method (default coop)")
     train.add_argument("--recipe", choices=("paper", "original"), default="paper",
                        help="recipe family: the ATLaS paper's (default) or the method repository's own")

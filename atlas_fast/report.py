@@ -112,16 +112,33 @@ def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0) 
         r"  \end{tabular}", r"\end{table}"])
 
 
-def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str = "") -> Path:
-    """Grouped bars (one group per metric, one bar per variant) with seed std as error bars, saved as PNG/PDF."""
+def _new_figure(figsize: tuple[float, float]):
+    """A matplotlib figure on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt.subplots(figsize=figsize)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Write the figure (format from the suffix: .png, .pdf, .svg) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=160)
+    plt.close(fig)
+    return path
+
+
+def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str = "") -> Path:
+    """Grouped bars (one group per metric, one bar per variant) with seed std as error bars, saved as PNG/PDF."""
     cols = _columns(rows)
     width = 0.8 / max(1, len(rows))
-    fig, ax = plt.subplots(figsize=(3.2 + 1.4 * len(cols) + 0.3 * len(rows), 3.2))
+    fig, ax = _new_figure((3.2 + 1.4 * len(cols) + 0.3 * len(rows), 3.2))
     for i, row in enumerate(rows):
         xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(cols))]
         values = [row.metrics[c] for c in cols]
@@ -137,22 +154,12 @@ def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str = "") -> Pa
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     if title:
         ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=160)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str = "new",
                 label=variant_label) -> Path:
     """Accuracy over epochs (runs trained with ``eval_every_epoch``), mean over seeds per variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     curves: dict[str, list[list[float]]] = defaultdict(list)
     for record in records:
         points = [e["accuracy"][metric] for e in record["epochs"] if "accuracy" in e]
@@ -160,7 +167,7 @@ def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str
             curves[label(record["config"])].append(points)
     if not curves:
         raise ValueError("No per-epoch accuracy in these records: train with eval_every_epoch=True.")
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    fig, ax = _new_figure((4.5, 3.2))
     for name, runs in curves.items():
         length = min(len(r) for r in runs)
         mean = [statistics.fmean(r[e] for r in runs) for e in range(length)]
@@ -168,23 +175,13 @@ def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"{metric} accuracy (%)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=160)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_series(xs: Sequence[float], series: dict[str, Sequence[float]], path: str | Path, xlabel: str,
                 ylabel: str = "accuracy (%)", title: str = "") -> Path:
     """Line plot of several named series over the same x values (few-shot curves, sensitivity sweeps)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    fig, ax = _new_figure((4.5, 3.2))
     for name, ys in series.items():
         ax.plot(list(xs)[:len(ys)], list(ys), marker="o", markersize=3, label=name)
     ax.set_xlabel(xlabel)
@@ -192,9 +189,4 @@ def plot_series(xs: Sequence[float], series: dict[str, Sequence[float]], path: s
     if title:
         ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=160)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

@@ -7,7 +7,6 @@ Uses the few-shot presets (K=3, θ=0.05, τ_c=0.02, α=0.1) and CoOp's epochs pe
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from atlas_fast.report import aggregate, plot_series

@@ -3,18 +3,12 @@
 import re
 
 import pytest
-import torch
 
 from atlas_fast.cli import main
 from layouts import make_imagenet, make_oxford_pets
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -3,30 +3,14 @@ class by class as CoOp's PromptLearner does), in logits and in the gradient of t
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
 from atlas_fast.methods import METHODS, CoOp, CoOpConfig, OptimRecipe, build_method, coop_recipe
+from helpers import token_embeddings_replaced_by
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_backbone(BackboneConfig("atlas-tiny", None))
-
-
-@contextlib.contextmanager
-def token_embeddings_replaced_by(model, embeddings):
-    handle = model.token_embedding.register_forward_hook(lambda module, args, output: embeddings)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 def reference_text_features(backbone, ctx, classnames, prompt_prefix, position):

@@ -1,21 +1,14 @@
 """Experiment modules and paper tables end to end on the tiny model (outputs written, rows as the paper names them)."""
 
-import json
 
 import pytest
-import torch
 
 from atlas_fast.report import aggregate, latex_table, markdown_table, variant_label
 from experiments import table3_base_to_new, table_ablation
 from layouts import make_oxford_pets
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _args(tmp_path, data_root):

@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from atlas_fast.backbones import BackboneConfig, load_backbone
 from atlas_fast.text_encoder import PromptTextEncoder, tokenize_prompts
+from helpers import token_embeddings_replaced_by
 
 TEXTS = ["a photo of a cat.", "a photo of a great crested newt, a type of pet.", "X X X X dog."]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_backbone(BackboneConfig("atlas-tiny", None))
-
-
-@contextlib.contextmanager
-def token_embeddings_replaced_by(model, embeddings):
-    """Make CLIP's own ``encode_text`` read ``embeddings`` instead of its token-embedding lookup."""
-    handle = model.token_embedding.register_forward_hook(lambda module, args, output: embeddings)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 def full_clip_pass(model, ids, prompts):

@@ -16,13 +16,7 @@ from layouts import make_oxford_pets
 TINY = BackboneConfig("atlas-tiny", None)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model's steps are far too small for intra-op threads; on a shared 2-core machine they only contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_lr_schedule_matches_dassl_examples():
