@@ -1,6 +1,8 @@
 """The world's benchmark datasets, written in CoOp's split-JSON layout and registered with the dataset readers.
 
-Each dataset is one rendering style of all 48 classes, with the matching hand-crafted template:
+Each dataset is one rendering style of all 48 classes. Its hand-crafted template is CoOp's generic
+"a photo of a {}." (as CoOp gives ImageNet-Sketch), not the style's caption prefix: the style words are what
+prompt tuning has to discover (measured in ``atlas_fast/world/README.md``). The layout:
 
     <data_root>/world_sketches/images/<colour>_<shape>/<split>_<i>.png
     <data_root>/world_sketches/split_zhou_WorldSketches.json   ([relative_path, label, classname] lists, indent 4)
@@ -21,23 +23,27 @@ from typing import Sequence
 from PIL import Image
 from tqdm import tqdm
 
+from atlas_fast.data.templates import DEFAULT_TEMPLATE
 from atlas_fast.world.generator import CLASSNAMES, STYLE_BY_NAME, render_batch
 
-GENERATOR_VERSION = 1  # bump when rendering changes: stale folders are then regenerated
+GENERATOR_VERSION = 2  # bump when rendering changes: stale folders are then regenerated
 STAMP_FILE = "world_stamp.json"
 IMAGE_FOLDER = "images"
 
 
 @dataclass(frozen=True)
 class WorldDataset:
-    """A benchmark dataset: registry name, folder under the data root, and the style its images are drawn in."""
+    """A benchmark dataset: registry name, folder under the data root, the style its images are drawn in, and its
+    hand-crafted template."""
 
     name: str
     folder: str
     style: str
+    template: str = DEFAULT_TEMPLATE
 
     @property
-    def template(self) -> str:
+    def style_template(self) -> str:
+        """The prompt that names the style as pretraining captions did (the best hand-crafted prompt here)."""
         return STYLE_BY_NAME[self.style].prefix + " {}."
 
     @property

@@ -6,7 +6,7 @@ PNG files (uint8 32x32 -> [0, 1] -> mean/std), so numbers here are what the load
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from atlas_fast.backbones import OPENAI_MEAN, OPENAI_STD
-from atlas_fast.world.generator import CLASSNAMES, STYLES, render_batch
+from atlas_fast.world.generator import CLASSNAMES, COLOURS, STYLES, render_batch
 
 NEUTRAL_PREFIX = "a"  # "a red circle." names the class and nothing else
 
@@ -61,27 +61,33 @@ def accuracy(img: torch.Tensor, txt: torch.Tensor, labels: np.ndarray, class_ids
 
 @dataclass
 class ZeroShotReport:
-    """Per style: top-1 over all 48 classes, within the base and new halves, and with every other prefix."""
+    """Per style: top-1 over all 48 classes, within the base and new halves, with every other prefix, and how often
+    the 48-way prediction has the right colour and the right shape (which attribute the model has learned)."""
 
     all: dict[str, float]
     base: dict[str, float]
     new: dict[str, float]
     by_prefix: dict[str, dict[str, float]]  # images' style -> prompt prefix -> 48-way top-1
+    colour: dict[str, float] = field(default_factory=dict)
+    shape: dict[str, float] = field(default_factory=dict)
 
     def mean(self, which: str = "all") -> float:
         values = getattr(self, which)
         return float(np.mean(list(values.values())))
 
     def format(self) -> str:
+        """A table: one row per image style; the right-hand columns name the prompt prefix by its style."""
+        column = {s.prefix: s.name for s in STYLES} | {NEUTRAL_PREFIX: "neutral"}
         prefixes = list(next(iter(self.by_prefix.values())))
-        head = f"{'style':<10} {'all':>6} {'base':>6} {'new':>6} | 48-way top-1 with prefix: " + " ".join(
-            f"{p.split(' of')[0].replace('a ', '') or 'neutral':>9}" for p in prefixes)
-        lines = [head]
+        lines = [f"{'images':<10} {'all':>6} {'base':>6} {'new':>6} {'colour':>6} {'shape':>6} | "
+                 f"48-way top-1 with the prefix of: "
+                 + " ".join(f"{column.get(p, p):>9}" for p in prefixes)]
         for style in self.all:
             row = " ".join(f"{self.by_prefix[style][p]:9.1f}" for p in prefixes)
-            lines.append(f"{style:<10} {self.all[style]:6.1f} {self.base[style]:6.1f} {self.new[style]:6.1f} | "
-                         f"{' ' * 26}{row}")
-        lines.append(f"{'mean':<10} {self.mean('all'):6.1f} {self.mean('base'):6.1f} {self.mean('new'):6.1f}")
+            lines.append(f"{style:<10} {self.all[style]:6.1f} {self.base[style]:6.1f} {self.new[style]:6.1f} "
+                         f"{self.colour[style]:6.1f} {self.shape[style]:6.1f} | {' ' * 32}{row}")
+        lines.append(f"{'mean':<10} {self.mean('all'):6.1f} {self.mean('base'):6.1f} {self.mean('new'):6.1f} "
+                     f"{self.mean('colour'):6.1f} {self.mean('shape'):6.1f}")
         return "\n".join(lines)
 
 
@@ -105,5 +111,9 @@ def zero_shot_report(model: nn.Module, tokenizer: Callable, per_class: int = 10,
         report.base[style] = accuracy(img, own, labels, base_ids)
         report.new[style] = accuracy(img, own, labels, new_ids)
         report.by_prefix[style] = {p: accuracy(img, txt[p], labels, range(n)) for p in prefixes}
+        pred = (img @ own.T).argmax(1).numpy()
+        k = len(COLOURS)
+        report.colour[style] = 100.0 * float(np.mean(pred % k == labels % k))
+        report.shape[style] = 100.0 * float(np.mean(pred // k == labels // k))
     model.train(was_training)
     return report

@@ -1,6 +1,6 @@
 """A deterministic compositional image world: coloured shapes drawn in several rendering styles.
 
-Classes are colour x shape ("red circle", 8 x 6 = 48). Every image varies position, size, rotation, background,
+Classes are colour x shape ("red circle", 8 x 6 = 48). Every image varies position, size, tilt, background,
 clutter and noise, and is drawn in one *style* (photo, sketch, blurry photo, dark photo, pixelated photo). A style
 changes the pixels much more than the class does, and pretraining captions name it ("a sketch of a red circle."),
 so the words before the class name carry information: that is what gives prompt tuning something to learn.
@@ -36,7 +36,9 @@ COLOURS: tuple[tuple[str, tuple[int, int, int]], ...] = (
 SHAPES: tuple[str, ...] = ("circle", "triangle", "square", "star", "cross", "heart")
 CLASSNAMES: tuple[str, ...] = tuple(f"{colour} {shape}" for shape in SHAPES for colour, _ in COLOURS)
 
-SIZES: dict[str, tuple[float, float]] = {"small": (4.0, 6.5), "medium": (7.0, 10.0), "large": (10.5, 14.0)}
+SIZES: dict[str, tuple[float, float]] = {"small": (5.0, 7.0), "medium": (7.5, 10.0), "large": (10.5, 13.5)}
+# Shapes are tilted by at most this much: upright enough that a triangle is not a rotated square at 32 px.
+MAX_TILT_DEGREES = 30.0
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ def render(label: int, style: str, rng: np.random.Generator, size: str | None = 
     radius = rng.uniform(*SIZES[size])
     margin = 0.75 * radius
     centre = rng.uniform(margin, IMAGE_SIZE - margin, 2)
-    angle = rng.uniform(0, 2 * np.pi)
+    angle = np.deg2rad(rng.uniform(-MAX_TILT_DEGREES, MAX_TILT_DEGREES))
     rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
     polygon = centre + (_POLYGONS[shape] @ rot.T) * radius
 

@@ -23,10 +23,12 @@ import numpy as np
 import open_clip
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import nn
 from tqdm import tqdm
 
-from atlas_fast.backbones import MODEL_CONFIG_DIR
+from atlas_fast.backbones import MODEL_CONFIG_DIR, Backbone, BackboneConfig, Preprocessing
+from atlas_fast.text_encoder import PromptTextEncoder, eot_positions
 from atlas_fast.world.evaluate import NEUTRAL_PREFIX, pixels_to_tensor, zero_shot_report
 from atlas_fast.world.generator import CLASSNAMES, COLOURS, SHAPES, SIZES, STYLES, render_batch
 
@@ -38,14 +40,16 @@ class PretrainConfig:
     """Everything that determines the checkpoint."""
 
     model: str = "atlas-world"
-    steps: int = 1500
+    steps: int = 3000
     batch_size: int = 128
-    lr: float = 1e-3
+    lr: float = 1.5e-3
     weight_decay: float = 0.1
     warmup_steps: int = 100
     size_word_prob: float = 0.5  # how often a caption also says "small"/"large" (never "medium")
+    shapes_per_group: int = 4  # a batch is groups of one colour and style in this many different shapes
+    crop_prob: float = 0.5  # share of images seen as a CoOp training view (random resized crop + flip)
     seed: int = 0
-    threads: int = 2
+    threads: int = 1  # intra-op threads; more only pays on idle cores (contended OpenMP threads crawl)
     eval_per_class: int = 10
 
 
@@ -61,18 +65,28 @@ class CaptionedBatches(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, cfg: PretrainConfig, start_step: int = 0):
+        if not 1 <= cfg.shapes_per_group <= len(SHAPES) or cfg.batch_size % cfg.shapes_per_group:
+            raise ValueError(f"shapes_per_group={cfg.shapes_per_group} must be in [1, {len(SHAPES)}] and divide "
+                             f"batch_size={cfg.batch_size}")
         self.cfg = cfg
         self.start_step = start_step
 
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
         b = self.cfg.batch_size
         rng = np.random.default_rng([self.cfg.seed, step])
-        labels = rng.integers(0, len(CLASSNAMES), b)
-        styles = rng.integers(0, len(STYLES), b)
+        # Same colour and style, different shapes: every image meets in-batch negatives that differ only in shape,
+        # the attribute a ViT learns last (with independent draws it learned colour and style, not shape).
+        g = self.cfg.shapes_per_group
+        colours = np.repeat(rng.integers(0, len(COLOURS), b // g), g)
+        styles = np.repeat(rng.integers(0, len(STYLES), b // g), g)
+        shapes = np.concatenate([rng.permutation(len(SHAPES))[:g] for _ in range(b // g)])
+        labels = shapes * len(COLOURS) + colours
         sizes = [("small", "medium", "large")[i] for i in rng.integers(0, 3, b)]
         say_size = rng.random(b) < self.cfg.size_word_prob
         images = render_batch(labels, [STYLES[s].name for s in styles], sizes, self.cfg.seed, "pretrain",
                               start_index=step * b)
+        for i in np.flatnonzero(rng.random(b) < self.cfg.crop_prob):
+            images[i] = train_view(images[i], rng)
         texts = [caption(int(lab), int(s), size, bool(say)) for lab, s, size, say in zip(labels, styles, sizes, say_size)]
         _, caption_ids = np.unique(np.array(texts), return_inverse=True)
         return images, caption_ids, texts
@@ -82,6 +96,28 @@ class CaptionedBatches(torch.utils.data.IterableDataset):
         while True:
             yield self.batch(step)
             step += 1
+
+
+def train_view(image: np.ndarray, rng: np.random.Generator, scale: tuple[float, float] = (0.08, 1.0),
+               ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> np.ndarray:
+    """Dassl's training augmentation (random resized crop, bicubic, horizontal flip p=0.5) drawn from ``rng``.
+
+    Prompt tuning trains on such views (``atlas_fast.transforms``); a CLIP that never saw one gives features off its
+    own distribution there, and every prompt method then learns from noise."""
+    size = image.shape[0]
+    area = size * size
+    top, left, h, w = 0, 0, size, size  # torchvision's fallback: the whole image
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= size and 0 < ch <= size:
+            top, left, h, w = int(rng.integers(0, size - ch + 1)), int(rng.integers(0, size - cw + 1)), ch, cw
+            break
+    view = Image.fromarray(image).crop((left, top, left + w, top + h)).resize((size, size), Image.Resampling.BICUBIC)
+    if rng.random() < 0.5:
+        view = view.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(view)
 
 
 def all_caption_words() -> list[str]:
@@ -124,13 +160,18 @@ def pretrain(cfg: PretrainConfig) -> tuple[nn.Module, object]:
     mean, std = model.visual.image_mean, model.visual.image_std
     optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6)
     loader = torch.utils.data.DataLoader(CaptionedBatches(cfg), batch_size=None, num_workers=1, prefetch_factor=4)
+    # Captions are ~12 tokens of the 32-token context: under the causal mask the text tower needs only the positions
+    # up to the last EOT, which PromptTextEncoder runs (the same features and gradients, at about half the cost).
+    text_tower = PromptTextEncoder(Backbone(model, tokenizer, Preprocessing(model.visual.image_size[0]),
+                                            BackboneConfig(cfg.model, None, cfg.seed), architecture={}))
     model.train()
     bar = tqdm(zip(range(cfg.steps), loader), total=cfg.steps, desc="pretrain atlas-world")
     for step, (images, caption_ids, texts) in bar:
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, cfg)
         img = model.encode_image(pixels_to_tensor(np.asarray(images), mean, std), normalize=True)
-        txt = model.encode_text(tokenizer(list(texts)), normalize=True)
+        ids = tokenizer(list(texts))
+        txt = F.normalize(text_tower(model.token_embedding(ids), eot_positions(model, ids)), dim=-1)
         loss = contrastive_loss(img, txt, model.logit_scale.exp(), torch.as_tensor(caption_ids))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
