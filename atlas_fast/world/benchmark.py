@@ -23,11 +23,13 @@ from typing import Sequence
 from PIL import Image
 from tqdm import tqdm
 
-from atlas_fast.data.templates import DEFAULT_TEMPLATE
 from atlas_fast.world.generator import CLASSNAMES, STYLE_BY_NAME, render_batch
 
 GENERATOR_VERSION = 2  # bump when rendering changes: stale folders are then regenerated
 STAMP_FILE = "world_stamp.json"
+# CoOp's generic template (``atlas_fast.data.DEFAULT_TEMPLATE``; not imported: ``atlas_fast.data`` imports this module
+# to register the world datasets).
+GENERIC_TEMPLATE = "a photo of a {}."
 IMAGE_FOLDER = "images"
 
 
@@ -39,7 +41,7 @@ class WorldDataset:
     name: str
     folder: str
     style: str
-    template: str = DEFAULT_TEMPLATE
+    template: str = GENERIC_TEMPLATE
 
     @property
     def style_template(self) -> str:
