@@ -289,3 +289,23 @@ def _openai_name_for(model: nn.Module, fallback: str) -> str:
     width, patch = conv.weight.shape[0], conv.weight.shape[-1]
     known = {(768, 16): "ViT-B-16", (768, 32): "ViT-B-32", (1024, 14): "ViT-L-14"}
     return known.get((int(width), int(patch)), fallback)
+
+
+_SHARED: dict[tuple, Backbone] = {}
+_SHARED_MAX = 2
+
+
+def shared_backbone(config: BackboneConfig, device: str | torch.device = "cpu") -> Backbone:
+    """:func:`load_backbone`, memoised within the process: a sweep of many runs (or a cross-dataset evaluation of many
+    records) loads and fingerprints the weights once. Keyed by the config, the device and, for a local checkpoint,
+    the file's size and modification time, so an edited file is loaded afresh. Holds at most two backbones."""
+    file_state = None
+    if config.pretrained is not None and os.path.isfile(config.pretrained):
+        stat = os.stat(config.pretrained)
+        file_state = (stat.st_size, stat.st_mtime_ns)
+    key = (config, str(torch.device(device)), file_state)
+    if key not in _SHARED:
+        while len(_SHARED) >= _SHARED_MAX:
+            _SHARED.pop(next(iter(_SHARED)))
+        _SHARED[key] = load_backbone(config, device)
+    return _SHARED[key].to(device)

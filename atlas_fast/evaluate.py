@@ -118,7 +118,7 @@ def evaluate_record(record_path: str | Path, dataset: str, data_root: str | Path
     """Evaluate a saved run's learned tensors on a dataset's test split (e.g. cross-dataset transfer, or the new
     classes of another seed). ``subsample`` picks the class set; ``shots``/``seed`` only matter for the base/new
     split, which is defined by the (few-shot) train list's labels, so they default to the run's own."""
-    from atlas_fast.backbones import BackboneConfig, load_backbone
+    from atlas_fast.backbones import BackboneConfig, shared_backbone
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.data.templates import zeroshot_template
@@ -129,7 +129,7 @@ def evaluate_record(record_path: str | Path, dataset: str, data_root: str | Path
     record = read_record(record_path)
     config = record["config"]
     torch_device = resolve_device(device)
-    backbone = load_backbone(BackboneConfig(**config["backbone"]), torch_device)
+    backbone = shared_backbone(BackboneConfig(**config["backbone"]), torch_device)
     if backbone.fingerprint != record["backbone"]["fingerprint"]:
         raise ValueError(f"The backbone {backbone.describe()} differs from the one {record_path} was trained with "
                          f"({record['backbone']['fingerprint'][:12]}); its learned prompts would be meaningless.")

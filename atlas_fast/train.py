@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol
 import torch
 from tqdm.auto import tqdm
 
-from atlas_fast.backbones import Backbone, BackboneConfig, load_backbone
+from atlas_fast.backbones import Backbone, BackboneConfig, shared_backbone
 from atlas_fast.evaluate import EvalSet, evaluate_method, summarize, zero_shot_accuracy
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod
 from atlas_fast.results import ResultStore, package_versions, record_key, utc_now
@@ -297,7 +297,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     amp = _precision(config.precision, device) == "amp"
     if amp and device.type != "cuda":
         raise ValueError("precision='amp' needs a CUDA device; use 'fp32' (or 'auto') on the CPU.")
-    backbone = load_backbone(config.backbone, device)
+    backbone = shared_backbone(config.backbone, device)
     dataset = get_spec(config.dataset).name
     method_config, recipe = resolve_recipe(config, dataset)
     described = describe_run(config, dataset, method_config, recipe, device)

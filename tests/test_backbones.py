@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from safetensors.torch import save_file
 
 import open_clip
 from atlas_fast import backbones
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.backbones import BackboneConfig, load_backbone, shared_backbone
 
 TINY = BackboneConfig("atlas-tiny", None)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_backbone(TINY)
 
 
 def test_random_init_is_seeded_and_fingerprinted(tiny):
@@ -69,3 +66,17 @@ def test_download_failure_says_how_to_pass_a_local_file(monkeypatch):
     monkeypatch.setattr(open_clip, "create_model", offline)
     with pytest.raises(RuntimeError, match="local checkpoint file"):
         load_backbone(BackboneConfig("ViT-B-16", "openai"))
+
+
+def test_shared_backbone_loads_once_and_reloads_an_edited_file(tiny, tmp_path):
+    path = tmp_path / "tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in tiny.model.state_dict().items()}, str(path))
+    config = BackboneConfig("atlas-tiny", str(path))
+    first = shared_backbone(config)
+    assert shared_backbone(config) is first
+    other = load_backbone(BackboneConfig("atlas-tiny", None, init_seed=3))
+    save_file({k: v.contiguous() for k, v in other.model.state_dict().items()}, str(path))
+    later = path.stat().st_mtime_ns + 10**9  # a later modification time, even on coarse-grained file systems
+    os.utime(path, ns=(later, later))
+    reloaded = shared_backbone(config)
+    assert reloaded is not first and reloaded.fingerprint == other.fingerprint != first.fingerprint
