@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from atlas_fast.backbones import BackboneConfig
+from atlas_fast.world.benchmark import SplitSizes
 
 WORLD_BACKBONE = BackboneConfig("atlas-world", "atlas-world")
 
@@ -21,7 +22,9 @@ WORLD_BACKBONE = BackboneConfig("atlas-world", "atlas-world")
 @dataclass
 class DemoConfig:
     """What the demo runs. ``views``: cached augmented views per training image (a documented speed knob: the
-    faithful setting is one fresh view per epoch, i.e. views = epochs)."""
+    faithful setting is one fresh view per epoch, i.e. views = epochs). ``sizes``: images per class generated for
+    train/val/test (32 train images let the seeds draw clearly different 16-shot subsets; 25 test images per class
+    give 600 test images per 24-class half)."""
 
     data_root: Path = Path("data/world")
     cache_root: Path = Path("cache")
@@ -29,6 +32,7 @@ class DemoConfig:
     datasets: tuple[str, ...] = ("WorldSketches",)
     seeds: tuple[int, ...] = (1, 2, 3)
     shots: int = 16
+    sizes: SplitSizes = SplitSizes(train=32, val=4, test=25)
     views: int = 20
     epochs: int | None = None
     device: str = "auto"
@@ -43,7 +47,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
     from atlas_fast.world.benchmark import generate_benchmark
 
     start = time.perf_counter()
-    generate_benchmark(config.data_root, config.datasets, progress=progress)
+    generate_benchmark(config.data_root, config.datasets, sizes=config.sizes, progress=progress)
     base = TrainConfig(dataset=config.datasets[0], data_root=config.data_root, backbone=WORLD_BACKBONE,
                        method="coop", recipe="paper", setting="base2new", shots=config.shots,
                        views=config.views, epochs=config.epochs, device=config.device,

@@ -168,3 +168,19 @@ def test_class_specific_context_is_evaluated_on_base_only(pets):
 def test_divergence_is_reported(pets):
     with pytest.raises(FloatingPointError, match="Non-finite training loss in epoch"):
         run(tiny_config(pets, results_dir=pets / "diverge", epochs=3, lr=1e38))
+
+
+def test_atlas_with_one_hot_soft_labels_is_plain_coop(pets):
+    """Soft labels that equal the one-hot labels (LS with θ = 0) must leave training exactly as CoOp's: the soft
+    epochs read the right rows for the right items, and the soft cross-entropy equals the hard one."""
+    from atlas_fast.softlabels import SoftLabelConfig
+
+    coop = run(tiny_config(pets, results_dir=pets / "results-theta0"))
+    atlas = run(tiny_config(pets, results_dir=pets / "results-theta0", schedule=Atlas(2),
+                            soft_labels=SoftLabelConfig(kind="ls", theta=0.0)))
+    assert [row["soft"] for row in atlas["epochs"]] == [False, True] * 4
+    assert [row["loss"] for row in atlas["epochs"]] == pytest.approx([row["loss"] for row in coop["epochs"]],
+                                                                     rel=1e-5)
+    learned = [torch.load(r["path"].replace(".json", ".pt"), weights_only=True) for r in (coop, atlas)]
+    torch.testing.assert_close(learned[0], learned[1], rtol=1e-5, atol=1e-6)
+    assert atlas["metrics"]["base"] == coop["metrics"]["base"] and atlas["metrics"]["new"] == coop["metrics"]["new"]
