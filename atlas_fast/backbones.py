@@ -209,7 +209,7 @@ def _is_openai_checkpoint(path: Path) -> bool:
 def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") -> Backbone:
     """Load a frozen CLIP in fp32 (mixed precision is applied by the caller with autocast) and fingerprint it."""
     _register_model_configs()
-    pretrained = config.pretrained
+    pretrained = _expand(config.pretrained)
     name = config.model
     if pretrained is not None and not os.path.isfile(pretrained) and _shipped_checkpoint(pretrained) is not None:
         pretrained = str(_shipped_checkpoint(pretrained))
@@ -257,6 +257,11 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
     return backbone.to(device)
 
 
+def _expand(pretrained: str | None) -> str | None:
+    """``~/.cache/clip/ViT-B-16.pt`` from Python works like it does from a shell (tags have no ``~``)."""
+    return None if pretrained is None else os.path.expanduser(pretrained)
+
+
 def _wants_quick_gelu(name: str, tag: str | None) -> bool:
     """OpenAI-trained weights need QuickGELU; random ViT-B/16-shaped models default to OpenAI's architecture too."""
     if tag is not None:
@@ -300,8 +305,9 @@ def shared_backbone(config: BackboneConfig, device: str | torch.device = "cpu") 
     records) loads and fingerprints the weights once. Keyed by the config, the device and, for a local checkpoint,
     the file's size and modification time, so an edited file is loaded afresh. Holds at most two backbones."""
     file_state = None
-    if config.pretrained is not None and os.path.isfile(config.pretrained):
-        stat = os.stat(config.pretrained)
+    pretrained = _expand(config.pretrained)
+    if pretrained is not None and os.path.isfile(pretrained):
+        stat = os.stat(pretrained)
         file_state = (stat.st_size, stat.st_mtime_ns)
     key = (config, str(torch.device(device)), file_state)
     if key not in _SHARED:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
+from atlas_fast.report import SOFT_LABEL_NAMES
 from atlas_fast.schedules import Atlas, LabelSchedule, OneHot
 from atlas_fast.softlabels import SoftLabelConfig, atlas_period, atlas_preset
 from atlas_fast.train import TrainConfig, run
@@ -30,10 +31,9 @@ class Variant:
 def atlas_variants(setting: str, kinds: Sequence[str] = ("ls", "csl", "isl")) -> list[Variant]:
     """The rows of the paper's Table III for ``setting``: the plain method, then + ATLaS with each soft-label kind,
     with the paper's K, θ, τ_c, α and δ for that setting."""
-    names = {"ls": "+ ATLaS", "csl": "+ ATLaS-CSL", "isl": "+ ATLaS-ISL", "mix": "+ ATLaS-Mix"}
     period = atlas_period(setting)
     return [Variant("baseline", OneHot())] + [
-        Variant(names[kind], Atlas(period), atlas_preset(setting, kind)) for kind in kinds]
+        Variant(f"+ {SOFT_LABEL_NAMES[kind]}", Atlas(period), atlas_preset(setting, kind)) for kind in kinds]
 
 
 def run_grid(base: TrainConfig, datasets: Sequence[str], variants: Sequence[Variant], seeds: Sequence[int],

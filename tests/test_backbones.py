@@ -80,3 +80,9 @@ def test_shared_backbone_loads_once_and_reloads_an_edited_file(tiny, tmp_path):
     os.utime(path, ns=(later, later))
     reloaded = shared_backbone(config)
     assert reloaded is not first and reloaded.fingerprint == other.fingerprint != first.fingerprint
+
+
+def test_a_home_relative_checkpoint_path_is_expanded(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    save_file({k: v.contiguous() for k, v in tiny.model.state_dict().items()}, str(tmp_path / "tiny.safetensors"))
+    assert load_backbone(BackboneConfig("atlas-tiny", "~/tiny.safetensors")).fingerprint == tiny.fingerprint
