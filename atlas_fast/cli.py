@@ -115,12 +115,15 @@ def run_cache_info(args: argparse.Namespace) -> int:
 def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     """``atlas-fast train`` and ``atlas-fast eval``."""
     train = subparsers.add_parser(
-        "train", help="train a prompt method (optionally with ATLaS) on cached features and print base/new/H",
-        description="Train a prompt method from cached image features (the cache is built for what is missing), "
-                    "evaluate it and write a result record; an identical finished run is skipped. One run per "
-                    "--seed; a one-line table with the mean over seeds closes the output.")
+        "train", help="train a prompt method (optionally with ATLaS) and print base/new/H",
+        description="Train a prompt method (text-prompt methods from cached image features; ivlp, maple and "
+                    "promptsrc, which prompt the image encoder, on decoded pixels of the same seeded views), "
+                    "evaluate it and write a result record; the cache is built for what is missing and an identical "
+                    "finished run is skipped. One run per --seed; a one-line table with the mean over seeds closes "
+                    "the output.")
     _add_data_and_backbone_args(train)
-    train.add_argument("--method", default="coop", help="prompt method (default coop)")
+    train.add_argument("--method", default="coop",
+                       help="prompt method: coop (default), ivlp, maple, promptsrc, ... (any registered method)")
     train.add_argument("--recipe", choices=("paper", "original"), default="paper",
                        help="recipe family: the ATLaS paper's (default) or the method repository's own")
     train.add_argument("--setting", choices=("base2new", "few_shot", "cross_dataset"), default="base2new",
@@ -161,6 +164,8 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
                        help="auto = fp16 autocast on CUDA, fp32 on CPU")
     optim.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
     optim.add_argument("--results-dir", type=Path, default=Path("results"), help="records (default ./results)")
+    optim.add_argument("--workers", type=int, default=None,
+                       help="image decoding processes of the pixel methods (default: up to 8 on a GPU, 0 on CPU)")
     optim.add_argument("--no-progress", action="store_true", help="no progress bars")
     train.set_defaults(func=run_train)
 
@@ -233,7 +238,8 @@ def run_train(args: argparse.Namespace) -> int:
             subsample=args.subsample, soft_labels=soft_labels, schedule=schedule, views=args.views,
             aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
             eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
-            cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress)
+            cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress,
+            workers=args.workers)
         record = run(config)
         metrics = record["metrics"]
         # base/new/H in base-to-new; otherwise (and for class-specific context) the trained class set only

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from atlas_fast.backbones import Backbone, shared_backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod
+from atlas_fast.methods.base import MethodConfig, OptimRecipe
 from atlas_fast.results import ResultStore, record_key
 
 if TYPE_CHECKING:
@@ -37,8 +37,11 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 def recipe_functions() -> dict[str, Callable[..., tuple[MethodConfig, OptimRecipe]]]:
     """Per method: ``(family, setting, shots, dataset) -> (method config, OptimRecipe)`` (``methods.md`` §10)."""
     from atlas_fast.methods.coop import coop_recipe
+    from atlas_fast.methods.ivlp import ivlp_recipe
+    from atlas_fast.methods.maple import maple_recipe
+    from atlas_fast.methods.promptsrc import promptsrc_recipe
 
-    return {"coop": coop_recipe}
+    return {"coop": coop_recipe, "ivlp": ivlp_recipe, "maple": maple_recipe, "promptsrc": promptsrc_recipe}
 
 
 def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, OptimRecipe]:
@@ -84,13 +87,6 @@ def record_stem(config: TrainConfig, key: str) -> str:
             f"seed{config.seed}-{key[:12]}")
 
 
-def require_cached_features(method_class: type[PromptMethod]) -> None:
-    """Refuse methods whose image path is prompted: they cannot train from cached image features."""
-    if method_class.consumes != "features":
-        raise NotImplementedError(f"{method_class.__name__} consumes pixels (its image encoder is prompted), so it "
-                                  f"cannot train from cached features; the full forward path is not implemented yet.")
-
-
 @dataclass
 class RunPlan:
     """A run with every default resolved: what to build, where its record goes, and whether it already exists."""
@@ -123,10 +119,6 @@ class RunPlan:
 def plan_run(config: TrainConfig) -> RunPlan:
     """Resolve a :class:`~atlas_fast.train.TrainConfig` into a :class:`RunPlan` (loads the backbone once per process)."""
     from atlas_fast.data.datasets import get_spec
-    from atlas_fast.methods import METHODS
-
-    if config.method in METHODS:
-        require_cached_features(METHODS[config.method])
     device = resolve_device(config.device)
     amp = resolve_precision(config.precision, device) == "amp"
     if amp and device.type != "cuda":

@@ -87,17 +87,19 @@ class PromptSRC(IVLP):
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
         super().__init__(backbone, classnames, config)
-        self.fixed_classnames = tuple(classnames)
-        self.register_buffer("fixed_embeddings", self.template_text_features(classnames), persistent=False)
+        self.fixed_classnames = tuple(classnames)  # targets are for the classes it is built (trained) for
+        self.fixed_embeddings: torch.Tensor | None = None  # computed at the first training step (not needed at test)
         self._gpa_sum: dict[str, torch.Tensor] | None = None
 
     def template_text_features(self, classnames: Sequence[str]) -> torch.Tensor:
-        """(C, D): the frozen CLIP's un-normalised text features averaged over the 60 templates."""
+        """(C, D): the frozen CLIP's un-normalised text features averaged over the 60 templates, in fp32 (the
+        reference encodes them with an fp32 copy of CLIP)."""
         names = [name.replace("_", " ") for name in classnames]
         total = None
-        for template in IMAGENET_TEMPLATES:
-            features = encode_class_prompts(self.backbone, [template.format(name) for name in names])
-            total = features if total is None else total + features
+        with torch.autocast(self.backbone.device.type, enabled=False):
+            for template in IMAGENET_TEMPLATES:
+                features = encode_class_prompts(self.backbone, [template.format(name) for name in names])
+                total = features if total is None else total + features
         return total / len(IMAGENET_TEMPLATES)
 
     @torch.no_grad()
@@ -111,6 +113,8 @@ class PromptSRC(IVLP):
         image features (B, D) un-normalised."""
         if tuple(self.classnames) != self.fixed_classnames:
             raise RuntimeError("PromptSRC trains on the class set it was built for (its frozen text targets)")
+        if self.fixed_embeddings is None or self.fixed_embeddings.device != text.device:
+            self.fixed_embeddings = self.template_text_features(self.fixed_classnames).to(text.device)
         config = self.config
         fixed_text = F.normalize(self.fixed_embeddings.float(), dim=-1)
         fixed_image = F.normalize(frozen_image.float().to(fixed_text.device), dim=-1)
@@ -123,8 +127,9 @@ class PromptSRC(IVLP):
 
     def training_loss(self, inputs, labels: torch.Tensor,
                       criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """criterion(z) + L_SCL. ``inputs``: pixels (B, 3, H, W), or (pixels, cached frozen features (B, D))."""
-        pixels, frozen = inputs if isinstance(inputs, (tuple, list)) else (inputs, None)
+        """criterion(z) + L_SCL. ``inputs``: pixels (B, 3, H, W), or (pixels, cached frozen features (B, D)) (an
+        :class:`atlas_fast.inputs.PixelBatch`)."""
+        pixels, frozen = inputs if isinstance(inputs, tuple) else (inputs, None)
         if frozen is None:
             frozen = self.frozen_image_features(pixels)
         text = self.text_features()
