@@ -153,6 +153,8 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     atlas.add_argument("--tfkd-alpha", type=float, default=0.1, help="TF-KD weight of the KL term (default 0.1)")
     atlas.add_argument("--tfkd-tau", type=float, default=20.0, help="TF-KD temperature (default 20)")
     optim = train.add_argument_group("recipe overrides and execution")
+    optim.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
+                       help="replace fields of the recipe's method config, e.g. depth=3 (MaPLe on a 4-block backbone)")
     optim.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
     optim.add_argument("--batch-size", type=int, default=None, help="override the recipe's batch size")
     optim.add_argument("--lr", type=float, default=None, help="override the recipe's learning rate")
@@ -224,6 +226,17 @@ def _run_label(method: str, soft_labels, schedule) -> str:
     return f"{method}+{schedule.name.upper()}"
 
 
+def _method_options(pairs: list[str]) -> dict[str, str] | None:
+    """``["depth=3", "n_ctx=4"]`` -> ``{"depth": "3", "n_ctx": "4"}`` (converted to the fields' types when planned)."""
+    options = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--method-option takes NAME=VALUE, got {pair!r}")
+        options[name.replace("-", "_")] = value
+    return options or None
+
+
 def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.backbones import BackboneConfig
     from atlas_fast.train import TrainConfig, run
@@ -234,7 +247,8 @@ def run_train(args: argparse.Namespace) -> int:
     for seed in args.seed:
         config = TrainConfig(
             dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
-            method=args.method, recipe=args.recipe, setting=args.setting, shots=args.shots, seed=seed,
+            method=args.method, method_options=_method_options(args.method_option), recipe=args.recipe,
+            setting=args.setting, shots=args.shots, seed=seed,
             subsample=args.subsample, soft_labels=soft_labels, schedule=schedule, views=args.views,
             aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
             eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,

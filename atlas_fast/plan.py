@@ -52,8 +52,34 @@ def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, Opt
     method_config, recipe = functions[config.method](config.recipe, config.setting, config.shots, dataset)
     if config.method_config is not None:
         method_config = config.method_config
+    if config.method_options:
+        method_config = with_options(method_config, config.method_options)
     overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
     return method_config, dataclasses.replace(recipe, **overrides)
+
+
+def with_options(method_config: MethodConfig, options: dict[str, Any]) -> MethodConfig:
+    """``method_config`` with some fields replaced, e.g. ``{"depth": 3}`` for MaPLe on a 4-block backbone. String
+    values (from the command line) are converted to the field's type; unknown fields are an error naming the valid
+    ones."""
+    valid = {f.name: getattr(method_config, f.name) for f in dataclasses.fields(method_config)}
+    changes = {}
+    for name, value in options.items():
+        if name not in valid:
+            raise ValueError(f"{type(method_config).__name__} has no option {name!r}; valid: {sorted(valid)}.")
+        current = valid[name]
+        if isinstance(value, str) and not isinstance(current, str):
+            if isinstance(current, bool):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(f"option {name} takes true or false, got {value!r}.")
+                value = value.lower() in ("true", "1")
+            else:
+                try:
+                    value = type(current)(value)
+                except ValueError as exc:
+                    raise ValueError(f"option {name} takes a {type(current).__name__}, got {value!r}.") from exc
+        changes[name] = value
+    return dataclasses.replace(method_config, **changes)
 
 
 def _as_dict(value: Any) -> Any:

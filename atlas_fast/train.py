@@ -49,8 +49,9 @@ PRECISIONS = ("auto", "fp32", "amp")
 class TrainConfig:
     """Everything that defines one training run (and, hashed with the backbone fingerprint, names its record).
 
-    ``method_config``/``None`` and the ``epochs``/``batch_size``/``lr`` overrides refine the recipe of
-    ``(method, recipe, setting, shots, dataset)``; ``subsample`` defaults to ``base`` in base-to-new and ``all``
+    ``method_config``/``None``, ``method_options`` (fields of the method config to replace, e.g. ``{"depth": 3}``)
+    and the ``epochs``/``batch_size``/``lr`` overrides refine the recipe of ``(method, recipe, setting, shots,
+    dataset)``; ``subsample`` defaults to ``base`` in base-to-new and ``all``
     otherwise; ``views`` (cached augmented views) defaults to the number of epochs (a fresh view every epoch, the
     faithful setting). ``soft_labels`` (a :class:`atlas_fast.softlabels.SoftLabelConfig`) is required exactly when
     the schedule uses soft labels. ``workers`` are the DataLoader decoding processes of the methods that train on
@@ -63,6 +64,7 @@ class TrainConfig:
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     method: str = "coop"
     method_config: MethodConfig | None = None
+    method_options: dict[str, Any] | None = None
     recipe: Literal["paper", "original"] = "paper"
     setting: Setting = "base2new"
     shots: int = 16
