@@ -11,9 +11,12 @@ architectures:
   atlas_fast does) and computed by running the frozen image tower every step (what the reference does).
 
 Time is the median over ``--steps`` timed steps after one untimed warm-up step (which also encodes PromptSRC's
-60-template text targets once). Memory is the peak CUDA allocation on a GPU, or the process's peak resident set on
-the CPU, measured from a reset before each row; "rise" is the peak minus what was in use before the row started.
-Pixels are random (speed does not depend on them) and the same for every row.
+60-template text targets once). Memory: "activations" is what autograd saves for the backward pass in one step
+(unique tensor storages, the frozen weights excluded), exact and device-independent; "peak" is the peak CUDA
+allocation on a GPU, or the process's peak resident set on the CPU, measured from a reset before each row, and
+"rise" is the peak minus what was in use before the row started (on the CPU the allocator keeps memory freed by
+earlier rows, so compare the activations there). Pixels are random (speed does not depend on them) and the same
+for every row.
 
 Usage::
 
@@ -55,6 +58,23 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class SavedActivations:
+    """Sum of the storages autograd saves for backward while active, excluding the frozen CLIP weights."""
+
+    def __init__(self, backbone) -> None:
+        self.frozen = {p.untyped_storage().data_ptr() for p in backbone.model.parameters()}
+        self.sizes: dict[int, int] = {}
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in self.frozen:
+            self.sizes[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    def mib(self) -> float:
+        return sum(self.sizes.values()) / 2**20
+
+
 def measure(backbone, name: str, config, inputs_kind: str, classnames: list[str], pixels: torch.Tensor,
             labels: torch.Tensor, steps: int, device: torch.device) -> dict:
     amp = device.type == "cuda"
@@ -74,7 +94,9 @@ def measure(backbone, name: str, config, inputs_kind: str, classnames: list[str]
     for step in range(steps + 1):
         synchronize(device)
         start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+        saved = SavedActivations(backbone)
+        with torch.autocast(device.type, dtype=torch.float16, enabled=amp), \
+                torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda tensor: tensor):
             loss = method.training_loss(inputs, labels, lambda logits: F.cross_entropy(logits[0].float(), labels))
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -87,7 +109,7 @@ def measure(backbone, name: str, config, inputs_kind: str, classnames: list[str]
     params = sum(p.numel() for p in method.parameters() if p.requires_grad)
     del method, optimizer
     return {"step_ms": 1000 * statistics.median(times), "peak_mib": peak, "rise_mib": max(0.0, peak - start_mib),
-            "params": params}
+            "params": params, "activations_mib": saved.mib()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,15 +134,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"ViT-B/16 random weights, batch {args.batch_size}, C = {args.classes}, {where}, "
           f"{'fp16 autocast' if device.type == 'cuda' else 'fp32'}; median of {args.steps} steps\n")
     results = {}
-    print("| method | trainable params | ms / step | peak MiB | rise MiB |")
-    print("|---|---:|---:|---:|---:|")
+    print("| method | trainable params | ms / step | activations MiB | peak MiB | rise MiB |")
+    print("|---|---:|---:|---:|---:|---:|")
     for label, name, config, kind in ROWS:
         results[label] = row = measure(backbone, name, config, kind, classnames, pixels, labels, args.steps, device)
-        print(f"| {label} | {row['params']:,} | {row['step_ms']:.1f} | {row['peak_mib']:.0f} | "
-              f"{row['rise_mib']:.0f} |", flush=True)
+        print(f"| {label} | {row['params']:,} | {row['step_ms']:.1f} | {row['activations_mib']:.1f} | "
+              f"{row['peak_mib']:.0f} | {row['rise_mib']:.0f} |", flush=True)
     cached, computed = results[ROWS[3][0]], results[ROWS[4][0]]
     print(f"\nPromptSRC, frozen features computed / cached: time x{computed['step_ms'] / cached['step_ms']:.2f}, "
-          f"memory rise x{computed['rise_mib'] / max(cached['rise_mib'], 1e-9):.2f}")
+          f"activations x{computed['activations_mib'] / max(cached['activations_mib'], 1e-9):.2f}, "
+          f"peak x{computed['peak_mib'] / max(cached['peak_mib'], 1e-9):.2f}")
     coop = results[ROWS[0][0]]["step_ms"]
     print("Step time relative to CoOp on cached features: " + ", ".join(
         f"{label.split(',')[0]} x{row['step_ms'] / coop:.0f}" for label, row in list(results.items())[1:]))
