@@ -150,7 +150,10 @@ def evaluate_record(record_path: str | Path, dataset: str, data_root: str | Path
 
     method_name = config["method"]
     method_config = METHODS[method_name].config_class(**config["method_config"]) if method_name in METHODS else None
-    method = build_method(method_name, backbone, splits.classnames, method_config).to(torch_device)
+    # Built for the classes it was trained on (DePT's head is sized and matched by them; older records lack them),
+    # then evaluated on the target's classes by evaluate_method.
+    trained_on = record.get("data", {}).get("classnames") or splits.classnames
+    method = build_method(method_name, backbone, trained_on, method_config).to(torch_device)
     method.load_checkpoint_state(load_learned(record_path))
     amp = config.get("precision") == "amp" and torch_device.type == "cuda"
     accuracy = evaluate_method(method, [eval_set], amp)[subsample][0]

@@ -84,6 +84,8 @@ class PromptMethod(nn.Module):
     name: ClassVar[str]
     consumes: ClassVar[Consumes]
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
+    #: False for methods with no learned tensors (zero-shot CLIP): training them is skipped.
+    learns: ClassVar[bool] = True
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
         super().__init__()

@@ -38,6 +38,7 @@ class ZeroShotCLIP(PromptMethod):
     name = "zsclip"
     consumes = "features"
     config_class = ZeroShotConfig
+    learns = False
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: ZeroShotConfig) -> None:
         super().__init__(backbone, classnames, config)
