@@ -101,3 +101,11 @@ def test_staged_lr_scales_the_head_but_not_the_shared_warmup(tiny):
     assert lr_at_epoch(recipe, 1) == pytest.approx(0.0035)
     assert set(RECIPES) == set(METHODS)
     assert isinstance(recipe, OptimRecipe)
+
+
+def test_cli_offers_every_method_with_a_recipe():
+    from atlas_fast.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    (method,) = [a for a in train._actions if a.dest == "method"]
+    assert set(method.choices) == set(RECIPES)
