@@ -123,7 +123,11 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
                     "the output.")
     _add_data_and_backbone_args(train)
     train.add_argument("--method", default="coop",
-                       help="prompt method: coop (default), ivlp, maple, promptsrc, ... (any registered method)")
+                       choices=("zsclip", "coop", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop",
+                                "ivlp", "maple", "promptsrc", "dept-maple"),
+                       help="prompt method (default coop); dept-* = DePT's head on coop/cocoop/kgcoop/maple, zsclip = "
+                            "zero-shot CLIP (nothing trained); ivlp, maple, promptsrc, dept-maple prompt the image "
+                            "encoder and train on pixels")
     train.add_argument("--recipe", choices=("paper", "original"), default="paper",
                        help="recipe family: the ATLaS paper's (default) or the method repository's own")
     train.add_argument("--setting", choices=("base2new", "few_shot", "cross_dataset"), default="base2new",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from atlas_fast.backbones import Backbone, shared_backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe
+from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe
 from atlas_fast.results import ResultStore, record_key
 
 if TYPE_CHECKING:
@@ -36,12 +36,9 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 def recipe_functions() -> dict[str, Callable[..., tuple[MethodConfig, OptimRecipe]]]:
     """Per method: ``(family, setting, shots, dataset) -> (method config, OptimRecipe)`` (``methods.md`` §10)."""
-    from atlas_fast.methods.coop import coop_recipe
-    from atlas_fast.methods.ivlp import ivlp_recipe
-    from atlas_fast.methods.maple import maple_recipe
-    from atlas_fast.methods.promptsrc import promptsrc_recipe
+    from atlas_fast.methods import RECIPES
 
-    return {"coop": coop_recipe, "ivlp": ivlp_recipe, "maple": maple_recipe, "promptsrc": promptsrc_recipe}
+    return dict(RECIPES)
 
 
 def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, OptimRecipe]:
@@ -49,12 +46,17 @@ def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, Opt
     functions = recipe_functions()
     if config.method not in functions:
         raise ValueError(f"No training recipe for method {config.method!r}; known: {sorted(functions)}.")
-    method_config, recipe = functions[config.method](config.recipe, config.setting, config.shots, dataset)
+    overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
+    try:
+        method_config, recipe = functions[config.method](config.recipe, config.setting, config.shots, dataset)
+    except MissingRecipe as missing:  # no reference recipe: the caller's epochs, batch size and lr, all three
+        if len(overrides) < 3:
+            raise
+        method_config, recipe = missing.method_config, OptimRecipe(**overrides)
     if config.method_config is not None:
         method_config = config.method_config
     if config.method_options:
         method_config = with_options(method_config, config.method_options)
-    overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
     return method_config, dataclasses.replace(recipe, **overrides)
 
 
@@ -145,6 +147,11 @@ class RunPlan:
 def plan_run(config: TrainConfig) -> RunPlan:
     """Resolve a :class:`~atlas_fast.train.TrainConfig` into a :class:`RunPlan` (loads the backbone once per process)."""
     from atlas_fast.data.datasets import get_spec
+    from atlas_fast.methods import METHODS
+
+    if config.method in METHODS and not METHODS[config.method].learns and config.schedule.name != "onehot":
+        raise ValueError(f"{config.method} learns nothing, so the {config.schedule.name!r} label schedule has "
+                         f"nothing to supervise; run it without soft labels (schedule OneHot, --atlas none).")
     device = resolve_device(config.device)
     amp = resolve_precision(config.precision, device) == "amp"
     if amp and device.type != "cuda":

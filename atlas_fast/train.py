@@ -164,7 +164,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
     lap("evaluate")
 
     data = {"dataset": inputs.full.name, "num_train": len(inputs.labels),
-            "num_classes": len(inputs.train_split.classnames),
+            "num_classes": len(inputs.train_split.classnames), "classnames": list(inputs.train_split.classnames),
             "num_test": {s.name: len(s.labels) for s in inputs.eval_sets}}
     record = build_record(plan.key, plan.described, plan.backbone,
                           {"data_root": str(config.data_root), "cache_root": str(config.cache_root)}, data, metrics,

@@ -46,7 +46,7 @@ def test_ivlp_without_vision_prompts_and_deep_text_equals_cached_coop(tiny):
         coop.ctx.copy_(ivlp.ctx)
     x = pixels()
     expected = coop(tiny.encode_image(x))
-    torch.testing.assert_close(ivlp(x), expected, rtol=0, atol=0)  # the same operations: bit-identical
+    torch.testing.assert_close(ivlp(x), expected, rtol=0, atol=1e-6)  # CoOp normalises its text twice: 1 ulp
     assert [n for n, _ in ivlp.named_parameters()] == ["ctx"]
 
 
@@ -158,7 +158,7 @@ def test_maple_vision_gradients_flow_into_the_text_prompts(tiny):
     """MaPLe has no visual parameters of its own: a loss on the image features alone trains the text prompts."""
     torch.manual_seed(0)
     method = build_method("maple", tiny, CLASSES, MaPLeConfig(n_ctx=2, depth=2))
-    method.image_features(pixels()).sum().backward()
+    method.image_batch(pixels()).sum().backward()
     assert method.ctx.grad.abs().sum() > 0 and method.deep_text.grad.abs().sum() > 0
 
 
@@ -243,7 +243,7 @@ def test_promptsrc_loss_terms_and_normalisation(tiny):
     t0 = torch.stack([tiny.encode_text([t.format(c.replace("_", " ")) for c in CLASSES]) for t in IMAGENET_TEMPLATES])
     t0 = F.normalize(t0.mean(0), dim=-1)
     v0 = F.normalize(tiny.encode_image(x), dim=-1)
-    t, v = method.text_features()[0], method.image_features(x)[0]
+    t, v = method.text_features()[0], F.normalize(method.image_batch(x), dim=-1)[0]
     scale = method.logit_scale  # exp(logit_scale): 100 for released weights, 1/0.07 at random init
     z, z0 = scale * v @ t.T, scale * v0 @ t0.T
     kl = (F.softmax(z0, -1) * (F.log_softmax(z0, -1) - F.log_softmax(z, -1))).sum() / z.numel()

@@ -24,7 +24,8 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, register_method
+from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
+                                     register_method)
 from atlas_fast.prompted_towers import PromptedVisionEncoder
 from atlas_fast.text_encoder import PromptTextEncoder, tokenize_prompts
 
@@ -160,31 +161,43 @@ class IVLP(PromptMethod):
         suffix = self.token_suffix.unsqueeze(0).expand(runs, -1, -1, -1)
         return torch.cat([prefix, ctx.unsqueeze(1).expand(-1, classes, -1, -1).to(suffix.dtype), suffix], dim=2)
 
-    def text_features(self) -> torch.Tensor:
+    def raw_text_features(self) -> torch.Tensor:
+        """Un-normalised class text features (R, C, D) of the prompted text tower."""
         _, deep = self.text_prompts()
-        return F.normalize(self.text_encoder(self.prompt_embeddings(), self.eot_index, deep), dim=-1)
+        return self.text_encoder(self.prompt_embeddings(), self.eot_index, deep)
 
-    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """L2-normalised prompted image features (R, B, D) of preprocessed pixels (B, 3, H, W)."""
+    def text_features(self) -> torch.Tensor:
+        return F.normalize(self.raw_text_features(), dim=-1)
+
+    def class_text_features(self, image_features: torch.Tensor) -> torch.Tensor:
+        """(R, C, D) un-normalised: the prompts do not depend on the image (the interface DePT's head uses)."""
+        return self.raw_text_features()
+
+    def regularizer(self, text_features: torch.Tensor) -> torch.Tensor | None:
+        """No non-CE term on the text features (PromptSRC adds its terms in :meth:`training_loss`)."""
+        return None
+
+    def image_batch(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Un-normalised prompted image features (R, B, D) of preprocessed pixels (B, 3, H, W)."""
+        if pixels.dim() != 4:
+            raise ValueError(f"{type(self).__name__} consumes pixels (B, 3, H, W), got {tuple(pixels.shape)}")
         prompts, deep = self.vision_prompts()
-        return F.normalize(self.image_encoder(pixels, prompts, deep), dim=-1)
-
-    def logits(self, image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        """exp(logit_scale) * f_v f_t^T per run: (R, B, D) x (R, C, D) -> (R, B, C)."""
-        return self.logit_scale * torch.einsum("rbd,rcd->rbc", image_features, text_features.to(image_features.dtype))
+        return self.image_encoder(pixels, prompts, deep)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (R, B, C) of preprocessed pixels (B, 3, H, W)."""
-        if images.dim() != 4:
-            raise ValueError(f"{type(self).__name__} consumes pixels (B, 3, H, W), got {tuple(images.shape)}")
-        return self.logits(self.image_features(images), self.text_features())
+        return self.similarity_logits(self.image_batch(images), self.raw_text_features())
+
+    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
+        return self.similarity_logits(self.image_batch(pixels), text_features)
 
 
-def _require(family: str, setting: str, method: str, settings: Sequence[str]) -> None:
-    if family not in ("paper", "original"):
-        raise ValueError(f"{method} recipe family must be 'paper' or 'original', got {family!r}")
+def check_setting(method: str, family: str, setting: str, config: MethodConfig, settings: Sequence[str]) -> None:
+    """Reject an unknown recipe family; a setting the references define no recipe for raises
+    :class:`~atlas_fast.methods.base.MissingRecipe` (the run then needs explicit epochs, batch size and lr)."""
+    check_family(method, family)
     if setting not in settings:
-        raise ValueError(f"The {method} references define no {setting!r} recipe (they have {list(settings)})")
+        raise MissingRecipe(method, setting, config)
 
 
 def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IVLPConfig, OptimRecipe]:
@@ -193,10 +206,10 @@ def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IV
     * base-to-new and cross-dataset: 5 epochs, batch 4, lr 0.0035, depth 12 / 12 (the cross-dataset scripts reuse
       the base-to-new config). ``original``: 2 + 2 tokens, first 2 words of "a photo of a" learnable; ``paper``:
       4 + 4 tokens with all four words learnable (the ATLaS paper's prompt length 4).
-    * few-shot: the references define none, so it is refused.
+    * few-shot: the references define none (:class:`~atlas_fast.methods.base.MissingRecipe`).
     """
-    _require(family, setting, "IVLP", ("base2new", "cross_dataset"))
     n_ctx = 2 if family == "original" else 4
     config = IVLPConfig(n_ctx_text=n_ctx, n_ctx_vision=n_ctx, ctx_init=PAPER_CTX_INIT, depth_text=12,
                         depth_vision=12)
+    check_setting("IVLP", family, setting, config, ("base2new", "cross_dataset"))
     return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, register_method
-from atlas_fast.methods.ivlp import (IVLP, PAPER_CTX_INIT, _require, check_context_init, check_depth,
+from atlas_fast.methods.ivlp import (IVLP, PAPER_CTX_INIT, check_context_init, check_depth, check_setting,
                                      normal_prompts)
 
 
@@ -85,10 +85,11 @@ def maple_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[M
     * base-to-new: J = 9, 5 epochs, batch 4, lr 0.0035.
     * cross-dataset (train on ImageNet): J = 3, 2 epochs (1 warmup + 1 at lr), batch 4, lr 0.0026.
     * ``original``: M = 2 (the first two words of "a photo of a" learnable, "of a" fixed); ``paper``: M = 4.
-    * few-shot: the references define none, so it is refused.
+    * few-shot: the references define none (:class:`~atlas_fast.methods.base.MissingRecipe`).
     """
-    _require(family, setting, "MaPLe", ("base2new", "cross_dataset"))
     n_ctx = 2 if family == "original" else 4
-    if setting == "base2new":
-        return MaPLeConfig(n_ctx=n_ctx, depth=9), OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
-    return MaPLeConfig(n_ctx=n_ctx, depth=3), OptimRecipe(epochs=2, batch_size=4, lr=0.0026)
+    if setting == "cross_dataset":
+        return MaPLeConfig(n_ctx=n_ctx, depth=3), OptimRecipe(epochs=2, batch_size=4, lr=0.0026)
+    config = MaPLeConfig(n_ctx=n_ctx, depth=9)
+    check_setting("MaPLe", family, setting, config, ("base2new",))
+    return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from atlas_fast.backbones import Backbone
 from atlas_fast.data.templates import IMAGENET_TEMPLATES
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, register_method
-from atlas_fast.methods.ivlp import IVLP, PAPER_CTX_INIT, IVLPConfig, _require
+from atlas_fast.methods.ivlp import IVLP, PAPER_CTX_INIT, IVLPConfig, check_setting
 from atlas_fast.softlabels import encode_class_prompts
 
 # Few-shot datasets whose GPA is mean 45, std 5 (the others: 30 / 30) (SRC: configs/trainers/PromptSRC/vit_b16_c2_ep50_batch4_4+4ctx_few_shot.yaml and scripts)
@@ -133,8 +133,8 @@ class PromptSRC(IVLP):
         if frozen is None:
             frozen = self.frozen_image_features(pixels)
         text = self.text_features()
-        image = self.image_features(pixels)
-        logits = self.logits(image, text)
+        image = F.normalize(self.image_batch(pixels), dim=-1)
+        logits = self.similarity_logits(image, text)
         return criterion(logits) + self.self_regulating_loss(text, image, logits, frozen)
 
     def end_epoch(self, epoch: int, num_epochs: int) -> None:
@@ -170,7 +170,7 @@ def promptsrc_recipe(family: str, setting: str, shots: int, dataset: str) -> tup
       SUN397 and mean 45, std 5 on StanfordCars, OxfordFlowers, FGVCAircraft, DTD, EuroSAT. Other datasets get the
       flat 30 / 30 weighting (the references define none for them).
     """
-    _require(family, setting, "PromptSRC", ("base2new", "few_shot", "cross_dataset"))
+    check_setting("PromptSRC", family, setting, PromptSRCConfig(), ("base2new", "few_shot", "cross_dataset"))
     if setting == "base2new":
         return PromptSRCConfig(), OptimRecipe(epochs=20, batch_size=4, lr=0.0025)
     if setting == "cross_dataset":
