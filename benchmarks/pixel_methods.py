@@ -6,7 +6,7 @@ architectures:
 
 * CoOp (M = 4, cached image features): the text-only reference point;
 * IVLP 2 + 2 tokens, depth 12 / 12 (the MaPLe repository's base-to-new config);
-* MaPLe M = 2, J = 9;
+* MaPLe M = 2, J = 9, and DePT's head on it;
 * PromptSRC 4 + 4, depth 9 / 9, with its frozen image features of the batch's views read from the cache (what
   atlas_fast does) and computed by running the frozen image tower every step (what the reference does).
 
@@ -40,14 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from atlas_fast.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.inputs import PixelBatch  # noqa: E402
-from atlas_fast.methods import (CoOpConfig, IVLPConfig, MaPLeConfig, PromptSRCConfig,  # noqa: E402
-                                build_method)
+from atlas_fast.methods import (CoOpConfig, DePTMaPLeConfig, IVLPConfig, MaPLeConfig,  # noqa: E402
+                                PromptSRCConfig, build_method)
 from train_speed import peak_memory_mib, peak_memory_reset  # noqa: E402
 
 ROWS = [
     ("CoOp M=4 (cached features)", "coop", CoOpConfig(ctx_init="a photo of a"), "features"),
     ("IVLP 2+2, J=12/12", "ivlp", IVLPConfig(), "pixels"),
     ("MaPLe M=2, J=9", "maple", MaPLeConfig(), "pixels"),
+    ("DePT-MaPLe M=2, J=9", "dept-maple", DePTMaPLeConfig(), "pixels"),
     ("PromptSRC 4+4, J=9/9, frozen features cached", "promptsrc", PromptSRCConfig(), "cached"),
     ("PromptSRC 4+4, J=9/9, frozen features computed", "promptsrc", PromptSRCConfig(), "pixels"),
 ]
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         results[label] = row = measure(backbone, name, config, kind, classnames, pixels, labels, args.steps, device)
         print(f"| {label} | {row['params']:,} | {row['step_ms']:.1f} | {row['activations_mib']:.1f} | "
               f"{row['peak_mib']:.0f} | {row['rise_mib']:.0f} |", flush=True)
-    cached, computed = results[ROWS[3][0]], results[ROWS[4][0]]
+    cached, computed = results[ROWS[4][0]], results[ROWS[5][0]]
     print(f"\nPromptSRC, frozen features computed / cached: time x{computed['step_ms'] / cached['step_ms']:.2f}, "
           f"activations x{computed['activations_mib'] / max(cached['activations_mib'], 1e-9):.2f}, "
           f"peak x{computed['peak_mib'] / max(cached['peak_mib'], 1e-9):.2f}")

@@ -36,6 +36,8 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
 
 # The text-side methods the paper's tables compare (its "DePT" is DePT on CoOp); IVLP/MaPLe need the pixel path.
 PAPER_TEXT_METHODS = ("coop", "cocoop", "dept-coop")
+# Every method of the paper's Tables I-III: the text-side ones and the multi-modal IVLP and MaPLe (pixel path).
+PAPER_METHODS = PAPER_TEXT_METHODS + ("ivlp", "maple")
 
 
 def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
@@ -45,11 +47,29 @@ def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
     p.add_argument("--methods", nargs="+", default=list(default), choices=sorted(set(RECIPES) - {"zsclip"}),
                    help="methods, one block of rows each (default: %(default)s)")
     p.add_argument("--zero-shot", action="store_true", help="add a zero-shot CLIP row (zsclip) first")
+    p.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="[METHOD:]NAME=VALUE",
+                   help="replace a field of a method's recipe config, e.g. maple:depth=3 (all methods without "
+                        "METHOD:); for small backbones whose towers are shallower than the recipe's prompt depth")
+
+
+def method_options(args: argparse.Namespace, method: str) -> dict[str, str] | None:
+    """The ``--method-option`` values that apply to ``method`` (``maple:depth=3`` or an unprefixed ``NAME=VALUE``)."""
+    options = {}
+    for item in getattr(args, "method_option", []):
+        target, _, assignment = item.rpartition(":")
+        name, sep, value = assignment.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--method-option takes [METHOD:]NAME=VALUE, got {item!r}")
+        if target in ("", method):
+            options[name.replace("-", "_")] = value
+    return options or None
 
 
 def base_config(args: argparse.Namespace, setting: str, shots: int = 16, **changes: Any) -> TrainConfig:
     """The run every row of a table starts from; rows replace the schedule, soft labels, dataset and seed."""
     pretrained = None if args.pretrained.lower() == "none" else args.pretrained
+    if "method" in changes and "method_options" not in changes:
+        changes["method_options"] = method_options(args, changes["method"])
     return TrainConfig(dataset=args.datasets[0], data_root=args.data_root,
                        backbone=BackboneConfig(args.model, pretrained), recipe=args.recipe, setting=setting,
                        shots=shots, epochs=args.epochs, views=args.views, device=args.device,

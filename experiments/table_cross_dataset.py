@@ -1,5 +1,5 @@
-"""Tables I and II: cross-dataset transfer and domain generalisation of CoOp, CoCoOp and DePT with ATLaS (trained
-on ImageNet).
+"""Tables I and II: cross-dataset transfer and domain generalisation of CoOp, CoCoOp, DePT, IVLP and MaPLe with ATLaS
+(trained on ImageNet).
 
     python -m experiments.table_cross_dataset --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
 
@@ -20,14 +20,14 @@ from atlas_fast.evaluate import evaluate_record
 from atlas_fast.report import method_name, variant_label
 from atlas_fast.schedules import OneHot
 from atlas_fast.sweep import Variant, atlas_variants, run_grid
-from experiments.common import ELEVEN, PAPER_TEXT_METHODS, base_config, method_args, parser
+from experiments.common import ELEVEN, PAPER_METHODS, base_config, method_args, parser
 
 TARGETS = ELEVEN[1:] + ("ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR")
 
 
 def main(argv: list[str] | None = None) -> str:
     p = parser(__doc__.splitlines()[0], datasets=("ImageNet",))
-    method_args(p, PAPER_TEXT_METHODS)
+    method_args(p, PAPER_METHODS)
     p.add_argument("--targets", nargs="+", default=list(TARGETS))
     args = p.parse_args(argv)
     grids = [("zsclip", [Variant("zero-shot", OneHot())])] if args.zero_shot else []

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.backbones import BackboneConfig, load_backbone
-from atlas_fast.methods import (CoOpConfig, IVLPConfig, MaPLeConfig, PromptSRCConfig, build_method, gpa_weights,
-                                ivlp_recipe, maple_recipe, promptsrc_recipe)
+from atlas_fast.methods import (CoOpConfig, IVLPConfig, MaPLeConfig, MissingRecipe, PromptSRCConfig, build_method,
+                                dept_maple_recipe, gpa_weights, ivlp_recipe, maple_recipe, promptsrc_recipe)
 from atlas_fast.prompted_towers import PromptedVisionEncoder
 from atlas_fast.text_encoder import PromptTextEncoder
 
@@ -310,5 +310,8 @@ def test_recipes():
     config, recipe = promptsrc_recipe("original", "few_shot", 4, "EuroSAT")
     assert (config.gpa_mean, config.gpa_std, recipe.epochs) == (45.0, 5.0, 50)
     assert promptsrc_recipe("original", "few_shot", 4, "Food101")[0].gpa_mean == 30.0
-    with pytest.raises(ValueError, match="no 'few_shot' recipe"):
+    with pytest.raises(MissingRecipe, match="no 'few_shot' recipe"):
         maple_recipe("paper", "few_shot", 4, "OxfordPets")
+    config, recipe = dept_maple_recipe("original", "base2new", 16, "OxfordPets")
+    assert (config.n_ctx, config.depth, config.head_lambda, recipe.epochs, recipe.lr) == (2, 9, 0.7, 10, 0.0035)
+    assert dept_maple_recipe("paper", "cross_dataset", 16, "ImageNet")[0].n_ctx == 4

@@ -4,11 +4,12 @@
 import pytest
 
 from atlas_fast.report import aggregate, latex_table, markdown_table, variant_label
-from experiments import table3_base_to_new, table_ablation, table_cross_dataset
+from experiments import table3_base_to_new, table_ablation, table_cross_dataset, table_promptsrc
 from layouts import make_imagenet, make_oxford_pets
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+TEXT_METHODS = ["--methods", "coop", "cocoop", "dept-coop"]  # the default adds IVLP and MaPLe (test below)
 
 
 def _args(tmp_path, data_root):
@@ -20,7 +21,7 @@ def _args(tmp_path, data_root):
 def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     data_root = tmp_path / "data"
     make_oxford_pets(data_root, n_classes=4, n_train=4, n_val=2, n_test=3, size=32)
-    table = table3_base_to_new.main(_args(tmp_path, data_root) + ["--zero-shot"])
+    table = table3_base_to_new.main(_args(tmp_path, data_root) + ["--zero-shot", *TEXT_METHODS])
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
     assert [line.split(" | ")[0] for line in lines[1:]] == [
@@ -35,7 +36,7 @@ def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     assert len(records) == 26  # (3 methods x 4 variants + zero-shot) x 2 seeds
     # a second call reuses every finished run
     before = {p: p.stat().st_mtime_ns for p in records}
-    table3_base_to_new.main(_args(tmp_path, data_root) + ["--zero-shot"])
+    table3_base_to_new.main(_args(tmp_path, data_root) + ["--zero-shot", *TEXT_METHODS])
     assert {p: p.stat().st_mtime_ns for p in records} == before
 
 
@@ -88,3 +89,21 @@ def test_aggregate_averages_seeds_then_datasets_and_takes_h_of_the_means():
     h_isl = isl.metrics["H"] - coop.metrics["H"]
     assert f"({h_isl:+.2f})" in table
     assert r"\begin{tabular}" in latex_table([coop, isl])
+
+
+def test_table3_has_ivlp_and_maple_blocks_and_the_promptsrc_appendix_runs(tmp_path):
+    """The multi-modal methods are blocks of Table III (on the pixel path); --method-option fits their depth to the
+    tiny backbone's 2 blocks. The PromptSRC appendix module prints a block per dataset and their average."""
+    data_root = tmp_path / "data"
+    make_oxford_pets(data_root, n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
+    args = _args(tmp_path, data_root)
+    args[args.index("--seeds") + 1:args.index("--seeds") + 3] = ["1"]
+    table = table3_base_to_new.main(args + ["--methods", "ivlp", "maple", "--method-option", "maple:depth=2",
+                                            "ivlp:depth_text=2", "ivlp:depth_vision=2"])
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
+    variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
+    assert rows == ["| IVLP", *variants, "| MaPLe", *variants]
+    table = table_promptsrc.main(args + ["--method-option", "depth_text=2", "depth_vision=2", "gpa_mean=2"])
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
+    assert rows == [f"| {block}: {label}" for block in ("OxfordPets", "Average (1 datasets)")
+                    for label in ("PromptSRC", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL")]

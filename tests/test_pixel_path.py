@@ -11,7 +11,8 @@ from atlas_fast.cache import FeatureCache
 from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
 from atlas_fast.evaluate import evaluate_record, harmonic_mean
 from atlas_fast.inputs import CachedViews, PixelBatch, PixelViews
-from atlas_fast.methods import CoOpConfig, IVLPConfig, MaPLeConfig, PromptSRCConfig, build_method
+from atlas_fast.methods import (CoOpConfig, DePTMaPLeConfig, IVLPConfig, MaPLeConfig, PromptSRCConfig,
+                                build_method)
 from atlas_fast.pixels import ImageViews
 from atlas_fast.schedules import Atlas
 from atlas_fast.softlabels import atlas_preset
@@ -21,7 +22,8 @@ from layouts import make_oxford_pets
 TINY = BackboneConfig("atlas-tiny", None)
 CONFIGS = {"ivlp": IVLPConfig(n_ctx_text=2, n_ctx_vision=2, depth_text=2, depth_vision=2),
            "maple": MaPLeConfig(n_ctx=2, depth=2),
-           "promptsrc": PromptSRCConfig(depth_text=2, depth_vision=2, gpa_mean=2, gpa_std=1)}
+           "promptsrc": PromptSRCConfig(depth_text=2, depth_vision=2, gpa_mean=2, gpa_std=1),
+           "dept-maple": DePTMaPLeConfig(n_ctx=2, depth=2)}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,7 +87,7 @@ def test_promptsrc_reads_its_frozen_features_from_the_cache(pets):
         torch.testing.assert_close(from_cache, computed, rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["ivlp", "maple", "promptsrc"])
+@pytest.mark.parametrize("method", ["ivlp", "maple", "promptsrc", "dept-maple"])
 def test_pixel_method_end_to_end_with_and_without_atlas(pets, method):
     plain = run(pixel_config(pets, method, results_dir=pets / f"e2e-{method}"))
     atlas = run(pixel_config(pets, method, results_dir=pets / f"e2e-{method}", schedule=Atlas(2),
@@ -130,3 +132,33 @@ def test_ivlp_on_pixels_trains_like_coop_on_cached_features(pets):
     assert gap < 1e-3 < moved and gap < moved / 20, (gap, moved)
     for name in ("base", "new"):
         assert abs(ivlp["metrics"][name] - coop["metrics"][name]) <= 100 / 6 + 1e-6  # at most one test image
+
+
+def test_dept_maple_loss_head_and_fusion(pets):
+    """DePT on MaPLe: (1 - λ) CE(z) + λ CE(linear([film_t(T[y]); film_v(V)]), [y; y]) with T, V MaPLe's
+    un-normalised prompted features; at test, (1 - λ) z + λ head on the training classes, z alone on others."""
+    backbone = shared_backbone(TINY)
+    classes = ["cat", "dog", "sea lion"]
+    torch.manual_seed(0)
+    method = build_method("dept-maple", backbone, classes, CONFIGS["dept-maple"])
+    with torch.no_grad():
+        for param in method.head_parameters()[:4]:
+            param.add_(0.1 * torch.randn_like(param))
+    pixels, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 2, 1, 2])
+    loss = method.training_loss(pixels, labels, lambda z: F.cross_entropy(z[0], labels))
+    text, image = method.base.raw_text_features()[0], method.base.image_batch(pixels)[0]
+    z = method.logit_scale * F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).T
+    rows = torch.cat([text[labels] * method.film_text_scale[0] + method.film_text_bias[0],
+                      image * method.film_image_scale[0] + method.film_image_bias[0]])
+    head = rows @ method.linear_weight[0].T + method.linear_bias[0]
+    lam = method.config.head_lambda
+    expected = (1 - lam) * F.cross_entropy(z, labels) + lam * F.cross_entropy(head, torch.cat([labels, labels]))
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    loss.backward()
+    assert method.base.coupling_weight.grad.abs().sum() > 0 and method.linear_weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        fused = method.eval_pixel_logits(pixels, method.text_features())[0]
+        torch.testing.assert_close(fused, (1 - lam) * z + lam * head[len(labels):], rtol=1e-5, atol=1e-5)
+        method.set_classnames(["newt", "horse"])
+        other = method.eval_pixel_logits(pixels, method.text_features())
+        torch.testing.assert_close(other, method.base(pixels), rtol=1e-5, atol=1e-6)
