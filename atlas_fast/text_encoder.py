@@ -70,7 +70,9 @@ class PromptTextEncoder:
 
     def __call__(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor,
                  deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
-        return self.forward(prompt_embeddings, eot_index, deep_prompts)
+        if len(deep_prompts):
+            return self.forward(prompt_embeddings, eot_index, deep_prompts)
+        return self.forward(prompt_embeddings, eot_index)  # the two-argument call the text-only methods make
 
     def forward(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor,
                 deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
