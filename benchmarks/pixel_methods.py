@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
           f"activations x{computed['activations_mib'] / max(cached['activations_mib'], 1e-9):.2f}, "
           f"peak x{computed['peak_mib'] / max(cached['peak_mib'], 1e-9):.2f}")
     coop = results[ROWS[0][0]]["step_ms"]
-    print("Step time relative to CoOp on cached features: " + ", ".join(
-        f"{label.split(',')[0]} x{row['step_ms'] / coop:.0f}" for label, row in list(results.items())[1:]))
+    print("Step time relative to CoOp on cached features:\n" + "\n".join(
+        f"  {label}: x{row['step_ms'] / coop:.0f}" for label, row in list(results.items())[1:]))
 
 
 if __name__ == "__main__":
