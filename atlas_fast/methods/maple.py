@@ -88,8 +88,8 @@ def maple_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[M
     * few-shot: the references define none (:class:`~atlas_fast.methods.base.MissingRecipe`).
     """
     n_ctx = 2 if family == "original" else 4
+    config = MaPLeConfig(n_ctx=n_ctx, depth=3 if setting == "cross_dataset" else 9)
+    check_setting("MaPLe", family, setting, config, ("base2new", "cross_dataset"))
     if setting == "cross_dataset":
-        return MaPLeConfig(n_ctx=n_ctx, depth=3), OptimRecipe(epochs=2, batch_size=4, lr=0.0026)
-    config = MaPLeConfig(n_ctx=n_ctx, depth=9)
-    check_setting("MaPLe", family, setting, config, ("base2new",))
+        return config, OptimRecipe(epochs=2, batch_size=4, lr=0.0026)
     return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)

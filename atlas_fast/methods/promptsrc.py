@@ -37,7 +37,8 @@ from atlas_fast.methods.base import MethodConfig, OptimRecipe, register_method
 from atlas_fast.methods.ivlp import IVLP, PAPER_CTX_INIT, IVLPConfig, check_setting
 from atlas_fast.softlabels import encode_class_prompts
 
-# Few-shot datasets whose GPA is mean 45, std 5 (the others: 30 / 30) (SRC: configs/trainers/PromptSRC/vit_b16_c2_ep50_batch4_4+4ctx_few_shot.yaml and scripts)
+# Few-shot datasets whose GPA is mean 45, std 5 (the others: 30 / 30)
+# (SRC: configs/trainers/PromptSRC/vit_b16_c2_ep50_batch4_4+4ctx_few_shot.yaml and its scripts)
 FEW_SHOT_GPA_LATE = ("StanfordCars", "OxfordFlowers", "FGVCAircraft", "DescribableTextures", "EuroSAT")
 
 
