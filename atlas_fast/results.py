@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from atlas_fast.files import atomic_write
+
 
 def record_key(config: dict[str, Any], backbone_fingerprint: str) -> str:
     """A stable hash of the (JSON-serialisable) configuration and the backbone fingerprint."""
@@ -48,20 +50,6 @@ def package_versions() -> dict[str, str]:
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _atomic_write_bytes(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class ResultStore:
@@ -89,11 +77,11 @@ class ResultStore:
     def save(self, dataset: str, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor]) -> Path:
         """Write the learned tensors, then the record (so a record never points at a missing ``.pt``)."""
         learned_path = self.learned_path(dataset, stem)
-        _atomic_write_bytes(learned_path, lambda f: torch.save(learned, f))
+        atomic_write(learned_path, lambda f: torch.save(learned, f))
         record = {**record, "status": "finished", "learned": learned_path.name}
         text = json.dumps(record, indent=2, sort_keys=False, default=str).encode()
         path = self.record_path(dataset, stem)
-        _atomic_write_bytes(path, lambda f: f.write(text))
+        atomic_write(path, lambda f: f.write(text))
         return path
 
 
