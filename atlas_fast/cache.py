@@ -83,6 +83,7 @@ import atlas_fast
 from atlas_fast.backbones import Backbone
 from atlas_fast.data.base import Datum
 from atlas_fast.data.identity import image_identities
+from atlas_fast.files import check_folder_name
 from atlas_fast.transforms import TransformSpec, load_views
 
 FORMAT = "atlas_fast.feature_cache"
@@ -311,12 +312,6 @@ def _unique_by_key(items: Sequence[Datum]) -> list[Datum]:
     return list(seen.values())
 
 
-def _check_dataset_name(dataset: str) -> None:
-    if not dataset or "/" in dataset or os.sep in dataset or dataset.startswith("."):
-        raise ValueError(f"Invalid dataset name {dataset!r} for the cache: use a plain folder name such as "
-                         f"'OxfordPets' (no path separators, not starting with '.').")
-
-
 def _views_summary(counts: list[int]) -> str:
     """``[100, 40, 40, 40]`` -> ``"v0:100 v1-3:40"``."""
     parts: list[str] = []
@@ -358,7 +353,7 @@ class FeatureCache:
     # ----------------------------------------------------------------------------------------------- naming
     def path_for(self, backbone: Backbone, dataset: str, aug_seed: int = 0) -> Path:
         """The file holding ``dataset``'s features for this backbone and the transforms with ``aug_seed``."""
-        _check_dataset_name(dataset)
+        check_folder_name(dataset, self.root)
         if not backbone.fingerprint:
             raise ValueError("The backbone has no fingerprint; load it with atlas_fast.backbones.load_backbone.")
         spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)

@@ -54,3 +54,10 @@ def check_writable(folder: Path, what: str) -> None:
     except OSError as exc:
         raise PermissionError(f"{what} {folder} is not writable ({exc.strerror or exc}); fix its permissions or "
                               f"choose another folder before any compute is spent.") from exc
+
+
+def check_folder_name(name: str, root: Path) -> None:
+    """``name`` becomes a folder under ``root`` (cache, results): it must be one plain path component."""
+    if not name or "/" in name or os.sep in name or name.startswith("."):
+        raise ValueError(f"Invalid dataset name {name!r} for a folder under {root}: use a plain name such as "
+                         f"'OxfordPets' (no path separators, not starting with '.').")

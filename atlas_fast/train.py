@@ -54,7 +54,9 @@ class TrainConfig:
     otherwise; ``views`` (cached augmented views) defaults to the number of epochs (a fresh view every epoch, the
     faithful setting). ``soft_labels`` (a :class:`atlas_fast.softlabels.SoftLabelConfig`) is required exactly when
     the schedule uses soft labels. ``data_root``, ``cache_root``, ``results_dir`` and ``progress`` do not change the
-    numbers and are not part of the record's name.
+    numbers and are not part of the record's name (the data are, by their fingerprint, see
+    :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of their bytes rather than size
+    and mtime (slower; see the README's "What atlas_fast guarantees").
     """
 
     dataset: str
@@ -80,6 +82,7 @@ class TrainConfig:
     cache_root: str | Path = "cache"
     results_dir: str | Path = "results"
     progress: bool = True
+    content_hash: bool = False
 
     def __post_init__(self) -> None:
         if self.setting not in SETTINGS:
@@ -92,6 +95,10 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if self.shots < 1:
             raise ValueError(f"shots must be >= 1 (prompt tuning is few-shot), got {self.shots}.")
+        for name in ("seed", "aug_seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)} (Python's random draws the same "
+                                 f"few-shot subset for -s as for s).")
         if self.views is not None and self.views < 1:
             raise ValueError(f"views must be >= 1 augmented views per training image, got {self.views}.")
         for name in ("epochs", "batch_size"):
@@ -132,9 +139,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
         clock = now
 
     plan = plan_run(config)
-    existing = plan.finished()
+    existing = plan.finished()  # lists and fingerprints the data first: changed data are never skipped
     if existing is not None:
         return {**existing, "skipped": True, "path": str(plan.record_path)}
+    plan.store.check_writable(plan.dataset)  # fail now, not after training
     lap("plan")
 
     inputs = prepare_inputs(plan)
@@ -157,11 +165,12 @@ def run(config: TrainConfig) -> dict[str, Any]:
     metrics = evaluate_run(method, inputs.eval_sets, plan.backbone, inputs.full.name, plan.amp)
     lap("evaluate")
 
-    data = {"dataset": inputs.full.name, "num_train": len(inputs.labels),
-            "num_classes": len(inputs.train_split.classnames),
-            "num_test": {s.name: len(s.labels) for s in inputs.eval_sets}}
-    record = build_record(plan.key, plan.described, plan.backbone,
+    data = {"dataset": inputs.full.name, "fingerprint": plan.data.fingerprint, "content_hash": config.content_hash,
+            "num_train": len(inputs.labels), "num_classes": len(inputs.train_split.classnames),
+            "shots_used": plan.data.shots_used, "num_test": {s.name: len(s.labels) for s in inputs.eval_sets}}
+    record = build_record(plan.record_key, plan.described, plan.backbone,
                           {"data_root": str(config.data_root), "cache_root": str(config.cache_root)}, data, metrics,
-                          epochs, {**timings, "seconds_per_epoch": timings["train"] / plan.recipe.epochs})
+                          epochs, {**timings, "seconds_per_epoch": timings["train"] / plan.recipe.epochs},
+                          config_key=plan.key)
     path = plan.store.save(plan.dataset, plan.stem, record, method.state_for_checkpoint())
     return {**record, "status": "finished", "skipped": False, "path": str(path)}

@@ -10,6 +10,7 @@ never share features or records, while moving or renaming the data root changes 
 * :func:`listing_fingerprint` - the ordered (relative path, label, class name) lists of train/val/test: what a
   few-shot draw depends on.
 * :func:`dataset_fingerprint` - the listing plus the identity of every file in it: what the numbers depend on.
+* :func:`subset_fingerprint` - a run's inputs: the full listing and the fingerprint of the few-shot subset.
 """
 
 from __future__ import annotations
@@ -80,3 +81,9 @@ def dataset_fingerprint(splits: DatasetSplits, content: bool = False) -> str:
                 seen[d.key] = image_identity(d.impath, content)
     files = (f"{key}\t{identity}" for key, identity in sorted(seen.items()))
     return _hash_lines([listing_fingerprint(splits), *files])
+
+
+def subset_fingerprint(full: DatasetSplits, subset: DatasetSplits, content: bool = False) -> str:
+    """Fingerprint of a run's inputs: the full dataset's listing (which fixes the few-shot draw) and the listing and
+    file identities of the subset the run reads (its few-shot train/val lists and the test list)."""
+    return _hash_lines([listing_fingerprint(full), dataset_fingerprint(subset, content)])
