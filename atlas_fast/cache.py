@@ -749,9 +749,9 @@ class FeatureCache:
             found.append(entry)
         return found
 
-    def info(self, verify: bool = False) -> str:
-        """A table of :meth:`entries` for humans (one line per file, plus the total size)."""
-        entries = self.entries(verify)
+    def info(self, verify: bool = False, entries: list[CacheEntry] | None = None) -> str:
+        """A table of :meth:`entries` (or of the given ``entries``) for humans: one line per file, the total size."""
+        entries = self.entries(verify) if entries is None else entries
         if not entries:
             return f"No feature cache files under {self.root}."
         header = ("dataset", "backbone", "transform", "images", "views done", "precision", "size")

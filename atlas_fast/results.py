@@ -183,4 +183,8 @@ def load_learned(record_path: str | Path) -> dict[str, torch.Tensor]:
     learned = record_path.with_name(record.get("learned", record_path.with_suffix(".pt").name))
     if not learned.is_file():
         raise FileNotFoundError(f"Learned tensors {learned} for record {record_path} are missing.")
-    return torch.load(learned, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(learned, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, garbage, or pickled code (never executed)
+        raise ValueError(f"Learned tensors {learned} of record {record_path} cannot be read ({type(exc).__name__}): "
+                         f"the file is damaged or not a tensor checkpoint. Train the run again.") from exc
