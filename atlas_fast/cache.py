@@ -19,9 +19,11 @@ name                shape / type       meaning
 
 A row is found by its (key, image id) pair, so an image replaced in place, or another dataset that shares the name
 and a relative path, gets a row of its own and is encoded afresh; features are never reused across files that
-differ. ``features`` and ``done`` carry HDF5's fletcher32 checksum per chunk and the file is written with HDF5
->= 1.10 metadata (checksummed headers); ``keys_digest`` (file attribute) is a BLAKE2b of the keys and image ids,
-which HDF5 cannot checksum (variable-length strings take no filters).
+differ. ``features`` and ``done`` carry HDF5's fletcher32 checksum per chunk; ``keys_digest`` (file attribute) is
+a BLAKE2b of the keys and image ids, which HDF5 cannot checksum (variable-length strings take no filters); the other
+attributes are compared with what the caller expects on every open. (The default HDF5 file format is kept: the
+1.10 format checksums its headers too, but marks a file "open for writing" while a writer has it, so a writer killed
+at the wrong millisecond would leave a file no reader can open.)
 
 File attributes: ``format`` ("atlas_fast.feature_cache"), ``format_version``, ``dataset``,
 ``backbone_fingerprint``, ``backbone_config`` / ``backbone_architecture`` (JSON), ``transform_fingerprint``,
@@ -90,7 +92,6 @@ FORMAT = "atlas_fast.feature_cache"
 FORMAT_VERSION = 2  # 2: image_ids, fletcher32 checksums, keys_digest
 FEATURE_CHUNK_ROWS = 64
 DONE_CHUNK = (1024, 8)
-_LIBVER = ("v110", "latest")  # HDF5 >= 1.10 object headers carry checksums
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 STORAGE_DTYPES = ("float16", "float32")
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -189,7 +190,7 @@ def _flock(path: Path, exclusive: bool, wait_message: str | None = None) -> Iter
 
 def _open_h5(path: Path, mode: str) -> h5py.File:
     try:
-        return h5py.File(path, mode, locking=False, libver=_LIBVER)
+        return h5py.File(path, mode, locking=False)
     except OSError as exc:
         raise CacheError(f"Cannot open feature cache file {path} ({exc}). If it is damaged (e.g. a build was killed "
                          f"while writing), delete it and build again.") from exc
@@ -285,14 +286,18 @@ def _row_ranges(rows: Sequence[int]) -> str:
     return ", ".join(parts)
 
 
-def _reserve(path: Path, nbytes: int) -> None:
+def _reserve(path: Path, nbytes: int, kept: str) -> None:
     """Allocate ``nbytes`` beyond the end of ``path`` before HDF5 writes there (HDF5 truncates the file back to what
-    it used on close). Out of space, or over a file-size limit, fails here, before the file is touched."""
+    it used on close). Out of space, or over a file-size limit, fails here with :class:`CacheSpaceError`, before the
+    file is touched; ``kept`` says what the file still holds."""
     if not hasattr(os, "posix_fallocate"):
         return
     fd = os.open(path, os.O_RDWR)
     try:
         os.posix_fallocate(fd, os.fstat(fd).st_size, nbytes)
+    except OSError as exc:
+        raise CacheSpaceError(f"Out of space writing features into {path} ({exc.strerror or exc}). {kept} Free some "
+                              f"space and build again: only the missing features are encoded.") from exc
     finally:
         os.close(fd)
 
@@ -302,7 +307,7 @@ def _chunk_bytes(rows: np.ndarray, views: np.ndarray, dim: int, itemsize: int) -
     feature_chunks = len(set(zip((rows // FEATURE_CHUNK_ROWS).tolist(), views.tolist())))
     done_chunks = len(set(zip((rows // DONE_CHUNK[0]).tolist(), (views // DONE_CHUNK[1]).tolist())))
     return (feature_chunks * (FEATURE_CHUNK_ROWS * dim * itemsize + 64)
-            + done_chunks * (DONE_CHUNK[0] * DONE_CHUNK[1] + 64) + (256 << 10))
+            + done_chunks * (DONE_CHUNK[0] * DONE_CHUNK[1] + 64) + (64 << 10))
 
 
 def _unique_by_key(items: Sequence[Datum]) -> list[Datum]:
@@ -465,7 +470,11 @@ class FeatureCache:
                     f"{path} lacks {count} of the {total} requested features (e.g. {missing[0][0].key!r}) and is "
                     f"read-only for this process. Build them where the cache is writable, or use a writable "
                     f"--cache-root.")
+        else:
+            missing = [(d, -1, views) for d in items]
         path.parent.mkdir(parents=True, exist_ok=True)
+        if missing:
+            self._check_free_space(path, sum(len(u[2]) for u in missing), int(backbone.embed_dim))
         with _flock(path.with_name(path.name + ".build.lock"), exclusive=True,
                     wait_message=f"Waiting for another process that is building {path} ..."):
             with _flock(self._lock_path(path), exclusive=True):
@@ -473,7 +482,6 @@ class FeatureCache:
                                                  run_device)
             todo = sum(len(u[2]) for u in units)
             if todo:
-                self._check_free_space(path, units, int(backbone.embed_dim))
                 backbone.to(run_device)
                 self._encode_all(backbone, path, spec, units, todo, batch_size, num_workers, run_device, precision,
                                  progress, desc=f"Encoding {dataset} ({path.name})")
@@ -512,8 +520,17 @@ class FeatureCache:
                  ) -> tuple[list[tuple[Datum, int, list[int]]], str]:
         """Create or check the file, append rows for new (key, image id) pairs, widen the views axis; return what
         must be encoded."""
-        if path.exists():
-            _reserve(path, 2 * sum(len(d.key) + len(i) + 48 for d, i in zip(items, image_ids)) + (512 << 10))
+        if not path.exists():
+            try:
+                with _open_h5(path, "a") as f:
+                    self._create(f, backbone, expected, precision, device)
+            except BaseException as exc:  # nothing was cached in it yet: leave no half-made file behind
+                path.unlink(missing_ok=True)
+                if isinstance(exc, (OSError, RuntimeError)):
+                    raise CacheSpaceError(f"Could not create the cache file {path} ({exc}); is the disk full?") from exc
+                raise
+        _reserve(path, 2 * sum(len(d.key) + len(i) + 48 for d, i in zip(items, image_ids)) + (256 << 10),
+                 "Nothing was changed; the features cached before are kept and readable.")
         with _open_h5(path, "a") as f:
             if "format" not in f.attrs:
                 if len(f):
@@ -565,15 +582,14 @@ class FeatureCache:
         f.attrs["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         f.attrs["atlas_fast_version"] = atlas_fast.__version__
 
-    def _check_free_space(self, path: Path, units: list[tuple[Datum, int, list[int]]], dim: int) -> None:
-        """Refuse a build whose missing features cannot fit in the free space, before encoding anything."""
-        rows = np.array([u[1] for u in units for _ in u[2]], dtype=np.int64)
-        views = np.array([v for u in units for v in u[2]], dtype=np.int64)
-        needed = _chunk_bytes(rows, views, dim, np.dtype(self.storage_dtype).itemsize)
+    def _check_free_space(self, path: Path, count: int, dim: int) -> None:
+        """Refuse a build whose ``count`` missing features cannot fit in the free space, before encoding anything
+        (an estimate: 25 % + 1 MiB over the raw bytes, for partly filled chunks and metadata)."""
+        needed = int(count * dim * np.dtype(self.storage_dtype).itemsize * 1.25) + (1 << 20)
         free = shutil.disk_usage(path.parent).free
         if needed > free:
             raise CacheSpaceError(
-                f"Encoding {len(rows)} features into {path} needs about {_human_bytes(needed)}, but only "
+                f"Encoding {count} features into {path} needs about {_human_bytes(needed)}, but only "
                 f"{_human_bytes(free)} is free there. Free some space or use another --cache-root; nothing was "
                 f"encoded.")
 
@@ -608,13 +624,9 @@ class FeatureCache:
         """One write transaction: reserve its space, write the features, flush, then their done flags (closing
         flushes again). A failed reservation leaves the file as the previous transaction left it."""
         with _flock(self._lock_path(path), exclusive=True):
-            try:
-                _reserve(path, _chunk_bytes(rows, views, features.shape[-1], np.dtype(self.storage_dtype).itemsize))
-            except OSError as exc:
-                raise CacheSpaceError(
-                    f"Out of space writing features into {path} ({exc.strerror or exc}). The {committed} features "
-                    f"encoded before are kept and readable; free some space and build again to encode the rest."
-                ) from exc
+            _reserve(path, _chunk_bytes(rows, views, features.shape[-1], np.dtype(self.storage_dtype).itemsize),
+                     f"The {committed} features encoded before in this build, and all earlier ones, are kept and "
+                     f"readable.")
             with _open_h5(path, "a") as f:
                 _write_cells(f["features"], rows, views, features.astype(f["features"].dtype))
                 f.flush()

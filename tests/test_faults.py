@@ -193,7 +193,13 @@ def _fill_until_the_file_limit(root: str, items, limit: int, queue) -> None:
     import resource
 
     torch.set_num_threads(1)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # Python ignores SIGXFSZ: writes fail with EFBIG
+    encode_all = FeatureCache._encode_all
+
+    def encode_all_on_a_filling_disk(self, *args, **kwargs):  # the disk fills up once encoding has begun
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # Python ignores SIGXFSZ: writes get EFBIG
+        return encode_all(self, *args, **kwargs)
+
+    FeatureCache._encode_all = encode_all_on_a_filling_disk
     try:
         FeatureCache(root).build(load_backbone(TINY), "OxfordPets", items, num_views=1, batch_size=8,
                                  num_workers=0, progress=False)
