@@ -124,12 +124,8 @@ def load_run_data(plan: RunPlan) -> RunData:
             raise ValueError(f"{full.name} ({full.dataset_dir}): no test images for the {name!r} classes "
                              f"({split.num_classes} classes); the run could not be evaluated. Add test images or "
                              f"use --setting few_shot.")
-    used = shots_used(train_split)
-    if used["min"] < config.shots:
-        print(f"note: {full.name}: some classes have fewer than {config.shots} training images; the run uses "
-              f"{used['min']}..{used['max']} per class (recorded in the record's data.shots_used).", file=sys.stderr)
     fingerprint = subset_fingerprint(full, fewshot, config.content_hash)
-    return RunData(full, fewshot, splits, train_split, fingerprint, used)
+    return RunData(full, fewshot, splits, train_split, fingerprint, shots_used(train_split))
 
 
 def prepare_inputs(plan: RunPlan) -> RunInputs:
@@ -139,6 +135,10 @@ def prepare_inputs(plan: RunPlan) -> RunInputs:
 
     config, backbone, data = plan.config, plan.backbone, plan.data
     full, fewshot, train_split = data.full, data.fewshot, data.train_split
+    if data.shots_used["min"] < config.shots:
+        used = data.shots_used
+        print(f"note: {full.name}: some classes have fewer than {config.shots} training images; the run uses "
+              f"{used['min']}..{used['max']} per class (recorded in the record's data.shots_used).", file=sys.stderr)
 
     cache = FeatureCache(config.cache_root, content_hash=config.content_hash)
     cache.build(backbone, full.name, train_split.train, num_views=plan.views, aug_seed=config.aug_seed,

@@ -207,10 +207,13 @@ def compute_soft_labels(config: SoftLabelConfig, backbone: Backbone, splits: Dat
     rows = rows.float().cpu().contiguous()
 
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        torch.save({"rows": rows, "config": config.to_dict(), "fingerprint": backbone.fingerprint}, partial)
-        os.replace(partial, path)  # atomic: a concurrent reader never sees half a file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"rows": rows, "config": config.to_dict(), "fingerprint": backbone.fingerprint}, partial)
+            os.replace(partial, path)  # atomic: a concurrent reader never sees half a file
+        except OSError:  # a read-only (or full) cache root: the rows are cheap to recompute, so run without storing
+            partial.unlink(missing_ok=True)
     return rows
 
 
