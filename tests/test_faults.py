@@ -446,6 +446,19 @@ def test_checkpoint_errors_name_the_file_and_the_architecture(pets, tmp_path, ca
 # ------------------------------------------------------------------------------------- kills (work today too)
 
 
+def _kill_9_once_hanging(target, *args) -> None:
+    """Run ``target(*args, flag)`` in a forked child and SIGKILL it as soon as it has touched ``flag``."""
+    flag = Path(tempfile.mkdtemp(prefix="atlas-kill-")) / "hanging"
+    child = mp.get_context("fork").Process(target=target, args=(*args, str(flag)))
+    child.start()
+    deadline = time.time() + 120
+    while not flag.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    shutil.rmtree(flag.parent)
+
+
 def _build_and_hang(root: str, items, flag: str) -> None:
     torch.set_num_threads(1)
     backbone = load_backbone(TINY)
@@ -465,14 +478,7 @@ def _build_and_hang(root: str, items, flag: str) -> None:
 
 def test_kill_9_during_a_build_resumes_exactly(pets, tmp_path, backbone):
     items = pets_items(pets)  # 12 images, 3 batches of 4
-    flag = tmp_path / "hanging"
-    child = mp.get_context("fork").Process(target=_build_and_hang, args=(str(tmp_path / "cache"), items, str(flag)))
-    child.start()
-    deadline = time.time() + 120
-    while not flag.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    os.kill(child.pid, signal.SIGKILL)
-    child.join()
+    _kill_9_once_hanging(_build_and_hang, str(tmp_path / "cache"), items)
     cache = FeatureCache(tmp_path / "cache")
     assert build(cache, backbone, items).encoded == 4
     loaded = cache.load(backbone, "OxfordPets", items, views=[0])[:, 0]
@@ -504,14 +510,7 @@ def test_kill_9_during_a_sweep_resumes_with_the_unfinished_runs(pets, tmp_path):
     from atlas_fast.schedules import OneHot
     from atlas_fast.sweep import Variant, run_grid
 
-    flag = tmp_path / "hanging"
-    child = mp.get_context("fork").Process(target=_sweep_and_hang, args=(str(tmp_path), str(pets), str(flag)))
-    child.start()
-    deadline = time.time() + 120
-    while not flag.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    os.kill(child.pid, signal.SIGKILL)
-    child.join()
+    _kill_9_once_hanging(_sweep_and_hang, str(tmp_path), str(pets))
     records = run_grid(config(tmp_path, pets), ["OxfordPets"], [Variant("baseline", OneHot())], [1, 2, 3],
                        progress=False)
     assert [r["skipped"] for r in records] == [True, False, False]
