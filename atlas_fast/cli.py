@@ -144,7 +144,10 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
                     "evaluate it and write a result record; an identical finished run is skipped. One run per "
                     "--seed; a one-line table with the mean over seeds closes the output.")
     _add_data_and_backbone_args(train)
-    train.add_argument("--method", default="coop", help="prompt method (default coop)")
+    train.add_argument("--method", default="coop",
+                       choices=("zsclip", "coop", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop"),
+                       help="prompt method (default coop); dept-* = DePT's head on coop/cocoop/kgcoop, zsclip = "
+                            "zero-shot CLIP (nothing trained)")
     train.add_argument("--recipe", choices=("paper", "original"), default="paper",
                        help="recipe family: the ATLaS paper's (default) or the method repository's own")
     train.add_argument("--setting", choices=("base2new", "few_shot", "cross_dataset"), default="base2new",

@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
-from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.base import EVAL_BATCH, PromptMethod
 
-EVAL_BATCH = 1024
 
 
 @dataclass
@@ -53,26 +52,18 @@ def _autocast(device: torch.device, enabled: bool):
 
 @torch.no_grad()
 def method_logits(method: PromptMethod, features: torch.Tensor, amp: bool = False) -> torch.Tensor:
-    """Logits (R, N, C) of cached features (N, D). Methods whose text features do not depend on the image (the base
-    ``forward``) encode the class prompts once; others run their own forward in chunks."""
+    """Logits (R, N, C) of cached features (N, D): the method's own test-time path
+    (:meth:`~atlas_fast.methods.base.PromptMethod.eval_logits`) in eval mode, under fp16 autocast with ``amp``."""
     if method.consumes != "features":
         raise NotImplementedError(f"{type(method).__name__} consumes pixels; evaluating it from cached features is "
                                   f"impossible (its image path is prompted). The full forward path comes later.")
-    device = next(iter(method.trainable_parameters()), features).device
     was_training = method.training
     method.eval()
     try:
-        with _autocast(device, amp):
-            if type(method).forward is PromptMethod.forward:
-                text = method.text_features().float()
-                chunks = [method.logit_scale * torch.einsum(
-                    "bd,rcd->rbc", F.normalize(x.to(device).float(), dim=-1), text)
-                    for x in features.split(EVAL_BATCH)]
-            else:
-                chunks = [method(x.to(device)).float() for x in features.split(EVAL_BATCH)]
+        with _autocast(method.device, amp):
+            return method.eval_logits(features).float()
     finally:
         method.train(was_training)
-    return torch.cat(chunks, dim=1)
 
 
 def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False) -> dict[str, list[float]]:
@@ -159,7 +150,10 @@ def evaluate_record(record_path: str | Path, dataset: str, data_root: str | Path
 
     method_name = config["method"]
     method_config = METHODS[method_name].config_class(**config["method_config"]) if method_name in METHODS else None
-    method = build_method(method_name, backbone, splits.classnames, method_config).to(torch_device)
+    # Built for the classes it was trained on (DePT's head is sized and matched by them; older records lack them),
+    # then evaluated on the target's classes by evaluate_method.
+    trained_on = record.get("data", {}).get("classnames") or splits.classnames
+    method = build_method(method_name, backbone, trained_on, method_config).to(torch_device)
     method.load_checkpoint_state(load_learned(record_path))
     amp = config.get("precision") == "amp" and torch_device.type == "cuda"
     accuracy = evaluate_method(method, [eval_set], amp)[subsample][0]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from atlas_fast.backbones import Backbone, shared_backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod
+from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, PromptMethod
 from atlas_fast.results import ResultStore, data_record_key, record_key
 
 if TYPE_CHECKING:
@@ -40,9 +40,9 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 def recipe_functions() -> dict[str, Callable[..., tuple[MethodConfig, OptimRecipe]]]:
     """Per method: ``(family, setting, shots, dataset) -> (method config, OptimRecipe)`` (``methods.md`` §10)."""
-    from atlas_fast.methods.coop import coop_recipe
+    from atlas_fast.methods import RECIPES
 
-    return {"coop": coop_recipe}
+    return dict(RECIPES)
 
 
 def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, OptimRecipe]:
@@ -50,10 +50,15 @@ def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, Opt
     functions = recipe_functions()
     if config.method not in functions:
         raise ValueError(f"No training recipe for method {config.method!r}; known: {sorted(functions)}.")
-    method_config, recipe = functions[config.method](config.recipe, config.setting, config.shots, dataset)
+    overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
+    try:
+        method_config, recipe = functions[config.method](config.recipe, config.setting, config.shots, dataset)
+    except MissingRecipe as missing:  # no reference recipe: the caller's epochs, batch size and lr, all three
+        if len(overrides) < 3:
+            raise
+        method_config, recipe = missing.method_config, OptimRecipe(**overrides)
     if config.method_config is not None:
         method_config = config.method_config
-    overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
     return method_config, dataclasses.replace(recipe, **overrides)
 
 
@@ -149,6 +154,9 @@ def plan_run(config: TrainConfig) -> RunPlan:
 
     if config.method in METHODS:
         require_cached_features(METHODS[config.method])
+        if not METHODS[config.method].learns and config.schedule.name != "onehot":
+            raise ValueError(f"{config.method} learns nothing, so the {config.schedule.name!r} label schedule has "
+                             f"nothing to supervise; run it without soft labels (schedule OneHot, --atlas none).")
     device = resolve_device(config.device)
     amp = resolve_precision(config.precision, device) == "amp"
     if amp and device.type != "cuda":

@@ -167,7 +167,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
     data = {"dataset": inputs.full.name, "fingerprint": plan.data.fingerprint, "content_hash": config.content_hash,
             "num_train": len(inputs.labels), "num_classes": len(inputs.train_split.classnames),
-            "shots_used": plan.data.shots_used, "num_test": {s.name: len(s.labels) for s in inputs.eval_sets}}
+            "classnames": list(inputs.train_split.classnames), "shots_used": plan.data.shots_used,
+            "num_test": {s.name: len(s.labels) for s in inputs.eval_sets}}
     record = build_record(plan.record_key, plan.described, plan.backbone,
                           {"data_root": str(config.data_root), "cache_root": str(config.cache_root)}, data, metrics,
                           epochs, {**timings, "seconds_per_epoch": timings["train"] / plan.recipe.epochs},

@@ -34,6 +34,19 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     return p
 
 
+# The text-side methods the paper's tables compare (its "DePT" is DePT on CoOp); IVLP/MaPLe need the pixel path.
+PAPER_TEXT_METHODS = ("coop", "cocoop", "dept-coop")
+
+
+def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
+    """``--methods`` (one block of rows each) and ``--zero-shot`` (a zero-shot CLIP row first)."""
+    from atlas_fast.methods import RECIPES
+
+    p.add_argument("--methods", nargs="+", default=list(default), choices=sorted(set(RECIPES) - {"zsclip"}),
+                   help="methods, one block of rows each (default: %(default)s)")
+    p.add_argument("--zero-shot", action="store_true", help="add a zero-shot CLIP row (zsclip) first")
+
+
 def base_config(args: argparse.Namespace, setting: str, shots: int = 16, **changes: Any) -> TrainConfig:
     """The run every row of a table starts from; rows replace the schedule, soft labels, dataset and seed."""
     pretrained = None if args.pretrained.lower() == "none" else args.pretrained
