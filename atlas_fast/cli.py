@@ -76,10 +76,9 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
                        help="encoder precision (default auto: fp16 autocast on CUDA, fp32 on CPU)")
     build.add_argument("--storage-dtype", choices=("float16", "float32"), default="float16",
                        help="dtype of stored features for new cache files (default float16)")
-    build.set_defaults(func=run_cache_build)
-
     build.add_argument("--content-hash", action="store_true",
                        help="identify images by a hash of their bytes, not size+mtime (reads every image)")
+    build.set_defaults(func=run_cache_build)
 
     info = commands.add_parser("info", help="list what is cached, with sizes (--verify: check every checksum)")
     info.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
