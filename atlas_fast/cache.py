@@ -779,6 +779,7 @@ class FeatureCache:
             if e.problem:
                 lines.append(f"PROBLEM {e.path}: {e.problem}")
         total = sum(e.size_bytes for e in entries)
-        checked = "; every chunk verified" + (" - no problem found" if not any(e.problem for e in entries) else "")
-        lines.append(f"{len(entries)} file(s), {_human_bytes(total)} under {self.root}{checked if verify else ''}")
+        checked = ("; every chunk verified" + (" - no problem found" if not any(e.problem for e in entries) else "")
+                   if verify else " (checksums not read: --verify reads every chunk)")
+        lines.append(f"{len(entries)} file(s), {_human_bytes(total)} under {self.root}{checked}")
         return "\n".join(lines)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -187,7 +188,11 @@ def compute_soft_labels(config: SoftLabelConfig, backbone: Backbone, splits: Dat
     if store_dir is not None:
         path = Path(store_dir) / f"{config.kind}-{_store_key(config, backbone, splits, train_features_view0)}.pt"
         if path.is_file():
-            return torch.load(path, map_location="cpu", weights_only=True)["rows"]
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True)["rows"]
+            except Exception as exc:  # a damaged stored file is only a cache: recompute the rows and replace it
+                print(f"warning: stored soft labels {path} are unreadable ({type(exc).__name__}); recomputing them.",
+                      file=sys.stderr)
 
     if config.kind == "ls":
         rows = uniform_ls(labels, num_classes, config.theta)

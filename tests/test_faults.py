@@ -332,6 +332,27 @@ def test_a_damaged_record_is_moved_aside_and_the_run_redone(pets, tmp_path, caps
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask  # the user's umask, not mkstemp's 0600
 
 
+def test_truncated_side_files_are_named_or_recomputed(pets, tmp_path, capsys):
+    from atlas_fast.schedules import Atlas
+    from atlas_fast.softlabels import atlas_preset
+
+    atlas = dict(schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl"))
+    first = run(config(tmp_path, pets, **atlas))
+    (stored,) = (tmp_path / "cache" / "softlabels").glob("*.pt")
+    stored.write_bytes(stored.read_bytes()[:100])  # soft labels are a cache: recomputed, the same numbers
+    again = run(config(tmp_path, pets, results_dir=tmp_path / "again", **atlas))
+    assert again["metrics"] == first["metrics"] and "recomputing them" in capsys.readouterr().err
+    (subset,) = (tmp_path / "cache" / "OxfordPets" / "split_fewshot").glob("shot_2-seed_1-*.json")
+    subset.write_text(subset.read_text()[:40])  # a few-shot subset may have been chosen by hand: named, not redrawn
+    assert main(cli_train(tmp_path, pets)) == 2
+    assert f"error: stored few-shot subset {subset}" in capsys.readouterr().err
+    learned = Path(first["path"]).with_suffix(".pt")
+    learned.write_bytes(learned.read_bytes()[:100])
+    assert main(["eval", "--record", first["path"], "--dataset", "OxfordPets", "--data-root", str(pets),
+                 "--cache-root", str(tmp_path / "cache"), "--no-progress"]) == 2
+    assert f"Learned tensors {learned}" in capsys.readouterr().err
+
+
 def test_no_test_images_for_the_new_classes_is_an_error_before_training(pets, tmp_path, capsys):
     split_path = pets / "oxford_pets" / "split_zhou_OxfordPets.json"
     split = json.loads(split_path.read_text())
