@@ -47,6 +47,11 @@ def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
     p.add_argument("--methods", nargs="+", default=list(default), choices=sorted(set(RECIPES) - {"zsclip"}),
                    help="methods, one block of rows each (default: %(default)s)")
     p.add_argument("--zero-shot", action="store_true", help="add a zero-shot CLIP row (zsclip) first")
+    method_option_arg(p)
+
+
+def method_option_arg(p: argparse.ArgumentParser) -> None:
+    """``--method-option [METHOD:]NAME=VALUE`` (read by :func:`method_options`)."""
     p.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="[METHOD:]NAME=VALUE",
                    help="replace a field of a method's recipe config, e.g. maple:depth=3 (all methods without "
                         "METHOD:); for small backbones whose towers are shallower than the recipe's prompt depth")

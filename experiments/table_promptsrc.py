@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from atlas_fast.report import aggregate
 from atlas_fast.sweep import atlas_variants, run_grid
-from experiments.common import base_config, parser, write_table
+from experiments.common import base_config, method_option_arg, parser, write_table
 
 
 def main(argv: list[str] | None = None) -> str:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
-                   help="replace a field of PromptSRC's recipe config, e.g. depth_text=3")
+    method_option_arg(p)
     args = p.parse_args(argv)
     records = run_grid(base_config(args, "base2new", method="promptsrc"), args.datasets,
                        atlas_variants("base2new"), args.seeds)
