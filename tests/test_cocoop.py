@@ -73,7 +73,7 @@ def test_chunked_evaluation_equals_one_call_and_is_bounded_by_the_sequence_budge
         whole = method(features)
     calls = []
     original = method.text_encoder.forward
-    method.text_encoder.forward = lambda prompts, eot: calls.append(prompts.shape[:3]) or original(prompts, eot)
+    method.text_encoder.forward = lambda prompts, eot, *deep: calls.append(prompts.shape[:3]) or original(prompts, eot, *deep)
     method.eval_sequences = 9  # 9 // 4 classes = 2 images per text-encoder call
     chunked = method.eval_logits(features)
     torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)

@@ -107,14 +107,6 @@ def test_identical_config_is_skipped(pets, monkeypatch):
         run(tiny_config(pets, results_dir=pets / "skip", epochs=3, lr=0.01))
 
 
-def test_pixel_methods_are_refused(pets, monkeypatch):
-    from atlas_fast.methods.coop import CoOp
-
-    monkeypatch.setattr(CoOp, "consumes", "pixels")
-    with pytest.raises(NotImplementedError, match="consumes pixels"):
-        run(tiny_config(pets, results_dir=pets / "pixels", epochs=2))
-
-
 def test_config_validation():
     with pytest.raises(ValueError, match="set soft_labels"):
         TrainConfig("OxfordPets", "data", schedule=Atlas(2))
