@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
-from atlas_fast.methods.base import EVAL_BATCH, PromptMethod
+from atlas_fast.methods.base import PromptMethod
 
 if TYPE_CHECKING:
     from atlas_fast.pixels import ImageViews
@@ -122,17 +121,12 @@ def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = F
     return results
 
 
-@torch.no_grad()
 def zero_shot_accuracy(backbone: Backbone, eval_set: EvalSet, template: str) -> float:
-    """Zero-shot CLIP (``ZeroshotCLIP``): one hand-crafted prompt per class, logits = exp(logit_scale) f_v f_t^T."""
-    prompts = [template.format(c.replace("_", " ")) for c in eval_set.classnames]
-    text = F.normalize(backbone.encode_text(prompts).float(), dim=-1)
-    scale = backbone.model.logit_scale.exp().float()
-    correct = 0
-    for x, y in zip(eval_set.features.split(EVAL_BATCH), eval_set.labels.split(EVAL_BATCH)):
-        logits = scale * F.normalize(x.to(text.device).float(), dim=-1) @ text.T
-        correct += int((logits.argmax(-1).cpu() == y).sum())
-    return 100.0 * correct / max(1, len(eval_set.labels))
+    """Zero-shot CLIP (``ZeroshotCLIP``, the ``zsclip`` method): one hand-crafted prompt per class."""
+    from atlas_fast.methods.zsclip import ZeroShotCLIP, ZeroShotConfig
+
+    method = ZeroShotCLIP(backbone, eval_set.classnames, ZeroShotConfig(template=template))
+    return top1_accuracy(method_logits(method, eval_set.features), eval_set.labels)[0].item()
 
 
 def summarize(accuracies: dict[str, float]) -> dict[str, float]:

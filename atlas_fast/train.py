@@ -30,7 +30,7 @@ from atlas_fast.backbones import BackboneConfig
 from atlas_fast.evaluate import evaluate_method, evaluate_run, summarize
 from atlas_fast.inputs import PRELOAD_BYTES, CachedViews, RunInputs, TrainInputs, prepare_inputs  # noqa: F401
 from atlas_fast.loop import lr_at_epoch, train_epochs  # noqa: F401
-from atlas_fast.methods.base import MethodConfig
+from atlas_fast.methods.base import RECIPE_FAMILIES, MethodConfig
 from atlas_fast.plan import (RunPlan, describe_run, plan_run, recipe_functions, record_stem,  # noqa: F401
                              resolve_device, resolve_recipe)
 from atlas_fast.results import build_record
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 Setting = Literal["base2new", "few_shot", "cross_dataset"]
 SETTINGS = ("base2new", "few_shot", "cross_dataset")
-RECIPE_FAMILIES = ("paper", "original")
 PRECISIONS = ("auto", "fp32", "amp")
 
 

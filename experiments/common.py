@@ -34,7 +34,8 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     return p
 
 
-# The text-side methods the paper's tables compare (its "DePT" is DePT on CoOp); IVLP/MaPLe need the pixel path.
+# The paper's text-side methods (its "DePT" is DePT on CoOp), trained from the feature cache; its multi-modal rows
+# run on the pixel path with `--methods ... ivlp maple`.
 PAPER_TEXT_METHODS = ("coop", "cocoop", "dept-coop")
 # Every method of the paper's Tables I-III: the text-side ones and the multi-modal IVLP and MaPLe (pixel path).
 PAPER_METHODS = PAPER_TEXT_METHODS + ("ivlp", "maple")

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
+from atlas_fast.data.templates import check_template, fill_template, zeroshot_template
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
 from atlas_fast.methods.coop import Family, Setting
 
@@ -26,9 +27,7 @@ class ZeroShotConfig(MethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.template.count("{}") != 1:
-            raise ValueError(f"ZeroShotConfig.template must contain one '{{}}' for the class name, got "
-                             f"{self.template!r}")
+        check_template(self.template, "ZeroShotConfig")
 
 
 @register_method
@@ -48,7 +47,7 @@ class ZeroShotCLIP(PromptMethod):
     def set_classnames(self, classnames: Sequence[str]) -> None:
         if not classnames:
             raise ValueError("Zero-shot CLIP needs at least one class name")
-        prompts = [self.config.template.format(name.replace("_", " ")) for name in classnames]
+        prompts = fill_template(self.config.template, classnames)
         features = F.normalize(self.backbone.encode_text(prompts).float(), dim=-1)
         self.classnames = tuple(classnames)
         self.register_buffer("class_features", features, persistent=False)
@@ -60,7 +59,5 @@ class ZeroShotCLIP(PromptMethod):
 def zsclip_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[ZeroShotConfig, OptimRecipe]:
     """Zero-shot CLIP with CoOp's per-dataset template (``trainers/zsclip.py``; DTD "{} texture.") in every setting
     and family. The optimisation recipe is a placeholder of one epoch: there is nothing to train."""
-    from atlas_fast.data.templates import zeroshot_template
-
     check_family("Zero-shot CLIP", family)
     return ZeroShotConfig(template=zeroshot_template(dataset)), OptimRecipe(epochs=1, batch_size=32, lr=0.002)
