@@ -162,3 +162,21 @@ def test_dept_maple_loss_head_and_fusion(pets):
         method.set_classnames(["newt", "horse"])
         other = method.eval_pixel_logits(pixels, method.text_features())
         torch.testing.assert_close(other, method.base(pixels), rtol=1e-5, atol=1e-6)
+
+
+def test_pixel_evaluation_in_batches_equals_one_forward(pets, monkeypatch):
+    """Batched evaluation over the test view (text encoded once) gives the logits of one forward over all images,
+    in the items' order."""
+    import atlas_fast.evaluate as evaluate
+    from atlas_fast.transforms import load_views
+
+    backbone = shared_backbone(TINY)
+    split = train_items(pets)
+    torch.manual_seed(0)
+    method = build_method("maple", backbone, split.classnames, CONFIGS["maple"])
+    monkeypatch.setattr(evaluate, "EVAL_PIXEL_BATCH", 4)  # 6 test images: a full and a partial batch
+    images = ImageViews(split.test, backbone, workers=0)
+    batched = evaluate.pixel_logits(method, images)
+    pixels = torch.cat([load_views(d.impath, d.key, [0], images.spec) for d in split.test])
+    with torch.no_grad():
+        torch.testing.assert_close(batched, method(pixels), rtol=1e-5, atol=1e-5)
