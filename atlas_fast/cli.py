@@ -310,12 +310,44 @@ def run_demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_experiment_commands(subparsers: argparse._SubParsersAction) -> None:
+    """``atlas-fast experiment NAME [options]``: any table or figure of the paper (see :mod:`atlas_fast.experiments`)."""
+    experiment = subparsers.add_parser(
+        "experiment", help="run the experiment module of a paper table or figure (--list names them)",
+        description="Run one experiment module of atlas_fast.experiments: its runs (grouped, finished ones skipped) "
+                    "on --executor local|ray|slurm, then its table/plot. Options after NAME go to the module: "
+                    "`atlas-fast experiment NAME --help` lists them; --dry-run lists the runs and which are finished.")
+    experiment.add_argument("--list", action="store_true", help="list the experiments and the paper item of each")
+    experiment.add_argument("name", nargs="?", help="experiment module, e.g. table3_base_to_new")
+    experiment.add_argument("options", nargs=argparse.REMAINDER, help="the module's options")
+    experiment.set_defaults(func=run_experiment_command)
+
+
+def run_experiment_command(args: argparse.Namespace) -> int:
+    from atlas_fast.experiments import experiment_table, load_experiment
+    from atlas_fast.experiments.common import run_experiment
+
+    if args.list or args.name is None:
+        rows = experiment_table()
+        width = max(len(name) for name, _, _ in rows)
+        for name, paper, what in rows:
+            print(f"{name:<{width}}  {paper:<28}  {what.split(': ', 1)[-1]}")
+        return 0 if args.list else 2
+    try:
+        module = load_experiment(args.name)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    run_experiment(module, args.options)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atlas-fast", description="Feature-cache-first prompt tuning of CLIP.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_cache_commands(subparsers)
     add_train_commands(subparsers)
     add_demo_commands(subparsers)
+    add_experiment_commands(subparsers)
     return parser
 
 

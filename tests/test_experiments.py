@@ -4,7 +4,7 @@
 import pytest
 
 from atlas_fast.report import aggregate, latex_table, markdown_table, variant_label
-from experiments import table3_base_to_new, table_ablation
+from atlas_fast.experiments import table3_base_to_new, table_ablation
 from layouts import make_oxford_pets
 
 
@@ -64,3 +64,99 @@ def test_aggregate_averages_seeds_then_datasets_and_takes_h_of_the_means():
     h_isl = isl.metrics["H"] - coop.metrics["H"]
     assert f"({h_isl:+.2f})" in table
     assert r"\begin{tabular}" in latex_table([coop, isl])
+
+
+# --- every paper item has a module; each new module runs on the embedded world in a small configuration ---------
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
+
+    root = tmp_path_factory.mktemp("world")
+    generate_benchmark(root / "data", ["WorldSketches"], sizes=SplitSizes(train=3, val=1, test=2), progress=False)
+    return root
+
+
+def _world_args(world, tmp_path, *extra):
+    return ["--data-root", str(world / "data"), "--datasets", "WorldSketches", "--model", "atlas-world",
+            "--pretrained", "atlas-world", "--seeds", "1", "--epochs", "2", "--views", "1",
+            "--cache-root", str(world / "cache"), "--results-dir", str(tmp_path / "results"),
+            "--out", str(tmp_path / "out"), *extra]
+
+
+def test_experiment_list_names_a_module_for_every_table_and_figure(capsys):
+    from atlas_fast.cli import main
+    from atlas_fast.experiments import experiment_table
+
+    assert main(["experiment", "--list"]) == 0
+    listing = capsys.readouterr().out
+    papers = " ".join(paper for _, paper, _ in experiment_table())
+    for item in ("Table I", "Table III", "Table IV", "Table V", "Tables I and II", "Fig. 1", "Fig. 3", "Fig. 4",
+                 "Fig. 5", "Fig. 6", "Appendix Tables A1-A3"):
+        assert item in papers
+    for name, _, _ in experiment_table():
+        assert name in listing
+
+
+def test_unknown_experiment_is_refused_with_the_valid_names():
+    from atlas_fast.cli import main
+
+    with pytest.raises(SystemExit, match="valid: .*table3_base_to_new"):
+        main(["experiment", "table9"])
+
+
+def test_dry_run_lists_the_runs_and_counts_finished_ones(world, tmp_path, capsys):
+    from atlas_fast.cli import main
+
+    args = _world_args(world, tmp_path, "--seeds", "1", "2")
+    main(["experiment", "table3_base_to_new", "--dry-run", *args])
+    listing = capsys.readouterr().out
+    assert "8 runs: 0 finished, 8 to run in 2 group(s) of up to 4 run(s)" in listing
+    assert not (tmp_path / "results").exists()  # nothing trained
+    main(["experiment", "table3_base_to_new", *args, "--seeds", "1"])
+    main(["experiment", "table3_base_to_new", "--dry-run", *args])
+    assert "8 runs: 4 finished, 4 to run" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_fig1_and_new_class_curves_plot_per_epoch_new_accuracy(world, tmp_path):
+    from atlas_fast.experiments import fig1_label_smoothing, fig5_new_class_curves
+
+    table = fig1_label_smoothing.main(_world_args(world, tmp_path))
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
+        "| CoOp", "| + LS", "| + TF-KD", "| + OLS", "| + ATLaS"]
+    assert (tmp_path / "out" / "fig1_label_smoothing.png").stat().st_size > 0
+    table = fig5_new_class_curves.main(_world_args(world, tmp_path))
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
+        "| CoOp", "| + LS", "| + ATLaS", "| + CSL", "| + ATLaS-CSL", "| + ISL", "| + ATLaS-ISL"]
+    assert (tmp_path / "out" / "fig5_new_class_curves.png").stat().st_size > 0
+    records = list((tmp_path / "results" / "WorldSketches").glob("*.json"))
+    assert len(records) == 5 + 7 - 3  # CoOp, + LS and + ATLaS are the same runs in both figures
+
+
+def test_case_study_draws_csl_and_isl_rows(world, tmp_path):
+    from atlas_fast.experiments import fig3_soft_label_case_study
+
+    table = fig3_soft_label_case_study.main(_world_args(world, tmp_path, "--images", "2", "--top-k", "3"))
+    rows = [line for line in table.splitlines()[2:]]
+    assert [row.split(" | ")[1] for row in rows] == ["CSL", "ISL", "CSL", "ISL"]
+    csl = [row.split(" | ", 2)[2] for row in rows if " | CSL | " in row]
+    assert csl[0] == csl[1]  # class-wise: the same row for two images of one class
+    assert (tmp_path / "out" / "fig3_soft_label_case_study.png").stat().st_size > 0
+
+
+def test_cost_table_measures_training_and_soft_label_time(world, tmp_path):
+    from atlas_fast.experiments import table5_cost
+
+    table = table5_cost.main(_world_args(world, tmp_path))
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [r[0] for r in rows] == ["| CoOp", "| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
+    assert all(float(r[1]) > 0 and float(r[4]) > 0 for r in rows)  # train s/run, infer ms/image
+    assert float(rows[0][2]) == 0.0 and float(rows[2][2]) > 0  # CoOp has no soft labels; CSL costs time
+
+
+def test_per_dataset_tables_follow_the_average(world, tmp_path):
+    from atlas_fast.experiments import table_a_per_dataset
+
+    text = table_a_per_dataset.main(_world_args(world, tmp_path))
+    assert text.index("**Average over 1 datasets**") < text.index("**WorldSketches**")
+    assert (tmp_path / "out" / "table_a_per_dataset.tex").stat().st_size > 0

@@ -1,18 +1,22 @@
 """Ablation table: soft labels alone (every epoch), jointly with y (two CE terms), and alternating (ATLaS).
 
-    python -m experiments.table_ablation --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
+    atlas-fast experiment table_ablation --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
 
 Rows: CoOp; + vanilla LS, + vanilla LS + y, + ATLaS; the same three for CSL and for ISL (base-to-new, 16 shots).
 """
 
 from __future__ import annotations
 
+import argparse
+
+from atlas_fast.experiments.common import base_config, run_experiment, write_table
 from atlas_fast.report import aggregate
 from atlas_fast.schedules import Atlas, Joint, OneHot
 from atlas_fast.softlabels import atlas_period, atlas_preset
-from atlas_fast.sweep import Variant, run_grid
-from experiments.common import base_config, parser, write_table
+from atlas_fast.sweep import Variant, grid_configs
+from atlas_fast.train import TrainConfig
 
+PAPER = "Table IV (ablation)"
 NAMES = {"ls": ("vanilla LS", "ATLaS"), "csl": ("CSL", "ATLaS-CSL"), "isl": ("ISL", "ATLaS-ISL")}
 
 
@@ -36,11 +40,17 @@ def variants() -> list[Variant]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> str:
-    args = parser(__doc__.splitlines()[0]).parse_args(argv)
-    records = run_grid(base_config(args, "base2new"), args.datasets, variants(), args.seeds)
+def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    return grid_configs(base_config(args, "base2new"), args.datasets, variants(), args.seeds)
+
+
+def report(args: argparse.Namespace, records: list[dict]) -> str:
     title = f"Ablation of soft labels and alternation (CoOp, base-to-new, {len(args.datasets)} datasets)"
     return write_table(aggregate(records, label=ablation_label), "table_ablation", title, args.out)
+
+
+def main(argv: list[str] | None = None) -> str:
+    return run_experiment(__name__, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Tables I and II: cross-dataset transfer and domain generalisation of CoOp with ATLaS (trained on ImageNet).
 
-    python -m experiments.table_cross_dataset --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
+    atlas-fast experiment table_cross_dataset --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
 
 Trains on ImageNet (all 1000 classes, 16 shots, the cross-dataset presets K=3, θ=0.1, τ_c=0.04, α=1.0), then
 evaluates each run's learned context on the full test split of every target (``--targets``: the 10 other datasets
@@ -9,24 +9,31 @@ and ImageNetV2/-Sketch/-A/-R by default). Cells are means over seeds.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections import defaultdict
-from pathlib import Path
 
 from atlas_fast.evaluate import evaluate_record
+from atlas_fast.experiments.common import ELEVEN, base_config, run_experiment, write_text
 from atlas_fast.report import variant_label
-from atlas_fast.sweep import atlas_variants, run_grid
-from experiments.common import ELEVEN, base_config, parser
+from atlas_fast.sweep import atlas_variants, grid_configs
+from atlas_fast.train import TrainConfig
 
+PAPER = "Tables I and II"
+DATASETS = ("ImageNet",)
 TARGETS = ELEVEN[1:] + ("ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR")
 
 
-def main(argv: list[str] | None = None) -> str:
-    p = parser(__doc__.splitlines()[0], datasets=("ImageNet",))
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--targets", nargs="+", default=list(TARGETS))
-    args = p.parse_args(argv)
-    records = run_grid(base_config(args, "cross_dataset"), args.datasets, atlas_variants("cross_dataset"),
-                       args.seeds)
+
+
+def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    return grid_configs(base_config(args, "cross_dataset"), args.datasets, atlas_variants("cross_dataset"),
+                        args.seeds)
+
+
+def report(args: argparse.Namespace, records: list[dict]) -> str:
     cells: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
         label = variant_label(record["config"])
@@ -42,11 +49,13 @@ def main(argv: list[str] | None = None) -> str:
         lines.append(f"| {label} | " + " | ".join(f"{m:.2f}" for m in means)
                      + f" | {statistics.fmean(means[1:]) if len(means) > 1 else float('nan'):.2f} |")
     table = "\n".join(lines)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table_cross_dataset.md").write_text(table + "\n")
+    write_text(args.out, "table_cross_dataset.md", table)
     print(table)
     return table
+
+
+def main(argv: list[str] | None = None) -> str:
+    return run_experiment(__name__, argv)
 
 
 if __name__ == "__main__":

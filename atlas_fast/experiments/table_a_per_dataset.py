@@ -1,0 +1,39 @@
+"""Appendix Tables A1-A3: base-to-new results of CoOp with ATLaS, ATLaS-CSL and ATLaS-ISL on each dataset.
+
+    atlas-fast experiment table_a_per_dataset --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
+
+The same runs as Table III (finished records are shared), one table per dataset after the average.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from atlas_fast.experiments import table3_base_to_new
+from atlas_fast.experiments.common import run_experiment, write_text
+from atlas_fast.report import aggregate, latex_table, markdown_table
+
+PAPER = "Appendix Tables A1-A3 (per dataset)"
+plan = table3_base_to_new.plan
+
+
+def report(args: argparse.Namespace, records: list[dict]) -> str:
+    sections = [markdown_table(aggregate(records), f"Average over {len(args.datasets)} datasets")]
+    latex = [latex_table(aggregate(records), caption=f"Average over {len(args.datasets)} datasets")]
+    for dataset in dict.fromkeys(r["config"]["dataset"] for r in records):
+        rows = aggregate([r for r in records if r["config"]["dataset"] == dataset])
+        sections.append(markdown_table(rows, dataset))
+        latex.append(latex_table(rows, caption=dataset))
+    text = "\n\n".join(sections)
+    write_text(args.out, "table_a_per_dataset.md", text)
+    write_text(args.out, "table_a_per_dataset.tex", "\n\n".join(latex))
+    print(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> str:
+    return run_experiment(__name__, argv)
+
+
+if __name__ == "__main__":
+    main()
