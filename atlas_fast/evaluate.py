@@ -112,6 +112,18 @@ def summarize(accuracies: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def evaluate_run(method: PromptMethod, eval_sets: Sequence[EvalSet], backbone: Backbone, dataset: str,
+                 amp: bool = False) -> dict[str, Any]:
+    """A trained run's final metrics: accuracy on each evaluation set (base/new/all, H) and the zero-shot references
+    with the dataset's CLIP template on the same sets."""
+    from atlas_fast.data.templates import zeroshot_template
+
+    accuracies = {name: values[0] for name, values in evaluate_method(method, eval_sets, amp).items()}
+    template = zeroshot_template(dataset)
+    zero_shot = {s.name: zero_shot_accuracy(backbone, s, template) for s in eval_sets}
+    return {**summarize(accuracies), "zero_shot": summarize(zero_shot)}
+
+
 def evaluate_record(record_path: str | Path, dataset: str, data_root: str | Path, subsample: str = "all",
                     shots: int | None = None, seed: int | None = None, cache_root: str | Path = "cache",
                     device: str = "auto", progress: bool = True) -> dict[str, Any]:
@@ -124,7 +136,7 @@ def evaluate_record(record_path: str | Path, dataset: str, data_root: str | Path
     from atlas_fast.data.templates import zeroshot_template
     from atlas_fast.methods import METHODS, build_method
     from atlas_fast.results import load_learned, read_record
-    from atlas_fast.train import resolve_device
+    from atlas_fast.plan import resolve_device
 
     record = read_record(record_path)
     config = record["config"]

@@ -97,6 +97,19 @@ class ResultStore:
         return path
 
 
+def build_record(key: str, described: dict[str, Any], backbone, paths: dict[str, str], data: dict[str, Any],
+                 metrics: dict[str, Any], epochs: list[dict[str, Any]], timings: dict[str, float]) -> dict[str, Any]:
+    """A run's record (the fields of the module docstring, less ``status`` and ``learned``, which :meth:`ResultStore.save`
+    adds)."""
+    return {
+        "key": key, "created": utc_now(), "config": described,
+        "backbone": {"fingerprint": backbone.fingerprint, "description": backbone.describe(),
+                     "architecture": backbone.architecture},
+        "paths": paths, "data": data, "metrics": metrics, "epochs": epochs, "timings": timings,
+        "versions": package_versions(),
+    }
+
+
 def read_record(path: str | Path) -> dict[str, Any]:
     """Load a record JSON, with an error naming the file if it is not one."""
     path = Path(path)

@@ -48,7 +48,8 @@ from atlas_fast.evaluate import top1_accuracy  # noqa: E402
 from atlas_fast.methods.base import OptimRecipe  # noqa: E402
 from atlas_fast.methods.coop import CoOp, CoOpConfig  # noqa: E402
 from atlas_fast.schedules import OneHot  # noqa: E402
-from atlas_fast.train import CachedViews, train_epochs  # noqa: E402
+from atlas_fast.inputs import CachedViews, EpochTensorInputs  # noqa: E402
+from atlas_fast.loop import train_epochs  # noqa: E402
 from atlas_fast.transforms import TransformSpec, load_views  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple", "brown", "grey"]
@@ -58,8 +59,7 @@ ANIMALS = ["cat", "dog", "bird", "horse", "sheep", "cow", "frog", "fish", "snake
 class FullForwardCoOp(CoOp):
     """CoOp computed as the reference does at every step: image encoder on pixels, prompts padded to 77 tokens.
 
-    It keeps ``consumes = "features"`` only so that the shared training loop accepts it: the loop just indexes the
-    epoch's input tensor, which here holds pixels."""
+    Its inputs are the epoch's view pixels, which :class:`PixelViews` serves to the shared training loop."""
 
     def full_text_features(self) -> torch.Tensor:
         model = self.backbone.model
@@ -79,7 +79,7 @@ class FullForwardCoOp(CoOp):
         return self.logit_scale * torch.einsum("bd,rcd->rbc", image_features, self.full_text_features())
 
 
-class PixelViews:
+class PixelViews(EpochTensorInputs):
     """The augmented view pixels of every training image; epoch ``e`` reads view ``1 + (e mod V)``."""
 
     def __init__(self, pixels: torch.Tensor) -> None:

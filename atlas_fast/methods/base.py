@@ -12,7 +12,7 @@ share one batched text-encoder pass. ``R = 1`` is an ordinary single run.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import torch
 from torch import nn
@@ -121,6 +121,25 @@ class PromptMethod(nn.Module):
         image_features = F.normalize(images, dim=-1)
         text_features = self.text_features()
         return self.logit_scale * torch.einsum("bd,rcd->rbc", image_features.to(text_features.dtype), text_features)
+
+    def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
+                      criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The loss of one training batch. ``criterion(logits)`` is the label schedule's cross-entropy of logits
+        (R, B, C) against this batch's targets of the epoch (one-hot or soft), so every CE term a method has sees the
+        ATLaS targets (``methods.md`` §13); ``labels`` (B,) are the true classes, for terms that select by class.
+        Methods with extra terms (KgCoOp, DePT, PromptSRC) override this."""
+        return criterion(self(inputs))
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups. A group may carry ``lr_scale``: the loop sets its lr to the epoch's lr
+        times that scale (DePT's staged head lr). Default: one group with every trainable tensor."""
+        return [{"params": self.trainable_parameters()}]
+
+    def end_epoch(self, epoch: int, num_epochs: int) -> None:
+        """Called after the last step of each 0-based ``epoch`` (e.g. to accumulate prompts over epochs)."""
+
+    def finish_training(self) -> None:
+        """Called once after the last epoch, before evaluation (e.g. to load aggregated prompts)."""
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The tensors the optimiser updates (everything the method owns that requires grad)."""

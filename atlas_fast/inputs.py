@@ -1,0 +1,125 @@
+"""Prepare a run's inputs: the data (few-shot subset, base/new split), the feature cache, the evaluation sets, the
+soft labels and the training inputs the loop iterates over.
+
+The loop sees training inputs only through :class:`TrainInputs`: :class:`CachedViews` serves cached image features;
+a pixel source for methods that prompt the image encoder implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Protocol
+
+import torch
+
+from atlas_fast.backbones import Backbone
+from atlas_fast.evaluate import EvalSet
+from atlas_fast.plan import RunPlan
+
+# Preload every cached view of the training set when it fits this budget; otherwise read one view per epoch.
+PRELOAD_BYTES = 1 << 30
+
+
+class TrainInputs(Protocol):
+    """What the training loop reads: the inputs of each batch of one epoch, in a given item order."""
+
+    def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(inputs, index)`` per batch of ``order`` (a permutation of the training items; the last partial batch
+        is kept); ``index`` (B,) selects the batch's labels and soft rows."""
+        ...
+
+
+class EpochTensorInputs:
+    """Training inputs held as one tensor per epoch (N, ...): :meth:`batches` indexes it in the given order."""
+
+    device = torch.device("cpu")
+
+    def for_epoch(self, epoch: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        inputs = self.for_epoch(epoch).to(self.device)
+        for index in order.to(self.device).split(batch_size):
+            yield inputs[index], index
+
+
+class CachedViews(EpochTensorInputs):
+    """The cached augmented views of the training images: epoch ``e`` gets view ``1 + (e mod V)`` as (N, D)."""
+
+    def __init__(self, cache, backbone: Backbone, dataset: str, items, views: int, aug_seed: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.cache, self.backbone, self.dataset, self.items = cache, backbone, dataset, items
+        self.views, self.aug_seed, self.device = views, aug_seed, torch.device(device)
+        size = len(items) * views * backbone.embed_dim * 4
+        self.preloaded = (cache.load(backbone, dataset, items, views=list(range(1, views + 1)), aug_seed=aug_seed)
+                          if size <= PRELOAD_BYTES else None)
+
+    def for_epoch(self, epoch: int) -> torch.Tensor:
+        view = epoch % self.views
+        if self.preloaded is not None:
+            return self.preloaded[:, view]
+        return self.cache.load(self.backbone, self.dataset, self.items, views=[1 + view], aug_seed=self.aug_seed)[:, 0]
+
+
+@dataclass
+class RunInputs:
+    """Everything a run trains and evaluates on, prepared once."""
+
+    full: object  # DatasetSplits of the whole dataset
+    fewshot: object  # its few-shot subset for the run's seed
+    train_split: object  # the training class subset (base in base-to-new)
+    eval_sets: list[EvalSet]
+    labels: torch.Tensor  # (N,) training labels
+    soft_rows: torch.Tensor | None  # (N, C) soft labels, or None
+    train_inputs: TrainInputs
+
+
+def evaluation_splits(plan: RunPlan, fewshot) -> dict[str, object]:
+    """The class subsets a run is evaluated on: its training subset and, in base-to-new, new and all (``methods.md``
+    §11). Class-specific context (CoOp CSC) is tied to the training classes, so it gets no new/all evaluation."""
+    from atlas_fast.data import subsample_classes
+
+    subsample = plan.config.train_subsample
+    splits = {subsample: subsample_classes(fewshot, subsample)}
+    if subsample == "base" and not getattr(plan.method_config, "csc", False):
+        splits["new"] = subsample_classes(fewshot, "new")
+        splits["all"] = subsample_classes(fewshot, "all")
+    return splits
+
+
+def prepare_inputs(plan: RunPlan) -> RunInputs:
+    """Load the data, build what the feature cache lacks (train views 0..V, test view 0), read the evaluation
+    features and compute the soft labels once."""
+    from atlas_fast.cache import FeatureCache
+    from atlas_fast.data import fewshot_subset, load_dataset
+
+    config, backbone = plan.config, plan.backbone
+    full = load_dataset(config.dataset, config.data_root)
+    fewshot = fewshot_subset(full, config.shots, config.seed,
+                             store_dir=Path(config.cache_root) / full.name / "split_fewshot")
+    splits = evaluation_splits(plan, fewshot)
+    train_split = splits[config.train_subsample]
+    if not train_split.train:
+        raise ValueError(f"{full.name}: the {config.train_subsample!r} training list is empty.")
+
+    cache = FeatureCache(config.cache_root)
+    cache.build(backbone, full.name, train_split.train, num_views=plan.views, aug_seed=config.aug_seed,
+                progress=config.progress)
+    cache.build(backbone, full.name, fewshot.test, num_views=0, progress=config.progress)
+
+    eval_sets = []
+    for name, split in splits.items():
+        features = cache.load(backbone, full.name, split.test, views=[0])[:, 0]
+        eval_sets.append(EvalSet(name, split.classnames, features, torch.tensor([d.label for d in split.test])))
+    labels = torch.tensor([d.label for d in train_split.train])
+    soft_rows = None
+    if config.soft_labels is not None:
+        from atlas_fast.softlabels import compute_soft_labels
+
+        view0 = cache.load(backbone, full.name, train_split.train, views=[0], aug_seed=config.aug_seed)[:, 0]
+        soft_rows = compute_soft_labels(config.soft_labels, backbone, train_split, view0,
+                                        store_dir=Path(config.cache_root) / "softlabels")
+    train_inputs = CachedViews(cache, backbone, full.name, train_split.train, plan.views, config.aug_seed,
+                               plan.device)
+    return RunInputs(full, fewshot, train_split, eval_sets, labels, soft_rows, train_inputs)

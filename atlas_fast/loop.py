@@ -1,0 +1,98 @@
+"""The training loop: Dassl's optimisation (``methods.md`` §1.4) over any :class:`~atlas_fast.inputs.TrainInputs`.
+
+SGD (momentum 0.9, weight decay 5e-4 on the learned tensors) with a cosine learning rate stepped once per epoch after
+a constant warmup epoch at 1e-5. Batches follow a permutation drawn from a ``torch.Generator`` seeded with the run's
+seed, and the last partial batch is **kept** (a protocol decision; Dassl drops it). The method computes each batch's
+loss (:meth:`~atlas_fast.methods.base.PromptMethod.training_loss`) with a criterion that applies the label schedule's
+targets of the epoch (one-hot or soft), so ATLaS reaches every cross-entropy term a method has. On a GPU the forward
+runs under fp16 autocast with a gradient scaler.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from atlas_fast.inputs import TrainInputs
+from atlas_fast.methods.base import OptimRecipe, PromptMethod
+from atlas_fast.schedules import LabelSchedule
+
+
+def lr_at_epoch(recipe: OptimRecipe, epoch: int) -> float:
+    """Dassl's per-epoch lr (``methods.md`` §1.4): ``warmup_lr`` during the warmup epochs, then a cosine over
+    ``recipe.epochs`` whose counter restarts after warmup: ``0.5 * lr * (1 + cos(pi * (e - W) / E))``."""
+    if not 0 <= epoch < recipe.epochs:
+        raise ValueError(f"epoch must be in [0, {recipe.epochs}), got {epoch}.")
+    if epoch < recipe.warmup_epochs:
+        return recipe.warmup_lr
+    return 0.5 * recipe.lr * (1.0 + math.cos(math.pi * (epoch - recipe.warmup_epochs) / recipe.epochs))
+
+
+def build_optimizer(method: PromptMethod, recipe: OptimRecipe) -> torch.optim.SGD:
+    """SGD over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head)."""
+    groups = method.param_groups()
+    for group in groups:
+        group.setdefault("lr_scale", 1.0)
+    return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+
+
+def train_epochs(method: PromptMethod, train_inputs: TrainInputs, labels: torch.Tensor,
+                 soft_rows: torch.Tensor | None, schedule: LabelSchedule, recipe: OptimRecipe, seed: int,
+                 device: torch.device, amp: bool, progress: bool = True,
+                 on_epoch_end: Callable[[int], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Train ``method`` in place. Returns one log row per epoch (mean loss, lr, soft-label flag, seconds, + the
+    callback's fields)."""
+    if method.num_runs != 1:
+        raise NotImplementedError(f"train_epochs trains one run at a time (num_runs = 1), got {method.num_runs}.")
+    optimizer = build_optimizer(method, recipe)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp)
+    generator = torch.Generator().manual_seed(seed)
+    schedule.reset(len(method.classnames))
+    labels = labels.to(device)
+    soft_rows = soft_rows.to(device) if soft_rows is not None else None
+    method.train()
+    log = []
+    bar = tqdm(range(recipe.epochs), desc=f"train {method.name}", disable=not progress, leave=False)
+    for epoch in bar:
+        start = time.perf_counter()
+        lr = lr_at_epoch(recipe, epoch)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        order = torch.randperm(len(labels), generator=generator)
+        total = torch.zeros((), device=device)
+        for inputs, index in train_inputs.batches(epoch, order, recipe.batch_size):
+            index = index.to(device)
+            batch_labels = labels[index]
+            batch_soft = soft_rows[index] if soft_rows is not None else None
+
+            def criterion(logits: torch.Tensor) -> torch.Tensor:
+                """The schedule's loss of logits (B, C) (or (1, B, C)) against this batch's targets."""
+                logits = logits[0] if logits.dim() == 3 else logits
+                return schedule.loss(epoch, logits.float(), batch_labels, batch_soft)
+
+            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
+                loss = method.training_loss(inputs.to(device), batch_labels, criterion)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            total += loss.detach().float() * len(index)  # summed on the device: no host sync per step
+        schedule.end_epoch(epoch)
+        method.end_epoch(epoch, recipe.epochs)
+        epoch_loss = total.item() / len(labels)
+        if not math.isfinite(epoch_loss):
+            raise FloatingPointError(f"Non-finite training loss in epoch {epoch} (lr {lr:.2e}); lower the lr "
+                                     f"({recipe.lr}) or use precision='fp32'.")
+        row = {"epoch": epoch, "lr": lr, "loss": epoch_loss, "soft": schedule.uses_soft_labels(epoch),
+               "seconds": time.perf_counter() - start}
+        if on_epoch_end is not None:
+            row.update(on_epoch_end(epoch))
+        bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}")
+        log.append(row)
+    method.finish_training()
+    method.eval()
+    return log
