@@ -97,11 +97,12 @@ class PlannedRun:
 
 
 def plan_sweep(configs: Sequence[TrainConfig], execution: Execution | None = None) -> list[PlannedRun]:
-    """Name every run and look up its finished record (loads each backbone once on the CPU, to fingerprint it)."""
-    from atlas_fast.backbones import shared_backbone
-    from atlas_fast.data.datasets import get_spec
+    """Name every run and look up its finished record (loads each backbone once, to fingerprint it; on the CPU when
+    the runs are meant for GPU workers and this machine has none)."""
+    import torch
+
+    from atlas_fast.plan import describe_run, plan_run, record_stem, resolve_device, resolve_recipe
     from atlas_fast.results import ResultStore, record_key
-    from atlas_fast.train import describe_run, record_stem, resolve_device, resolve_recipe
 
     execution = execution or Execution()
     planned = []
@@ -109,11 +110,18 @@ def plan_sweep(configs: Sequence[TrainConfig], execution: Execution | None = Non
         config = dataclasses.replace(config, device=execution.worker_device(config),
                                      **{k: Path(getattr(config, k)).expanduser().absolute()
                                         for k in ("data_root", "cache_root", "results_dir")})
-        dataset = get_spec(config.dataset).name
-        method_config, recipe = resolve_recipe(config, dataset)
-        described = describe_run(config, dataset, method_config, recipe, resolve_device(config.device))
-        stem = record_stem(config, record_key(described, shared_backbone(config.backbone, "cpu").fingerprint))
-        store = ResultStore(config.results_dir)
+        device = resolve_device(config.device)
+        if device.type != "cuda" or torch.cuda.is_available():
+            plan = plan_run(config)
+            dataset, stem, described, store = plan.dataset, plan.stem, plan.described, plan.store
+        else:
+            from atlas_fast.backbones import shared_backbone
+            from atlas_fast.data.datasets import get_spec
+
+            dataset = get_spec(config.dataset).name
+            described = describe_run(config, dataset, *resolve_recipe(config, dataset), device)
+            stem = record_stem(config, record_key(described, shared_backbone(config.backbone, "cpu").fingerprint))
+            store = ResultStore(config.results_dir)
         existing = store.find(dataset, stem)
         if existing is not None:
             existing = {**existing, "skipped": True, "path": str(store.record_path(dataset, stem))}
@@ -154,7 +162,7 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
                 progress: bool = True) -> list[dict[str, Any]]:
     """Train every config that has no finished record and return all records in the order of ``configs``."""
     from atlas_fast.executors import make_executor
-    from atlas_fast.train import resolve_device
+    from atlas_fast.plan import resolve_device
 
     execution = execution or Execution()
     planned = plan_sweep(configs, execution)

@@ -16,9 +16,10 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from atlas_fast.backbones import BackboneConfig
+from atlas_fast.plan import resolve_device
 from atlas_fast.report import TableRow, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
-from atlas_fast.train import TrainConfig, resolve_device
+from atlas_fast.train import TrainConfig
 
 # The 11 datasets of the base-to-new, few-shot and cross-dataset (target) tables, in the paper's order.
 ELEVEN = ("ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers", "Food101", "FGVCAircraft",

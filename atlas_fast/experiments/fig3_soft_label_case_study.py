@@ -40,7 +40,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.softlabels import atlas_preset, compute_soft_labels
-    from atlas_fast.train import resolve_device
+    from atlas_fast.plan import resolve_device
 
     pretrained = None if args.pretrained.lower() == "none" else args.pretrained
     backbone = shared_backbone(BackboneConfig(args.model, pretrained), resolve_device(args.device))

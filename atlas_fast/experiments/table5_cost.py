@@ -36,7 +36,7 @@ def soft_label_seconds(record: dict, args: argparse.Namespace) -> float:
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.softlabels import SoftLabelConfig, compute_soft_labels
-    from atlas_fast.train import resolve_device
+    from atlas_fast.plan import resolve_device
 
     config = record["config"]
     backbone = shared_backbone(BackboneConfig(**config["backbone"]), resolve_device(args.device))

@@ -81,6 +81,9 @@ class PromptMethod(nn.Module):
     name: ClassVar[str]
     consumes: ClassVar[Consumes]
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
+    # True when R runs can train as one module (atlas_fast.batched): every learned tensor leads with R, forward()
+    # and training_loss() take one batch per run ((R, B, ...) inputs, (R, B) labels) and runs never mix.
+    supports_batched_runs: ClassVar[bool] = False
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
         super().__init__()
@@ -110,17 +113,21 @@ class PromptMethod(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (R, B, C) = exp(logit_scale) * f_v f_t^T.
 
-        With ``consumes == "features"`` ``images`` are cached, un-normalised image features (B, D); they are
-        normalised here. With ``consumes == "pixels"`` they are preprocessed pixels (B, 3, H, W).
+        With ``consumes == "features"`` ``images`` are cached, un-normalised image features (B, D), shared by the R
+        runs, or (R, B, D), one batch per run (batched runs, :mod:`atlas_fast.batched`); they are normalised here.
+        With ``consumes == "pixels"`` they are preprocessed pixels (B, 3, H, W).
         """
         if self.consumes != "features":
             raise NotImplementedError(f"{type(self).__name__} consumes pixels and must implement forward()")
-        if images.dim() != 2 or images.shape[1] != self.backbone.embed_dim:
+        per_run = images.dim() == 3 and images.shape[0] == self.num_runs
+        if not (images.dim() == 2 or per_run) or images.shape[-1] != self.backbone.embed_dim:
             raise ValueError(f"{type(self).__name__} expects cached image features of shape (B, "
-                             f"{self.backbone.embed_dim}), got {tuple(images.shape)}")
+                             f"{self.backbone.embed_dim}) or ({self.num_runs}, B, {self.backbone.embed_dim}), got "
+                             f"{tuple(images.shape)}")
         image_features = F.normalize(images, dim=-1)
         text_features = self.text_features()
-        return self.logit_scale * torch.einsum("bd,rcd->rbc", image_features.to(text_features.dtype), text_features)
+        equation = "rbd,rcd->rbc" if per_run else "bd,rcd->rbc"
+        return self.logit_scale * torch.einsum(equation, image_features.to(text_features.dtype), text_features)
 
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
                       criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
