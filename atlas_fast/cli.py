@@ -161,6 +161,9 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
                        help="auto = fp16 autocast on CUDA, fp32 on CPU")
     optim.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
     optim.add_argument("--results-dir", type=Path, default=Path("results"), help="records (default ./results)")
+    optim.add_argument("--batch-runs", type=int, default=None,
+                       help="seeds trained together in one module (default: all of them, up to 16 on a GPU / 4 on "
+                            "the CPU); 1 trains them one by one. Same records either way")
     optim.add_argument("--no-progress", action="store_true", help="no progress bars")
     train.set_defaults(func=run_train)
 
@@ -221,20 +224,22 @@ def _run_label(method: str, soft_labels, schedule) -> str:
 
 def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.backbones import BackboneConfig
-    from atlas_fast.train import TrainConfig, run
+    from atlas_fast.sweep import Execution, run_configs
+    from atlas_fast.train import TrainConfig
 
     soft_labels, schedule = _label_schedule(args)
     label = _run_label(args.method, soft_labels, schedule)
     rows, columns = [], ()
-    for seed in args.seed:
-        config = TrainConfig(
-            dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
-            method=args.method, recipe=args.recipe, setting=args.setting, shots=args.shots, seed=seed,
-            subsample=args.subsample, soft_labels=soft_labels, schedule=schedule, views=args.views,
-            aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-            eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
-            cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress)
-        record = run(config)
+    configs = [TrainConfig(
+        dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
+        method=args.method, recipe=args.recipe, setting=args.setting, shots=args.shots, seed=seed,
+        subsample=args.subsample, soft_labels=soft_labels, schedule=schedule, views=args.views,
+        aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
+        cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress)
+        for seed in args.seed]
+    records = run_configs(configs, Execution("local", args.batch_runs), progress=False)
+    for seed, record in zip(args.seed, records):
         metrics = record["metrics"]
         # base/new/H in base-to-new; otherwise (and for class-specific context) the trained class set only
         columns = ("base", "new", "H") if "new" in metrics and "base" in metrics else (record["config"]["subsample"],)
@@ -331,7 +336,9 @@ def run_experiment_command(args: argparse.Namespace) -> int:
         rows = experiment_table()
         width = max(len(name) for name, _, _ in rows)
         for name, paper, what in rows:
-            print(f"{name:<{width}}  {paper:<28}  {what.split(': ', 1)[-1]}")
+            item = paper.split(" (")[0]
+            what = what[len(item) + 2:] if what.startswith(item + ": ") else what  # no "Fig. 1: Fig. 1: ..."
+            print(f"{name:<{width}}  {paper:<32}  {what}")
         return 0 if args.list else 2
     try:
         module = load_experiment(args.name)

@@ -17,7 +17,7 @@ from atlas_fast.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
 from atlas_fast.train import TrainConfig
 
-PAPER = "Fig. 6 and appendix Figs. A1-A2 (sensitivity, K, CSL/ISL mix)"
+PAPER = "Fig. 6, Figs. A1-A2 (sensitivity)"
 # parameter -> (soft-label kind, values as the paper sweeps them)
 GRIDS = {
     "theta": ("ls", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),
