@@ -12,7 +12,8 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
    the largest metric difference (must be ~0: batching is a pure speed knob);
 5. a pixel-path method (image encoder prompted), when this version has one; otherwise n/a.
 
-Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size.
+Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size. ``--device cpu
+--model atlas-tiny --scale 0.1`` is a smoke test of this script itself on a machine without a GPU (no fp16/AMP rows).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 ROWS: list[tuple[str, str, str, str]] = []
+SETUP = {"device": "cuda", "model": "ViT-B-16"}
 
 
 def row(check: str, status: str, value: str = "", note: str = "") -> None:
@@ -79,21 +81,23 @@ def check_cache(backbone, root: Path, dataset) -> None:
     from atlas_fast.cache import FeatureCache
 
     items = dataset.train + dataset.test
+    device = SETUP["device"]
+    low = "fp16" if device == "cuda" else "bf16"
     reports = {}
-    for precision in ("fp16", "fp32"):
+    for precision in (low, "fp32"):
         cache = FeatureCache(root / f"cache-{precision}", storage_dtype="float32")
-        cache.build(backbone, dataset.name, items[:64], num_views=1, device="cuda", precision=precision,
+        cache.build(backbone, dataset.name, items[:64], num_views=1, device=device, precision=precision,
                     progress=False)  # warm-up: kernels, workers
         cache = FeatureCache(root / f"cache-{precision}-timed", storage_dtype="float32")
-        reports[precision] = (cache.build(backbone, dataset.name, items, num_views=2, device="cuda",
+        reports[precision] = (cache.build(backbone, dataset.name, items, num_views=2, device=device,
                                           precision=precision, progress=False), cache)
-    fp16 = reports["fp16"][1].load(backbone, dataset.name, items, views=[0, 1, 2])
+    fp16 = reports[low][1].load(backbone, dataset.name, items, views=[0, 1, 2])
     fp32 = reports["fp32"][1].load(backbone, dataset.name, items, views=[0, 1, 2])
     cosine = torch.nn.functional.cosine_similarity(fp16.flatten(0, 1).float(), fp32.flatten(0, 1).float(), dim=-1)
-    speed16, speed32 = reports["fp16"][0].images_per_s, reports["fp32"][0].images_per_s
-    row("cache build (fp16 autocast)", "ok" if cosine.min() > 0.99 else "WARN",
-        f"{speed16:.0f} img/s fp16, {speed32:.0f} img/s fp32 ({speed16 / speed32:.2f}x)",
-        f"{len(items)} images x 3 views; fp16 vs fp32 feature cosine min {cosine.min():.4f}")
+    speed16, speed32 = reports[low][0].images_per_s, reports["fp32"][0].images_per_s
+    row(f"cache build ({low} autocast)", "ok" if cosine.min() > 0.99 else "WARN",
+        f"{speed16:.0f} img/s {low}, {speed32:.0f} img/s fp32 ({speed16 / speed32:.2f}x)",
+        f"{len(items)} images x 3 views; {low} vs fp32 feature cosine min {cosine.min():.4f}")
 
 
 @guarded("faiss on GPU")
@@ -126,8 +130,9 @@ def _config(root: Path, **changes):
     from atlas_fast.backbones import BackboneConfig
     from atlas_fast.train import TrainConfig
 
-    base = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig("ViT-B-16", None), shots=8,
-                epochs=6, device="cuda", cache_root=root / "cache", results_dir=root / "results", progress=False)
+    base = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig(SETUP["model"], None),
+                shots=8, epochs=6, device=SETUP["device"], cache_root=root / "cache", results_dir=root / "results",
+                progress=False)
     return TrainConfig(**{**base, **changes})
 
 
@@ -138,7 +143,10 @@ def check_amp(root: Path) -> None:
     from atlas_fast.train import run
 
     common = dict(schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl"))
-    run(_config(root, results_dir=root / "warmup", **common))  # builds the cache (not timed)
+    run(_config(root, precision="fp32", results_dir=root / "warmup", **common))  # builds the cache (not timed)
+    if SETUP["device"] != "cuda":
+        row("cached training with AMP", "n/a", "AMP needs a CUDA device")
+        return
     amp = run(_config(root, precision="amp", results_dir=root / "amp", **common))
     fp32 = run(_config(root, precision="fp32", results_dir=root / "fp32", **common))
     diff = max(abs(amp["metrics"][m] - fp32["metrics"][m]) for m in ("base", "new", "H"))
@@ -147,7 +155,12 @@ def check_amp(root: Path) -> None:
         f"{amp['timings']['seconds_per_epoch'] * 1000:.0f} ms/epoch AMP, "
         f"{fp32['timings']['seconds_per_epoch'] * 1000:.0f} ms/epoch fp32",
         f"{amp['data']['num_train']} train images, {amp['data']['num_classes']} classes; "
-        f"|AMP - fp32| of base/new/H <= {diff:.2f} points")
+        f"AMP vs fp32 base/new/H differ by <= {diff:.2f} points")
+
+
+def synchronize() -> None:
+    if SETUP["device"] == "cuda":
+        torch.cuda.synchronize()
 
 
 @guarded("R-batched training")
@@ -161,17 +174,17 @@ def check_batched(root: Path, runs: int) -> None:
     for r in (1, len(configs)):
         folder = root / f"batched-R{r}"
         configs_r = [_config(root, **{**c.__dict__, "results_dir": folder}) for c in configs]
-        torch.cuda.synchronize()
+        synchronize()
         start = time.perf_counter()
         records[r] = run_configs(configs_r, Execution("local", r), progress=False)
-        torch.cuda.synchronize()
+        synchronize()
         timings[r] = time.perf_counter() - start
     diff = max(abs(a["metrics"][m] - b["metrics"][m]) for a, b in zip(records[1], records[len(configs)])
                for m in ("base", "new", "H"))
     r = len(configs)
     row("R-batched training", "ok" if diff < 1e-3 else "FAIL",
         f"R={r}: {timings[1]:.1f} s one by one, {timings[r]:.1f} s batched ({timings[1] / timings[r]:.2f}x)",
-        f"{3600 * r / timings[r]:.0f} runs/hour batched; max |metric diff| {diff:.2e}")
+        f"{3600 * r / timings[r]:.0f} runs/hour batched; largest metric difference {diff:.2e}")
 
 
 @guarded("pixel-path method")
@@ -193,21 +206,24 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", type=float, default=1.0, help="dataset size multiplier (default 1)")
     p.add_argument("--runs", type=int, default=12, help="runs of the batched check (default 12)")
+    p.add_argument("--device", default="cuda", help="cuda (default); cpu only to smoke-test this script")
+    p.add_argument("--model", default="ViT-B-16", help="open_clip model, random weights (default ViT-B-16)")
     args = p.parse_args()
-    if not torch.cuda.is_available():
+    SETUP.update(device=args.device, model=args.model)
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("No CUDA device visible to torch: nothing to check.")
         return 2
     from atlas_fast.backbones import BackboneConfig, load_backbone
     from atlas_fast.data import load_dataset
 
-    name = torch.cuda.get_device_name(0)
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (script smoke test)"
     row("device", "ok", name, f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         classes = max(4, int(100 * args.scale)) // 2 * 2
         write_dataset(root / "data", classes, train=10, test=4)
-        backbone = load_backbone(BackboneConfig("ViT-B-16", None), "cuda")
+        backbone = load_backbone(BackboneConfig(args.model, None), args.device)
         check_cache(backbone, root, load_dataset("OxfordPets", root / "data"))
         check_faiss()
         check_amp(root)

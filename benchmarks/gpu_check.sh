@@ -5,7 +5,7 @@
 #     bash benchmarks/gpu_check.sh --wheels DIR         # offline machine with torch only: install the rest from DIR
 #
 # It first lists which dependencies this Python lacks. With --wheels DIR (wheel files, e.g. made elsewhere with
-# `pip download open_clip_torch h5py faiss-cpu ftfy regex wcwidth --no-deps --only-binary=:all: --python-version X.Y
+# `pip download open_clip_torch h5py faiss-cpu ftfy regex wcwidth tqdm --no-deps --only-binary=:all: --python-version X.Y
 # -d DIR`, several Python versions may lie side by side) the wheels that fit this Python are installed from DIR only
 # (no network, no dependency resolution) into ./.gpu_check_env, a folder added to PYTHONPATH for this script;
 # without it the script says what is missing and stops. Then benchmarks/gpu_check.py runs the checks: cache build
@@ -13,7 +13,7 @@
 # R-batched training, and a pixel-path method when this version has one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python}
+PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 WHEELS=""
 ARGS=()
 while [ $# -gt 0 ]; do
@@ -32,8 +32,9 @@ fi
 check_missing() {
   "$PYTHON" - <<'EOF'
 import importlib.util
-needed = {"open_clip": "open_clip_torch", "h5py": "h5py", "faiss": "faiss-cpu", "numpy": "numpy", "scipy": "scipy",
-          "tqdm": "tqdm", "matplotlib": "matplotlib", "PIL": "pillow", "torchvision": "torchvision"}
+# what the checks import (matplotlib and scipy are only needed for plots and are not checked)
+needed = {"open_clip": "open_clip_torch", "ftfy": "ftfy", "regex": "regex", "h5py": "h5py", "faiss": "faiss-cpu",
+          "numpy": "numpy", "tqdm": "tqdm", "PIL": "pillow", "torchvision": "torchvision"}
 print(" ".join(dist for module, dist in needed.items() if importlib.util.find_spec(module) is None))
 EOF
 }

@@ -3,7 +3,7 @@
 The grid is Table III's shape: CoOp, + ATLaS, + ATLaS-CSL, + ATLaS-ISL x seeds 1-3 (base-to-new, the paper's CoOp
 recipe and ATLaS presets) on a synthetic 50-class dataset in the OxfordPets layout (25 base classes), with a
 ViT-B/16-shaped CLIP with random weights (speed does not depend on the weights) and a few epochs. The feature cache is
-built once beforehand (timed separately) and shared; every configuration then trains the whole grid into its own
+built once beforehand (by a warm-up sweep, timed separately) and shared; every configuration then trains the whole grid into its own
 empty results folder, so nothing is skipped, and its records are compared with the R = 1 records (largest
 difference of any metric: batching must not change the numbers).
 
@@ -77,6 +77,7 @@ def main() -> None:
     p.add_argument("--classes", type=int, default=50)
     p.add_argument("--shots", type=int, default=4)
     p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--views", type=int, default=1, help="cached augmented views (default 1: a short cache build)")
     p.add_argument("--runs", type=int, nargs="+", default=[1, 4, 12], help="R values (default 1 4 12)")
     p.add_argument("--ray-workers", type=int, nargs="*", default=[1, 2], help="default 1 2; none: skip Ray")
     p.add_argument("--ray-batch-runs", type=int, default=1, help="R inside each Ray task (default 1: 12 tasks)")
@@ -94,12 +95,14 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        write_dataset(root / "data", args.classes, train=args.shots + 2, test=2)
+        write_dataset(root / "data", args.classes, train=args.shots + 1, test=1)
         base = TrainConfig("OxfordPets", root / "data", BackboneConfig(args.model, None), shots=args.shots,
-                           epochs=args.epochs, device=device, cache_root=root / "cache", progress=False)
+                           epochs=args.epochs, views=args.views, device=device, cache_root=root / "cache",
+                           progress=False)
         configs = grid_configs(base, ["OxfordPets"], atlas_variants("base2new"), [1, 2, 3])
         print(f"grid: {len(configs)} runs (CoOp, + ATLaS/-CSL/-ISL x 3 seeds), {args.classes} classes "
-              f"({args.classes // 2} base), {args.shots} shots, {args.epochs} epochs, {args.model} random weights, "
+              f"({args.classes // 2} base), {args.shots} shots, {args.epochs} epochs, {args.views} cached view(s), "
+              f"{args.model} random weights, "
               f"device {device}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
               f"load average {os.getloadavg()[0]:.1f}", flush=True)
         start = time.perf_counter()
