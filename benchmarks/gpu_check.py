@@ -19,8 +19,6 @@ Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies t
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import sys
 import tempfile
 import time
@@ -28,8 +26,11 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+
+from sweep_speed import write_dataset  # noqa: E402  (the same synthetic OxfordPets-layout dataset)
 
 ROWS: list[tuple[str, str, str, str]] = []
 SETUP = {"device": "cuda", "model": "ViT-B-16"}
@@ -54,26 +55,6 @@ def guarded(check: str):
                 return None
         return run
     return wrap
-
-
-def write_dataset(root: Path, classes: int, train: int, test: int) -> None:
-    """A synthetic OxfordPets-layout dataset (64x64 noise images with a per-class colour)."""
-    from PIL import Image
-
-    folder = root / "oxford_pets"
-    (folder / "images").mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
-    split: dict[str, list] = {"train": [], "val": [], "test": []}
-    for label in range(classes):
-        name = f"class_{label:03d}"
-        base = [rng.randrange(256) for _ in range(3)]
-        for part, count in (("train", train), ("val", 1), ("test", test)):
-            for i in range(count):
-                rel = f"{name}_{part}{i}.jpg"
-                pixels = bytes(min(255, max(0, c + rng.randrange(-40, 40))) for _ in range(64 * 64) for c in base)
-                Image.frombytes("RGB", (64, 64), pixels).save(folder / "images" / rel)
-                split[part].append([rel, label, name])
-    (folder / "split_zhou_OxfordPets.json").write_text(json.dumps(split))
 
 
 @guarded("cache build (fp16 autocast)")

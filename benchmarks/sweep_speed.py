@@ -40,7 +40,8 @@ ANIMALS = ["cat", "dog", "bird", "horse", "sheep"]
 
 
 def write_dataset(root: Path, classes: int, train: int, test: int) -> None:
-    """``oxford_pets/images/*.jpg`` + ``split_zhou_OxfordPets.json`` with ``classes`` readable class names."""
+    """``oxford_pets/images/*.jpg`` (32x32, one random colour each) + ``split_zhou_OxfordPets.json`` with
+    ``classes`` readable class names."""
     import json
 
     folder = root / "oxford_pets"

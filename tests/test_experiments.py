@@ -5,6 +5,7 @@ import pytest
 
 from atlas_fast.report import aggregate, latex_table, markdown_table, variant_label
 from atlas_fast.experiments import table3_base_to_new, table_ablation
+from atlas_fast.experiments.common import run_experiment
 from layouts import make_oxford_pets
 
 
@@ -20,7 +21,7 @@ def _args(tmp_path, data_root):
 def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     data_root = tmp_path / "data"
     make_oxford_pets(data_root, n_classes=4, n_train=4, n_val=2, n_test=3, size=32)
-    table = table3_base_to_new.main(_args(tmp_path, data_root))
+    table = run_experiment(table3_base_to_new, _args(tmp_path, data_root))
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in lines[1:]] == ["| CoOp", "| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
     for suffix in ("md", "tex", "png"):
@@ -29,7 +30,7 @@ def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     assert len(records) == 8  # 4 variants x 2 seeds
     # a second call reuses every finished run
     before = {p: p.stat().st_mtime_ns for p in records}
-    table3_base_to_new.main(_args(tmp_path, data_root))
+    run_experiment(table3_base_to_new, _args(tmp_path, data_root))
     assert {p: p.stat().st_mtime_ns for p in records} == before
 
 
@@ -121,11 +122,11 @@ def test_dry_run_lists_the_runs_and_counts_finished_ones(world, tmp_path, capsys
 def test_fig1_and_new_class_curves_plot_per_epoch_new_accuracy(world, tmp_path):
     from atlas_fast.experiments import fig1_label_smoothing, fig5_new_class_curves
 
-    table = fig1_label_smoothing.main(_world_args(world, tmp_path))
+    table = run_experiment(fig1_label_smoothing, _world_args(world, tmp_path))
     assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
         "| CoOp", "| + LS", "| + TF-KD", "| + OLS", "| + ATLaS"]
     assert (tmp_path / "out" / "fig1_label_smoothing.png").stat().st_size > 0
-    table = fig5_new_class_curves.main(_world_args(world, tmp_path))
+    table = run_experiment(fig5_new_class_curves, _world_args(world, tmp_path))
     assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
         "| CoOp", "| + LS", "| + ATLaS", "| + CSL", "| + ATLaS-CSL", "| + ISL", "| + ATLaS-ISL"]
     assert (tmp_path / "out" / "fig5_new_class_curves.png").stat().st_size > 0
@@ -136,7 +137,7 @@ def test_fig1_and_new_class_curves_plot_per_epoch_new_accuracy(world, tmp_path):
 def test_case_study_draws_csl_and_isl_rows(world, tmp_path):
     from atlas_fast.experiments import fig3_soft_label_case_study
 
-    table = fig3_soft_label_case_study.main(_world_args(world, tmp_path, "--images", "2", "--top-k", "3"))
+    table = run_experiment(fig3_soft_label_case_study, _world_args(world, tmp_path, "--images", "2", "--top-k", "3"))
     rows = [line for line in table.splitlines()[2:]]
     assert [row.split(" | ")[1] for row in rows] == ["CSL", "ISL", "CSL", "ISL"]
     csl = [row.split(" | ", 2)[2] for row in rows if " | CSL | " in row]
@@ -147,7 +148,7 @@ def test_case_study_draws_csl_and_isl_rows(world, tmp_path):
 def test_cost_table_measures_training_and_soft_label_time(world, tmp_path):
     from atlas_fast.experiments import table5_cost
 
-    table = table5_cost.main(_world_args(world, tmp_path))
+    table = run_experiment(table5_cost, _world_args(world, tmp_path))
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [r[0] for r in rows] == ["| CoOp", "| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
     assert all(float(r[1]) > 0 and float(r[4]) > 0 for r in rows)  # train s/run, infer ms/image
@@ -157,6 +158,21 @@ def test_cost_table_measures_training_and_soft_label_time(world, tmp_path):
 def test_per_dataset_tables_follow_the_average(world, tmp_path):
     from atlas_fast.experiments import table_a_per_dataset
 
-    text = table_a_per_dataset.main(_world_args(world, tmp_path))
+    text = run_experiment(table_a_per_dataset, _world_args(world, tmp_path))
     assert text.index("**Average over 1 datasets**") < text.index("**WorldSketches**")
     assert (tmp_path / "out" / "table_a_per_dataset.tex").stat().st_size > 0
+
+
+def test_experiments_run_as_a_module_of_the_package_from_any_folder(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import atlas_fast
+
+    env = {**os.environ, "PYTHONPATH": str(Path(atlas_fast.__file__).resolve().parents[1])}
+    result = subprocess.run([sys.executable, "-m", "atlas_fast.experiments", "--list"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "table3_base_to_new" in result.stdout and "Table V" in result.stdout

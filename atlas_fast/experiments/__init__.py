@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-NOT_EXPERIMENTS = {"common"}
+NOT_EXPERIMENTS = {"common", "__main__"}
 
 
 def experiment_names() -> list[str]:

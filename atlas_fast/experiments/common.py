@@ -1,8 +1,8 @@
 """What every experiment module shares: its command line, the base run config, running the plan and the outputs.
 
-An experiment module defines ``PAPER`` (the table or figure it reproduces), ``plan(args) -> list[TrainConfig]`` (the
-runs, in a fixed order), ``report(args, records) -> str`` (the records in plan order -> tables and plots) and
-optionally ``add_arguments(parser)`` and ``DATASETS`` (default ``--datasets``). :func:`run_experiment` does the rest:
+An experiment module (run with ``atlas-fast experiment NAME`` or ``python -m atlas_fast.experiments NAME``) defines
+``PAPER`` (the table or figure it reproduces), ``plan(args) -> list[TrainConfig]`` (the runs, in a fixed order),
+``report(args, records) -> str`` (the records in plan order -> tables and plots) and optionally ``add_arguments(parser)`` and ``DATASETS`` (default ``--datasets``). :func:`run_experiment` does the rest:
 ``--dry-run`` lists the runs and how many are finished; otherwise the runs go to ``--executor`` in groups of
 ``--batch-runs`` and the report is written to ``--out``.
 """
@@ -126,12 +126,16 @@ def write_text(out: str | Path, name: str, text: str) -> Path:
     return path
 
 
+def publish(out: str | Path, name: str, text: str) -> str:
+    """Write ``text`` to ``<out>/<name>``, print it and return it (what every ``report`` ends with)."""
+    path = write_text(out, name, text)
+    print(text)
+    print(f"\nwritten: {path}")
+    return text
+
+
 def write_table(rows: Sequence[TableRow], name: str, title: str, out: str | Path) -> str:
-    """Print the Markdown table and write ``<out>/<name>.{md,tex,png}``; returns the Markdown."""
-    table = markdown_table(rows, title)
-    write_text(out, f"{name}.md", table)
+    """Write ``<out>/<name>.{md,tex,png}`` (Markdown, LaTeX, bar plot), print and return the Markdown."""
     write_text(out, f"{name}.tex", latex_table(rows, caption=title))
     plot_rows(rows, Path(out) / f"{name}.png", title=title)
-    print(table)
-    print(f"\nwritten: {Path(out) / name}.md, .tex, .png")
-    return table
+    return publish(out, f"{name}.md", markdown_table(rows, title))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.experiments.common import base_config, run_experiment, write_text
+from atlas_fast.experiments.common import base_config, publish
 from atlas_fast.report import epoch_curves, plot_curves, strategy_label
 from atlas_fast.schedules import Atlas, OneHot, OnlineLabelSmoothing, TeacherFreeKD
 from atlas_fast.softlabels import atlas_period, atlas_preset
@@ -44,16 +44,6 @@ def curve_table(curves: dict[str, list[float]], metric: str) -> str:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     table = curve_table(epoch_curves(records, "new", strategy_label), "new")
-    write_text(args.out, "fig1_label_smoothing.md", table)
     plot_curves(records, Path(args.out) / "fig1_label_smoothing.png", "new", strategy_label,
                 title=f"New-class accuracy over training ({', '.join(args.datasets)})")
-    print(table)
-    return table
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()
+    return publish(args.out, "fig1_label_smoothing.md", table)

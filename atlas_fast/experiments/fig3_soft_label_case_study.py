@@ -15,7 +15,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from atlas_fast.experiments.common import run_experiment, write_text
+from atlas_fast.experiments.common import publish
 from atlas_fast.report import plot_soft_label_case_study
 from atlas_fast.train import TrainConfig
 
@@ -70,16 +70,5 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
             top = values[n].argsort(descending=True)[:args.top_k].tolist()
             lines.append(f"| {d.key} | {kind} | " + " | ".join(
                 f"{base.classnames[c]} {values[n, c]:.2f}" for c in top) + " |")
-    table = "\n".join(lines)
-    write_text(args.out, "fig3_soft_label_case_study.md", table)
-    print(table)
-    print(f"\nwritten: {path}")
-    return table
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()
+    print(f"written: {path}")
+    return publish(args.out, "fig3_soft_label_case_study.md", "\n".join(lines))

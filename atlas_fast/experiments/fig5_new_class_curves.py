@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.experiments.common import base_config, run_experiment, write_text
+from atlas_fast.experiments.common import base_config, publish
 from atlas_fast.experiments.fig1_label_smoothing import curve_table
 from atlas_fast.report import epoch_curves, plot_curves, strategy_label
 from atlas_fast.schedules import Atlas, OneHot
@@ -39,16 +39,6 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     table = curve_table(epoch_curves(records, "new", strategy_label), "new")
-    write_text(args.out, "fig5_new_class_curves.md", table)
     plot_curves(records, Path(args.out) / "fig5_new_class_curves.png", "new", strategy_label, panels=PANELS,
                 title=f"CoOp with LS strategies, new classes ({', '.join(args.datasets)})")
-    print(table)
-    return table
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()
+    return publish(args.out, "fig5_new_class_curves.md", table)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.experiments.common import base_config, chunks, run_experiment, write_text
+from atlas_fast.experiments.common import base_config, chunks, publish
 from atlas_fast.report import aggregate, plot_series
 from atlas_fast.sweep import atlas_variants, grid_configs
 from atlas_fast.train import TrainConfig
@@ -37,16 +37,6 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
              "|---|" + "---:|" * len(args.shots)]
     lines += [f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |" for name, values in curves.items()]
     table = "\n".join(lines)
-    write_text(args.out, "fig_few_shot.md", table)
     plot_series(args.shots, curves, Path(args.out) / "fig_few_shot.png", xlabel="shots per class",
                 ylabel="accuracy (%)", title=f"Few-shot, mean over {len(args.datasets)} datasets")
-    print(table)
-    return table
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()
+    return publish(args.out, "fig_few_shot.md", table)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.experiments.common import base_config, chunks, run_experiment, write_text
+from atlas_fast.experiments.common import base_config, chunks, publish
 from atlas_fast.report import aggregate, plot_series
 from atlas_fast.schedules import Atlas
 from atlas_fast.softlabels import atlas_period, atlas_preset
@@ -61,16 +61,6 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     lines = [f"| {args.param} | base | new | H |", "|---:|---:|---:|---:|"]
     lines += [f"| {v:g} | {b:.2f} | {n:.2f} | {h:.2f} |" for v, b, n, h in zip(values, *curves.values())]
     table = "\n".join(lines)
-    write_text(args.out, f"fig_sensitivity_{args.param}.md", table)
     plot_series(values, curves, Path(args.out) / f"fig_sensitivity_{args.param}.png", xlabel=args.param,
                 ylabel="accuracy (%)", title=f"Sensitivity to {args.param} ({GRIDS[args.param][0].upper()})")
-    print(table)
-    return table
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()
+    return publish(args.out, f"fig_sensitivity_{args.param}.md", table)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from atlas_fast.experiments.common import base_config, run_experiment, write_table
+from atlas_fast.experiments.common import base_config, write_table
 from atlas_fast.report import aggregate
 from atlas_fast.sweep import atlas_variants, grid_configs
 from atlas_fast.train import TrainConfig
@@ -25,11 +25,3 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     title = f"Base-to-new, CoOp with ATLaS (mean over {len(args.datasets)} datasets, {len(args.seeds)} seeds)"
     return write_table(aggregate(records), "table3_base_to_new", title, args.out)
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()

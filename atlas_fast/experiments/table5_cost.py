@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from atlas_fast.experiments import table3_base_to_new
-from atlas_fast.experiments.common import run_experiment, write_text
+from atlas_fast.experiments.common import publish
 from atlas_fast.report import variant_label
 
 PAPER = "Table V (computational cost)"
@@ -88,14 +88,4 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
         lines.append(f"| {label} | {train:.2f} | {soft:.3f} | {100 * soft / train:.2f} | "
                      f"{row['infer'][0]:.3f} | {statistics.fmean(row['H']):.2f} |")
     table = "\n".join(lines)
-    write_text(args.out, "table5_cost.md", table)
-    print(table)
-    return table
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()
+    return publish(args.out, "table5_cost.md", table)

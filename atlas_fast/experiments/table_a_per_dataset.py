@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from atlas_fast.experiments import table3_base_to_new
-from atlas_fast.experiments.common import run_experiment, write_text
+from atlas_fast.experiments.common import publish, write_text
 from atlas_fast.report import aggregate, latex_table, markdown_table
 
 PAPER = "Appendix Tables A1-A3 (per dataset)"
@@ -24,16 +24,5 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
         rows = aggregate([r for r in records if r["config"]["dataset"] == dataset])
         sections.append(markdown_table(rows, dataset))
         latex.append(latex_table(rows, caption=dataset))
-    text = "\n\n".join(sections)
-    write_text(args.out, "table_a_per_dataset.md", text)
     write_text(args.out, "table_a_per_dataset.tex", "\n\n".join(latex))
-    print(text)
-    return text
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()
+    return publish(args.out, "table_a_per_dataset.md", "\n\n".join(sections))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from atlas_fast.experiments.common import base_config, run_experiment, write_table
+from atlas_fast.experiments.common import base_config, write_table
 from atlas_fast.report import aggregate
 from atlas_fast.schedules import Atlas, Joint, OneHot
 from atlas_fast.softlabels import atlas_period, atlas_preset
@@ -47,11 +47,3 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     title = f"Ablation of soft labels and alternation (CoOp, base-to-new, {len(args.datasets)} datasets)"
     return write_table(aggregate(records, label=ablation_label), "table_ablation", title, args.out)
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -14,7 +14,7 @@ import statistics
 from collections import defaultdict
 
 from atlas_fast.evaluate import evaluate_record
-from atlas_fast.experiments.common import ELEVEN, base_config, run_experiment, write_text
+from atlas_fast.experiments.common import ELEVEN, base_config, publish
 from atlas_fast.report import variant_label
 from atlas_fast.sweep import atlas_variants, grid_configs
 from atlas_fast.train import TrainConfig
@@ -49,14 +49,4 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
         lines.append(f"| {label} | " + " | ".join(f"{m:.2f}" for m in means)
                      + f" | {statistics.fmean(means[1:]) if len(means) > 1 else float('nan'):.2f} |")
     table = "\n".join(lines)
-    write_text(args.out, "table_cross_dataset.md", table)
-    print(table)
-    return table
-
-
-def main(argv: list[str] | None = None) -> str:
-    return run_experiment(__name__, argv)
-
-
-if __name__ == "__main__":
-    main()
+    return publish(args.out, "table_cross_dataset.md", table)
