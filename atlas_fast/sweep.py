@@ -24,8 +24,9 @@ from atlas_fast.train import TrainConfig
 
 EXECUTORS = ("local", "ray", "slurm")
 # Runs trained together by default: a GPU step of one cached CoOp run is far too small to fill the device; on the
-# CPU, batching still saves the per-step Python overhead (benchmarks/sweep_speed.py measures both).
-DEFAULT_BATCH_RUNS = {"cuda": 16, "cpu": 4}
+# CPU, batching still saves the per-step Python overhead (benchmarks/sweep_speed.py measures both). Activation
+# memory grows with R x C prompts: lower --batch-runs for ImageNet-sized class sets on a small GPU.
+DEFAULT_BATCH_RUNS = {"cuda": 8, "cpu": 4}
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class Execution:
     def worker_device(self, config: TrainConfig) -> str:
         """The device a run will train on: ``auto`` means the workers' GPU when the executor asks for GPUs (the
         driver, e.g. a login node, may have none), else this machine's choice."""
-        if config.device == "auto" and float(self.options.get("gpus_per_group", 0) or 0) > 0:
+        gpus = self.options.get("gpus_per_group") or self.options.get("gpus_per_node") or 0
+        if config.device == "auto" and self.executor != "local" and float(gpus) > 0:
             return "cuda"
         return config.device
 

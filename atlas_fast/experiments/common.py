@@ -47,7 +47,7 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     run.add_argument("--executor", choices=EXECUTORS, default="local",
                      help="local (this process), ray (one task per group) or slurm (submitit job array)")
     run.add_argument("--batch-runs", type=int, default=None,
-                     help="R: compatible runs trained together in one module (default 16 on a GPU, 4 on the CPU)")
+                     help="R: compatible runs trained together in one module (default 8 on a GPU, 4 on the CPU)")
     run.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local Ray)")
     run.add_argument("--gpus-per-group", type=float, default=None,
                      help="GPUs per Ray task / SLURM array task (fractions share a GPU under Ray; default 0 on "
