@@ -48,7 +48,7 @@ def run_batch(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
     todo = [i for i, record in enumerate(records) if record is None]
     method_class = METHODS.get(plans[0].config.method)
     if len(todo) > 1 and (method_class is None or not method_class.supports_batched_runs):
-        warnings.warn(f"{plans[0].config.method} does not support batched runs: training {len(todo)} runs one by one.")
+        warnings.warn(f"{plans[0].config.method} does not support batched runs: its runs train one by one.")
     if len(todo) == 1 or (todo and not method_class.supports_batched_runs):
         for i in todo:
             records[i] = run(configs[i])

@@ -115,12 +115,19 @@ def run_cache_info(args: argparse.Namespace) -> int:
 def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     """``atlas-fast train`` and ``atlas-fast eval``."""
     train = subparsers.add_parser(
-        "train", help="train a prompt method (optionally with ATLaS) on cached features and print base/new/H",
-        description="Train a prompt method from cached image features (the cache is built for what is missing), "
-                    "evaluate it and write a result record; an identical finished run is skipped. One run per "
-                    "--seed; a one-line table with the mean over seeds closes the output.")
+        "train", help="train a prompt method (optionally with ATLaS) and print base/new/H",
+        description="Train a prompt method (text-prompt methods from cached image features; ivlp, maple and "
+                    "promptsrc, which prompt the image encoder, on decoded pixels of the same seeded views), "
+                    "evaluate it and write a result record; the cache is built for what is missing and an identical "
+                    "finished run is skipped. One run per --seed; a one-line table with the mean over seeds closes "
+                    "the output.")
     _add_data_and_backbone_args(train)
-    train.add_argument("--method", default="coop", help="prompt method (default coop)")
+    train.add_argument("--method", default="coop",
+                       choices=("zsclip", "coop", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop",
+                                "ivlp", "maple", "promptsrc"),
+                       help="prompt method (default coop); dept-* = DePT's head on coop/cocoop/kgcoop, zsclip = "
+                            "zero-shot CLIP (nothing trained); ivlp, maple, promptsrc prompt the image encoder too "
+                            "and train on pixels")
     train.add_argument("--recipe", choices=("paper", "original"), default="paper",
                        help="recipe family: the ATLaS paper's (default) or the method repository's own")
     train.add_argument("--setting", choices=("base2new", "few_shot", "cross_dataset"), default="base2new",
@@ -150,6 +157,8 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     atlas.add_argument("--tfkd-alpha", type=float, default=0.1, help="TF-KD weight of the KL term (default 0.1)")
     atlas.add_argument("--tfkd-tau", type=float, default=20.0, help="TF-KD temperature (default 20)")
     optim = train.add_argument_group("recipe overrides and execution")
+    optim.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
+                       help="replace fields of the recipe's method config, e.g. depth=3 (MaPLe on a 4-block backbone)")
     optim.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
     optim.add_argument("--batch-size", type=int, default=None, help="override the recipe's batch size")
     optim.add_argument("--lr", type=float, default=None, help="override the recipe's learning rate")
@@ -164,6 +173,8 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     optim.add_argument("--batch-runs", type=int, default=None,
                        help="seeds trained together in one module (default: all of them, up to 8 on a GPU / 4 on "
                             "the CPU); 1 trains them one by one. Same records either way")
+    optim.add_argument("--workers", type=int, default=None,
+                       help="image decoding processes of the pixel methods (default: up to 8 on a GPU, 0 on CPU)")
     optim.add_argument("--no-progress", action="store_true", help="no progress bars")
     train.set_defaults(func=run_train)
 
@@ -222,6 +233,17 @@ def _run_label(method: str, soft_labels, schedule) -> str:
     return f"{method}+{schedule.name.upper()}"
 
 
+def _method_options(pairs: list[str]) -> dict[str, str] | None:
+    """``["depth=3", "n_ctx=4"]`` -> ``{"depth": "3", "n_ctx": "4"}`` (converted to the fields' types when planned)."""
+    options = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--method-option takes NAME=VALUE, got {pair!r}")
+        options[name.replace("-", "_")] = value
+    return options or None
+
+
 def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.backbones import BackboneConfig
     from atlas_fast.sweep import Execution, run_configs
@@ -232,11 +254,13 @@ def run_train(args: argparse.Namespace) -> int:
     rows, columns = [], ()
     configs = [TrainConfig(
         dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
-        method=args.method, recipe=args.recipe, setting=args.setting, shots=args.shots, seed=seed,
+        method=args.method, method_options=_method_options(args.method_option), recipe=args.recipe,
+        setting=args.setting, shots=args.shots, seed=seed,
         subsample=args.subsample, soft_labels=soft_labels, schedule=schedule, views=args.views,
         aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
-        cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress)
+        cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress,
+        workers=args.workers)
         for seed in args.seed]
     records = run_configs(configs, Execution("local", args.batch_runs), progress=False)
     for seed, record in zip(args.seed, records):

@@ -1,39 +1,50 @@
-"""Accuracy from cached test features: base, new, all classes, H, zero-shot references, and saved runs.
+"""Accuracy from cached test features (or test pixels, for prompted image towers): base, new, all classes, H,
+zero-shot references, and saved runs.
 
 Accuracy is Dassl's ``Classification`` evaluator: micro top-1 in percent over the whole evaluated split
 (``data-pipeline.md`` §7). In base-to-new, *base* is an m-way problem over the base class names, *new* an (n-m)-way
 problem over the new names whose text features are built from the **learned** context (``set_classnames``), and
 H = 2BN/(B+N). *all* is the n-way problem over every class name (not reported by the references, but cheap here).
+Methods that prompt the image tower (``consumes == "pixels"``) are evaluated on the test view (view 0) of each
+image, decoded in batches of :data:`EVAL_PIXEL_BATCH` (the references' test batch), with the class prompts encoded
+once per class set.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
-from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.base import EVAL_BATCH, PromptMethod
 
-EVAL_BATCH = 1024
+if TYPE_CHECKING:
+    from atlas_fast.pixels import ImageViews
+
+EVAL_PIXEL_BATCH = 100
 
 
 @dataclass
 class EvalSet:
-    """One evaluation problem: the class names of the classifier and the test features (N, D) with labels (N,)."""
+    """One evaluation problem: the class names of the classifier and the test features (N, D) with labels (N,);
+    ``images`` are the same test images as pixels, for methods that prompt the image tower."""
 
     name: str
     classnames: tuple[str, ...]
     features: torch.Tensor
     labels: torch.Tensor
+    images: ImageViews | None = None
 
     def __post_init__(self) -> None:
         if self.features.shape[0] != self.labels.shape[0]:
             raise ValueError(f"EvalSet {self.name!r}: {self.features.shape[0]} features but "
                              f"{self.labels.shape[0]} labels.")
+        if self.images is not None and len(self.images) != self.labels.shape[0]:
+            raise ValueError(f"EvalSet {self.name!r}: {len(self.images)} images but {self.labels.shape[0]} labels.")
 
 
 def harmonic_mean(base: float, new: float) -> float:
@@ -53,29 +64,46 @@ def _autocast(device: torch.device, enabled: bool):
 
 @torch.no_grad()
 def method_logits(method: PromptMethod, features: torch.Tensor, amp: bool = False) -> torch.Tensor:
-    """Logits (R, N, C) of cached features (N, D). Methods whose text features do not depend on the image (the base
-    ``forward``) encode the class prompts once; others run their own forward in chunks."""
+    """Logits (R, N, C) of cached features (N, D): the method's own test-time path
+    (:meth:`~atlas_fast.methods.base.PromptMethod.eval_logits`) in eval mode, under fp16 autocast with ``amp``."""
     if method.consumes != "features":
-        raise NotImplementedError(f"{type(method).__name__} consumes pixels; evaluating it from cached features is "
-                                  f"impossible (its image path is prompted). The full forward path comes later.")
-    device = next(iter(method.trainable_parameters()), features).device
+        raise ValueError(f"{type(method).__name__} consumes pixels; evaluating it from cached features is "
+                         f"impossible (its image path is prompted): give the EvalSet its images.")
     was_training = method.training
     method.eval()
     try:
+        with _autocast(method.device, amp):
+            return method.eval_logits(features).float()
+    finally:
+        method.train(was_training)
+
+
+@torch.no_grad()
+def pixel_logits(method: PromptMethod, images: ImageViews, amp: bool = False, progress: bool = False,
+                 desc: str = "evaluate") -> torch.Tensor:
+    """Logits (R, N, C) of a prompted-image method on the test view of ``images``: the class prompts are encoded once,
+    the prompted image tower runs over the images in batches. The method provides ``image_features(pixels)`` and
+    ``logits(image_features, text_features)`` (:class:`~atlas_fast.methods.ivlp.IVLP` and its subclasses)."""
+    from tqdm.auto import tqdm
+
+    device = images.device
+    was_training = method.training
+    method.eval()
+    chunks = []
+    try:
         with _autocast(device, amp):
-            if type(method).forward is PromptMethod.forward:
-                text = method.text_features().float()
-                chunks = [method.logit_scale * torch.einsum(
-                    "bd,rcd->rbc", F.normalize(x.to(device).float(), dim=-1), text)
-                    for x in features.split(EVAL_BATCH)]
-            else:
-                chunks = [method(x.to(device)).float() for x in features.split(EVAL_BATCH)]
+            text = method.text_features()
+            with tqdm(total=len(images), desc=desc, unit="img", disable=not progress, leave=False) as bar:
+                for pixels, _ in images.batches(0, None, EVAL_PIXEL_BATCH):
+                    chunks.append(method.logits(method.image_features(pixels), text).float())
+                    bar.update(len(pixels))
     finally:
         method.train(was_training)
     return torch.cat(chunks, dim=1)
 
 
-def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False) -> dict[str, list[float]]:
+def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,
+                    progress: bool = False) -> dict[str, list[float]]:
     """Accuracy (one per run) of ``method`` on each set, with the classifier rebuilt for each set's class names.
     The method's own class set is restored afterwards."""
     original = tuple(method.classnames)
@@ -83,7 +111,10 @@ def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = F
     try:
         for eval_set in sets:
             method.set_classnames(eval_set.classnames)
-            logits = method_logits(method, eval_set.features, amp)
+            if method.consumes == "pixels" and eval_set.images is not None:
+                logits = pixel_logits(method, eval_set.images, amp, progress, f"evaluate {eval_set.name}")
+            else:
+                logits = method_logits(method, eval_set.features, amp)
             results[eval_set.name] = top1_accuracy(logits, eval_set.labels).tolist()
     finally:
         if original:
@@ -113,12 +144,12 @@ def summarize(accuracies: dict[str, float]) -> dict[str, float]:
 
 
 def evaluate_run(method: PromptMethod, eval_sets: Sequence[EvalSet], backbone: Backbone, dataset: str,
-                 amp: bool = False) -> dict[str, Any]:
+                 amp: bool = False, progress: bool = False) -> dict[str, Any]:
     """A trained run's final metrics: accuracy on each evaluation set (base/new/all, H) and the zero-shot references
     with the dataset's CLIP template on the same sets."""
     from atlas_fast.data.templates import zeroshot_template
 
-    accuracies = {name: values[0] for name, values in evaluate_method(method, eval_sets, amp).items()}
+    accuracies = {name: values[0] for name, values in evaluate_method(method, eval_sets, amp, progress).items()}
     template = zeroshot_template(dataset)
     zero_shot = {s.name: zero_shot_accuracy(backbone, s, template) for s in eval_sets}
     return {**summarize(accuracies), "zero_shot": summarize(zero_shot)}
@@ -155,14 +186,22 @@ def evaluate_record(record_path: str | Path, dataset: str, data_root: str | Path
     cache.build(backbone, splits.name, splits.test, num_views=0, progress=progress)
     features = cache.load(backbone, splits.name, splits.test, views=[0])[:, 0]
     labels = torch.tensor([d.label for d in splits.test])
-    eval_set = EvalSet(subsample, splits.classnames, features, labels)
-
     method_name = config["method"]
+    images = None
+    if method_name in METHODS and METHODS[method_name].consumes == "pixels":
+        from atlas_fast.pixels import ImageViews
+
+        images = ImageViews(splits.test, backbone, device=torch_device)
+    eval_set = EvalSet(subsample, splits.classnames, features, labels, images)
+
     method_config = METHODS[method_name].config_class(**config["method_config"]) if method_name in METHODS else None
-    method = build_method(method_name, backbone, splits.classnames, method_config).to(torch_device)
+    # Built for the classes it was trained on (DePT's head is sized and matched by them; older records lack them),
+    # then evaluated on the target's classes by evaluate_method.
+    trained_on = record.get("data", {}).get("classnames") or splits.classnames
+    method = build_method(method_name, backbone, trained_on, method_config).to(torch_device)
     method.load_checkpoint_state(load_learned(record_path))
     amp = config.get("precision") == "amp" and torch_device.type == "cuda"
-    accuracy = evaluate_method(method, [eval_set], amp)[subsample][0]
+    accuracy = evaluate_method(method, [eval_set], amp, progress)[subsample][0]
     return {"dataset": splits.name, "subsample": subsample, "accuracy": accuracy,
             "zero_shot": zero_shot_accuracy(backbone, eval_set, zeroshot_template(splits.name)),
             "record": str(record_path), "num_test": len(labels), "num_classes": len(splits.classnames)}

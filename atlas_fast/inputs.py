@@ -1,20 +1,24 @@
 """Prepare a run's inputs: the data (few-shot subset, base/new split), the feature cache, the evaluation sets, the
 soft labels and the training inputs the loop iterates over.
 
-The loop sees training inputs only through :class:`TrainInputs`: :class:`CachedViews` serves cached image features;
-a pixel source for methods that prompt the image encoder implements the same protocol.
+The loop sees training inputs only through :class:`TrainInputs`: :class:`CachedViews` serves cached image features,
+:class:`PixelViews` the pixels of the same seeded views for methods that prompt the image encoder (IVLP, MaPLe,
+PromptSRC). Everything else (soft labels, schedules, evaluation sets' frozen features for the zero-shot references)
+comes from the feature cache either way: the frozen CLIP is never run again for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Iterator, NamedTuple, Protocol
 
 import torch
+from tqdm.auto import tqdm
 
 from atlas_fast.backbones import Backbone
 from atlas_fast.evaluate import EvalSet
+from atlas_fast.pixels import ImageViews
 from atlas_fast.plan import RunPlan
 
 # Preload every cached view of the training set when it fits this budget; otherwise read one view per epoch.
@@ -62,6 +66,37 @@ class CachedViews(EpochTensorInputs):
         return self.cache.load(self.backbone, self.dataset, self.items, views=[1 + view], aug_seed=self.aug_seed)[:, 0]
 
 
+class PixelBatch(NamedTuple):
+    """A batch for a method that also reads the frozen CLIP's features of the same views (PromptSRC)."""
+
+    pixels: torch.Tensor  # (B, 3, S, S)
+    frozen_features: torch.Tensor  # (B, D): the cached features of exactly these views
+
+    def to(self, device: torch.device | str) -> "PixelBatch":
+        return PixelBatch(self.pixels.to(device), self.frozen_features.to(device))
+
+
+class PixelViews:
+    """The training images as pixels: epoch ``e`` decodes view ``1 + (e mod V)`` of each image, the view whose
+    features :class:`CachedViews` would serve. With ``frozen`` (cached views) each batch also carries those features
+    (:class:`PixelBatch`)."""
+
+    def __init__(self, images: ImageViews, views: int, frozen: CachedViews | None = None,
+                 progress: bool = False) -> None:
+        self.images, self.views, self.frozen, self.progress = images, views, frozen, progress
+
+    def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[object, torch.Tensor]]:
+        frozen = self.frozen.for_epoch(epoch) if self.frozen is not None else None
+        with tqdm(total=len(order), desc=f"epoch {epoch}", unit="img", disable=not self.progress,
+                  leave=False) as bar:
+            for pixels, index in self.images.batches(1 + epoch % self.views, order, batch_size):
+                if frozen is None:
+                    yield pixels, index
+                else:
+                    yield PixelBatch(pixels, frozen[index].to(pixels.device, non_blocking=True)), index
+                bar.update(len(index))
+
+
 @dataclass
 class RunInputs:
     """Everything a run trains and evaluates on, prepared once."""
@@ -89,10 +124,11 @@ def evaluation_splits(plan: RunPlan, fewshot) -> dict[str, object]:
 
 
 def prepare_inputs(plan: RunPlan) -> RunInputs:
-    """Load the data, build what the feature cache lacks (train views 0..V, test view 0), read the evaluation
-    features and compute the soft labels once."""
+    """Load the data, build what the feature cache lacks (train views 0..V, test view 0; pixel methods: train view 0
+    and, for PromptSRC, 1..V), read the evaluation features and compute the soft labels once."""
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset
+    from atlas_fast.methods import METHODS
 
     config, backbone = plan.config, plan.backbone
     full = load_dataset(config.dataset, config.data_root)
@@ -103,15 +139,21 @@ def prepare_inputs(plan: RunPlan) -> RunInputs:
     if not train_split.train:
         raise ValueError(f"{full.name}: the {config.train_subsample!r} training list is empty.")
 
+    method_class = METHODS[config.method]
+    pixels = method_class.consumes == "pixels"
+    frozen_views = getattr(method_class, "frozen_view_features", False)
     cache = FeatureCache(config.cache_root)
-    cache.build(backbone, full.name, train_split.train, num_views=plan.views, aug_seed=config.aug_seed,
-                progress=config.progress)
+    # pixel methods need cached train features only for soft labels (view 0) and PromptSRC's frozen views
+    cache.build(backbone, full.name, train_split.train, num_views=0 if pixels and not frozen_views else plan.views,
+                aug_seed=config.aug_seed, progress=config.progress)
     cache.build(backbone, full.name, fewshot.test, num_views=0, progress=config.progress)
 
     eval_sets = []
     for name, split in splits.items():
         features = cache.load(backbone, full.name, split.test, views=[0])[:, 0]
-        eval_sets.append(EvalSet(name, split.classnames, features, torch.tensor([d.label for d in split.test])))
+        images = ImageViews(split.test, backbone, workers=config.workers, device=plan.device) if pixels else None
+        eval_sets.append(EvalSet(name, split.classnames, features, torch.tensor([d.label for d in split.test]),
+                                 images))
     labels = torch.tensor([d.label for d in train_split.train])
     soft_rows = None
     if config.soft_labels is not None:
@@ -120,6 +162,12 @@ def prepare_inputs(plan: RunPlan) -> RunInputs:
         view0 = cache.load(backbone, full.name, train_split.train, views=[0], aug_seed=config.aug_seed)[:, 0]
         soft_rows = compute_soft_labels(config.soft_labels, backbone, train_split, view0,
                                         store_dir=Path(config.cache_root) / "softlabels")
-    train_inputs = CachedViews(cache, backbone, full.name, train_split.train, plan.views, config.aug_seed,
-                               plan.device)
+    if not pixels:
+        train_inputs = CachedViews(cache, backbone, full.name, train_split.train, plan.views, config.aug_seed,
+                                   plan.device)
+    else:
+        frozen = (CachedViews(cache, backbone, full.name, train_split.train, plan.views, config.aug_seed)
+                  if frozen_views else None)
+        images = ImageViews(train_split.train, backbone, config.aug_seed, config.workers, plan.device)
+        train_inputs = PixelViews(images, plan.views, frozen, config.progress)
     return RunInputs(full, fewshot, train_split, eval_sets, labels, soft_rows, train_inputs)

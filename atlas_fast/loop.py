@@ -22,14 +22,17 @@ from atlas_fast.methods.base import OptimRecipe, PromptMethod
 from atlas_fast.schedules import LabelSchedule
 
 
-def lr_at_epoch(recipe: OptimRecipe, epoch: int) -> float:
+def lr_at_epoch(recipe: OptimRecipe, epoch: int, lr_scale: float = 1.0) -> float:
     """Dassl's per-epoch lr (``methods.md`` §1.4): ``warmup_lr`` during the warmup epochs, then a cosine over
-    ``recipe.epochs`` whose counter restarts after warmup: ``0.5 * lr * (1 + cos(pi * (e - W) / E))``."""
+    ``recipe.epochs`` whose counter restarts after warmup: ``0.5 * lr * (1 + cos(pi * (e - W) / E))``.
+
+    ``lr_scale`` multiplies the base lr of a parameter group (DePT's head: 6.5) but not the warmup lr: Dassl's
+    constant warmup sets every group to ``warmup_lr`` (``methods.md`` §9.5)."""
     if not 0 <= epoch < recipe.epochs:
         raise ValueError(f"epoch must be in [0, {recipe.epochs}), got {epoch}.")
     if epoch < recipe.warmup_epochs:
         return recipe.warmup_lr
-    return 0.5 * recipe.lr * (1.0 + math.cos(math.pi * (epoch - recipe.warmup_epochs) / recipe.epochs))
+    return 0.5 * recipe.lr * lr_scale * (1.0 + math.cos(math.pi * (epoch - recipe.warmup_epochs) / recipe.epochs))
 
 
 def build_optimizer(method: PromptMethod, recipe: OptimRecipe) -> torch.optim.SGD:
@@ -48,6 +51,9 @@ def train_epochs(method: PromptMethod, train_inputs: TrainInputs, labels: torch.
     callback's fields)."""
     if method.num_runs != 1:
         raise NotImplementedError(f"train_epochs trains one run at a time (num_runs = 1), got {method.num_runs}.")
+    if not method.learns:  # zero-shot CLIP: nothing to train
+        method.eval()
+        return []
     optimizer = build_optimizer(method, recipe)
     scaler = torch.amp.GradScaler(device.type, enabled=amp)
     generator = torch.Generator().manual_seed(seed)
@@ -61,7 +67,7 @@ def train_epochs(method: PromptMethod, train_inputs: TrainInputs, labels: torch.
         start = time.perf_counter()
         lr = lr_at_epoch(recipe, epoch)
         for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]
+            group["lr"] = lr_at_epoch(recipe, epoch, group["lr_scale"])
         order = torch.randperm(len(labels), generator=generator)
         total = torch.zeros((), device=device)
         for inputs, index in train_inputs.batches(epoch, order, recipe.batch_size):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from atlas_fast.backbones import Backbone, shared_backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod
+from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe
 from atlas_fast.results import ResultStore, record_key
 
 if TYPE_CHECKING:
@@ -36,9 +36,9 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 def recipe_functions() -> dict[str, Callable[..., tuple[MethodConfig, OptimRecipe]]]:
     """Per method: ``(family, setting, shots, dataset) -> (method config, OptimRecipe)`` (``methods.md`` §10)."""
-    from atlas_fast.methods.coop import coop_recipe
+    from atlas_fast.methods import RECIPES
 
-    return {"coop": coop_recipe}
+    return dict(RECIPES)
 
 
 def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, OptimRecipe]:
@@ -46,11 +46,42 @@ def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, Opt
     functions = recipe_functions()
     if config.method not in functions:
         raise ValueError(f"No training recipe for method {config.method!r}; known: {sorted(functions)}.")
-    method_config, recipe = functions[config.method](config.recipe, config.setting, config.shots, dataset)
+    overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
+    try:
+        method_config, recipe = functions[config.method](config.recipe, config.setting, config.shots, dataset)
+    except MissingRecipe as missing:  # no reference recipe: the caller's epochs, batch size and lr, all three
+        if len(overrides) < 3:
+            raise
+        method_config, recipe = missing.method_config, OptimRecipe(**overrides)
     if config.method_config is not None:
         method_config = config.method_config
-    overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
+    if config.method_options:
+        method_config = with_options(method_config, config.method_options)
     return method_config, dataclasses.replace(recipe, **overrides)
+
+
+def with_options(method_config: MethodConfig, options: dict[str, Any]) -> MethodConfig:
+    """``method_config`` with some fields replaced, e.g. ``{"depth": 3}`` for MaPLe on a 4-block backbone. String
+    values (from the command line) are converted to the field's type; unknown fields are an error naming the valid
+    ones."""
+    valid = {f.name: getattr(method_config, f.name) for f in dataclasses.fields(method_config)}
+    changes = {}
+    for name, value in options.items():
+        if name not in valid:
+            raise ValueError(f"{type(method_config).__name__} has no option {name!r}; valid: {sorted(valid)}.")
+        current = valid[name]
+        if isinstance(value, str) and not isinstance(current, str):
+            if isinstance(current, bool):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(f"option {name} takes true or false, got {value!r}.")
+                value = value.lower() in ("true", "1")
+            else:
+                try:
+                    value = type(current)(value)
+                except ValueError as exc:
+                    raise ValueError(f"option {name} takes a {type(current).__name__}, got {value!r}.") from exc
+        changes[name] = value
+    return dataclasses.replace(method_config, **changes)
 
 
 def _as_dict(value: Any) -> Any:
@@ -82,13 +113,6 @@ def record_stem(config: TrainConfig, key: str) -> str:
     schedule = config.schedule.name + (f"{config.schedule.period}" if hasattr(config.schedule, "period") else "")
     return (f"{config.method}-{schedule}{('-' + soft) if soft else ''}-{config.setting}-{config.shots}shot-"
             f"seed{config.seed}-{key[:12]}")
-
-
-def require_cached_features(method_class: type[PromptMethod]) -> None:
-    """Refuse methods whose image path is prompted: they cannot train from cached image features."""
-    if method_class.consumes != "features":
-        raise NotImplementedError(f"{method_class.__name__} consumes pixels (its image encoder is prompted), so it "
-                                  f"cannot train from cached features; the full forward path is not implemented yet.")
 
 
 @dataclass
@@ -125,8 +149,9 @@ def plan_run(config: TrainConfig) -> RunPlan:
     from atlas_fast.data.datasets import get_spec
     from atlas_fast.methods import METHODS
 
-    if config.method in METHODS:
-        require_cached_features(METHODS[config.method])
+    if config.method in METHODS and not METHODS[config.method].learns and config.schedule.name != "onehot":
+        raise ValueError(f"{config.method} learns nothing, so the {config.schedule.name!r} label schedule has "
+                         f"nothing to supervise; run it without soft labels (schedule OneHot, --atlas none).")
     device = resolve_device(config.device)
     amp = resolve_precision(config.precision, device) == "amp"
     if amp and device.type != "cuda":

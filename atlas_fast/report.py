@@ -16,6 +16,14 @@ from typing import Any, Iterable, Sequence
 from atlas_fast.evaluate import harmonic_mean
 
 SOFT_LABEL_NAMES = {"ls": "ATLaS", "csl": "ATLaS-CSL", "isl": "ATLaS-ISL", "mix": "ATLaS-Mix"}
+# How the papers print each method; the ATLaS paper's "DePT" rows are DePT on CoOp.
+METHOD_NAMES = {"zsclip": "CLIP (zero-shot)", "coop": "CoOp", "cocoop": "CoCoOp", "kgcoop": "KgCoOp",
+                "dept-coop": "DePT", "dept-cocoop": "DePT-CoCoOp", "dept-kgcoop": "DePT-KgCoOp"}
+
+
+def method_name(method: str) -> str:
+    """The printed name of a registered method (``dept-coop`` -> ``DePT``); unknown names are printed as given."""
+    return METHOD_NAMES.get(method, method)
 
 
 def variant_label(config: dict[str, Any]) -> str:
@@ -24,7 +32,7 @@ def variant_label(config: dict[str, Any]) -> str:
     schedule = config["schedule"]["name"]
     soft = (config.get("soft_labels") or {}).get("kind")
     if schedule == "onehot":
-        return config["method"].replace("coop", "CoOp")
+        return method_name(config["method"])
     if schedule == "atlas":
         return f"+ {SOFT_LABEL_NAMES[soft]}"
     if schedule == "joint":
@@ -51,12 +59,25 @@ class TableRow:
     spread: dict[str, float] = field(default_factory=dict)
     seeds: int = 0
     datasets: tuple[str, ...] = ()
+    block: str = ""  # rows of one method share a block; each block's first row is its baseline
 
 
 def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base", "new"),
-              label=variant_label) -> list[TableRow]:
+              label=variant_label, by_method: bool = False) -> list[TableRow]:
     """Group records by variant label (first-seen order) and average as the papers do; adds H when base and new are
-    present. ``spread`` is the population std over seeds (CoOp's ``parse_test_res``), averaged over datasets."""
+    present. ``spread`` is the population std over seeds (CoOp's ``parse_test_res``), averaged over datasets.
+    With ``by_method`` each method's records form a block of rows (the paper's Table III: CoOp, + ATLaS, ...,
+    CoCoOp, + ATLaS, ...), compared with that block's first row."""
+    if by_method:
+        per_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for record in records:
+            per_method[record["config"]["method"]].append(record)
+        rows = []
+        for method, group in per_method.items():
+            for row in aggregate(group, metrics, label):
+                row.block = method_name(method)
+                rows.append(row)
+        return rows
     groups: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for record in records:
         variant = label(record["config"])
@@ -78,6 +99,25 @@ def _columns(rows: Sequence[TableRow]) -> list[str]:
     return list(rows[0].metrics) if rows else []
 
 
+def _references(rows: Sequence[TableRow], baseline: int) -> list[int | None]:
+    """Per row, the index of the row its change is measured against (None for a baseline row): the first row of its
+    block when rows carry blocks, else ``rows[baseline]``."""
+    if not any(row.block for row in rows):
+        return [None if i == baseline else baseline for i in range(len(rows))]
+    first: dict[str, int] = {}
+    refs: list[int | None] = []
+    for i, row in enumerate(rows):
+        refs.append(first.setdefault(row.block, i))
+        if refs[-1] == i:
+            refs[-1] = None
+    return refs
+
+
+def display_label(row: TableRow) -> str:
+    """A row's name outside its table (plots): ``+ ATLaS`` rows of a block are prefixed with the block's method."""
+    return f"{row.block} {row.label}" if row.block and row.label.startswith("+") else row.label
+
+
 def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0) -> str:
     """A Markdown table; the last metric column carries the change against ``rows[baseline]`` in parentheses."""
     if not rows:
@@ -86,15 +126,14 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
     lines = [f"**{title}**", ""] if title else []
     lines.append("| Method | " + " | ".join(cols) + " |")
     lines.append("|---|" + "---:|" * len(cols))
-    ref = rows[baseline].metrics[cols[-1]]
-    for i, row in enumerate(rows):
+    for row, ref in zip(rows, _references(rows, baseline)):
         cells = []
         for c in cols:
             cell = f"{row.metrics[c]:.2f}"
             if c in row.spread and row.seeds > 1:
                 cell += f" ± {row.spread[c]:.2f}"
-            if c == cols[-1] and i != baseline:
-                cell += f" ({row.metrics[c] - ref:+.2f})"
+            if c == cols[-1] and ref is not None:
+                cell += f" ({row.metrics[c] - rows[ref].metrics[c]:+.2f})"
             cells.append(cell)
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
     seeds = min(r.seeds for r in rows)
@@ -108,12 +147,13 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
 def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0) -> str:
     """A booktabs LaTeX table shaped like the paper's Table III (Methods | metrics, improvement of the last)."""
     cols = _columns(rows)
-    ref = rows[baseline].metrics[cols[-1]] if rows else 0.0
     body = []
-    for i, row in enumerate(rows):
+    for i, (row, ref) in enumerate(zip(rows, _references(rows, baseline))):
         cells = [f"{row.metrics[c]:.2f}" for c in cols]
-        if i != baseline:
-            cells[-1] += f" ({{{row.metrics[cols[-1]] - ref:+.2f}}})"
+        if ref is not None:
+            cells[-1] += f" ({{{row.metrics[cols[-1]] - rows[ref].metrics[cols[-1]]:+.2f}}})"
+        if i and ref is None:
+            body.append(r"    \midrule")
         body.append(f"    {row.label} & " + " & ".join(cells) + r" \\")
     return "\n".join([
         r"\begin{table}[t]", r"  \centering", f"  \\caption{{{caption}}}",
@@ -156,7 +196,7 @@ def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str = "") -> Pa
         xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(cols))]
         values = [row.metrics[c] for c in cols]
         errors = [row.spread.get(c, 0.0) for c in cols]
-        bars = ax.bar(xs, values, width, yerr=errors, capsize=2, label=row.label)
+        bars = ax.bar(xs, values, width, yerr=errors, capsize=2, label=display_label(row))
         for bar, value in zip(bars, values):
             ax.annotate(f"{value:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), fontsize=6,
                         ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")

@@ -4,11 +4,14 @@ This is CoOp's ``TextEncoder`` (``methods.md`` §1.2) on the open_clip model: x 
 causal transformer, ``ln_final``, the row at the EOT position, ``text_projection``. Under the causal mask the EOT
 output depends only on positions <= EOT, so running just the first ``max(eot_index) + 1`` positions (slicing the
 positional embedding and the mask) gives the same features and gradients as the full 77-token pass, at a fraction of
-the cost for short prompts.
+the cost for short prompts. That stays exact with deep text prompts (IVLP, MaPLe, PromptSRC), which replace positions
+1..M at the input of blocks 1..J-1 (:func:`atlas_fast.prompted_towers.run_blocks`): every replaced position is before
+the EOT.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -16,6 +19,7 @@ import torch
 from torch import nn
 
 from atlas_fast.backbones import Backbone
+from atlas_fast.prompted_towers import run_blocks, runs_to_batch
 
 
 @dataclass(frozen=True)
@@ -64,14 +68,17 @@ class PromptTextEncoder:
         # Truncation is exact only under a causal mask; a tower without one runs every position it is given.
         self.causal = getattr(model, "attn_mask", None) is not None
 
-    def __call__(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor) -> torch.Tensor:
-        return self.forward(prompt_embeddings, eot_index)
+    def __call__(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor,
+                 deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        return self.forward(prompt_embeddings, eot_index, deep_prompts)
 
-    def forward(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor) -> torch.Tensor:
+    def forward(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor,
+                deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         """Un-normalised text features (..., C, D) of prompt embeddings (..., C, L, d) pooled at ``eot_index``.
 
         ``eot_index`` is (C,) (shared by the leading dims, e.g. the R runs) or has the full leading shape (..., C).
-        ``L`` may be anything from ``max(eot_index) + 1`` to the context length.
+        ``L`` may be anything from ``max(eot_index) + 1`` to the context length. ``deep_prompts``: one (R, M, d)
+        tensor per block 1..J-1 (R = the product of the leading dims before C), written into positions 1..M.
         """
         if prompt_embeddings.dim() < 3 or prompt_embeddings.shape[-1] != self.width:
             raise ValueError(f"prompt_embeddings must be (..., C, L, {self.width}), got {tuple(prompt_embeddings.shape)}")
@@ -87,7 +94,15 @@ class PromptTextEncoder:
         x = prompt_embeddings[..., :n_used, :].reshape(-1, n_used, width)
         x = x.to(model.transformer.get_cast_dtype()) + model.positional_embedding[:n_used].to(x.dtype)
         mask = model.attn_mask[:n_used, :n_used] if self.causal else None
-        x = model.transformer(x, attn_mask=mask)
+        if deep_prompts:
+            runs = math.prod(lead[:-1])
+            deep = [runs_to_batch(p.reshape(runs, *p.shape[-2:]), lead[-1]) for p in deep_prompts]
+            if any(p.shape[1] >= int(eot_index.min()) for p in deep):
+                raise ValueError(f"deep text prompts of {deep[0].shape[1]} tokens would overwrite an EOT token "
+                                 f"(the earliest is at position {int(eot_index.min())})")
+            x = run_blocks(model.transformer, x, mask, deep, "text")
+        else:
+            x = model.transformer(x, attn_mask=mask)
         x = model.ln_final(x)
         x = x[torch.arange(x.shape[0], device=x.device), eot_index.reshape(-1)]
         projection = model.text_projection

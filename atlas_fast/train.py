@@ -32,7 +32,7 @@ from atlas_fast.inputs import PRELOAD_BYTES, CachedViews, RunInputs, TrainInputs
 from atlas_fast.loop import lr_at_epoch, train_epochs  # noqa: F401
 from atlas_fast.methods.base import MethodConfig
 from atlas_fast.plan import (RunPlan, describe_run, plan_run, recipe_functions, record_stem,  # noqa: F401
-                             require_cached_features, resolve_device, resolve_recipe)
+                             resolve_device, resolve_recipe)
 from atlas_fast.results import build_record
 from atlas_fast.schedules import LabelSchedule, OneHot
 
@@ -49,12 +49,14 @@ PRECISIONS = ("auto", "fp32", "amp")
 class TrainConfig:
     """Everything that defines one training run (and, hashed with the backbone fingerprint, names its record).
 
-    ``method_config``/``None`` and the ``epochs``/``batch_size``/``lr`` overrides refine the recipe of
-    ``(method, recipe, setting, shots, dataset)``; ``subsample`` defaults to ``base`` in base-to-new and ``all``
+    ``method_config``/``None``, ``method_options`` (fields of the method config to replace, e.g. ``{"depth": 3}``)
+    and the ``epochs``/``batch_size``/``lr`` overrides refine the recipe of ``(method, recipe, setting, shots,
+    dataset)``; ``subsample`` defaults to ``base`` in base-to-new and ``all``
     otherwise; ``views`` (cached augmented views) defaults to the number of epochs (a fresh view every epoch, the
     faithful setting). ``soft_labels`` (a :class:`atlas_fast.softlabels.SoftLabelConfig`) is required exactly when
-    the schedule uses soft labels. ``data_root``, ``cache_root``, ``results_dir`` and ``progress`` do not change the
-    numbers and are not part of the record's name.
+    the schedule uses soft labels. ``workers`` are the DataLoader decoding processes of the methods that train on
+    pixels (None: up to 8 on a GPU, none on the CPU). ``data_root``, ``cache_root``, ``results_dir``, ``progress``
+    and ``workers`` do not change the numbers and are not part of the record's name.
     """
 
     dataset: str
@@ -62,6 +64,7 @@ class TrainConfig:
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     method: str = "coop"
     method_config: MethodConfig | None = None
+    method_options: dict[str, Any] | None = None
     recipe: Literal["paper", "original"] = "paper"
     setting: Setting = "base2new"
     shots: int = 16
@@ -80,6 +83,7 @@ class TrainConfig:
     cache_root: str | Path = "cache"
     results_dir: str | Path = "results"
     progress: bool = True
+    workers: int | None = None
 
     def __post_init__(self) -> None:
         if self.setting not in SETTINGS:
@@ -98,6 +102,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} override must be >= 1, got {value}.")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"workers must be >= 0 DataLoader processes (or None for automatic), got {self.workers}.")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr override must be > 0, got {self.lr}.")
         if not isinstance(self.schedule, LabelSchedule):
@@ -154,11 +160,11 @@ def run(config: TrainConfig) -> dict[str, Any]:
                           config.seed, plan.device, plan.amp, config.progress, per_epoch_eval)
     lap("train")
 
-    metrics = evaluate_run(method, inputs.eval_sets, plan.backbone, inputs.full.name, plan.amp)
+    metrics = evaluate_run(method, inputs.eval_sets, plan.backbone, inputs.full.name, plan.amp, config.progress)
     lap("evaluate")
 
     data = {"dataset": inputs.full.name, "num_train": len(inputs.labels),
-            "num_classes": len(inputs.train_split.classnames),
+            "num_classes": len(inputs.train_split.classnames), "classnames": list(inputs.train_split.classnames),
             "num_test": {s.name: len(s.labels) for s in inputs.eval_sets}}
     record = build_record(plan.key, plan.described, plan.backbone,
                           {"data_root": str(config.data_root), "cache_root": str(config.cache_root)}, data, metrics,

@@ -2,6 +2,9 @@
 
 import contextlib
 
+import torch
+import torch.nn.functional as F
+
 
 @contextlib.contextmanager
 def token_embeddings_replaced_by(model, embeddings):
@@ -11,3 +14,37 @@ def token_embeddings_replaced_by(model, embeddings):
         yield
     finally:
         handle.remove()
+
+
+def reference_text_features(backbone, ctx, classnames, prompt_prefix, position="end", normalize=True):
+    """CoOp's PromptLearner.forward + TextEncoder: per-class concatenation over all 77 positions, CLIP encode_text
+    (L2-normalised unless ``normalize=False``)."""
+    model, tokenizer = backbone.model, backbone.tokenizer
+    m = ctx.shape[-2]
+    names = [n.replace("_", " ") for n in classnames]
+    ids = tokenizer([f"{prompt_prefix} {n}." for n in names])
+    with torch.no_grad():
+        embedding = model.token_embedding(ids)
+    prefix, suffix = embedding[:, :1], embedding[:, 1 + m:]
+    ctx = ctx if ctx.dim() == 3 else ctx.unsqueeze(0).expand(len(names), -1, -1)
+    prompts = []
+    for i, name in enumerate(names):
+        n, half = len(tokenizer.encode(name)), m // 2
+        name_tokens, rest = suffix[i:i + 1, :n], suffix[i:i + 1, n:]
+        if position == "end":
+            parts = [prefix[i:i + 1], ctx[i:i + 1], suffix[i:i + 1]]
+        elif position == "middle":
+            parts = [prefix[i:i + 1], ctx[i:i + 1, :half], name_tokens, ctx[i:i + 1, half:], rest]
+        else:
+            parts = [prefix[i:i + 1], name_tokens, ctx[i:i + 1], rest]
+        prompts.append(torch.cat(parts, dim=1))
+    with token_embeddings_replaced_by(model, torch.cat(prompts)):
+        features = model.encode_text(ids)
+    return F.normalize(features, dim=-1) if normalize else features
+
+
+def assert_gradients_close(actual, expected):
+    """Gradients equal up to 1e-5 of the largest entry (fp32; the cached and literal paths sum in different orders)."""
+    scale = expected.abs().max()
+    assert scale > 0, "the reference gradient is zero: the test would not see a wrong gradient"
+    torch.testing.assert_close(actual / scale, expected / scale, atol=1e-5, rtol=0)

@@ -85,3 +85,24 @@ def test_cross_dataset_train_on_imagenet_then_eval_on_another_dataset(root, caps
     out = capsys.readouterr().out
     assert re.search(rf"OxfordPets \(all, 6 classes, 18 test images\): accuracy {NUMBER}", out), out
     assert re.search(rf"mean over 2 runs: {NUMBER}", out)
+
+
+@pytest.mark.parametrize("method, options", [
+    ("maple", ["depth=2"]),
+    ("promptsrc", ["depth_text=2", "depth_vision=2", "gpa_mean=3"]),
+])
+def test_train_pixel_methods_from_the_command_line(root, capsys, method, options):
+    """The full-forward methods run from the CLI with and without ATLaS; --method-option fits the recipe's depth
+    to the tiny backbone's 2 blocks."""
+    for flags, label in (([], method), (["--atlas", "ls"], f"{method}+ATLaS (K=2)")):
+        args = train_args(root, "--method", method, "--workers", "0", "--method-option", *options, *flags)
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        assert re.search(rf"OxfordPets {re.escape(label)} seed 1: base {NUMBER}  new {NUMBER}  H {NUMBER}", out), out
+
+
+def test_method_options_are_checked(root):
+    with pytest.raises(ValueError, match="no option 'deepth'"):
+        main(train_args(root, "--method", "maple", "--method-option", "deepth=2"))
+    with pytest.raises(ValueError, match=r"depth must be in \[1, 2\]"):
+        main(train_args(root, "--method", "maple", "--workers", "0"))

@@ -8,34 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.methods import METHODS, CoOp, CoOpConfig, OptimRecipe, build_method, coop_recipe
-from helpers import token_embeddings_replaced_by
+from helpers import reference_text_features
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
-
-
-def reference_text_features(backbone, ctx, classnames, prompt_prefix, position):
-    """CoOp's PromptLearner.forward + TextEncoder: per-class concatenation over all 77 positions, CLIP encode_text."""
-    model, tokenizer = backbone.model, backbone.tokenizer
-    m = ctx.shape[-2]
-    names = [n.replace("_", " ") for n in classnames]
-    ids = tokenizer([f"{prompt_prefix} {n}." for n in names])
-    with torch.no_grad():
-        embedding = model.token_embedding(ids)
-    prefix, suffix = embedding[:, :1], embedding[:, 1 + m:]
-    ctx = ctx if ctx.dim() == 3 else ctx.unsqueeze(0).expand(len(names), -1, -1)
-    prompts = []
-    for i, name in enumerate(names):
-        n, half = len(tokenizer.encode(name)), m // 2
-        name_tokens, rest = suffix[i:i + 1, :n], suffix[i:i + 1, n:]
-        if position == "end":
-            parts = [prefix[i:i + 1], ctx[i:i + 1], suffix[i:i + 1]]
-        elif position == "middle":
-            parts = [prefix[i:i + 1], ctx[i:i + 1, :half], name_tokens, ctx[i:i + 1, half:], rest]
-        else:
-            parts = [prefix[i:i + 1], name_tokens, ctx[i:i + 1], rest]
-        prompts.append(torch.cat(parts, dim=1))
-    with token_embeddings_replaced_by(model, torch.cat(prompts)):
-        return F.normalize(model.encode_text(ids), dim=-1)
 
 
 @pytest.mark.parametrize("position,csc", [("end", False), ("middle", False), ("front", False), ("end", True)])

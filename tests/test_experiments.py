@@ -4,9 +4,9 @@
 import pytest
 
 from atlas_fast.report import aggregate, latex_table, markdown_table, variant_label
-from atlas_fast.experiments import table3_base_to_new, table_ablation
+from atlas_fast.experiments import table3_base_to_new, table_ablation, table_cross_dataset
 from atlas_fast.experiments.common import run_experiment
-from layouts import make_oxford_pets
+from layouts import make_imagenet, make_oxford_pets
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,16 +21,22 @@ def _args(tmp_path, data_root):
 def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     data_root = tmp_path / "data"
     make_oxford_pets(data_root, n_classes=4, n_train=4, n_val=2, n_test=3, size=32)
-    table = run_experiment(table3_base_to_new, _args(tmp_path, data_root))
+    table = run_experiment(table3_base_to_new, _args(tmp_path, data_root) + ["--zero-shot"])
     lines = [line for line in table.splitlines() if line.startswith("| ")]
-    assert [line.split(" | ")[0] for line in lines[1:]] == ["| CoOp", "| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
+    variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
+    assert [line.split(" | ")[0] for line in lines[1:]] == [
+        "| CLIP (zero-shot)", "| CoOp", *variants, "| CoCoOp", *variants, "| DePT", *variants]
+    # each block's changes are measured against its own baseline row
+    h = {i: float(line.split(" | ")[-1].split()[0]) for i, line in enumerate(lines[1:])}
+    assert f"({h[6] - h[5]:+.2f})" in lines[7] and f"({h[10] - h[9]:+.2f})" in lines[11]
     for suffix in ("md", "tex", "png"):
         assert (tmp_path / "out" / f"table3_base_to_new.{suffix}").stat().st_size > 0
+    assert (tmp_path / "out" / "table3_base_to_new.tex").read_text().count(r"\midrule") == 4
     records = list((tmp_path / "results" / "OxfordPets").glob("*.json"))
-    assert len(records) == 8  # 4 variants x 2 seeds
+    assert len(records) == 26  # (3 methods x 4 variants + zero-shot) x 2 seeds
     # a second call reuses every finished run
     before = {p: p.stat().st_mtime_ns for p in records}
-    run_experiment(table3_base_to_new, _args(tmp_path, data_root))
+    run_experiment(table3_base_to_new, _args(tmp_path, data_root) + ["--zero-shot"])
     assert {p: p.stat().st_mtime_ns for p in records} == before
 
 
@@ -38,6 +44,24 @@ def test_ablation_rows_are_named_like_the_paper():
     assert [table_ablation.ablation_label(_config(v)) for v in table_ablation.variants()] == [
         "CoOp (baseline)", "+ vanilla LS", "+ vanilla LS + y", "+ ATLaS", "+ CSL", "+ CSL + y", "+ ATLaS-CSL",
         "+ ISL", "+ ISL + y", "+ ATLaS-ISL"]
+
+
+def test_cross_dataset_module_has_a_block_per_method(tmp_path):
+    data_root = tmp_path / "data"
+    make_imagenet(data_root, n_classes=4, n_train=3, n_val=2, size=32)
+    make_oxford_pets(data_root, n_classes=4, n_train=4, n_val=2, n_test=3, size=32)
+    args = _args(tmp_path, data_root)
+    args[args.index("OxfordPets")] = "ImageNet"
+    table = run_experiment(table_cross_dataset, args + ["--seeds", "1", "--methods", "cocoop", "dept-coop", "--zero-shot",
+                                             "--targets", "OxfordPets"])
+    rows = [line.split(" | ")[0] for line in table.splitlines()[2:]]
+    variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
+    assert rows == ["| CLIP (zero-shot)", "| CoCoOp", *variants, "| DePT", *variants]
+
+
+def test_ablation_runs_for_another_method(tmp_path):
+    assert table_ablation.ablation_label({**_config(table_ablation.variants()[0]), "method": "dept-coop"}) == \
+        "DePT (baseline)"
 
 
 def _config(variant):
@@ -109,7 +133,7 @@ def test_unknown_experiment_is_refused_with_the_valid_names():
 def test_dry_run_lists_the_runs_and_counts_finished_ones(world, tmp_path, capsys):
     from atlas_fast.cli import main
 
-    args = _world_args(world, tmp_path, "--seeds", "1", "2")
+    args = _world_args(world, tmp_path, "--seeds", "1", "2", "--methods", "coop")
     main(["experiment", "table3_base_to_new", "--dry-run", *args])
     listing = capsys.readouterr().out
     assert "8 runs: 0 finished, 8 to run in 2 group(s) of up to 4 run(s)" in listing
@@ -158,7 +182,7 @@ def test_cost_table_measures_training_and_soft_label_time(world, tmp_path):
 def test_per_dataset_tables_follow_the_average(world, tmp_path):
     from atlas_fast.experiments import table_a_per_dataset
 
-    text = run_experiment(table_a_per_dataset, _world_args(world, tmp_path))
+    text = run_experiment(table_a_per_dataset, _world_args(world, tmp_path, "--methods", "coop", "cocoop"))
     assert text.index("**Average over 1 datasets**") < text.index("**WorldSketches**")
     assert (tmp_path / "out" / "table_a_per_dataset.tex").stat().st_size > 0
 

@@ -67,6 +67,7 @@ def test_end_to_end_loss_falls_and_record_is_complete(pets):
     assert metrics["H"] == pytest.approx(harmonic_mean(metrics["base"], metrics["new"]))
     assert set(metrics["zero_shot"]) == {"base", "new", "all", "H"}
     assert record["data"] == {"dataset": "OxfordPets", "num_train": 16, "num_classes": 4,
+                              "classnames": ["dog_a", "breed_b_cat", "dog_c", "breed_d_cat"],
                               "num_test": {"base": 12, "new": 12, "all": 24}}
     # the last partial batch is kept: 16 items at batch 3 -> 6 steps; the record says what ran
     assert record["config"]["recipe"]["batch_size"] == 3 and record["config"]["views"] == 2
@@ -104,14 +105,6 @@ def test_identical_config_is_skipped(pets, monkeypatch):
     assert second["skipped"] and second["key"] == first["key"] and second["metrics"] == first["metrics"]
     with pytest.raises(AssertionError, match="must not train"):
         run(tiny_config(pets, results_dir=pets / "skip", epochs=3, lr=0.01))
-
-
-def test_pixel_methods_are_refused(pets, monkeypatch):
-    from atlas_fast.methods.coop import CoOp
-
-    monkeypatch.setattr(CoOp, "consumes", "pixels")
-    with pytest.raises(NotImplementedError, match="consumes pixels"):
-        run(tiny_config(pets, results_dir=pets / "pixels", epochs=2))
 
 
 def test_config_validation():

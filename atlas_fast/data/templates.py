@@ -3,6 +3,8 @@
 * :data:`ATLAS_TEMPLATES` -- the per-dataset prompts of the ATLaS paper (appendix "Implementation Details"), used by
   CSL/ISL to build soft labels; this is ``DatasetSplits.template``. It equals CoOp's table except DTD.
 * :data:`CUSTOM_TEMPLATES` -- CoOp's ``ZeroshotCLIP`` prompts (``trainers/zsclip.py``), for zero-shot baselines.
+* :data:`IMAGENET_TEMPLATES` -- the 60 prompts of CLIP's ImageNet prompt-engineering notebook, whose averaged
+  (un-normalised) text features are PromptSRC's frozen text targets.
 * :data:`IMAGENET_TEMPLATES_SELECT` -- the 7 prompts ``ZeroshotCLIP2`` ensembles (plus the dataset's CUSTOM prompt when
   the dataset is not ImageNet).
 
@@ -37,6 +39,69 @@ ATLAS_TEMPLATES = MappingProxyType({
     **CUSTOM_TEMPLATES,
     "DescribableTextures": "a photo of a {}, a type of texture.",
 })
+
+IMAGENET_TEMPLATES = (
+    "a photo of a {}.",
+    "a bad photo of a {}.",
+    "a photo of many {}.",
+    "a sculpture of a {}.",
+    "a photo of the hard to see {}.",
+    "a low resolution photo of the {}.",
+    "a rendering of a {}.",
+    "graffiti of a {}.",
+    "a bad photo of the {}.",
+    "a cropped photo of the {}.",
+    "a tattoo of a {}.",
+    "the embroidered {}.",
+    "a photo of a hard to see {}.",
+    "a bright photo of a {}.",
+    "a photo of a clean {}.",
+    "a photo of a dirty {}.",
+    "a dark photo of the {}.",
+    "a drawing of a {}.",
+    "a photo of my {}.",
+    "the plastic {}.",
+    "a photo of the cool {}.",
+    "a close-up photo of a {}.",
+    "a black and white photo of the {}.",
+    "a painting of the {}.",
+    "a painting of a {}.",
+    "a pixelated photo of the {}.",
+    "a sculpture of the {}.",
+    "a bright photo of the {}.",
+    "a cropped photo of a {}.",
+    "a plastic {}.",
+    "a photo of the dirty {}.",
+    "a jpeg corrupted photo of a {}.",
+    "a blurry photo of the {}.",
+    "a photo of the {}.",
+    "a good photo of the {}.",
+    "a rendering of the {}.",
+    "a {} in a video game.",
+    "a photo of one {}.",
+    "a doodle of a {}.",
+    "a close-up photo of the {}.",
+    "the origami {}.",
+    "the {} in a video game.",
+    "a sketch of a {}.",
+    "a doodle of the {}.",
+    "a origami {}.",
+    "a low resolution photo of a {}.",
+    "the toy {}.",
+    "a rendition of the {}.",
+    "a photo of the clean {}.",
+    "a photo of a large {}.",
+    "a rendition of a {}.",
+    "a photo of a nice {}.",
+    "a photo of a weird {}.",
+    "a blurry photo of a {}.",
+    "a cartoon {}.",
+    "art of a {}.",
+    "a sketch of the {}.",
+    "a embroidered {}.",
+    "a pixelated photo of a {}.",
+    "itap of the {}.",
+)
 
 IMAGENET_TEMPLATES_SELECT = (
     "itap of a {}.",

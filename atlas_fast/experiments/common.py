@@ -59,6 +59,19 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     return p
 
 
+# The text-side methods the paper's tables compare (its "DePT" is DePT on CoOp); IVLP/MaPLe need the pixel path.
+PAPER_TEXT_METHODS = ("coop", "cocoop", "dept-coop")
+
+
+def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
+    """``--methods`` (one block of rows each) and ``--zero-shot`` (a zero-shot CLIP row first)."""
+    from atlas_fast.methods import RECIPES
+
+    p.add_argument("--methods", nargs="+", default=list(default), choices=sorted(set(RECIPES) - {"zsclip"}),
+                   help="methods, one block of rows each (default: %(default)s)")
+    p.add_argument("--zero-shot", action="store_true", help="add a zero-shot CLIP row (zsclip) first")
+
+
 def execution_from_args(args: argparse.Namespace) -> Execution:
     """The sweep's :class:`~atlas_fast.sweep.Execution` from the execution options."""
     if args.executor == "ray":

@@ -20,14 +20,18 @@ from pathlib import Path
 
 import torch
 
-from atlas_fast.experiments import table3_base_to_new
-from atlas_fast.experiments.common import publish
+from atlas_fast.experiments.common import base_config, publish
 from atlas_fast.report import variant_label
+from atlas_fast.sweep import atlas_variants, grid_configs
+from atlas_fast.train import TrainConfig
 
 PAPER = "Table V (computational cost)"
 DATASETS = ("ImageNet",)
 BATCH_RUNS = 1
-plan = table3_base_to_new.plan
+
+
+def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    return grid_configs(base_config(args, "base2new"), args.datasets, atlas_variants("base2new"), args.seeds)
 
 
 def soft_label_seconds(record: dict, args: argparse.Namespace) -> float:

@@ -1,8 +1,9 @@
-"""Appendix Tables A1-A3: base-to-new results of CoOp with ATLaS, ATLaS-CSL and ATLaS-ISL on each dataset.
+"""Appendix Tables A1-A3: base-to-new results of each method with ATLaS, ATLaS-CSL and ATLaS-ISL on each dataset.
 
     atlas-fast experiment table_a_per_dataset --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
 
-The same runs as Table III (finished records are shared), one table per dataset after the average.
+The same runs and options as Table III (finished records are shared: ``--methods``, ``--zero-shot``), one table per
+dataset after the average, one block of rows per method.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from atlas_fast.experiments.common import publish, write_text
 from atlas_fast.report import aggregate, latex_table, markdown_table
 
 PAPER = "Appendix Tables A1-A3 (per dataset)"
+add_arguments = table3_base_to_new.add_arguments
 plan = table3_base_to_new.plan
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    sections = [markdown_table(aggregate(records), f"Average over {len(args.datasets)} datasets")]
-    latex = [latex_table(aggregate(records), caption=f"Average over {len(args.datasets)} datasets")]
+    average, title = aggregate(records, by_method=True), f"Average over {len(args.datasets)} datasets"
+    sections, latex = [markdown_table(average, title)], [latex_table(average, caption=title)]
     for dataset in dict.fromkeys(r["config"]["dataset"] for r in records):
-        rows = aggregate([r for r in records if r["config"]["dataset"] == dataset])
+        rows = aggregate([r for r in records if r["config"]["dataset"] == dataset], by_method=True)
         sections.append(markdown_table(rows, dataset))
         latex.append(latex_table(rows, caption=dataset))
     write_text(args.out, "table_a_per_dataset.tex", "\n\n".join(latex))

@@ -11,6 +11,7 @@ share one batched text-encoder pass. ``R = 1`` is an ordinary single run.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
@@ -21,6 +22,8 @@ import torch.nn.functional as F
 from atlas_fast.backbones import Backbone
 
 Consumes = Literal["features", "pixels"]
+# Images per chunk when a method evaluates cached test features chunk by chunk.
+EVAL_BATCH = 1024
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class PromptMethod(nn.Module):
     # True when R runs can train as one module (atlas_fast.batched): every learned tensor leads with R, forward()
     # and training_loss() take one batch per run ((R, B, ...) inputs, (R, B) labels) and runs never mix.
     supports_batched_runs: ClassVar[bool] = False
+    #: False for methods with no learned tensors (zero-shot CLIP): training them is skipped.
+    learns: ClassVar[bool] = True
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
         super().__init__()
@@ -113,21 +118,57 @@ class PromptMethod(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (R, B, C) = exp(logit_scale) * f_v f_t^T.
 
-        With ``consumes == "features"`` ``images`` are cached, un-normalised image features (B, D), shared by the R
-        runs, or (R, B, D), one batch per run (batched runs, :mod:`atlas_fast.batched`); they are normalised here.
-        With ``consumes == "pixels"`` they are preprocessed pixels (B, 3, H, W).
+        With ``consumes == "features"`` ``images`` are cached, un-normalised image features (B, D), shared by the
+        R runs, or (R, B, D), one batch per run; they are normalised here. With ``consumes == "pixels"`` they are
+        preprocessed pixels (B, 3, H, W).
         """
         if self.consumes != "features":
             raise NotImplementedError(f"{type(self).__name__} consumes pixels and must implement forward()")
-        per_run = images.dim() == 3 and images.shape[0] == self.num_runs
-        if not (images.dim() == 2 or per_run) or images.shape[-1] != self.backbone.embed_dim:
-            raise ValueError(f"{type(self).__name__} expects cached image features of shape (B, "
-                             f"{self.backbone.embed_dim}) or ({self.num_runs}, B, {self.backbone.embed_dim}), got "
-                             f"{tuple(images.shape)}")
-        image_features = F.normalize(images, dim=-1)
-        text_features = self.text_features()
-        equation = "rbd,rcd->rbc" if per_run else "bd,rcd->rbc"
-        return self.logit_scale * torch.einsum(equation, image_features.to(text_features.dtype), text_features)
+        return self.similarity_logits(self.image_batch(images), self.text_features())
+
+    def image_batch(self, images: torch.Tensor) -> torch.Tensor:
+        """Cached image features (B, D) or (R, B, D) as (1 or R, B, D) (a leading 1 is shared by every run)."""
+        dim = self.backbone.embed_dim
+        if images.dim() == 2 and images.shape[1] == dim:
+            return images.unsqueeze(0)
+        if images.dim() == 3 and images.shape[0] in (1, self.num_runs) and images.shape[2] == dim:
+            return images
+        raise ValueError(f"{type(self).__name__} expects cached image features of shape (B, {dim}) or "
+                         f"(R={self.num_runs}, B, {dim}), got {tuple(images.shape)}")
+
+    def similarity_logits(self, image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
+        """CLIP's logits (R, B, C) = exp(logit_scale) * cos(f_v, f_t) (``methods.md`` §1.3).
+
+        ``image_features`` (1 or R, B, D) and ``text_features`` (R, C, D), or (R, B, C, D) when every image has
+        its own class prompts (CoCoOp); neither needs to be normalised.
+        """
+        text = F.normalize(text_features, dim=-1)
+        image = F.normalize(image_features.to(text.dtype), dim=-1).expand(text.shape[0], -1, -1)
+        equation = "rbd,rcd->rbc" if text.dim() == 3 else "rbd,rbcd->rbc"
+        return self.logit_scale * torch.einsum(equation, image, text)
+
+    @torch.no_grad()
+    def eval_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Test-time logits (R, N, C) of cached features (N, D) for the current class set.
+
+        Methods whose class text does not depend on the image (the base ``forward``) encode the prompts once;
+        others run their ``forward`` over chunks of images. Override for another test-time path (CoCoOp bounds
+        its chunks by text sequences, DePT fuses its head on the classes it was trained on).
+        """
+        device = self.device
+        if type(self).forward is PromptMethod.forward:
+            text = self.text_features().float()
+            chunks = [self.similarity_logits(x.to(device).float().unsqueeze(0), text) for x in features.split(EVAL_BATCH)]
+        else:
+            chunks = [self(x.to(device)).float() for x in features.split(EVAL_BATCH)]
+        return torch.cat(chunks, dim=1)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the method's tensors live (the backbone's device when it owns none)."""
+        for tensor in itertools.chain(self.parameters(), self.buffers()):
+            return tensor.device
+        return torch.device(self.backbone.device)
 
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
                       criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -169,6 +210,28 @@ class PromptMethod(nn.Module):
                                  f"expected {tuple(param.shape)} (R, class count or prompt length differ?)")
             with torch.no_grad():
                 param.copy_(value.to(device=param.device, dtype=param.dtype))
+
+
+class MissingRecipe(ValueError):
+    """No reference repository defines a recipe for this (method, setting). ``method_config`` is the method's
+    configuration to train with when the caller gives epochs, batch size and lr explicitly."""
+
+    def __init__(self, method: str, setting: str, method_config: MethodConfig) -> None:
+        super().__init__(
+            f"{method} has no {setting!r} recipe in its reference repositories (methods.md §10). Give the schedule "
+            f"yourself, all three of epochs, batch size and lr: TrainConfig(epochs=..., batch_size=..., lr=...) or "
+            f"`atlas-fast train --epochs E --batch-size B --lr LR` (the method's base-to-new recipe is a starting "
+            f"point).")
+        self.method_config = method_config
+
+
+RECIPE_FAMILIES = ("paper", "original")
+
+
+def check_family(method: str, family: str) -> None:
+    """Reject a recipe family other than ``paper`` and ``original``."""
+    if family not in RECIPE_FAMILIES:
+        raise ValueError(f"{method} recipe family must be 'paper' or 'original', got {family!r}")
 
 
 METHODS: dict[str, type[PromptMethod]] = {}

@@ -143,8 +143,21 @@ class CoOp(PromptMethod):
         index = self.layout.view(1, classes, -1, 1).expand(runs, -1, -1, prompts.shape[-1])
         return prompts.gather(2, index)
 
+    def raw_text_features(self) -> torch.Tensor:
+        """Un-normalised class text features (R, C, D) (DePT's head reads them before normalisation)."""
+        return self.text_encoder(self.prompt_embeddings(), self.eot_index)
+
     def text_features(self) -> torch.Tensor:
-        return F.normalize(self.text_encoder(self.prompt_embeddings(), self.eot_index), dim=-1)
+        return F.normalize(self.raw_text_features(), dim=-1)
+
+    def class_text_features(self, image_features: torch.Tensor) -> torch.Tensor:
+        """Un-normalised text features of the current classes for a batch of image features (1 or R, B, D):
+        (R, C, D) here (CoOp's prompts ignore the image); image-conditioned methods return (R, B, C, D)."""
+        return self.raw_text_features()
+
+    def regularizer(self, text_features: torch.Tensor) -> torch.Tensor | None:
+        """Non-cross-entropy loss terms on the class text features (None: CoOp has none; KgCoOp overrides)."""
+        return None
 
 
 Family = Literal["paper", "original"]

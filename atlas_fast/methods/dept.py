@@ -1,0 +1,251 @@
+"""DePT (decoupled prompt tuning) on CoOp, CoCoOp or KgCoOp: a channel-transform head beside the base method
+(``methods.md`` §9). All of DePT's math is in this file; the base method's prompts and forward are unchanged.
+
+Head (CAT): FiLM on the **un-normalised** text and image features (x -> scale * x + bias, scale 1 and bias 0 at
+init, one pair per modality) and a linear classifier over the training classes. Training loss of a batch with
+labels y, similarity logits z (the base method's), text features T and image features V:
+
+    (1 - λ) * CE(z, y) + λ * CE(linear([film_text(T[y]); film_image(V)]), [y; y])  (+ KgCoOp's term for DePT-KgCoOp)
+
+with λ = 0.7; for CoCoOp, T[y_i] is image i's own conditioned text feature. The head's parameters train at
+6.5 x the prompt lr (DePT's staged lr, :meth:`DePT.param_groups`). At test time the head scores only the classes it
+was trained on: on those (base classes; ImageNet and its -V2/-Sketch variants after an ImageNet run; the matching
+rows for the -A/-R subsets) the logits are ``(1 - λ) z + λ linear(film_image(V))``; on any other class set (new
+classes, other datasets) they are z alone.
+
+ATLaS: the label schedule's criterion (one-hot or soft targets per epoch) is applied to z and to the image rows of
+the head. The text rows are class prototypes T[y_i] paired with image i; with ``head_text_targets = "mirror"``
+(default) they take image i's target too, as the reference's [y; y] duplicates the label; ``"onehot"`` keeps them on
+y (see the README's protocol decisions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Literal, Sequence
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from atlas_fast.backbones import Backbone
+from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
+                                     register_method)
+from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
+from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig, Family, Setting
+from atlas_fast.methods.kgcoop import KgCoOp, KgCoOpConfig
+
+HeadTextTargets = Literal["mirror", "onehot"]
+HEAD_TEXT_TARGETS = ("mirror", "onehot")
+
+
+@dataclass(frozen=True)
+class DePTHeadConfig(MethodConfig):
+    """The head's settings (DePT's train.py defaults): ``head_lambda`` = λ (TRAINER.LINEAR_PROBE.WEIGHT) weighs the
+    head in the loss and at test time, ``head_lr_scale`` = LR_EXP, ``fusion`` = TEST_TIME_FUSION (False: head logits
+    alone on its classes), ``head_text_targets`` = what the text rows learn from under soft labels."""
+
+    head_lambda: float = 0.7
+    head_lr_scale: float = 6.5
+    fusion: bool = True
+    head_text_targets: HeadTextTargets = "mirror"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.head_lambda <= 1.0:
+            raise ValueError(f"DePT head_lambda (λ) must be in [0, 1], got {self.head_lambda}")
+        if not self.head_lr_scale > 0:
+            raise ValueError(f"DePT head_lr_scale must be > 0, got {self.head_lr_scale}")
+        if self.head_text_targets not in HEAD_TEXT_TARGETS:
+            raise ValueError(f"DePT head_text_targets must be one of {HEAD_TEXT_TARGETS}, got "
+                             f"{self.head_text_targets!r}")
+
+
+@dataclass(frozen=True)
+class DePTCoOpConfig(CoOpConfig, DePTHeadConfig):
+    """DePT on CoOp: CoOp's fields + the head's."""
+
+
+@dataclass(frozen=True)
+class DePTCoCoOpConfig(CoCoOpConfig, DePTHeadConfig):
+    """DePT on CoCoOp: CoCoOp's fields + the head's."""
+
+
+@dataclass(frozen=True)
+class DePTKgCoOpConfig(KgCoOpConfig, DePTHeadConfig):
+    """DePT on KgCoOp: KgCoOp's fields (W, template) + the head's."""
+
+
+def per_run_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Hard-label CE of logits (R, B, C): the batch mean of each run, summed over runs."""
+    runs = logits.shape[0]
+    per_item = F.cross_entropy(logits.float().flatten(0, 1), labels.repeat(runs), reduction="none")
+    return per_item.view(runs, -1).mean(dim=1).sum()
+
+
+class DePT(PromptMethod):
+    """A base method (``base_class``) + the channel-transform head. Learned tensors: the base's (``base.ctx``, ...),
+    ``film_text_scale``/``film_text_bias``/``film_image_scale``/``film_image_bias`` (R, D), ``linear_weight``
+    (R, C_train, D) and ``linear_bias`` (R, C_train)."""
+
+    consumes = "features"
+    base_class: ClassVar[type[CoOp]]
+
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: DePTHeadConfig) -> None:
+        super().__init__(backbone, classnames, config)
+        self.base = self.base_class(backbone, classnames, config)
+        device, dim, runs = self.base.ctx.device, backbone.embed_dim, config.num_runs
+        self.film_text_scale = nn.Parameter(torch.ones(runs, dim, device=device))
+        self.film_text_bias = nn.Parameter(torch.zeros(runs, dim, device=device))
+        self.film_image_scale = nn.Parameter(torch.ones(runs, dim, device=device))
+        self.film_image_bias = nn.Parameter(torch.zeros(runs, dim, device=device))
+        linears = [nn.Linear(dim, len(classnames)) for _ in range(runs)]  # PyTorch's default init, after the base's
+        self.linear_weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in linears]).to(device))
+        self.linear_bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in linears]).to(device))
+        self.head_classnames = tuple(classnames)
+        self.set_classnames(classnames)
+
+    # ---- class sets -------------------------------------------------------------------------------------------
+    def set_classnames(self, classnames: Sequence[str]) -> None:
+        """The base's prompts follow the new class set; the head keeps its training classes (see :meth:`head_rows`)."""
+        self.base.set_classnames(classnames)
+        self.classnames = self.base.classnames
+        self._head_rows = self.head_rows()
+
+    def head_rows(self) -> torch.Tensor | None:
+        """Rows of the head that score the current classes: every row for the training class set, the matching
+        rows when the classes are an ordered subset of it (ImageNet-A/-R after ImageNet), else None (no head)."""
+        rows, j = [], 0
+        for name in self.classnames:
+            while j < len(self.head_classnames) and self.head_classnames[j] != name:
+                j += 1
+            if j == len(self.head_classnames):
+                return None
+            rows.append(j)
+            j += 1
+        return torch.tensor(rows, device=self.linear_weight.device)
+
+    # ---- head -------------------------------------------------------------------------------------------------
+    def head_logits(self, features: torch.Tensor, modality: Literal["text", "image"]) -> torch.Tensor:
+        """Unscaled head logits (R, B, C_train) of un-normalised features (1 or R, B, D) after that modality's FiLM."""
+        scale, bias = ((self.film_text_scale, self.film_text_bias) if modality == "text"
+                       else (self.film_image_scale, self.film_image_bias))
+        filmed = features.to(scale.dtype) * scale.unsqueeze(1) + bias.unsqueeze(1)
+        return torch.baddbmm(self.linear_bias.unsqueeze(1), filmed, self.linear_weight.transpose(1, 2))
+
+    def fuse(self, image_features: torch.Tensor, similarity: torch.Tensor) -> torch.Tensor:
+        """Test-time logits: ``(1 - λ) z + λ head`` (or the head alone without fusion) on the head's classes, z on
+        any other class set."""
+        rows = self._head_rows
+        if rows is None:
+            return similarity
+        head = self.head_logits(image_features, "image").index_select(-1, rows.to(similarity.device))
+        if not self.config.fusion:
+            return head
+        lam = self.config.head_lambda
+        return (1.0 - lam) * similarity + lam * head.to(similarity.dtype)
+
+    # ---- hooks ------------------------------------------------------------------------------------------------
+    def text_features(self) -> torch.Tensor:
+        return self.base.text_features()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Test-time logits (R, B, C) (see :meth:`fuse`); training goes through :meth:`training_loss`."""
+        image = self.base.image_batch(images)
+        return self.fuse(image, self.base.similarity_logits(image, self.base.class_text_features(image)))
+
+    @torch.no_grad()
+    def eval_logits(self, features: torch.Tensor) -> torch.Tensor:
+        similarity = self.base.eval_logits(features)  # the base's own test path (CoCoOp's chunking)
+        if self._head_rows is None:
+            return similarity
+        image = features.to(similarity.device).unsqueeze(0)
+        return self.fuse(image, similarity)
+
+    def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
+                      criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """(1 - λ) criterion(z) + λ * mean over the 2B head rows + the base's non-CE term (KgCoOp)."""
+        if self.classnames != self.head_classnames:
+            raise ValueError("DePT trains on the class set its head was built for; call set_classnames with the "
+                             "training classes first")
+        image = self.base.image_batch(inputs)
+        text = self.base.class_text_features(image)
+        similarity = self.base.similarity_logits(image, text)
+        if text.dim() == 3:  # (R, C, D): the prototype of each image's class
+            text_rows = text[:, labels]
+        else:  # (R, B, C, D): image i's own conditioned text feature of its class (CoCoOp)
+            text_rows = text[:, torch.arange(labels.shape[0], device=labels.device), labels]
+        head_text = self.head_logits(text_rows, "text")
+        head_image = self.head_logits(image, "image")
+        text_term = (criterion(head_text) if self.config.head_text_targets == "mirror"
+                     else per_run_cross_entropy(head_text, labels))
+        lam = self.config.head_lambda
+        loss = (1.0 - lam) * criterion(similarity) + lam * 0.5 * (text_term + criterion(head_image))
+        extra = self.base.regularizer(text)
+        return loss if extra is None else loss + extra
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        return [self.film_text_scale, self.film_text_bias, self.film_image_scale, self.film_image_bias,
+                self.linear_weight, self.linear_bias]
+
+    def param_groups(self) -> list[dict]:
+        """DePT's staged lr: the prompts (and meta-net) at the recipe's lr, FiLM + linear at ``head_lr_scale`` x it."""
+        return [{"params": self.base.trainable_parameters(), "lr_scale": 1.0},
+                {"params": self.head_parameters(), "lr_scale": self.config.head_lr_scale}]
+
+
+@register_method
+class DePTCoOp(DePT):
+    name = "dept-coop"
+    config_class = DePTCoOpConfig
+    base_class = CoOp
+
+
+@register_method
+class DePTCoCoOp(DePT):
+    name = "dept-cocoop"
+    config_class = DePTCoCoOpConfig
+    base_class = CoCoOp
+
+
+@register_method
+class DePTKgCoOp(DePT):
+    name = "dept-kgcoop"
+    config_class = DePTKgCoOpConfig
+    base_class = KgCoOp
+
+
+def _check(method: str, family: str, setting: str, config: MethodConfig) -> None:
+    check_family(method, family)
+    if setting not in ("base2new", "cross_dataset"):
+        raise MissingRecipe(method, setting, config)
+
+
+def dept_coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[DePTCoOpConfig, OptimRecipe]:
+    """DePT-CoOp (``ExtrasLinearProbeCoOp/vit_b16_ep10_bs4_lr35``): 10 epochs, batch 4, lr 0.0035 (head 0.02275),
+    λ 0.7, for base-to-new and cross-dataset (no few-shot recipe). ``original``: CoOp's defaults, 16 random tokens;
+    ``paper``: M = 4 from "a photo of a"."""
+    config = (DePTCoOpConfig(n_ctx=16, ctx_init="") if family == "original"
+              else DePTCoOpConfig(ctx_init=PAPER_CTX_INIT))
+    _check("DePT-CoOp", family, setting, config)
+    return config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)
+
+
+def dept_cocoop_recipe(family: Family, setting: Setting, shots: int,
+                       dataset: str) -> tuple[DePTCoCoOpConfig, OptimRecipe]:
+    """DePT-CoCoOp (``ExtrasLinearProbeCoCoOp/vit_b16_c4_ep10_batch1_ctxv1``), both families: M = 4 from
+    "a photo of a", 10 epochs, batch 1, lr 0.002 (head 0.013), λ 0.7 (no few-shot recipe)."""
+    config = DePTCoCoOpConfig(ctx_init=PAPER_CTX_INIT)
+    _check("DePT-CoCoOp", family, setting, config)
+    return config, OptimRecipe(epochs=10, batch_size=1, lr=0.002)
+
+
+def dept_kgcoop_recipe(family: Family, setting: Setting, shots: int,
+                       dataset: str) -> tuple[DePTKgCoOpConfig, OptimRecipe]:
+    """DePT-KgCoOp (``ExtrasLinearProbeKgCoOp/vit_b16_ep10_ctxv1_bs4_lr35``), both families: M = 4 from
+    "a photo of a", W = 2.0 with the KgCoOp/DePT template, 10 epochs, batch 4, lr 0.0035 (head 0.02275), λ 0.7."""
+    from atlas_fast.data.templates import atlas_template
+
+    config = DePTKgCoOpConfig(ctx_init=PAPER_CTX_INIT, kg_weight=2.0, template=atlas_template(dataset))
+    _check("DePT-KgCoOp", family, setting, config)
+    return config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)

@@ -1,0 +1,202 @@
+"""IVLP: independent deep prompts in the text and the vision tower of a frozen CLIP (``methods.md`` §6).
+
+Learned tensors (R runs lead every one of them):
+
+* ``ctx`` (R, M, d_t): the text input context. With ``ctx_init`` its **first M words** are learnable and the rest of
+  the phrase stays as fixed text (M = 2 and "a photo of a" gives [SOT][ctx("a"), ctx("photo")][of][a][class][.][EOT]);
+  without it, N(0, 0.02^2) with "X" placeholders.
+* ``deep_text`` (R, J_t - 1, M, d_t): one set per text block 1..J_t-1, N(0, 0.02^2).
+* ``vision_ctx`` (R, M_v, d_v) and ``deep_vision`` (R, J_v - 1, M_v, d_v), N(0, 0.02^2), present iff J_v > 0.
+
+The injection itself (visual prompts appended after the patch tokens, deep prompts replacing the prompt slots at the
+input of blocks 1..J-1) is in :mod:`atlas_fast.prompted_towers`. Logits and loss are CoOp's (CE on
+``exp(logit_scale) * f_v f_t^T``), but both feature sets have a graph: IVLP trains on pixels, not on cached features.
+MaPLe and PromptSRC subclass this class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from atlas_fast.backbones import Backbone
+from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, register_method
+from atlas_fast.prompted_towers import PromptedVisionEncoder
+from atlas_fast.text_encoder import PromptTextEncoder, tokenize_prompts
+
+PAPER_CTX_INIT = "a photo of a"
+
+
+def check_context_init(owner: str, n_ctx: int, ctx_init: str) -> None:
+    """The references make the first M words of ``ctx_init`` learnable; with M larger than the phrase (their
+    hard-coded test is M <= 4) they silently fall back to random init. We refuse that combination instead."""
+    if n_ctx < 1:
+        raise ValueError(f"{owner}: the number of text context tokens must be >= 1, got {n_ctx}")
+    words = ctx_init.replace("_", " ").split()
+    if words and n_ctx > len(words):
+        raise ValueError(f"{owner}: {n_ctx} learnable tokens but ctx_init {ctx_init!r} has only {len(words)} "
+                         f"words; use at most {len(words)} tokens, or ctx_init='' for random init")
+
+
+def check_depth(owner: str, name: str, depth: int, layers: int, minimum: int) -> None:
+    if not minimum <= depth <= layers:
+        raise ValueError(f"{owner}: {name} must be in [{minimum}, {layers}] (the tower has {layers} blocks), "
+                         f"got {depth}")
+
+
+def normal_prompts(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """N(0, 0.02^2) prompts, fp32 (learned tensors stay fp32; autocast handles the activations)."""
+    return nn.init.normal_(torch.empty(shape, device=device), std=0.02)
+
+
+@dataclass(frozen=True)
+class IVLPConfig(MethodConfig):
+    """IVLP's prompt learner. Defaults: the MaPLe repository's base-to-new IVLP (2 + 2 tokens, depth 12 / 12,
+    first 2 words of "a photo of a" learnable). Depth J counts the input prompt, so J - 1 deep sets."""
+
+    n_ctx_text: int = 2
+    n_ctx_vision: int = 2
+    ctx_init: str = PAPER_CTX_INIT
+    depth_text: int = 12
+    depth_vision: int = 12
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = type(self).__name__
+        check_context_init(owner, self.n_ctx_text, self.ctx_init)
+        if self.depth_text < 1:
+            raise ValueError(f"{owner}.depth_text must be >= 1 (the text input prompt), got {self.depth_text}")
+        if self.depth_vision < 0:
+            raise ValueError(f"{owner}.depth_vision must be >= 0, got {self.depth_vision}")
+        if self.depth_vision > 0 and self.n_ctx_vision < 1:
+            raise ValueError(f"{owner}.n_ctx_vision must be >= 1 when depth_vision > 0, got {self.n_ctx_vision}")
+
+
+@register_method
+class IVLP(PromptMethod):
+    """Independent vision-language prompts; consumes pixels (its image tower is prompted)."""
+
+    name = "ivlp"
+    consumes = "pixels"
+    config_class = IVLPConfig
+
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
+        super().__init__(backbone, classnames, config)
+        self.text_encoder = PromptTextEncoder(backbone)
+        self.image_encoder = PromptedVisionEncoder(backbone)
+        self.text_layers = len(backbone.model.transformer.resblocks)
+        self.text_width = self.text_encoder.width
+        self.vision_width = self.image_encoder.width
+        self.n_ctx, init_words = self.text_context_shape()
+        self.ctx = nn.Parameter(self.initial_context(init_words))
+        self.prompt_prefix = init_words or " ".join(["X"] * self.n_ctx)
+        self.create_prompts()
+        self.set_classnames(classnames)
+
+    # --- the parts MaPLe and PromptSRC change -------------------------------------------------------------------
+    def text_context_shape(self) -> tuple[int, str]:
+        """(M, init phrase) of the text input context."""
+        return self.config.n_ctx_text, self.config.ctx_init.replace("_", " ").strip()
+
+    def create_prompts(self) -> None:
+        """The deep text prompts and the visual prompts (input + deep)."""
+        config, runs, device = self.config, self.num_runs, self.ctx.device
+        owner = type(self).__name__
+        check_depth(owner, "depth_text", config.depth_text, self.text_layers, 1)
+        check_depth(owner, "depth_vision", config.depth_vision, self.image_encoder.layers, 0)
+        self.deep_text = (nn.Parameter(normal_prompts((runs, config.depth_text - 1, self.n_ctx, self.text_width),
+                                                      device)) if config.depth_text > 1 else None)
+        if config.depth_vision > 0:
+            self.vision_ctx = nn.Parameter(normal_prompts((runs, config.n_ctx_vision, self.vision_width), device))
+        else:
+            self.vision_ctx = None
+        self.deep_vision = (nn.Parameter(normal_prompts(
+            (runs, config.depth_vision - 1, config.n_ctx_vision, self.vision_width), device))
+            if config.depth_vision > 1 else None)
+
+    def text_prompts(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Input context (R, M, d_t) and the deep text prompts, one (R, M, d_t) per block 1..J_t-1."""
+        return self.ctx, list(self.deep_text.unbind(1)) if self.deep_text is not None else []
+
+    def vision_prompts(self) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """Input visual prompts (R, M_v, d_v) or None, and one (R, M_v, d_v) per vision block 1..J_v-1."""
+        return self.vision_ctx, list(self.deep_vision.unbind(1)) if self.deep_vision is not None else []
+
+    # --- shared by IVLP, MaPLe and PromptSRC --------------------------------------------------------------------
+    def initial_context(self, init_words: str) -> torch.Tensor:
+        """(R, M, d_t): the token embeddings of the first M init words, or N(0, 0.02^2)."""
+        device = self.backbone.device
+        if init_words:
+            init = tokenize_prompts(self.backbone, [init_words]).embeddings[0, 1:1 + self.n_ctx].float()
+            return init.unsqueeze(0).repeat(self.num_runs, 1, 1).to(device)
+        return normal_prompts((self.num_runs, self.n_ctx, self.text_width), device)
+
+    def set_classnames(self, classnames: Sequence[str]) -> None:
+        """Rebuild the SOT / fixed-words + class-token / EOT buffers for ``classnames``; learned tensors are kept."""
+        if not classnames:
+            raise ValueError(f"{type(self).__name__} needs at least one class name")
+        names = [name.replace("_", " ") for name in classnames]
+        tokens = tokenize_prompts(self.backbone, [f"{self.prompt_prefix} {name}." for name in names])
+        n_used = int(tokens.eot_index.max()) + 1  # positions after the last EOT never matter (causal mask)
+        if int(tokens.eot_index.min()) <= self.n_ctx:
+            raise ValueError(f"prompts are truncated inside the context (prefix {self.prompt_prefix!r} is too long "
+                             f"for the {self.text_encoder.context_length}-token context)")
+        device = self.ctx.device
+        self.classnames = tuple(classnames)
+        self.register_buffer("token_prefix", tokens.embeddings[:, :1].to(device), persistent=False)
+        self.register_buffer("token_suffix", tokens.embeddings[:, 1 + self.n_ctx:n_used].to(device),
+                             persistent=False)
+        self.register_buffer("eot_index", tokens.eot_index.to(device), persistent=False)
+
+    def prompt_embeddings(self) -> torch.Tensor:
+        """The assembled text input (R, C, n_used, d_t): [SOT][ctx][fixed words, class tokens, '.', EOT]."""
+        ctx, _ = self.text_prompts()
+        runs, classes = ctx.shape[0], len(self.classnames)
+        prefix = self.token_prefix.unsqueeze(0).expand(runs, -1, -1, -1)
+        suffix = self.token_suffix.unsqueeze(0).expand(runs, -1, -1, -1)
+        return torch.cat([prefix, ctx.unsqueeze(1).expand(-1, classes, -1, -1).to(suffix.dtype), suffix], dim=2)
+
+    def text_features(self) -> torch.Tensor:
+        _, deep = self.text_prompts()
+        return F.normalize(self.text_encoder(self.prompt_embeddings(), self.eot_index, deep), dim=-1)
+
+    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """L2-normalised prompted image features (R, B, D) of preprocessed pixels (B, 3, H, W)."""
+        prompts, deep = self.vision_prompts()
+        return F.normalize(self.image_encoder(pixels, prompts, deep), dim=-1)
+
+    def logits(self, image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
+        """exp(logit_scale) * cos(f_v, f_t) per run: (R, B, D) x (R, C, D) -> (R, B, C) (the shared CLIP logits)."""
+        return self.similarity_logits(image_features, text_features)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (R, B, C) of preprocessed pixels (B, 3, H, W)."""
+        if images.dim() != 4:
+            raise ValueError(f"{type(self).__name__} consumes pixels (B, 3, H, W), got {tuple(images.shape)}")
+        return self.logits(self.image_features(images), self.text_features())
+
+
+def _require(family: str, setting: str, method: str, settings: Sequence[str]) -> None:
+    if family not in ("paper", "original"):
+        raise ValueError(f"{method} recipe family must be 'paper' or 'original', got {family!r}")
+    if setting not in settings:
+        raise ValueError(f"The {method} references define no {setting!r} recipe (they have {list(settings)})")
+
+
+def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IVLPConfig, OptimRecipe]:
+    """IVLP's recipe (``methods.md`` §10; the MaPLe repository's IVLP configs).
+
+    * base-to-new and cross-dataset: 5 epochs, batch 4, lr 0.0035, depth 12 / 12 (the cross-dataset scripts reuse
+      the base-to-new config). ``original``: 2 + 2 tokens, first 2 words of "a photo of a" learnable; ``paper``:
+      4 + 4 tokens with all four words learnable (the ATLaS paper's prompt length 4).
+    * few-shot: the references define none, so it is refused.
+    """
+    _require(family, setting, "IVLP", ("base2new", "cross_dataset"))
+    n_ctx = 2 if family == "original" else 4
+    config = IVLPConfig(n_ctx_text=n_ctx, n_ctx_vision=n_ctx, ctx_init=PAPER_CTX_INIT, depth_text=12,
+                        depth_vision=12)
+    return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)

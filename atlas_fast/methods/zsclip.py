@@ -1,0 +1,66 @@
+"""Zero-shot CLIP (``ZeroshotCLIP``, ``methods.md`` §2): one hand-crafted prompt per class, nothing learned.
+
+A method like the others so that every table prints its zero-shot row through the same evaluation path. The text
+features of ``template.format(class name with "_" -> " ")`` are computed once per class set with CLIP's own
+``encode_text`` and L2-normalised; logits follow §1.3. Training it is a no-op (it has no learned tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from atlas_fast.backbones import Backbone
+from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
+from atlas_fast.methods.coop import Family, Setting
+
+
+@dataclass(frozen=True)
+class ZeroShotConfig(MethodConfig):
+    """The prompt template (``{}`` = the class name); recipes pass the dataset's CoOp zero-shot template."""
+
+    template: str = "a photo of a {}."
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.template.count("{}") != 1:
+            raise ValueError(f"ZeroShotConfig.template must contain one '{{}}' for the class name, got "
+                             f"{self.template!r}")
+
+
+@register_method
+class ZeroShotCLIP(PromptMethod):
+    """Zero-shot CLIP on cached image features; ``text_features()`` is a fixed (R, C, D) buffer."""
+
+    name = "zsclip"
+    consumes = "features"
+    config_class = ZeroShotConfig
+    learns = False
+
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: ZeroShotConfig) -> None:
+        super().__init__(backbone, classnames, config)
+        self.set_classnames(classnames)
+
+    @torch.no_grad()
+    def set_classnames(self, classnames: Sequence[str]) -> None:
+        if not classnames:
+            raise ValueError("Zero-shot CLIP needs at least one class name")
+        prompts = [self.config.template.format(name.replace("_", " ")) for name in classnames]
+        features = F.normalize(self.backbone.encode_text(prompts).float(), dim=-1)
+        self.classnames = tuple(classnames)
+        self.register_buffer("class_features", features, persistent=False)
+
+    def text_features(self) -> torch.Tensor:
+        return self.class_features.unsqueeze(0).expand(self.num_runs, -1, -1)
+
+
+def zsclip_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[ZeroShotConfig, OptimRecipe]:
+    """Zero-shot CLIP with CoOp's per-dataset template (``trainers/zsclip.py``; DTD "{} texture.") in every setting
+    and family. The optimisation recipe is a placeholder of one epoch: there is nothing to train."""
+    from atlas_fast.data.templates import zeroshot_template
+
+    check_family("Zero-shot CLIP", family)
+    return ZeroShotConfig(template=zeroshot_template(dataset)), OptimRecipe(epochs=1, batch_size=32, lr=0.002)

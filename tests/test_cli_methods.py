@@ -1,0 +1,111 @@
+"""``atlas-fast train --method M`` for every text-side method, with and without ATLaS-ISL, base-to-new on a synthetic
+OxfordPets (tiny random CLIP) and on the embedded world (the shipped atlas-world CLIP); DePT's saved head in
+cross-dataset evaluation; the staged lr of the loop."""
+
+import re
+
+import pytest
+
+from atlas_fast.cli import main
+from atlas_fast.loop import build_optimizer, lr_at_epoch
+from atlas_fast.methods import METHODS as REGISTERED, RECIPES, OptimRecipe, build_method, dept_coop_recipe
+from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
+from layouts import make_imagenet, make_oxford_pets
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+METHODS = ("zsclip", "coop", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop")
+NUMBER = r"(\d+\.\d\d)"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("methods")
+    make_oxford_pets(root / "data", n_classes=6, n_train=4, n_val=2, n_test=3, size=36)
+    make_imagenet(root / "data", n_classes=4, n_train=3, n_val=2, size=36)
+    generate_benchmark(root / "data", ["WorldSketches"], sizes=SplitSizes(train=2, val=1, test=1), progress=False)
+    return root
+
+
+def train_args(root, dataset, method, *extra, backbone=("atlas-tiny", "none")):
+    return ["train", "--dataset", dataset, "--data-root", str(root / "data"), "--model", backbone[0],
+            "--pretrained", backbone[1], "--method", method, "--shots", "4", "--epochs", "2", "--batch-size", "4",
+            "--views", "2", "--cache-root", str(root / "cache"), "--results-dir", str(root / "results"),
+            "--no-progress", *extra]
+
+
+def base_new_h(out, dataset, label):
+    line = re.search(rf"{dataset} {re.escape(label)} seed 1: base {NUMBER}  new {NUMBER}  H {NUMBER}", out)
+    assert line, out
+    return tuple(map(float, line.groups()))
+
+
+@pytest.mark.parametrize("dataset, backbone", [("OxfordPets", ("atlas-tiny", "none")),
+                                               ("WorldSketches", ("atlas-world", "atlas-world"))])
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_trains_base_to_new_with_and_without_atlas(root, capsys, dataset, backbone, method):
+    shots = ("--shots", "2") if dataset == "WorldSketches" else ()  # 48 world classes: keep CoCoOp's B x C small
+    assert main(train_args(root, dataset, method, *shots, backbone=backbone)) == 0
+    plain = base_new_h(capsys.readouterr().out, dataset, method)
+    if method == "zsclip":
+        with pytest.raises(ValueError, match="learns nothing"):
+            main(train_args(root, dataset, method, "--atlas", "isl", backbone=backbone))
+        return
+    assert main(train_args(root, dataset, method, *shots, "--atlas", "isl", backbone=backbone)) == 0
+    atlas = base_new_h(capsys.readouterr().out, dataset, f"{method}+ATLaS-ISL (K=2)")
+    assert all(0.0 <= v <= 100.0 for v in plain + atlas)
+
+
+def test_zero_shot_method_equals_the_records_zero_shot_reference(root, capsys):
+    assert main(train_args(root, "OxfordPets", "zsclip")) == 0
+    out = capsys.readouterr().out
+    ours = re.search(rf"base {NUMBER}  new {NUMBER}  H {NUMBER}  \| zero-shot CLIP: base {NUMBER}  new {NUMBER}  "
+                     rf"H {NUMBER}", out)
+    assert ours, out
+    values = list(map(float, ours.groups()))
+    assert values[:3] == values[3:]
+
+
+def test_dept_head_fuses_on_the_source_classes_and_not_on_another_dataset(root, capsys):
+    args = train_args(root, "ImageNet", "dept-coop", "--setting", "cross_dataset", "--shots", "2")
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    source = float(re.search(rf"ImageNet dept-coop seed 1: all {NUMBER}", out).group(1))
+    record = re.search(r"record: (\S+\.json)", out).group(1)
+    for dataset, pattern in (("ImageNet", r"ImageNet \(all, 4 classes"), ("OxfordPets", r"OxfordPets \(all, 6 classes")):
+        assert main(["eval", "--record", record, "--dataset", dataset, "--data-root", str(root / "data"),
+                     "--cache-root", str(root / "cache"), "--no-progress"]) == 0
+        out = capsys.readouterr().out
+        match = re.search(rf"{pattern}, \d+ test images\): accuracy {NUMBER}", out)
+        assert match, out
+        if dataset == "ImageNet":  # the record's evaluation (fused with the head) is reproduced from the saved tensors
+            assert float(match.group(1)) == pytest.approx(source, abs=0.01)
+
+
+def test_missing_recipes_need_all_three_of_epochs_batch_and_lr(root, capsys):
+    args = train_args(root, "OxfordPets", "cocoop", "--setting", "few_shot")
+    args.remove("--epochs"), args.remove("2")
+    with pytest.raises(ValueError, match="no 'few_shot' recipe"):
+        main(args)
+    assert main(args + ["--epochs", "1", "--lr", "0.002"]) == 0
+    assert re.search(rf"OxfordPets cocoop seed 1: all {NUMBER}", capsys.readouterr().out)
+
+
+def test_staged_lr_scales_the_head_but_not_the_shared_warmup(tiny):
+    config, recipe = dept_coop_recipe("paper", "base2new", 16, "OxfordPets")
+    method = build_method("dept-coop", tiny, ["a", "b"], config)
+    optimizer = build_optimizer(method, recipe)
+    assert [g["lr_scale"] for g in optimizer.param_groups] == [1.0, 6.5]
+    assert [lr_at_epoch(recipe, 0, s) for s in (1.0, 6.5)] == [1e-5, 1e-5]
+    assert lr_at_epoch(recipe, 1, 6.5) == pytest.approx(0.0035 * 6.5)  # 0.02275, methods.md §9.5
+    assert lr_at_epoch(recipe, 1) == pytest.approx(0.0035)
+    assert set(RECIPES) == set(REGISTERED)  # every registered method has a recipe
+    assert isinstance(recipe, OptimRecipe)
+
+
+def test_cli_offers_every_method_with_a_recipe():
+    from atlas_fast.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    (method,) = [a for a in train._actions if a.dest == "method"]
+    assert set(method.choices) == set(RECIPES)

@@ -1,0 +1,132 @@
+"""The pixel input path (IVLP, MaPLe, PromptSRC) end to end on the tiny model and a synthetic OxfordPets: seeded
+views are the cached views, PromptSRC reads its frozen features from the cache, runs are deterministic and
+evaluable on new classes, and ATLaS reaches the pixel methods."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from atlas_fast.backbones import BackboneConfig, shared_backbone
+from atlas_fast.cache import FeatureCache
+from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
+from atlas_fast.evaluate import evaluate_record, harmonic_mean
+from atlas_fast.inputs import CachedViews, PixelBatch, PixelViews
+from atlas_fast.methods import CoOpConfig, IVLPConfig, MaPLeConfig, PromptSRCConfig, build_method
+from atlas_fast.pixels import ImageViews
+from atlas_fast.schedules import Atlas
+from atlas_fast.softlabels import atlas_preset
+from atlas_fast.train import TrainConfig, run
+from layouts import make_oxford_pets
+
+TINY = BackboneConfig("atlas-tiny", None)
+CONFIGS = {"ivlp": IVLPConfig(n_ctx_text=2, n_ctx_vision=2, depth_text=2, depth_vision=2),
+           "maple": MaPLeConfig(n_ctx=2, depth=2),
+           "promptsrc": PromptSRCConfig(depth_text=2, depth_vision=2, gpa_mean=2, gpa_std=1)}
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def pets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pixel-pets")
+    make_oxford_pets(root / "data", n_classes=6, n_train=3, n_val=1, n_test=2, size=36)
+    return root
+
+
+def pixel_config(root, method, **changes):
+    base = dict(dataset="OxfordPets", data_root=root / "data", backbone=TINY, method=method,
+                method_config=CONFIGS.get(method), shots=3, seed=1, epochs=3, views=2, batch_size=4, lr=0.02,
+                cache_root=root / "cache", results_dir=root / "results", progress=False, workers=0)
+    return TrainConfig(**{**base, **changes})
+
+
+def train_items(root):
+    full = load_dataset("OxfordPets", root / "data")
+    fewshot = fewshot_subset(full, 3, 1, store_dir=root / "cache" / full.name / "split_fewshot")
+    return subsample_classes(fewshot, "base")
+
+
+def test_pixel_views_are_the_cached_views(pets):
+    """Decoded view v of an image, encoded by the frozen CLIP, is the cached feature of view v."""
+    backbone = shared_backbone(TINY)
+    split = train_items(pets)
+    cache = FeatureCache(pets / "cache")
+    cache.build(backbone, "OxfordPets", split.train, num_views=2, progress=False)
+    images = ImageViews(split.train, backbone, workers=0)
+    order = torch.randperm(len(split.train), generator=torch.Generator().manual_seed(0))
+    for view in (0, 1, 2):
+        cached = cache.load(backbone, "OxfordPets", split.train, views=[view])[:, 0]
+        for pixels, index in images.batches(view, order, 4):
+            torch.testing.assert_close(backbone.encode_image(pixels), cached[index], rtol=2e-3, atol=2e-3)
+    one = next(images.batches(1, None, 2))[0]
+    assert not torch.equal(one, next(images.batches(2, None, 2))[0])  # another view is other pixels
+
+
+def test_promptsrc_reads_its_frozen_features_from_the_cache(pets):
+    """The loss with the cached frozen features of a batch's views is the loss computed from its pixels."""
+    backbone = shared_backbone(TINY)
+    split = train_items(pets)
+    cache = FeatureCache(pets / "cache")
+    cache.build(backbone, "OxfordPets", split.train, num_views=2, progress=False)
+    frozen = CachedViews(cache, backbone, "OxfordPets", split.train, 2, 0)
+    inputs = PixelViews(ImageViews(split.train, backbone, workers=0), 2, frozen)
+    torch.manual_seed(0)
+    method = build_method("promptsrc", backbone, split.classnames, CONFIGS["promptsrc"])
+    labels = torch.tensor([d.label for d in split.train])
+    for epoch in (0, 1):
+        batch, index = next(inputs.batches(epoch, torch.arange(len(labels)), 4))
+        assert isinstance(batch, PixelBatch) and batch.frozen_features.shape == (len(index), backbone.embed_dim)
+
+        def criterion(logits):
+            return F.cross_entropy(logits[0], labels[index])
+
+        from_cache = method.training_loss(batch, labels[index], criterion)
+        computed = method.training_loss(batch.pixels, labels[index], criterion)
+        torch.testing.assert_close(from_cache, computed, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["ivlp", "maple", "promptsrc"])
+def test_pixel_method_end_to_end_with_and_without_atlas(pets, method):
+    plain = run(pixel_config(pets, method, results_dir=pets / f"e2e-{method}"))
+    atlas = run(pixel_config(pets, method, results_dir=pets / f"e2e-{method}", schedule=Atlas(2),
+                             soft_labels=atlas_preset("base2new", "ls")))
+    for record in (plain, atlas):
+        metrics = record["metrics"]
+        assert set(metrics) >= {"base", "new", "all", "H"}
+        assert metrics["H"] == pytest.approx(harmonic_mean(metrics["base"], metrics["new"]))
+        assert record["data"]["num_test"] == {"base": 6, "new": 6, "all": 12}
+        assert all(torch.isfinite(torch.tensor(row["loss"])) for row in record["epochs"])
+        assert record["config"]["method"] == method
+    assert [row["soft"] for row in atlas["epochs"]] == [False, True, False]
+    assert [row["loss"] for row in plain["epochs"]][1] != [row["loss"] for row in atlas["epochs"]][1]
+    # the saved prompts evaluate on the new classes exactly as the run did
+    again = evaluate_record(plain["path"], "OxfordPets", pets / "data", subsample="new",
+                            cache_root=pets / "cache", device="cpu", progress=False)
+    assert again["accuracy"] == pytest.approx(plain["metrics"]["new"])
+
+
+def test_pixel_runs_are_deterministic_per_seed(pets):
+    first = run(pixel_config(pets, "maple", results_dir=pets / "det1"))
+    again = run(pixel_config(pets, "maple", results_dir=pets / "det2"))
+    other = run(pixel_config(pets, "maple", results_dir=pets / "det3", seed=2))
+    assert [r["loss"] for r in first["epochs"]] == [r["loss"] for r in again["epochs"]]
+    assert first["metrics"] == again["metrics"]
+    assert [r["loss"] for r in first["epochs"]] != [r["loss"] for r in other["epochs"]]
+
+
+def test_ivlp_on_pixels_trains_like_coop_on_cached_features(pets):
+    """IVLP with no visual prompts and text depth 1 is CoOp; trained on the decoded pixels of the seeded views it
+    follows CoOp trained on the cached features of those views (up to the cache's fp16 storage)."""
+    coop = run(pixel_config(pets, "coop", method_config=CoOpConfig(ctx_init="a photo of a"),
+                            results_dir=pets / "coop-vs-ivlp"))
+    ivlp = run(pixel_config(pets, "ivlp", method_config=IVLPConfig(n_ctx_text=4, depth_text=1, depth_vision=0),
+                            results_dir=pets / "coop-vs-ivlp"))
+    assert [r["loss"] for r in ivlp["epochs"]] == pytest.approx([r["loss"] for r in coop["epochs"]], rel=1e-3)
+    learned_coop = torch.load(coop["path"].replace(".json", ".pt"), weights_only=True)["ctx"]
+    learned_ivlp = torch.load(ivlp["path"].replace(".json", ".pt"), weights_only=True)["ctx"]
+    initial = build_method("coop", shared_backbone(TINY), ["cat"], CoOpConfig(ctx_init="a photo of a")).ctx.detach()
+    moved = (learned_coop - initial).abs().max().item()
+    gap = (learned_ivlp - learned_coop).abs().max().item()
+    assert gap < 1e-3 < moved and gap < moved / 20, (gap, moved)
+    for name in ("base", "new"):
+        assert abs(ivlp["metrics"][name] - coop["metrics"][name]) <= 100 / 6 + 1e-6  # at most one test image
