@@ -110,13 +110,15 @@ def train_group(plans: Sequence[RunPlan]) -> list[dict[str, Any]]:
     for r, (plan, single, run_inputs, log) in enumerate(zip(plans, singles, inputs, logs)):
         clock = time.perf_counter()
         load_run(single, method, r)
-        metrics = evaluate_run(single, run_inputs.eval_sets, plan.backbone, run_inputs.full.name, plan.amp)
+        metrics = evaluate_run(single, run_inputs.eval_sets, plan.backbone, run_inputs.full.name, plan.amp,
+                               plan.config.progress)
         timings = {"inputs": input_seconds[r], "train": train_seconds, "batch_runs": len(plans),
                    "evaluate": round(time.perf_counter() - clock, 4),
                    "seconds_per_epoch": train_seconds / plan.recipe.epochs,
                    "group_total": round(time.perf_counter() - start, 4)}
         data = {"dataset": run_inputs.full.name, "num_train": len(run_inputs.labels),
-                "num_classes": len(classnames), "num_test": {s.name: len(s.labels) for s in run_inputs.eval_sets}}
+                "num_classes": len(classnames), "classnames": list(classnames),
+                "num_test": {s.name: len(s.labels) for s in run_inputs.eval_sets}}
         record = build_record(plan.key, plan.described, plan.backbone,
                               {"data_root": str(plan.config.data_root), "cache_root": str(plan.config.cache_root)},
                               data, metrics, log, timings)

@@ -141,7 +141,7 @@ def train_batched_epochs(method: PromptMethod, runs: list[RunState], recipe: Opt
         start = time.perf_counter()
         lr = lr_at_epoch(recipe, epoch)
         for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]
+            group["lr"] = lr_at_epoch(recipe, epoch, group["lr_scale"])
         streams = [run.train_inputs.batches(epoch, torch.randperm(len(run.labels), generator=run.generator),
                                             recipe.batch_size) for run in runs]
         totals = torch.zeros(num_runs, device=device)

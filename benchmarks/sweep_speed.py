@@ -76,8 +76,8 @@ def largest_difference(records: list[dict], reference: list[dict]) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--classes", type=int, default=50)
-    p.add_argument("--shots", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--shots", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--views", type=int, default=1, help="cached augmented views (default 1: a short cache build)")
     p.add_argument("--runs", type=int, nargs="+", default=[1, 4, 12], help="R values (default 1 4 12)")
     p.add_argument("--ray-workers", type=int, nargs="*", default=[1, 2], help="default 1 2; none: skip Ray")

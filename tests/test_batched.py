@@ -25,9 +25,9 @@ def pets(tmp_path_factory):
     return root
 
 
-def _configs(root, results, method_config=None):
+def _configs(root, results, method_config=None, method="coop"):
     common = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig("atlas-tiny", None),
-                  epochs=4, views=2, batch_size=4, lr=0.05, device="cpu", cache_root=root / "cache",
+                  method=method, epochs=4, views=2, batch_size=4, lr=0.05, device="cpu", cache_root=root / "cache",
                   results_dir=root / results, progress=False, method_config=method_config)
     return [
         TrainConfig(**common, seed=1, shots=5, schedule=OneHot()),
@@ -41,7 +41,7 @@ def _configs(root, results, method_config=None):
 def _assert_equal_records(batched, alone):
     for b, a in zip(batched, alone):
         assert b["key"] == a["key"] and b["path"] != a["path"] and b["config"] == a["config"]
-        assert b["data"]["num_train"] == a["data"]["num_train"]
+        assert b["data"] == a["data"]
         assert [e["loss"] for e in b["epochs"]] == pytest.approx([e["loss"] for e in a["epochs"]], abs=1e-5)
         assert [e["soft"] for e in b["epochs"]] == [e["soft"] for e in a["epochs"]]
         assert b["metrics"].keys() == a["metrics"].keys()
@@ -55,17 +55,28 @@ def _assert_equal_records(batched, alone):
             torch.testing.assert_close(tensor, load_learned(a["path"])[name], atol=1e-5, rtol=1.3e-6)
 
 
-@pytest.mark.parametrize("method_config", [None, CoOpConfig(n_ctx=3, csc=True)], ids=["paper-init", "random-csc"])
-def test_batched_runs_equal_runs_trained_alone(pets, method_config):
-    suffix = "csc" if method_config is not None else "paper"
-    alone = [run(config) for config in _configs(pets, f"alone-{suffix}", method_config)]
+@pytest.mark.parametrize("method, method_config", [
+    ("coop", None), ("coop", CoOpConfig(n_ctx=3, csc=True)), ("cocoop", None)],
+    ids=["coop-paper-init", "coop-random-csc", "cocoop"])
+def test_batched_runs_equal_runs_trained_alone(pets, method, method_config):
+    suffix = f"{method}-{'csc' if method_config is not None else 'recipe'}"
+    alone = [run(config) for config in _configs(pets, f"alone-{suffix}", method_config, method)]
     assert len({r["data"]["num_train"] for r in alone}) == 4  # the training sets differ in size
-    batched = run_batch(_configs(pets, f"batched-{suffix}", method_config))
+    batched = run_batch(_configs(pets, f"batched-{suffix}", method_config, method))
     assert all(r["timings"]["batch_runs"] == 4 for r in batched)
     _assert_equal_records(batched, alone)
     # the learned tensors moved away from their (seeded) initialisation, differently per run
-    first, second = (load_learned(r["path"])["ctx"] for r in batched[:2])
-    assert not torch.allclose(first, second)
+    first, second = (load_learned(r["path"]) for r in batched[:2])
+    assert any(not torch.allclose(first[name], second[name]) for name in first)
+
+
+@pytest.mark.parametrize("method", ["kgcoop", "dept-coop"])
+def test_methods_that_cannot_batch_train_their_runs_one_by_one(pets, method):
+    configs = _configs(pets, f"alone-{method}", method=method)[:2]
+    with pytest.warns(UserWarning, match=f"{method} does not support batched runs"):
+        batched = run_batch(configs)
+    assert "batch_runs" not in batched[0]["timings"]
+    assert [r["key"] for r in batched] == [run(c)["key"] for c in configs]
 
 
 def test_a_group_skips_finished_runs_and_resumes_the_rest(pets):
