@@ -220,11 +220,15 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
             model = _create_random_model(name)
     elif os.path.isfile(pretrained):
         path = Path(pretrained)
-        if _is_openai_checkpoint(path):
-            model = open_clip.load_openai_model(str(path), precision="fp32", device="cpu")
-            name = _openai_name_for(model, name)
-        else:
-            model = open_clip.create_model(name, pretrained=str(path), force_quick_gelu=_wants_quick_gelu(name, None))
+        try:
+            if _is_openai_checkpoint(path):
+                model = open_clip.load_openai_model(str(path), precision="fp32", device="cpu")
+                name = _openai_name_for(model, name)
+            else:
+                model = open_clip.create_model(name, pretrained=str(path),
+                                               force_quick_gelu=_wants_quick_gelu(name, None))
+        except Exception as exc:  # torch, safetensors and open_clip raise many types for a bad file
+            raise CheckpointError(_checkpoint_message(path, name, exc)) from exc
     elif Path(pretrained).suffix in (".pt", ".bin", ".safetensors", ".pth") or os.sep in pretrained:
         raise FileNotFoundError(
             f"Checkpoint file not found: {pretrained}. Pass the path of an existing file, e.g. "
@@ -255,6 +259,44 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
                         else open_clip.get_tokenizer("ViT-B-16"),
                         preprocessing=preprocessing, config=config, architecture=architecture, fingerprint=fingerprint)
     return backbone.to(device)
+
+
+class CheckpointError(ValueError):
+    """A local checkpoint file that cannot be loaded for the requested model (names the file and architecture)."""
+
+
+def _architecture_summary(name: str) -> str:
+    """E.g. ``ViT-B-16 (embed 512; vision width 768, 12 layers, patch 16, 224 px; text width 512, 12 layers)``."""
+    try:
+        cfg = open_clip.get_model_config(name) or {}
+    except Exception:
+        cfg = {}
+    vision, text = cfg.get("vision_cfg", {}), cfg.get("text_cfg", {})
+    if not cfg:
+        return repr(name)
+    return (f"{name!r} (embed {cfg.get('embed_dim')}; vision width {vision.get('width')}, {vision.get('layers')} "
+            f"layers, patch {vision.get('patch_size')}, {vision.get('image_size')} px; text width "
+            f"{text.get('width')}, {text.get('layers')} layers)")
+
+
+def _checkpoint_message(path: Path, name: str, exc: BaseException) -> str:
+    """What went wrong with a checkpoint, in words a user can act on; never torch's advice to unpickle unsafely."""
+    text = str(exc)
+    kind = type(exc).__name__
+    if "weights_only" in text or kind == "UnpicklingError":
+        reason = ("it is not a checkpoint of tensors (not a PyTorch/TorchScript archive, or one holding pickled code, "
+                  "which is never executed)")
+    elif kind == "SafetensorError":
+        reason = f"it is not a valid safetensors file ({text.splitlines()[0][:160]})"
+    elif isinstance(exc, (EOFError, OSError)) or "PytorchStreamReader" in text or "zip archive" in text:
+        reason = "the file is truncated or damaged"
+    elif isinstance(exc, (AssertionError, KeyError)) or "size mismatch" in text or "Missing key" in text \
+            or "Unexpected key" in text:
+        reason = f"its weights do not fit this architecture ({kind}: {text.splitlines()[0][:160] if text else ''})"
+    else:
+        reason = f"{kind}: {text.splitlines()[0][:200] if text else ''}"
+    return (f"Cannot load checkpoint {path} as model {_architecture_summary(name)}: {reason}. Pass a complete CLIP "
+            f"checkpoint (OpenAI .pt, open_clip .bin/.pt/.safetensors) and the --model it was trained as.")
 
 
 def _expand(pretrained: str | None) -> str | None:

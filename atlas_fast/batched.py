@@ -68,6 +68,8 @@ def train_group(plans: Sequence[RunPlan]) -> list[dict[str, Any]]:
             raise ValueError(f"Runs {plans[0].stem} and {plan.stem} cannot train as one batch: dataset, backbone, "
                              f"method, method config, recipe, class subset, device and precision must be equal.")
     first = plans[0]
+    for plan in plans:
+        plan.store.check_writable(plan.dataset)  # fail now, not after training
     start = time.perf_counter()
     inputs: list[RunInputs] = []
     input_seconds = []
@@ -116,12 +118,13 @@ def train_group(plans: Sequence[RunPlan]) -> list[dict[str, Any]]:
                    "evaluate": round(time.perf_counter() - clock, 4),
                    "seconds_per_epoch": train_seconds / plan.recipe.epochs,
                    "group_total": round(time.perf_counter() - start, 4)}
-        data = {"dataset": run_inputs.full.name, "num_train": len(run_inputs.labels),
-                "num_classes": len(classnames), "classnames": list(classnames),
+        data = {"dataset": run_inputs.full.name, "fingerprint": plan.data.fingerprint,
+                "content_hash": plan.config.content_hash, "num_train": len(run_inputs.labels),
+                "num_classes": len(classnames), "classnames": list(classnames), "shots_used": plan.data.shots_used,
                 "num_test": {s.name: len(s.labels) for s in run_inputs.eval_sets}}
-        record = build_record(plan.key, plan.described, plan.backbone,
+        record = build_record(plan.record_key, plan.described, plan.backbone,
                               {"data_root": str(plan.config.data_root), "cache_root": str(plan.config.cache_root)},
-                              data, metrics, log, timings)
+                              data, metrics, log, timings, config_key=plan.key)
         path = plan.store.save(plan.dataset, plan.stem, record, single.state_for_checkpoint())
         records.append({**record, "status": "finished", "skipped": False, "path": str(path)})
     return records

@@ -10,19 +10,29 @@ One file per (dataset, backbone weights, transform)::
 name                shape / type       meaning
 ==================  =================  ===================================================================
 ``keys``            (N,) utf-8 str     image path relative to the dataset folder (``Datum.key``); row i
+``image_ids``       (N,) utf-8 str     identity of the file row i was encoded from: ``"<size>:<mtime_ns>"``
+                                       or ``"b2:<content hash>"`` (:mod:`atlas_fast.data.identity`)
 ``features``        (N, 1+V, D)        un-normalised image features (``encode_image`` output) of row i,
                     float16/float32    view v; view 0 = test transform, views 1..V = seeded augmentations
 ``done``            (N, 1+V) bool      True once ``features[i, v]`` is written; anything else is garbage
 ==================  =================  ===================================================================
 
+A row is found by its (key, image id) pair, so an image replaced in place, or another dataset that shares the name
+and a relative path, gets a row of its own and is encoded afresh; features are never reused across files that
+differ. ``features`` and ``done`` carry HDF5's fletcher32 checksum per chunk; ``keys_digest`` (file attribute) is
+a BLAKE2b of the keys and image ids, which HDF5 cannot checksum (variable-length strings take no filters); the other
+attributes are compared with what the caller expects on every open. (The default HDF5 file format is kept: the
+1.10 format checksums its headers too, but marks a file "open for writing" while a writer has it, so a writer killed
+at the wrong millisecond would leave a file no reader can open.)
+
 File attributes: ``format`` ("atlas_fast.feature_cache"), ``format_version``, ``dataset``,
 ``backbone_fingerprint``, ``backbone_config`` / ``backbone_architecture`` (JSON), ``transform_fingerprint``,
 ``transform`` (JSON, see :mod:`atlas_fast.transforms`), ``preprocessing`` (JSON), ``encode_precision``
-(fp32/fp16/bf16 autocast), ``storage_dtype``, ``embed_dim``, ``created_utc``, ``atlas_fast_version``.
-Reading view 0 of some images with h5py alone::
+(fp32/fp16/bf16 autocast), ``storage_dtype``, ``embed_dim``, ``keys_digest``, ``created_utc``,
+``atlas_fast_version``. Reading view 0 of some images with h5py alone::
 
     with h5py.File(path, "r") as f:
-        row = {k: i for i, k in enumerate(f["keys"].asstr()[...])}
+        row = {k: i for i, k in enumerate(f["keys"].asstr()[...])}  # the last row of a key is the newest
         i = row["images/abyssinian_1.jpg"]; assert f["done"][i, 0]
         feature = f["features"][i, 0].astype("float32")
 
@@ -43,13 +53,20 @@ Resumability: every batch is a committed transaction (features written and flush
 so a build that is interrupted keeps every batch finished before the one in flight; rebuilding encodes only the
 rest. (A hard kill in the middle of a transaction's few milliseconds can damage the file; opening it then raises an
 error naming it and telling to delete it.)
+
+Disk space: a build first compares the space its missing features need with the free space and refuses before
+encoding; each transaction then reserves the bytes it may add (``posix_fallocate``) *before* HDF5 touches the file,
+so running out of space (or into a file-size limit) mid-build raises :class:`CacheSpaceError` with every finished
+batch intact and readable. A complete cache in a read-only folder is read without any lock file or write.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -67,10 +84,14 @@ from tqdm.auto import tqdm
 import atlas_fast
 from atlas_fast.backbones import Backbone
 from atlas_fast.data.base import Datum
+from atlas_fast.data.identity import image_identities
+from atlas_fast.files import check_folder_name
 from atlas_fast.transforms import TransformSpec, load_views
 
 FORMAT = "atlas_fast.feature_cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: image_ids, fletcher32 checksums, keys_digest
+FEATURE_CHUNK_ROWS = 64
+DONE_CHUNK = (1024, 8)
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 STORAGE_DTYPES = ("float16", "float32")
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -82,6 +103,23 @@ class CacheError(RuntimeError):
 
 class CacheMismatchError(CacheError):
     """A cache file whose attributes disagree with its name or with the requested backbone/transform."""
+
+
+class CacheCorruptError(CacheError):
+    """Stored bytes that fail their checksum (``rows`` are the affected row indices, when known)."""
+
+    def __init__(self, message: str, path: Path, rows: list[int] | None = None):
+        super().__init__(message)
+        self.path = path
+        self.rows = rows or []
+
+
+class CacheSpaceError(CacheError):
+    """Not enough free space (or a file-size limit) to write the features; finished batches are kept."""
+
+
+class CacheReadOnlyError(CacheError):
+    """Features are missing from a cache file that this process may not write."""
 
 
 class MissingFeaturesError(CacheError):
@@ -220,17 +258,63 @@ def _read_view(ds: h5py.Dataset, rows: np.ndarray, view: int) -> np.ndarray:
     return data[inverse]
 
 
+def _keys_digest(keys: Sequence[str], image_ids: Sequence[str]) -> str:
+    """BLAKE2b of the rows' (key, image id) strings: HDF5 checksums neither (variable-length strings)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update("\n".join(keys).encode("utf-8", "surrogateescape"))
+    digest.update(b"\0")
+    digest.update("\n".join(image_ids).encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def _row_index(keys: Sequence[str], image_ids: Sequence[str]) -> dict[tuple[str, str], int]:
+    return {pair: i for i, pair in enumerate(zip(keys, image_ids))}
+
+
+def _row_ranges(rows: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    parts: list[str] = []
+    ordered = sorted(set(rows))
+    start = prev = ordered[0] if ordered else 0
+    for r in ordered[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(parts)
+
+
+def _reserve(path: Path, nbytes: int, kept: str) -> None:
+    """Allocate ``nbytes`` beyond the end of ``path`` before HDF5 writes there (HDF5 truncates the file back to what
+    it used on close). Out of space, or over a file-size limit, fails here with :class:`CacheSpaceError`, before the
+    file is touched; ``kept`` says what the file still holds."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, os.fstat(fd).st_size, nbytes)
+    except OSError as exc:
+        raise CacheSpaceError(f"Out of space writing features into {path} ({exc.strerror or exc}). {kept} Free some "
+                              f"space and build again: only the missing features are encoded.") from exc
+    finally:
+        os.close(fd)
+
+
+def _chunk_bytes(rows: np.ndarray, views: np.ndarray, dim: int, itemsize: int) -> int:
+    """An upper bound of the bytes that writing cells (rows[i], views[i]) adds: every chunk touched, plus slack."""
+    feature_chunks = len(set(zip((rows // FEATURE_CHUNK_ROWS).tolist(), views.tolist())))
+    done_chunks = len(set(zip((rows // DONE_CHUNK[0]).tolist(), (views // DONE_CHUNK[1]).tolist())))
+    return (feature_chunks * (FEATURE_CHUNK_ROWS * dim * itemsize + 64)
+            + done_chunks * (DONE_CHUNK[0] * DONE_CHUNK[1] + 64) + (64 << 10))
+
+
 def _unique_by_key(items: Sequence[Datum]) -> list[Datum]:
     seen: dict[str, Datum] = {}
     for d in items:
         seen.setdefault(d.key, d)
     return list(seen.values())
-
-
-def _check_dataset_name(dataset: str) -> None:
-    if not dataset or "/" in dataset or os.sep in dataset or dataset.startswith("."):
-        raise ValueError(f"Invalid dataset name {dataset!r} for the cache: use a plain folder name such as "
-                         f"'OxfordPets' (no path separators, not starting with '.').")
 
 
 def _views_summary(counts: list[int]) -> str:
@@ -259,18 +343,22 @@ class FeatureCache:
 
     ``storage_dtype`` ("float16" default, or "float32") applies to files this instance creates; an existing file
     keeps its own dtype (building into it with another dtype raises), and :meth:`load` always returns float32.
+    ``content_hash`` identifies images by a hash of their bytes instead of (size, mtime): slower (every image is
+    read on each build and load), but it also catches edits that keep size and mtime, and survives copies that
+    reset the mtime.
     """
 
-    def __init__(self, root: str | Path = "cache", storage_dtype: str = "float16"):
+    def __init__(self, root: str | Path = "cache", storage_dtype: str = "float16", content_hash: bool = False):
         if storage_dtype not in STORAGE_DTYPES:
             raise ValueError(f"storage_dtype must be one of {STORAGE_DTYPES}, got {storage_dtype!r}.")
         self.root = Path(root)
         self.storage_dtype = storage_dtype
+        self.content_hash = content_hash
 
     # ----------------------------------------------------------------------------------------------- naming
     def path_for(self, backbone: Backbone, dataset: str, aug_seed: int = 0) -> Path:
         """The file holding ``dataset``'s features for this backbone and the transforms with ``aug_seed``."""
-        _check_dataset_name(dataset)
+        check_folder_name(dataset, self.root)
         if not backbone.fingerprint:
             raise ValueError("The backbone has no fingerprint; load it with atlas_fast.backbones.load_backbone.")
         spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)
@@ -296,8 +384,9 @@ class FeatureCache:
             raise CacheMismatchError(f"{path} is not an atlas_fast feature cache (attribute format="
                                      f"{f.attrs.get('format')!r}, expected {FORMAT!r}).")
         if int(f.attrs.get("format_version", -1)) != FORMAT_VERSION:
-            raise CacheMismatchError(f"{path} has cache format_version {f.attrs.get('format_version')}, this code "
-                                     f"reads version {FORMAT_VERSION}; delete the file and build again.")
+            raise CacheMismatchError(
+                f"{path} has cache format_version {f.attrs.get('format_version')}, this code reads version "
+                f"{FORMAT_VERSION} (which adds checksums and image identities); delete the file and build again.")
         expected_stem = f"{str(f.attrs['backbone_fingerprint'])[:12]}-{str(f.attrs['transform_fingerprint'])[:12]}"
         if path.stem != expected_stem or path.parent.name != f.attrs.get("dataset"):
             raise CacheMismatchError(
@@ -316,6 +405,35 @@ class FeatureCache:
                     f"These features were made with other weights, preprocessing or transform and cannot be reused; "
                     f"delete the file and build again.")
 
+    def _check_build(self, f: h5py.File, path: Path, precision: str) -> str:
+        """Building into ``f`` must not mix precisions or storage dtypes; returns the file's precision."""
+        recorded = str(f.attrs["encode_precision"])
+        if precision not in ("auto", recorded):
+            raise CacheMismatchError(
+                f"{path} was encoded with precision {recorded!r}; building into it with {precision!r} would mix "
+                f"precisions. Use precision 'auto' or {recorded!r}, or another cache root.")
+        if str(f.attrs["storage_dtype"]) != self.storage_dtype:
+            raise CacheMismatchError(
+                f"{path} stores {f.attrs['storage_dtype']} features; this FeatureCache was asked for "
+                f"{self.storage_dtype}. Use storage_dtype={str(f.attrs['storage_dtype'])!r} or another cache root.")
+        return recorded
+
+    @staticmethod
+    def _read_rows(f: h5py.File, path: Path) -> tuple[list[str], list[str], np.ndarray]:
+        """Keys, image ids and done flags, checked against ``keys_digest`` and the chunk checksums."""
+        try:
+            keys = list(f["keys"].asstr()[...])
+            image_ids = list(f["image_ids"].asstr()[...])
+            done = f["done"][...]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CacheCorruptError(f"{path}: the row index (keys, image ids or done flags) is damaged ({exc}). "
+                                    f"Delete the file and build again.", path) from exc
+        if len(keys) != len(image_ids) or len(keys) != done.shape[0] or _keys_digest(keys, image_ids) != str(
+                f.attrs.get("keys_digest", "")):
+            raise CacheCorruptError(f"{path}: the row index does not match its checksum (keys_digest); the file "
+                                    f"was damaged or edited. Delete it and build again.", path)
+        return keys, image_ids, done
+
     # ------------------------------------------------------------------------------------------------ build
     def build(self, backbone: Backbone, dataset: str, items: Sequence[Datum], num_views: int = 0,
               aug_seed: int = 0, batch_size: int = 64, num_workers: int | None = None, device: str | None = None,
@@ -323,7 +441,8 @@ class FeatureCache:
         """Encode views 0..``num_views`` of every item, only those not cached yet (moves the backbone to ``device``).
 
         ``precision``: "auto" (the file's recorded precision, else fp16 autocast on CUDA and fp32 on CPU), "fp32",
-        "fp16" or "bf16". ``num_workers`` DataLoader decoding processes (None: up to 8, by CPU count)."""
+        "fp16" or "bf16". ``num_workers`` DataLoader decoding processes (None: up to 8, by CPU count).
+        When everything is cached already, nothing is written (a read-only cache folder works)."""
         start = time.perf_counter()
         if num_views < 0:
             raise ValueError(f"num_views must be >= 0 (0 = only the test-transform view), got {num_views}.")
@@ -332,35 +451,86 @@ class FeatureCache:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}.")
         items = _unique_by_key(items)
+        image_ids = image_identities(items, self.content_hash)
         spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)
         path = self.path_for(backbone, dataset, aug_seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        expected = self._expected_attrs(backbone, dataset, spec)
         run_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         views = list(range(num_views + 1))
+        total = len(items) * len(views)
 
+        if path.exists():  # the common case of a complete file needs neither write access nor the build lock
+            missing = self._missing_units(path, expected, items, image_ids, views, precision)
+            if not missing:
+                return BuildReport(encoded=0, reused=total, seconds=time.perf_counter() - start,
+                                   images_per_s=0.0, path=path)
+            if not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+                count = sum(len(u[2]) for u in missing)
+                raise CacheReadOnlyError(
+                    f"{path} lacks {count} of the {total} requested features (e.g. {missing[0][0].key!r}) and is "
+                    f"read-only for this process. Build them where the cache is writable, or use a writable "
+                    f"--cache-root.")
+        else:
+            missing = [(d, -1, views) for d in items]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if missing:
+            self._check_free_space(path, sum(len(u[2]) for u in missing), int(backbone.embed_dim))
         with _flock(path.with_name(path.name + ".build.lock"), exclusive=True,
                     wait_message=f"Waiting for another process that is building {path} ..."):
             with _flock(self._lock_path(path), exclusive=True):
-                units, precision = self._prepare(path, backbone, dataset, spec, items, views, precision, run_device)
+                units, precision = self._prepare(path, backbone, expected, items, image_ids, views, precision,
+                                                 run_device)
             todo = sum(len(u[2]) for u in units)
-            reused = len(items) * len(views) - todo
             if todo:
                 backbone.to(run_device)
                 self._encode_all(backbone, path, spec, units, todo, batch_size, num_workers, run_device, precision,
                                  progress, desc=f"Encoding {dataset} ({path.name})")
         seconds = time.perf_counter() - start
-        return BuildReport(encoded=todo, reused=reused, seconds=seconds,
+        return BuildReport(encoded=todo, reused=total - todo, seconds=seconds,
                            images_per_s=todo / seconds if todo and seconds > 0 else 0.0, path=path)
 
     @staticmethod
     def _lock_path(path: Path) -> Path:
         return path.with_name(path.name + ".lock")
 
-    def _prepare(self, path: Path, backbone: Backbone, dataset: str, spec: TransformSpec, items: list[Datum],
-                 views: list[int], precision: str, device: torch.device
+    @staticmethod
+    def _units(row_of: dict[tuple[str, str], int], done: np.ndarray, items: list[Datum], image_ids: list[str],
+               views: list[int]) -> list[tuple[Datum, int, list[int]]]:
+        """(item, row, views to encode) for every item with something missing; row -1 = no row yet."""
+        units = []
+        for d, image_id in zip(items, image_ids):
+            row = row_of.get((d.key, image_id), -1)
+            todo = [v for v in views if row < 0 or v >= done.shape[1] or not done[row, v]]
+            if todo:
+                units.append((d, row, todo))
+        return units
+
+    def _missing_units(self, path: Path, expected: dict[str, object], items: list[Datum], image_ids: list[str],
+                       views: list[int], precision: str) -> list[tuple[Datum, int, list[int]]]:
+        """What a build would have to encode, read under a shared lock without writing anything."""
+        with _flock(self._lock_path(path), exclusive=False):
+            with _open_h5(path, "r") as f:
+                self._check(f, path, expected)
+                self._check_build(f, path, precision)
+                keys, ids, done = self._read_rows(f, path)
+        return self._units(_row_index(keys, ids), done, items, image_ids, views)
+
+    def _prepare(self, path: Path, backbone: Backbone, expected: dict[str, object], items: list[Datum],
+                 image_ids: list[str], views: list[int], precision: str, device: torch.device
                  ) -> tuple[list[tuple[Datum, int, list[int]]], str]:
-        """Create or check the file, append rows for new keys, widen the views axis; return what must be encoded."""
-        expected = self._expected_attrs(backbone, dataset, spec)
+        """Create or check the file, append rows for new (key, image id) pairs, widen the views axis; return what
+        must be encoded."""
+        if not path.exists():
+            try:
+                with _open_h5(path, "a") as f:
+                    self._create(f, backbone, expected, precision, device)
+            except BaseException as exc:  # nothing was cached in it yet: leave no half-made file behind
+                path.unlink(missing_ok=True)
+                if isinstance(exc, (OSError, RuntimeError)):
+                    raise CacheSpaceError(f"Could not create the cache file {path} ({exc}); is the disk full?") from exc
+                raise
+        _reserve(path, 2 * sum(len(d.key) + len(i) + 48 for d, i in zip(items, image_ids)) + (256 << 10),
+                 "Nothing was changed; the features cached before are kept and readable.")
         with _open_h5(path, "a") as f:
             if "format" not in f.attrs:
                 if len(f):
@@ -368,46 +538,39 @@ class FeatureCache:
                                              f"'format' attribute; a build killed while creating it?). Delete it.")
                 self._create(f, backbone, expected, precision, device)
             self._check(f, path, expected)
-            recorded = str(f.attrs["encode_precision"])
-            if precision not in ("auto", recorded):
-                raise CacheMismatchError(
-                    f"{path} was encoded with precision {recorded!r}; building into it with {precision!r} would mix "
-                    f"precisions. Use precision 'auto' or {recorded!r}, or another cache root.")
-            if str(f.attrs["storage_dtype"]) != self.storage_dtype:
-                raise CacheMismatchError(
-                    f"{path} stores {f.attrs['storage_dtype']} features; this FeatureCache was asked for "
-                    f"{self.storage_dtype}. Use storage_dtype={str(f.attrs['storage_dtype'])!r} or another cache root.")
-            keys, features, done = f["keys"], f["features"], f["done"]
-            row_of = {k: i for i, k in enumerate(keys.asstr()[...])}
-            new_keys = [d.key for d in items if d.key not in row_of]
-            n_old = len(row_of)
-            if new_keys:
-                n = n_old + len(new_keys)
-                keys.resize((n,))
-                keys[n_old:n] = np.array(new_keys, dtype=object)
+            recorded = self._check_build(f, path, precision)
+            keys, ids, done_now = self._read_rows(f, path)
+            row_of = _row_index(keys, ids)
+            new = [(d.key, i) for d, i in zip(items, image_ids) if (d.key, i) not in row_of]
+            features, done = f["features"], f["done"]
+            if new:
+                n_old, n = len(keys), len(keys) + len(new)
+                for name, column in (("keys", 0), ("image_ids", 1)):
+                    f[name].resize((n,))
+                    f[name][n_old:n] = np.array([pair[column] for pair in new], dtype=object)
                 features.resize(n, axis=0)
                 done.resize(n, axis=0)
-                row_of.update({k: n_old + i for i, k in enumerate(new_keys)})
+                row_of.update({pair: n_old + i for i, pair in enumerate(new)})
+                keys += [k for k, _ in new]
+                ids += [i for _, i in new]
+                f.attrs["keys_digest"] = _keys_digest(keys, ids)
             if len(views) > features.shape[1]:
                 features.resize(len(views), axis=1)
                 done.resize(len(views), axis=1)
-            done_now = done[...]
-        units = []
-        for d in items:
-            row = row_of[d.key]
-            todo = [v for v in views if not done_now[row, v]]
-            if todo:
-                units.append((d, row, todo))
+            if new or len(views) > done_now.shape[1]:
+                done_now = done[...]
+        units = self._units(row_of, done_now, items, image_ids, views)
         units.sort(key=lambda u: u[1])
         return units, recorded
 
     def _create(self, f: h5py.File, backbone: Backbone, expected: dict[str, object], precision: str,
                 device: torch.device) -> None:
         dim = int(backbone.embed_dim)
-        f.create_dataset("keys", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"), chunks=(1024,))
+        for name in ("keys", "image_ids"):
+            f.create_dataset(name, shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"), chunks=(1024,))
         f.create_dataset("features", shape=(0, 1, dim), maxshape=(None, None, dim), dtype=self.storage_dtype,
-                         chunks=(64, 1, dim))
-        f.create_dataset("done", shape=(0, 1), maxshape=(None, None), dtype=bool, chunks=(1024, 8))
+                         chunks=(FEATURE_CHUNK_ROWS, 1, dim), fletcher32=True)
+        f.create_dataset("done", shape=(0, 1), maxshape=(None, None), dtype=bool, chunks=DONE_CHUNK, fletcher32=True)
         for name, value in expected.items():
             f.attrs[name] = value
         f.attrs["backbone_config"] = json.dumps(backbone.config.to_dict(), sort_keys=True)
@@ -415,8 +578,20 @@ class FeatureCache:
         f.attrs["encode_precision"] = precision if precision != "auto" else (
             "fp16" if device.type == "cuda" else "fp32")
         f.attrs["storage_dtype"] = self.storage_dtype
+        f.attrs["keys_digest"] = _keys_digest([], [])
         f.attrs["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         f.attrs["atlas_fast_version"] = atlas_fast.__version__
+
+    def _check_free_space(self, path: Path, count: int, dim: int) -> None:
+        """Refuse a build whose ``count`` missing features cannot fit in the free space, before encoding anything
+        (an estimate: 25 % + 1 MiB over the raw bytes, for partly filled chunks and metadata)."""
+        needed = int(count * dim * np.dtype(self.storage_dtype).itemsize * 1.25) + (1 << 20)
+        free = shutil.disk_usage(path.parent).free
+        if needed > free:
+            raise CacheSpaceError(
+                f"Encoding {count} features into {path} needs about {_human_bytes(needed)}, but only "
+                f"{_human_bytes(free)} is free there. Free some space or use another --cache-root; nothing was "
+                f"encoded.")
 
     def _encode_all(self, backbone: Backbone, path: Path, spec: TransformSpec,
                     units: list[tuple[Datum, int, list[int]]], todo: int, batch_size: int, num_workers: int | None,
@@ -425,10 +600,12 @@ class FeatureCache:
             num_workers = min(8, os.cpu_count() or 1) if todo > batch_size else 0
         loader = DataLoader(_ViewDataset(units, spec), batch_sampler=_batches(units, batch_size),
                             num_workers=num_workers, collate_fn=_collate, pin_memory=device.type == "cuda")
+        committed = 0
         with tqdm(total=todo, unit="img", desc=desc, disable=not progress, dynamic_ncols=True) as bar:
             for pixels, rows, views in loader:
                 features = self._encode(backbone, pixels, device, precision)
-                self._commit(path, rows, views, features)
+                self._commit(path, rows, views, features, committed)
+                committed += len(rows)
                 bar.update(len(rows))
 
     @staticmethod
@@ -442,9 +619,14 @@ class FeatureCache:
                     features = backbone.encode_image(pixels)
         return features.float().cpu().numpy()
 
-    def _commit(self, path: Path, rows: np.ndarray, views: np.ndarray, features: np.ndarray) -> None:
-        """One write transaction: features, flush, then their done flags (closing flushes again)."""
+    def _commit(self, path: Path, rows: np.ndarray, views: np.ndarray, features: np.ndarray,
+                committed: int = 0) -> None:
+        """One write transaction: reserve its space, write the features, flush, then their done flags (closing
+        flushes again). A failed reservation leaves the file as the previous transaction left it."""
         with _flock(self._lock_path(path), exclusive=True):
+            _reserve(path, _chunk_bytes(rows, views, features.shape[-1], np.dtype(self.storage_dtype).itemsize),
+                     f"The {committed} features encoded before in this build, and all earlier ones, are kept and "
+                     f"readable.")
             with _open_h5(path, "a") as f:
                 _write_cells(f["features"], rows, views, features.astype(f["features"].dtype))
                 f.flush()
@@ -453,7 +635,8 @@ class FeatureCache:
     # ------------------------------------------------------------------------------------------------- load
     def load(self, backbone: Backbone, dataset: str, items: Sequence[Datum], views: Sequence[int],
              aug_seed: int = 0) -> torch.Tensor:
-        """Features (N, len(views), D) float32 of ``items`` in their order; raises :class:`MissingFeaturesError`."""
+        """Features (N, len(views), D) float32 of ``items`` in their order; raises :class:`MissingFeaturesError`
+        (also for images changed on disk since they were encoded) and :class:`CacheCorruptError`."""
         views = [int(v) for v in views]
         if not views or min(views) < 0:
             raise ValueError(f"views must be a non-empty list of indices >= 0 (0 = test transform), got {views}.")
@@ -462,39 +645,90 @@ class FeatureCache:
         if not path.exists():
             missing = [(d.key, v) for d in items for v in views]
             raise self._missing_error(path, backbone, dataset, missing, len(missing), views, aug_seed)
+        image_ids = image_identities(items, self.content_hash)
         expected = self._expected_attrs(backbone, dataset, spec)
         with _flock(self._lock_path(path), exclusive=False):
             with _open_h5(path, "r") as f:
                 self._check(f, path, expected)
-                row_of = {k: i for i, k in enumerate(f["keys"].asstr()[...])}
-                done = f["done"][...]
-                rows = np.array([row_of.get(d.key, -1) for d in items], dtype=np.int64)
+                keys, ids, done = self._read_rows(f, path)
+                row_of = _row_index(keys, ids)
+                rows = np.array([row_of.get((d.key, i), -1) for d, i in zip(items, image_ids)], dtype=np.int64)
                 missing = [(d.key, v) for d, r in zip(items, rows.tolist()) for v in views
                            if r < 0 or v >= done.shape[1] or not done[r, v]]
                 if missing:
+                    changed = sorted({d.key for d, r in zip(items, rows.tolist()) if r < 0} & set(keys))
                     raise self._missing_error(path, backbone, dataset, missing, len(items) * len(views), views,
-                                              aug_seed)
+                                              aug_seed, changed)
                 out = np.empty((len(items), len(views), f["features"].shape[2]), dtype=np.float32)
                 if len(items):
                     for j, v in enumerate(views):
-                        out[:, j] = _read_view(f["features"], rows, v)
+                        try:
+                            out[:, j] = _read_view(f["features"], rows, v)
+                        except OSError as exc:
+                            raise self._corrupt_error(f, path, keys, rows, v) from exc
         return torch.from_numpy(out)
 
+    @staticmethod
+    def _bad_chunks(ds: h5py.Dataset, row_ranges: Sequence[tuple[int, int]], view: int | None) -> list[int]:
+        """Rows in chunks of ``ds`` that fail their checksum, among ``row_ranges`` (one view, or all)."""
+        bad: list[int] = []
+        for lo, hi in row_ranges:
+            try:
+                ds[lo:hi] if view is None else ds[lo:hi, view]
+            except OSError:
+                bad.extend(range(lo, hi))
+        return bad
+
+    def _corrupt_error(self, f: h5py.File, path: Path, keys: list[str], rows: np.ndarray,
+                       view: int) -> CacheCorruptError:
+        step = FEATURE_CHUNK_ROWS
+        chunks = sorted({int(r) // step for r in rows.tolist()})
+        bad = self._bad_chunks(f["features"], [(c * step, min((c + 1) * step, len(keys))) for c in chunks], view)
+        where = f"rows {_row_ranges(bad)} (e.g. {keys[bad[0]]!r})" if bad else "some rows"
+        return CacheCorruptError(
+            f"{path}: stored features of view {view}, {where}, fail their checksum: the file is damaged (disk "
+            f"fault or an outside write). Delete it and build again; `atlas-fast cache info --verify` lists every "
+            f"damaged row.", path, bad)
+
     def _missing_error(self, path: Path, backbone: Backbone, dataset: str, missing: list[tuple[str, int]],
-                       total: int, views: list[int], aug_seed: int) -> MissingFeaturesError:
+                       total: int, views: list[int], aug_seed: int,
+                       changed: Sequence[str] = ()) -> MissingFeaturesError:
         examples = ", ".join(f"{k!r} view {v}" for k, v in missing[:3])
         cfg = backbone.config
         command = (f"atlas-fast cache build --dataset {dataset} --model {cfg.model} "
                    f"--pretrained {cfg.pretrained or 'none'} --views {max(views)} --aug-seed {aug_seed} "
                    f"--cache-root {self.root} [--shots K --seed S | --split train,val,test]")
+        note = (f" {len(changed)} of these images changed on disk since they were encoded (e.g. {changed[0]!r}); "
+                f"their old features are not used." if changed else "")
         return MissingFeaturesError(
             f"{len(missing)} of {total} requested features (image x view) are not in the cache {path} "
-            f"(e.g. {examples}). Build them with:\n  {command}\nor FeatureCache.build(...) with the same items.",
+            f"(e.g. {examples}).{note} Build them with:\n  {command}\nor FeatureCache.build(...) with the same items.",
             missing, path)
 
-    # ------------------------------------------------------------------------------------------------- info
-    def entries(self) -> list[CacheEntry]:
-        """Every cache file under the root, with its size and what it holds (problems reported, not raised)."""
+    # ------------------------------------------------------------------------------------------ info/verify
+    def verify_file(self, path: Path) -> list[str]:
+        """Read every chunk of ``path`` and check every checksum; returns the problems found (empty = healthy)."""
+        problems: list[str] = []
+        try:
+            with _flock(self._lock_path(path), exclusive=False):
+                with _open_h5(path, "r") as f:
+                    self._check_name(f, path)
+                    keys, _, _ = self._read_rows(f, path)
+                    features = f["features"]
+                    step = FEATURE_CHUNK_ROWS
+                    ranges = [(lo, min(lo + step, len(keys))) for lo in range(0, len(keys), step)]
+                    for view in range(features.shape[1]):
+                        bad = self._bad_chunks(features, ranges, view)
+                        if bad:
+                            problems.append(f"features of view {view}: rows {_row_ranges(bad)} fail their checksum "
+                                            f"(e.g. {keys[bad[0]]!r})")
+        except (CacheError, OSError, KeyError, ValueError) as exc:
+            problems.append(str(exc))
+        return problems
+
+    def entries(self, verify: bool = False) -> list[CacheEntry]:
+        """Every cache file under the root, with its size and what it holds (problems reported, not raised).
+        ``verify`` also reads every chunk and checks its checksum (slow: reads the whole file)."""
         found = []
         for path in sorted(self.root.glob("*/*.h5")):
             entry = CacheEntry(dataset=path.parent.name, path=path, backbone="?", backbone_fingerprint="",
@@ -522,12 +756,14 @@ class FeatureCache:
                         self._check_name(f, path)
             except (CacheError, OSError, KeyError, ValueError) as exc:
                 entry.problem = str(exc)
+            if verify and entry.problem is None:
+                entry.problem = "; ".join(self.verify_file(path)) or None
             found.append(entry)
         return found
 
-    def info(self) -> str:
-        """A table of :meth:`entries` for humans (one line per file, plus the total size)."""
-        entries = self.entries()
+    def info(self, verify: bool = False, entries: list[CacheEntry] | None = None) -> str:
+        """A table of :meth:`entries` (or of the given ``entries``) for humans: one line per file, the total size."""
+        entries = self.entries(verify) if entries is None else entries
         if not entries:
             return f"No feature cache files under {self.root}."
         header = ("dataset", "backbone", "transform", "images", "views done", "precision", "size")
@@ -543,5 +779,7 @@ class FeatureCache:
             if e.problem:
                 lines.append(f"PROBLEM {e.path}: {e.problem}")
         total = sum(e.size_bytes for e in entries)
-        lines.append(f"{len(entries)} file(s), {_human_bytes(total)} under {self.root}")
+        checked = ("; every chunk verified" + (" - no problem found" if not any(e.problem for e in entries) else "")
+                   if verify else " (checksums not read: --verify reads every chunk)")
+        lines.append(f"{len(entries)} file(s), {_human_bytes(total)} under {self.root}{checked}")
         return "\n".join(lines)

@@ -1,12 +1,29 @@
 """The ``atlas-fast`` command line. Each command group adds its subparsers in one ``add_<group>_commands`` function
-and handles them in functions named ``run_<group>_<command>``; :func:`build_parser` lists the groups."""
+and handles them in functions named ``run_<group>_<command>``; :func:`build_parser` lists the groups.
+
+Expected errors (bad data, arguments, files, checkpoints, a full disk: :data:`USER_ERRORS`) print ``error: ...``
+naming the file or value and exit with status 2; ``--debug`` (anywhere on the line) shows the traceback instead."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 from typing import Sequence
+
+from atlas_fast.transforms import ImageReadError
+
+
+class UsageError(ValueError):
+    """A combination of command-line options that cannot work (the message says what to change)."""
+
+
+# Exceptions that mean "the input is wrong", not "atlas_fast is wrong": reported in one or two lines, status 2.
+# (CacheError and ImageReadError are RuntimeErrors; DatasetLayoutError is a FileNotFoundError; DatasetFormatError,
+# CheckpointError and UsageError are ValueErrors.)
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImageReadError, NotImplementedError,
+                                                FloatingPointError)
 
 
 def _pretrained(value: str) -> str | None:
@@ -59,10 +76,14 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
                        help="encoder precision (default auto: fp16 autocast on CUDA, fp32 on CPU)")
     build.add_argument("--storage-dtype", choices=("float16", "float32"), default="float16",
                        help="dtype of stored features for new cache files (default float16)")
+    build.add_argument("--content-hash", action="store_true",
+                       help="identify images by a hash of their bytes, not size+mtime (reads every image)")
     build.set_defaults(func=run_cache_build)
 
-    info = commands.add_parser("info", help="list what is cached, with sizes")
+    info = commands.add_parser("info", help="list what is cached, with sizes (--verify: check every checksum)")
     info.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
+    info.add_argument("--verify", action="store_true",
+                      help="read every chunk and check its checksum; exit status 1 if a file is damaged")
     info.set_defaults(func=run_cache_info)
 
 
@@ -72,9 +93,9 @@ def run_cache_build(args: argparse.Namespace) -> int:
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
 
     if (args.shots is None) != (args.seed is None):
-        raise SystemExit("error: --shots and --seed go together (e.g. --shots 16 --seed 1 2 3).")
+        raise UsageError("--shots and --seed go together (e.g. --shots 16 --seed 1 2 3).")
     if args.views < 0:
-        raise SystemExit(f"error: --views must be >= 0, got {args.views}.")
+        raise UsageError(f"--views must be >= 0, got {args.views}.")
     splits = load_dataset(args.dataset, args.data_root)
     if args.shots is None:
         variants = [splits]
@@ -88,7 +109,7 @@ def run_cache_build(args: argparse.Namespace) -> int:
 
     device = args.device
     backbone = load_backbone(BackboneConfig(args.model, args.pretrained), device or "cpu")
-    cache = FeatureCache(args.cache_root, storage_dtype=args.storage_dtype)
+    cache = FeatureCache(args.cache_root, storage_dtype=args.storage_dtype, content_hash=args.content_hash)
     common = dict(aug_seed=args.aug_seed, batch_size=args.batch_size, num_workers=args.workers, device=device,
                   precision=args.precision)
     total_encoded = total_reused = 0
@@ -108,8 +129,10 @@ def run_cache_build(args: argparse.Namespace) -> int:
 def run_cache_info(args: argparse.Namespace) -> int:
     from atlas_fast.cache import FeatureCache
 
-    print(FeatureCache(args.cache_root).info())
-    return 0
+    cache = FeatureCache(args.cache_root)
+    entries = cache.entries(verify=args.verify)
+    print(cache.info(verify=args.verify, entries=entries))
+    return 1 if args.verify and any(e.problem for e in entries) else 0
 
 
 def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -176,6 +199,8 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     optim.add_argument("--workers", type=int, default=None,
                        help="image decoding processes of the pixel methods (default: up to 8 on a GPU, 0 on CPU)")
     optim.add_argument("--no-progress", action="store_true", help="no progress bars")
+    optim.add_argument("--content-hash", action="store_true",
+                       help="identify images by a hash of their bytes, not size+mtime (reads every image)")
     train.set_defaults(func=run_train)
 
     evaluate = subparsers.add_parser(
@@ -202,9 +227,9 @@ def _label_schedule(args: argparse.Namespace):
 
     name = args.schedule if args.schedule != "auto" else ("onehot" if args.atlas == "none" else "atlas")
     if name in ("atlas", "joint") and args.atlas == "none":
-        raise SystemExit(f"error: --schedule {name} trains on soft labels: choose them with --atlas ls|csl|isl|mix.")
+        raise UsageError(f"--schedule {name} trains on soft labels: choose them with --atlas ls|csl|isl|mix.")
     if name in ("onehot", "ols", "tfkd") and args.atlas != "none":
-        raise SystemExit(f"error: --schedule {name} uses no offline soft labels; drop --atlas {args.atlas}.")
+        raise UsageError(f"--schedule {name} uses no offline soft labels; drop --atlas {args.atlas}.")
     if name == "onehot":
         return None, OneHot()
     if name == "ols":
@@ -260,7 +285,7 @@ def run_train(args: argparse.Namespace) -> int:
         aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
         cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress,
-        workers=args.workers)
+        content_hash=args.content_hash, workers=args.workers)
         for seed in args.seed]
     records = run_configs(configs, Execution("local", args.batch_runs), progress=False)
     for seed, record in zip(args.seed, records):
@@ -374,6 +399,8 @@ def run_experiment_command(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atlas-fast", description="Feature-cache-first prompt tuning of CLIP.")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the full traceback of an error (may also be given after the command)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_cache_commands(subparsers)
     add_train_commands(subparsers)
@@ -383,9 +410,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``atlas-fast`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    """Entry point of the ``atlas-fast`` console script; returns the exit status (2 for a user error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    args = build_parser().parse_args((["--debug"] if debug else []) + [a for a in argv if a != "--debug"])
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as exc:
+        if debug:
+            traceback.print_exc()
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+            print("(run again with --debug for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

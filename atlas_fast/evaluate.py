@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
-from atlas_fast.methods.base import EVAL_BATCH, PromptMethod
+from atlas_fast.methods.base import PromptMethod
 
 if TYPE_CHECKING:
     from atlas_fast.pixels import ImageViews
@@ -122,31 +121,12 @@ def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = F
     return results
 
 
-@torch.no_grad()
 def zero_shot_accuracy(backbone: Backbone, eval_set: EvalSet, template: str) -> float:
-    """Zero-shot CLIP (``ZeroshotCLIP``): one hand-crafted prompt per class, logits = exp(logit_scale) f_v f_t^T."""
-    prompts = tuple(template.format(c.replace("_", " ")) for c in eval_set.classnames)
-    text = _zero_shot_text(backbone, prompts)
-    scale = backbone.model.logit_scale.exp().float()
-    correct = 0
-    for x, y in zip(eval_set.features.split(EVAL_BATCH), eval_set.labels.split(EVAL_BATCH)):
-        logits = scale * F.normalize(x.to(text.device).float(), dim=-1) @ text.T
-        correct += int((logits.argmax(-1).cpu() == y).sum())
-    return 100.0 * correct / max(1, len(eval_set.labels))
+    """Zero-shot CLIP (``ZeroshotCLIP``, the ``zsclip`` method): one hand-crafted prompt per class."""
+    from atlas_fast.methods.zsclip import ZeroShotCLIP, ZeroShotConfig
 
-
-_ZERO_SHOT_TEXT: dict[tuple, torch.Tensor] = {}
-
-
-def _zero_shot_text(backbone: Backbone, prompts: tuple[str, ...]) -> torch.Tensor:
-    """Normalised text features of the prompts, kept per process: every run of a sweep on a dataset asks for the same
-    zero-shot references, and the full 77-token text tower is the costliest part of evaluating on a CPU."""
-    key = (backbone.fingerprint, str(backbone.device), prompts)
-    if key not in _ZERO_SHOT_TEXT:
-        if len(_ZERO_SHOT_TEXT) >= 64:
-            _ZERO_SHOT_TEXT.pop(next(iter(_ZERO_SHOT_TEXT)))
-        _ZERO_SHOT_TEXT[key] = F.normalize(backbone.encode_text(list(prompts)).float(), dim=-1)
-    return _ZERO_SHOT_TEXT[key]
+    method = ZeroShotCLIP(backbone, eval_set.classnames, ZeroShotConfig(template=template))
+    return top1_accuracy(method_logits(method, eval_set.features), eval_set.labels)[0].item()
 
 
 def summarize(accuracies: dict[str, float]) -> dict[str, float]:

@@ -1,5 +1,8 @@
-"""Prepare a run's inputs: the data (few-shot subset, base/new split), the feature cache, the evaluation sets, the
-soft labels and the training inputs the loop iterates over.
+"""Prepare a run's inputs: the data (few-shot subset, base/new split) and its fingerprint, the feature cache, the
+evaluation sets, the soft labels and the training inputs the loop iterates over.
+
+:func:`load_run_data` lists and checks the data without decoding an image (the skip check needs its fingerprint);
+:func:`prepare_inputs` then builds and reads features. Every check that can fail runs before the first epoch.
 
 The loop sees training inputs only through :class:`TrainInputs`: :class:`CachedViews` serves cached image features,
 :class:`PixelViews` the pixels of the same seeded views for methods that prompt the image encoder (IVLP, MaPLe,
@@ -9,6 +12,7 @@ comes from the feature cache either way: the frozen CLIP is never run again for 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, NamedTuple, Protocol
@@ -123,14 +127,26 @@ def evaluation_splits(plan: RunPlan, fewshot) -> dict[str, object]:
     return splits
 
 
-def prepare_inputs(plan: RunPlan) -> RunInputs:
-    """Load the data, build what the feature cache lacks (train views 0..V, test view 0; pixel methods: train view 0
-    and, for PromptSRC, 1..V), read the evaluation features and compute the soft labels once."""
-    from atlas_fast.cache import FeatureCache
-    from atlas_fast.data import fewshot_subset, load_dataset
-    from atlas_fast.methods import METHODS
+@dataclass
+class RunData:
+    """The lists a run trains and evaluates on, and the fingerprint of its inputs (no image decoded yet)."""
 
-    config, backbone = plan.config, plan.backbone
+    full: object  # DatasetSplits of the whole dataset
+    fewshot: object  # its few-shot subset for the run's seed
+    splits: dict[str, object]  # evaluation class subsets (base/new/all); the training one included
+    train_split: object  # the training class subset (base in base-to-new)
+    fingerprint: str  # listing of the full dataset + identity of every image the run reads
+    shots_used: dict[str, int]  # fewest and most training images of any class
+
+
+def load_run_data(plan: RunPlan) -> RunData:
+    """List the dataset, draw the few-shot subset, split the classes and fingerprint the run's images; refuse data
+    the run cannot use (no training images, an evaluation class set without test images)."""
+    from atlas_fast.data import fewshot_subset, load_dataset
+    from atlas_fast.data.fewshot import shots_used
+    from atlas_fast.data.identity import subset_fingerprint
+
+    config = plan.config
     full = load_dataset(config.dataset, config.data_root)
     fewshot = fewshot_subset(full, config.shots, config.seed,
                              store_dir=Path(config.cache_root) / full.name / "split_fewshot")
@@ -138,18 +154,39 @@ def prepare_inputs(plan: RunPlan) -> RunInputs:
     train_split = splits[config.train_subsample]
     if not train_split.train:
         raise ValueError(f"{full.name}: the {config.train_subsample!r} training list is empty.")
+    for name, split in splits.items():
+        if not split.test:
+            raise ValueError(f"{full.name} ({full.dataset_dir}): no test images for the {name!r} classes "
+                             f"({split.num_classes} classes); the run could not be evaluated. Add test images or "
+                             f"use --setting few_shot.")
+    fingerprint = subset_fingerprint(full, fewshot, config.content_hash)
+    return RunData(full, fewshot, splits, train_split, fingerprint, shots_used(train_split))
+
+
+def prepare_inputs(plan: RunPlan) -> RunInputs:
+    """Build what the feature cache lacks for the run's data (train views 0..V, test view 0; pixel methods: train
+    view 0 and, for PromptSRC, 1..V), read the evaluation features and compute the soft labels once."""
+    from atlas_fast.cache import FeatureCache
+    from atlas_fast.methods import METHODS
+
+    config, backbone, data = plan.config, plan.backbone, plan.data
+    full, fewshot, train_split = data.full, data.fewshot, data.train_split
+    if data.shots_used["min"] < config.shots:
+        used = data.shots_used
+        print(f"note: {full.name}: some classes have fewer than {config.shots} training images; the run uses "
+              f"{used['min']}..{used['max']} per class (recorded in the record's data.shots_used).", file=sys.stderr)
 
     method_class = METHODS[config.method]
     pixels = method_class.consumes == "pixels"
     frozen_views = getattr(method_class, "frozen_view_features", False)
-    cache = FeatureCache(config.cache_root)
+    cache = FeatureCache(config.cache_root, content_hash=config.content_hash)
     # pixel methods need cached train features only for soft labels (view 0) and PromptSRC's frozen views
     cache.build(backbone, full.name, train_split.train, num_views=0 if pixels and not frozen_views else plan.views,
                 aug_seed=config.aug_seed, progress=config.progress)
     cache.build(backbone, full.name, fewshot.test, num_views=0, progress=config.progress)
 
     eval_sets = []
-    for name, split in splits.items():
+    for name, split in data.splits.items():
         features = cache.load(backbone, full.name, split.test, views=[0])[:, 0]
         images = ImageViews(split.test, backbone, workers=config.workers, device=plan.device) if pixels else None
         eval_sets.append(EvalSet(name, split.classnames, features, torch.tensor([d.label for d in split.test]),

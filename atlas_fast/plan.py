@@ -1,22 +1,26 @@
 """Plan a run: resolve the device, backbone, recipe and the run's description, hash and record name.
 
-Planning reads no dataset and touches no cache: it is cheap, so a sweep can plan every run first and skip the
-finished ones (``RunPlan.finished``) before any data is loaded.
+Planning itself reads no dataset and touches no cache. The record's name also covers the data, so
+``RunPlan.finished`` (and ``stem``, ``record_key``, ``record_path``) first list the dataset, draw the few-shot
+subset and fingerprint the run's images (:func:`atlas_fast.inputs.load_run_data`, once per plan): a finished run is
+skipped only when its data are unchanged, and data that are gone (a wrong ``--data-root``) are an error, never old
+numbers. No image is decoded and no feature is read for that.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from atlas_fast.backbones import Backbone, shared_backbone
 from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe
-from atlas_fast.results import ResultStore, record_key
+from atlas_fast.results import ResultStore, data_record_key, record_key
 
 if TYPE_CHECKING:
+    from atlas_fast.inputs import RunData
     from atlas_fast.train import TrainConfig
 
 
@@ -127,21 +131,39 @@ class RunPlan:
     method_config: MethodConfig
     recipe: OptimRecipe
     described: dict[str, Any]
-    key: str
-    stem: str
+    key: str  # configuration + backbone (data-free)
     store: ResultStore
+    _data: RunData | None = field(default=None, repr=False)
 
     @property
     def views(self) -> int:
         return self.config.views or self.recipe.epochs
 
     @property
+    def data(self) -> RunData:
+        """The run's data (lists, few-shot subset, class subsets, fingerprint), loaded on first use."""
+        if self._data is None:
+            from atlas_fast.inputs import load_run_data
+
+            self._data = load_run_data(self)
+        return self._data
+
+    @property
+    def record_key(self) -> str:
+        """The record's full key: configuration, backbone and the data fingerprint of the run's inputs."""
+        return data_record_key(self.key, self.data.fingerprint)
+
+    @property
+    def stem(self) -> str:
+        return record_stem(self.config, self.record_key)
+
+    @property
     def record_path(self):
         return self.store.record_path(self.dataset, self.stem)
 
     def finished(self) -> dict[str, Any] | None:
-        """The finished record of an identical earlier run, or None."""
-        return self.store.find(self.dataset, self.stem)
+        """The finished record of an identical earlier run on the same data, or None (reads the data's listing)."""
+        return self.store.find(self.dataset, self.stem, key=self.record_key)
 
 
 def plan_run(config: TrainConfig) -> RunPlan:
@@ -162,4 +184,4 @@ def plan_run(config: TrainConfig) -> RunPlan:
     described = describe_run(config, dataset, method_config, recipe, device)
     key = record_key(described, backbone.fingerprint)
     return RunPlan(config, device, amp, backbone, dataset, method_config, recipe, described, key,
-                   record_stem(config, key), ResultStore(config.results_dir))
+                   ResultStore(config.results_dir))

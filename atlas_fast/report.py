@@ -18,7 +18,8 @@ from atlas_fast.evaluate import harmonic_mean
 SOFT_LABEL_NAMES = {"ls": "ATLaS", "csl": "ATLaS-CSL", "isl": "ATLaS-ISL", "mix": "ATLaS-Mix"}
 # How the papers print each method; the ATLaS paper's "DePT" rows are DePT on CoOp.
 METHOD_NAMES = {"zsclip": "CLIP (zero-shot)", "coop": "CoOp", "cocoop": "CoCoOp", "kgcoop": "KgCoOp",
-                "dept-coop": "DePT", "dept-cocoop": "DePT-CoCoOp", "dept-kgcoop": "DePT-KgCoOp"}
+                "dept-coop": "DePT", "dept-cocoop": "DePT-CoCoOp", "dept-kgcoop": "DePT-KgCoOp", "ivlp": "IVLP",
+                "maple": "MaPLe", "promptsrc": "PromptSRC"}
 
 
 def method_name(method: str) -> str:

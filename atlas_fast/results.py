@@ -1,16 +1,20 @@
 """Result records: one JSON file per training run, plus the learned tensors beside it.
 
-A record is named by a hash of the run's configuration and the backbone fingerprint, so an identical run finds its
-finished record and is skipped (sweeps can be re-launched after a crash and only redo what is missing). Files are
-written to a temporary name and renamed, so a crash never leaves a half-written record.
+A record is named by a hash of the run's configuration, the backbone fingerprint and the data fingerprint of its
+inputs (:mod:`atlas_fast.data.identity`), so an identical run on unchanged data finds its finished record and is
+skipped (sweeps can be re-launched after a crash and only redo what is missing), while a run on other or changed
+data never returns another run's numbers. Files are written to a temporary name and renamed, so a crash never
+leaves a half-written record. Records are validated when read: one that is damaged or does not match its name is
+moved aside (``<name>.json.invalid-<time>``) with a warning, and the run is redone.
 
 Layout under ``results_dir`` (default ``results/``)::
 
     <dataset>/<method>-<schedule>-<setting>-<shots>shot-seed<seed>-<hash12>.json   the record
     <dataset>/<method>-<schedule>-<setting>-<shots>shot-seed<seed>-<hash12>.pt     learned tensors (torch.save)
 
-Record fields: ``key`` (full hash), ``status`` ("finished"), ``config`` (the run's configuration), ``backbone``
-(fingerprint, architecture, description), ``metrics`` (final: base/new/all/H, zero-shot references), ``epochs``
+Record fields: ``key`` (full hash of configuration, backbone and data), ``config_key`` (configuration and backbone
+only), ``status`` ("finished"), ``config`` (the run's configuration), ``backbone`` (fingerprint, architecture,
+description), ``data`` (dataset, ``fingerprint``, counts, ``shots_used``), ``metrics`` (final: base/new/all/H, zero-shot references), ``epochs``
 (per-epoch loss, lr, soft-label flag and optional accuracies), ``timings`` (seconds per stage), ``versions``
 (python/torch/open_clip/numpy/atlas_fast), ``created`` (UTC ISO time) and ``learned`` (file name of the ``.pt``).
 """
@@ -19,20 +23,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import math
 import platform
-import tempfile
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from atlas_fast.files import atomic_write, check_folder_name, check_writable
+
 
 def record_key(config: dict[str, Any], backbone_fingerprint: str) -> str:
     """A stable hash of the (JSON-serialisable) configuration and the backbone fingerprint."""
     canonical = json.dumps({"config": config, "backbone": backbone_fingerprint}, sort_keys=True, default=str)
     return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
+
+def data_record_key(config_key: str, data_fingerprint: str) -> str:
+    """The record's full key: the configuration key (:func:`record_key`) joined with the data fingerprint."""
+    return hashlib.blake2b(f"{config_key}:{data_fingerprint}".encode(), digest_size=16).hexdigest()
 
 
 def package_versions() -> dict[str, str]:
@@ -50,20 +61,6 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _atomic_write_bytes(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class ResultStore:
     """Finished run records under ``root``, looked up by name stem (see the module docstring)."""
 
@@ -71,38 +68,91 @@ class ResultStore:
         self.root = Path(root)
 
     def record_path(self, dataset: str, stem: str) -> Path:
+        check_folder_name(dataset, self.root)
         return self.root / dataset / f"{stem}.json"
 
     def learned_path(self, dataset: str, stem: str) -> Path:
-        return self.root / dataset / f"{stem}.pt"
+        return self.record_path(dataset, stem).with_suffix(".pt")
 
-    def find(self, dataset: str, stem: str) -> dict[str, Any] | None:
-        """The finished record with this name, or None (a record without its learned tensors counts as missing)."""
+    def check_writable(self, dataset: str) -> None:
+        """Raise ``PermissionError`` now, before training, if the record could not be written later."""
+        check_writable(self.record_path(dataset, "x").parent, "The results folder")
+
+    def find(self, dataset: str, stem: str, key: str | None = None) -> dict[str, Any] | None:
+        """The finished record with this name (and full ``key``), or None. A record without its learned tensors
+        counts as missing; a damaged or inconsistent one is moved aside with a warning, so the run is redone."""
         path = self.record_path(dataset, stem)
         if not path.is_file():
             return None
-        record = read_record(path)
-        if record.get("status") != "finished" or not self.learned_path(dataset, stem).is_file():
+        try:
+            record = read_record(path)
+            problems = record_problems(record)
+            if key is not None and record.get("key") != key:
+                problems.append(f"its key {str(record.get('key'))[:12]}... is not the run's {key[:12]}...")
+        except ValueError as exc:
+            problems = [str(exc)]
+        if problems:
+            aside = path.with_name(f"{path.name}.invalid-{utc_now().replace(':', '')}")
+            path.replace(aside)
+            print(f"warning: result record {path} is invalid ({problems[0]}); moved it to {aside.name} and the run "
+                  f"will be redone.", file=sys.stderr)
+            return None
+        if not self.learned_path(dataset, stem).is_file():
             return None
         return record
 
     def save(self, dataset: str, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor]) -> Path:
-        """Write the learned tensors, then the record (so a record never points at a missing ``.pt``)."""
+        """Write the learned tensors, then the record (so a record never points at a missing ``.pt``). A record
+        with non-finite metrics is refused (it would not be valid JSON)."""
+        bad = _non_finite(record.get("metrics", {}))
+        if bad:
+            raise ValueError(f"Run {stem}: metric(s) {', '.join(bad)} are not finite numbers (NaN/inf); the record is "
+                             f"not written. An evaluation set without test images gives this.")
         learned_path = self.learned_path(dataset, stem)
-        _atomic_write_bytes(learned_path, lambda f: torch.save(learned, f))
+        atomic_write(learned_path, lambda f: torch.save(learned, f))
         record = {**record, "status": "finished", "learned": learned_path.name}
-        text = json.dumps(record, indent=2, sort_keys=False, default=str).encode()
+        text = json.dumps(record, indent=2, sort_keys=False, default=str, allow_nan=False).encode()
         path = self.record_path(dataset, stem)
-        _atomic_write_bytes(path, lambda f: f.write(text))
+        atomic_write(path, lambda f: f.write(text))
         return path
 
 
+def _non_finite(metrics: Any, prefix: str = "") -> list[str]:
+    """Names of the values in a (nested) metrics dict that are not finite numbers."""
+    bad = []
+    for name, value in metrics.items():
+        if isinstance(value, dict):
+            bad += _non_finite(value, f"{prefix}{name}.")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            bad.append(f"{prefix}{name}={value!r}")
+    return bad
+
+
+def record_problems(record: dict[str, Any]) -> list[str]:
+    """What is wrong with a finished record's fields (empty = valid): the checks :meth:`ResultStore.find` makes."""
+    problems = []
+    if record.get("status") != "finished":
+        problems.append(f"status is {record.get('status')!r}, not 'finished'")
+    if not isinstance(record.get("key"), str):
+        problems.append("no 'key'")
+    metrics = record.get("metrics")
+    if not isinstance(metrics, dict) or not metrics:
+        problems.append("no 'metrics'")
+    elif _non_finite(metrics):
+        problems.append(f"non-finite metrics {_non_finite(metrics)[:3]}")
+    data = record.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("fingerprint"), str):
+        problems.append("no data fingerprint (made before records knew their data)")
+    return problems
+
+
 def build_record(key: str, described: dict[str, Any], backbone, paths: dict[str, str], data: dict[str, Any],
-                 metrics: dict[str, Any], epochs: list[dict[str, Any]], timings: dict[str, float]) -> dict[str, Any]:
+                 metrics: dict[str, Any], epochs: list[dict[str, Any]], timings: dict[str, float],
+                 config_key: str | None = None) -> dict[str, Any]:
     """A run's record (the fields of the module docstring, less ``status`` and ``learned``, which :meth:`ResultStore.save`
     adds)."""
     return {
-        "key": key, "created": utc_now(), "config": described,
+        "key": key, "config_key": config_key or key, "created": utc_now(), "config": described,
         "backbone": {"fingerprint": backbone.fingerprint, "description": backbone.describe(),
                      "architecture": backbone.architecture},
         "paths": paths, "data": data, "metrics": metrics, "epochs": epochs, "timings": timings,
@@ -110,12 +160,16 @@ def build_record(key: str, described: dict[str, Any], backbone, paths: dict[str,
     }
 
 
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def read_record(path: str | Path) -> dict[str, Any]:
     """Load a record JSON, with an error naming the file if it is not one."""
     path = Path(path)
     try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        record = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{path} is not a readable atlas_fast result record ({exc}).") from exc
     if not isinstance(record, dict) or "config" not in record:
         raise ValueError(f"{path} is not an atlas_fast result record (no 'config' field).")
@@ -129,4 +183,8 @@ def load_learned(record_path: str | Path) -> dict[str, torch.Tensor]:
     learned = record_path.with_name(record.get("learned", record_path.with_suffix(".pt").name))
     if not learned.is_file():
         raise FileNotFoundError(f"Learned tensors {learned} for record {record_path} are missing.")
-    return torch.load(learned, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(learned, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, garbage, or pickled code (never executed)
+        raise ValueError(f"Learned tensors {learned} of record {record_path} cannot be read ({type(exc).__name__}): "
+                         f"the file is damaged or not a tensor checkpoint. Train the run again.") from exc

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -187,7 +188,11 @@ def compute_soft_labels(config: SoftLabelConfig, backbone: Backbone, splits: Dat
     if store_dir is not None:
         path = Path(store_dir) / f"{config.kind}-{_store_key(config, backbone, splits, train_features_view0)}.pt"
         if path.is_file():
-            return torch.load(path, map_location="cpu", weights_only=True)["rows"]
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True)["rows"]
+            except Exception as exc:  # a damaged stored file is only a cache: recompute the rows and replace it
+                print(f"warning: stored soft labels {path} are unreadable ({type(exc).__name__}); recomputing them.",
+                      file=sys.stderr)
 
     if config.kind == "ls":
         rows = uniform_ls(labels, num_classes, config.theta)
@@ -207,10 +212,13 @@ def compute_soft_labels(config: SoftLabelConfig, backbone: Backbone, splits: Dat
     rows = rows.float().cpu().contiguous()
 
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        torch.save({"rows": rows, "config": config.to_dict(), "fingerprint": backbone.fingerprint}, partial)
-        os.replace(partial, path)  # atomic: a concurrent reader never sees half a file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"rows": rows, "config": config.to_dict(), "fingerprint": backbone.fingerprint}, partial)
+            os.replace(partial, path)  # atomic: a concurrent reader never sees half a file
+        except OSError:  # a read-only (or full) cache root: the rows are cheap to recompute, so run without storing
+            partial.unlink(missing_ok=True)
     return rows
 
 

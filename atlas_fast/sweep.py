@@ -99,12 +99,13 @@ class PlannedRun:
 
 
 def plan_sweep(configs: Sequence[TrainConfig], execution: Execution | None = None) -> list[PlannedRun]:
-    """Name every run and look up its finished record (loads each backbone once, to fingerprint it; on the CPU when
-    the runs are meant for GPU workers and this machine has none)."""
+    """Name every run and look up its finished record: loads each backbone once and lists and fingerprints each run's
+    data (a record of other data is never reused), on the CPU when the runs are meant for GPU workers and this
+    machine has none."""
     import torch
 
-    from atlas_fast.plan import describe_run, plan_run, record_stem, resolve_device, resolve_recipe
-    from atlas_fast.results import ResultStore, record_key
+    from atlas_fast.plan import describe_run, plan_run, record_stem, resolve_device
+    from atlas_fast.results import data_record_key, record_key
 
     execution = execution or Execution()
     planned = []
@@ -115,16 +116,13 @@ def plan_sweep(configs: Sequence[TrainConfig], execution: Execution | None = Non
         device = resolve_device(config.device)
         if device.type != "cuda" or torch.cuda.is_available():
             plan = plan_run(config)
-            dataset, stem, described, store = plan.dataset, plan.stem, plan.described, plan.store
-        else:
-            from atlas_fast.backbones import shared_backbone
-            from atlas_fast.data.datasets import get_spec
-
-            dataset = get_spec(config.dataset).name
-            described = describe_run(config, dataset, *resolve_recipe(config, dataset), device)
-            stem = record_stem(config, record_key(described, shared_backbone(config.backbone, "cpu").fingerprint))
-            store = ResultStore(config.results_dir)
-        existing = store.find(dataset, stem)
+            described, full_key = plan.described, plan.record_key
+        else:  # named for the GPU workers, planned (backbone, data fingerprint) on this machine's CPU
+            plan = plan_run(dataclasses.replace(config, device="cpu", precision="fp32"))
+            described = describe_run(config, plan.dataset, plan.method_config, plan.recipe, device)
+            full_key = data_record_key(record_key(described, plan.backbone.fingerprint), plan.data.fingerprint)
+        dataset, store, stem = plan.dataset, plan.store, record_stem(config, full_key)
+        existing = store.find(dataset, stem, key=full_key)
         if existing is not None:
             existing = {**existing, "skipped": True, "path": str(store.record_path(dataset, stem))}
         planned.append(PlannedRun(config, dataset, stem, described, existing))

@@ -30,7 +30,7 @@ from atlas_fast.backbones import BackboneConfig
 from atlas_fast.evaluate import evaluate_method, evaluate_run, summarize
 from atlas_fast.inputs import PRELOAD_BYTES, CachedViews, RunInputs, TrainInputs, prepare_inputs  # noqa: F401
 from atlas_fast.loop import lr_at_epoch, train_epochs  # noqa: F401
-from atlas_fast.methods.base import MethodConfig
+from atlas_fast.methods.base import RECIPE_FAMILIES, MethodConfig
 from atlas_fast.plan import (RunPlan, describe_run, plan_run, recipe_functions, record_stem,  # noqa: F401
                              resolve_device, resolve_recipe)
 from atlas_fast.results import build_record
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 Setting = Literal["base2new", "few_shot", "cross_dataset"]
 SETTINGS = ("base2new", "few_shot", "cross_dataset")
-RECIPE_FAMILIES = ("paper", "original")
 PRECISIONS = ("auto", "fp32", "amp")
 
 
@@ -56,7 +55,9 @@ class TrainConfig:
     faithful setting). ``soft_labels`` (a :class:`atlas_fast.softlabels.SoftLabelConfig`) is required exactly when
     the schedule uses soft labels. ``workers`` are the DataLoader decoding processes of the methods that train on
     pixels (None: up to 8 on a GPU, none on the CPU). ``data_root``, ``cache_root``, ``results_dir``, ``progress``
-    and ``workers`` do not change the numbers and are not part of the record's name.
+    and ``workers`` do not change the numbers and are not part of the record's name (the data are, by their
+    fingerprint, see :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of their bytes
+    rather than size and mtime (slower; see the README's "What atlas_fast guarantees").
     """
 
     dataset: str
@@ -83,6 +84,7 @@ class TrainConfig:
     cache_root: str | Path = "cache"
     results_dir: str | Path = "results"
     progress: bool = True
+    content_hash: bool = False
     workers: int | None = None
 
     def __post_init__(self) -> None:
@@ -96,6 +98,10 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if self.shots < 1:
             raise ValueError(f"shots must be >= 1 (prompt tuning is few-shot), got {self.shots}.")
+        for name in ("seed", "aug_seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)} (Python's random draws the same "
+                                 f"few-shot subset for -s as for s).")
         if self.views is not None and self.views < 1:
             raise ValueError(f"views must be >= 1 augmented views per training image, got {self.views}.")
         for name in ("epochs", "batch_size"):
@@ -138,9 +144,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
         clock = now
 
     plan = plan_run(config)
-    existing = plan.finished()
+    existing = plan.finished()  # lists and fingerprints the data first: changed data are never skipped
     if existing is not None:
         return {**existing, "skipped": True, "path": str(plan.record_path)}
+    plan.store.check_writable(plan.dataset)  # fail now, not after training
     lap("plan")
 
     inputs = prepare_inputs(plan)
@@ -163,11 +170,13 @@ def run(config: TrainConfig) -> dict[str, Any]:
     metrics = evaluate_run(method, inputs.eval_sets, plan.backbone, inputs.full.name, plan.amp, config.progress)
     lap("evaluate")
 
-    data = {"dataset": inputs.full.name, "num_train": len(inputs.labels),
-            "num_classes": len(inputs.train_split.classnames), "classnames": list(inputs.train_split.classnames),
+    data = {"dataset": inputs.full.name, "fingerprint": plan.data.fingerprint, "content_hash": config.content_hash,
+            "num_train": len(inputs.labels), "num_classes": len(inputs.train_split.classnames),
+            "classnames": list(inputs.train_split.classnames), "shots_used": plan.data.shots_used,
             "num_test": {s.name: len(s.labels) for s in inputs.eval_sets}}
-    record = build_record(plan.key, plan.described, plan.backbone,
+    record = build_record(plan.record_key, plan.described, plan.backbone,
                           {"data_root": str(config.data_root), "cache_root": str(config.cache_root)}, data, metrics,
-                          epochs, {**timings, "seconds_per_epoch": timings["train"] / plan.recipe.epochs})
+                          epochs, {**timings, "seconds_per_epoch": timings["train"] / plan.recipe.epochs},
+                          config_key=plan.key)
     path = plan.store.save(plan.dataset, plan.stem, record, method.state_for_checkpoint())
     return {**record, "status": "finished", "skipped": False, "path": str(path)}

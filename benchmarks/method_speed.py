@@ -51,7 +51,9 @@ class FullLengthTextEncoder(PromptTextEncoder):
     """The reference's TextEncoder: prompts padded with the embedding of token 0 to the full context length (77)
     and run through every position under the causal mask."""
 
-    def forward(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor) -> torch.Tensor:
+    def forward(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor, deep_prompts=()) -> torch.Tensor:
+        if deep_prompts:
+            raise NotImplementedError("the benchmark's full-length encoder has no deep prompts")
         model = self.model
         *lead, used, width = prompt_embeddings.shape
         padding = model.token_embedding(torch.zeros(self.context_length - used, dtype=torch.long,

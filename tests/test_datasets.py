@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from atlas_fast.data.fewshot import fewshot_source
 from atlas_fast.data import (
     DATASETS,
     DatasetFormatError,
@@ -318,7 +319,7 @@ def test_imagenet_fewshot_keeps_val_as_test(data_root):
 def test_stored_subset_is_reused_and_portable(data_root, tmp_path):
     splits = load_dataset("OxfordPets", data_root)
     sub = fewshot_subset(splits, 2, seed=3, store_dir=tmp_path)
-    stored = tmp_path / "shot_2-seed_3.json"
+    (stored,) = tmp_path.glob("shot_2-seed_3-*.json")
     record = json.loads(stored.read_text())
     assert record["train"] == [d.key for d in sub.train] and record["val"] == [d.key for d in sub.val]
     assert not any(key.startswith("/") for key in record["train"])
@@ -329,13 +330,13 @@ def test_stored_subset_is_reused_and_portable(data_root, tmp_path):
 
     imagenet = load_dataset("ImageNet", data_root)
     sub = fewshot_subset(imagenet, 1, seed=1, store_dir=tmp_path / "imagenet")
-    assert "val" not in json.loads((tmp_path / "imagenet" / "shot_1-seed_1.json").read_text())
+    assert "val" not in json.loads(next((tmp_path / "imagenet").glob("shot_1-seed_1-*.json")).read_text())
     assert fewshot_subset(imagenet, 1, seed=1, store_dir=tmp_path / "imagenet") == sub
 
 
-def test_stale_stored_subset_is_an_error(data_root, tmp_path):
+def test_stored_subset_of_other_lists_is_redrawn_or_refused(data_root, tmp_path):
     splits = load_dataset("OxfordPets", data_root)
-    fewshot_subset(splits, 2, seed=1, store_dir=tmp_path)
+    first = fewshot_subset(splits, 2, seed=1, store_dir=tmp_path)
     other_root = tmp_path / "other"
     make_oxford_pets(other_root, n_classes=5, n_train=6, n_val=5, n_test=2, size=8, seed=1)
     renamed = other_root / "oxford_pets" / "split_zhou_OxfordPets.json"
@@ -343,10 +344,21 @@ def test_stale_stored_subset_is_an_error(data_root, tmp_path):
     for path in (other_root / "oxford_pets" / "images").glob("*_train*"):
         path.rename(path.with_name(path.name.replace("_train", "_trn")))
     other = load_dataset("OxfordPets", other_root)
-    with pytest.raises(ValueError, match=r"shot_2-seed_1.json is stale: 10 of its 10 'train' images"):
+    drawn = fewshot_subset(other, 2, seed=1, store_dir=tmp_path)  # other lists: drawn afresh, stored beside
+    assert drawn.train == fewshot_subset(other, 2, seed=1).train
+    assert len(list(tmp_path.glob("shot_2-seed_1-*.json"))) == 2
+    assert fewshot_subset(splits, 2, seed=1, store_dir=tmp_path) == first
+    # A stored file under another name (copied, renamed) is refused, never reused.
+    mine, theirs = (next(tmp_path.glob(f"shot_2-seed_1-{fewshot_source(s)[:12]}.json")) for s in (splits, other))
+    theirs.write_bytes(mine.read_bytes())
+    with pytest.raises(ValueError, match=r"is for \{'dataset': 'OxfordPets'.*; delete it to resample"):
         fewshot_subset(other, 2, seed=1, store_dir=tmp_path)
-    with pytest.raises(ValueError, match=r"is for \{'dataset': 'OxfordPets'.*not \{'dataset': 'StanfordCars'"):
-        fewshot_subset(load_dataset("StanfordCars", data_root), 2, seed=1, store_dir=tmp_path)
+    # Keys that vanished from the lists (the file's name and fields edited to match) are detected too.
+    record = json.loads(mine.read_text())
+    record["train"][0] = "images/gone.jpg"
+    mine.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"is stale: 1 of its 10 'train' images"):
+        fewshot_subset(splits, 2, seed=1, store_dir=tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------------ base / new

@@ -59,6 +59,13 @@ def test_cross_dataset_module_has_a_block_per_method(tmp_path):
     assert rows == ["| CLIP (zero-shot)", "| CoCoOp", *variants, "| DePT", *variants]
 
 
+def test_every_registered_method_has_a_printed_name():
+    from atlas_fast.methods import RECIPES
+    from atlas_fast.report import METHOD_NAMES
+
+    assert set(METHOD_NAMES) == set(RECIPES)
+
+
 def test_ablation_runs_for_another_method(tmp_path):
     assert table_ablation.ablation_label({**_config(table_ablation.variants()[0]), "method": "dept-coop"}) == \
         "DePT (baseline)"

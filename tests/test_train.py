@@ -66,9 +66,11 @@ def test_end_to_end_loss_falls_and_record_is_complete(pets):
         assert 0.0 <= metrics[name] <= 100.0
     assert metrics["H"] == pytest.approx(harmonic_mean(metrics["base"], metrics["new"]))
     assert set(metrics["zero_shot"]) == {"base", "new", "all", "H"}
-    assert record["data"] == {"dataset": "OxfordPets", "num_train": 16, "num_classes": 4,
+    fingerprint = record["data"].pop("fingerprint")
+    assert len(fingerprint) == 32 and record["key"] != record["config_key"]
+    assert record["data"] == {"dataset": "OxfordPets", "num_train": 16, "num_classes": 4, "content_hash": False,
                               "classnames": ["dog_a", "breed_b_cat", "dog_c", "breed_d_cat"],
-                              "num_test": {"base": 12, "new": 12, "all": 24}}
+                              "shots_used": {"min": 4, "max": 4}, "num_test": {"base": 12, "new": 12, "all": 24}}
     # the last partial batch is kept: 16 items at batch 3 -> 6 steps; the record says what ran
     assert record["config"]["recipe"]["batch_size"] == 3 and record["config"]["views"] == 2
     on_disk = json.loads(open(record["path"]).read())

@@ -48,8 +48,9 @@ class DatasetSplits:
 
     def prompts(self, template: str | None = None) -> list[str]:
         """Hand-crafted prompts, one per class, with ``_`` in class names replaced by spaces (as CoOp does)."""
-        tpl = template or self.template
-        return [tpl.format(c.replace("_", " ")) for c in self.classnames]
+        from atlas_fast.data.templates import fill_template
+
+        return fill_template(template or self.template, self.classnames)
 
     def with_lists(self, **changes) -> "DatasetSplits":
         return replace(self, **changes)

@@ -149,6 +149,7 @@ class SplitJsonLayout:
             raise DatasetFormatError(f"{split_path}: expected an object with keys 'train', 'val', 'test'")
         train, val, test = (self._convert(dataset_dir, split_path, name, split[name])
                             for name in ("train", "val", "test"))
+        _check_consistent_classes(split_path, (train, val, test))
         return train, val, test
 
     def _convert(self, dataset_dir: Path, split_path: Path, name: str, entries: object) -> list[Datum]:
@@ -162,9 +163,36 @@ class SplitJsonLayout:
                 raise DatasetFormatError(
                     f"{split_path}: entry {name}[{index}] = {entry!r}; expected [relative_path, label >= 0, classname]")
             key = posixpath.join(self.image_prefix, entry[0]) if self.image_prefix else entry[0]
+            _check_inside(key, f"{split_path}: entry {name}[{index}] = {entry!r}", dataset_dir)
             items.append(_datum(dataset_dir, key, int(entry[1]), entry[2]))
         _check_files_exist(items, f"{split_path} ('{name}')")
         return items
+
+
+def _check_inside(key: str, where: str, dataset_dir: Path) -> None:
+    """A path read from a split file must name a file inside the dataset folder: no ``..`` escapes."""
+    normalized = posixpath.normpath(key)
+    if normalized == ".." or normalized.startswith("../") or posixpath.isabs(normalized):
+        raise DatasetFormatError(f"{where}: the path leaves the dataset folder {dataset_dir}; split files may only "
+                                 f"name images inside it.")
+
+
+def _check_consistent_classes(source: Path, lists: SplitLists) -> None:
+    """Every label must carry one class name, and every class name one label, across train/val/test (a split file
+    whose entries disagree would otherwise rename a class silently)."""
+    name_of: dict[int, tuple[str, str]] = {}
+    label_of: dict[str, tuple[int, str]] = {}
+    for split, items in zip(("train", "val", "test"), lists):
+        for index, d in enumerate(items):
+            where = f"{split}[{index}]"
+            first_name, first_where = name_of.setdefault(d.label, (d.classname, where))
+            if first_name != d.classname:
+                raise DatasetFormatError(f"{source}: entry {where} gives label {d.label} the class name "
+                                         f"{d.classname!r}, but {first_where} calls it {first_name!r}; fix the entry.")
+            first_label, first_where = label_of.setdefault(d.classname, (d.label, where))
+            if first_label != d.label:
+                raise DatasetFormatError(f"{source}: entry {where} gives class {d.classname!r} label {d.label}, but "
+                                         f"{first_where} gives it label {first_label}; fix the entry.")
 
 
 def _is_label(value: object) -> bool:
@@ -209,6 +237,9 @@ class AircraftLayout:
         items = []
         for number, line in _nonblank_lines(list_path):
             image_id, _, variant = line.partition(" ")
+            if "/" in image_id or image_id in (".", ".."):
+                raise DatasetFormatError(f"{list_path}:{number}: image id {image_id!r} is not a plain file name "
+                                         f"(images must lie in {dataset_dir / 'images'})")
             if variant not in label_of:
                 raise DatasetFormatError(
                     f"{list_path}:{number}: variant {variant!r} is not in variants.txt (line {line!r})")
@@ -257,7 +288,11 @@ def _read_wnid_folders(dataset_dir: Path, image_dir: Path, wnids: list[str], cla
                                       leave=False)):
         if wnid not in classnames:
             raise DatasetFormatError(f"class folder {image_dir / wnid} has no line in {names_path}")
-        for name in _files_in(image_dir / wnid):
+        names = _files_in(image_dir / wnid)
+        if not names:
+            raise DatasetLayoutError(f"class folder {image_dir / wnid} holds no images; remove the folder or add "
+                                     f"its images (labels are the positions of the class folders)")
+        for name in names:
             items.append(_datum(dataset_dir, f"{prefix}/{wnid}/{name}", label, classnames[wnid]))
     return items
 
@@ -312,7 +347,10 @@ class ImageNetV2Layout:
         for label, classname in enumerate(tqdm(classnames, desc=f"listing {self.image_folder}", unit="class",
                                                disable=len(classnames) < 100, leave=False)):
             _require(image_dir / str(label), f"class folder of label {label}", self, dataset_dir, is_dir=True)
-            for name in _files_in(image_dir / str(label)):
+            names = _files_in(image_dir / str(label))
+            if not names:
+                raise DatasetLayoutError(f"class folder {image_dir / str(label)} holds no images")
+            for name in names:
                 data.append(_datum(dataset_dir, f"{self.image_folder}/{label}/{name}", label, classname))
         return [], [], data
 
@@ -383,6 +421,12 @@ class DatasetSpec:
             raise DatasetLayoutError(f"{self.name}: no test images found under {dataset_dir}\n"
                                      f"Expected layout:\n{self.layout.tree(dataset_dir)}")
         classnames = classnames_from(test if self.layout.test_only else train)
+        unnamed = [label for label, name in enumerate(classnames) if not name.strip()]
+        if unnamed:
+            split = "test" if self.layout.test_only else "train"
+            raise DatasetFormatError(
+                f"{self.name}: label(s) {unnamed[:5]} of {dataset_dir} have no {split} image (or an empty class "
+                f"name); labels must run 0..{len(classnames) - 1} with every class present and named.")
         return DatasetSplits(name=self.name, dataset_dir=dataset_dir, train=tuple(train), val=tuple(val),
                              test=tuple(test), classnames=classnames, template=self.template,
                              val_is_test=self.layout.val_is_test)
@@ -437,9 +481,11 @@ def find_spec(name: str) -> DatasetSpec | None:
     """The spec of a registry name or CoOp config name (case-insensitive), or of ``folder:<path>``; None if unknown."""
     if name.startswith(FOLDER_PREFIX):
         path = name[len(FOLDER_PREFIX):]
-        if not path:
-            raise ValueError(f"{name!r}: give a folder after {FOLDER_PREFIX!r}, e.g. 'folder:/data/my_dataset'")
-        return DatasetSpec(Path(path).name or path, path, ClassFolderLayout(), DEFAULT_TEMPLATE)
+        folder_name = Path(path).name
+        if not path or folder_name in ("", ".", "..") or folder_name.startswith("."):
+            raise ValueError(f"{name!r}: give the dataset folder by a path that ends in its own name, e.g. "
+                             f"'folder:/data/my_dataset' (its name names the cache and result folders)")
+        return DatasetSpec(folder_name, path, ClassFolderLayout(), DEFAULT_TEMPLATE)
     registry_name = _aliases().get(name.lower())
     return DATASETS[registry_name] if registry_name else None
 
@@ -476,8 +522,9 @@ def register_split_json_dataset(name: str, folder: str, image_prefix: str, templ
     the 15 benchmark names (and their aliases) are reserved."""
     if "{}" not in template:
         raise ValueError(f"template {template!r} of dataset {name!r} must contain '{{}}' for the class name")
-    if not name or name.startswith(FOLDER_PREFIX):
-        raise ValueError(f"invalid dataset name {name!r}")
+    if not name or name.startswith(FOLDER_PREFIX) or name.startswith(".") or "/" in name or os.sep in name:
+        raise ValueError(f"invalid dataset name {name!r}: it names cache and result folders, so it must be a plain "
+                         f"name (no path separators, not starting with '.')")
     reserved = {n.lower() for s in _BUILTIN_SPECS for n in (s.name, s.config_name) if n}
     if name.lower() in reserved:
         raise ValueError(f"dataset name {name!r} is a built-in benchmark; choose another name")

@@ -8,7 +8,10 @@ test list). A fresh ``random.Random(seed)`` draws exactly what ``random.seed(see
 on the global RNG draws, without touching global state.
 
 Subsets are stored as portable JSON (keys = paths relative to the dataset folder, not Dassl's pickles of absolute
-paths) and reused when present; a stored subset that does not fit the current lists is an error, never reused.
+paths) named by the fingerprint of the ordered (path, label) lists they were drawn from, and reused when present:
+a split file edited in any way that changes the draw (images added or removed, drawn or not, classes reordered,
+labels changed) names another file, so the subset is drawn afresh from the new lists; a stored subset that does
+not fit its name or the current lists is an error, never reused. (Dassl's pickle ignores all of this, §9.14.)
 
 ``subsample_classes`` is CoOp's ``OxfordPets.subsample_classes`` (§4), applied after few-shot sampling.
 """
@@ -17,15 +20,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import tempfile
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
+from atlas_fast.data.identity import items_fingerprint
+from atlas_fast.files import atomic_write
 
 MAX_VAL_SHOTS = 4
 SUBSAMPLE_MODES = ("all", "base", "new")
@@ -42,52 +45,69 @@ def sample_per_class(items: Sequence[Datum], num_shots: int, rng: random.Random)
     return sampled
 
 
+def fewshot_source(splits: DatasetSplits) -> str:
+    """Fingerprint (32 hex) of what a few-shot draw depends on: the ordered (key, label) lists of train and val."""
+    return items_fingerprint(splits.train)[:16] + items_fingerprint(splits.val)[:16]
+
+
 def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
                    store_dir: str | Path | None = None) -> DatasetSplits:
     """K-shot train (and min(K, 4)-shot val) lists, sampled as Dassl does with ``seed``, test untouched.
 
     ``num_shots < 1`` returns ``splits`` unchanged, as do test-only datasets (no train list). With ``store_dir``,
-    the subset is read from ``<store_dir>/shot_{K}-seed_{S}.json`` when that file exists (and checked against the
-    current lists) and written there otherwise. Must run before :func:`subsample_classes`, as in CoOp."""
+    the subset is read from ``<store_dir>/shot_{K}-seed_{S}-<source fingerprint[:12]>.json`` when that file exists
+    (and checked against the current lists) and written there otherwise. Must run before :func:`subsample_classes`,
+    as in CoOp. A negative seed is refused: Python seeds ``Random(-1)`` exactly like ``Random(1)``."""
     if num_shots < 1 or not splits.train:
         return splits
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"few-shot seed must be an integer >= 0, got {seed!r} (Python's random.Random(-s) draws "
+                         f"the same subset as random.Random(s)).")
     if "shots" in splits.subset or splits.subset.get("classes", "all") != "all":
         raise ValueError(f"{splits.name}: few-shot sampling must run once, on the full class set and before "
                          f"subsample_classes (as in CoOp); these splits are already a subset: {splits.subset}")
-    path = Path(store_dir) / f"shot_{num_shots}-seed_{seed}.json" if store_dir is not None else None
+    source = fewshot_source(splits)
+    path = (Path(store_dir) / f"shot_{num_shots}-seed_{seed}-{source[:12]}.json" if store_dir is not None
+            else None)
     if path is not None and path.is_file():
-        train, val = _load_stored(path, splits, num_shots, seed)
+        train, val = _load_stored(path, splits, num_shots, seed, source)
     else:
         rng = random.Random(seed)
         train = sample_per_class(splits.train, num_shots, rng)
         val = list(splits.val) if splits.val_is_test else sample_per_class(
             splits.val, min(num_shots, MAX_VAL_SHOTS), rng)
         if path is not None:
-            _store(path, splits, num_shots, seed, train, None if splits.val_is_test else val)
+            _store(path, splits, num_shots, seed, source, train, None if splits.val_is_test else val)
     return replace(splits, train=tuple(train), val=tuple(val),
                    subset={**splits.subset, "shots": num_shots, "seed": seed})
 
 
-def _store(path: Path, splits: DatasetSplits, num_shots: int, seed: int, train: list[Datum],
+def shots_used(splits: DatasetSplits) -> dict[str, int]:
+    """Fewest and most training images of any class (below K when a class has fewer than K images)."""
+    counts: dict[int, int] = defaultdict(int)
+    for d in splits.train:
+        counts[d.label] += 1
+    return {"min": min(counts.values(), default=0), "max": max(counts.values(), default=0)}
+
+
+def _store(path: Path, splits: DatasetSplits, num_shots: int, seed: int, source: str, train: list[Datum],
            val: list[Datum] | None) -> None:
     """Write atomically (temporary file + rename) so concurrent runs never read a half-written subset."""
-    record = {"dataset": splits.name, "shots": num_shots, "seed": seed, "train": [d.key for d in train]}
+    record = {"dataset": splits.name, "shots": num_shots, "seed": seed, "source": source,
+              "train": [d.key for d in train]}
     if val is not None:
         record["val"] = [d.key for d in val]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=0)
-    os.replace(tmp, path)
+    text = json.dumps(record, indent=0).encode()
+    atomic_write(path, lambda f: f.write(text))
 
 
-def _load_stored(path: Path, splits: DatasetSplits, num_shots: int,
-                 seed: int) -> tuple[list[Datum], list[Datum]]:
+def _load_stored(path: Path, splits: DatasetSplits, num_shots: int, seed: int,
+                 source: str) -> tuple[list[Datum], list[Datum]]:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"stored few-shot subset {path}:{e.lineno}: invalid JSON ({e.msg}); delete it to resample")
-    expected = {"dataset": splits.name, "shots": num_shots, "seed": seed}
+    expected = {"dataset": splits.name, "shots": num_shots, "seed": seed, "source": source}
     if not isinstance(record, dict):
         raise ValueError(f"stored few-shot subset {path} is not a JSON object; delete it to resample")
     found = {k: record.get(k) for k in expected}

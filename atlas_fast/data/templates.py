@@ -16,6 +16,7 @@ folder dataset, whose ``DatasetSplits.name`` is its folder name) gets :data:`DEF
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import Sequence
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 
@@ -112,6 +113,17 @@ IMAGENET_TEMPLATES_SELECT = (
     "art of the {}.",
     "a photo of the small {}.",
 )
+
+
+def check_template(template: str, owner: str) -> None:
+    """Reject a template without exactly one ``{}`` for the class name (``owner`` names the config in the error)."""
+    if template.count("{}") != 1:
+        raise ValueError(f"{owner}.template must contain one '{{}}' for the class name, got {template!r}")
+
+
+def fill_template(template: str, classnames: Sequence[str]) -> list[str]:
+    """One prompt per class: ``template`` with ``{}`` replaced by the class name, ``_`` -> space (as CoOp does)."""
+    return [template.format(name.replace("_", " ")) for name in classnames]
 
 
 def atlas_template(name: str) -> str:

@@ -59,7 +59,8 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     return p
 
 
-# The text-side methods the paper's tables compare (its "DePT" is DePT on CoOp); IVLP/MaPLe need the pixel path.
+# The paper's text-side methods (its "DePT" is DePT on CoOp), trained from the feature cache; its multi-modal rows
+# run on the pixel path with `--methods ... ivlp maple`.
 PAPER_TEXT_METHODS = ("coop", "cocoop", "dept-coop")
 
 

@@ -5,7 +5,8 @@ ATLaS-ISL (mean over 11 datasets).
 
 Trains on the base classes (16 shots, seeds 1-3, the paper's K=2, θ=0.1, τ_c=0.05, α=0.1) with each method's recipe
 and reports base, new and H averaged as the paper does, one block per method (``--methods``; the paper's "DePT" is
-``dept-coop``; IVLP and MaPLe need the pixel path). ``--zero-shot`` adds the zero-shot CLIP row the paper omits.
+``dept-coop``; add ``ivlp maple`` for its multi-modal blocks, trained on the pixel path). ``--zero-shot`` adds the
+zero-shot CLIP row the paper omits.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, register_method
+from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
 from atlas_fast.text_encoder import PromptTextEncoder, eot_positions, tokenize_prompts
 
 ClassTokenPosition = Literal["end", "middle", "front"]
@@ -174,8 +174,7 @@ def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> t
     * ``original``: the CoOp repository's configs: base-to-new and cross-dataset use ``vit_b16(_ep50)_ctxv1``
       (M = 4 from "a photo of a", as the CoCoOp paper ran CoOp), few-shot uses 16 random tokens at the end, no CSC.
     """
-    if family not in ("paper", "original"):
-        raise ValueError(f"CoOp recipe family must be 'paper' or 'original', got {family!r}")
+    check_family("CoOp", family)
     imagenet = dataset.lower() == "imagenet"
     if setting == "base2new":
         epochs = 50 if imagenet else 200

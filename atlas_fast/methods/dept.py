@@ -29,6 +29,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
+from atlas_fast.data.templates import atlas_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
                                      register_method)
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
@@ -244,8 +245,6 @@ def dept_kgcoop_recipe(family: Family, setting: Setting, shots: int,
                        dataset: str) -> tuple[DePTKgCoOpConfig, OptimRecipe]:
     """DePT-KgCoOp (``ExtrasLinearProbeKgCoOp/vit_b16_ep10_ctxv1_bs4_lr35``), both families: M = 4 from
     "a photo of a", W = 2.0 with the KgCoOp/DePT template, 10 epochs, batch 4, lr 0.0035 (head 0.02275), λ 0.7."""
-    from atlas_fast.data.templates import atlas_template
-
     config = DePTKgCoOpConfig(ctx_init=PAPER_CTX_INIT, kg_weight=2.0, template=atlas_template(dataset))
     _check("DePT-KgCoOp", family, setting, config)
     return config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
+from atlas_fast.data.templates import atlas_template, check_template, fill_template
 from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, register_method
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig, Family, Setting
 
@@ -39,9 +40,7 @@ class KgCoOpConfig(CoOpConfig):
                              f"other layout), got {self.class_token_position!r}")
         if not self.kg_weight >= 0:
             raise ValueError(f"KgCoOpConfig.kg_weight (W) must be >= 0, got {self.kg_weight}")
-        if self.template.count("{}") != 1:
-            raise ValueError(f"KgCoOpConfig.template must contain one '{{}}' for the class name, got "
-                             f"{self.template!r}")
+        check_template(self.template, "KgCoOpConfig")
 
 
 @register_method
@@ -63,7 +62,7 @@ class KgCoOp(CoOp):
     def hand_crafted_features(self) -> torch.Tensor:
         """w (C, D): normalised CLIP text features of the template for the current classes (cached per class set)."""
         if self._targets is None or self._targets[0] != self.classnames:
-            prompts = [self.config.template.format(name.replace("_", " ")) for name in self.classnames]
+            prompts = fill_template(self.config.template, self.classnames)
             features = F.normalize(self.backbone.encode_text(prompts).float(), dim=-1)
             self._targets = (self.classnames, features)
         return self._targets[1]
@@ -91,8 +90,6 @@ def kgcoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) ->
       DePT's KgCoOp config is used, the references' only one: W = 2.0, 10 epochs, batch 4, lr 0.0035.
     * few-shot: no reference recipe (:class:`MissingRecipe`).
     """
-    from atlas_fast.data.templates import atlas_template
-
     check_family("KgCoOp", family)
     template = atlas_template(dataset)  # the KgCoOp/DePT table (DTD: "a photo of a {}, a type of texture.")
     if setting == "base2new":

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
+from atlas_fast.data.templates import check_template, fill_template, zeroshot_template
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
 from atlas_fast.methods.coop import Family, Setting
 
@@ -26,9 +27,22 @@ class ZeroShotConfig(MethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.template.count("{}") != 1:
-            raise ValueError(f"ZeroShotConfig.template must contain one '{{}}' for the class name, got "
-                             f"{self.template!r}")
+        check_template(self.template, "ZeroShotConfig")
+
+
+_PROMPT_FEATURES: dict[tuple, torch.Tensor] = {}
+
+
+@torch.no_grad()
+def prompt_features(backbone: Backbone, prompts: tuple[str, ...]) -> torch.Tensor:
+    """Normalised text features (C, D) of hand-crafted prompts, kept per process (64 class sets): every run of a sweep
+    evaluates the same zero-shot references, and the full-length text tower is the costliest part of that on a CPU."""
+    key = (backbone.fingerprint, str(backbone.device), prompts)
+    if key not in _PROMPT_FEATURES:
+        if len(_PROMPT_FEATURES) >= 64:
+            _PROMPT_FEATURES.pop(next(iter(_PROMPT_FEATURES)))
+        _PROMPT_FEATURES[key] = F.normalize(backbone.encode_text(list(prompts)).float(), dim=-1)
+    return _PROMPT_FEATURES[key]
 
 
 @register_method
@@ -48,8 +62,7 @@ class ZeroShotCLIP(PromptMethod):
     def set_classnames(self, classnames: Sequence[str]) -> None:
         if not classnames:
             raise ValueError("Zero-shot CLIP needs at least one class name")
-        prompts = [self.config.template.format(name.replace("_", " ")) for name in classnames]
-        features = F.normalize(self.backbone.encode_text(prompts).float(), dim=-1)
+        features = prompt_features(self.backbone, tuple(fill_template(self.config.template, classnames)))
         self.classnames = tuple(classnames)
         self.register_buffer("class_features", features, persistent=False)
 
@@ -60,7 +73,5 @@ class ZeroShotCLIP(PromptMethod):
 def zsclip_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[ZeroShotConfig, OptimRecipe]:
     """Zero-shot CLIP with CoOp's per-dataset template (``trainers/zsclip.py``; DTD "{} texture.") in every setting
     and family. The optimisation recipe is a placeholder of one epoch: there is nothing to train."""
-    from atlas_fast.data.templates import zeroshot_template
-
     check_family("Zero-shot CLIP", family)
     return ZeroShotConfig(template=zeroshot_template(dataset)), OptimRecipe(epochs=1, batch_size=32, lr=0.002)

@@ -1,0 +1,89 @@
+"""Data identity: what a list of images *is*, independent of where the data root lies.
+
+Features, few-shot subsets and result records are keyed by these fingerprints together with the dataset name, so
+two datasets that share a name (``folder:projA/data`` and ``folder:projB/data``) or an image replaced in place
+never share features or records, while moving or renaming the data root changes nothing.
+
+* :func:`image_identity` - one file: ``"<size>:<mtime_ns>"`` from one ``stat`` (cheap), or ``"b2:<hash>"`` of its
+  bytes with ``content=True`` (reads every byte; survives ``cp`` without ``-p``, catches same-size edits that keep
+  the mtime).
+* :func:`listing_fingerprint` - the ordered (relative path, label, class name) lists of train/val/test: what a
+  few-shot draw depends on.
+* :func:`dataset_fingerprint` - the listing plus the identity of every file in it: what the numbers depend on.
+* :func:`subset_fingerprint` - a run's inputs: the full listing and the fingerprint of the few-shot subset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Iterable, Sequence
+
+from atlas_fast.data.base import DatasetSplits, Datum
+
+_CONTENT_PREFIX = "b2:"
+_READ_BYTES = 1 << 20
+
+
+def image_identity(path: str, content: bool = False) -> str:
+    """``"<size>:<mtime_ns>"`` of the file, or ``"b2:<32 hex>"`` (BLAKE2b of its bytes) with ``content``.
+
+    Raises ``FileNotFoundError`` naming the file when it is gone."""
+    if content:
+        digest = hashlib.blake2b(digest_size=16)
+        with open(path, "rb") as f:
+            while chunk := f.read(_READ_BYTES):
+                digest.update(chunk)
+        return _CONTENT_PREFIX + digest.hexdigest()
+    stat = os.stat(path)
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def image_identities(items: Iterable[Datum], content: bool = False) -> list[str]:
+    """:func:`image_identity` of each item's file, in order."""
+    return [image_identity(d.impath, content) for d in items]
+
+
+def _hash_lines(lines: Iterable[str]) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for line in lines:
+        digest.update(line.encode("utf-8", "surrogateescape"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def _listing_lines(splits: DatasetSplits) -> Iterable[str]:
+    for name in ("train", "val", "test"):
+        yield f"[{name}]"
+        for d in getattr(splits, name):
+            yield f"{d.key}\t{d.label}\t{d.classname}"
+
+
+def listing_fingerprint(splits: DatasetSplits) -> str:
+    """BLAKE2b (32 hex) of the ordered (key, label, class name) lists of train, val and test (no file access)."""
+    return _hash_lines(_listing_lines(splits))
+
+
+def items_fingerprint(items: Sequence[Datum]) -> str:
+    """BLAKE2b (32 hex) of one ordered list's (key, label) pairs: what a few-shot draw from it depends on."""
+    return _hash_lines(f"{d.key}\t{d.label}" for d in items)
+
+
+def dataset_fingerprint(splits: DatasetSplits, content: bool = False) -> str:
+    """BLAKE2b (32 hex) of the listing and of every listed file's identity (see :func:`image_identity`).
+
+    Independent of the data root's location; changes when an image is added, removed, relabelled, reordered or
+    replaced (by size or mtime, or by content with ``content=True``)."""
+    seen: dict[str, str] = {}
+    for name in ("train", "val", "test"):
+        for d in getattr(splits, name):
+            if d.key not in seen:
+                seen[d.key] = image_identity(d.impath, content)
+    files = (f"{key}\t{identity}" for key, identity in sorted(seen.items()))
+    return _hash_lines([listing_fingerprint(splits), *files])
+
+
+def subset_fingerprint(full: DatasetSplits, subset: DatasetSplits, content: bool = False) -> str:
+    """Fingerprint of a run's inputs: the full dataset's listing (which fixes the few-shot draw) and the listing and
+    file identities of the subset the run reads (its few-shot train/val lists and the test list)."""
+    return _hash_lines([listing_fingerprint(full), dataset_fingerprint(subset, content)])
