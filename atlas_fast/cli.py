@@ -193,6 +193,9 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
                        help="auto = fp16 autocast on CUDA, fp32 on CPU")
     optim.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
     optim.add_argument("--results-dir", type=Path, default=Path("results"), help="records (default ./results)")
+    optim.add_argument("--batch-runs", type=int, default=None,
+                       help="seeds trained together in one module (default: all of them, up to 8 on a GPU / 4 on "
+                            "the CPU); 1 trains them one by one. Same records either way")
     optim.add_argument("--workers", type=int, default=None,
                        help="image decoding processes of the pixel methods (default: up to 8 on a GPU, 0 on CPU)")
     optim.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -268,22 +271,24 @@ def _method_options(pairs: list[str]) -> dict[str, str] | None:
 
 def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.backbones import BackboneConfig
-    from atlas_fast.train import TrainConfig, run
+    from atlas_fast.sweep import Execution, run_configs
+    from atlas_fast.train import TrainConfig
 
     soft_labels, schedule = _label_schedule(args)
     label = _run_label(args.method, soft_labels, schedule)
     rows, columns = [], ()
-    for seed in args.seed:
-        config = TrainConfig(
-            dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
-            method=args.method, method_options=_method_options(args.method_option), recipe=args.recipe,
-            setting=args.setting, shots=args.shots, seed=seed,
-            subsample=args.subsample, soft_labels=soft_labels, schedule=schedule, views=args.views,
-            aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-            eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
-            cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress,
-            content_hash=args.content_hash, workers=args.workers)
-        record = run(config)
+    configs = [TrainConfig(
+        dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
+        method=args.method, method_options=_method_options(args.method_option), recipe=args.recipe,
+        setting=args.setting, shots=args.shots, seed=seed,
+        subsample=args.subsample, soft_labels=soft_labels, schedule=schedule, views=args.views,
+        aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
+        cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress,
+        content_hash=args.content_hash, workers=args.workers)
+        for seed in args.seed]
+    records = run_configs(configs, Execution("local", args.batch_runs), progress=False)
+    for seed, record in zip(args.seed, records):
         metrics = record["metrics"]
         # base/new/H in base-to-new; otherwise (and for class-specific context) the trained class set only
         columns = ("base", "new", "H") if "new" in metrics and "base" in metrics else (record["config"]["subsample"],)
@@ -359,6 +364,39 @@ def run_demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_experiment_commands(subparsers: argparse._SubParsersAction) -> None:
+    """``atlas-fast experiment NAME [options]``: any table or figure of the paper (see :mod:`atlas_fast.experiments`)."""
+    experiment = subparsers.add_parser(
+        "experiment", help="run the experiment module of a paper table or figure (--list names them)",
+        description="Run one experiment module of atlas_fast.experiments: its runs (grouped, finished ones skipped) "
+                    "on --executor local|ray|slurm, then its table/plot. Options after NAME go to the module: "
+                    "`atlas-fast experiment NAME --help` lists them; --dry-run lists the runs and which are finished.")
+    experiment.add_argument("--list", action="store_true", help="list the experiments and the paper item of each")
+    experiment.add_argument("name", nargs="?", help="experiment module, e.g. table3_base_to_new")
+    experiment.add_argument("options", nargs=argparse.REMAINDER, help="the module's options")
+    experiment.set_defaults(func=run_experiment_command)
+
+
+def run_experiment_command(args: argparse.Namespace) -> int:
+    from atlas_fast.experiments import experiment_table, load_experiment
+    from atlas_fast.experiments.common import run_experiment
+
+    if args.list or args.name is None:
+        rows = experiment_table()
+        width = max(len(name) for name, _, _ in rows)
+        for name, paper, what in rows:
+            item = paper.split(" (")[0]
+            what = what[len(item) + 2:] if what.startswith(item + ": ") else what  # no "Fig. 1: Fig. 1: ..."
+            print(f"{name:<{width}}  {paper:<32}  {what}")
+        return 0 if args.list else 2
+    try:
+        module = load_experiment(args.name)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    run_experiment(module, args.options)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atlas-fast", description="Feature-cache-first prompt tuning of CLIP.")
     parser.add_argument("--debug", action="store_true",
@@ -367,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_commands(subparsers)
     add_train_commands(subparsers)
     add_demo_commands(subparsers)
+    add_experiment_commands(subparsers)
     return parser
 
 

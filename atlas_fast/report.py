@@ -41,6 +41,16 @@ def variant_label(config: dict[str, Any]) -> str:
     return {"ols": "+ OLS", "tfkd": "+ TF-KD"}.get(schedule, f"+ {schedule}")
 
 
+def strategy_label(config: dict[str, Any]) -> str:
+    """Names of the label-smoothing strategies compared in the paper's curves (Fig. 1, the SUN397 figure): soft
+    labels every epoch (ATLaS period K = 1) are ``+ LS`` / ``+ CSL`` / ``+ ISL``, alternating ones ``+ ATLaS...``."""
+    schedule = config["schedule"]
+    soft = (config.get("soft_labels") or {}).get("kind")
+    if schedule["name"] == "atlas" and schedule["period"] == 1:
+        return f"+ {soft.upper()}"
+    return variant_label(config)
+
+
 @dataclass
 class TableRow:
     """One method variant: metric means (over seeds, then datasets) and the per-seed spread of each metric."""
@@ -153,14 +163,17 @@ def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0) 
         r"  \end{tabular}", r"\end{table}"])
 
 
-def _new_figure(figsize: tuple[float, float]):
-    """A matplotlib figure on the file-only Agg backend (no display needed)."""
+def _new_figure(figsize: tuple[float, float], columns: int | None = None):
+    """A matplotlib figure on the file-only Agg backend (no display needed); with ``columns``, a row of axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=figsize)
+    if columns is None:
+        return plt.subplots(figsize=figsize)
+    fig, axes = plt.subplots(1, columns, figsize=figsize, squeeze=False)
+    return fig, list(axes[0])
 
 
 def _save(fig, path: str | Path) -> Path:
@@ -198,24 +211,36 @@ def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str = "") -> Pa
     return _save(fig, path)
 
 
-def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str = "new",
-                label=variant_label) -> Path:
-    """Accuracy over epochs (runs trained with ``eval_every_epoch``), mean over seeds per variant."""
-    curves: dict[str, list[list[float]]] = defaultdict(list)
+def epoch_curves(records: Iterable[dict[str, Any]], metric: str = "new",
+                 label=variant_label) -> dict[str, list[float]]:
+    """Accuracy over epochs (runs trained with ``eval_every_epoch``), mean over seeds (and datasets) per variant."""
+    runs: dict[str, list[list[float]]] = defaultdict(list)
     for record in records:
         points = [e["accuracy"][metric] for e in record["epochs"] if "accuracy" in e]
         if points:
-            curves[label(record["config"])].append(points)
-    if not curves:
+            runs[label(record["config"])].append(points)
+    if not runs:
         raise ValueError("No per-epoch accuracy in these records: train with eval_every_epoch=True.")
-    fig, ax = _new_figure((4.5, 3.2))
-    for name, runs in curves.items():
-        length = min(len(r) for r in runs)
-        mean = [statistics.fmean(r[e] for r in runs) for e in range(length)]
-        ax.plot(range(1, length + 1), mean, label=name)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(f"{metric} accuracy (%)")
-    ax.legend(fontsize=7)
+    return {name: [statistics.fmean(r[e] for r in curves) for e in range(min(len(r) for r in curves))]
+            for name, curves in runs.items()}
+
+
+def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str = "new",
+                label=variant_label, panels: Sequence[Sequence[str]] | None = None, title: str = "") -> Path:
+    """Accuracy over epochs, mean over seeds per variant; ``panels`` (lists of labels) draws side-by-side subplots,
+    e.g. ``[["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"]]``."""
+    curves = epoch_curves(records, metric, label)
+    panels = panels or [list(curves)]
+    fig, axes = _new_figure((4.2 * len(panels), 3.2), columns=len(panels))
+    for ax, names in zip(axes, panels):
+        for name in names:
+            if name in curves:
+                ax.plot(range(1, len(curves[name]) + 1), curves[name], label=name)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(f"{metric} accuracy (%)")
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
     return _save(fig, path)
 
 
@@ -230,4 +255,35 @@ def plot_series(xs: Sequence[float], series: dict[str, Sequence[float]], path: s
     if title:
         ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_soft_label_case_study(images: Sequence[Any], titles: Sequence[str], rows: dict[str, Any],
+                               classnames: Sequence[str], path: str | Path, top_k: int = 5) -> Path:
+    """One line per image: the image, then for each soft-label kind (e.g. CSL, ISL) its ``top_k`` largest entries
+    as a heat-map strip labelled with class names and values. ``rows[kind]`` is an (N, C) tensor or array."""
+    import numpy as np
+
+    kinds = list(rows)
+    _new_figure((1, 1))  # selects the Agg backend
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    fig, grid = plt.subplots(len(images), 1 + len(kinds), figsize=(2.0 + 3.4 * len(kinds), 1.9 * len(images)),
+                             squeeze=False, gridspec_kw={"width_ratios": [1] + [2.4] * len(kinds)})
+    for n, (image, title) in enumerate(zip(images, titles)):
+        grid[n][0].imshow(image)
+        grid[n][0].set_title(title, fontsize=7)
+        grid[n][0].axis("off")
+        for ax, kind in zip(grid[n][1:], kinds):
+            values = np.asarray(rows[kind][n], dtype=float)
+            top = np.argsort(-values)[:top_k]
+            ax.imshow(values[top][None, :], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            for j, c in enumerate(top):
+                ax.text(j, 0, f"{values[c]:.2f}", ha="center", va="center", fontsize=7,
+                        color="black" if values[c] > 0.5 else "white")
+            ax.set_xticks(range(len(top)), [classnames[c].replace("_", " ")[:14] for c in top], rotation=35,
+                          ha="right", fontsize=6)
+            ax.set_yticks([])
+            ax.set_title(kind, fontsize=8)
     return _save(fig, path)

@@ -4,7 +4,8 @@
 import pytest
 
 from atlas_fast.report import aggregate, latex_table, markdown_table, variant_label
-from experiments import table3_base_to_new, table_ablation, table_cross_dataset, table_promptsrc
+from atlas_fast.experiments import table3_base_to_new, table_ablation, table_cross_dataset
+from atlas_fast.experiments.common import run_experiment
 from layouts import make_imagenet, make_oxford_pets
 
 
@@ -21,7 +22,7 @@ def _args(tmp_path, data_root):
 def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     data_root = tmp_path / "data"
     make_oxford_pets(data_root, n_classes=4, n_train=4, n_val=2, n_test=3, size=32)
-    table = table3_base_to_new.main(_args(tmp_path, data_root) + ["--zero-shot", *TEXT_METHODS])
+    table = run_experiment(table3_base_to_new, _args(tmp_path, data_root) + ["--zero-shot", *TEXT_METHODS])
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
     assert [line.split(" | ")[0] for line in lines[1:]] == [
@@ -36,7 +37,7 @@ def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     assert len(records) == 26  # (3 methods x 4 variants + zero-shot) x 2 seeds
     # a second call reuses every finished run
     before = {p: p.stat().st_mtime_ns for p in records}
-    table3_base_to_new.main(_args(tmp_path, data_root) + ["--zero-shot", *TEXT_METHODS])
+    run_experiment(table3_base_to_new, _args(tmp_path, data_root) + ["--zero-shot", *TEXT_METHODS])
     assert {p: p.stat().st_mtime_ns for p in records} == before
 
 
@@ -52,7 +53,7 @@ def test_cross_dataset_module_has_a_block_per_method(tmp_path):
     make_oxford_pets(data_root, n_classes=4, n_train=4, n_val=2, n_test=3, size=32)
     args = _args(tmp_path, data_root)
     args[args.index("OxfordPets")] = "ImageNet"
-    table = table_cross_dataset.main(args + ["--seeds", "1", "--methods", "cocoop", "dept-coop", "--zero-shot",
+    table = run_experiment(table_cross_dataset, args + ["--seeds", "1", "--methods", "cocoop", "dept-coop", "--zero-shot",
                                              "--targets", "OxfordPets"])
     rows = [line.split(" | ")[0] for line in table.splitlines()[2:]]
     variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
@@ -98,19 +99,133 @@ def test_aggregate_averages_seeds_then_datasets_and_takes_h_of_the_means():
     assert r"\begin{tabular}" in latex_table([coop, isl])
 
 
-def test_table3_has_ivlp_and_maple_blocks_and_the_promptsrc_appendix_runs(tmp_path):
+def test_table3_has_ivlp_and_maple_blocks_and_the_appendix_a_promptsrc_block(tmp_path):
     """The multi-modal methods are blocks of Table III (on the pixel path); --method-option fits their depth to the
-    tiny backbone's 2 blocks. The PromptSRC appendix module prints a block per dataset and their average."""
+    tiny backbone's 2 blocks. The appendix's per-dataset tables add PromptSRC's block."""
+    from atlas_fast.experiments import table_a_per_dataset
+
     data_root = tmp_path / "data"
     make_oxford_pets(data_root, n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
     args = _args(tmp_path, data_root)
     args[args.index("--seeds") + 1:args.index("--seeds") + 3] = ["1"]
-    table = table3_base_to_new.main(args + ["--methods", "ivlp", "maple", "--method-option", "maple:depth=2",
-                                            "ivlp:depth_text=2", "ivlp:depth_vision=2"])
+    options = ["--method-option", "maple:depth=2", "ivlp:depth_text=2", "ivlp:depth_vision=2",
+               "promptsrc:depth_text=2", "promptsrc:depth_vision=2", "promptsrc:gpa_mean=2"]
+    table = run_experiment(table3_base_to_new, args + ["--methods", "ivlp", "maple", *options])
     rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
     variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
     assert rows == ["| IVLP", *variants, "| MaPLe", *variants]
-    table = table_promptsrc.main(args + ["--method-option", "depth_text=2", "depth_vision=2", "gpa_mean=2"])
-    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
-    assert rows == [f"| {block}: {label}" for block in ("OxfordPets", "Average (1 datasets)")
-                    for label in ("PromptSRC", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL")]
+    table = run_experiment(table_a_per_dataset, args + ["--methods", "maple", "promptsrc", *options])
+    average = table.split("\n\n**OxfordPets**")[0]
+    rows = [line.split(" | ")[0] for line in average.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["| MaPLe", *variants, "| PromptSRC", *variants]
+
+
+# --- every paper item has a module; each new module runs on the embedded world in a small configuration ---------
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
+
+    root = tmp_path_factory.mktemp("world")
+    generate_benchmark(root / "data", ["WorldSketches"], sizes=SplitSizes(train=3, val=1, test=2), progress=False)
+    return root
+
+
+def _world_args(world, tmp_path, *extra):
+    return ["--data-root", str(world / "data"), "--datasets", "WorldSketches", "--model", "atlas-world",
+            "--pretrained", "atlas-world", "--seeds", "1", "--epochs", "2", "--views", "1",
+            "--cache-root", str(world / "cache"), "--results-dir", str(tmp_path / "results"),
+            "--out", str(tmp_path / "out"), *extra]
+
+
+def test_experiment_list_names_a_module_for_every_table_and_figure(capsys):
+    from atlas_fast.cli import main
+    from atlas_fast.experiments import experiment_table
+
+    assert main(["experiment", "--list"]) == 0
+    listing = capsys.readouterr().out
+    papers = " ".join(paper for _, paper, _ in experiment_table())
+    for item in ("Table I", "Table III", "Table IV", "Table V", "Tables I and II", "Fig. 1", "Fig. 3", "Fig. 4",
+                 "Fig. 5", "Fig. 6", "Appendix Tables A1-A3"):
+        assert item in papers
+    for name, _, _ in experiment_table():
+        assert name in listing
+
+
+def test_unknown_experiment_is_refused_with_the_valid_names():
+    from atlas_fast.cli import main
+
+    with pytest.raises(SystemExit, match="valid: .*table3_base_to_new"):
+        main(["experiment", "table9"])
+
+
+def test_dry_run_lists_the_runs_and_counts_finished_ones(world, tmp_path, capsys):
+    from atlas_fast.cli import main
+
+    args = _world_args(world, tmp_path, "--seeds", "1", "2", "--methods", "coop")
+    main(["experiment", "table3_base_to_new", "--dry-run", *args])
+    listing = capsys.readouterr().out
+    assert "8 runs: 0 finished, 8 to run in 2 group(s) of up to 4 run(s)" in listing
+    assert not (tmp_path / "results").exists()  # nothing trained
+    main(["experiment", "table3_base_to_new", *args, "--seeds", "1"])
+    main(["experiment", "table3_base_to_new", "--dry-run", *args])
+    assert "8 runs: 4 finished, 4 to run" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_fig1_and_new_class_curves_plot_per_epoch_new_accuracy(world, tmp_path):
+    from atlas_fast.experiments import fig1_label_smoothing, fig5_new_class_curves
+
+    table = run_experiment(fig1_label_smoothing, _world_args(world, tmp_path))
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
+        "| CoOp", "| + LS", "| + TF-KD", "| + OLS", "| + ATLaS"]
+    assert (tmp_path / "out" / "fig1_label_smoothing.png").stat().st_size > 0
+    table = run_experiment(fig5_new_class_curves, _world_args(world, tmp_path))
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
+        "| CoOp", "| + LS", "| + ATLaS", "| + CSL", "| + ATLaS-CSL", "| + ISL", "| + ATLaS-ISL"]
+    assert (tmp_path / "out" / "fig5_new_class_curves.png").stat().st_size > 0
+    records = list((tmp_path / "results" / "WorldSketches").glob("*.json"))
+    assert len(records) == 5 + 7 - 3  # CoOp, + LS and + ATLaS are the same runs in both figures
+
+
+def test_case_study_draws_csl_and_isl_rows(world, tmp_path):
+    from atlas_fast.experiments import fig3_soft_label_case_study
+
+    table = run_experiment(fig3_soft_label_case_study, _world_args(world, tmp_path, "--images", "2", "--top-k", "3"))
+    rows = [line for line in table.splitlines()[2:]]
+    assert [row.split(" | ")[1] for row in rows] == ["CSL", "ISL", "CSL", "ISL"]
+    csl = [row.split(" | ", 2)[2] for row in rows if " | CSL | " in row]
+    assert csl[0] == csl[1]  # class-wise: the same row for two images of one class
+    assert (tmp_path / "out" / "fig3_soft_label_case_study.png").stat().st_size > 0
+
+
+def test_cost_table_measures_training_and_soft_label_time(world, tmp_path):
+    from atlas_fast.experiments import table5_cost
+
+    table = run_experiment(table5_cost, _world_args(world, tmp_path))
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [r[0] for r in rows] == ["| CoOp", "| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
+    assert all(float(r[1]) > 0 and float(r[4]) > 0 for r in rows)  # train s/run, infer ms/image
+    assert float(rows[0][2]) == 0.0 and float(rows[2][2]) > 0  # CoOp has no soft labels; CSL costs time
+
+
+def test_per_dataset_tables_follow_the_average(world, tmp_path):
+    from atlas_fast.experiments import table_a_per_dataset
+
+    text = run_experiment(table_a_per_dataset, _world_args(world, tmp_path, "--methods", "coop", "cocoop"))
+    assert text.index("**Average over 1 datasets**") < text.index("**WorldSketches**")
+    assert (tmp_path / "out" / "table_a_per_dataset.tex").stat().st_size > 0
+
+
+def test_experiments_run_as_a_module_of_the_package_from_any_folder(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import atlas_fast
+
+    env = {**os.environ, "PYTHONPATH": str(Path(atlas_fast.__file__).resolve().parents[1])}
+    result = subprocess.run([sys.executable, "-m", "atlas_fast.experiments", "--list"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "table3_base_to_new" in result.stdout and "Table V" in result.stdout

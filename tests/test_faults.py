@@ -508,7 +508,7 @@ def test_kill_9_during_a_build_resumes_exactly(pets, tmp_path, backbone):
 
 def _sweep_and_hang(root: str, data: str, flag: str) -> None:
     import atlas_fast.train as train_module
-    from atlas_fast.sweep import Variant, run_grid
+    from atlas_fast.sweep import Execution, Variant, run_grid
     from atlas_fast.schedules import OneHot
 
     torch.set_num_threads(1)
@@ -523,8 +523,9 @@ def _sweep_and_hang(root: str, data: str, flag: str) -> None:
         return loop(*args, **kwargs)
 
     train_module.train_epochs = train_then_hang
+    # one run per group (batch_runs=1): the sweep is killed inside its second group
     run_grid(config(Path(root), Path(data)), ["OxfordPets"], [Variant("baseline", OneHot())], [1, 2, 3],
-             progress=False)
+             progress=False, execution=Execution("local", batch_runs=1))
 
 
 def test_kill_9_during_a_sweep_resumes_with_the_unfinished_runs(pets, tmp_path):

@@ -84,6 +84,9 @@ class PromptMethod(nn.Module):
     name: ClassVar[str]
     consumes: ClassVar[Consumes]
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
+    # True when R runs can train as one module (atlas_fast.batched): every learned tensor leads with R, forward()
+    # and training_loss() take one batch per run ((R, B, ...) inputs, (R, B) labels) and runs never mix.
+    supports_batched_runs: ClassVar[bool] = False
     #: False for methods with no learned tensors (zero-shot CLIP): training them is skipped.
     learns: ClassVar[bool] = True
 

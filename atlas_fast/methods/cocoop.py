@@ -51,6 +51,7 @@ class CoCoOp(CoOp):
     name = "cocoop"
     consumes = "features"
     config_class = CoCoOpConfig
+    supports_batched_runs = True  # ctx and the meta-net's weights lead with R (tests/test_batched.py)
     #: text sequences per text-encoder call at evaluation (images per call = max(1, eval_sequences // C)).
     eval_sequences: int = 4096
 

@@ -66,6 +66,7 @@ class CoOp(PromptMethod):
     name = "coop"
     consumes = "features"
     config_class = CoOpConfig
+    supports_batched_runs = True  # ctx is (R, M, d) / (R, C, M, d); the text pass is per prompt
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CoOpConfig) -> None:
         super().__init__(backbone, classnames, config)

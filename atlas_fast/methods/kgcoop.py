@@ -50,6 +50,9 @@ class KgCoOp(CoOp):
     name = "kgcoop"
     consumes = "features"
     config_class = KgCoOpConfig
+    # training_loss adds the regulariser summed over the R runs, so a batched loop cannot log each run's own loss
+    # (the gradients would be right); batching needs per-run losses from training_loss first.
+    supports_batched_runs = False
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: KgCoOpConfig) -> None:
         super().__init__(backbone, classnames, config)

@@ -30,6 +30,21 @@ class ZeroShotConfig(MethodConfig):
         check_template(self.template, "ZeroShotConfig")
 
 
+_PROMPT_FEATURES: dict[tuple, torch.Tensor] = {}
+
+
+@torch.no_grad()
+def prompt_features(backbone: Backbone, prompts: tuple[str, ...]) -> torch.Tensor:
+    """Normalised text features (C, D) of hand-crafted prompts, kept per process (64 class sets): every run of a sweep
+    evaluates the same zero-shot references, and the full-length text tower is the costliest part of that on a CPU."""
+    key = (backbone.fingerprint, str(backbone.device), prompts)
+    if key not in _PROMPT_FEATURES:
+        if len(_PROMPT_FEATURES) >= 64:
+            _PROMPT_FEATURES.pop(next(iter(_PROMPT_FEATURES)))
+        _PROMPT_FEATURES[key] = F.normalize(backbone.encode_text(list(prompts)).float(), dim=-1)
+    return _PROMPT_FEATURES[key]
+
+
 @register_method
 class ZeroShotCLIP(PromptMethod):
     """Zero-shot CLIP on cached image features; ``text_features()`` is a fixed (R, C, D) buffer."""
@@ -47,8 +62,7 @@ class ZeroShotCLIP(PromptMethod):
     def set_classnames(self, classnames: Sequence[str]) -> None:
         if not classnames:
             raise ValueError("Zero-shot CLIP needs at least one class name")
-        prompts = fill_template(self.config.template, classnames)
-        features = F.normalize(self.backbone.encode_text(prompts).float(), dim=-1)
+        features = prompt_features(self.backbone, tuple(fill_template(self.config.template, classnames)))
         self.classnames = tuple(classnames)
         self.register_buffer("class_features", features, persistent=False)
 

@@ -1,6 +1,6 @@
 """Ablation table: soft labels alone (every epoch), jointly with y (two CE terms), and alternating (ATLaS).
 
-    python -m experiments.table_ablation --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
+    atlas-fast experiment table_ablation --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
 
 Rows: CoOp; + vanilla LS, + vanilla LS + y, + ATLaS; the same three for CSL and for ISL (base-to-new, 16 shots).
 The paper ablates CoOp only; ``--method`` runs the same rows for another text-side method (e.g. cocoop, dept-coop).
@@ -8,13 +8,17 @@ The paper ablates CoOp only; ``--method`` runs the same rows for another text-si
 
 from __future__ import annotations
 
+import argparse
+
+from atlas_fast.experiments.common import base_config, write_table
 from atlas_fast.methods import RECIPES
 from atlas_fast.report import aggregate, method_name
 from atlas_fast.schedules import Atlas, Joint, OneHot
 from atlas_fast.softlabels import atlas_period, atlas_preset
-from atlas_fast.sweep import Variant, run_grid
-from experiments.common import base_config, parser, write_table
+from atlas_fast.sweep import Variant, grid_configs
+from atlas_fast.train import TrainConfig
 
+PAPER = "Table IV (ablation)"
 NAMES = {"ls": ("vanilla LS", "ATLaS"), "csl": ("CSL", "ATLaS-CSL"), "isl": ("ISL", "ATLaS-ISL")}
 
 
@@ -38,16 +42,16 @@ def variants() -> list[Variant]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> str:
-    p = parser(__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="coop", choices=sorted(set(RECIPES) - {"zsclip"}),
                    help="the method ablated (default coop, as in the paper)")
-    args = p.parse_args(argv)
-    records = run_grid(base_config(args, "base2new", method=args.method), args.datasets, variants(), args.seeds)
+
+
+def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    return grid_configs(base_config(args, "base2new", method=args.method), args.datasets, variants(), args.seeds)
+
+
+def report(args: argparse.Namespace, records: list[dict]) -> str:
     title = (f"Ablation of soft labels and alternation ({method_name(args.method)}, base-to-new, "
              f"{len(args.datasets)} datasets)")
     return write_table(aggregate(records, label=ablation_label), "table_ablation", title, args.out)
-
-
-if __name__ == "__main__":
-    main()

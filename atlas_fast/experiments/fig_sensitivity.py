@@ -1,20 +1,23 @@
 """Sensitivity figure: base / new / H of CoOp + ATLaS (θ), + ATLaS-CSL (1/τ_c), + ATLaS-ISL (α and K).
 
-    python -m experiments.fig_sensitivity --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt --param alpha
+    atlas-fast experiment fig_sensitivity --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt --param alpha
 
 Also the CSL/ISL mixing figure (``--param w``). Other hyper-parameters stay at the base-to-new presets.
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from atlas_fast.experiments.common import base_config, chunks, publish
 from atlas_fast.report import aggregate, plot_series
 from atlas_fast.schedules import Atlas
 from atlas_fast.softlabels import atlas_period, atlas_preset
-from atlas_fast.sweep import Variant, run_grid
-from experiments.common import base_config, parser
+from atlas_fast.sweep import Variant, grid_configs
+from atlas_fast.train import TrainConfig
 
+PAPER = "Fig. 6, Figs. A1-A2 (sensitivity)"
 # parameter -> (soft-label kind, values as the paper sweeps them)
 GRIDS = {
     "theta": ("ls", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),
@@ -33,29 +36,31 @@ def variant(param: str, value: float) -> Variant:
     return Variant(f"{param}={value}", Atlas(period), atlas_preset("base2new", kind, **overrides))
 
 
-def main(argv: list[str] | None = None) -> dict[str, list[float]]:
-    p = parser(__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", choices=sorted(GRIDS), required=True)
     p.add_argument("--values", type=float, nargs="+", default=None, help="default: the paper's grid")
-    args = p.parse_args(argv)
-    values = args.values or GRIDS[args.param][1]
+
+
+def _values(args: argparse.Namespace) -> list[float]:
+    return args.values or GRIDS[args.param][1]
+
+
+def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    base = base_config(args, "base2new")
+    return [config for value in _values(args)
+            for config in grid_configs(base, args.datasets, [variant(args.param, value)], args.seeds)]
+
+
+def report(args: argparse.Namespace, records: list[dict]) -> str:
+    values = _values(args)
     curves: dict[str, list[float]] = {"base": [], "new": [], "H": []}
-    for value in values:
-        records = run_grid(base_config(args, "base2new"), args.datasets, [variant(args.param, value)], args.seeds)
-        (row,) = aggregate(records)
+    for block in chunks(records, len(records) // len(values)):
+        (row,) = aggregate(block)
         for metric in curves:
             curves[metric].append(row.metrics[metric])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     lines = [f"| {args.param} | base | new | H |", "|---:|---:|---:|---:|"]
     lines += [f"| {v:g} | {b:.2f} | {n:.2f} | {h:.2f} |" for v, b, n, h in zip(values, *curves.values())]
     table = "\n".join(lines)
-    (out / f"fig_sensitivity_{args.param}.md").write_text(table + "\n")
-    plot_series(values, curves, out / f"fig_sensitivity_{args.param}.png", xlabel=args.param,
+    plot_series(values, curves, Path(args.out) / f"fig_sensitivity_{args.param}.png", xlabel=args.param,
                 ylabel="accuracy (%)", title=f"Sensitivity to {args.param} ({GRIDS[args.param][0].upper()})")
-    print(table)
-    return curves
-
-
-if __name__ == "__main__":
-    main()
+    return publish(args.out, f"fig_sensitivity_{args.param}.md", table)

@@ -1,0 +1,133 @@
+"""Where the groups of a sweep train: this process, Ray tasks, or a SLURM job array through submitit.
+
+Every executor has one method, ``map(groups)``, that trains each group (a list of compatible
+:class:`~atlas_fast.train.TrainConfig`, see :mod:`atlas_fast.sweep`) with :func:`train_group` and yields
+``(group index, records)`` as groups finish. Workers write the records themselves, into the runs' ``results_dir``,
+so that folder (and ``cache_root``, ``data_root``) must be visible to every worker: a shared file system on a cluster.
+Ray and submitit are optional extras (``pip install atlas_fast[ray]`` / ``atlas_fast[slurm]``), imported only here and
+only when their executor is used.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from atlas_fast.train import TrainConfig
+
+Groups = Sequence[Sequence[TrainConfig]]
+
+
+def train_group(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
+    """Train one group (what a worker runs): R runs as one batched module, finished runs skipped."""
+    from atlas_fast.batched import run_batch
+
+    return run_batch(list(configs))
+
+
+class LocalExecutor:
+    """Train the groups one after another in this process."""
+
+    def map(self, groups: Groups) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        for i, group in enumerate(groups):
+            yield i, train_group(group)
+
+
+class RayExecutor:
+    """Each group is one Ray task. ``gpus_per_group`` may be fractional (0.25: four groups share a GPU);
+    ``workers`` caps the tasks in flight (default: as many as Ray schedules). Connects to ``address`` (an existing
+    cluster, or ``auto``) or, when Ray is not initialised yet and no address is given, starts a local instance with
+    ``num_cpus`` CPUs whose workers import the same atlas_fast as this process."""
+
+    def __init__(self, address: str | None = None, gpus_per_group: float = 0.0, cpus_per_group: float = 1.0,
+                 workers: int | None = None, num_cpus: int | None = None) -> None:
+        if gpus_per_group < 0 or cpus_per_group <= 0:
+            raise ValueError(f"gpus_per_group must be >= 0 and cpus_per_group > 0, got {gpus_per_group}, "
+                             f"{cpus_per_group}.")
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}.")
+        self.address, self.gpus_per_group, self.cpus_per_group = address, gpus_per_group, cpus_per_group
+        self.workers, self.num_cpus = workers, num_cpus
+
+    def _init(self):
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError("The ray executor needs Ray: pip install 'atlas_fast[ray]'.") from exc
+        if not ray.is_initialized():
+            if self.address is not None:
+                ray.init(address=self.address)
+            else:
+                package_root = str(Path(__file__).resolve().parents[1])
+                path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
+                         runtime_env={"env_vars": {"PYTHONPATH": path}})
+        return ray
+
+    def map(self, groups: Groups) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        ray = self._init()
+        task = ray.remote(num_cpus=self.cpus_per_group, num_gpus=self.gpus_per_group)(train_group)
+        limit = self.workers or len(groups)
+        pending: dict[Any, int] = {}
+        queue = list(enumerate(groups))
+        while queue or pending:
+            while queue and len(pending) < limit:
+                i, group = queue.pop(0)
+                pending[task.remote(list(group))] = i
+            (done,), _ = ray.wait(list(pending), num_returns=1)
+            yield pending.pop(done), ray.get(done)
+
+
+class SlurmExecutor:
+    """One SLURM job array per sweep (one array task per group) through submitit. ``folder`` holds submitit's logs
+    and pickles; ``partition``, ``timeout_min``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gb`` and
+    ``array_parallelism`` become the sbatch options. ``cluster="local"`` runs the array as local processes
+    (submitit's LocalExecutor: tests and a dry rehearsal on a workstation)."""
+
+    def __init__(self, folder: str | Path = "results/submitit", partition: str | None = None, timeout_min: int = 240,
+                 gpus_per_node: int = 1, cpus_per_task: int = 4, mem_gb: int | None = None,
+                 array_parallelism: int = 64, cluster: str | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
+        self.folder, self.cluster = Path(folder), cluster
+        self.parameters: dict[str, Any] = {"timeout_min": timeout_min, "gpus_per_node": gpus_per_node,
+                                           "cpus_per_task": cpus_per_task, "slurm_array_parallelism": array_parallelism}
+        if partition is not None:
+            self.parameters["slurm_partition"] = partition
+        if mem_gb is not None:
+            self.parameters["mem_gb"] = mem_gb
+        self.parameters.update(extra or {})
+
+    def map(self, groups: Groups) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        try:
+            import submitit
+        except ImportError as exc:
+            raise ImportError("The slurm executor needs submitit: pip install 'atlas_fast[slurm]'.") from exc
+        executor = submitit.AutoExecutor(folder=self.folder, cluster=self.cluster)
+        parameters = dict(self.parameters)
+        if executor.cluster != "slurm":  # the local/debug executors take no slurm_* options
+            parameters = {k: v for k, v in parameters.items() if not k.startswith("slurm_")}
+        executor.update_parameters(name="atlas-fast-sweep", **parameters)
+        jobs = executor.map_array(train_group, [list(group) for group in groups])
+        print(f"submitted {len(jobs)} group(s) as job array {jobs[0].job_id.split('_')[0] if jobs else '-'} "
+              f"(logs: {self.folder})", file=sys.stderr)
+        for i, job in enumerate(jobs):
+            yield i, job.result()
+
+
+EXECUTOR_CLASSES = {"local": LocalExecutor, "ray": RayExecutor, "slurm": SlurmExecutor}
+
+
+def make_executor(name: str, **options: Any):
+    """An executor by name with its options (unknown options are rejected with the valid ones)."""
+    if name not in EXECUTOR_CLASSES:
+        raise ValueError(f"Unknown executor {name!r}; valid: {', '.join(EXECUTOR_CLASSES)}.")
+    cls = EXECUTOR_CLASSES[name]
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        import inspect
+
+        valid = [p for p in inspect.signature(cls).parameters]
+        raise ValueError(f"Invalid option for the {name} executor ({exc}); valid: {valid}.") from exc

@@ -1,0 +1,174 @@
+"""What every experiment module shares: its command line, the base run config, running the plan and the outputs.
+
+An experiment module (run with ``atlas-fast experiment NAME`` or ``python -m atlas_fast.experiments NAME``) defines
+``PAPER`` (the table or figure it reproduces), ``plan(args) -> list[TrainConfig]`` (the runs, in a fixed order),
+``report(args, records) -> str`` (the records in plan order -> tables and plots) and optionally ``add_arguments(parser)`` and ``DATASETS`` (default ``--datasets``). :func:`run_experiment` does the rest:
+``--dry-run`` lists the runs and how many are finished; otherwise the runs go to ``--executor`` in groups of
+``--batch-runs`` and the report is written to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Sequence
+
+from atlas_fast.backbones import BackboneConfig
+from atlas_fast.plan import resolve_device
+from atlas_fast.report import TableRow, latex_table, markdown_table, plot_rows
+from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
+from atlas_fast.train import TrainConfig
+
+# The 11 datasets of the base-to-new, few-shot and cross-dataset (target) tables, in the paper's order.
+ELEVEN = ("ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers", "Food101", "FGVCAircraft",
+          "SUN397", "DescribableTextures", "EuroSAT", "UCF101")
+
+
+def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.ArgumentParser:
+    """Options common to the experiment modules (backbone, data, seeds, recipe overrides, execution, outputs)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--data-root", required=True, help="folder holding the datasets in the CoOp layout")
+    p.add_argument("--datasets", nargs="+", default=list(datasets), help="default: %(default)s")
+    p.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
+    p.add_argument("--pretrained", default="openai",
+                   help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt) or 'none'")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--recipe", choices=("paper", "original"), default="paper")
+    p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs (quick looks only)")
+    p.add_argument("--views", type=int, default=None, help="cached augmented views (default: one per epoch)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--cache-root", default="cache")
+    p.add_argument("--results-dir", default="results", help="run records (shared by every experiment)")
+    p.add_argument("--out", default="results/experiments", help="where tables and plots are written")
+    run = p.add_argument_group("execution")
+    run.add_argument("--dry-run", action="store_true", help="list the runs (and which are finished); train nothing")
+    run.add_argument("--executor", choices=EXECUTORS, default="local",
+                     help="local (this process), ray (one task per group) or slurm (submitit job array)")
+    run.add_argument("--batch-runs", type=int, default=None,
+                     help="R: compatible runs trained together in one module (default 8 on a GPU, 4 on the CPU)")
+    run.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local Ray)")
+    run.add_argument("--gpus-per-group", type=float, default=None,
+                     help="GPUs per Ray task / SLURM array task (fractions share a GPU under Ray; default 0 on "
+                          "Ray, 1 on SLURM)")
+    run.add_argument("--workers", type=int, default=None, help="Ray: groups in flight at once (default: all)")
+    run.add_argument("--slurm-partition", default=None)
+    run.add_argument("--slurm-timeout-min", type=int, default=240)
+    run.add_argument("--slurm-folder", default="results/submitit", help="submitit logs and pickles")
+    return p
+
+
+# The paper's text-side methods (its "DePT" is DePT on CoOp), trained from the feature cache, and every method of
+# its Tables I-III: those and the multi-modal IVLP and MaPLe (pixel path). The appendix adds PromptSRC.
+PAPER_TEXT_METHODS = ("coop", "cocoop", "dept-coop")
+PAPER_METHODS = PAPER_TEXT_METHODS + ("ivlp", "maple")
+
+
+def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
+    """``--methods`` (one block of rows each) and ``--zero-shot`` (a zero-shot CLIP row first)."""
+    from atlas_fast.methods import RECIPES
+
+    p.add_argument("--methods", nargs="+", default=list(default), choices=sorted(set(RECIPES) - {"zsclip"}),
+                   help="methods, one block of rows each (default: %(default)s)")
+    p.add_argument("--zero-shot", action="store_true", help="add a zero-shot CLIP row (zsclip) first")
+    p.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="[METHOD:]NAME=VALUE",
+                   help="replace a field of a method's recipe config, e.g. maple:depth=3 (all methods without "
+                        "METHOD:); for small backbones whose towers are shallower than the recipe's prompt depth")
+
+
+def method_options(args: argparse.Namespace, method: str) -> dict[str, str] | None:
+    """The ``--method-option`` values that apply to ``method`` (``maple:depth=3`` or an unprefixed ``NAME=VALUE``)."""
+    options = {}
+    for item in getattr(args, "method_option", []):
+        target, _, assignment = item.rpartition(":")
+        name, sep, value = assignment.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--method-option takes [METHOD:]NAME=VALUE, got {item!r}")
+        if target in ("", method):
+            options[name.replace("-", "_")] = value
+    return options or None
+
+
+def execution_from_args(args: argparse.Namespace) -> Execution:
+    """The sweep's :class:`~atlas_fast.sweep.Execution` from the execution options."""
+    if args.executor == "ray":
+        options: dict[str, Any] = {"address": args.ray_address, "gpus_per_group": args.gpus_per_group or 0.0,
+                                   "workers": args.workers}
+    elif args.executor == "slurm":
+        gpus = 1 if args.gpus_per_group is None else args.gpus_per_group
+        if gpus != int(gpus):
+            raise SystemExit(f"error: SLURM allocates whole GPUs: --gpus-per-group {gpus} (use Ray to share one).")
+        options = {"folder": args.slurm_folder, "partition": args.slurm_partition,
+                   "timeout_min": args.slurm_timeout_min, "gpus_per_node": int(gpus)}
+    else:
+        options = {}
+    return Execution(args.executor, args.batch_runs, options)
+
+
+def base_config(args: argparse.Namespace, setting: str, shots: int = 16, **changes: Any) -> TrainConfig:
+    """The run every row of a table starts from; rows replace the schedule, soft labels, dataset and seed."""
+    pretrained = None if args.pretrained.lower() == "none" else args.pretrained
+    if "method" in changes and "method_options" not in changes:
+        changes["method_options"] = method_options(args, changes["method"])
+    return TrainConfig(dataset=args.datasets[0], data_root=args.data_root,
+                       backbone=BackboneConfig(args.model, pretrained), recipe=args.recipe, setting=setting,
+                       shots=shots, epochs=args.epochs, views=args.views, device=args.device,
+                       cache_root=args.cache_root, results_dir=args.results_dir, progress=False, **changes)
+
+
+def build_parser(module: ModuleType) -> argparse.ArgumentParser:
+    """The module's command line: the common options, the module's own, and its docstring as help."""
+    p = parser((module.__doc__ or module.__name__).strip().splitlines()[0],
+               datasets=getattr(module, "DATASETS", ELEVEN))
+    p.prog = f"atlas-fast experiment {module.__name__.rsplit('.', 1)[-1]}"
+    if hasattr(module, "add_arguments"):
+        module.add_arguments(p)
+    return p
+
+
+def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) -> str:
+    """Parse ``argv`` for ``module``, then list (``--dry-run``) or train its runs and write its report."""
+    if isinstance(module, str):
+        module = sys.modules[module]
+    args = build_parser(module).parse_args(argv)
+    if args.batch_runs is None:
+        args.batch_runs = getattr(module, "BATCH_RUNS", None)  # e.g. Table V times runs trained alone
+    configs = module.plan(args)
+    execution = execution_from_args(args)
+    if args.dry_run:
+        planned = plan_sweep(configs, execution)
+        device = resolve_device(planned[0].config.device).type if planned else "cpu"
+        listing = describe_plan(planned, execution.runs_per_group(device))
+        print(listing)
+        return listing
+    records = run_configs(configs, execution, progress=True)
+    return module.report(args, records)
+
+
+def chunks(records: Sequence[dict[str, Any]], size: int) -> list[Sequence[dict[str, Any]]]:
+    """Consecutive blocks of ``size`` records (plans are built block by block: one block per grid point)."""
+    return [records[i:i + size] for i in range(0, len(records), size)]
+
+
+def write_text(out: str | Path, name: str, text: str) -> Path:
+    """Write ``<out>/<name>`` (folders created) and return its path."""
+    path = Path(out) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    return path
+
+
+def publish(out: str | Path, name: str, text: str) -> str:
+    """Write ``text`` to ``<out>/<name>``, print it and return it (what every ``report`` ends with)."""
+    path = write_text(out, name, text)
+    print(text)
+    print(f"\nwritten: {path}")
+    return text
+
+
+def write_table(rows: Sequence[TableRow], name: str, title: str, out: str | Path) -> str:
+    """Write ``<out>/<name>.{md,tex,png}`` (Markdown, LaTeX, bar plot), print and return the Markdown."""
+    write_text(out, f"{name}.tex", latex_table(rows, caption=title))
+    plot_rows(rows, Path(out) / f"{name}.png", title=title)
+    return publish(out, f"{name}.md", markdown_table(rows, title))

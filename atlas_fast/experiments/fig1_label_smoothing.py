@@ -1,0 +1,49 @@
+"""Fig. 1: new-class test accuracy over training of CoOp, + vanilla LS, + TF-KD, + OLS and + ATLaS (base-to-new).
+
+    atlas-fast experiment fig1_label_smoothing --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
+
+The paper trains on the base classes of ImageNet and evaluates the new classes after every epoch. LS is vanilla
+label smoothing every epoch (θ = 0.1), ATLaS alternates it with one-hot labels (K = 2); TF-KD (a = 0.9, α = 0.1,
+τ = 20) and OLS (α = 0.5) use their authors' settings (see :mod:`atlas_fast.schedules`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from atlas_fast.experiments.common import base_config, publish
+from atlas_fast.report import epoch_curves, plot_curves, strategy_label
+from atlas_fast.schedules import Atlas, OneHot, OnlineLabelSmoothing, TeacherFreeKD
+from atlas_fast.softlabels import atlas_period, atlas_preset
+from atlas_fast.sweep import Variant, grid_configs
+from atlas_fast.train import TrainConfig
+
+PAPER = "Fig. 1"
+DATASETS = ("ImageNet",)
+
+
+def variants() -> list[Variant]:
+    ls = atlas_preset("base2new", "ls")
+    return [Variant("CoOp", OneHot()), Variant("+ LS", Atlas(1), ls), Variant("+ TF-KD", TeacherFreeKD()),
+            Variant("+ OLS", OnlineLabelSmoothing()), Variant("+ ATLaS", Atlas(atlas_period("base2new")), ls)]
+
+
+def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    return grid_configs(base_config(args, "base2new", eval_every_epoch=True), args.datasets, variants(), args.seeds)
+
+
+def curve_table(curves: dict[str, list[float]], metric: str) -> str:
+    """Final and best accuracy (and the best epoch) of each curve."""
+    lines = [f"| Method | final {metric} | best {metric} | best epoch |", "|---|---:|---:|---:|"]
+    for name, values in curves.items():
+        best = max(range(len(values)), key=values.__getitem__)
+        lines.append(f"| {name} | {values[-1]:.2f} | {values[best]:.2f} | {best + 1} |")
+    return "\n".join(lines)
+
+
+def report(args: argparse.Namespace, records: list[dict]) -> str:
+    table = curve_table(epoch_curves(records, "new", strategy_label), "new")
+    plot_curves(records, Path(args.out) / "fig1_label_smoothing.png", "new", strategy_label,
+                title=f"New-class accuracy over training ({', '.join(args.datasets)})")
+    return publish(args.out, "fig1_label_smoothing.md", table)

@@ -1,0 +1,44 @@
+"""Per-epoch new-class accuracy of CoOp under the LS strategies: LS / ATLaS, CSL / ATLaS-CSL, ISL / ATLaS-ISL.
+
+    atlas-fast experiment fig5_new_class_curves --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
+
+The paper's SUN397 figure: three panels, each CoOp against soft labels every epoch (K = 1) and alternating (ATLaS,
+K = 2), trained on the base classes and evaluated on the new classes after every epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from atlas_fast.experiments.common import base_config, publish
+from atlas_fast.experiments.fig1_label_smoothing import curve_table
+from atlas_fast.report import epoch_curves, plot_curves, strategy_label
+from atlas_fast.schedules import Atlas, OneHot
+from atlas_fast.softlabels import atlas_period, atlas_preset
+from atlas_fast.sweep import Variant, grid_configs
+from atlas_fast.train import TrainConfig
+
+PAPER = "Fig. 5 (SUN397 new-class curves)"
+DATASETS = ("SUN397",)
+PANELS = [["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"], ["CoOp", "+ ISL", "+ ATLaS-ISL"]]
+
+
+def variants() -> list[Variant]:
+    rows = [Variant("CoOp", OneHot())]
+    for kind in ("ls", "csl", "isl"):
+        soft = atlas_preset("base2new", kind)
+        rows += [Variant(f"{kind} every epoch", Atlas(1), soft),
+                 Variant(f"{kind} alternating", Atlas(atlas_period("base2new")), soft)]
+    return rows
+
+
+def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    return grid_configs(base_config(args, "base2new", eval_every_epoch=True), args.datasets, variants(), args.seeds)
+
+
+def report(args: argparse.Namespace, records: list[dict]) -> str:
+    table = curve_table(epoch_curves(records, "new", strategy_label), "new")
+    plot_curves(records, Path(args.out) / "fig5_new_class_curves.png", "new", strategy_label, panels=PANELS,
+                title=f"CoOp with LS strategies, new classes ({', '.join(args.datasets)})")
+    return publish(args.out, "fig5_new_class_curves.md", table)

@@ -1,0 +1,223 @@
+"""Exercise every GPU path of atlas_fast once and print one table (run through ``benchmarks/gpu_check.sh``).
+
+Checks, each timed and each allowed to fail on its own (the table says FAIL and why):
+
+1. cache build with fp16 autocast: a ViT-B/16-shaped CLIP (random weights: nothing is downloaded) encodes a synthetic
+   dataset's views; images/s for fp16 autocast and fp32, and how close the two features are (cosine);
+2. faiss on the GPU, when the installed faiss has GPU support: the CSL inner-product search on the GPU equals the CPU
+   one (atlas_fast itself searches C x C class similarities on the CPU: they are tiny);
+3. cached training with AMP: one CoOp + ATLaS-CSL run under fp16 autocast + gradient scaler vs the same run in fp32
+   (seconds per epoch, and the difference of the final accuracies, which AMP may change a little);
+4. R-batched training: R runs (seeds x label variants) as one module vs the same runs one by one, fp32: speed-up and
+   the largest metric difference (must be ~0: batching is a pure speed knob);
+5. a pixel-path method (image encoder prompted), when this version has one; otherwise n/a.
+
+Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size. ``--device cpu
+--model atlas-tiny --scale 0.1`` is a smoke test of this script itself on a machine without a GPU (no fp16/AMP rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from sweep_speed import write_dataset  # noqa: E402  (the same synthetic OxfordPets-layout dataset)
+
+ROWS: list[tuple[str, str, str, str]] = []
+SETUP = {"device": "cuda", "model": "ViT-B-16"}
+
+
+def row(check: str, status: str, value: str = "", note: str = "") -> None:
+    ROWS.append((check, status, value, note))
+    print(f"[{status}] {check}: {value} {note}", flush=True)
+
+
+def guarded(check: str):
+    """Run a check; a failure becomes a FAIL row with the error instead of stopping the script."""
+    def wrap(function):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - every failure must reach the table
+                traceback.print_exc()
+                row(check, "FAIL", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}",
+                    f"after {time.perf_counter() - start:.1f} s")
+                return None
+        return run
+    return wrap
+
+
+@guarded("cache build (fp16 autocast)")
+def check_cache(backbone, root: Path, dataset) -> None:
+    from atlas_fast.cache import FeatureCache
+
+    items = dataset.train + dataset.test
+    device = SETUP["device"]
+    low = "fp16" if device == "cuda" else "bf16"
+    reports = {}
+    for precision in (low, "fp32"):
+        cache = FeatureCache(root / f"cache-{precision}", storage_dtype="float32")
+        cache.build(backbone, dataset.name, items[:64], num_views=1, device=device, precision=precision,
+                    progress=False)  # warm-up: kernels, workers
+        cache = FeatureCache(root / f"cache-{precision}-timed", storage_dtype="float32")
+        reports[precision] = (cache.build(backbone, dataset.name, items, num_views=2, device=device,
+                                          precision=precision, progress=False), cache)
+    fp16 = reports[low][1].load(backbone, dataset.name, items, views=[0, 1, 2])
+    fp32 = reports["fp32"][1].load(backbone, dataset.name, items, views=[0, 1, 2])
+    cosine = torch.nn.functional.cosine_similarity(fp16.flatten(0, 1).float(), fp32.flatten(0, 1).float(), dim=-1)
+    speed16, speed32 = reports[low][0].images_per_s, reports["fp32"][0].images_per_s
+    row(f"cache build ({low} autocast)", "ok" if cosine.min() > 0.99 else "WARN",
+        f"{speed16:.0f} img/s {low}, {speed32:.0f} img/s fp32 ({speed16 / speed32:.2f}x)",
+        f"{len(items)} images x 3 views; {low} vs fp32 feature cosine min {cosine.min():.4f}")
+
+
+@guarded("faiss on GPU")
+def check_faiss() -> None:
+    try:
+        import faiss
+    except ImportError:
+        row("faiss on GPU", "n/a", "faiss not installed")
+        return
+    gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if gpus == 0:
+        row("faiss on GPU", "n/a", f"faiss {faiss.__version__} has no GPU support (faiss-cpu)",
+            "atlas_fast searches class similarities on the CPU; install the [gpu] extra for faiss-gpu")
+        return
+    vectors = torch.nn.functional.normalize(torch.randn(1000, 512), dim=-1).numpy()
+    cpu = faiss.IndexFlatIP(512)
+    cpu.add(vectors)
+    gpu = faiss.index_cpu_to_all_gpus(faiss.IndexFlatIP(512))
+    gpu.add(vectors)
+    start = time.perf_counter()
+    d_gpu, i_gpu = gpu.search(vectors, 10)
+    seconds = time.perf_counter() - start
+    d_cpu, i_cpu = cpu.search(vectors, 10)
+    same = float((i_gpu == i_cpu).mean())
+    row("faiss on GPU", "ok" if same > 0.99 else "WARN", f"{gpus} GPU(s), 1000x1000 search {seconds * 1000:.1f} ms",
+        f"top-10 ids equal to the CPU index: {100 * same:.1f}%")
+
+
+def _config(root: Path, **changes):
+    from atlas_fast.backbones import BackboneConfig
+    from atlas_fast.train import TrainConfig
+
+    base = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig(SETUP["model"], None),
+                shots=8, epochs=6, device=SETUP["device"], cache_root=root / "cache", results_dir=root / "results",
+                progress=False)
+    return TrainConfig(**{**base, **changes})
+
+
+@guarded("cached training with AMP")
+def check_amp(root: Path) -> None:
+    from atlas_fast.schedules import Atlas
+    from atlas_fast.softlabels import atlas_preset
+    from atlas_fast.train import run
+
+    common = dict(schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl"))
+    run(_config(root, precision="fp32", results_dir=root / "warmup", **common))  # builds the cache (not timed)
+    if SETUP["device"] != "cuda":
+        row("cached training with AMP", "n/a", "AMP needs a CUDA device")
+        return
+    amp = run(_config(root, precision="amp", results_dir=root / "amp", **common))
+    fp32 = run(_config(root, precision="fp32", results_dir=root / "fp32", **common))
+    diff = max(abs(amp["metrics"][m] - fp32["metrics"][m]) for m in ("base", "new", "H"))
+    finite = all(torch.isfinite(torch.tensor(e["loss"])) for e in amp["epochs"])
+    row("cached training with AMP", "ok" if finite else "FAIL",
+        f"{amp['timings']['seconds_per_epoch'] * 1000:.0f} ms/epoch AMP, "
+        f"{fp32['timings']['seconds_per_epoch'] * 1000:.0f} ms/epoch fp32",
+        f"{amp['data']['num_train']} train images, {amp['data']['num_classes']} classes; "
+        f"AMP vs fp32 base/new/H differ by <= {diff:.2f} points")
+
+
+def synchronize() -> None:
+    if SETUP["device"] == "cuda":
+        torch.cuda.synchronize()
+
+
+@guarded("R-batched training")
+def check_batched(root: Path, runs: int) -> None:
+    from atlas_fast.sweep import Execution, atlas_variants, grid_configs, run_configs
+
+    seeds = list(range(1, max(1, runs // 4) + 1))
+    configs = grid_configs(_config(root, precision="fp32"), ["OxfordPets"], atlas_variants("base2new"), seeds)
+    timings = {}
+    records = {}
+    for r in (1, len(configs)):
+        folder = root / f"batched-R{r}"
+        configs_r = [_config(root, **{**c.__dict__, "results_dir": folder}) for c in configs]
+        synchronize()
+        start = time.perf_counter()
+        records[r] = run_configs(configs_r, Execution("local", r), progress=False)
+        synchronize()
+        timings[r] = time.perf_counter() - start
+    diff = max(abs(a["metrics"][m] - b["metrics"][m]) for a, b in zip(records[1], records[len(configs)])
+               for m in ("base", "new", "H"))
+    r = len(configs)
+    row("R-batched training", "ok" if diff < 1e-3 else "FAIL",
+        f"R={r}: {timings[1]:.1f} s one by one, {timings[r]:.1f} s batched ({timings[1] / timings[r]:.2f}x)",
+        f"{3600 * r / timings[r]:.0f} runs/hour batched; largest metric difference {diff:.2e}")
+
+
+@guarded("pixel-path method")
+def check_pixels(root: Path) -> None:
+    from atlas_fast.methods import METHODS
+    from atlas_fast.train import run
+
+    pixel = sorted(name for name, cls in METHODS.items() if cls.consumes == "pixels")
+    if not pixel:
+        row("pixel-path method", "n/a", "no pixel-path method in this version")
+        return
+    name = pixel[0]
+    record = run(_config(root, method=name, epochs=1, results_dir=root / f"pixels-{name}"))
+    row("pixel-path method", "ok", f"{name}: {record['timings']['seconds_per_epoch']:.1f} s/epoch",
+        f"base {record['metrics'].get('base', float('nan')):.1f}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", type=float, default=1.0, help="dataset size multiplier (default 1)")
+    p.add_argument("--runs", type=int, default=12, help="runs of the batched check (default 12)")
+    p.add_argument("--device", default="cuda", help="cuda (default); cpu only to smoke-test this script")
+    p.add_argument("--model", default="ViT-B-16", help="open_clip model, random weights (default ViT-B-16)")
+    args = p.parse_args()
+    SETUP.update(device=args.device, model=args.model)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("No CUDA device visible to torch: nothing to check.")
+        return 2
+    from atlas_fast.backbones import BackboneConfig, load_backbone
+    from atlas_fast.data import load_dataset
+
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (script smoke test)"
+    row("device", "ok", name, f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        classes = max(4, int(100 * args.scale)) // 2 * 2
+        write_dataset(root / "data", classes, train=10, test=4)
+        backbone = load_backbone(BackboneConfig(args.model, None), args.device)
+        check_cache(backbone, root, load_dataset("OxfordPets", root / "data"))
+        check_faiss()
+        check_amp(root)
+        check_batched(root, args.runs)
+        check_pixels(root)
+    total = time.perf_counter() - start
+    print(f"\n## atlas_fast GPU check on {name} ({total:.0f} s)\n")
+    print("| check | status | measured | note |")
+    print("|---|---|---|---|")
+    for check, status, value, note in ROWS:
+        print(f"| {check} | {status} | {value} | {note} |")
+    return 1 if any(status == "FAIL" for _, status, _, _ in ROWS) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

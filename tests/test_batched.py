@@ -1,0 +1,103 @@
+"""R runs trained as one module give the records of the same runs trained alone: learned tensors, per-epoch losses
+and metrics at 1e-5, for runs that differ in seed, shots (training-set size), label schedule and soft labels."""
+
+import warnings
+
+import pytest
+import torch
+
+from atlas_fast.backbones import BackboneConfig
+from atlas_fast.batched import run_batch, stack_runs
+from atlas_fast.methods.coop import CoOpConfig
+from atlas_fast.results import load_learned
+from atlas_fast.schedules import Atlas, OneHot, OnlineLabelSmoothing
+from atlas_fast.softlabels import atlas_preset
+from atlas_fast.train import TrainConfig, run
+from layouts import make_oxford_pets
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def pets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batched")
+    make_oxford_pets(root / "data", n_classes=6, n_train=7, n_val=2, n_test=3, size=32)
+    return root
+
+
+def _configs(root, results, method_config=None, method="coop"):
+    common = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig("atlas-tiny", None),
+                  method=method, epochs=4, views=2, batch_size=4, lr=0.05, device="cpu", cache_root=root / "cache",
+                  results_dir=root / results, progress=False, method_config=method_config)
+    return [
+        TrainConfig(**common, seed=1, shots=5, schedule=OneHot()),
+        TrainConfig(**common, seed=2, shots=2, schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl")),
+        TrainConfig(**common, seed=3, shots=7, schedule=Atlas(1), soft_labels=atlas_preset("base2new", "isl"),
+                    eval_every_epoch=True),
+        TrainConfig(**common, seed=1, shots=4, schedule=OnlineLabelSmoothing()),
+    ]
+
+
+def _assert_equal_records(batched, alone):
+    for b, a in zip(batched, alone):
+        assert b["key"] == a["key"] and b["path"] != a["path"] and b["config"] == a["config"]
+        assert b["data"] == a["data"]
+        assert [e["loss"] for e in b["epochs"]] == pytest.approx([e["loss"] for e in a["epochs"]], abs=1e-5)
+        assert [e["soft"] for e in b["epochs"]] == [e["soft"] for e in a["epochs"]]
+        assert b["metrics"].keys() == a["metrics"].keys()
+        for name in b["metrics"].keys() - {"zero_shot"}:
+            assert b["metrics"][name] == pytest.approx(a["metrics"][name], abs=1e-5)
+        assert b["metrics"]["zero_shot"] == a["metrics"]["zero_shot"]
+        per_epoch = [e.get("accuracy") for e in b["epochs"]]
+        assert per_epoch == [e.get("accuracy") for e in a["epochs"]]
+        for name, tensor in load_learned(b["path"]).items():
+            # float32 defaults: atol 1e-5 plus rtol 1.3e-6 (float reordering in the R x C text pass on values ~10)
+            torch.testing.assert_close(tensor, load_learned(a["path"])[name], atol=1e-5, rtol=1.3e-6)
+
+
+@pytest.mark.parametrize("method, method_config", [
+    ("coop", None), ("coop", CoOpConfig(n_ctx=3, csc=True)), ("cocoop", None)],
+    ids=["coop-paper-init", "coop-random-csc", "cocoop"])
+def test_batched_runs_equal_runs_trained_alone(pets, method, method_config):
+    suffix = f"{method}-{'csc' if method_config is not None else 'recipe'}"
+    alone = [run(config) for config in _configs(pets, f"alone-{suffix}", method_config, method)]
+    assert len({r["data"]["num_train"] for r in alone}) == 4  # the training sets differ in size
+    batched = run_batch(_configs(pets, f"batched-{suffix}", method_config, method))
+    assert all(r["timings"]["batch_runs"] == 4 for r in batched)
+    _assert_equal_records(batched, alone)
+    # the learned tensors moved away from their (seeded) initialisation, differently per run
+    first, second = (load_learned(r["path"]) for r in batched[:2])
+    assert any(not torch.allclose(first[name], second[name]) for name in first)
+
+
+@pytest.mark.parametrize("method", ["kgcoop", "dept-coop"])
+def test_methods_that_cannot_batch_train_their_runs_one_by_one(pets, method):
+    configs = _configs(pets, f"alone-{method}", method=method)[:2]
+    with pytest.warns(UserWarning, match=f"{method} does not support batched runs"):
+        batched = run_batch(configs)
+    assert "batch_runs" not in batched[0]["timings"]
+    assert [r["key"] for r in batched] == [run(c)["key"] for c in configs]
+
+
+def test_a_group_skips_finished_runs_and_resumes_the_rest(pets):
+    configs = _configs(pets, "resume")
+    done = run(configs[1])
+    records = run_batch(configs)
+    assert [r["skipped"] for r in records] == [False, True, False, False]
+    assert records[1]["key"] == done["key"]
+    assert all(r["skipped"] for r in run_batch(configs))
+
+
+def test_runs_that_cannot_share_a_module_are_refused(pets):
+    from atlas_fast.batched import train_group
+    from atlas_fast.plan import plan_run
+
+    configs = _configs(pets, "mixed")
+    other = TrainConfig(**{**configs[0].__dict__, "lr": 0.01})
+    with pytest.raises(ValueError, match="cannot train as one batch"):
+        train_group([plan_run(configs[0]), plan_run(other)])
+
+
+def test_tensors_without_a_runs_dimension_cannot_be_stacked():
+    with pytest.raises(ValueError, match="no leading runs dimension"):
+        stack_runs([{"w": torch.zeros(3, 2)}, {"w": torch.zeros(3, 2)}])
