@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
           f"peak x{computed['peak_mib'] / max(cached['peak_mib'], 1e-9):.2f}")
     coop = results[ROWS[0][0]]["step_ms"]
     print("Step time relative to CoOp on cached features:\n" + "\n".join(
-        f"  {label}: x{row['step_ms'] / coop:.0f}" for label, row in list(results.items())[1:]))
+        f"  {label}: x{row['step_ms'] / coop:.2f}" for label, row in list(results.items())[1:]))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def write_dataset(root: Path, classes: int, train: int, test: int) -> None:
     rng = random.Random(0)
     split: dict[str, list] = {"train": [], "val": [], "test": []}
     for label in range(classes):
-        name = f"{COLOURS[label % len(COLOURS)]}_{ANIMALS[label // len(COLOURS) % len(ANIMALS)]}"
+        cycle, index = divmod(label, len(COLOURS) * len(ANIMALS))  # names stay unique past 50 classes
+        name = f"{COLOURS[index % len(COLOURS)]}_{ANIMALS[index // len(COLOURS)]}" + (f"_{cycle}" if cycle else "")
         for part, count in (("train", train), ("val", 1), ("test", test)):
             for i in range(count):
                 rel = f"{name}_{part}{i}.jpg"
