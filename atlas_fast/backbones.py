@@ -239,7 +239,7 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
             model = open_clip.create_model(name, pretrained=pretrained,
                                            force_quick_gelu=_wants_quick_gelu(name, pretrained))
         except Exception as exc:  # network failures surface as many exception types
-            raise RuntimeError(
+            raise WeightsUnavailableError(
                 f"Could not obtain the weights of {name!r} with pretrained tag {pretrained!r} ({type(exc).__name__}: "
                 f"{exc}). Without network access, pass a local checkpoint file instead, e.g. "
                 f"`--pretrained /path/to/ViT-B-16.pt` (OpenAI's file, as CoOp users have it in ~/.cache/clip) or "
@@ -259,6 +259,10 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
                         else open_clip.get_tokenizer("ViT-B-16"),
                         preprocessing=preprocessing, config=config, architecture=architecture, fingerprint=fingerprint)
     return backbone.to(device)
+
+
+class WeightsUnavailableError(OSError):
+    """The weights of an open_clip pretrained tag could not be downloaded or found in the local cache (offline)."""
 
 
 class CheckpointError(ValueError):

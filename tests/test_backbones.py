@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 
 import open_clip
 from atlas_fast import backbones
-from atlas_fast.backbones import BackboneConfig, load_backbone, shared_backbone
+from atlas_fast.backbones import BackboneConfig, WeightsUnavailableError, load_backbone, shared_backbone
+from atlas_fast.cli import main
 
 TINY = BackboneConfig("atlas-tiny", None)
 
@@ -64,8 +65,21 @@ def test_download_failure_says_how_to_pass_a_local_file(monkeypatch):
         raise OSError("Name or service not known")
 
     monkeypatch.setattr(open_clip, "create_model", offline)
-    with pytest.raises(RuntimeError, match="local checkpoint file"):
+    with pytest.raises(WeightsUnavailableError, match="local checkpoint file"):
         load_backbone(BackboneConfig("ViT-B-16", "openai"))
+
+
+def test_offline_tag_is_a_one_line_cli_error(monkeypatch, tmp_path, capsys):
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(open_clip, "create_model", offline)
+    status = main(["train", "--dataset", "OxfordPets", "--data-root", str(tmp_path), "--model", "ViT-B-16",
+                   "--pretrained", "openai", "--cache-root", str(tmp_path / "cache"),
+                   "--results-dir", str(tmp_path / "results"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "Traceback" not in err and "--pretrained /path/to/ViT-B-16.pt" in err
 
 
 def test_shared_backbone_loads_once_and_reloads_an_edited_file(tiny, tmp_path):
