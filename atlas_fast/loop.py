@@ -75,9 +75,12 @@ def train_epochs(method: PromptMethod, train_inputs: TrainInputs, labels: torch.
             batch_labels = labels[index]
             batch_soft = soft_rows[index] if soft_rows is not None else None
 
-            def criterion(logits: torch.Tensor) -> torch.Tensor:
-                """The schedule's loss of logits (B, C) (or (1, B, C)) against this batch's targets."""
+            def criterion(logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
+                """The schedule's loss of logits (B, C) (or (1, B, C)) against this batch's targets; ``observe``:
+                these are the method's class predictions (OLS learns from them), not an auxiliary head's."""
                 logits = logits[0] if logits.dim() == 3 else logits
+                if observe:
+                    schedule.observe(logits, batch_labels)
                 return schedule.loss(epoch, logits.float(), batch_labels, batch_soft)
 
             with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
@@ -164,9 +167,11 @@ def train_batched_epochs(method: PromptMethod, runs: list[RunState], recipe: Opt
                 targets.append((r, runs[r].labels[index], soft))
             losses: dict[int, torch.Tensor] = {}
 
-            def criterion(logits: torch.Tensor) -> torch.Tensor:
+            def criterion(logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
                 """Sum over the active runs of run r's schedule loss of its logits (R, B_max, C)[r, :B_r]."""
                 for r, batch_labels, soft in targets:
+                    if observe:
+                        runs[r].schedule.observe(logits[r, :sizes[r]], batch_labels)
                     losses[r] = runs[r].schedule.loss(epoch, logits[r, :sizes[r]].float(), batch_labels, soft)
                 return torch.stack(list(losses.values())).sum()
 

@@ -2,7 +2,9 @@
 
 Every schedule has one interface, ``loss(epoch, logits, labels, soft_rows) -> scalar`` for one batch
 (``logits`` (B, C), ``labels`` (B,) int, ``soft_rows`` (B, C) per-item soft labels or ``None``), plus
-``reset(num_classes)`` before training and ``end_epoch(epoch)`` after each epoch (for schedules with state).
+``reset(num_classes)`` before training, ``observe(logits, labels)`` with each step's class logits and
+``end_epoch(epoch)`` after each epoch (for schedules with state). ``loss`` is pure, so a method may apply it to
+several terms (DePT's head) without the extra terms reaching a schedule's statistics.
 
 - :class:`OneHot` - the baseline, CE(z, y) as every reference trainer uses (``methods.md`` §13).
 - :class:`Atlas` - ATLaS (the paper, Algorithm 1): epoch ``e`` (0-based) trains on the soft labels iff
@@ -56,6 +58,10 @@ class LabelSchedule:
     def loss(self, epoch: int, logits: torch.Tensor, labels: torch.Tensor,
              soft_rows: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
+
+    def observe(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """See the model's predictions (logits (B, C)) of a training batch, for schedules that learn their targets
+        from them (OLS). Called once per step with the method's class logits, never with auxiliary heads' logits."""
 
     def end_epoch(self, epoch: int) -> None:
         """Called once after the last batch of each epoch."""
@@ -145,14 +151,16 @@ class OnlineLabelSmoothing(LabelSchedule):
         if self.matrix.shape[0] != num_classes:
             raise ValueError(f"OLS was reset for {self.matrix.shape[0]} classes but the logits have {num_classes}; "
                              f"call reset(num_classes) before training.")
-        with torch.no_grad():
-            probs = F.softmax(logits.detach().float(), dim=-1).cpu()
-            correct = probs.argmax(dim=-1) == labels.cpu()
-            self._sums.index_add_(0, labels.cpu()[correct], probs[correct])
-            self._counts.index_add_(0, labels.cpu()[correct], torch.ones(int(correct.sum())))
         targets = self.matrix.to(logits.device)[labels]
         return (self.alpha * hard_cross_entropy(logits, labels)
                 + (1.0 - self.alpha) * soft_cross_entropy(logits, targets))
+
+    @torch.no_grad()
+    def observe(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        probs = F.softmax(logits.detach().float(), dim=-1).cpu()
+        correct = probs.argmax(dim=-1) == labels.cpu()
+        self._sums.index_add_(0, labels.cpu()[correct], probs[correct])
+        self._counts.index_add_(0, labels.cpu()[correct], torch.ones(int(correct.sum())))
 
     def end_epoch(self, epoch: int) -> None:
         self.matrix = self._sums / self._counts.clamp(min=1.0).unsqueeze(1)

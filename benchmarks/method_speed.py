@@ -105,7 +105,7 @@ def time_steps(method, inputs: torch.Tensor, labels: torch.Tensor, recipe, steps
         batch_labels = labels[index]
         start = time.perf_counter()
         loss = method.training_loss(inputs[index], batch_labels,
-                                    lambda logits: F.cross_entropy(logits[0], batch_labels))
+                                    lambda logits, **_: F.cross_entropy(logits[0], batch_labels))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

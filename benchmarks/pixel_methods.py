@@ -98,7 +98,7 @@ def measure(backbone, name: str, config, inputs_kind: str, classnames: list[str]
         saved = SavedActivations(backbone)
         with torch.autocast(device.type, dtype=torch.float16, enabled=amp), \
                 torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda tensor: tensor):
-            loss = method.training_loss(inputs, labels, lambda logits: F.cross_entropy(logits[0].float(), labels))
+            loss = method.training_loss(inputs, labels, lambda logits, **_: F.cross_entropy(logits[0].float(), labels))
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)

@@ -84,7 +84,7 @@ def test_loss_and_every_gradient_match_the_full_forward(tiny, name):
     method = build(tiny, name)
     pixels = torch.randn(3, 3, 32, 32)
     labels = torch.tensor([2, 0, 2])
-    loss = method.training_loss(tiny.encode_image(pixels), labels, lambda z: F.cross_entropy(z[0], labels))
+    loss = method.training_loss(tiny.encode_image(pixels), labels, lambda z, **_: F.cross_entropy(z[0], labels))
     loss.backward()
     p = leaves(method)
     _, reference = reference_dept(tiny, method, pixels, labels, p)
@@ -100,7 +100,7 @@ def test_soft_targets_reach_the_similarity_and_head_terms(tiny, text_targets):
     pixels = torch.randn(4, 3, 32, 32)
     labels = torch.tensor([1, 0, 3, 1])
     soft = torch.softmax(torch.randn(4, 4), dim=-1)
-    loss = method.training_loss(tiny.encode_image(pixels), labels, lambda z: soft_cross_entropy(z[0], soft))
+    loss = method.training_loss(tiny.encode_image(pixels), labels, lambda z, **_: soft_cross_entropy(z[0], soft))
     text = soft if text_targets == "mirror" else F.one_hot(labels, 4).float()
     _, reference = reference_dept(tiny, method, pixels, labels, leaves(method), text_targets=text,
                                   image_targets=soft)
@@ -160,15 +160,15 @@ def test_checkpoints_hold_the_head_and_runs_are_independent(tiny):
     assert set(state) == {"base.ctx", "film_text_scale", "film_text_bias", "film_image_scale", "film_image_bias",
                           "linear_weight", "linear_bias"}
     assert state["linear_weight"].shape == (2, 4, tiny.embed_dim)
-    losses = batched.training_loss(features, labels, lambda z: sum(F.cross_entropy(r, labels) for r in z))
+    losses = batched.training_loss(features, labels, lambda z, **_: sum(F.cross_entropy(r, labels) for r in z))
     for run in range(2):
         single = build(tiny, "dept-coop")
         single.load_checkpoint_state({k: v[run:run + 1] for k, v in state.items()})
-        losses = losses - single.training_loss(features[run], labels, lambda z: F.cross_entropy(z[0], labels))
+        losses = losses - single.training_loss(features[run], labels, lambda z, **_: F.cross_entropy(z[0], labels))
     assert abs(float(losses)) < 1e-5
     with pytest.raises(ValueError, match="class set its head was built for"):
         batched.set_classnames(["boxer"])
-        batched.training_loss(features, labels, lambda z: z.sum())
+        batched.training_loss(features, labels, lambda z, **_: z.sum())
     assert METHODS["dept-kgcoop"].base_class.name == "kgcoop"
 
 
@@ -189,3 +189,17 @@ def test_recipes():
         DePTCoOpConfig(head_lambda=1.5)
     with pytest.raises(ValueError, match="head_text_targets"):
         DePTCoOpConfig(head_text_targets="prototype")
+
+
+def test_only_the_similarity_logits_are_observed_by_the_schedule(tiny):
+    """OLS learns its targets from the class predictions: DePT's head terms go through the criterion unobserved."""
+    method = build(tiny, "dept-coop")
+    labels = torch.tensor([1, 0, 3, 1])
+    observed = []
+
+    def criterion(logits, observe=True):
+        observed.append(observe)
+        return F.cross_entropy(logits[0], labels)
+
+    method.training_loss(tiny.encode_image(torch.randn(4, 3, 32, 32)), labels, criterion)
+    assert len(observed) == 3 and observed.count(True) == 1  # similarity, head text rows, head image rows

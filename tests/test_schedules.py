@@ -55,6 +55,8 @@ def test_ols_accumulates_correct_predictions_for_next_epoch():
     hard = torch.nn.functional.cross_entropy(logits, labels).item()
     # epoch 0: S = 0, so only the one-hot term (weighted by alpha) is active
     assert schedule.loss(0, logits, labels).item() == pytest.approx(0.5 * hard, rel=1e-6)
+    schedule.loss(0, -logits, labels)  # loss is pure: only observed predictions build the next targets
+    schedule.observe(logits, labels)
     schedule.end_epoch(0)
     expected_row = (torch.tensor([0.25, 0.75]) + torch.tensor([0.1, 0.9])) / 2
     torch.testing.assert_close(schedule.matrix[1], expected_row)

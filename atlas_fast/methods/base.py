@@ -176,11 +176,12 @@ class PromptMethod(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} does not evaluate pixels")
 
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
-                      criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                      criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
         """The loss of one training batch. ``criterion(logits)`` is the label schedule's cross-entropy of logits
         (R, B, C) against this batch's targets of the epoch (one-hot or soft), so every CE term a method has sees the
-        ATLaS targets (``methods.md`` §13); ``labels`` (B,) are the true classes, for terms that select by class.
-        Methods with extra terms (KgCoOp, DePT, PromptSRC) override this."""
+        ATLaS targets (``methods.md`` §13); ``criterion(logits, observe=False)`` for an auxiliary head's logits, since
+        only the class logits may feed a schedule's statistics (OLS). ``labels`` (B,) are the true classes, for terms
+        that select by class. Methods with extra terms (KgCoOp, DePT, PromptSRC) override this."""
         return criterion(self(inputs))
 
     def param_groups(self) -> list[dict[str, Any]]:

@@ -173,7 +173,7 @@ class DePT(PromptMethod):
         return self.fuse(image, similarity)
 
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
-                      criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                      criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
         """(1 - λ) criterion(z) + λ * mean over the 2B head rows + the base's non-CE term (KgCoOp)."""
         if self.classnames != self.head_classnames:
             raise ValueError("DePT trains on the class set its head was built for; call set_classnames with the "
@@ -187,10 +187,11 @@ class DePT(PromptMethod):
             text_rows = text[:, torch.arange(labels.shape[0], device=labels.device), labels]
         head_text = self.head_logits(text_rows, "text")
         head_image = self.head_logits(image, "image")
-        text_term = (criterion(head_text) if self.config.head_text_targets == "mirror"
+        text_term = (criterion(head_text, observe=False) if self.config.head_text_targets == "mirror"
                      else per_run_cross_entropy(head_text, labels))
         lam = self.config.head_lambda
-        loss = (1.0 - lam) * criterion(similarity) + lam * 0.5 * (text_term + criterion(head_image))
+        # only the similarity logits are the method's class predictions (what OLS learns its targets from)
+        loss = (1.0 - lam) * criterion(similarity) + lam * 0.5 * (text_term + criterion(head_image, observe=False))
         extra = self.base.regularizer(text)
         return loss if extra is None else loss + extra
 
