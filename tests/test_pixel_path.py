@@ -145,7 +145,7 @@ def test_dept_maple_loss_head_and_fusion(pets):
         for param in method.head_parameters()[:4]:
             param.add_(0.1 * torch.randn_like(param))
     pixels, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 2, 1, 2])
-    loss = method.training_loss(pixels, labels, lambda z: F.cross_entropy(z[0], labels))
+    loss = method.training_loss(pixels, labels, lambda z, **_: F.cross_entropy(z[0], labels))
     text, image = method.base.raw_text_features()[0], method.base.image_batch(pixels)[0]
     z = method.logit_scale * F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).T
     rows = torch.cat([text[labels] * method.film_text_scale[0] + method.film_text_bias[0],
