@@ -3,7 +3,8 @@
     plan (:mod:`atlas_fast.plan`) -> inputs (:mod:`atlas_fast.inputs`) -> loop (:mod:`atlas_fast.loop`)
     -> evaluate (:mod:`atlas_fast.evaluate`) -> record (:mod:`atlas_fast.results`)
 
-Planning resolves the recipe and names the record; an identical finished run is returned before any data is read.
+Planning resolves the recipe and names the record; an identical finished run on the same data (its listing and
+fingerprint match) is returned before any feature is encoded or any step is trained.
 Inputs are the few-shot subset per seed and its base/new split, the feature cache (train views 0..V, test view 0)
 and the soft labels, computed once. A sweep is a plain loop over configs::
 
