@@ -43,6 +43,13 @@ def build_optimizer(method: PromptMethod, recipe: OptimRecipe) -> torch.optim.SG
     return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
 
 
+def set_epoch_lr(optimizer: torch.optim.Optimizer, recipe: OptimRecipe, epoch: int) -> float:
+    """Give every parameter group the lr of ``epoch`` (times its ``lr_scale``); returns the unscaled lr."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at_epoch(recipe, epoch, group["lr_scale"])
+    return lr_at_epoch(recipe, epoch)
+
+
 def train_epochs(method: PromptMethod, train_inputs: TrainInputs, labels: torch.Tensor,
                  soft_rows: torch.Tensor | None, schedule: LabelSchedule, recipe: OptimRecipe, seed: int,
                  device: torch.device, amp: bool, progress: bool = True,
@@ -65,9 +72,7 @@ def train_epochs(method: PromptMethod, train_inputs: TrainInputs, labels: torch.
     bar = tqdm(range(recipe.epochs), desc=f"train {method.name}", disable=not progress, leave=False)
     for epoch in bar:
         start = time.perf_counter()
-        lr = lr_at_epoch(recipe, epoch)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at_epoch(recipe, epoch, group["lr_scale"])
+        lr = set_epoch_lr(optimizer, recipe, epoch)
         order = torch.randperm(len(labels), generator=generator)
         total = torch.zeros((), device=device)
         for inputs, index in train_inputs.batches(epoch, order, recipe.batch_size):
@@ -142,9 +147,7 @@ def train_batched_epochs(method: PromptMethod, runs: list[RunState], recipe: Opt
     bar = tqdm(range(recipe.epochs), desc=f"train {method.name} x{num_runs}", disable=not progress, leave=False)
     for epoch in bar:
         start = time.perf_counter()
-        lr = lr_at_epoch(recipe, epoch)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at_epoch(recipe, epoch, group["lr_scale"])
+        lr = set_epoch_lr(optimizer, recipe, epoch)
         streams = [run.train_inputs.batches(epoch, torch.randperm(len(run.labels), generator=run.generator),
                                             recipe.batch_size) for run in runs]
         totals = torch.zeros(num_runs, device=device)
