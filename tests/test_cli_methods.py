@@ -44,7 +44,7 @@ def base_new_h(out, dataset, label):
                                                ("WorldSketches", ("atlas-world", "atlas-world"))])
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_trains_base_to_new_with_and_without_atlas(root, capsys, dataset, backbone, method):
-    shots = ("--shots", "2") if dataset == "WorldSketches" else ()  # 48 world classes: keep CoCoOp's B x C small
+    shots = ("--shots", "2") if dataset == "WorldSketches" else ()  # 24 world classes: keep CoCoOp's B x C small
     assert main(train_args(root, dataset, method, *shots, backbone=backbone)) == 0
     plain = base_new_h(capsys.readouterr().out, dataset, method)
     if method == "zsclip":

@@ -11,27 +11,30 @@ import torch
 
 from atlas_fast.backbones import BackboneConfig, load_backbone
 from atlas_fast.data import load_dataset
-from atlas_fast.world.benchmark import (STAMP_FILE, WORLD_BY_NAME, WORLD_DATASETS, SplitSizes, generate_benchmark)
+from atlas_fast.world.benchmark import (MAIN_CLASSES, STAMP_FILE, TEMPLATE, WORLD_BY_NAME, WORLD_DATASETS, SplitSizes,
+                                        generate_benchmark)
 from atlas_fast.world.evaluate import zero_shot_report
-from atlas_fast.world.generator import CLASSNAMES, COLOURS, SHAPES, STYLES, image_rng, label_of, render, render_batch
-from atlas_fast.world.pretrain import (CaptionedBatches, PretrainConfig, caption, contrastive_loss, pretrain,
-                                       save_checkpoint, train_view)
+from atlas_fast.world.generator import (CONCEPTS, SHAPES, STYLES, TEXTURES, concept_id, image_rng, render,
+                                        render_batch)
+from atlas_fast.world.pretrain import (CAPTION_PREFIX, CaptionedBatches, PretrainConfig, caption, contrastive_loss,
+                                       pretrain, save_checkpoint, train_view)
 
-# Measured on the shipped checkpoint (atlas_fast/world/README.md): mean 48-way zero-shot top-1 over the five styles
-# with each style's own prefix is 34.7 % (10 images per class and style; 32.5 % on this test's 4 per class). The
-# floor sits about 10 points below, so that only a real regression fails.
-ZERO_SHOT_FLOOR = 22.0
 TINY = SplitSizes(train=2, val=1, test=1)
-COOP_EPOCHS = 30  # of the 200 in CoOp's base-to-new recipe: enough to find the style, fast on a CPU
-COOP_MIN_GAIN = 3.0  # measured: +8.3 points (47.5 vs 39.2 %) on WorldSketches base classes
+ZERO_SHOT_FLOOR = 90.0  # on fresh pretraining-layout images of every style; measured 99.2-100 % (README)
 
 
-def test_classes_are_colour_by_shape_with_base_half_along_shape():
-    assert len(CLASSNAMES) == 48 and len(set(CLASSNAMES)) == 48
-    assert CLASSNAMES[label_of("red", "circle")] == "red circle"
-    base = {name.split()[1] for name in CLASSNAMES[:24]}
-    new = {name.split()[1] for name in CLASSNAMES[24:]}
-    assert base == set(SHAPES[:3]) and new == set(SHAPES[3:]) and len(COLOURS) == 8
+def test_classes_are_textured_shapes_and_base_and_new_share_every_attribute():
+    assert len(CONCEPTS) == len(SHAPES) * len(TEXTURES) == 40 and len(set(CONCEPTS)) == 40
+    assert CONCEPTS[concept_id("striped triangle")] == "striped triangle"
+    with pytest.raises(ValueError, match="texture"):
+        concept_id("red circle")
+    assert len(MAIN_CLASSES) == 24
+    base, new = MAIN_CLASSES[:12], MAIN_CLASSES[12:]
+    for half in (base, new):  # every shape and every texture of the main set appears in both halves
+        assert {c.split()[1] for c in half} == set(SHAPES[:6]) and {c.split()[0] for c in half} == set(TEXTURES[:4])
+    assert not set(base) & set(new)
+    # no class name mentions a colour: colour is a nuisance drawn at random for every image
+    assert not any(word in {"red", "blue", "green"} for c in CONCEPTS for word in c.split())
 
 
 def test_rendering_is_a_pure_function_of_its_seed():
@@ -40,19 +43,27 @@ def test_rendering_is_a_pure_function_of_its_seed():
     c = render(5, "sketch", image_rng(0, "sketch", "train", 5, 4))
     assert a.shape == (32, 32, 3) and a.dtype == np.uint8
     assert np.array_equal(a, b) and not np.array_equal(a, c)
-    batch = render_batch([5, 7], ["sketch", "photo"], [None, None], 0, "train", start_index=3)
+    batch = render_batch([5, 7], ["sketch", "photo"], 0, "train", start_index=3)
     assert np.array_equal(batch[0], a)
 
 
-def test_style_is_visible_and_arguments_are_checked():
-    """The same draw in the dark style is much darker than as a photo; bad labels and styles name the valid ones."""
-    photo = render(0, "photo", image_rng(0, "photo", "train", 0, 0), "large").astype(float)
-    dark = render(0, "dark", image_rng(0, "photo", "train", 0, 0), "large").astype(float)
+def test_style_is_visible_colour_is_a_nuisance_and_arguments_are_checked():
+    """The same draw in the dark style is much darker than as a photo; sketches carry no colour; the colour of a
+    class varies from image to image; bad concepts and styles name the valid ones."""
+    photo = render(0, "photo", image_rng(0, "photo", "train", 0, 0)).astype(float)
+    dark = render(0, "dark", image_rng(0, "photo", "train", 0, 0)).astype(float)
     assert dark.mean() < photo.mean() - 40
+    def draw(style, colour):
+        return render(0, style, image_rng(0, style, "train", 0, 0), colour=colour)
+
+    assert np.array_equal(draw("sketch", 0), draw("sketch", 5))  # grey pencil: the colour does not show
+    assert np.abs(draw("photo", 0).astype(float) - draw("photo", 5)).max() > 100  # ... but it does in a photo
+    centres = {tuple(render(0, "photo", image_rng(0, "photo", "train", 0, i))[16, 16] // 64) for i in range(12)}
+    assert len(centres) > 3  # drawn at random per image
     with pytest.raises(ValueError, match="valid styles"):
         render(0, "watercolour", image_rng(0, "photo", "train", 0, 0))
     with pytest.raises(ValueError, match="out of range"):
-        render(48, "photo", image_rng(0, "photo", "train", 0, 0))
+        render(40, "photo", image_rng(0, "photo", "train", 0, 0))
 
 
 def test_benchmark_is_written_in_coop_layout_and_loads_by_name(tmp_path):
@@ -62,13 +73,13 @@ def test_benchmark_is_written_in_coop_layout_and_loads_by_name(tmp_path):
     text = split_path.read_text()
     split = json.loads(text)
     assert text == json.dumps(split, indent=4, separators=(",", ": "))  # Dassl's write_json
-    assert {k: len(v) for k, v in split.items()} == {"train": 96, "val": 48, "test": 48}
+    assert {k: len(v) for k, v in split.items()} == {"train": 48, "val": 24, "test": 24}
     rel, label, classname = split["train"][0]
-    assert (dataset_dir / "images" / rel).is_file() and classname == CLASSNAMES[label]
+    assert (dataset_dir / "images" / rel).is_file() and classname == MAIN_CLASSES[label]
 
     data = load_dataset("WorldSketches", tmp_path)
-    assert data.classnames == CLASSNAMES and data.template == "a photo of a {}."
-    assert len(data.train) == 96 and data.train[0].key.startswith("images/")
+    assert tuple(data.classnames) == MAIN_CLASSES and data.template == TEMPLATE == "a photo of a {}."
+    assert len(data.train) == 48 and data.train[0].key.startswith("images/")
 
 
 def test_benchmark_is_deterministic_and_idempotent(tmp_path):
@@ -83,8 +94,8 @@ def test_benchmark_is_deterministic_and_idempotent(tmp_path):
     assert (first / STAMP_FILE).stat().st_mtime_ns == stamp_time  # reused, not rewritten
 
     generate_benchmark(tmp_path / "a", ["WorldDark"], sizes=SplitSizes(1, 1, 1), progress=False)  # new arguments
-    assert len(json.loads((first / WORLD_BY_NAME["WorldDark"].split_file).read_text())["train"]) == 48
-    assert len(list((first / "images").rglob("train_*.png"))) == 48  # stale images removed
+    assert len(json.loads((first / WORLD_BY_NAME["WorldDark"].split_file).read_text())["train"]) == 24
+    assert len(list((first / "images").rglob("train_*.png"))) == 24  # stale images removed
 
 
 def test_benchmark_refuses_foreign_folders_and_unknown_names(tmp_path):
@@ -96,29 +107,43 @@ def test_benchmark_refuses_foreign_folders_and_unknown_names(tmp_path):
         generate_benchmark(tmp_path, ["Sketches"], sizes=TINY, progress=False)
 
 
-def test_every_style_has_one_dataset_and_a_generic_template():
-    assert sorted(d.style for d in WORLD_DATASETS) == sorted(s.name for s in STYLES)
-    prefixes = {s.name: s.prefix for s in STYLES}
-    assert all(d.style_template == prefixes[d.style] + " {}." for d in WORLD_DATASETS)
-    assert {d.template for d in WORLD_DATASETS} == {"a photo of a {}."}
+def test_datasets_cover_the_four_settings_without_a_hidden_domain_word():
+    """Every style has a dataset of the main classes (domain generalisation); the cross-dataset targets have other
+    class sets that share shapes and textures with it; every template is the captions' own prefix."""
+    from atlas_fast.world import benchmark
+
+    main = [d for d in WORLD_DATASETS if d.classnames == MAIN_CLASSES]
+    assert sorted(d.style for d in main) == sorted(STYLES)
+    assert {benchmark.DG_SOURCE, *benchmark.DG_TARGETS} == {d.name for d in main}
+    for name in benchmark.CROSS_TARGETS:
+        classes = set(WORLD_BY_NAME[name].classnames)
+        assert classes - set(MAIN_CLASSES) and classes & set(MAIN_CLASSES)
+    assert {d.template for d in WORLD_DATASETS} == {f"{CAPTION_PREFIX} {{}}."}
+    # captions never name the style: every image's caption starts with the same words, whatever its style
+    assert not any(style in CAPTION_PREFIX for style in STYLES if style != "photo")
+    _, _, texts = CaptionedBatches(PretrainConfig(batch_size=64, seed=1)).batch(0)
+    assert all(t.startswith(CAPTION_PREFIX + " ") for t in texts)
 
 
 def test_captions_and_contrastive_targets():
-    assert caption(label_of("blue", "star"), 1, "small", True) == "a sketch of a small blue star."
-    assert caption(label_of("blue", "star"), 1, "medium", True) == "a sketch of a blue star."
-    stream = CaptionedBatches(PretrainConfig(batch_size=8, shapes_per_group=4, seed=3))
+    assert caption(concept_id("striped star"), 5, False, False) == "a photo of a striped star."
+    assert caption(concept_id("striped star"), 5, True, True) == \
+        "a photo of a blue striped star, a shape with five points."
+    stream = CaptionedBatches(PretrainConfig(batch_size=8, group_size=4, seed=3))
     images, ids, texts = stream.batch(7)
     again = stream.batch(7)
     assert images.shape == (8, 32, 32, 3) and np.array_equal(images, again[0]) and texts == again[2]
-    for group in (texts[:4], texts[4:]):  # one colour and style, four different shapes
-        assert len({t.split()[-1] for t in group}) == 4
-        assert len({(t.split(" of a")[0], t.split()[-2]) for t in group}) == 1
+    concepts = stream.concepts(np.random.default_rng(0))
+    words = [CONCEPTS[c].split() for c in concepts]
+    first, second = words[:4], words[4:]
+    assert len({w[0] for w in first}) == 1 and len({w[1] for w in first}) == 4  # one texture, four shapes
+    assert len({w[1] for w in second}) == 1 and len({w[0] for w in second}) == 4  # one shape, four textures
     view = train_view(images[0], np.random.default_rng(1))
     assert view.shape == images[0].shape and view.dtype == np.uint8
     assert np.array_equal(view, train_view(images[0], np.random.default_rng(1)))
     assert not np.array_equal(view, images[0])
-    with pytest.raises(ValueError, match="shapes_per_group"):
-        CaptionedBatches(PretrainConfig(batch_size=6, shapes_per_group=4))
+    with pytest.raises(ValueError, match="group_size"):
+        CaptionedBatches(PretrainConfig(batch_size=6, group_size=4))
     # Identical captions share the target mass: a perfect, duplicate-aware model has the minimal loss.
     feats = torch.nn.functional.normalize(torch.eye(3)[[0, 1, 1]], dim=-1)
     ids = torch.tensor([0, 1, 1])
@@ -146,33 +171,53 @@ def shipped():
     return load_backbone(BackboneConfig("atlas-world", "atlas-world"))
 
 
-def test_shipped_checkpoint_zero_shot_stays_above_floor(shipped):
-    """Fresh images (a seed no pretraining batch or benchmark uses): 4 per class and style, 960 images."""
-    assert shipped.config.pretrained == "atlas-world" and shipped.architecture["n_params"] > 7_000_000
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """WorldPhotos as the demo and the properties script generate it (32 training images per class)."""
+    root = tmp_path_factory.mktemp("world_photos")
+    generate_benchmark(root, ["WorldPhotos"], sizes=SplitSizes(train=32, val=1, test=PROPERTY_TEST_IMAGES),
+                       progress=False)
+    return root
+
+
+# Measured on the shipped checkpoint (atlas_fast/world/README.md, "The world's properties"); each floor sits a few
+# points under its measurement, so that only a real regression fails.
+PROPERTY_TEST_IMAGES = 50  # as data/world: the measured curve below is this very run
+TEACHER_FLOORS = {"harder_attribute_accuracy": 70.0, "isl_argmax_is_label": 80.0, "logit_scale": 50.0}
+
+
+def test_shipped_checkpoint_is_a_strong_teacher_on_base_training_images(shipped, photos):
+    """On WorldPhotos' base training images: zero-shot gets the harder attribute right on >= 70 % of them, ISL's
+    argmax is the label on >= 80 % of rows, the logit scale is near CLIP's; CSL and ISL put more of their off-target
+    mass on classes that share an attribute with the label than uniform smoothing does."""
+    from atlas_fast.world.properties import teacher_properties
+
+    props = teacher_properties("WorldPhotos", photos, shipped)
+    for name, floor in TEACHER_FLOORS.items():
+        assert getattr(props, name) >= floor, (name, props)
+    assert props.csl_attribute_share > props.uniform_attribute_share + 5, props
+    assert props.isl_attribute_share > props.uniform_attribute_share + 5, props
+
+
+def test_shipped_checkpoint_zero_shot_on_every_style(shipped):
+    """Fresh images (a seed no pretraining batch or benchmark uses), 4 per class and style, with the template."""
     report = zero_shot_report(shipped.model, shipped.tokenizer, per_class=4, seed=2024)
-    assert report.mean("all") > ZERO_SHOT_FLOOR, report.format()
-    # The words before the class name matter: on the four styles that are not photos, naming the style beats the
-    # generic "a photo of a" (measured 29.9 vs 25.7 % here).
-    others = [s for s in STYLES if s.name != "photo"]
-    own = np.mean([report.by_prefix[s.name][s.prefix] for s in others])
-    generic = np.mean([report.by_prefix[s.name]["a photo of a"] for s in others])
-    assert own > generic + 2.0, report.format()
+    assert min(row["main"] for row in report.rows.values()) > ZERO_SHOT_FLOOR, report.format()
 
 
-def test_coop_raises_base_accuracy_over_zero_shot_on_the_demo_benchmark(tmp_path, shipped):
-    """Prompt tuning has something to learn here: CoOp (4 context tokens from "a photo of a") on 16-shot base
-    classes of the sketches beats the dataset's hand-crafted zero-shot prompt on the base test images."""
-    from atlas_fast.train import TrainConfig, run
+def test_coop_new_class_accuracy_falls_below_zero_shot(photos, tmp_path):
+    """CoOp (the paper's recipe: 4 context tokens from "a photo of a", 16 shots, 200 epochs, a fresh view per epoch)
+    on WorldPhotos' base classes, seed 1: new-class accuracy ends below zero-shot CLIP's and below its own peak.
+    Measured (README): 85 -> 70 %, a drop at about epoch 30 that takes base accuracy down with it (90 -> 84 %);
+    seeds 2 and 3 stay at 86-87 %, so this is seed 1's run, not every run."""
+    from atlas_fast.world.properties import coop_new_class_curve
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny steps: intra-op threads only contend on a shared machine
     try:
-        generate_benchmark(tmp_path / "data", ["WorldSketches"], sizes=SplitSizes(train=16, val=1, test=10),
-                           progress=False)
-        record = run(TrainConfig("WorldSketches", tmp_path / "data", backbone=shipped.config, method="coop",
-                                 setting="base2new", shots=16, seed=1, epochs=COOP_EPOCHS, views=2, device="cpu",
-                                 cache_root=tmp_path / "cache", results_dir=tmp_path / "results", progress=False))
+        curve = coop_new_class_curve("WorldPhotos", photos, seeds=(1,), cache_root=tmp_path / "cache",
+                                     results_dir=tmp_path / "results")
     finally:
         torch.set_num_threads(threads)
-    metrics = record["metrics"]
-    assert metrics["base"] > metrics["zero_shot"]["base"] + COOP_MIN_GAIN, metrics
+    assert curve.new_by_epoch[-1] < curve.zero_shot_new - 5.0, curve
+    assert curve.new_by_epoch[-1] < curve.peak_new - 5.0, curve

@@ -1,10 +1,19 @@
 """The world's benchmark datasets, written in CoOp's split-JSON layout and registered with the dataset readers.
 
-Each dataset is one rendering style of all 48 classes. Its hand-crafted template is CoOp's generic
-"a photo of a {}." (as CoOp gives ImageNet-Sketch), not the style's caption prefix: the style words are what
-prompt tuning has to discover (measured in ``atlas_fast/world/README.md``). The layout:
+A dataset is a class set (concepts of :mod:`atlas_fast.world.generator`) drawn in one style. The four settings of the
+paper have their world counterparts:
 
-    <data_root>/world_sketches/images/<colour>_<shape>/<split>_<i>.png
+* base-to-new and few-shot: any dataset (its first half of labels is the base half);
+* domain generalisation: WorldPhotos (the "ImageNet") -> the same 24 classes as sketches, dark photos, cartoons;
+* cross-dataset: WorldPhotos -> WorldSymbols and WorldTiles, other class sets that share shapes and textures with it.
+
+Labels of the 24-class datasets are ordered so that the base half holds every shape and every texture (a
+checkerboard over shape x texture): new classes are unseen combinations of attributes seen in base classes, as
+new classes on real benchmarks share parts and textures with base ones. Every dataset's template is the
+pretraining captions' own "a photo of a {}.", and no caption names the style: there is no hidden domain word for
+prompt tuning to discover. The layout:
+
+    <data_root>/world_sketches/images/<texture>_<shape>/<split>_<i>.png
     <data_root>/world_sketches/split_zhou_WorldSketches.json   ([relative_path, label, classname] lists, indent 4)
     <data_root>/world_sketches/world_stamp.json                 (what was generated: reused only if it matches)
 
@@ -23,30 +32,42 @@ from typing import Sequence
 from PIL import Image
 from tqdm import tqdm
 
-from atlas_fast.world.generator import CLASSNAMES, STYLE_BY_NAME, render_batch
+from atlas_fast.world.generator import SHAPES, TEXTURES, Layout, concept_id, render_batch
 
-GENERATOR_VERSION = 2  # bump when rendering changes: stale folders are then regenerated
+GENERATOR_VERSION = 3  # bump when rendering changes: stale folders are then regenerated
+# Benchmark images: smaller, off-centre, more tilted and cluttered than the centred pretraining images (see
+# generator.PRETRAIN_LAYOUT), calibrated on zero-shot accuracy alone (atlas_fast/world/README.md).
+BENCHMARK_LAYOUT = Layout(radius=(7.5, 11.5), max_shift=4.5, max_tilt=18.0, max_clutter=3, noise=1.5)
 STAMP_FILE = "world_stamp.json"
-# CoOp's generic template (``atlas_fast.data.DEFAULT_TEMPLATE``; not imported: ``atlas_fast.data`` imports this module
-# to register the world datasets).
-GENERIC_TEMPLATE = "a photo of a {}."
+# The pretraining captions' prefix, which is also CoOp's generic template (``atlas_fast.data.DEFAULT_TEMPLATE``; not
+# imported: ``atlas_fast.data`` imports this module to register the world datasets).
+TEMPLATE = "a photo of a {}."
 IMAGE_FOLDER = "images"
+
+
+def checkerboard(shapes: Sequence[str], textures: Sequence[str]) -> tuple[str, ...]:
+    """Class names of shapes x textures, ordered so that the first half (base) is the cells with even
+    ``shape index + texture index`` and the second half (new) the odd ones."""
+    cells = [(i + j, f"{t} {s}") for i, s in enumerate(shapes) for j, t in enumerate(textures)]
+    return tuple(name for parity in (0, 1) for total, name in cells if total % 2 == parity)
+
+
+# The 24 classes of the main datasets: six shapes x four textures.
+MAIN_CLASSES = checkerboard(SHAPES[:6], TEXTURES[:4])
+# Cross-dataset targets: other class sets, partly overlapping the main one (as Caltech101 overlaps ImageNet).
+SYMBOL_CLASSES = checkerboard(("star", "cross", "heart", "diamond", "moon"), ("solid", "hollow"))
+TILE_CLASSES = checkerboard(("circle", "square", "diamond", "moon"), ("striped", "checkered", "hollow"))
 
 
 @dataclass(frozen=True)
 class WorldDataset:
-    """A benchmark dataset: registry name, folder under the data root, the style its images are drawn in, and its
-    hand-crafted template."""
+    """A benchmark dataset: registry name, folder under the data root, its style, class names and template."""
 
     name: str
     folder: str
     style: str
-    template: str = GENERIC_TEMPLATE
-
-    @property
-    def style_template(self) -> str:
-        """The prompt that names the style as pretraining captions did (the best hand-crafted prompt here)."""
-        return STYLE_BY_NAME[self.style].prefix + " {}."
+    classnames: tuple[str, ...] = MAIN_CLASSES
+    template: str = TEMPLATE
 
     @property
     def split_file(self) -> str:
@@ -56,11 +77,18 @@ class WorldDataset:
 WORLD_DATASETS: tuple[WorldDataset, ...] = (
     WorldDataset("WorldPhotos", "world_photos", "photo"),
     WorldDataset("WorldSketches", "world_sketches", "sketch"),
-    WorldDataset("WorldBlurry", "world_blurry", "blurry"),
     WorldDataset("WorldDark", "world_dark", "dark"),
-    WorldDataset("WorldPixels", "world_pixels", "pixelated"),
+    WorldDataset("WorldCartoons", "world_cartoons", "cartoon"),
+    WorldDataset("WorldSymbols", "world_symbols", "photo", SYMBOL_CLASSES),
+    WorldDataset("WorldTiles", "world_tiles", "cartoon", TILE_CLASSES),
 )
 WORLD_BY_NAME: dict[str, WorldDataset] = {d.name: d for d in WORLD_DATASETS}
+# The world's counterparts of the paper's settings (see the module docstring).
+BASE_TO_NEW = tuple(d.name for d in WORLD_DATASETS)
+DG_SOURCE, DG_TARGETS = "WorldPhotos", ("WorldSketches", "WorldDark", "WorldCartoons")
+CROSS_SOURCE, CROSS_TARGETS = "WorldPhotos", ("WorldSymbols", "WorldTiles")
+# Where CoOp's new-class accuracy falls below zero-shot and keeps falling (the paper's SUN397 curve, Fig. 5).
+DECLINE_DATASET = "WorldPhotos"
 
 
 @dataclass(frozen=True)
@@ -87,7 +115,9 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
                   progress: bool = True) -> Path:
     """Write (or reuse, if its stamp matches) one dataset under ``<data_root>/<folder>``; returns the folder."""
     dataset_dir = Path(data_root) / dataset.folder
-    stamp = {"generator_version": GENERATOR_VERSION, "dataset": asdict(dataset), "sizes": asdict(sizes), "seed": seed}
+    stamp = {"generator_version": GENERATOR_VERSION, "dataset": asdict(dataset), "sizes": asdict(sizes), "seed": seed,
+             "layout": asdict(BENCHMARK_LAYOUT)}
+    stamp = json.loads(json.dumps(stamp))  # as it reads back from the file (tuples become lists)
     stamp_path = dataset_dir / STAMP_FILE
     if stamp_path.is_file():
         if json.loads(stamp_path.read_text()) == stamp:
@@ -102,15 +132,15 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
             f"Move it away or choose another data root.")
 
     split: dict[str, list] = {}
-    total = len(CLASSNAMES) * (sizes.train + sizes.val + sizes.test)
+    total = len(dataset.classnames) * (sizes.train + sizes.val + sizes.test)
     with tqdm(total=total, desc=f"render {dataset.name}", disable=not progress, leave=False) as bar:
         for split_name, per_class in sizes.items():
             items = []
-            for label, classname in enumerate(CLASSNAMES):
+            for label, classname in enumerate(dataset.classnames):
                 class_dir = classname.replace(" ", "_")
                 (dataset_dir / IMAGE_FOLDER / class_dir).mkdir(parents=True, exist_ok=True)
-                images = render_batch([label] * per_class, [dataset.style] * per_class, [None] * per_class, seed,
-                                      split_name)
+                images = render_batch([concept_id(classname)] * per_class, [dataset.style] * per_class, seed,
+                                      split_name, layout=BENCHMARK_LAYOUT)
                 for i, pixels in enumerate(images):
                     rel = f"{class_dir}/{split_name}_{i:04d}.png"
                     Image.fromarray(pixels).save(dataset_dir / IMAGE_FOLDER / rel, optimize=False)

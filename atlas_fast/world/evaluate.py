@@ -1,4 +1,4 @@
-"""Zero-shot accuracy of a CLIP on freshly rendered world images (pretraining report, tests, prefix sensitivity).
+"""Zero-shot accuracy of a CLIP on freshly rendered world images (pretraining report, tests, world properties).
 
 Works on the raw open_clip model so pretraining can call it mid-run; images take the same path as the benchmark's
 PNG files (uint8 32x32 -> [0, 1] -> mean/std), so numbers here are what the loaders and cache will see.
@@ -6,7 +6,7 @@ PNG files (uint8 32x32 -> [0, 1] -> mean/std), so numbers here are what the load
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -15,9 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from atlas_fast.backbones import OPENAI_MEAN, OPENAI_STD
-from atlas_fast.world.generator import CLASSNAMES, COLOURS, STYLES, render_batch
-
-NEUTRAL_PREFIX = "a"  # "a red circle." names the class and nothing else
+from atlas_fast.world.benchmark import MAIN_CLASSES, TEMPLATE
+from atlas_fast.world.generator import CONCEPTS, PRETRAIN_LAYOUT, STYLES, Layout, concept_id, render_batch
 
 
 def pixels_to_tensor(images: np.ndarray, mean: Sequence[float] = OPENAI_MEAN,
@@ -27,19 +26,20 @@ def pixels_to_tensor(images: np.ndarray, mean: Sequence[float] = OPENAI_MEAN,
     return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
 
 
-def eval_images(style: str, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``per_class`` fresh images of every class in ``style`` (split "eval": never in pretraining or a benchmark)."""
-    labels = np.repeat(np.arange(len(CLASSNAMES)), per_class)
-    indices = np.tile(np.arange(per_class), len(CLASSNAMES))
-    images = np.stack([render_batch([int(lab)], [style], [None], seed, "eval", start_index=int(i))[0]
-                       for lab, i in zip(labels, indices)])
+def eval_images(style: str, classnames: Sequence[str], per_class: int, seed: int,
+                layout: Layout = PRETRAIN_LAYOUT) -> tuple[np.ndarray, np.ndarray]:
+    """``per_class`` fresh images of every class in ``style`` (split "eval": never in pretraining or a benchmark);
+    labels index ``classnames``."""
+    labels = np.repeat(np.arange(len(classnames)), per_class)
+    images = np.concatenate([render_batch([concept_id(name)] * per_class, [style] * per_class, seed, "eval",
+                                          layout=layout) for name in classnames])
     return images, labels
 
 
 @torch.no_grad()
-def text_features(model: nn.Module, tokenizer: Callable, prefix: str, classnames: Sequence[str]) -> torch.Tensor:
-    tokens = tokenizer([f"{prefix} {c}." for c in classnames])
-    return F.normalize(model.encode_text(tokens), dim=-1)
+def text_features(model: nn.Module, tokenizer: Callable, classnames: Sequence[str],
+                  template: str = TEMPLATE) -> torch.Tensor:
+    return F.normalize(model.encode_text(tokenizer([template.format(c) for c in classnames])), dim=-1)
 
 
 @torch.no_grad()
@@ -61,59 +61,48 @@ def accuracy(img: torch.Tensor, txt: torch.Tensor, labels: np.ndarray, class_ids
 
 @dataclass
 class ZeroShotReport:
-    """Per style: top-1 over all 48 classes, within the base and new halves, with every other prefix, and how often
-    the 48-way prediction has the right colour and the right shape (which attribute the model has learned)."""
+    """Per style, on the 24 main classes: top-1 over all 24, within the base and new halves (12-way each), over all
+    40 concepts, and how often the 40-way prediction has the right shape and the right texture."""
 
-    all: dict[str, float]
-    base: dict[str, float]
-    new: dict[str, float]
-    by_prefix: dict[str, dict[str, float]]  # images' style -> prompt prefix -> 48-way top-1
-    colour: dict[str, float] = field(default_factory=dict)
-    shape: dict[str, float] = field(default_factory=dict)
+    rows: dict[str, dict[str, float]]
 
-    def mean(self, which: str = "all") -> float:
-        values = getattr(self, which)
-        return float(np.mean(list(values.values())))
+    COLUMNS = ("main", "base", "new", "all40", "shape", "texture")
+
+    def mean(self, column: str) -> float:
+        return float(np.mean([row[column] for row in self.rows.values()]))
 
     def format(self) -> str:
-        """A table: one row per image style; the right-hand columns name the prompt prefix by its style."""
-        column = {s.prefix: s.name for s in STYLES} | {NEUTRAL_PREFIX: "neutral"}
-        prefixes = list(next(iter(self.by_prefix.values())))
-        lines = [f"{'images':<10} {'all':>6} {'base':>6} {'new':>6} {'colour':>6} {'shape':>6} | "
-                 f"48-way top-1 with the prefix of: "
-                 + " ".join(f"{column.get(p, p):>9}" for p in prefixes)]
-        for style in self.all:
-            row = " ".join(f"{self.by_prefix[style][p]:9.1f}" for p in prefixes)
-            lines.append(f"{style:<10} {self.all[style]:6.1f} {self.base[style]:6.1f} {self.new[style]:6.1f} "
-                         f"{self.colour[style]:6.1f} {self.shape[style]:6.1f} | {' ' * 32}{row}")
-        lines.append(f"{'mean':<10} {self.mean('all'):6.1f} {self.mean('base'):6.1f} {self.mean('new'):6.1f} "
-                     f"{self.mean('colour'):6.1f} {self.mean('shape'):6.1f}")
+        lines = [f"{'images':<10}" + "".join(f"{c:>8}" for c in self.COLUMNS)]
+        for style, row in self.rows.items():
+            lines.append(f"{style:<10}" + "".join(f"{row[c]:8.1f}" for c in self.COLUMNS))
+        lines.append(f"{'mean':<10}" + "".join(f"{self.mean(c):8.1f}" for c in self.COLUMNS))
         return "\n".join(lines)
 
 
 def zero_shot_report(model: nn.Module, tokenizer: Callable, per_class: int = 10, seed: int = 1234,
-                     styles: Sequence[str] | None = None) -> ZeroShotReport:
-    """Zero-shot accuracy of ``model`` on fresh images of each style with its own caption prefix (and all others)."""
+                     styles: Sequence[str] = STYLES, layout: Layout = PRETRAIN_LAYOUT) -> ZeroShotReport:
+    """Zero-shot accuracy of ``model`` with the template "a photo of a {}." on fresh images of each style, laid out
+    as pretraining images (default) or as benchmark images (``benchmark.BENCHMARK_LAYOUT``)."""
     was_training = model.training
     model.eval()
-    styles = list(styles or [s.name for s in STYLES])
-    prefix_of = {s.name: s.prefix for s in STYLES}
-    prefixes = [s.prefix for s in STYLES] + [NEUTRAL_PREFIX]
-    txt = {p: text_features(model, tokenizer, p, CLASSNAMES) for p in prefixes}
-    n = len(CLASSNAMES)
-    base_ids, new_ids = range(0, (n + 1) // 2), range((n + 1) // 2, n)
-    report = ZeroShotReport({}, {}, {}, {})
+    txt = text_features(model, tokenizer, CONCEPTS)
+    main_ids = [concept_id(c) for c in MAIN_CLASSES]
+    half = len(MAIN_CLASSES) // 2
+    report = ZeroShotReport({})
     for style in styles:
-        images, labels = eval_images(style, per_class, seed)
+        images, labels = eval_images(style, MAIN_CLASSES, per_class, seed, layout)
         img = image_features(model, images)
-        own = txt[prefix_of[style]]
-        report.all[style] = accuracy(img, own, labels, range(n))
-        report.base[style] = accuracy(img, own, labels, base_ids)
-        report.new[style] = accuracy(img, own, labels, new_ids)
-        report.by_prefix[style] = {p: accuracy(img, txt[p], labels, range(n)) for p in prefixes}
-        pred = (img @ own.T).argmax(1).numpy()
-        k = len(COLOURS)
-        report.colour[style] = 100.0 * float(np.mean(pred % k == labels % k))
-        report.shape[style] = 100.0 * float(np.mean(pred // k == labels // k))
+        main_txt = txt[main_ids]
+        concept_labels = np.asarray(main_ids)[labels]
+        pred = np.asarray([CONCEPTS[i] for i in (img @ txt.T).argmax(1).tolist()])
+        truth = np.asarray([CONCEPTS[i] for i in concept_labels])
+        report.rows[style] = {
+            "main": accuracy(img, main_txt, labels, range(len(MAIN_CLASSES))),
+            "base": accuracy(img, main_txt, labels, range(half)),
+            "new": accuracy(img, main_txt, labels, range(half, len(MAIN_CLASSES))),
+            "all40": accuracy(img, txt, concept_labels, range(len(CONCEPTS))),
+            "shape": 100.0 * float(np.mean([p.split()[1] == t.split()[1] for p, t in zip(pred, truth)])),
+            "texture": 100.0 * float(np.mean([p.split()[0] == t.split()[0] for p, t in zip(pred, truth)])),
+        }
     model.train(was_training)
     return report

@@ -29,8 +29,10 @@ from tqdm import tqdm
 
 from atlas_fast.backbones import MODEL_CONFIG_DIR, Backbone, BackboneConfig, Preprocessing
 from atlas_fast.text_encoder import PromptTextEncoder, eot_positions
-from atlas_fast.world.evaluate import NEUTRAL_PREFIX, pixels_to_tensor, zero_shot_report
-from atlas_fast.world.generator import CLASSNAMES, COLOURS, SHAPES, SIZES, STYLES, render_batch
+from atlas_fast.world.benchmark import BENCHMARK_LAYOUT
+from atlas_fast.world.evaluate import pixels_to_tensor, zero_shot_report
+from atlas_fast.world.generator import (COLOURS, CONCEPTS, PRETRAIN_LAYOUT, SHAPE_ATTRIBUTES, SHAPES, STYLES,
+                                        TEXTURES, render_batch)
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "checkpoints" / "atlas-world.safetensors"
 
@@ -40,22 +42,35 @@ class PretrainConfig:
     """Everything that determines the checkpoint."""
 
     model: str = "atlas-world"
-    steps: int = 3000
+    steps: int = 3600
     batch_size: int = 128
-    lr: float = 1.5e-3
+    lr: float = 1e-3
     weight_decay: float = 0.1
-    warmup_steps: int = 100
-    size_word_prob: float = 0.5  # how often a caption also says "small"/"large" (never "medium")
-    shapes_per_group: int = 4  # a batch is groups of one colour and style in this many different shapes
-    crop_prob: float = 0.5  # share of images seen as a CoOp training view (random resized crop + flip)
+    warmup_steps: int = 200
+    colour_word_prob: float = 0.5  # how often a caption also names the (nuisance) colour: an easy first signal
+    attribute_prob: float = 0.3  # how often a caption ends with the shape's attribute ("a shape with four corners")
+    group_size: int = 4  # a batch is groups of one colour and style that share a texture or a shape
+    crop_prob: float = 0.25  # share of images seen as a CoOp training view (random resized crop + flip)
+    max_logit_scale: float = 100.0  # CLIP's cap (its learned value); training starts from CLIP's 1 / 0.07
+    # The logit scale written to the checkpoint: CLIP's 100, so zero-shot probabilities (ISL) and prompt tuning's
+    # logits have CLIP's temperature (a small model learns a far smaller one; training pinned at 100 from the first
+    # step never left chance). 0 keeps the learned value.
+    shipped_logit_scale: float = 100.0
     seed: int = 0
-    threads: int = 1  # intra-op threads; more only pays on idle cores (contended OpenMP threads crawl)
+    threads: int = 2  # intra-op threads; more only pays on idle cores (contended OpenMP threads crawl)
     eval_per_class: int = 10
+    report_every: int = 600  # print a short zero-shot report this often (0: only at the end)
 
 
-def caption(label: int, style_index: int, size: str, say_size: bool) -> str:
-    size_word = f"{size} " if say_size and size != "medium" else ""
-    return f"{STYLES[style_index].prefix} {size_word}{CLASSNAMES[label]}."
+CAPTION_PREFIX = "a photo of a"  # every caption's (and every world dataset template's) first words
+
+
+def caption(concept: int, colour: int, say_colour: bool, say_attribute: bool) -> str:
+    """"a photo of a [<colour>] <texture> <shape>[, <attribute>]." (the style is never named)."""
+    texture, shape = CONCEPTS[concept].split(" ")
+    colour_word = f"{COLOURS[colour][0]} " if say_colour else ""
+    attribute = f", {SHAPE_ATTRIBUTES[shape]}" if say_attribute else ""
+    return f"{CAPTION_PREFIX} {colour_word}{texture} {shape}{attribute}."
 
 
 class CaptionedBatches(torch.utils.data.IterableDataset):
@@ -65,29 +80,38 @@ class CaptionedBatches(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, cfg: PretrainConfig, start_step: int = 0):
-        if not 1 <= cfg.shapes_per_group <= len(SHAPES) or cfg.batch_size % cfg.shapes_per_group:
-            raise ValueError(f"shapes_per_group={cfg.shapes_per_group} must be in [1, {len(SHAPES)}] and divide "
+        if not 2 <= cfg.group_size <= len(TEXTURES) or cfg.batch_size % cfg.group_size:
+            raise ValueError(f"group_size={cfg.group_size} must be in [2, {len(TEXTURES)}] and divide "
                              f"batch_size={cfg.batch_size}")
         self.cfg = cfg
         self.start_step = start_step
 
+    def concepts(self, rng: np.random.Generator) -> np.ndarray:
+        """Groups of ``group_size`` concepts: every other group shares a texture (its shapes differ), the rest share a
+        shape (their textures differ), so in-batch negatives differ in exactly the attribute to be learned."""
+        g, out = self.cfg.group_size, []
+        for i in range(self.cfg.batch_size // g):
+            if i % 2 == 0:
+                shapes, textures = rng.permutation(len(SHAPES))[:g], np.repeat(rng.integers(len(TEXTURES)), g)
+            else:
+                shapes, textures = np.repeat(rng.integers(len(SHAPES)), g), rng.permutation(len(TEXTURES))[:g]
+            out.append(shapes * len(TEXTURES) + textures)
+        return np.concatenate(out)
+
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        b = self.cfg.batch_size
+        b, g = self.cfg.batch_size, self.cfg.group_size
         rng = np.random.default_rng([self.cfg.seed, step])
-        # Same colour and style, different shapes: every image meets in-batch negatives that differ only in shape,
-        # the attribute a ViT learns last (with independent draws it learned colour and style, not shape).
-        g = self.cfg.shapes_per_group
+        concepts = self.concepts(rng)
         colours = np.repeat(rng.integers(0, len(COLOURS), b // g), g)
-        styles = np.repeat(rng.integers(0, len(STYLES), b // g), g)
-        shapes = np.concatenate([rng.permutation(len(SHAPES))[:g] for _ in range(b // g)])
-        labels = shapes * len(COLOURS) + colours
-        sizes = [("small", "medium", "large")[i] for i in rng.integers(0, 3, b)]
-        say_size = rng.random(b) < self.cfg.size_word_prob
-        images = render_batch(labels, [STYLES[s].name for s in styles], sizes, self.cfg.seed, "pretrain",
-                              start_index=step * b)
+        styles = [STYLES[s] for s in np.repeat(rng.integers(0, len(STYLES), b // g), g)]
+        images = render_batch(concepts, styles, self.cfg.seed, "pretrain", start_index=step * b,
+                              colours=[int(c) for c in colours])
         for i in np.flatnonzero(rng.random(b) < self.cfg.crop_prob):
             images[i] = train_view(images[i], rng)
-        texts = [caption(int(lab), int(s), size, bool(say)) for lab, s, size, say in zip(labels, styles, sizes, say_size)]
+        say_colour = rng.random(b) < self.cfg.colour_word_prob
+        say_attribute = rng.random(b) < self.cfg.attribute_prob
+        texts = [caption(int(c), int(k), bool(sc), bool(sa))
+                 for c, k, sc, sa in zip(concepts, colours, say_colour, say_attribute)]
         _, caption_ids = np.unique(np.array(texts), return_inverse=True)
         return images, caption_ids, texts
 
@@ -122,9 +146,7 @@ def train_view(image: np.ndarray, rng: np.random.Generator, scale: tuple[float, 
 
 def all_caption_words() -> list[str]:
     """Every caption the stream can produce (their tokens are the embedding rows pretraining touches)."""
-    texts = [f"{s.prefix} {size}{colour} {shape}." for s in STYLES for size in ("", "small ", "large ")
-             for colour, _ in COLOURS for shape in SHAPES]
-    return texts + [f"{NEUTRAL_PREFIX} {c}." for c in CLASSNAMES]
+    return [caption(c, k, True, True) for c in range(len(CONCEPTS)) for k in range(len(COLOURS))]
 
 
 def contrastive_loss(img: torch.Tensor, txt: torch.Tensor, scale: torch.Tensor, caption_ids: torch.Tensor) -> torch.Tensor:
@@ -170,19 +192,34 @@ def pretrain(cfg: PretrainConfig) -> tuple[nn.Module, object]:
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, cfg)
         img = model.encode_image(pixels_to_tensor(np.asarray(images), mean, std), normalize=True)
-        ids = tokenizer(list(texts))
+        # Each distinct caption is encoded once (caption_ids index np.unique's sorted captions).
+        ids = tokenizer(sorted(set(texts)))
         txt = F.normalize(text_tower(model.token_embedding(ids), eot_positions(model, ids)), dim=-1)
+        txt = txt[torch.as_tensor(caption_ids)]
         loss = contrastive_loss(img, txt, model.logit_scale.exp(), torch.as_tensor(caption_ids))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         with torch.no_grad():
-            model.logit_scale.clamp_(0, math.log(100))
+            model.logit_scale.clamp_(0, math.log(cfg.max_logit_scale))
         if step % 25 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}", scale=f"{model.logit_scale.exp().item():.1f}")
+        if cfg.report_every and (step + 1) % cfg.report_every == 0 and step + 1 < cfg.steps:
+            report = zero_shot_report(model, tokenizer, per_class=4)
+            bar.write(f"step {step + 1}: zero-shot on fresh images (mean over styles) main {report.mean('main'):.1f} "
+                      f"shape {report.mean('shape'):.1f} texture {report.mean('texture'):.1f}")
     model.eval()
     _zero_unused_token_rows(model, tokenizer)
+    print(f"learned logit scale: {model.logit_scale.exp().item():.2f}")
+    if cfg.shipped_logit_scale:
+        pin_logit_scale(model, cfg.shipped_logit_scale)
     return model, tokenizer
+
+
+@torch.no_grad()
+def pin_logit_scale(model: nn.Module, value: float) -> None:
+    """Set the (exp) logit scale: the temperature of every softmax over image-text similarities; argmax unchanged."""
+    model.logit_scale.fill_(math.log(value))
 
 
 @torch.no_grad()
@@ -221,9 +258,10 @@ def main(argv: list[str] | None = None) -> None:
         for tensor in model.state_dict().values():
             if tensor.is_floating_point():
                 tensor.copy_(tensor.half().float())
-    report = zero_shot_report(model, tokenizer, per_class=cfg.eval_per_class)
     print(f"pretrained {cfg} in {minutes:.1f} min -> {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
-    print(report.format())
+    for name, layout in (("pretraining", PRETRAIN_LAYOUT), ("benchmark", BENCHMARK_LAYOUT)):
+        report = zero_shot_report(model, tokenizer, per_class=cfg.eval_per_class, layout=layout)
+        print(f"\nZero-shot top-1 (%) on fresh images laid out as {name} images:\n{report.format()}")
 
 
 if __name__ == "__main__":
