@@ -329,6 +329,7 @@ def run_eval(args: argparse.Namespace) -> int:
 def add_demo_commands(subparsers: argparse._SubParsersAction) -> None:
     """``atlas-fast demo``: the README's first command (see :mod:`atlas_fast.demo`)."""
     from atlas_fast.demo import DemoConfig
+    from atlas_fast.world.benchmark import BASE_TO_NEW
 
     defaults = DemoConfig()
     demo = subparsers.add_parser(
@@ -343,12 +344,12 @@ def add_demo_commands(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--results-dir", type=Path, default=defaults.results_dir,
                       help=f"result records, table and plot (default {defaults.results_dir})")
     demo.add_argument("--datasets", nargs="+", default=list(defaults.datasets),
-                      help=f"world datasets (default {' '.join(defaults.datasets)}; any of WorldPhotos "
-                           f"WorldSketches WorldBlurry WorldDark WorldPixels)")
+                      help=f"world datasets (default {' '.join(defaults.datasets)}; any of "
+                           f"{' '.join(BASE_TO_NEW)})")
     demo.add_argument("--seeds", type=int, nargs="+", default=list(defaults.seeds), help="default 1 2 3")
     demo.add_argument("--views", type=int, default=defaults.views,
-                      help=f"cached augmented views per training image (default {defaults.views}; "
-                           f"the faithful setting is one per epoch)")
+                      help="cached augmented views per training image (default: one per epoch, the faithful "
+                           "setting; fewer is faster, see the README's views study)")
     demo.add_argument("--epochs", type=int, default=None, help="override the CoOp recipe's 200 epochs")
     demo.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
     demo.set_defaults(func=run_demo_command)

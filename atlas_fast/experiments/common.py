@@ -4,7 +4,8 @@ An experiment module (run with ``atlas-fast experiment NAME`` or ``python -m atl
 ``PAPER`` (the table or figure it reproduces), ``plan(args) -> list[TrainConfig]`` (the runs, in a fixed order),
 ``report(args, records) -> str`` (the records in plan order -> tables and plots) and optionally ``add_arguments(parser)`` and ``DATASETS`` (default ``--datasets``). :func:`run_experiment` does the rest:
 ``--dry-run`` lists the runs and how many are finished; otherwise the runs go to ``--executor`` in groups of
-``--batch-runs`` and the report is written to ``--out``.
+``--batch-runs`` and the report is written to ``--out``. ``--world`` runs the module on the embedded world: options
+left at their defaults take the world's counterparts (the module's ``WORLD_DEFAULTS``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ ELEVEN = ("ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers
 def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.ArgumentParser:
     """Options common to the experiment modules (backbone, data, seeds, recipe overrides, execution, outputs)."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--data-root", required=True, help="folder holding the datasets in the CoOp layout")
+    p.add_argument("--data-root", default=None,
+                   help="folder holding the datasets in the CoOp layout (required, except with --world)")
+    p.add_argument("--world", action="store_true",
+                   help="run on the embedded world (atlas_fast.world): its datasets stand in for the paper's, the "
+                        "shipped atlas-world CLIP for ViT-B/16; the benchmark is generated under --data-root "
+                        f"(default {WORLD_DATA_ROOT})")
+    p.add_argument("--world-images", type=int, nargs=3, default=list(WORLD_IMAGES), metavar=("TRAIN", "VAL", "TEST"),
+                   help="with --world: images per class generated for each split (default: %(default)s)")
     p.add_argument("--datasets", nargs="+", default=list(datasets), help="default: %(default)s")
     p.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
     p.add_argument("--pretrained", default="openai",
@@ -57,6 +65,36 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     run.add_argument("--slurm-timeout-min", type=int, default=240)
     run.add_argument("--slurm-folder", default="results/submitit", help="submitit logs and pickles")
     return p
+
+
+# --world: the world's counterparts of the paper's datasets (atlas_fast/world/README.md), the shipped CLIP and the
+# prompt depths of the multi-modal methods cut to its 4-layer towers.
+WORLD_DATA_ROOT = "data/world"
+WORLD_IMAGES = (32, 4, 50)
+WORLD_METHOD_OPTIONS = ("maple:depth=4", "ivlp:depth_text=4", "ivlp:depth_vision=4", "promptsrc:depth_text=4",
+                        "promptsrc:depth_vision=4")
+
+
+def apply_world(args: argparse.Namespace, parser: argparse.ArgumentParser, module: ModuleType) -> None:
+    """``--world``: replace every option the user left at its default by the world's counterpart (the module's
+    ``WORLD_DEFAULTS``, e.g. WorldPhotos for ImageNet; else the six base-to-new world datasets for the paper's 11),
+    then generate (or reuse) the world datasets the experiment reads."""
+    from atlas_fast.world.benchmark import BASE_TO_NEW, SplitSizes, generate_benchmark
+
+    if args.data_root is None:
+        args.data_root = WORLD_DATA_ROOT
+    default = parser.get_default
+    if (args.model, args.pretrained) == (default("model"), default("pretrained")):
+        args.model, args.pretrained = "atlas-world", "atlas-world"
+    for option, value in {"datasets": list(BASE_TO_NEW), **getattr(module, "WORLD_DEFAULTS", {})}.items():
+        if getattr(args, option) == default(option):
+            setattr(args, option, list(value))
+    if hasattr(args, "method_option"):
+        given = {item.partition("=")[0] for item in args.method_option}
+        args.method_option = [o for o in WORLD_METHOD_OPTIONS if o.partition("=")[0] not in given] + \
+            args.method_option
+    needed = list(dict.fromkeys(list(args.datasets) + list(getattr(args, "targets", None) or [])))
+    generate_benchmark(args.data_root, needed, sizes=SplitSizes(*args.world_images), progress=True)
 
 
 # The paper's text-side methods (its "DePT" is DePT on CoOp), trained from the feature cache, and every method of
@@ -131,7 +169,12 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
     """Parse ``argv`` for ``module``, then list (``--dry-run``) or train its runs and write its report."""
     if isinstance(module, str):
         module = sys.modules[module]
-    args = build_parser(module).parse_args(argv)
+    module_parser = build_parser(module)
+    args = module_parser.parse_args(argv)
+    if args.world:
+        apply_world(args, module_parser, module)
+    elif args.data_root is None:
+        module_parser.error("--data-root is required (or --world to run on the embedded world)")
     if args.batch_runs is None:
         args.batch_runs = getattr(module, "BATCH_RUNS", None)  # e.g. Table V times runs trained alone
     configs = module.plan(args)

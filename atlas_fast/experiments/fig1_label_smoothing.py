@@ -18,9 +18,11 @@ from atlas_fast.schedules import Atlas, OneHot, OnlineLabelSmoothing, TeacherFre
 from atlas_fast.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
 from atlas_fast.train import TrainConfig
+from atlas_fast.world.benchmark import CROSS_SOURCE
 
 PAPER = "Fig. 1"
 DATASETS = ("ImageNet",)
+WORLD_DEFAULTS = {"datasets": [CROSS_SOURCE]}  # --world: the world's ImageNet
 
 
 def variants() -> list[Variant]:

@@ -18,9 +18,11 @@ from PIL import Image
 from atlas_fast.experiments.common import publish
 from atlas_fast.report import plot_soft_label_case_study
 from atlas_fast.train import TrainConfig
+from atlas_fast.world.benchmark import CROSS_SOURCE
 
 PAPER = "Fig. 3 (soft-label case study)"
 DATASETS = ("ImageNet",)
+WORLD_DEFAULTS = {"datasets": [CROSS_SOURCE]}  # --world: the world's ImageNet
 KINDS = ("csl", "isl")
 
 

@@ -18,9 +18,11 @@ from atlas_fast.schedules import Atlas, OneHot
 from atlas_fast.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
 from atlas_fast.train import TrainConfig
+from atlas_fast.world.benchmark import DECLINE_DATASET
 
 PAPER = "Fig. 5 (SUN397 new-class curves)"
 DATASETS = ("SUN397",)
+WORLD_DEFAULTS = {"datasets": [DECLINE_DATASET]}  # --world: where CoOp's new-class accuracy declines
 PANELS = [["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"], ["CoOp", "+ ISL", "+ ATLaS-ISL"]]
 
 

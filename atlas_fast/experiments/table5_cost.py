@@ -24,9 +24,11 @@ from atlas_fast.experiments.common import base_config, publish
 from atlas_fast.report import variant_label
 from atlas_fast.sweep import atlas_variants, grid_configs
 from atlas_fast.train import TrainConfig
+from atlas_fast.world.benchmark import CROSS_SOURCE
 
 PAPER = "Table V (computational cost)"
 DATASETS = ("ImageNet",)
+WORLD_DEFAULTS = {"datasets": [CROSS_SOURCE]}  # --world: the world's ImageNet
 BATCH_RUNS = 1
 
 

@@ -22,10 +22,13 @@ from atlas_fast.report import method_name, variant_label
 from atlas_fast.schedules import OneHot
 from atlas_fast.sweep import Variant, atlas_variants, grid_configs
 from atlas_fast.train import TrainConfig
+from atlas_fast.world.benchmark import CROSS_SOURCE, CROSS_TARGETS, DG_TARGETS
 
 PAPER = "Tables I and II"
 DATASETS = ("ImageNet",)
 TARGETS = ELEVEN[1:] + ("ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR")
+# --world: WorldPhotos -> other class sets (cross-dataset) and the same classes in other styles (domain shift)
+WORLD_DEFAULTS = {"datasets": [CROSS_SOURCE], "targets": list(CROSS_TARGETS + DG_TARGETS)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
