@@ -6,7 +6,8 @@ does to base/new/H of CoOp and CoOp + ATLaS.
 
 The reference trains on a fresh random crop of every image in every epoch; the feature cache stores V crops per
 image and epoch e reads view 1 + (e mod V) (``--views`` in every other module). V = epochs is the faithful setting.
-One block of rows per V (``--view-counts``, ``0`` standing for one view per epoch), base-to-new with the paper's presets, mean
+One block of rows per V (``--view-counts``, ``0`` standing for one view per epoch), base-to-new with the paper's
+presets, mean
 ± std over seeds; the last column of each row is its change in H against the same method at V = epochs.
 """
 
@@ -61,7 +62,8 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     lines = [f"**Cached views per image (V) vs one fresh view per epoch: base-to-new, {', '.join(args.datasets)}, "
              f"mean ± std over seeds {', '.join(map(str, args.seeds))}**", ""]
     for dataset in args.datasets:
-        lines += [f"*{dataset}*", "", "| V | Method | base | new | H | H vs V = epochs |", "|---|---|---:|---:|---:|---:|"]
+        lines += [f"*{dataset}*", "", "| V | Method | base | new | H | H vs V = epochs |",
+                  "|---|---|---:|---:|---:|---:|"]
         h_at: dict[tuple[str, str], float] = {}
         rows = []
         for (views, label), per_dataset in cells.items():
