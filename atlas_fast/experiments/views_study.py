@@ -7,8 +7,8 @@ does to base/new/H of CoOp and CoOp + ATLaS.
 The reference trains on a fresh random crop of every image in every epoch; the feature cache stores V crops per
 image and epoch e reads view 1 + (e mod V) (``--views`` in every other module). V = epochs is the faithful setting.
 One block of rows per V (``--view-counts``, ``0`` standing for one view per epoch), base-to-new with the paper's
-presets, mean
-± std over seeds; the last column of each row is its change in H against the same method at V = epochs.
+presets, mean ± std over seeds; the last column of each row is its change in H against the same method at
+V = epochs.
 """
 
 from __future__ import annotations
