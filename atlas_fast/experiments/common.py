@@ -89,10 +89,8 @@ def apply_world(args: argparse.Namespace, parser: argparse.ArgumentParser, modul
     for option, value in {"datasets": list(BASE_TO_NEW), **getattr(module, "WORLD_DEFAULTS", {})}.items():
         if getattr(args, option) == default(option):
             setattr(args, option, list(value))
-    if hasattr(args, "method_option"):
-        given = {item.partition("=")[0] for item in args.method_option}
-        args.method_option = [o for o in WORLD_METHOD_OPTIONS if o.partition("=")[0] not in given] + \
-            args.method_option
+    if hasattr(args, "method_option"):  # the user's options come later and so win (see method_options)
+        args.method_option = list(WORLD_METHOD_OPTIONS) + args.method_option
     needed = list(dict.fromkeys(list(args.datasets) + list(getattr(args, "targets", None) or [])))
     generate_benchmark(args.data_root, needed, sizes=SplitSizes(*args.world_images), progress=True)
 
