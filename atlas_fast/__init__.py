@@ -1,3 +1,24 @@
-"""atlas_fast: feature-cache-first prompt tuning of CLIP with ATLaS."""
+"""atlas_fast: feature-cache-first prompt tuning of CLIP with ATLaS.
+
+The package is laid out by layer (docs/architecture.md): ``backbones``/``text_encoder``/``prompted_towers`` (CLIP
+plumbing), ``data`` and ``cache`` (datasets and the feature cache), ``softlabels``/``schedules`` (ATLaS),
+``methods`` (one file per method, a registry), ``engine`` (plan -> feed -> loop -> evaluate -> record), ``sweep``
+(grids and executors), ``app`` (CLI, demo, report) and ``experiments`` (one module per paper table or figure).
+
+``from atlas_fast import TrainConfig, run, run_group`` is the Python entry point; it is imported on first use, so
+importing the package (e.g. for the command line's ``--help``) does not import torch.
+"""
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+_ENGINE = ("TrainConfig", "run", "run_group", "plan_run", "evaluate_saved")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENGINE:
+        import atlas_fast.engine as engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'atlas_fast' has no attribute {name!r}")

@@ -35,6 +35,8 @@ from atlas_fast.data.base import DatasetSplits
 SoftLabelKind = Literal["ls", "csl", "isl", "mix"]
 Delta = Literal["wrong_only", "always"]
 KINDS = ("ls", "csl", "isl", "mix")
+# How the paper names the + ATLaS rows of each soft-label kind.
+SOFT_LABEL_NAMES = {"ls": "ATLaS", "csl": "ATLaS-CSL", "isl": "ATLaS-ISL", "mix": "ATLaS-Mix"}
 DELTAS = ("wrong_only", "always")
 STORE_VERSION = 1
 

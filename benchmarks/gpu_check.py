@@ -109,7 +109,7 @@ def check_faiss() -> None:
 
 def _config(root: Path, **changes):
     from atlas_fast.backbones import BackboneConfig
-    from atlas_fast.train import TrainConfig
+    from atlas_fast.engine import TrainConfig
 
     base = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig(SETUP["model"], None),
                 shots=8, epochs=6, device=SETUP["device"], cache_root=root / "cache", results_dir=root / "results",
@@ -121,7 +121,7 @@ def _config(root: Path, **changes):
 def check_amp(root: Path) -> None:
     from atlas_fast.schedules import Atlas
     from atlas_fast.softlabels import atlas_preset
-    from atlas_fast.train import run
+    from atlas_fast.engine import run
 
     common = dict(schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl"))
     run(_config(root, precision="fp32", results_dir=root / "warmup", **common))  # builds the cache (not timed)
@@ -171,7 +171,7 @@ def check_batched(root: Path, runs: int) -> None:
 @guarded("pixel-path method")
 def check_pixels(root: Path) -> None:
     from atlas_fast.methods import METHODS
-    from atlas_fast.train import run
+    from atlas_fast.engine import run
 
     pixel = sorted(name for name, cls in METHODS.items() if cls.consumes == "pixels")
     if not pixel:

@@ -31,8 +31,8 @@ from atlas_fast.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import FeatureCache
 from atlas_fast.data import load_dataset
 from atlas_fast.data.identity import subset_fingerprint
-from atlas_fast.plan import plan_run
-from atlas_fast.train import TrainConfig, run
+from atlas_fast.engine.spec import plan_run
+from atlas_fast.engine import TrainConfig, run
 
 TINY = BackboneConfig("atlas-tiny", None)
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from atlas_fast.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.cache import FeatureCache  # noqa: E402
-from atlas_fast.loop import build_optimizer, lr_at_epoch  # noqa: E402
+from atlas_fast.engine.loop import build_optimizer, lr_at_epoch  # noqa: E402
 from atlas_fast.methods import CoCoOp, DePTCoOp, cocoop_recipe, dept_coop_recipe  # noqa: E402
 from atlas_fast.text_encoder import PromptTextEncoder  # noqa: E402
 from atlas_fast.transforms import TransformSpec, load_views  # noqa: E402

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from atlas_fast.backbones import BackboneConfig, load_backbone  # noqa: E402
-from atlas_fast.inputs import PixelBatch  # noqa: E402
+from atlas_fast.engine.feed import PixelBatch  # noqa: E402
 from atlas_fast.methods import (CoOpConfig, DePTMaPLeConfig, IVLPConfig, MaPLeConfig,  # noqa: E402
                                 PromptSRCConfig, build_method)
 from train_speed import peak_memory_mib, peak_memory_reset  # noqa: E402

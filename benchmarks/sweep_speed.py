@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atlas_fast.backbones import BackboneConfig  # noqa: E402
 from atlas_fast.sweep import Execution, atlas_variants, grid_configs, run_configs  # noqa: E402
-from atlas_fast.train import TrainConfig  # noqa: E402
+from atlas_fast.engine import TrainConfig  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple", "brown", "grey"]
 ANIMALS = ["cat", "dog", "bird", "horse", "sheep"]

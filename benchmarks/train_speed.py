@@ -1,6 +1,6 @@
 """Time per epoch of CoOp training: the reference's full forward path vs atlas_fast's cached path, in one process.
 
-Both paths run the *same* training (atlas_fast's ``train_epochs``: same data, views, model, init, shuffling, epochs,
+Both paths run the *same* training (atlas_fast's ``train_runs``: same data, views, model, init, shuffling, epochs,
 batch size, SGD + cosine schedule) and differ only in the forward:
 
 * full: the frozen image encoder runs on the epoch's view pixels at every step and the prompts go through the text
@@ -44,12 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atlas_fast.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.cache import FeatureCache  # noqa: E402
 from atlas_fast.data.base import Datum  # noqa: E402
-from atlas_fast.evaluate import top1_accuracy  # noqa: E402
+from atlas_fast.engine.evaluate import top1_accuracy  # noqa: E402
 from atlas_fast.methods.base import OptimRecipe  # noqa: E402
 from atlas_fast.methods.coop import CoOp, CoOpConfig  # noqa: E402
 from atlas_fast.schedules import OneHot  # noqa: E402
-from atlas_fast.inputs import CachedViews, EpochTensorInputs  # noqa: E402
-from atlas_fast.loop import train_epochs  # noqa: E402
+from atlas_fast.engine.feed import CachedViews, EpochTensorInputs  # noqa: E402
+from atlas_fast.engine.loop import RunState, train_runs  # noqa: E402
 from atlas_fast.transforms import TransformSpec, load_views  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple", "brown", "grey"]
@@ -168,8 +168,8 @@ def run_size(backbone, classes: int, shots: int, epochs: int, batch_size: int, f
         inputs = (CachedViews(cache, backbone, dataset, train, views, aug_seed) if path == "cached"
                   else PixelViews(train_pixels))
         start_mib = peak_memory_reset(device)
-        log = train_epochs(method, inputs, labels, None, OneHot(), recipe, seed=1, device=device, amp=False,
-                           progress=progress)
+        (log,) = train_runs(method, [RunState(inputs, labels, None, OneHot(), seed=1, device=device)], recipe,
+                            device=device, amp=False, progress=progress)
         memory = peak_memory_mib(device)
         with torch.no_grad():
             # test view 0 is what the image encoder gives on the test pixels (float32 cache)

@@ -14,6 +14,6 @@ import sys
 def run_when_main(module_name: str, experiment: str) -> None:
     """Run ``atlas-fast experiment <experiment> <argv>`` and exit, when the calling module is ``__main__``."""
     if module_name == "__main__":
-        from atlas_fast.cli import main
+        from atlas_fast.app.cli import main
 
         sys.exit(main(["experiment", experiment, *sys.argv[1:]]))

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from atlas_fast.backbones import BackboneConfig
-from atlas_fast.batched import run_batch, stack_runs
+from atlas_fast.engine.pipeline import run_group, stack_runs
 from atlas_fast.methods.coop import CoOpConfig
-from atlas_fast.results import load_learned
+from atlas_fast.engine.record import load_learned
 from atlas_fast.schedules import Atlas, OneHot, OnlineLabelSmoothing
 from atlas_fast.softlabels import atlas_preset
-from atlas_fast.train import TrainConfig, run
+from atlas_fast.engine import TrainConfig, run
 from layouts import make_oxford_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -62,7 +62,7 @@ def test_batched_runs_equal_runs_trained_alone(pets, method, method_config):
     suffix = f"{method}-{'csc' if method_config is not None else 'recipe'}"
     alone = [run(config) for config in _configs(pets, f"alone-{suffix}", method_config, method)]
     assert len({r["data"]["num_train"] for r in alone}) == 4  # the training sets differ in size
-    batched = run_batch(_configs(pets, f"batched-{suffix}", method_config, method))
+    batched = run_group(_configs(pets, f"batched-{suffix}", method_config, method))
     assert all(r["timings"]["batch_runs"] == 4 for r in batched)
     _assert_equal_records(batched, alone)
     # the learned tensors moved away from their (seeded) initialisation, differently per run
@@ -74,27 +74,27 @@ def test_batched_runs_equal_runs_trained_alone(pets, method, method_config):
 def test_methods_that_cannot_batch_train_their_runs_one_by_one(pets, method):
     configs = _configs(pets, f"alone-{method}", method=method)[:2]
     with pytest.warns(UserWarning, match=f"{method} does not support batched runs"):
-        batched = run_batch(configs)
-    assert "batch_runs" not in batched[0]["timings"]
+        batched = run_group(configs)
+    assert [r["timings"]["batch_runs"] for r in batched] == [1, 1]
     assert [r["key"] for r in batched] == [run(c)["key"] for c in configs]
 
 
 def test_a_group_skips_finished_runs_and_resumes_the_rest(pets):
     configs = _configs(pets, "resume")
     done = run(configs[1])
-    records = run_batch(configs)
+    records = run_group(configs)
     assert [r["skipped"] for r in records] == [False, True, False, False]
     assert records[1]["key"] == done["key"]
-    assert all(r["skipped"] for r in run_batch(configs))
+    assert all(r["skipped"] for r in run_group(configs))
 
 
 def test_runs_that_cannot_share_a_module_are_refused(pets):
-    from atlas_fast.batched import train_group
-    from atlas_fast.plan import plan_run
+    from atlas_fast.engine.pipeline import train_group
+    from atlas_fast.engine.spec import plan_run
 
     configs = _configs(pets, "mixed")
     other = TrainConfig(**{**configs[0].__dict__, "lr": 0.01})
-    with pytest.raises(ValueError, match="cannot train as one batch"):
+    with pytest.raises(ValueError, match="cannot train as one group"):
         train_group([plan_run(configs[0]), plan_run(other)])
 
 

@@ -101,7 +101,7 @@ def test_new_class_set_keeps_ctx_and_checkpoints_hold_only_ctx(tiny):
 def test_frozen_clip_is_not_part_of_the_method(tiny):
     method = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=2))
     assert [name for name, _ in method.named_parameters()] == ["ctx"]
-    assert METHODS["coop"] is CoOp and CoOp.consumes == "features"
+    assert METHODS["coop"].cls is CoOp and CoOp.consumes == "features"
     with pytest.raises(ValueError, match=r"\(B, 64\)"):
         method(torch.randn(2, 3, 32, 32))
 

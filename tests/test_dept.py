@@ -169,7 +169,7 @@ def test_checkpoints_hold_the_head_and_runs_are_independent(tiny):
     with pytest.raises(ValueError, match="class set its head was built for"):
         batched.set_classnames(["boxer"])
         batched.training_loss(features, labels, lambda z, **_: z.sum())
-    assert METHODS["dept-kgcoop"].base_class.name == "kgcoop"
+    assert METHODS["dept-kgcoop"].cls.base_class.name == "kgcoop"
 
 
 def test_recipes():

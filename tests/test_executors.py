@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from atlas_fast.backbones import BackboneConfig
-from atlas_fast.results import load_learned
+from atlas_fast.engine.record import load_learned
 from atlas_fast.schedules import Atlas, OneHot
 from atlas_fast.softlabels import atlas_preset
 from atlas_fast.sweep import Execution, Variant, run_grid
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine import TrainConfig
 from layouts import make_oxford_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,7 +70,7 @@ def test_a_second_sweep_skips_every_finished_run(data, local_records):
 
 
 def test_bad_executor_options_name_the_valid_ones():
-    from atlas_fast.executors import make_executor
+    from atlas_fast.sweep.executors import make_executor
 
     with pytest.raises(ValueError, match="valid: .*gpus_per_group"):
         make_executor("ray", gpu_per_group=1)

@@ -27,10 +27,10 @@ import torch
 # Only names that existed before issue 7, so that this suite runs (and fails where it should) on the old code too.
 from atlas_fast.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import CacheError, FeatureCache, MissingFeaturesError
-from atlas_fast.cli import main
+from atlas_fast.app.cli import main
 from atlas_fast.data import fewshot_subset, load_dataset
 from atlas_fast.data.datasets import DatasetFormatError, DatasetLayoutError
-from atlas_fast.train import TrainConfig, run
+from atlas_fast.engine import TrainConfig, run
 from layouts import make_class_folders, make_imagenet, make_imagenet_sketch, make_oxford_pets, write_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -310,7 +310,7 @@ def test_a_complete_cache_in_a_read_only_folder_is_usable(backbone):
 
 def test_an_unwritable_results_folder_fails_before_training(pets, tmp_path, monkeypatch):
     (tmp_path / "blocked").write_text("a file where the results folder should be")
-    monkeypatch.setattr("atlas_fast.train.train_epochs",
+    monkeypatch.setattr("atlas_fast.engine.pipeline.train_runs",
                         lambda *a, **k: pytest.fail("training started although the record cannot be written"))
     with pytest.raises(OSError, match="results folder .*blocked.* is not writable"):
         run(config(tmp_path, pets, results_dir=tmp_path / "blocked" / "results"))
@@ -507,12 +507,12 @@ def test_kill_9_during_a_build_resumes_exactly(pets, tmp_path, backbone):
 
 
 def _sweep_and_hang(root: str, data: str, flag: str) -> None:
-    import atlas_fast.train as train_module
+    import atlas_fast.engine.pipeline as run_module
     from atlas_fast.sweep import Execution, Variant, run_grid
     from atlas_fast.schedules import OneHot
 
     torch.set_num_threads(1)
-    loop = train_module.train_epochs
+    loop = run_module.train_runs
     calls = {"n": 0}
 
     def train_then_hang(*args, **kwargs):
@@ -522,7 +522,7 @@ def _sweep_and_hang(root: str, data: str, flag: str) -> None:
             time.sleep(600)
         return loop(*args, **kwargs)
 
-    train_module.train_epochs = train_then_hang
+    run_module.train_runs = train_then_hang
     # one run per group (batch_runs=1): the sweep is killed inside its second group
     run_grid(config(Path(root), Path(data)), ["OxfordPets"], [Variant("baseline", OneHot())], [1, 2, 3],
              progress=False, execution=Execution("local", batch_runs=1))

@@ -9,14 +9,15 @@ import torch.nn.functional as F
 from atlas_fast.backbones import BackboneConfig, shared_backbone
 from atlas_fast.cache import FeatureCache
 from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
-from atlas_fast.evaluate import evaluate_record, harmonic_mean
-from atlas_fast.inputs import CachedViews, PixelBatch, PixelViews
+from atlas_fast.engine import evaluate_saved
+from atlas_fast.engine.evaluate import harmonic_mean
+from atlas_fast.engine.feed import CachedViews, PixelBatch, PixelViews
 from atlas_fast.methods import (CoOpConfig, DePTMaPLeConfig, IVLPConfig, MaPLeConfig, PromptSRCConfig,
                                 build_method)
-from atlas_fast.pixels import ImageViews
+from atlas_fast.engine.pixels import ImageViews
 from atlas_fast.schedules import Atlas
 from atlas_fast.softlabels import atlas_preset
-from atlas_fast.train import TrainConfig, run
+from atlas_fast.engine import TrainConfig, run
 from layouts import make_oxford_pets
 
 TINY = BackboneConfig("atlas-tiny", None)
@@ -102,7 +103,7 @@ def test_pixel_method_end_to_end_with_and_without_atlas(pets, method):
     assert [row["soft"] for row in atlas["epochs"]] == [False, True, False]
     assert [row["loss"] for row in plain["epochs"]][1] != [row["loss"] for row in atlas["epochs"]][1]
     # the saved prompts evaluate on the new classes exactly as the run did
-    again = evaluate_record(plain["path"], "OxfordPets", pets / "data", subsample="new",
+    again = evaluate_saved(plain["path"], "OxfordPets", pets / "data", subsample="new",
                             cache_root=pets / "cache", device="cpu", progress=False)
     assert again["accuracy"] == pytest.approx(plain["metrics"]["new"])
 
@@ -167,7 +168,7 @@ def test_dept_maple_loss_head_and_fusion(pets):
 def test_pixel_evaluation_in_batches_equals_one_forward(pets, monkeypatch):
     """Batched evaluation over the test view (text encoded once) gives the logits of one forward over all images,
     in the items' order."""
-    import atlas_fast.evaluate as evaluate
+    import atlas_fast.engine.evaluate as evaluate
     from atlas_fast.transforms import load_views
 
     backbone = shared_backbone(TINY)

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from atlas_fast.backbones import BackboneConfig
-from atlas_fast.evaluate import harmonic_mean, top1_accuracy
+from atlas_fast.engine.evaluate import harmonic_mean, top1_accuracy
 from atlas_fast.methods.base import OptimRecipe
 from atlas_fast.schedules import Atlas, OneHot
-from atlas_fast.train import TrainConfig, lr_at_epoch, run
+from atlas_fast.engine import TrainConfig, run
+from atlas_fast.engine.loop import lr_at_epoch
 from layouts import make_oxford_pets
 
 TINY = BackboneConfig("atlas-tiny", None)
@@ -102,7 +103,7 @@ def test_identical_config_is_skipped(pets, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("an identical finished run must not train again")
 
-    monkeypatch.setattr("atlas_fast.train.train_epochs", fail)
+    monkeypatch.setattr("atlas_fast.engine.pipeline.train_runs", fail)
     second = run(tiny_config(pets, results_dir=pets / "skip", epochs=3, progress=True))
     assert second["skipped"] and second["key"] == first["key"] and second["metrics"] == first["metrics"]
     with pytest.raises(AssertionError, match="must not train"):
@@ -116,8 +117,13 @@ def test_config_validation():
         TrainConfig("OxfordPets", "data", schedule=OneHot(), soft_labels=object())
     with pytest.raises(ValueError, match="setting must be one of"):
         TrainConfig("OxfordPets", "data", setting="b2n")
-    with pytest.raises(ValueError, match="views must be >= 1"):
+    with pytest.raises(ValueError, match=r"views must be in \[1, 10000\].*got 0"):
         TrainConfig("OxfordPets", "data", views=0)
+    with pytest.raises(ValueError, match=r"views must be in \[1, 10000\].*got 1000000000000"):
+        TrainConfig("OxfordPets", "data", views=10**12)  # refused before any memory is asked for
+    for lr in (float("inf"), float("nan"), 0.0):
+        with pytest.raises(ValueError, match="lr override must be a finite number > 0"):
+            TrainConfig("OxfordPets", "data", lr=lr)
 
 
 @pytest.mark.parametrize("schedule, kind, soft_flags", [
@@ -161,8 +167,28 @@ def test_class_specific_context_is_evaluated_on_base_only(pets):
 
 
 def test_divergence_is_reported(pets):
-    with pytest.raises(FloatingPointError, match="Non-finite training loss in epoch"):
+    with pytest.raises(FloatingPointError, match="Training diverged in epoch 1 .*No record is written"):
         run(tiny_config(pets, results_dir=pets / "diverge", epochs=3, lr=1e38))
+    assert not list((pets / "diverge").rglob("*.json")) and not list((pets / "diverge").rglob("*.pt"))
+
+
+def test_learned_tensors_that_stop_being_finite_fail_the_run(pets, monkeypatch):
+    """The epoch's mean loss can stay finite while the last step's update is not: the learned tensors are checked
+    after every epoch, and no record describes a run whose prompts are damaged."""
+    from atlas_fast.methods.coop import CoOp
+
+    step = CoOp.end_epoch
+
+    def poison_last_epoch(self, epoch, num_epochs):
+        step(self, epoch, num_epochs)
+        if epoch == num_epochs - 1:
+            with torch.no_grad():
+                self.ctx[..., 0] = float("inf")
+
+    monkeypatch.setattr(CoOp, "end_epoch", poison_last_epoch)
+    with pytest.raises(FloatingPointError, match="Training diverged in epoch 2"):
+        run(tiny_config(pets, results_dir=pets / "poisoned", epochs=3))
+    assert not list((pets / "poisoned").rglob("*.json"))
 
 
 def test_atlas_with_one_hot_soft_labels_is_plain_coop(pets):

@@ -205,6 +205,7 @@ def test_shipped_checkpoint_zero_shot_on_every_style(shipped):
     assert min(row["main"] for row in report.rows.values()) > ZERO_SHOT_FLOOR, report.format()
 
 
+@pytest.mark.slow  # the paper recipe's 200 epochs: `pytest -m slow` (about 1.5 minutes)
 def test_coop_new_class_accuracy_falls_below_zero_shot(photos, tmp_path):
     """CoOp (the paper's recipe: 4 context tokens from "a photo of a", 16 shots, 200 epochs, a fresh view per epoch)
     on WorldPhotos' base classes, seed 1: new-class accuracy ends below zero-shot CLIP's and below its own peak.

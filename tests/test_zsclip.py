@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.evaluate import EvalSet, evaluate_method, zero_shot_accuracy
+from atlas_fast.engine.evaluate import EvalSet, evaluate_method, zero_shot_accuracy
 from atlas_fast.methods import OptimRecipe, ZeroShotConfig, build_method, zsclip_recipe
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog"]

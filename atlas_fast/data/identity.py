@@ -23,20 +23,31 @@ from atlas_fast.data.base import DatasetSplits, Datum
 
 _CONTENT_PREFIX = "b2:"
 _READ_BYTES = 1 << 20
+# Content hashes already computed in this process, by (path, inode, size, mtime_ns, ctime_ns): a run fingerprints its
+# images when it is planned and the cache checks the same images when it builds and loads; the bytes are read once.
+# Any write to a file moves its ctime (which no tool can set back), so an edit that restores size and mtime is seen.
+_CONTENT_HASHES: dict[tuple[str, int, int, int, int], str] = {}
+_CONTENT_HASHES_MAX = 1 << 21
 
 
 def image_identity(path: str, content: bool = False) -> str:
     """``"<size>:<mtime_ns>"`` of the file, or ``"b2:<32 hex>"`` (BLAKE2b of its bytes) with ``content``.
 
-    Raises ``FileNotFoundError`` naming the file when it is gone."""
-    if content:
+    Raises ``FileNotFoundError`` naming the file when it is gone. Within one process a file whose inode, size, mtime and
+    ctime have not changed is hashed once (planning, cache build and cache load all ask for the same images)."""
+    stat = os.stat(path)
+    if not content:
+        return f"{stat.st_size}:{stat.st_mtime_ns}"
+    memo = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if memo not in _CONTENT_HASHES:
         digest = hashlib.blake2b(digest_size=16)
         with open(path, "rb") as f:
             while chunk := f.read(_READ_BYTES):
                 digest.update(chunk)
-        return _CONTENT_PREFIX + digest.hexdigest()
-    stat = os.stat(path)
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
+        if len(_CONTENT_HASHES) >= _CONTENT_HASHES_MAX:
+            _CONTENT_HASHES.clear()
+        _CONTENT_HASHES[memo] = _CONTENT_PREFIX + digest.hexdigest()
+    return _CONTENT_HASHES[memo]
 
 
 def image_identities(items: Iterable[Datum], content: bool = False) -> list[str]:

@@ -17,10 +17,10 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from atlas_fast.backbones import BackboneConfig
-from atlas_fast.plan import resolve_device
-from atlas_fast.report import TableRow, latex_table, markdown_table, plot_rows
+from atlas_fast.engine.config import resolve_device
+from atlas_fast.app.report import TableRow, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine import TrainConfig
 
 # The 11 datasets of the base-to-new, few-shot and cross-dataset (target) tables, in the paper's order.
 ELEVEN = ("ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers", "Food101", "FGVCAircraft",
@@ -71,8 +71,16 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
 # prompt depths of the multi-modal methods cut to its 4-layer towers.
 WORLD_DATA_ROOT = "data/world"
 WORLD_IMAGES = (32, 4, 50)
-WORLD_METHOD_OPTIONS = ("maple:depth=4", "ivlp:depth_text=4", "ivlp:depth_vision=4", "promptsrc:depth_text=4",
-                        "promptsrc:depth_vision=4")
+WORLD_TOWER_LAYERS = 4  # blocks per tower of the atlas-world CLIP (model_configs/atlas-world.json)
+
+
+def world_method_options() -> list[str]:
+    """``METHOD:OPTION=4`` for every prompt-depth option of every registered method (their registry entries name
+    them): the world's towers have 4 blocks, fewer than the recipes' depths."""
+    from atlas_fast.methods import METHODS
+
+    return [f"{name}:{option}={WORLD_TOWER_LAYERS}" for name, entry in METHODS.items()
+            for option in entry.depth_options]
 
 
 def apply_world(args: argparse.Namespace, parser: argparse.ArgumentParser, module: ModuleType) -> None:
@@ -90,7 +98,7 @@ def apply_world(args: argparse.Namespace, parser: argparse.ArgumentParser, modul
         if getattr(args, option) == default(option):
             setattr(args, option, list(value))
     if hasattr(args, "method_option"):  # the user's options come later and so win (see method_options)
-        args.method_option = list(WORLD_METHOD_OPTIONS) + args.method_option
+        args.method_option = world_method_options() + args.method_option
     needed = list(dict.fromkeys(list(args.datasets) + list(getattr(args, "targets", None) or [])))
     generate_benchmark(args.data_root, needed, sizes=SplitSizes(*args.world_images), progress=True)
 
@@ -103,9 +111,9 @@ PAPER_METHODS = PAPER_TEXT_METHODS + ("ivlp", "maple")
 
 def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
     """``--methods`` (one block of rows each) and ``--zero-shot`` (a zero-shot CLIP row first)."""
-    from atlas_fast.methods import RECIPES
+    from atlas_fast.methods.base import method_names
 
-    p.add_argument("--methods", nargs="+", default=list(default), choices=sorted(set(RECIPES) - {"zsclip"}),
+    p.add_argument("--methods", nargs="+", default=list(default), choices=method_names(learning_only=True),
                    help="methods, one block of rows each (default: %(default)s)")
     p.add_argument("--zero-shot", action="store_true", help="add a zero-shot CLIP row (zsclip) first")
     p.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="[METHOD:]NAME=VALUE",

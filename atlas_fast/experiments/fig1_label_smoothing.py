@@ -13,11 +13,11 @@ import argparse
 from pathlib import Path
 
 from atlas_fast.experiments.common import base_config, publish
-from atlas_fast.report import epoch_curves, plot_curves, strategy_label
+from atlas_fast.app.report import epoch_curves, plot_curves, strategy_label
 from atlas_fast.schedules import Atlas, OneHot, OnlineLabelSmoothing, TeacherFreeKD
 from atlas_fast.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 PAPER = "Fig. 1"

@@ -16,8 +16,8 @@ from pathlib import Path
 from PIL import Image
 
 from atlas_fast.experiments.common import publish
-from atlas_fast.report import plot_soft_label_case_study
-from atlas_fast.train import TrainConfig
+from atlas_fast.app.report import plot_soft_label_case_study
+from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 PAPER = "Fig. 3 (soft-label case study)"
@@ -42,7 +42,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.softlabels import atlas_preset, compute_soft_labels
-    from atlas_fast.plan import resolve_device
+    from atlas_fast.engine.config import resolve_device
 
     pretrained = None if args.pretrained.lower() == "none" else args.pretrained
     backbone = shared_backbone(BackboneConfig(args.model, pretrained), resolve_device(args.device))

@@ -11,9 +11,9 @@ import argparse
 from pathlib import Path
 
 from atlas_fast.experiments.common import base_config, chunks, publish
-from atlas_fast.report import aggregate, plot_series
+from atlas_fast.app.report import aggregate, plot_series
 from atlas_fast.sweep import atlas_variants, grid_configs
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine import TrainConfig
 
 PAPER = "Fig. 4 (few-shot)"
 SHOTS = (1, 2, 4, 8, 16)

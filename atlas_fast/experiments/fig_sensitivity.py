@@ -11,11 +11,11 @@ import argparse
 from pathlib import Path
 
 from atlas_fast.experiments.common import base_config, chunks, publish
-from atlas_fast.report import aggregate, plot_series
+from atlas_fast.app.report import aggregate, plot_series
 from atlas_fast.schedules import Atlas
 from atlas_fast.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine import TrainConfig
 
 PAPER = "Fig. 6, Figs. A1-A2 (sensitivity)"
 # parameter -> (soft-label kind, values as the paper sweeps them)

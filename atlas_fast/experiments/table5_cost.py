@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from atlas_fast.experiments.common import base_config, publish
-from atlas_fast.report import variant_label
+from atlas_fast.app.report import variant_label
 from atlas_fast.sweep import atlas_variants, grid_configs
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 PAPER = "Table V (computational cost)"
@@ -42,7 +42,7 @@ def soft_label_seconds(record: dict, args: argparse.Namespace) -> float:
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.softlabels import SoftLabelConfig, compute_soft_labels
-    from atlas_fast.plan import resolve_device
+    from atlas_fast.engine.config import resolve_device
 
     config = record["config"]
     backbone = shared_backbone(BackboneConfig(**config["backbone"]), resolve_device(args.device))
@@ -61,13 +61,13 @@ def soft_label_seconds(record: dict, args: argparse.Namespace) -> float:
 
 def inference_ms_per_image(record: dict, args: argparse.Namespace) -> float:
     """Milliseconds per test image to classify cached features with the run's learned prompts (all classes)."""
-    from atlas_fast.evaluate import evaluate_record
+    from atlas_fast.engine import evaluate_saved
 
-    evaluate_record(record["path"], record["config"]["dataset"], args.data_root, "all",
+    evaluate_saved(record["path"], record["config"]["dataset"], args.data_root, "all",
                              cache_root=args.cache_root, device=args.device, progress=False)
     # a second call times the classification alone (the backbone and cache are warm now)
     result_start = time.perf_counter()
-    result = evaluate_record(record["path"], record["config"]["dataset"], args.data_root, "all",
+    result = evaluate_saved(record["path"], record["config"]["dataset"], args.data_root, "all",
                              cache_root=args.cache_root, device=args.device, progress=False)
     return 1000.0 * (time.perf_counter() - result_start) / result["num_test"]
 

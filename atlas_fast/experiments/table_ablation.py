@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 
 from atlas_fast.experiments.common import base_config, write_table
-from atlas_fast.methods import RECIPES
-from atlas_fast.report import aggregate, method_name
+from atlas_fast.methods.base import method_names
+from atlas_fast.app.report import aggregate, method_name
 from atlas_fast.schedules import Atlas, Joint, OneHot
 from atlas_fast.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine import TrainConfig
 
 PAPER = "Table IV (ablation)"
 NAMES = {"ls": ("vanilla LS", "ATLaS"), "csl": ("CSL", "ATLaS-CSL"), "isl": ("ISL", "ATLaS-ISL")}
@@ -43,7 +43,7 @@ def variants() -> list[Variant]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="coop", choices=sorted(set(RECIPES) - {"zsclip"}),
+    p.add_argument("--method", default="coop", choices=method_names(learning_only=True),
                    help="the method ablated (default coop, as in the paper)")
 
 

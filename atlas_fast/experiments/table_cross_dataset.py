@@ -16,12 +16,12 @@ import argparse
 import statistics
 from collections import defaultdict
 
-from atlas_fast.evaluate import evaluate_record
+from atlas_fast.engine import evaluate_saved
 from atlas_fast.experiments.common import ELEVEN, PAPER_METHODS, base_config, method_args, publish
-from atlas_fast.report import method_name, variant_label
+from atlas_fast.app.report import method_name, variant_label
 from atlas_fast.schedules import OneHot
 from atlas_fast.sweep import Variant, atlas_variants, grid_configs
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE, CROSS_TARGETS, DG_TARGETS
 
 PAPER = "Tables I and II"
@@ -50,7 +50,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
         row = (method_name(method), variant_label(record["config"]))
         cells[row]["source"].append(record["metrics"]["all"])
         for target in args.targets:
-            result = evaluate_record(record["path"], target, args.data_root, cache_root=args.cache_root,
+            result = evaluate_saved(record["path"], target, args.data_root, cache_root=args.cache_root,
                                      device=args.device, progress=False)
             # zero-shot CLIP on a target uses the target's own template, not the source's
             cells[row][target].append(result["zero_shot"] if method == "zsclip" else result["accuracy"])

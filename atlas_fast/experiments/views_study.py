@@ -18,10 +18,10 @@ import dataclasses
 import statistics
 from collections import defaultdict
 
-from atlas_fast.evaluate import harmonic_mean
+from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.experiments.common import base_config, publish
 from atlas_fast.sweep import atlas_variants, grid_configs
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine import TrainConfig
 
 PAPER = "views study (atlas_fast: cached views vs a fresh crop per epoch)"
 VIEW_COUNTS = (1, 5, 20, 0)  # 0: one view per epoch (the faithful setting)
@@ -50,7 +50,7 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    from atlas_fast.report import variant_label
+    from atlas_fast.app.report import variant_label
 
     # (views, variant) -> dataset -> metric -> per-seed values
     cells: dict[tuple[str, str], dict[str, dict[str, list[float]]]] = defaultdict(

@@ -1,7 +1,16 @@
-"""Prompt-tuning methods behind one interface (:class:`PromptMethod`); importing this package registers them all."""
+"""Prompt-tuning methods behind one interface (:class:`PromptMethod`).
 
-from atlas_fast.methods.base import (METHODS, MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, build_method,
-                                     register_method)
+Each method's file defines its class, config and recipe and registers them with
+:func:`~atlas_fast.methods.base.register_method`; importing this package imports every module in it, so a new
+method is one new file here (see docs/methods.md, "Adding a method"). The names below are re-exported for
+convenience only: the registry (:data:`METHODS`) is what the rest of atlas_fast reads.
+"""
+
+import importlib
+import pkgutil
+
+from atlas_fast.methods.base import (METHODS, MethodConfig, MethodEntry, MissingRecipe, OptimRecipe, PromptMethod,
+                                     build_method, method_entry, register_method)
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig, cocoop_recipe
 from atlas_fast.methods.coop import CoOp, CoOpConfig, coop_recipe
 from atlas_fast.methods.dept import (DePT, DePTCoCoOp, DePTCoCoOpConfig, DePTCoOp, DePTCoOpConfig, DePTKgCoOp,
@@ -13,13 +22,10 @@ from atlas_fast.methods.maple import MaPLe, MaPLeConfig, maple_recipe
 from atlas_fast.methods.promptsrc import PromptSRC, PromptSRCConfig, gpa_weights, promptsrc_recipe
 from atlas_fast.methods.zsclip import ZeroShotCLIP, ZeroShotConfig, zsclip_recipe
 
-RECIPES = {"zsclip": zsclip_recipe, "coop": coop_recipe, "cocoop": cocoop_recipe, "kgcoop": kgcoop_recipe,
-           "dept-coop": dept_coop_recipe, "dept-cocoop": dept_cocoop_recipe, "dept-kgcoop": dept_kgcoop_recipe,
-           "ivlp": ivlp_recipe, "maple": maple_recipe, "promptsrc": promptsrc_recipe,
-           "dept-maple": dept_maple_recipe}
-"""Per method: ``(family, setting, shots, dataset) -> (method config, OptimRecipe)`` (``methods.md`` §10)."""
+for _module in pkgutil.iter_modules(__path__):  # methods added as new files register themselves on import
+    importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["IVLP", "METHODS", "RECIPES", "CoCoOp", "CoCoOpConfig", "CoOp", "CoOpConfig", "DePT", "DePTCoCoOp",
+__all__ = ["IVLP", "METHODS", "MethodEntry", "method_entry", "CoCoOp", "CoCoOpConfig", "CoOp", "CoOpConfig", "DePT", "DePTCoCoOp",
            "DePTCoCoOpConfig", "DePTCoOp", "DePTCoOpConfig", "DePTKgCoOp", "DePTKgCoOpConfig", "DePTMaPLe",
            "DePTMaPLeConfig", "IVLPConfig", "KgCoOp", "KgCoOpConfig", "MaPLe", "MaPLeConfig", "MethodConfig",
            "MissingRecipe", "OptimRecipe", "PromptMethod", "PromptSRC", "PromptSRCConfig", "ZeroShotCLIP",

@@ -84,11 +84,13 @@ class PromptMethod(nn.Module):
     name: ClassVar[str]
     consumes: ClassVar[Consumes]
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
-    # True when R runs can train as one module (atlas_fast.batched): every learned tensor leads with R, forward()
+    # True when R runs can train as one module (atlas_fast.engine.pipeline): every learned tensor leads with R, forward()
     # and training_loss() take one batch per run ((R, B, ...) inputs, (R, B) labels) and runs never mix.
     supports_batched_runs: ClassVar[bool] = False
     #: False for methods with no learned tensors (zero-shot CLIP): training them is skipped.
     learns: ClassVar[bool] = True
+    #: True for pixel methods whose batches also carry the frozen CLIP's cached features of the same views (PromptSRC).
+    frozen_view_features: ClassVar[bool] = False
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
         super().__init__()
@@ -240,23 +242,93 @@ def check_family(method: str, family: str) -> None:
         raise ValueError(f"{method} recipe family must be 'paper' or 'original', got {family!r}")
 
 
-METHODS: dict[str, type[PromptMethod]] = {}
+RecipeFunction = Callable[[str, str, int, str], "tuple[MethodConfig, OptimRecipe]"]
 
 
-def register_method(cls: type[PromptMethod]) -> type[PromptMethod]:
-    """Class decorator: make a method buildable by its ``name``."""
-    if cls.name in METHODS and METHODS[cls.name] is not cls:
+@dataclass(frozen=True)
+class MethodEntry:
+    """A method as the rest of atlas_fast sees it: one entry per method, made by :func:`register_method` in the
+    method's own file. The command line's choices, the report's printed names, the world's prompt depths and the
+    docs' method list all derive from these entries.
+
+    ``recipe(family, setting, shots, dataset) -> (method config, OptimRecipe)`` is the method's training recipe;
+    ``printed_name`` is how the papers print it; ``depth_options`` are the config fields that are prompt depths
+    (counted in transformer blocks), which a backbone with shallower towers needs lowered.
+    """
+
+    cls: type[PromptMethod]
+    recipe: RecipeFunction
+    printed_name: str
+    depth_options: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def reads_pixels(self) -> bool:
+        """True when the method prompts the image tower, so it trains and evaluates on decoded pixels."""
+        return self.cls.consumes == "pixels"
+
+    @property
+    def reads_frozen_features(self) -> bool:
+        """True when each pixel batch also carries the frozen CLIP's cached features of the same views."""
+        return self.cls.frozen_view_features
+
+    @property
+    def batches(self) -> bool:
+        """True when R runs of the method can train as one module."""
+        return self.cls.supports_batched_runs
+
+    @property
+    def learns(self) -> bool:
+        return self.cls.learns
+
+    @property
+    def config_class(self) -> type[MethodConfig]:
+        return self.cls.config_class
+
+    def build(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig | None = None
+              ) -> PromptMethod:
+        """The method for ``classnames`` (config defaults to the config class's defaults)."""
+        return self.cls(backbone, classnames, config if config is not None else self.cls.config_class())
+
+
+METHODS: dict[str, MethodEntry] = {}
+
+
+def register_method(cls: type[PromptMethod], *, recipe: RecipeFunction, printed_name: str,
+                    depth_options: Sequence[str] = ()) -> MethodEntry:
+    """Make ``cls`` known under ``cls.name`` with its recipe, printed name and prompt-depth options; every method
+    file calls this once for each method it defines."""
+    if cls.name in METHODS and METHODS[cls.name].cls is not cls:
         raise ValueError(f"Two prompt methods are registered as {cls.name!r}")
-    METHODS[cls.name] = cls
-    return cls
+    config_fields = {f.name for f in fields(cls.config_class)}
+    unknown = sorted(set(depth_options) - config_fields)
+    if unknown:
+        raise ValueError(f"{cls.name}: depth options {unknown} are not fields of {cls.config_class.__name__}")
+    entry = MethodEntry(cls, recipe, printed_name, tuple(depth_options))
+    METHODS[cls.name] = entry
+    return entry
+
+
+def method_entry(name: str) -> MethodEntry:
+    """The registered method ``name``, with the known names in the error."""
+    import atlas_fast.methods  # noqa: F401  (importing the package registers every method)
+
+    if name not in METHODS:
+        raise ValueError(f"Unknown prompt method {name!r}; known: {', '.join(sorted(METHODS))}.")
+    return METHODS[name]
 
 
 def build_method(name: str, backbone: Backbone, classnames: Sequence[str],
                  config: MethodConfig | None = None) -> PromptMethod:
     """Build a registered method for ``classnames`` (config defaults to the method's config class defaults)."""
+    return method_entry(name).build(backbone, classnames, config)
+
+
+def method_names(learning_only: bool = False) -> list[str]:
+    """The registered methods' names, sorted (``learning_only``: without zero-shot CLIP, which learns nothing)."""
     import atlas_fast.methods  # noqa: F401  (importing the package registers every method)
 
-    if name not in METHODS:
-        raise KeyError(f"Unknown prompt method {name!r}; known: {sorted(METHODS)}")
-    cls = METHODS[name]
-    return cls(backbone, classnames, config if config is not None else cls.config_class())
+    return sorted(name for name, entry in METHODS.items() if entry.learns or not learning_only)

@@ -43,7 +43,6 @@ class CoCoOpConfig(CoOpConfig):
                              f"the context), got {self.class_token_position!r}")
 
 
-@register_method
 class CoCoOp(CoOp):
     """CoCoOp on cached image features. Learned tensors: ``ctx`` (R, M, d) and the meta-net of every run,
     ``meta_weight1`` (R, H, D_v), ``meta_bias1`` (R, H), ``meta_weight2`` (R, d, H), ``meta_bias2`` (R, d)."""
@@ -117,3 +116,6 @@ def cocoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) ->
     if setting not in ("base2new", "cross_dataset"):
         raise MissingRecipe("CoCoOp", setting, config)
     return config, OptimRecipe(epochs=10, batch_size=1, lr=0.002)
+
+
+register_method(CoCoOp, recipe=cocoop_recipe, printed_name="CoCoOp")

@@ -59,7 +59,6 @@ class CoOpConfig(MethodConfig):
         return len(self.init_words.split(" ")) if self.init_words else self.n_ctx
 
 
-@register_method
 class CoOp(PromptMethod):
     """CoOp on cached image features. Learned tensor: ``ctx`` (R, M, d), or (R, C, M, d) with CSC."""
 
@@ -191,3 +190,6 @@ def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> t
     else:
         config = CoOpConfig(ctx_init=PAPER_CTX_INIT)
     return config, OptimRecipe(epochs=epochs, batch_size=32, lr=0.002)
+
+
+register_method(CoOp, recipe=coop_recipe, printed_name="CoOp")

@@ -205,28 +205,24 @@ class DePT(PromptMethod):
                 {"params": self.head_parameters(), "lr_scale": self.config.head_lr_scale}]
 
 
-@register_method
 class DePTCoOp(DePT):
     name = "dept-coop"
     config_class = DePTCoOpConfig
     base_class = CoOp
 
 
-@register_method
 class DePTCoCoOp(DePT):
     name = "dept-cocoop"
     config_class = DePTCoCoOpConfig
     base_class = CoCoOp
 
 
-@register_method
 class DePTKgCoOp(DePT):
     name = "dept-kgcoop"
     config_class = DePTKgCoOpConfig
     base_class = KgCoOp
 
 
-@register_method
 class DePTMaPLe(DePT):
     """DePT's head on MaPLe's prompted features; consumes pixels."""
 
@@ -282,3 +278,10 @@ def dept_maple_recipe(family: Family, setting: Setting, shots: int,
     config = DePTMaPLeConfig(n_ctx=2 if family == "original" else 4, ctx_init=PAPER_CTX_INIT, depth=9)
     _check("DePT-MaPLe", family, setting, config)
     return config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)
+
+
+# The ATLaS paper's "DePT" rows are DePT on CoOp.
+register_method(DePTCoOp, recipe=dept_coop_recipe, printed_name="DePT")
+register_method(DePTCoCoOp, recipe=dept_cocoop_recipe, printed_name="DePT-CoCoOp")
+register_method(DePTKgCoOp, recipe=dept_kgcoop_recipe, printed_name="DePT-KgCoOp")
+register_method(DePTMaPLe, recipe=dept_maple_recipe, printed_name="DePT-MaPLe", depth_options=("depth",))

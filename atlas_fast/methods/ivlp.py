@@ -77,7 +77,6 @@ class IVLPConfig(MethodConfig):
             raise ValueError(f"{owner}.n_ctx_vision must be >= 1 when depth_vision > 0, got {self.n_ctx_vision}")
 
 
-@register_method
 class IVLP(PromptMethod):
     """Independent vision-language prompts; consumes pixels (its image tower is prompted)."""
 
@@ -213,3 +212,6 @@ def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IV
                         depth_vision=12)
     check_setting("IVLP", family, setting, config, ("base2new", "cross_dataset"))
     return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
+
+
+register_method(IVLP, recipe=ivlp_recipe, printed_name="IVLP", depth_options=("depth_text", "depth_vision"))

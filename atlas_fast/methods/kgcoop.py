@@ -43,7 +43,6 @@ class KgCoOpConfig(CoOpConfig):
         check_template(self.template, "KgCoOpConfig")
 
 
-@register_method
 class KgCoOp(CoOp):
     """KgCoOp on cached image features. Learned tensor: ``ctx``; fixed targets w_c per class set (not saved)."""
 
@@ -99,3 +98,6 @@ def kgcoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) ->
     if setting == "cross_dataset":
         return dept_config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)
     raise MissingRecipe("KgCoOp", setting, dept_config)
+
+
+register_method(KgCoOp, recipe=kgcoop_recipe, printed_name="KgCoOp")

@@ -44,7 +44,6 @@ class MaPLeConfig(MethodConfig):
             raise ValueError(f"MaPLeConfig.depth must be >= 1, got {self.depth}")
 
 
-@register_method
 class MaPLe(IVLP):
     """Multi-modal prompt learning: vision prompts are linear maps of the text prompts; consumes pixels."""
 
@@ -93,3 +92,6 @@ def maple_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[M
     if setting == "cross_dataset":
         return config, OptimRecipe(epochs=2, batch_size=4, lr=0.0026)
     return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
+
+
+register_method(MaPLe, recipe=maple_recipe, printed_name="MaPLe", depth_options=("depth",))

@@ -76,7 +76,6 @@ class PromptSRCConfig(IVLPConfig):
             raise ValueError(f"PromptSRCConfig.gpa_std must be > 0, got {self.gpa_std}")
 
 
-@register_method
 class PromptSRC(IVLP):
     """IVLP + self-regulating constraints + Gaussian prompt aggregation; consumes pixels and, when the input path
     has them, the frozen CLIP's cached features of the same views (``frozen_view_features``)."""
@@ -129,7 +128,7 @@ class PromptSRC(IVLP):
     def training_loss(self, inputs, labels: torch.Tensor,
                       criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """criterion(z) + L_SCL. ``inputs``: pixels (B, 3, H, W), or (pixels, cached frozen features (B, D)) (an
-        :class:`atlas_fast.inputs.PixelBatch`)."""
+        :class:`atlas_fast.engine.feed.PixelBatch`)."""
         pixels, frozen = inputs if isinstance(inputs, tuple) else (inputs, None)
         if frozen is None:
             frozen = self.frozen_image_features(pixels)
@@ -179,3 +178,7 @@ def promptsrc_recipe(family: str, setting: str, shots: int, dataset: str) -> tup
                 OptimRecipe(epochs=20, batch_size=4, lr=0.0025))
     mean, std = (45.0, 5.0) if dataset in FEW_SHOT_GPA_LATE else (30.0, 30.0)
     return PromptSRCConfig(gpa_mean=mean, gpa_std=std), OptimRecipe(epochs=50, batch_size=4, lr=0.0025)
+
+
+register_method(PromptSRC, recipe=promptsrc_recipe, printed_name="PromptSRC",
+                depth_options=("depth_text", "depth_vision"))

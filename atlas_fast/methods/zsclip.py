@@ -45,7 +45,6 @@ def prompt_features(backbone: Backbone, prompts: tuple[str, ...]) -> torch.Tenso
     return _PROMPT_FEATURES[key]
 
 
-@register_method
 class ZeroShotCLIP(PromptMethod):
     """Zero-shot CLIP on cached image features; ``text_features()`` is a fixed (R, C, D) buffer."""
 
@@ -75,3 +74,6 @@ def zsclip_recipe(family: Family, setting: Setting, shots: int, dataset: str) ->
     and family. The optimisation recipe is a placeholder of one epoch: there is nothing to train."""
     check_family("Zero-shot CLIP", family)
     return ZeroShotConfig(template=zeroshot_template(dataset)), OptimRecipe(epochs=1, batch_size=32, lr=0.002)
+
+
+register_method(ZeroShotCLIP, recipe=zsclip_recipe, printed_name="CLIP (zero-shot)")

@@ -125,7 +125,7 @@ def coop_new_class_curve(dataset: str, data_root: str | Path, seeds: Sequence[in
                          epochs: int | None = None, views: int | None = None, cache_root: str | Path = "cache",
                          results_dir: str | Path = "results/world_properties") -> NewClassCurve:
     """Train CoOp base-to-new (16 shots, the paper's recipe) and evaluate the new classes after every epoch."""
-    from atlas_fast.train import TrainConfig, run
+    from atlas_fast.engine import TrainConfig, run
 
     records = [run(TrainConfig(dataset=dataset, data_root=Path(data_root), backbone=WORLD_BACKBONE, method="coop",
                                setting="base2new", shots=16, seed=seed, epochs=epochs, views=views,

@@ -1,7 +1,7 @@
 """Where the groups of a sweep train: this process, Ray tasks, or a SLURM job array through submitit.
 
-Every executor has one method, ``map(groups)``, that trains each group (a list of compatible
-:class:`~atlas_fast.train.TrainConfig`, see :mod:`atlas_fast.sweep`) with :func:`train_group` and yields
+Every executor has one method, ``map(groups)``, that trains each group (a list of compatible planned runs,
+:class:`~atlas_fast.engine.spec.RunSpec`, see :mod:`atlas_fast.sweep.grid`) with :func:`train_specs` and yields
 ``(group index, records)`` as groups finish. Workers write the records themselves, into the runs' ``results_dir``,
 so that folder (and ``cache_root``, ``data_root``) must be visible to every worker: a shared file system on a cluster.
 Ray and submitit are optional extras (``pip install atlas_fast[ray]`` / ``atlas_fast[slurm]``), imported only here and
@@ -15,16 +15,17 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from atlas_fast.train import TrainConfig
+from atlas_fast.engine.spec import RunSpec
 
-Groups = Sequence[Sequence[TrainConfig]]
+Groups = Sequence[Sequence[RunSpec]]
 
 
-def train_group(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
-    """Train one group (what a worker runs): R runs as one batched module, finished runs skipped."""
-    from atlas_fast.batched import run_batch
+def train_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """Train one group (what a worker runs): its planned runs as one module, finished runs skipped; nothing is
+    planned again."""
+    from atlas_fast.engine.pipeline import run_specs
 
-    return run_batch(list(configs))
+    return run_specs(list(specs))
 
 
 class LocalExecutor:
@@ -32,7 +33,7 @@ class LocalExecutor:
 
     def map(self, groups: Groups) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         for i, group in enumerate(groups):
-            yield i, train_group(group)
+            yield i, train_specs(group)
 
 
 class RayExecutor:
@@ -68,7 +69,7 @@ class RayExecutor:
 
     def map(self, groups: Groups) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         ray = self._init()
-        task = ray.remote(num_cpus=self.cpus_per_group, num_gpus=self.gpus_per_group)(train_group)
+        task = ray.remote(num_cpus=self.cpus_per_group, num_gpus=self.gpus_per_group)(train_specs)
         limit = self.workers or len(groups)
         pending: dict[Any, int] = {}
         queue = list(enumerate(groups))
@@ -109,7 +110,7 @@ class SlurmExecutor:
         if executor.cluster != "slurm":  # the local/debug executors take no slurm_* options
             parameters = {k: v for k, v in parameters.items() if not k.startswith("slurm_")}
         executor.update_parameters(name="atlas-fast-sweep", **parameters)
-        jobs = executor.map_array(train_group, [list(group) for group in groups])
+        jobs = executor.map_array(train_specs, [list(group) for group in groups])
         print(f"submitted {len(jobs)} group(s) as job array {jobs[0].job_id.split('_')[0] if jobs else '-'} "
               f"(logs: {self.folder})", file=sys.stderr)
         for i, job in enumerate(jobs):

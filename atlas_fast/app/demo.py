@@ -42,9 +42,9 @@ class DemoConfig:
 
 def run_demo(config: DemoConfig, progress: bool = True) -> str:
     """Run the demo grid and return the printed report (table, timings, where the files are)."""
-    from atlas_fast.report import aggregate, latex_table, markdown_table, plot_rows
+    from atlas_fast.app.report import aggregate, latex_table, markdown_table, plot_rows
     from atlas_fast.sweep import atlas_variants, run_grid
-    from atlas_fast.train import TrainConfig
+    from atlas_fast.engine import TrainConfig
     from atlas_fast.world.benchmark import generate_benchmark
 
     start = time.perf_counter()
@@ -85,7 +85,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
 
 def _zero_shot_row(records: Sequence[dict]) -> str:
     """The zero-shot CLIP reference (the dataset's template, no training), from the records."""
-    from atlas_fast.evaluate import harmonic_mean
+    from atlas_fast.engine.evaluate import harmonic_mean
 
     first = {}
     for record in records:  # zero-shot does not depend on the variant or seed's training, only on the classes
@@ -102,8 +102,8 @@ def verdict(records: Sequence[dict]) -> str:
     import statistics
     from collections import defaultdict
 
-    from atlas_fast.evaluate import harmonic_mean
-    from atlas_fast.report import variant_label
+    from atlas_fast.engine.evaluate import harmonic_mean
+    from atlas_fast.app.report import variant_label
 
     by_variant: dict[str, dict[tuple[str, int], dict[str, float]]] = defaultdict(dict)
     for record in records:

@@ -145,9 +145,9 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
                     "finished run is skipped. One run per --seed; a one-line table with the mean over seeds closes "
                     "the output.")
     _add_data_and_backbone_args(train)
-    train.add_argument("--method", default="coop",
-                       choices=("zsclip", "coop", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop",
-                                "ivlp", "maple", "promptsrc", "dept-maple"),
+    from atlas_fast.methods.base import method_names
+
+    train.add_argument("--method", default="coop", choices=method_names(),
                        help="prompt method (default coop); dept-* = DePT's head on coop/cocoop/kgcoop/maple, zsclip = "
                             "zero-shot CLIP (nothing trained); ivlp, maple, promptsrc, dept-maple prompt the image "
                             "encoder and train on pixels")
@@ -272,7 +272,7 @@ def _method_options(pairs: list[str]) -> dict[str, str] | None:
 def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.backbones import BackboneConfig
     from atlas_fast.sweep import Execution, run_configs
-    from atlas_fast.train import TrainConfig
+    from atlas_fast.engine import TrainConfig
 
     soft_labels, schedule = _label_schedule(args)
     label = _run_label(args.method, soft_labels, schedule)
@@ -300,7 +300,7 @@ def run_train(args: argparse.Namespace) -> int:
         rows.append(metrics)
     means = {c: sum(m[c] for m in rows) / len(rows) for c in columns}
     if "base" in means:  # H of the mean accuracies, as the papers' tables do
-        from atlas_fast.evaluate import harmonic_mean
+        from atlas_fast.engine.evaluate import harmonic_mean
 
         means["H"] = harmonic_mean(means["base"], means["new"])
     seeds = ",".join(str(s) for s in args.seed)
@@ -310,11 +310,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from atlas_fast.evaluate import evaluate_record
+    from atlas_fast.engine import evaluate_saved
 
     accuracies = []
     for record in args.record:
-        result = evaluate_record(record, args.dataset, args.data_root, args.subsample, shots=args.shots,
+        result = evaluate_saved(record, args.dataset, args.data_root, args.subsample, shots=args.shots,
                                  seed=args.seed, cache_root=args.cache_root, device=args.device,
                                  progress=not args.no_progress)
         accuracies.append(result["accuracy"])
@@ -327,8 +327,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def add_demo_commands(subparsers: argparse._SubParsersAction) -> None:
-    """``atlas-fast demo``: the README's first command (see :mod:`atlas_fast.demo`)."""
-    from atlas_fast.demo import DemoConfig
+    """``atlas-fast demo``: the README's first command (see :mod:`atlas_fast.app.demo`)."""
+    from atlas_fast.app.demo import DemoConfig
     from atlas_fast.world.benchmark import BASE_TO_NEW
 
     defaults = DemoConfig()
@@ -356,7 +356,7 @@ def add_demo_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
-    from atlas_fast.demo import DemoConfig, run_demo
+    from atlas_fast.app.demo import DemoConfig, run_demo
 
     config = DemoConfig(data_root=args.data_root, cache_root=args.cache_root, results_dir=args.results_dir,
                         datasets=tuple(args.datasets), seeds=tuple(args.seeds), views=args.views,

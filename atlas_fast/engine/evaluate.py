@@ -2,7 +2,7 @@
 zero-shot references, and saved runs.
 
 Accuracy is Dassl's ``Classification`` evaluator: micro top-1 in percent over the whole evaluated split
-(``data-pipeline.md`` §7). In base-to-new, *base* is an m-way problem over the base class names, *new* an (n-m)-way
+(docs/protocol.md, "Evaluation"). In base-to-new, *base* is an m-way problem over the base class names, *new* an (n-m)-way
 problem over the new names whose text features are built from the **learned** context (``set_classnames``), and
 H = 2BN/(B+N). *all* is the n-way problem over every class name (not reported by the references, but cheap here).
 Methods that prompt the image tower (``consumes == "pixels"``) are evaluated on the test view (view 0) of each
@@ -13,7 +13,6 @@ once per class set.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -22,7 +21,7 @@ from atlas_fast.backbones import Backbone
 from atlas_fast.methods.base import PromptMethod
 
 if TYPE_CHECKING:
-    from atlas_fast.pixels import ImageViews
+    from atlas_fast.engine.pixels import ImageViews
 
 EVAL_PIXEL_BATCH = 100
 
@@ -65,9 +64,6 @@ def _autocast(device: torch.device, enabled: bool):
 def method_logits(method: PromptMethod, features: torch.Tensor, amp: bool = False) -> torch.Tensor:
     """Logits (R, N, C) of cached features (N, D): the method's own test-time path
     (:meth:`~atlas_fast.methods.base.PromptMethod.eval_logits`) in eval mode, under fp16 autocast with ``amp``."""
-    if method.consumes != "features":
-        raise ValueError(f"{type(method).__name__} consumes pixels; evaluating it from cached features is "
-                         f"impossible (its image path is prompted): give the EvalSet its images.")
     was_training = method.training
     method.eval()
     try:
@@ -110,7 +106,7 @@ def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = F
     try:
         for eval_set in sets:
             method.set_classnames(eval_set.classnames)
-            if method.consumes == "pixels" and eval_set.images is not None:
+            if eval_set.images is not None:  # the feed gives images to the methods that read pixels
                 logits = pixel_logits(method, eval_set.images, amp, progress, f"evaluate {eval_set.name}")
             else:
                 logits = method_logits(method, eval_set.features, amp)
@@ -141,61 +137,13 @@ def evaluate_run(method: PromptMethod, eval_sets: Sequence[EvalSet], backbone: B
                  amp: bool = False, progress: bool = False) -> dict[str, Any]:
     """A trained run's final metrics: accuracy on each evaluation set (base/new/all, H) and the zero-shot references
     with the dataset's CLIP template on the same sets."""
-    from atlas_fast.data.templates import zeroshot_template
-
     accuracies = {name: values[0] for name, values in evaluate_method(method, eval_sets, amp, progress).items()}
-    template = zeroshot_template(dataset)
-    zero_shot = {s.name: zero_shot_accuracy(backbone, s, template) for s in eval_sets}
-    return {**summarize(accuracies), "zero_shot": summarize(zero_shot)}
+    return {**summarize(accuracies), "zero_shot": zero_shot_references(backbone, eval_sets, dataset)}
 
 
-def evaluate_record(record_path: str | Path, dataset: str, data_root: str | Path, subsample: str = "all",
-                    shots: int | None = None, seed: int | None = None, cache_root: str | Path = "cache",
-                    device: str = "auto", progress: bool = True) -> dict[str, Any]:
-    """Evaluate a saved run's learned tensors on a dataset's test split (e.g. cross-dataset transfer, or the new
-    classes of another seed). ``subsample`` picks the class set; ``shots``/``seed`` only matter for the base/new
-    split, which is defined by the (few-shot) train list's labels, so they default to the run's own."""
-    from atlas_fast.backbones import BackboneConfig, shared_backbone
-    from atlas_fast.cache import FeatureCache
-    from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
+def zero_shot_references(backbone: Backbone, eval_sets: Sequence[EvalSet], dataset: str) -> dict[str, float]:
+    """Zero-shot CLIP's accuracy on each evaluation set with the dataset's CLIP template (H added)."""
     from atlas_fast.data.templates import zeroshot_template
-    from atlas_fast.methods import METHODS, build_method
-    from atlas_fast.results import load_learned, read_record
-    from atlas_fast.plan import resolve_device
 
-    record = read_record(record_path)
-    config = record["config"]
-    torch_device = resolve_device(device)
-    backbone = shared_backbone(BackboneConfig(**config["backbone"]), torch_device)
-    if backbone.fingerprint != record["backbone"]["fingerprint"]:
-        raise ValueError(f"The backbone {backbone.describe()} differs from the one {record_path} was trained with "
-                         f"({record['backbone']['fingerprint'][:12]}); its learned prompts would be meaningless.")
-    splits = load_dataset(dataset, data_root)
-    if subsample != "all":
-        shots = config["shots"] if shots is None else shots
-        seed = config["seed"] if seed is None else seed
-        splits = fewshot_subset(splits, shots, seed, store_dir=Path(cache_root) / splits.name / "split_fewshot")
-    splits = subsample_classes(splits, subsample)
-    cache = FeatureCache(cache_root)
-    cache.build(backbone, splits.name, splits.test, num_views=0, progress=progress)
-    features = cache.load(backbone, splits.name, splits.test, views=[0])[:, 0]
-    labels = torch.tensor([d.label for d in splits.test])
-    method_name = config["method"]
-    images = None
-    if method_name in METHODS and METHODS[method_name].consumes == "pixels":
-        from atlas_fast.pixels import ImageViews
-
-        images = ImageViews(splits.test, backbone, device=torch_device)
-    eval_set = EvalSet(subsample, splits.classnames, features, labels, images)
-
-    method_config = METHODS[method_name].config_class(**config["method_config"]) if method_name in METHODS else None
-    # Built for the classes it was trained on (DePT's head is sized and matched by them; older records lack them),
-    # then evaluated on the target's classes by evaluate_method.
-    trained_on = record.get("data", {}).get("classnames") or splits.classnames
-    method = build_method(method_name, backbone, trained_on, method_config).to(torch_device)
-    method.load_checkpoint_state(load_learned(record_path))
-    amp = config.get("precision") == "amp" and torch_device.type == "cuda"
-    accuracy = evaluate_method(method, [eval_set], amp, progress)[subsample][0]
-    return {"dataset": splits.name, "subsample": subsample, "accuracy": accuracy,
-            "zero_shot": zero_shot_accuracy(backbone, eval_set, zeroshot_template(splits.name)),
-            "record": str(record_path), "num_test": len(labels), "num_classes": len(splits.classnames)}
+    template = zeroshot_template(dataset)
+    return summarize({s.name: zero_shot_accuracy(backbone, s, template) for s in eval_sets})

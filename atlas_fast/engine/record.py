@@ -21,29 +21,21 @@ description), ``data`` (dataset, ``fingerprint``, counts, ``shots_used``), ``met
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import platform
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from atlas_fast.files import atomic_write, check_folder_name, check_writable
 
-
-def record_key(config: dict[str, Any], backbone_fingerprint: str) -> str:
-    """A stable hash of the (JSON-serialisable) configuration and the backbone fingerprint."""
-    canonical = json.dumps({"config": config, "backbone": backbone_fingerprint}, sort_keys=True, default=str)
-    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
-
-
-def data_record_key(config_key: str, data_fingerprint: str) -> str:
-    """The record's full key: the configuration key (:func:`record_key`) joined with the data fingerprint."""
-    return hashlib.blake2b(f"{config_key}:{data_fingerprint}".encode(), digest_size=16).hexdigest()
+if TYPE_CHECKING:
+    from atlas_fast.backbones import Backbone
+    from atlas_fast.engine.spec import RunSpec
 
 
 def package_versions() -> dict[str, str]:
@@ -146,18 +138,34 @@ def record_problems(record: dict[str, Any]) -> list[str]:
     return problems
 
 
-def build_record(key: str, described: dict[str, Any], backbone, paths: dict[str, str], data: dict[str, Any],
-                 metrics: dict[str, Any], epochs: list[dict[str, Any]], timings: dict[str, float],
-                 config_key: str | None = None) -> dict[str, Any]:
-    """A run's record (the fields of the module docstring, less ``status`` and ``learned``, which :meth:`ResultStore.save`
-    adds)."""
+def build_record(spec: RunSpec, backbone: Backbone, metrics: dict[str, Any], epochs: list[dict[str, Any]],
+                 timings: dict[str, float]) -> dict[str, Any]:
+    """A run's record (the fields of the module docstring, less ``status`` and ``learned``, which
+    :meth:`ResultStore.save` adds)."""
+    config = spec.config
     return {
-        "key": key, "config_key": config_key or key, "created": utc_now(), "config": described,
+        "key": spec.record_key, "config_key": spec.key, "created": utc_now(), "config": spec.described,
         "backbone": {"fingerprint": backbone.fingerprint, "description": backbone.describe(),
                      "architecture": backbone.architecture},
-        "paths": paths, "data": data, "metrics": metrics, "epochs": epochs, "timings": timings,
+        "paths": {"data_root": str(config.data_root), "cache_root": str(config.cache_root)},
+        "data": spec.data.describe(config.content_hash), "metrics": metrics, "epochs": epochs, "timings": timings,
         "versions": package_versions(),
     }
+
+
+def finished_record(spec: RunSpec) -> dict[str, Any] | None:
+    """The finished record of an identical earlier run on the same data, marked ``skipped``, or None."""
+    store = ResultStore(spec.config.results_dir)
+    record = store.find(spec.dataset, spec.stem, key=spec.record_key)
+    if record is None:
+        return None
+    return {**record, "skipped": True, "path": str(store.record_path(spec.dataset, spec.stem))}
+
+
+def save_record(spec: RunSpec, record: dict[str, Any], learned: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Write a trained run's record and learned tensors; returns the record as a run returns it."""
+    path = ResultStore(spec.config.results_dir).save(spec.dataset, spec.stem, record, learned)
+    return {**record, "status": "finished", "skipped": False, "path": str(path)}
 
 
 def _refuse_constant(name: str) -> float:

@@ -1,4 +1,4 @@
-"""Paper-ready tables and plots from result records (the output of :func:`atlas_fast.train.run`).
+"""Paper-ready tables and plots from result records (the output of :func:`atlas_fast.engine.pipeline.run`).
 
 Aggregation follows the papers' convention (``data-pipeline.md`` §7): per dataset the accuracies are averaged over
 seeds; the "average over datasets" row averages those means; H is computed from the averaged base and new
@@ -13,18 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from atlas_fast.evaluate import harmonic_mean
-
-SOFT_LABEL_NAMES = {"ls": "ATLaS", "csl": "ATLaS-CSL", "isl": "ATLaS-ISL", "mix": "ATLaS-Mix"}
-# How the papers print each method; the ATLaS paper's "DePT" rows are DePT on CoOp.
-METHOD_NAMES = {"zsclip": "CLIP (zero-shot)", "coop": "CoOp", "cocoop": "CoCoOp", "kgcoop": "KgCoOp",
-                "dept-coop": "DePT", "dept-cocoop": "DePT-CoCoOp", "dept-kgcoop": "DePT-KgCoOp", "ivlp": "IVLP",
-                "maple": "MaPLe", "promptsrc": "PromptSRC", "dept-maple": "DePT-MaPLe"}
-
+from atlas_fast.engine.evaluate import harmonic_mean
+from atlas_fast.softlabels import SOFT_LABEL_NAMES
 
 def method_name(method: str) -> str:
-    """The printed name of a registered method (``dept-coop`` -> ``DePT``); unknown names are printed as given."""
-    return METHOD_NAMES.get(method, method)
+    """The printed name of a registered method (``dept-coop`` -> ``DePT``, from its registry entry); unknown names
+    are printed as given."""
+    from atlas_fast.methods import METHODS
+
+    return METHODS[method].printed_name if method in METHODS else method
 
 
 def variant_label(config: dict[str, Any]) -> str:

@@ -1,0 +1,132 @@
+"""What defines a training run: :class:`TrainConfig`, checked when it is made, before any file is read.
+
+A config names the data, the backbone, the method and its label schedule; everything it leaves open (epochs, batch
+size, lr, views, the class subset) is resolved from the method's recipe when the run is planned
+(:mod:`atlas_fast.engine.spec`). Paths, progress bars and decoding workers do not change the numbers and are not
+part of the run's identity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from atlas_fast.backbones import BackboneConfig
+from atlas_fast.methods.base import RECIPE_FAMILIES, MethodConfig
+from atlas_fast.schedules import LabelSchedule, OneHot
+
+if TYPE_CHECKING:
+    from atlas_fast.softlabels import SoftLabelConfig
+
+Setting = Literal["base2new", "few_shot", "cross_dataset"]
+SETTINGS = ("base2new", "few_shot", "cross_dataset")
+PRECISIONS = ("auto", "fp32", "amp")
+# Upper bounds that keep a typo from allocating the machine away: more than this many epochs or cached views per
+# image is no protocol of the papers (they train at most 200 epochs with one fresh view each).
+MAX_EPOCHS = 10_000
+MAX_VIEWS = 10_000
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines one training run (and, hashed with the backbone fingerprint, names its record).
+
+    ``method_config``/``None``, ``method_options`` (fields of the method config to replace, e.g. ``{"depth": 3}``)
+    and the ``epochs``/``batch_size``/``lr`` overrides refine the recipe of ``(method, recipe, setting, shots,
+    dataset)``; ``subsample`` defaults to ``base`` in base-to-new and ``all`` otherwise; ``views`` (cached augmented
+    views) defaults to the number of epochs (a fresh view every epoch, the faithful setting). ``soft_labels`` (a
+    :class:`atlas_fast.softlabels.SoftLabelConfig`) is required exactly when the schedule uses soft labels.
+    ``workers`` are the DataLoader decoding processes of the methods that train on pixels (None: up to 8 on a GPU,
+    none on the CPU). ``data_root``, ``cache_root``, ``results_dir``, ``progress`` and ``workers`` do not change the
+    numbers and are not part of the record's name (the data are, by their fingerprint, see
+    :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of their bytes rather than size
+    and mtime (slower; see the README's "What atlas_fast guarantees").
+    """
+
+    dataset: str
+    data_root: str | Path
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    method: str = "coop"
+    method_config: MethodConfig | None = None
+    method_options: dict[str, Any] | None = None
+    recipe: Literal["paper", "original"] = "paper"
+    setting: Setting = "base2new"
+    shots: int = 16
+    seed: int = 1
+    subsample: Literal["all", "base", "new"] | None = None
+    soft_labels: SoftLabelConfig | None = None
+    schedule: LabelSchedule = field(default_factory=OneHot)
+    views: int | None = None
+    aug_seed: int = 0
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    eval_every_epoch: bool = False
+    device: str = "auto"
+    precision: Literal["auto", "fp32", "amp"] = "auto"
+    cache_root: str | Path = "cache"
+    results_dir: str | Path = "results"
+    progress: bool = True
+    content_hash: bool = False
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.setting not in SETTINGS:
+            raise ValueError(f"setting must be one of {SETTINGS}, got {self.setting!r}.")
+        if self.recipe not in RECIPE_FAMILIES:
+            raise ValueError(f"recipe must be one of {RECIPE_FAMILIES}, got {self.recipe!r}.")
+        if self.subsample not in (None, "all", "base", "new"):
+            raise ValueError(f"subsample must be 'all', 'base', 'new' or None, got {self.subsample!r}.")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
+        if self.shots < 1:
+            raise ValueError(f"shots must be >= 1 (prompt tuning is few-shot), got {self.shots}.")
+        for name in ("seed", "aug_seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)} (Python's random draws the same "
+                                 f"few-shot subset for -s as for s).")
+        if self.views is not None and not 1 <= self.views <= MAX_VIEWS:
+            raise ValueError(f"views must be in [1, {MAX_VIEWS}] augmented views per training image, got "
+                             f"{self.views}.")
+        if self.epochs is not None and not 1 <= self.epochs <= MAX_EPOCHS:
+            raise ValueError(f"epochs override must be in [1, {MAX_EPOCHS}], got {self.epochs}.")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size override must be >= 1, got {self.batch_size}.")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"workers must be >= 0 DataLoader processes (or None for automatic), got {self.workers}.")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr override must be a finite number > 0, got {self.lr}.")
+        if not isinstance(self.schedule, LabelSchedule):
+            raise TypeError(f"schedule must be a LabelSchedule (see atlas_fast.schedules), got {self.schedule!r}.")
+        if self.schedule.needs_soft_labels and self.soft_labels is None:
+            raise ValueError(f"The {self.schedule.name!r} schedule trains on soft labels: set soft_labels "
+                             f"(e.g. atlas_fast.softlabels.atlas_preset({self.setting!r})).")
+        if not self.schedule.needs_soft_labels and self.soft_labels is not None:
+            raise ValueError(f"soft_labels is set but the {self.schedule.name!r} schedule never uses them; "
+                             f"use schedule=Atlas(K) or Joint(), or drop soft_labels.")
+
+    @property
+    def train_subsample(self) -> str:
+        return self.subsample or ("base" if self.setting == "base2new" else "all")
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` = the GPU when there is one, else the CPU; a CUDA device on a machine without one is refused."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r} is not a torch device (use auto, cpu, cuda or cuda:N).") from exc
+    return resolved
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` = fp16 autocast (``amp``) on a GPU, fp32 on the CPU."""
+    if precision == "auto":
+        return "amp" if device.type == "cuda" else "fp32"
+    return precision

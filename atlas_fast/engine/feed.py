@@ -1,0 +1,152 @@
+"""Feed a run: the feature cache built for what it lacks, the evaluation sets, the soft labels, and the training
+inputs the loop iterates over, all from the run's spec (its data were listed and fingerprinted when it was planned).
+
+Here alone is decided whether a method reads cached features or pixels (its registry entry says which): the loop sees
+training inputs only through :class:`TrainInputs`. :class:`CachedViews` serves cached image features,
+:class:`PixelViews` the pixels of the same seeded views for methods that prompt the image encoder (IVLP, MaPLe,
+PromptSRC). Everything else (soft labels, the evaluation sets' frozen features for the zero-shot references) comes
+from the feature cache either way: the frozen CLIP is never run again for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple, Protocol, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from atlas_fast.backbones import Backbone
+from atlas_fast.cache import FeatureCache
+from atlas_fast.engine.evaluate import EvalSet
+from atlas_fast.engine.pixels import ImageViews
+from atlas_fast.engine.spec import RunSpec
+from atlas_fast.methods.base import MethodEntry
+
+# Preload every cached view of the training set when it fits this budget; otherwise read one view per epoch.
+PRELOAD_BYTES = 1 << 30
+
+
+class TrainInputs(Protocol):
+    """What the training loop reads: the inputs of each batch of one epoch, in a given item order."""
+
+    def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(inputs, index)`` per batch of ``order`` (a permutation of the training items; the last partial batch
+        is kept); ``index`` (B,) selects the batch's labels and soft rows."""
+        ...
+
+
+class EpochTensorInputs:
+    """Training inputs held as one tensor per epoch (N, ...): :meth:`batches` indexes it in the given order."""
+
+    device = torch.device("cpu")
+
+    def for_epoch(self, epoch: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        inputs = self.for_epoch(epoch).to(self.device)
+        for index in order.to(self.device).split(batch_size):
+            yield inputs[index], index
+
+
+class CachedViews(EpochTensorInputs):
+    """The cached augmented views of the training images: epoch ``e`` gets view ``1 + (e mod V)`` as (N, D)."""
+
+    def __init__(self, cache, backbone: Backbone, dataset: str, items, views: int, aug_seed: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.cache, self.backbone, self.dataset, self.items = cache, backbone, dataset, items
+        self.views, self.aug_seed, self.device = views, aug_seed, torch.device(device)
+        size = len(items) * views * backbone.embed_dim * 4
+        self.preloaded = (cache.load(backbone, dataset, items, views=list(range(1, views + 1)), aug_seed=aug_seed)
+                          if size <= PRELOAD_BYTES else None)
+
+    def for_epoch(self, epoch: int) -> torch.Tensor:
+        view = epoch % self.views
+        if self.preloaded is not None:
+            return self.preloaded[:, view]
+        return self.cache.load(self.backbone, self.dataset, self.items, views=[1 + view], aug_seed=self.aug_seed)[:, 0]
+
+
+class PixelBatch(NamedTuple):
+    """A batch for a method that also reads the frozen CLIP's features of the same views (PromptSRC)."""
+
+    pixels: torch.Tensor  # (B, 3, S, S)
+    frozen_features: torch.Tensor  # (B, D): the cached features of exactly these views
+
+    def to(self, device: torch.device | str) -> "PixelBatch":
+        return PixelBatch(self.pixels.to(device), self.frozen_features.to(device))
+
+
+class PixelViews:
+    """The training images as pixels: epoch ``e`` decodes view ``1 + (e mod V)`` of each image, the view whose
+    features :class:`CachedViews` would serve. With ``frozen`` (cached views) each batch also carries those features
+    (:class:`PixelBatch`)."""
+
+    def __init__(self, images: ImageViews, views: int, frozen: CachedViews | None = None,
+                 progress: bool = False) -> None:
+        self.images, self.views, self.frozen, self.progress = images, views, frozen, progress
+
+    def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[object, torch.Tensor]]:
+        frozen = self.frozen.for_epoch(epoch) if self.frozen is not None else None
+        with tqdm(total=len(order), desc=f"epoch {epoch}", unit="img", disable=not self.progress,
+                  leave=False) as bar:
+            for pixels, index in self.images.batches(1 + epoch % self.views, order, batch_size):
+                if frozen is None:
+                    yield pixels, index
+                else:
+                    yield PixelBatch(pixels, frozen[index].to(pixels.device, non_blocking=True)), index
+                bar.update(len(index))
+
+
+@dataclass
+class RunInputs:
+    """Everything a run trains and evaluates on, prepared once."""
+
+    eval_sets: list[EvalSet]
+    labels: torch.Tensor  # (N,) training labels
+    soft_rows: torch.Tensor | None  # (N, C) soft labels, or None
+    train_inputs: TrainInputs
+
+
+def evaluation_set(name: str, split, backbone: Backbone, cache: FeatureCache, method: MethodEntry,
+                   workers: int | None = None, device: torch.device | str = "cpu") -> EvalSet:
+    """The test split of ``split`` as an evaluation problem: its cached test features (view 0, already built) and,
+    for a method that reads pixels, the same images as pixels."""
+    features = cache.load(backbone, split.name, split.test, views=[0])[:, 0]
+    images = ImageViews(split.test, backbone, workers=workers, device=device) if method.reads_pixels else None
+    return EvalSet(name, split.classnames, features, torch.tensor([d.label for d in split.test]), images)
+
+
+def prepare_inputs(spec: RunSpec, backbone: Backbone) -> RunInputs:
+    """Build what the feature cache lacks for the run's data (train views 0..V, test view 0; pixel methods: train
+    view 0 and, for PromptSRC, 1..V), read the evaluation features and compute the soft labels once."""
+    config, data, method = spec.config, spec.data, spec.method
+    train_split = data.train_split
+    cache = FeatureCache(config.cache_root, content_hash=config.content_hash)
+    # pixel methods need cached train features only for soft labels (view 0) and PromptSRC's frozen views
+    train_views = 0 if method.reads_pixels and not method.reads_frozen_features else spec.views
+    cache.build(backbone, data.dataset, train_split.train, num_views=train_views, aug_seed=config.aug_seed,
+                progress=config.progress)
+    cache.build(backbone, data.dataset, data.fewshot.test, num_views=0, progress=config.progress)
+    eval_sets = [evaluation_set(name, split, backbone, cache, method, config.workers, spec.device)
+                 for name, split in data.splits.items()]
+    labels = torch.tensor([d.label for d in train_split.train])
+    soft_rows = None
+    if config.soft_labels is not None:
+        from atlas_fast.softlabels import compute_soft_labels
+
+        view0 = cache.load(backbone, data.dataset, train_split.train, views=[0], aug_seed=config.aug_seed)[:, 0]
+        soft_rows = compute_soft_labels(config.soft_labels, backbone, train_split, view0,
+                                        store_dir=Path(config.cache_root) / "softlabels")
+    cached = None
+    if not method.reads_pixels or method.reads_frozen_features:
+        cached = CachedViews(cache, backbone, data.dataset, train_split.train, spec.views, config.aug_seed,
+                             spec.device if not method.reads_pixels else "cpu")
+    if not method.reads_pixels:
+        train_inputs: TrainInputs = cached
+    else:
+        images = ImageViews(train_split.train, backbone, config.aug_seed, config.workers, spec.device)
+        train_inputs = PixelViews(images, spec.views, cached, config.progress)
+    return RunInputs(eval_sets, labels, soft_rows, train_inputs)

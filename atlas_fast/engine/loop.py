@@ -1,0 +1,211 @@
+"""The training loop, the only one: R >= 1 runs held by one method, Dassl's optimisation over any
+:class:`~atlas_fast.engine.feed.TrainInputs` (docs/protocol.md, "Optimisation").
+
+SGD (momentum 0.9, weight decay 5e-4 on the learned tensors) with a cosine learning rate stepped once per epoch after
+a constant warmup epoch at 1e-5. Each run's batches follow a permutation drawn from a ``torch.Generator`` seeded with
+the run's seed, and the last partial batch is **kept** (a protocol decision; Dassl drops it). The method computes
+each batch's loss (:meth:`~atlas_fast.methods.base.PromptMethod.training_loss`) with a criterion that applies the
+label schedule's targets of the epoch (one-hot or soft), so ATLaS reaches every cross-entropy term a method has. On
+a GPU the forward runs under fp16 autocast with a gradient scaler.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from atlas_fast.engine.feed import TrainInputs
+from atlas_fast.methods.base import OptimRecipe, PromptMethod
+from atlas_fast.schedules import LabelSchedule
+
+
+def lr_at_epoch(recipe: OptimRecipe, epoch: int, lr_scale: float = 1.0) -> float:
+    """Dassl's per-epoch lr (docs/protocol.md): ``warmup_lr`` during the warmup epochs, then a cosine over
+    ``recipe.epochs`` whose counter restarts after warmup: ``0.5 * lr * (1 + cos(pi * (e - W) / E))``.
+
+    ``lr_scale`` multiplies the base lr of a parameter group (DePT's head: 6.5) but not the warmup lr: Dassl's
+    constant warmup sets every group to ``warmup_lr`` (DePT's head; docs/methods.md)."""
+    if not 0 <= epoch < recipe.epochs:
+        raise ValueError(f"epoch must be in [0, {recipe.epochs}), got {epoch}.")
+    if epoch < recipe.warmup_epochs:
+        return recipe.warmup_lr
+    return 0.5 * recipe.lr * lr_scale * (1.0 + math.cos(math.pi * (epoch - recipe.warmup_epochs) / recipe.epochs))
+
+
+def build_optimizer(method: PromptMethod, recipe: OptimRecipe) -> torch.optim.SGD:
+    """SGD over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head)."""
+    groups = method.param_groups()
+    for group in groups:
+        group.setdefault("lr_scale", 1.0)
+    return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+
+
+def set_epoch_lr(optimizer: torch.optim.Optimizer, recipe: OptimRecipe, epoch: int) -> float:
+    """Give every parameter group the lr of ``epoch`` (times its ``lr_scale``); returns the unscaled lr."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at_epoch(recipe, epoch, group["lr_scale"])
+    return lr_at_epoch(recipe, epoch)
+
+
+class RunState:
+    """One run of a group: its training inputs, labels, soft labels, label schedule and data-order generator."""
+
+    def __init__(self, train_inputs: TrainInputs, labels: torch.Tensor, soft_rows: torch.Tensor | None,
+                 schedule: LabelSchedule, seed: int, device: torch.device) -> None:
+        self.train_inputs, self.schedule = train_inputs, schedule
+        self.labels = labels.to(device)
+        self.soft_rows = soft_rows.to(device) if soft_rows is not None else None
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def targets(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The labels and soft rows of the items ``index``."""
+        return self.labels[index], self.soft_rows[index] if self.soft_rows is not None else None
+
+
+def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimRecipe, device: torch.device,
+               amp: bool, progress: bool = True,
+               on_epoch_end: Callable[[int], list[dict[str, Any]]] | None = None) -> list[list[dict[str, Any]]]:
+    """Train the R = ``len(runs)`` runs held by ``method`` (``method.num_runs == R``) in place; returns each run's
+    epoch log (mean loss, lr, soft-label flag, seconds, + the callback's fields for that run).
+
+    With R = 1 a batch goes to the method as it comes ((B, ...) inputs, (B,) labels). With R > 1 each step stacks
+    every run's next batch (its own order, size and targets) into (R, B_max, ...) inputs, so the text encoder sees
+    R x C prompts once; the loss is the sum of the runs' losses (each the mean over its own batch), so run r's
+    tensors get exactly run r's gradient. A run whose epoch has fewer batches (a smaller few-shot set) sits out the
+    last steps: its slice of every learned tensor and of the optimiser state is restored after the step, as if it
+    had not stepped. R runs trained together equal the same runs trained alone up to float reordering, except that
+    under AMP the group shares one gradient scaler (an fp16 overflow skips the step of every run in the group).
+    A run whose loss or learned tensors stop being finite fails the whole call (no record may describe it).
+    """
+    num_runs = len(runs)
+    if method.num_runs != num_runs:
+        raise ValueError(f"The method holds {method.num_runs} runs but {num_runs} run states were given.")
+    if not method.learns:  # zero-shot CLIP: nothing to train
+        method.eval()
+        return [[] for _ in runs]
+    optimizer = build_optimizer(method, recipe)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp)
+    for run in runs:
+        run.schedule.reset(len(method.classnames))
+    method.train()
+    logs: list[list[dict[str, Any]]] = [[] for _ in runs]
+    name = method.name + (f" x{num_runs}" if num_runs > 1 else "")
+    bar = tqdm(range(recipe.epochs), desc=f"train {name}", disable=not progress, leave=False)
+    for epoch in bar:
+        start = time.perf_counter()
+        lr = set_epoch_lr(optimizer, recipe, epoch)
+        streams = [run.train_inputs.batches(epoch, torch.randperm(len(run.labels), generator=run.generator),
+                                            recipe.batch_size) for run in runs]
+        totals = torch.zeros(num_runs, device=device)  # summed on the device: no host sync per step
+        while True:
+            batches = [next(stream, None) for stream in streams]
+            if all(batch is None for batch in batches):
+                break
+            inputs, labels, targets, sizes = _step_batch(batches, runs, device)
+            losses: dict[int, torch.Tensor] = {}
+
+            def criterion(logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
+                """Sum over the runs in this step of run r's schedule loss of its logits (R, B_max, C)[r, :B_r]
+                ((B, C) logits are one run's); ``observe``: these are the method's class predictions (OLS learns
+                from them), not an auxiliary head's."""
+                logits = logits if logits.dim() == 3 else logits.unsqueeze(0)
+                for r, batch_labels, soft in targets:
+                    run_logits = logits[r, :sizes[r]]
+                    if observe:
+                        runs[r].schedule.observe(run_logits, batch_labels)
+                    losses[r] = runs[r].schedule.loss(epoch, run_logits.float(), batch_labels, soft)
+                return torch.stack(list(losses.values())).sum()
+
+            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
+                loss = method.training_loss(inputs, labels, criterion)
+            idle = [r for r in range(num_runs) if sizes[r] == 0]
+            saved = _save_run_slices(optimizer, idle)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            _restore_run_slices(optimizer, idle, saved)
+            if num_runs == 1:  # a lone run logs its whole loss, auxiliary terms (KgCoOp, DePT, PromptSRC) included
+                totals[0] += loss.detach().float() * sizes[0]
+            else:  # a method that batches has no terms beyond its runs' criterion losses
+                for r, value in losses.items():
+                    totals[r] += value.detach().float() * sizes[r]
+        for run in runs:
+            run.schedule.end_epoch(epoch)
+        method.end_epoch(epoch, recipe.epochs)
+        epoch_losses = [total / len(run.labels) for total, run in zip(totals.tolist(), runs)]
+        _check_finite(method, epoch_losses, epoch, lr, recipe)
+        seconds = time.perf_counter() - start
+        extra = on_epoch_end(epoch) if on_epoch_end is not None else [{} for _ in runs]
+        for r, run in enumerate(runs):
+            logs[r].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[r],
+                            "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds, **extra[r]})
+        bar.set_postfix(loss=f"{sum(epoch_losses) / num_runs:.4f}", lr=f"{lr:.2e}")
+    method.finish_training()
+    method.eval()
+    return logs
+
+
+def _step_batch(batches: list, runs: Sequence[RunState], device: torch.device):
+    """One step's inputs, labels, per-run targets ``(r, labels, soft rows)`` and batch sizes from each run's next
+    batch (None for a run whose epoch is over). One run's batch is passed as it comes; R > 1 are stacked into
+    zero-padded (R, B_max, ...) inputs and (R, B_max) labels."""
+    sizes = [len(batch[1]) if batch is not None else 0 for batch in batches]
+    targets = []
+    for r, batch in enumerate(batches):
+        if batch is not None:
+            targets.append((r, *runs[r].targets(batch[1].to(device))))
+    if len(runs) == 1:
+        return batches[0][0].to(device), targets[0][1], targets, sizes
+    first = next(batch[0] for batch in batches if batch is not None)
+    inputs = first.new_zeros((len(runs), max(sizes), *first.shape[1:]), device=device)
+    labels = torch.zeros((len(runs), max(sizes)), dtype=torch.long, device=device)
+    for r, batch_labels, _ in targets:
+        inputs[r, :sizes[r]] = batches[r][0].to(device)
+        labels[r, :sizes[r]] = batch_labels
+    return inputs, labels, targets, sizes
+
+
+def _check_finite(method: PromptMethod, epoch_losses: list[float], epoch: int, lr: float,
+                  recipe: OptimRecipe) -> None:
+    """Fail on a run whose epoch loss or any learned tensor is not finite (one host sync per epoch)."""
+    bad = {r for r, value in enumerate(epoch_losses) if not math.isfinite(value)}
+    with torch.no_grad():
+        for param in method.trainable_parameters():
+            if method.num_runs == 1:
+                finite = torch.isfinite(param).all().reshape(1)
+            else:
+                finite = torch.isfinite(param).reshape(method.num_runs, -1).all(dim=1)
+            bad.update(int(r) for r in (~finite).nonzero().flatten().tolist())
+    if bad:
+        runs = f" of run {sorted(bad)}" if method.num_runs > 1 else ""
+        raise FloatingPointError(f"Training diverged in epoch {epoch}{runs} (lr {lr:.2e}): the loss or the learned "
+                                 f"tensors are no longer finite; lower the lr ({recipe.lr}) or use "
+                                 f"precision='fp32'. No record is written.")
+
+
+def _save_run_slices(optimizer: torch.optim.Optimizer, runs: list[int]) -> list[tuple[torch.Tensor, ...]]:
+    """Copies of runs ``runs``' slices (leading dim) of every parameter and its optimiser state."""
+    if not runs:
+        return []
+    saved = []
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            buffers = {k: v[runs].clone() for k, v in state.items() if torch.is_tensor(v) and v.shape == param.shape}
+            saved.append((param, param.detach()[runs].clone(), buffers))
+    return saved
+
+
+def _restore_run_slices(optimizer: torch.optim.Optimizer, runs: list[int], saved) -> None:
+    with torch.no_grad():
+        for param, values, buffers in saved:
+            param[runs] = values
+            state = optimizer.state.get(param, {})
+            for name, value in buffers.items():
+                if name in state:
+                    state[name][runs] = value

@@ -1,0 +1,216 @@
+"""Train runs and record them: the pipeline
+
+    plan (:mod:`~atlas_fast.engine.spec`) -> feed (:mod:`~atlas_fast.engine.feed`) -> loop
+    (:mod:`~atlas_fast.engine.loop`) -> evaluate (:mod:`~atlas_fast.engine.evaluate`) -> record
+    (:mod:`~atlas_fast.engine.record`)
+
+A lone run is a group of one: ``run(config) == run_group([config])[0]``. A group's runs share the dataset, backbone,
+method, method config and resolved recipe; each keeps its own few-shot subset (sizes may differ), data order,
+initialisation, label schedule, soft labels and record. Run r starts exactly as a lone run with its seed would; the
+learned tensors of the runs are stacked along their leading R dimension and trained together by the one loop, then
+each run is evaluated and recorded on its own, from its slice. Each record equals the record of the run trained alone
+(up to float reordering) and has the same name, so grouping is a pure speed knob. Methods whose registry entry says
+they do not batch train a group's runs one by one. A finished identical run on unchanged data is returned as it is
+(``skipped``), before any feature is encoded. A sweep is a plain loop over configs::
+
+    from atlas_fast import TrainConfig, run_group
+    records = run_group([TrainConfig("OxfordPets", "data", seed=s, soft_labels=atlas_preset("base2new"),
+                                     schedule=Atlas(2)) for s in (1, 2, 3)])
+
+Epoch ``e`` reads cached augmented view ``1 + (e mod V)``. Runs are deterministic per seed on the CPU; on a GPU the
+forward runs under fp16 autocast with a gradient scaler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from atlas_fast.engine.config import TrainConfig, resolve_device
+from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize, zero_shot_references
+from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
+from atlas_fast.engine.loop import RunState, train_runs
+from atlas_fast.engine.record import ResultStore, build_record, finished_record, save_record
+from atlas_fast.engine.spec import RunSpec, plan_run
+from atlas_fast.methods.base import PromptMethod
+
+
+def run(config: TrainConfig) -> dict[str, Any]:
+    """Train and evaluate one run, or return the finished record of an identical earlier run.
+
+    Returns the record (see :mod:`atlas_fast.engine.record`); ``record["metrics"]`` holds base/new/H
+    (base-to-new) or all (few-shot, cross-dataset), each in percent, and ``zero_shot`` references with the dataset's
+    CLIP template."""
+    return run_group([config])[0]
+
+
+def run_group(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
+    """Plan every config once, then train (or reuse) the runs as one group; records in the order of ``configs``."""
+    return run_specs([plan_run(config) for config in configs])
+
+
+def split_finished(specs: Sequence[RunSpec]) -> tuple[list[dict[str, Any] | None], list[int]]:
+    """Each spec's finished record (None where there is none) and the indices of the runs still to train: the one
+    place where finished runs are skipped."""
+    records = [finished_record(spec) for spec in specs]
+    return records, [i for i, record in enumerate(records) if record is None]
+
+
+def run_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """Train the planned runs that have no finished record, as one group when their method batches (what a sweep's
+    worker calls: it plans nothing); returns every run's record in order."""
+    records, todo = split_finished(specs)
+    if not todo:
+        return records  # type: ignore[return-value]
+    method = specs[todo[0]].method
+    if len(todo) > 1 and not method.batches:
+        warnings.warn(f"{method.name} does not support batched runs: its runs train one by one.")
+        groups = [[i] for i in todo]
+    else:
+        groups = [todo]
+    for group in groups:
+        for i, record in zip(group, train_group([specs[i] for i in group])):
+            records[i] = record
+    return records  # type: ignore[return-value]
+
+
+def shared_fields(spec: RunSpec) -> tuple:
+    """What every run of a group must share."""
+    return (spec.dataset, spec.backbone_fingerprint, spec.config.method, repr(spec.method_config), spec.recipe,
+            spec.config.train_subsample, spec.device, spec.amp)
+
+
+def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """Train R >= 1 planned runs as one module, evaluate each and write its record."""
+    first = specs[0]
+    for spec in specs[1:]:
+        if shared_fields(spec) != shared_fields(first):
+            raise ValueError(f"Runs {first.stem} and {spec.stem} cannot train as one group: dataset, backbone, "
+                             f"method, method config, recipe, class subset, device and precision must be equal.")
+    classnames = first.data.train_split.classnames
+    if any(spec.data.train_split.classnames != classnames for spec in specs):
+        raise ValueError(f"The runs of a group must train on the same classes ({first.dataset}).")
+    for spec in specs:
+        ResultStore(spec.config.results_dir).check_writable(spec.dataset)  # fail now, not after training
+    start = time.perf_counter()
+    backbone = first.backbone()
+    inputs: list[RunInputs] = []
+    input_seconds = []
+    for spec in specs:
+        clock = time.perf_counter()
+        inputs.append(prepare_inputs(spec, backbone))
+        input_seconds.append(round(time.perf_counter() - clock, 4))
+
+    method, singles = build_group_method(specs, backbone, classnames)
+
+    def per_epoch_eval(epoch: int) -> list[dict[str, Any]]:
+        rows = []
+        for r, spec in enumerate(specs):
+            if not spec.config.eval_every_epoch:
+                rows.append({})
+                continue
+            view = run_view(method, singles, r)
+            accuracies = {n: v[0] for n, v in evaluate_method(view, inputs[r].eval_sets, first.amp).items()}
+            rows.append({"accuracy": summarize(accuracies)})
+        return rows
+
+    states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
+                       first.device) for s, i in zip(specs, inputs)]
+    clock = time.perf_counter()
+    logs = train_runs(method, states, first.recipe, first.device, first.amp,
+                      any(s.config.progress for s in specs), per_epoch_eval)
+    train_seconds = round(time.perf_counter() - clock, 4)
+
+    records = []
+    for r, (spec, run_inputs, log) in enumerate(zip(specs, inputs, logs)):
+        clock = time.perf_counter()
+        view = run_view(method, singles, r)
+        metrics = evaluate_run(view, run_inputs.eval_sets, backbone, spec.dataset, spec.amp, spec.config.progress)
+        timings = {"plan": spec.plan_seconds, "inputs": input_seconds[r], "train": train_seconds,
+                   "evaluate": round(time.perf_counter() - clock, 4),
+                   "seconds_per_epoch": train_seconds / spec.recipe.epochs, "batch_runs": len(specs),
+                   "group_total": round(time.perf_counter() - start, 4)}
+        record = build_record(spec, backbone, metrics, log, timings)
+        records.append(save_record(spec, record, view.state_for_checkpoint()))
+    return records
+
+
+def build_group_method(specs: Sequence[RunSpec], backbone, classnames: Sequence[str]
+                       ) -> tuple[PromptMethod, list[PromptMethod]]:
+    """The module that trains the group, and one single-run method per run (initialised exactly as the run alone
+    would be: seeded with its seed). A group of one trains its single method itself."""
+    entry = specs[0].method
+    singles = []
+    for spec in specs:
+        torch.manual_seed(spec.config.seed)  # the method's random initialisation
+        singles.append(entry.build(backbone, classnames, spec.method_config).to(spec.device))
+    if len(specs) == 1:
+        return singles[0], singles
+    grouped = entry.build(backbone, classnames, dataclasses.replace(specs[0].method_config, num_runs=len(specs)))
+    grouped = grouped.to(specs[0].device)
+    grouped.load_checkpoint_state(stack_runs([single.state_for_checkpoint() for single in singles]))
+    return grouped, singles
+
+
+def run_view(method: PromptMethod, singles: Sequence[PromptMethod], r: int) -> PromptMethod:
+    """A one-run method holding run ``r``'s current learned tensors (the method itself for a group of one)."""
+    if method is singles[r]:
+        return method
+    singles[r].load_checkpoint_state({name: tensor[r:r + 1] for name, tensor in method.state_for_checkpoint().items()})
+    return singles[r]
+
+
+def stack_runs(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Learned tensors of R single runs (leading dim 1) -> one state with leading dim R."""
+    for name, tensor in states[0].items():
+        if tensor.dim() == 0 or tensor.shape[0] != 1:
+            raise ValueError(f"Learned tensor {name!r} of shape {tuple(tensor.shape)} has no leading runs dimension; "
+                             f"this method cannot be batched.")
+    return {name: torch.cat([state[name] for state in states]) for name in states[0]}
+
+
+def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path, subsample: str = "all",
+                   shots: int | None = None, seed: int | None = None, cache_root: str | Path = "cache",
+                   device: str = "auto", progress: bool = True) -> dict[str, Any]:
+    """Evaluate a saved run's learned tensors on a dataset's test split (e.g. cross-dataset transfer, or the new
+    classes of another seed), through the steps a run takes: its config is planned again for ``dataset`` (data
+    listed, few-shot subset drawn, classes split), the feed builds the evaluation set, the method is rebuilt from the
+    registry. ``subsample`` picks the class set; ``shots``/``seed`` only matter for the base/new split, which is
+    defined by the (few-shot) train list's labels, so they default to the run's own."""
+    from atlas_fast.backbones import BackboneConfig, shared_backbone
+    from atlas_fast.cache import FeatureCache
+    from atlas_fast.engine.record import load_learned, read_record
+    from atlas_fast.engine.spec import load_run_data
+    from atlas_fast.methods.base import method_entry
+
+    record = read_record(record_path)
+    saved = record["config"]
+    torch_device = resolve_device(device)
+    backbone = shared_backbone(BackboneConfig(**saved["backbone"]), torch_device)
+    if backbone.fingerprint != record["backbone"]["fingerprint"]:
+        raise ValueError(f"The backbone {backbone.describe()} differs from the one {record_path} was trained with "
+                         f"({record['backbone']['fingerprint'][:12]}); its learned prompts would be meaningless.")
+    entry = method_entry(saved["method"])
+    config = TrainConfig(dataset, data_root, method=saved["method"], setting="few_shot",
+                         shots=saved["shots"] if shots is None else shots, seed=saved["seed"] if seed is None else seed,
+                         subsample=subsample, cache_root=cache_root, device=str(torch_device))
+    data = load_run_data(config, [subsample], evaluation_only=True)
+    split = data.splits[subsample]
+    cache = FeatureCache(cache_root)
+    cache.build(backbone, data.dataset, split.test, num_views=0, progress=progress)
+    eval_set = evaluation_set(subsample, split, backbone, cache, entry, device=torch_device)
+    # Built for the classes it was trained on (DePT's head is sized and matched by them; older records lack them),
+    # then evaluated on the target's classes by evaluate_method.
+    trained_on = record.get("data", {}).get("classnames") or split.classnames
+    method = entry.build(backbone, trained_on, entry.config_class(**saved["method_config"])).to(torch_device)
+    method.load_checkpoint_state(load_learned(record_path))
+    amp = saved.get("precision") == "amp" and torch_device.type == "cuda"
+    accuracy = evaluate_method(method, [eval_set], amp, progress)[subsample][0]
+    return {"dataset": data.dataset, "subsample": subsample, "accuracy": accuracy,
+            "zero_shot": zero_shot_references(backbone, [eval_set], data.dataset)[subsample],
+            "record": str(record_path), "num_test": len(split.test), "num_classes": len(split.classnames)}

@@ -1,0 +1,263 @@
+"""Plan a run once: a :class:`~atlas_fast.engine.config.TrainConfig` becomes a :class:`RunSpec` with every default
+resolved (device, precision, backbone fingerprint, method config, recipe), its data listed and fingerprinted, and its
+record named.
+
+Planning is the only step that lists the dataset, draws the few-shot subset and fingerprints the run's images
+(:func:`load_run_data`); everything after it (inputs, training, evaluation, the record, and the workers of a sweep)
+reads the spec. The record's name covers the data, so an identical run on changed data is never mistaken for a
+finished one, and data that are gone (a wrong ``--data-root``) are an error, never old numbers. No image is decoded
+and no feature is read here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from atlas_fast.backbones import Backbone, shared_backbone
+from atlas_fast.engine.config import TrainConfig, resolve_device, resolve_precision
+from atlas_fast.methods.base import MethodConfig, MethodEntry, MissingRecipe, OptimRecipe, method_entry
+
+
+def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, OptimRecipe]:
+    """The method config and optimisation recipe of a run on ``dataset`` (registry name), with the overrides."""
+    entry = method_entry(config.method)
+    overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
+    try:
+        method_config, recipe = entry.recipe(config.recipe, config.setting, config.shots, dataset)
+    except MissingRecipe as missing:  # no reference recipe: the caller's epochs, batch size and lr, all three
+        if len(overrides) < 3:
+            raise
+        method_config, recipe = missing.method_config, OptimRecipe(**overrides)
+    if config.method_config is not None:
+        method_config = config.method_config
+    if config.method_options:
+        method_config = with_options(method_config, config.method_options)
+    return method_config, dataclasses.replace(recipe, **overrides)
+
+
+def with_options(method_config: MethodConfig, options: dict[str, Any]) -> MethodConfig:
+    """``method_config`` with some fields replaced, e.g. ``{"depth": 3}`` for MaPLe on a 4-block backbone. String
+    values (from the command line) are converted to the field's type; unknown fields are an error naming the valid
+    ones."""
+    valid = {f.name: getattr(method_config, f.name) for f in dataclasses.fields(method_config)}
+    changes = {}
+    for name, value in options.items():
+        if name not in valid:
+            raise ValueError(f"{type(method_config).__name__} has no option {name!r}; valid: {sorted(valid)}.")
+        current = valid[name]
+        if isinstance(value, str) and not isinstance(current, str):
+            if isinstance(current, bool):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(f"option {name} takes true or false, got {value!r}.")
+                value = value.lower() in ("true", "1")
+            else:
+                try:
+                    value = type(current)(value)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"option {name} takes a {type(current).__name__}, got {value!r}.") from exc
+        changes[name] = value
+    return dataclasses.replace(method_config, **changes)
+
+
+def _as_dict(value: Any) -> Any:
+    if value is None:
+        return None
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return dataclasses.asdict(value)
+
+
+def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig, recipe: OptimRecipe,
+                 device: torch.device) -> dict[str, Any]:
+    """The JSON form of a run's configuration, with every default resolved (this is what the record hash covers);
+    ``dataset`` is the registry name, so ``oxford_pets`` and ``OxfordPets`` name the same run."""
+    return {
+        "dataset": dataset, "backbone": config.backbone.to_dict(), "method": config.method,
+        "method_config": _as_dict(method_config), "recipe_family": config.recipe, "recipe": recipe.to_dict(),
+        "setting": config.setting, "shots": config.shots, "seed": config.seed, "subsample": config.train_subsample,
+        "soft_labels": _as_dict(config.soft_labels), "schedule": config.schedule.describe(),
+        "views": config.views or recipe.epochs, "aug_seed": config.aug_seed,
+        "eval_every_epoch": config.eval_every_epoch, "device": device.type,
+        "precision": resolve_precision(config.precision, device),
+    }
+
+
+def config_key(described: dict[str, Any], backbone_fingerprint: str) -> str:
+    """A stable hash of the run's described configuration and the backbone fingerprint."""
+    canonical = json.dumps({"config": described, "backbone": backbone_fingerprint}, sort_keys=True, default=str)
+    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
+
+def data_record_key(key: str, data_fingerprint: str) -> str:
+    """The record's full key: the configuration key (:func:`config_key`) joined with the data fingerprint."""
+    return hashlib.blake2b(f"{key}:{data_fingerprint}".encode(), digest_size=16).hexdigest()
+
+
+def record_stem(config: TrainConfig, key: str) -> str:
+    """The record's file name stem: readable fields, then the first 12 hex digits of the key."""
+    soft = config.soft_labels.kind if config.soft_labels is not None else ""
+    schedule = config.schedule.name + (f"{config.schedule.period}" if hasattr(config.schedule, "period") else "")
+    return (f"{config.method}-{schedule}{('-' + soft) if soft else ''}-{config.setting}-{config.shots}shot-"
+            f"seed{config.seed}-{key[:12]}")
+
+
+@dataclass
+class RunData:
+    """The lists a run trains and evaluates on, and the fingerprint of its inputs (no image decoded)."""
+
+    dataset: str  # the dataset's registry name
+    dataset_dir: str
+    fewshot: Any  # DatasetSplits: the few-shot subset for the run's seed (test split complete)
+    splits: dict[str, Any]  # evaluation class subsets (base/new/all), the training one included
+    train_subsample: str
+    fingerprint: str  # listing of the full dataset + identity of every image the run reads
+    shots_used: dict[str, int]  # fewest and most training images of any class
+
+    @property
+    def train_split(self):
+        return self.splits[self.train_subsample]
+
+    def describe(self, content_hash: bool) -> dict[str, Any]:
+        """The record's ``data`` field."""
+        train = self.train_split
+        return {"dataset": self.dataset, "fingerprint": self.fingerprint, "content_hash": content_hash,
+                "num_train": len(train.train), "num_classes": len(train.classnames),
+                "classnames": list(train.classnames), "shots_used": self.shots_used,
+                "num_test": {name: len(split.test) for name, split in self.splits.items()}}
+
+
+def evaluation_subsamples(train_subsample: str, method_config: MethodConfig) -> list[str]:
+    """The class subsets a run is evaluated on: its training subset and, in base-to-new, new and all. Class-specific
+    context (CoOp CSC) is tied to the training classes, so it gets no new/all evaluation."""
+    if train_subsample == "base" and not getattr(method_config, "csc", False):
+        return ["base", "new", "all"]
+    return [train_subsample]
+
+
+def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: bool = False) -> RunData:
+    """List the dataset, draw the few-shot subset, split the classes and fingerprint the run's images; refuse data
+    the run cannot use (no training images, an evaluation class set without test images). ``evaluation_only``: the
+    data of a saved run's evaluation (no training list needed; the few-shot draw only defines base/new, so the
+    ``all`` class set is the full dataset)."""
+    from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
+    from atlas_fast.data.fewshot import shots_used
+    from atlas_fast.data.identity import subset_fingerprint
+
+    full = load_dataset(config.dataset, config.data_root)
+    fewshot = full
+    if not (evaluation_only and subsamples == ["all"]):
+        fewshot = fewshot_subset(full, config.shots, config.seed,
+                                 store_dir=Path(config.cache_root) / full.name / "split_fewshot")
+    splits = {name: subsample_classes(fewshot, name) for name in subsamples}
+    train_split = splits[config.train_subsample]
+    if not train_split.train and not evaluation_only:
+        raise ValueError(f"{full.name}: the {config.train_subsample!r} training list is empty.")
+    for name, split in splits.items():
+        if not split.test:
+            raise ValueError(f"{full.name} ({full.dataset_dir}): no test images for the {name!r} classes "
+                             f"({split.num_classes} classes); the run could not be evaluated. Add test images or "
+                             f"use --setting few_shot.")
+    fingerprint = subset_fingerprint(full, fewshot, config.content_hash)
+    return RunData(full.name, str(full.dataset_dir), fewshot, splits, config.train_subsample, fingerprint,
+                   shots_used(train_split))
+
+
+@dataclass
+class RunSpec:
+    """A planned run: its config (paths absolute), everything resolved, its data listed, its record named. Small and
+    picklable (no model inside), so a sweep's driver plans and its workers (Ray, SLURM) train from the spec."""
+
+    config: TrainConfig
+    device: torch.device
+    amp: bool
+    backbone_fingerprint: str
+    method_config: MethodConfig
+    recipe: OptimRecipe
+    described: dict[str, Any]
+    key: str  # configuration + backbone (data-free)
+    data: RunData
+    record_key: str  # configuration + backbone + data
+    plan_seconds: float = 0.0
+
+    @property
+    def dataset(self) -> str:
+        return self.data.dataset
+
+    @property
+    def method(self) -> MethodEntry:
+        return method_entry(self.config.method)
+
+    @property
+    def views(self) -> int:
+        return self.config.views or self.recipe.epochs
+
+    @property
+    def stem(self) -> str:
+        return record_stem(self.config, self.record_key)
+
+    @property
+    def label(self) -> str:
+        soft = self.config.soft_labels.kind if self.config.soft_labels is not None else "-"
+        return f"{self.dataset} {self.config.method} {self.config.schedule.name} {soft} seed {self.config.seed}"
+
+    def backbone(self) -> Backbone:
+        """The frozen CLIP on the run's device (loaded once per process); weights other than the ones the run was
+        planned with (another file on a worker) are refused."""
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"run {self.stem} is planned for {self.device} but torch sees no CUDA device here; "
+                             f"use --device cpu (or auto).")
+        backbone = shared_backbone(self.config.backbone, self.device)
+        if backbone.fingerprint != self.backbone_fingerprint:
+            raise ValueError(f"The backbone {backbone.describe()} here differs from the one run {self.stem} was "
+                             f"planned with ({self.backbone_fingerprint[:12]}); point every worker at the same "
+                             f"weights.")
+        return backbone
+
+
+def absolute_paths(config: TrainConfig) -> TrainConfig:
+    """``config`` with its data, cache and results paths absolute (workers may start in another folder)."""
+    return dataclasses.replace(config, **{k: Path(getattr(config, k)).expanduser().absolute()
+                                          for k in ("data_root", "cache_root", "results_dir")})
+
+
+def plan_run(config: TrainConfig, for_workers: bool = False) -> RunSpec:
+    """Resolve ``config`` into a :class:`RunSpec` (loads the backbone once per process to fingerprint it, lists and
+    fingerprints the data). ``for_workers``: the run trains elsewhere (Ray, SLURM), so its device may be one this
+    machine lacks; the backbone is then fingerprinted on the CPU."""
+    clock = time.perf_counter()
+    config = absolute_paths(config)
+    entry = method_entry(config.method)
+    if not entry.learns and config.schedule.name != "onehot":
+        raise ValueError(f"{config.method} learns nothing, so the {config.schedule.name!r} label schedule has "
+                         f"nothing to supervise; run it without soft labels (schedule OneHot, --atlas none).")
+    device = resolve_device(config.device)
+    here = device.type != "cuda" or torch.cuda.is_available()
+    if not here and not for_workers:
+        raise ValueError(f"device {config.device!r}: torch sees no CUDA device on this machine; use --device cpu "
+                         f"(or auto).")
+    amp = resolve_precision(config.precision, device) == "amp"
+    if amp and device.type != "cuda":
+        raise ValueError("precision='amp' needs a CUDA device; use 'fp32' (or 'auto') on the CPU.")
+    backbone = shared_backbone(config.backbone, device if here else torch.device("cpu"))
+    from atlas_fast.data.datasets import get_spec
+
+    dataset = get_spec(config.dataset).name
+    method_config, recipe = resolve_recipe(config, dataset)
+    described = describe_run(config, dataset, method_config, recipe, device)
+    key = config_key(described, backbone.fingerprint)
+    data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config))
+    if data.shots_used["min"] < config.shots:
+        used = data.shots_used
+        print(f"note: {dataset}: some classes have fewer than {config.shots} training images; the run uses "
+              f"{used['min']}..{used['max']} per class (recorded in the record's data.shots_used).", file=sys.stderr)
+    return RunSpec(config, device, amp, backbone.fingerprint, method_config, recipe, described, key, data,
+                   data_record_key(key, data.fingerprint), round(time.perf_counter() - clock, 4))
