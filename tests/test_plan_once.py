@@ -1,0 +1,84 @@
+"""A run is planned once: one plan, one dataset listing and one data fingerprint per run, for a lone run, a batched
+sweep and a Ray sweep (whose workers plan nothing); finished runs are found without training."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+import counting
+from atlas_fast.backbones import BackboneConfig
+from atlas_fast.engine import TrainConfig, run
+from atlas_fast.schedules import OneHot
+from atlas_fast.sweep import Execution, Variant, run_grid
+from layouts import make_oxford_pets
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SEEDS = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plan_once")
+    make_oxford_pets(root / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
+    return root
+
+
+@pytest.fixture
+def counts(tmp_path, monkeypatch):
+    path = tmp_path / "counts.txt"
+    monkeypatch.setenv(counting.COUNTS_VARIABLE, str(path))
+    import atlas_fast.data.datasets as datasets
+    import atlas_fast.data.identity as identity
+    import atlas_fast.engine.pipeline as pipeline
+    import atlas_fast.engine.spec as spec
+
+    for module, name in ((spec, "load_run_data"), (datasets.DatasetSpec, "load"), (identity, "subset_fingerprint"),
+                         (pipeline, "train_group")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # undone after the test
+    counting.install()
+    return path
+
+
+def config(data, results, **changes):
+    return TrainConfig("OxfordPets", data / "data", BackboneConfig("atlas-tiny", None), shots=2, epochs=2, views=2,
+                       device="cpu", cache_root=data / "cache", results_dir=data / results, progress=False,
+                       content_hash=True, **changes)
+
+
+def test_a_lone_run_plans_lists_and_fingerprints_once(data, counts):
+    record = run(config(data, "lone"))
+    assert not record["skipped"]
+    assert counting.read(counts) == {"driver": {"plan": 1, "listing": 1, "fingerprint": 1, "train": 1},
+                                     "workers": {}}
+
+
+def test_a_batched_sweep_plans_each_run_once(data, counts):
+    records = run_grid(config(data, "sweep"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS, progress=False,
+                       execution=Execution("local", batch_runs=3))
+    assert [r["timings"]["batch_runs"] for r in records] == [3, 3, 3]
+    expected = {"plan": 3, "listing": 3, "fingerprint": 3, "train": 1}  # one group of three
+    assert counting.read(counts) == {"driver": expected, "workers": {}}
+    run_grid(config(data, "sweep"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS, progress=False,
+             execution=Execution("local", batch_runs=3))  # all finished: planned again, nothing trained
+    assert counting.read(counts)["driver"] == {"plan": 6, "listing": 6, "fingerprint": 6, "train": 1}
+
+
+def test_ray_workers_plan_nothing(data, counts):
+    import ray
+
+    tests = str(Path(__file__).parent)
+    package_root = str(Path(__file__).resolve().parents[1])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"worker_process_setup_hook": "counting.install",
+                          "env_vars": {"PYTHONPATH": os.pathsep.join([tests, package_root]),
+                                       counting.COUNTS_VARIABLE: str(counts)}})
+    try:
+        records = run_grid(config(data, "ray"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS, progress=False,
+                           execution=Execution("ray", batch_runs=1, options={"workers": 2}))
+    finally:
+        ray.shutdown()
+    assert not any(r["skipped"] for r in records) and len({r["key"] for r in records}) == 3
+    found = counting.read(counts)
+    assert found["driver"] == {"plan": 3, "listing": 3, "fingerprint": 3}
+    assert found["workers"] == {"train": 3}, f"Ray workers planned again (or did not train): {found['workers']}"

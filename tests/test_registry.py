@@ -1,0 +1,105 @@
+"""A method is one registry entry: a text-side method defined and registered in one place (here, this file) trains
+lone and batched, is offered by the command line, printed by the report and depth-adjusted on the world, with no
+other file touched."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atlas_fast.backbones import BackboneConfig
+from atlas_fast.engine import TrainConfig, run, run_group
+from atlas_fast.methods.base import (METHODS, MethodConfig, OptimRecipe, PromptMethod, method_entry, method_names,
+                                     register_method)
+from layouts import make_oxford_pets
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@dataclass(frozen=True)
+class ShiftConfig(MethodConfig):
+    template: str = "a photo of a {}."
+    depth: int = 12  # no meaning for this method: shows how a prompt-depth option is declared
+
+
+class TextShift(PromptMethod):
+    """A toy text method: the zero-shot class text features plus one learned shift per run."""
+
+    name = "toy-shift"
+    consumes = "features"
+    config_class = ShiftConfig
+    supports_batched_runs = True
+
+    def __init__(self, backbone, classnames, config: ShiftConfig) -> None:
+        super().__init__(backbone, classnames, config)
+        self.shift = nn.Parameter(torch.zeros(config.num_runs, 1, backbone.embed_dim))
+        self.set_classnames(classnames)
+
+    def set_classnames(self, classnames) -> None:
+        self.classnames = tuple(classnames)
+        with torch.no_grad():
+            text = self.backbone.encode_text([self.config.template.format(c) for c in classnames]).float()
+        self.register_buffer("zero_shot_text", F.normalize(text, dim=-1).to(self.shift.device), persistent=False)
+
+    def text_features(self) -> torch.Tensor:
+        return self.zero_shot_text.unsqueeze(0) + self.shift
+
+
+def shift_recipe(family: str, setting: str, shots: int, dataset: str):
+    return ShiftConfig(), OptimRecipe(epochs=3, batch_size=4, lr=0.5)
+
+
+@pytest.fixture(scope="module")
+def toy_method():
+    entry = register_method(TextShift, recipe=shift_recipe, printed_name="TextShift", depth_options=("depth",))
+    yield entry
+    METHODS.pop(TextShift.name)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("registry")
+    make_oxford_pets(root / "data", n_classes=4, n_train=4, n_val=1, n_test=2, size=32)
+    return root
+
+
+def config(data, results, seed=1):
+    return TrainConfig("OxfordPets", data / "data", BackboneConfig("atlas-tiny", None), method="toy-shift", shots=3,
+                       seed=seed, device="cpu", cache_root=data / "cache", results_dir=data / results,
+                       progress=False)
+
+
+def test_a_registered_method_trains_alone_and_batched(toy_method, data):
+    assert method_entry("toy-shift") is toy_method and "toy-shift" in method_names(learning_only=True)
+    alone = [run(config(data, "alone", seed)) for seed in (1, 2)]
+    assert all(not r["skipped"] for r in alone)
+    assert alone[0]["config"]["method_config"] == {"num_runs": 1, "template": "a photo of a {}.", "depth": 12}
+    assert alone[0]["epochs"][-1]["loss"] < alone[0]["epochs"][0]["loss"]  # the shift learns
+    batched = run_group([config(data, "batched", seed) for seed in (1, 2)])
+    assert [r["timings"]["batch_runs"] for r in batched] == [2, 2]
+    for b, a in zip(batched, alone):
+        assert b["key"] == a["key"]
+        assert b["metrics"]["base"] == pytest.approx(a["metrics"]["base"], abs=1e-5)
+    assert run(config(data, "alone"))["skipped"]
+
+
+def test_the_command_line_report_and_world_derive_from_the_entry(toy_method, data, capsys):
+    from atlas_fast.app.cli import main
+    from atlas_fast.app.report import method_name
+    from atlas_fast.experiments.common import world_method_options
+
+    status = main(["train", "--method", "toy-shift", "--dataset", "OxfordPets", "--data-root", str(data / "data"),
+                   "--model", "atlas-tiny", "--pretrained", "none", "--shots", "3", "--device", "cpu",
+                   "--cache-root", str(data / "cache"), "--results-dir", str(data / "cli"), "--no-progress"])
+    assert status == 0 and "OxfordPets toy-shift seed 1: base" in capsys.readouterr().out
+    assert method_name("toy-shift") == "TextShift"
+    assert "toy-shift:depth=4" in world_method_options() and "maple:depth=4" in world_method_options()
+
+
+def test_registration_checks_the_entry():
+    with pytest.raises(ValueError, match="depth options \\['layers'\\] are not fields of ShiftConfig"):
+        register_method(TextShift, recipe=shift_recipe, printed_name="x", depth_options=("layers",))
+    with pytest.raises(ValueError, match="Unknown prompt method 'nope'; known: .*coop"):
+        method_entry("nope")
