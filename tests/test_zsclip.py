@@ -33,6 +33,6 @@ def test_logits_are_clip_on_the_template_and_match_the_zero_shot_reference(tiny)
 
 def test_recipe_uses_coops_zero_shot_template():
     config, recipe = zsclip_recipe("paper", "few_shot", 1, "DescribableTextures")
-    assert config.template == "{} texture." and isinstance(recipe, OptimRecipe)
+    assert config.template == "{} texture." and recipe == OptimRecipe(epochs=1, batch_size=32, lr=0.002)
     with pytest.raises(ValueError, match="one '{}'"):
         ZeroShotConfig(template="a photo")
