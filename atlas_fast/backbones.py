@@ -210,7 +210,7 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
     """Load a frozen CLIP in fp32 (mixed precision is applied by the caller with autocast) and fingerprint it."""
     _register_model_configs()
     pretrained = _expand(config.pretrained)
-    name = config.model
+    name = model_name(config.model)
     if pretrained is not None and not os.path.isfile(pretrained) and _shipped_checkpoint(pretrained) is not None:
         pretrained = str(_shipped_checkpoint(pretrained))
 
@@ -281,6 +281,22 @@ def _architecture_summary(name: str) -> str:
     return (f"{name!r} (embed {cfg.get('embed_dim')}; vision width {vision.get('width')}, {vision.get('layers')} "
             f"layers, patch {vision.get('patch_size')}, {vision.get('image_size')} px; text width "
             f"{text.get('width')}, {text.get('layers')} layers)")
+
+
+def model_name(name: str) -> str:
+    """The open_clip name of a model: ``ViT-B/16`` (CLIP's and CoOp's spelling) is ``ViT-B-16``; a name open_clip
+    does not know is refused with the closest known ones."""
+    import difflib
+
+    _register_model_configs()
+    known = open_clip.list_models()
+    if name not in known and name.replace("/", "-") in known:
+        return name.replace("/", "-")
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `python -c \"import open_clip; print(open_clip.list_models())\"` lists them"
+        raise ValueError(f"Unknown model {name!r}: open_clip has no config of that name{hint}")
+    return name
 
 
 def _checkpoint_message(path: Path, name: str, exc: BaseException) -> str:

@@ -1,7 +1,7 @@
 """The ``atlas-fast`` command line. Each command group adds its subparsers in one ``add_<group>_commands`` function
 and handles them in functions named ``run_<group>_<command>``; :func:`build_parser` lists the groups.
 
-Expected errors (bad data, arguments, files, checkpoints, a full disk: :data:`USER_ERRORS`) print ``error: ...``
+Expected errors (bad data, arguments, files, checkpoints, a full disk: :func:`atlas_fast.errors.user_errors`) print ``error: ...``
 naming the file or value and exit with status 2; ``--debug`` (anywhere on the line) shows the traceback instead."""
 
 from __future__ import annotations
@@ -12,18 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
-from atlas_fast.transforms import ImageReadError
-
-
-class UsageError(ValueError):
-    """A combination of command-line options that cannot work (the message says what to change)."""
-
-
-# Exceptions that mean "the input is wrong", not "atlas_fast is wrong": reported in one or two lines, status 2.
-# (CacheError and ImageReadError are RuntimeErrors; DatasetLayoutError is a FileNotFoundError; DatasetFormatError,
-# CheckpointError and UsageError are ValueErrors.)
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImageReadError, NotImplementedError,
-                                                FloatingPointError)
+from atlas_fast.errors import UsageError, user_errors
 
 
 def _pretrained(value: str) -> str | None:
@@ -89,6 +78,7 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def run_cache_build(args: argparse.Namespace) -> int:
     from atlas_fast.backbones import BackboneConfig, load_backbone
+    from atlas_fast.engine.config import resolve_device
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
 
@@ -107,8 +97,8 @@ def run_cache_build(args: argparse.Namespace) -> int:
     train = [d for v in variants for d in v.train] if "train" in args.split else []
     eval_items = [d for v in variants for name in ("val", "test") if name in args.split for d in getattr(v, name)]
 
-    device = args.device
-    backbone = load_backbone(BackboneConfig(args.model, args.pretrained), device or "cpu")
+    device = str(resolve_device(args.device or "auto"))
+    backbone = load_backbone(BackboneConfig(args.model, args.pretrained), device)
     cache = FeatureCache(args.cache_root, storage_dtype=args.storage_dtype, content_hash=args.content_hash)
     common = dict(aug_seed=args.aug_seed, batch_size=args.batch_size, num_workers=args.workers, device=device,
                   precision=args.precision)
@@ -264,7 +254,7 @@ def _method_options(pairs: list[str]) -> dict[str, str] | None:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise SystemExit(f"--method-option takes NAME=VALUE, got {pair!r}")
+            raise UsageError(f"--method-option takes NAME=VALUE, got {pair!r}")
         options[name.replace("-", "_")] = value
     return options or None
 
@@ -390,11 +380,7 @@ def run_experiment_command(args: argparse.Namespace) -> int:
             what = what[len(item) + 2:] if what.startswith(item + ": ") else what  # no "Fig. 1: Fig. 1: ..."
             print(f"{name:<{width}}  {paper:<32}  {what}")
         return 0 if args.list else 2
-    try:
-        module = load_experiment(args.name)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    run_experiment(module, args.options)
+    run_experiment(load_experiment(args.name), args.options)
     return 0
 
 
@@ -417,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args((["--debug"] if debug else []) + [a for a in argv if a != "--debug"])
     try:
         return int(args.func(args) or 0)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         if debug:
             traceback.print_exc()
         else:

@@ -114,14 +114,22 @@ class TrainConfig:
         return self.subsample or ("base" if self.setting == "base2new" else "all")
 
 
-def resolve_device(device: str) -> torch.device:
-    """``auto`` = the GPU when there is one, else the CPU; a CUDA device on a machine without one is refused."""
+def resolve_device(device: str, elsewhere: bool = False) -> torch.device:
+    """``auto`` = the GPU when there is one, else the CPU. A CUDA device this machine lacks is refused, unless the
+    work runs ``elsewhere`` (a sweep's GPU workers planned on a login node)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"device {device!r} is not a torch device (use auto, cpu, cuda or cuda:N).") from exc
+    if resolved.type == "cuda" and not elsewhere:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if resolved.index is not None and resolved.index >= count or count == 0:
+            raise ValueError(f"device {device!r}: torch sees {count} CUDA device(s) on this machine; use --device "
+                             f"cpu (or auto).")
+    elif resolved.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {device!r} is not supported here (use auto, cpu, cuda or cuda:N).")
     return resolved
 
 

@@ -27,7 +27,7 @@ import platform
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -132,10 +132,30 @@ def record_problems(record: dict[str, Any]) -> list[str]:
         problems.append("no 'metrics'")
     elif _non_finite(metrics):
         problems.append(f"non-finite metrics {_non_finite(metrics)[:3]}")
+    elif not isinstance(metrics.get("zero_shot"), dict):
+        problems.append("no 'metrics.zero_shot' references")
     data = record.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("fingerprint"), str):
         problems.append("no data fingerprint (made before records knew their data)")
+    problems += [f"no '{field}'" for field in missing_fields(record, SAVED_RUN_FIELDS)]
     return problems
+
+
+# What evaluating a saved run reads from its record.
+SAVED_RUN_FIELDS = ("config.backbone", "config.method", "config.method_config", "config.shots", "config.seed",
+                    "backbone.fingerprint")
+
+
+def missing_fields(record: dict[str, Any], fields: Sequence[str]) -> list[str]:
+    """The dotted ``fields`` (``"config.method"``) that ``record`` lacks."""
+    missing = []
+    for dotted in fields:
+        value: Any = record
+        for part in dotted.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            missing.append(dotted)
+    return missing
 
 
 def build_record(spec: RunSpec, backbone: Backbone, metrics: dict[str, Any], epochs: list[dict[str, Any]],

@@ -212,9 +212,7 @@ class RunSpec:
     def backbone(self) -> Backbone:
         """The frozen CLIP on the run's device (loaded once per process); weights other than the ones the run was
         planned with (another file on a worker) are refused."""
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"run {self.stem} is planned for {self.device} but torch sees no CUDA device here; "
-                             f"use --device cpu (or auto).")
+        resolve_device(str(self.device))  # refuses a GPU this worker lacks
         backbone = shared_backbone(self.config.backbone, self.device)
         if backbone.fingerprint != self.backbone_fingerprint:
             raise ValueError(f"The backbone {backbone.describe()} here differs from the one run {self.stem} was "
@@ -239,11 +237,8 @@ def plan_run(config: TrainConfig, for_workers: bool = False) -> RunSpec:
     if not entry.learns and config.schedule.name != "onehot":
         raise ValueError(f"{config.method} learns nothing, so the {config.schedule.name!r} label schedule has "
                          f"nothing to supervise; run it without soft labels (schedule OneHot, --atlas none).")
-    device = resolve_device(config.device)
+    device = resolve_device(config.device, elsewhere=for_workers)
     here = device.type != "cuda" or torch.cuda.is_available()
-    if not here and not for_workers:
-        raise ValueError(f"device {config.device!r}: torch sees no CUDA device on this machine; use --device cpu "
-                         f"(or auto).")
     amp = resolve_precision(config.precision, device) == "amp"
     if amp and device.type != "cuda":
         raise ValueError("precision='amp' needs a CUDA device; use 'fp32' (or 'auto') on the CPU.")

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from atlas_fast.backbones import BackboneConfig
-from atlas_fast.engine.config import resolve_device
+from atlas_fast.errors import UsageError
 from atlas_fast.app.report import TableRow, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
 from atlas_fast.engine import TrainConfig
@@ -128,7 +128,7 @@ def method_options(args: argparse.Namespace, method: str) -> dict[str, str] | No
         target, _, assignment = item.rpartition(":")
         name, sep, value = assignment.partition("=")
         if not sep or not name:
-            raise SystemExit(f"--method-option takes [METHOD:]NAME=VALUE, got {item!r}")
+            raise UsageError(f"--method-option takes [METHOD:]NAME=VALUE, got {item!r}")
         if target in ("", method):
             options[name.replace("-", "_")] = value
     return options or None
@@ -142,7 +142,7 @@ def execution_from_args(args: argparse.Namespace) -> Execution:
     elif args.executor == "slurm":
         gpus = 1 if args.gpus_per_group is None else args.gpus_per_group
         if gpus != int(gpus):
-            raise SystemExit(f"error: SLURM allocates whole GPUs: --gpus-per-group {gpus} (use Ray to share one).")
+            raise UsageError(f"SLURM allocates whole GPUs: --gpus-per-group {gpus} (use Ray to share one).")
         options = {"folder": args.slurm_folder, "partition": args.slurm_partition,
                    "timeout_min": args.slurm_timeout_min, "gpus_per_node": int(gpus)}
     else:
@@ -187,12 +187,24 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
     execution = execution_from_args(args)
     if args.dry_run:
         planned = plan_sweep(configs, execution)
-        device = resolve_device(planned[0].config.device).type if planned else "cpu"
+        device = planned[0].device.type if planned else "cpu"
         listing = describe_plan(planned, execution.runs_per_group(device))
         print(listing)
         return listing
+    check_before_runs(args)
     records = run_configs(configs, execution, progress=True)
     return module.report(args, records)
+
+
+def check_before_runs(args: argparse.Namespace) -> None:
+    """What the report will need, checked before the first run trains: the output folder is writable and every
+    evaluation-only dataset (``--targets``) is known and laid out under ``--data-root``."""
+    from atlas_fast.data import load_dataset
+    from atlas_fast.files import check_writable
+
+    check_writable(Path(args.out), "The --out folder")
+    for target in getattr(args, "targets", None) or []:
+        load_dataset(target, args.data_root)
 
 
 def chunks(records: Sequence[dict[str, Any]], size: int) -> list[Sequence[dict[str, Any]]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from atlas_fast.errors import UsageError
 from atlas_fast.experiments.common import publish
 from atlas_fast.app.report import plot_soft_label_case_study
 from atlas_fast.engine import TrainConfig
@@ -51,10 +52,10 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
                              store_dir=Path(args.cache_root) / full.name / "split_fewshot")
     base = subsample_classes(fewshot, "base")
     if not 0 <= args.class_index < base.num_classes:
-        raise SystemExit(f"error: --class-index must be in [0, {base.num_classes - 1}] (the base classes).")
+        raise UsageError(f"--class-index must be in [0, {base.num_classes - 1}] (the base classes).")
     chosen = tuple(d for d in base.train if d.label == args.class_index)[:args.images]
     if not chosen:
-        raise SystemExit(f"error: no training image of class {args.class_index} in the few-shot subset.")
+        raise UsageError(f"no training image of class {args.class_index} in the few-shot subset.")
     splits = base.with_lists(train=chosen)
     cache = FeatureCache(args.cache_root)
     cache.build(backbone, full.name, chosen, num_views=0, progress=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from atlas_fast.engine.spec import RunSpec
@@ -20,20 +21,34 @@ from atlas_fast.engine.spec import RunSpec
 Groups = Sequence[Sequence[RunSpec]]
 
 
-def train_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class WorkerFailure:
+    """What a worker returns instead of records when the group failed on a user error (bad data, a damaged file):
+    the error's one-line message, without the worker's stack."""
+
+    message: str
+
+
+def train_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]] | WorkerFailure:
     """Train one group (what a worker runs): its planned runs as one module, finished runs skipped; nothing is
     planned again."""
     from atlas_fast.engine.pipeline import run_specs
+    from atlas_fast.errors import user_errors
 
-    return run_specs(list(specs))
+    try:
+        return run_specs(list(specs))
+    except user_errors() as exc:
+        return WorkerFailure(f"{type(exc).__name__}: {exc}")
 
 
 class LocalExecutor:
     """Train the groups one after another in this process."""
 
     def map(self, groups: Groups) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        from atlas_fast.engine.pipeline import run_specs
+
         for i, group in enumerate(groups):
-            yield i, train_specs(group)
+            yield i, run_specs(list(group))  # in this process an error keeps its type and traceback
 
 
 class RayExecutor:

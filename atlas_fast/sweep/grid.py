@@ -24,7 +24,8 @@ from atlas_fast.engine.pipeline import split_finished
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.schedules import Atlas, LabelSchedule, OneHot
 from atlas_fast.softlabels import SOFT_LABEL_NAMES, SoftLabelConfig, atlas_period, atlas_preset
-from atlas_fast.sweep.executors import make_executor
+from atlas_fast.errors import RunFailed
+from atlas_fast.sweep.executors import WorkerFailure, make_executor
 
 EXECUTORS = ("local", "ray", "slurm")
 # Runs trained together by default: a GPU step of one cached CoOp run is far too small to fill the device; on the
@@ -141,6 +142,9 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
         with tqdm(total=len(todo), desc="runs", unit="run", disable=not progress, dynamic_ncols=True) as bar:
             # the executor yields (group index, records) as groups finish, in any order
             for g, group_records in executor.map(groups):
+                if isinstance(group_records, WorkerFailure):
+                    raise RunFailed(f"a worker failed on {groups[g][0].label} (and {len(groups[g]) - 1} more run(s) "
+                                    f"of its group): {group_records.message}")
                 for spec, record in zip(groups[g], group_records):
                     records[position[id(spec)]] = record
                     bar.update(1)

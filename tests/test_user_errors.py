@@ -1,0 +1,120 @@
+"""Every user error is one ``error:`` line naming the file or value, exit status 2, and is found before any work:
+cache errors, devices, model names, experiment names and options, damaged records, and errors inside sweep workers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from atlas_fast.app.cli import main
+from atlas_fast.backbones import BackboneConfig
+from atlas_fast.engine import TrainConfig, run
+from atlas_fast.engine.spec import plan_run
+from atlas_fast.errors import RunFailed
+from layouts import make_oxford_pets
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("user_errors")
+    make_oxford_pets(root / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
+    return root
+
+
+def one_error_line(capsys, *fragments: str) -> str:
+    """The error the command printed: one ``error:`` line (plus the --debug hint) with every fragment in it."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("error: ") and "--debug" in err[1], err
+    for fragment in fragments:
+        assert fragment in err[0], err[0]
+    return err[0]
+
+
+def cache_args(data, *extra):
+    return ["cache", "build", "--dataset", "OxfordPets", "--data-root", str(data / "data"), "--model", "atlas-tiny",
+            "--pretrained", "none", "--cache-root", str(data / "cache-cli"), "--workers", "0", "--split", "test",
+            *extra]
+
+
+def train_args(data, *extra):
+    return ["train", "--dataset", "OxfordPets", "--data-root", str(data / "data"), "--model", "atlas-tiny",
+            "--pretrained", "none", "--shots", "2", "--epochs", "2", "--cache-root", str(data / "cache"),
+            "--results-dir", str(data / "results"), "--no-progress", *extra]
+
+
+def test_a_cache_error_is_one_line(data, capsys):
+    assert main(cache_args(data)) == 0
+    capsys.readouterr()
+    assert main(cache_args(data, "--storage-dtype", "float32")) == 2  # into the float16 file built just now
+    one_error_line(capsys, "float16", str(data / "cache-cli"))
+
+
+def test_devices_that_do_not_exist_are_refused_before_any_work(data, capsys):
+    absent = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU: none on a machine without one
+    for device, fragment in (("bogus", "'bogus' is not a torch device"), (absent, "CUDA device(s) on this machine")):
+        assert main(train_args(data, "--device", device)) == 2
+        one_error_line(capsys, fragment)
+        assert main(cache_args(data, "--device", device)) == 2
+        one_error_line(capsys, fragment)
+    assert not (data / "results").exists()
+
+
+def test_an_unknown_model_is_refused_with_the_closest_names(data, capsys):
+    assert main(train_args(data, "--model", "ViT-B-61")) == 2
+    one_error_line(capsys, "Unknown model 'ViT-B-61'", "did you mean ViT-B-16")
+
+
+def test_an_experiment_checks_its_targets_and_output_before_the_first_run(data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("atlas_fast.engine.pipeline.train_runs",
+                        lambda *a, **k: pytest.fail("a run trained before the options were checked"))
+    common = ["experiment", "table_cross_dataset", "--data-root", str(data / "data"), "--datasets", "OxfordPets",
+              "--model", "atlas-tiny", "--pretrained", "none", "--seeds", "1", "--epochs", "2", "--methods", "coop",
+              "--cache-root", str(data / "cache"), "--results-dir", str(tmp_path / "results")]
+    assert main(common + ["--targets", "NoSuchSet", "--out", str(tmp_path / "out")]) == 2
+    one_error_line(capsys, "NoSuchSet")
+    (tmp_path / "file").write_text("a file where the output folder should be")
+    assert main(common + ["--targets", "OxfordPets", "--out", str(tmp_path / "file" / "out")]) == 2
+    one_error_line(capsys, "--out folder", "not writable")
+
+
+def test_eval_of_a_record_lacking_a_field_names_the_field(data, tmp_path, capsys):
+    record = run(TrainConfig("OxfordPets", data / "data", BackboneConfig("atlas-tiny", None), shots=2, epochs=2,
+                             device="cpu", cache_root=data / "cache", results_dir=data / "results", progress=False))
+    broken = json.loads(open(record["path"]).read())
+    del broken["backbone"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken))
+    shutil.copy(record["path"].replace(".json", ".pt"), tmp_path / "broken.pt")
+    assert main(["eval", "--record", str(path), "--dataset", "OxfordPets", "--data-root", str(data / "data"),
+                 "--cache-root", str(data / "cache"), "--no-progress"]) == 2
+    one_error_line(capsys, str(path), "lacks backbone.fingerprint")
+
+
+def test_a_workers_user_error_comes_back_as_its_message(data, tmp_path):
+    """What a Ray task or SLURM job returns when its group fails on the user's data: the message, not the stack."""
+    from atlas_fast.sweep import grid
+    from atlas_fast.sweep.executors import WorkerFailure, train_specs
+
+    copy = tmp_path / "data"
+    shutil.copytree(data / "data", copy)
+    spec = plan_run(TrainConfig("OxfordPets", copy, BackboneConfig("atlas-tiny", None), shots=2, epochs=2,
+                                device="cpu", cache_root=tmp_path / "cache", results_dir=tmp_path / "results",
+                                progress=False))
+    victim = spec.data.train_split.train[0].impath
+    open(victim, "wb").write(b"not an image")  # damaged after planning, before the worker reads it
+    failure = train_specs([spec])
+    assert isinstance(failure, WorkerFailure) and victim in failure.message and "Traceback" not in failure.message
+
+    class FailingExecutor:
+        def map(self, groups):
+            yield 0, failure
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grid, "make_executor", lambda name, **options: FailingExecutor())
+        with pytest.raises(RunFailed, match=f"a worker failed on OxfordPets coop .*{victim}"):
+            grid.run_configs([spec.config], grid.Execution("ray"), progress=False)
