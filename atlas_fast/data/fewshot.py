@@ -118,22 +118,24 @@ def _load_stored(path: Path, splits: DatasetSplits, num_shots: int, seed: int,
     expected = {"dataset": splits.name, "shots": num_shots, "seed": seed, "source": source}
     if not isinstance(record, dict):
         raise ValueError(f"stored few-shot subset {path} is not a JSON object; delete it to resample")
-    if "checksum" in record:
-        if record["checksum"] != _checksum({k: v for k, v in record.items() if k != "checksum"}):
-            raise ValueError(f"stored few-shot subset {path} fails its checksum: the file was damaged or edited "
-                             f"after it was drawn; delete it to resample (the same seed draws the same subset)")
-    else:
-        print(f"warning: stored few-shot subset {path} has no checksum (written by hand or by an older atlas_fast); "
-              f"it is used after checking that its images are in the current lists.", file=sys.stderr)
     found = {k: record.get(k) for k in expected}
     if found != expected or not isinstance(record.get("train"), list):
         raise ValueError(f"stored few-shot subset {path} is for {found}, not {expected}; delete it to resample")
     train = _lookup_keys(path, "train", record["train"], splits.train)
     if splits.val_is_test:
-        return train, list(splits.val)
-    if not isinstance(record.get("val"), list):
+        val = list(splits.val)
+    elif not isinstance(record.get("val"), list):
         raise ValueError(f"stored few-shot subset {path} has no 'val' list; delete it to resample")
-    return train, _lookup_keys(path, "val", record["val"], splits.val)
+    else:
+        val = _lookup_keys(path, "val", record["val"], splits.val)
+    # Checked last, so that a subset of other data is named as such; what fails only here was damaged or edited.
+    if "checksum" not in record:
+        print(f"warning: stored few-shot subset {path} has no checksum (written by hand or by an older atlas_fast); "
+              f"it is used after checking that its images are in the current lists.", file=sys.stderr)
+    elif record["checksum"] != _checksum({k: v for k, v in record.items() if k != "checksum"}):
+        raise ValueError(f"stored few-shot subset {path} fails its checksum: the file was damaged or edited after "
+                         f"it was drawn; delete it to resample (the same seed draws the same subset)")
+    return train, val
 
 
 def _checksum(record: dict) -> str:
