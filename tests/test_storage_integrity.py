@@ -267,6 +267,30 @@ def test_a_world_folder_from_before_the_file_list_is_cleaned_by_its_stamp(tmp_pa
     assert not (folder / "images" / "solid_star" / "train_0001.png").exists()
 
 
+def _generate_symbols(root: str, train: int) -> None:
+    from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
+
+    generate_benchmark(root, ["WorldSymbols"], sizes=SplitSizes(train, 1, 1), progress=False)
+
+
+def test_two_processes_generating_one_world_folder_wait_for_each_other(tmp_path):
+    import multiprocessing as mp
+
+    from atlas_fast.world.benchmark import STAMP_FILE
+
+    context = mp.get_context("fork")
+    workers = [context.Process(target=_generate_symbols, args=(str(tmp_path), 2)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert [w.exitcode for w in workers] == [0, 0]
+    folder = tmp_path / "world_symbols"
+    split = json.loads((folder / "split_zhou_WorldSymbols.json").read_text())
+    assert (folder / STAMP_FILE).is_file() and len(split["train"]) == 20
+    assert all((folder / "images" / rel).is_file() for entries in split.values() for rel, _, _ in entries)
+
+
 # --------------------------------------------------------------------------- 5, 6. cache bounds and messages
 
 

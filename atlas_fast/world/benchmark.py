@@ -24,11 +24,13 @@ byte-identical for the same arguments (see :mod:`atlas_fast.world.generator`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from PIL import Image
 from tqdm import tqdm
@@ -42,6 +44,7 @@ GENERATOR_VERSION = 3  # bump when rendering changes: stale folders are then reg
 BENCHMARK_LAYOUT = Layout(radius=(7.5, 11.5), max_shift=4.5, max_tilt=18.0, max_clutter=3, noise=1.5)
 STAMP_FILE = "world_stamp.json"
 MANIFEST_FILE = "world_files.json"  # every file the generator writes (besides the stamp and itself)
+LOCK_FILE = ".world_generating.lock"  # held while a process generates the folder
 # The pretraining captions' prefix, which is also CoOp's generic template (``atlas_fast.data.DEFAULT_TEMPLATE``; not
 # imported: ``atlas_fast.data`` imports this module to register the world datasets).
 TEMPLATE = "a photo of a {}."
@@ -127,14 +130,39 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
     stamp_path = dataset_dir / STAMP_FILE
     manifest_path = dataset_dir / MANIFEST_FILE
     if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
-        return dataset_dir
-    if stamp_path.is_file() or manifest_path.is_file():
-        # Ours, but made with other arguments (or interrupted): remove what we wrote before regenerating.
-        _remove_written(dataset_dir)
-    elif dataset_dir.exists() and any(dataset_dir.iterdir()):
+        return dataset_dir  # (without a lock: a complete dataset in a read-only folder is usable)
+    if not stamp_path.is_file() and not manifest_path.is_file() and dataset_dir.exists() and any(
+            p.name != LOCK_FILE for p in dataset_dir.iterdir()):
         raise FileExistsError(
             f"{dataset_dir} exists and holds files but no {STAMP_FILE}: it was not written by the world generator. "
             f"Move it away or choose another data root.")
+    dataset_dir.mkdir(parents=True, exist_ok=True)
+    with _generation_lock(dataset_dir):  # a second process waits, then finds the dataset done
+        if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
+            return dataset_dir
+        if stamp_path.is_file() or manifest_path.is_file():
+            # Ours, but made with other arguments (or interrupted): remove what we wrote before regenerating.
+            _remove_written(dataset_dir)
+        _generate(dataset, dataset_dir, sizes, seed, stamp, progress)
+    return dataset_dir
+
+
+@contextmanager
+def _generation_lock(dataset_dir: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<dataset_dir>/.world_generating.lock`` for the whole generation."""
+    fd = os.open(dataset_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _generate(dataset: WorldDataset, dataset_dir: Path, sizes: SplitSizes, seed: int, stamp: dict,
+              progress: bool) -> None:
+    """Render the images, write the split file, then the stamp (held under the generation lock)."""
+    stamp_path = dataset_dir / STAMP_FILE
+    manifest_path = dataset_dir / MANIFEST_FILE
 
     planned = [f"{IMAGE_FOLDER}/{rel}" for _, _, rel in _image_files(dataset.classnames, sizes)]
     planned.append(dataset.split_file)
@@ -143,7 +171,6 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
         raise FileExistsError(f"{clash} is in the way of the world generator and was not written by it; move it "
                               f"away and generate again.")
     manifest = {"generator_version": GENERATOR_VERSION, "files": planned}
-    dataset_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(manifest_path, lambda f: f.write((json.dumps(manifest, indent=1) + "\n").encode()))
 
     split: dict[str, list] = {name: [] for name, _ in sizes.items()}
@@ -163,7 +190,6 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
     with open(dataset_dir / dataset.split_file, "w") as f:
         json.dump(split, f, indent=4, separators=(",", ": "))
     stamp_path.write_text(json.dumps(stamp, indent=4, sort_keys=True) + "\n")  # last: marks the folder complete
-    return dataset_dir
 
 
 def _image_name(classname: str, split: str, index: int) -> str:
