@@ -451,6 +451,13 @@ class FeatureCache:
             raise CacheCorruptError(
                 f"{path}: its datasets do not fit together (shapes {shapes}, embed_dim {f.attrs['embed_dim']}): the "
                 f"file is damaged or was edited. Delete it and build again.", path)
+        # Every row stores its key, so a file holds at least a byte per row: a declared size beyond that (or views
+        # beyond the cap) would only size the arrays read next, never describe real features.
+        if rows > max(path.stat().st_size, 1) or shapes["done"][1] > MAX_VIEWS + 1:
+            raise CacheCorruptError(
+                f"{path} declares {rows} rows x {shapes['done'][1]} views, more than its "
+                f"{path.stat().st_size} bytes or the cap of {MAX_VIEWS + 1} views can hold: the file is damaged "
+                f"or crafted. Delete it and build again.", path)
 
     def _check(self, f: h5py.File, path: Path, expected: dict[str, object]) -> None:
         self._check_name(f, path)

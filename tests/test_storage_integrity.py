@@ -335,6 +335,9 @@ def _damage(path: Path, how: str) -> None:
             del f.attrs[how]
         elif how in f:
             del f[how]
+        elif how == "huge_declared_shape":  # a few KiB that declare 10^7 rows: nothing may be sized by that
+            for name in ("keys", "image_ids", "features", "done"):
+                f[name].resize(10**7, axis=0)
         elif how == "narrow_features":
             del f["features"]
             f.create_dataset("features", shape=(f["keys"].shape[0], 1, 3), maxshape=(None, None, 3), dtype="float16",
@@ -344,7 +347,8 @@ def _damage(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["backbone_fingerprint", "encode_precision", "storage_dtype", "keys_digest", "keys",
-                                 "image_ids", "features", "done", "narrow_features"])
+                                 "image_ids", "features", "done", "narrow_features",
+                                 "huge_declared_shape"])
 def test_every_cache_error_names_the_file(pets, tmp_path, backbone, how):
     items = list(load_dataset("OxfordPets", pets).train)[:4]
     cache = FeatureCache(tmp_path / "cache")
