@@ -2,7 +2,7 @@
 
 A *view* of an image is fully determined by ``(transform spec, image key, view index)``:
 
-* view 0 is the test transform of CLIP / Dassl (``data-pipeline.md`` §5): PIL bicubic resize of the shorter side to
+* view 0 is the test transform of CLIP / Dassl: PIL bicubic resize of the shorter side to
   ``image_size``, centre crop, RGB, ToTensor, normalise with the backbone's mean/std;
 * views 1..V are Dassl's train augmentation for the CoOp configs: ``RandomResizedCrop(image_size, scale=(0.08, 1),
   ratio=(3/4, 4/3), bicubic)`` (no pre-resize), horizontal flip with p=0.5, ToTensor, normalise. The crop and flip

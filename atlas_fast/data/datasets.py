@@ -2,11 +2,12 @@
 
 Each dataset is a :class:`DatasetSpec`: a registry name (CoOp's ``DATASET.NAME``), the CoOp config file name (an
 alias), its folder under the data root, an on-disk layout that reads the train/val/test lists, and the ATLaS
-template. Facts follow ``shared/spec/data-pipeline.md`` §1-2 and §9:
+template. As the reference code (CoOp's dataset classes on Dassl) reads them:
 
 * split-JSON datasets (``split_zhou_<Name>.json``): labels and class names are taken from the JSON verbatim; the
   paths are relative to an image prefix (StanfordCars: the dataset folder itself); every file is stat'ed as
-  Dassl's ``Datum`` does;
+  Dassl's ``Datum`` does. A split file is untrusted input: its paths must stay inside the dataset folder and its
+  labels run 0..K-1 over its K class names, checked in memory proportional to its entries (never sized by a label);
 * FGVCAircraft: label = line index of ``variants.txt``; ``images_variant_{train,val,test}.txt`` lists images;
 * ImageNet: labels from the sorted wnid folders of each split, names from ``classnames.txt``, val is test. Image
   names are **sorted** (Dassl lists them in file-system order): a documented deviation so that few-shot subsets do

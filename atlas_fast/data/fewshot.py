@@ -1,6 +1,6 @@
 """Subsets of a dataset as the CoOp protocol derives them: K-shot sampling, then the base/new class split.
 
-Few-shot sampling reproduces Dassl's ``generate_fewshot_dataset`` (``shared/spec/data-pipeline.md`` §3): with
+Few-shot sampling reproduces Dassl's ``generate_fewshot_dataset``: with
 Python's Mersenne Twister seeded by ``seed``, the train list gets K items per class and then the val list
 min(K, 4); classes are visited in order of first appearance (never sorted), a class with at least K items gives
 ``random.sample(items, K)`` and a smaller class gives all its items. ImageNet samples train only (its val is the
@@ -11,7 +11,7 @@ Subsets are stored as portable JSON (keys = paths relative to the dataset folder
 paths) named by the fingerprint of the ordered (path, label) lists they were drawn from, and reused when present:
 a split file edited in any way that changes the draw (images added or removed, drawn or not, classes reordered,
 labels changed) names another file, so the subset is drawn afresh from the new lists; a stored subset that does
-not fit its name or the current lists is an error, never reused. (Dassl's pickle ignores all of this, §9.14.)
+not fit its name or the current lists is an error, never reused. (Dassl's pickle of absolute paths is reused whatever the split file says.)
 
 A stored subset carries a BLAKE2b ``checksum`` of its content. One that fails it (damaged, or edited after it was
 drawn) is refused with an error naming the file, not silently redrawn: runs that share a store then either use the
@@ -19,7 +19,7 @@ subset every earlier run used or stop, never a different one without notice, and
 the subset of the seed. A subset without a checksum (written by hand, or before checksums) is used, with a warning,
 after the usual check that its images are in the current lists.
 
-``subsample_classes`` is CoOp's ``OxfordPets.subsample_classes`` (§4), applied after few-shot sampling.
+``subsample_classes`` is CoOp's ``OxfordPets.subsample_classes``, applied after few-shot sampling.
 """
 
 from __future__ import annotations
