@@ -95,6 +95,12 @@ DONE_CHUNK = (1024, 8)
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 STORAGE_DTYPES = ("float16", "float32")
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# Augmented views per image: a sanity cap (CoOp's longest schedule is 200 epochs, one view each); below it, a build
+# must also fit the free disk space and a load the available memory.
+MAX_VIEWS = 10_000
+REQUIRED_ATTRS = ("format", "format_version", "dataset", "backbone_fingerprint", "transform_fingerprint", "transform",
+                  "preprocessing", "embed_dim", "encode_precision", "storage_dtype", "keys_digest")
+REQUIRED_DATASETS = ("keys", "image_ids", "features", "done")
 
 
 class CacheError(RuntimeError):
@@ -329,6 +335,35 @@ def _views_summary(counts: list[int]) -> str:
     return " ".join(parts) or "-"
 
 
+def _free_bytes(folder: Path) -> int:
+    """Free space of the file system that holds ``folder`` (or its nearest existing parent)."""
+    folder = folder.absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def _available_memory() -> int | None:
+    """Memory available to a new allocation without swapping (``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _named(exc: BaseException, path: Path) -> str:
+    """An exception's message, prefixed with ``path`` unless it names it already."""
+    text = str(exc)
+    return text if str(path) in text else f"{path}: {type(exc).__name__}: {text}"
+
+
 def _human_bytes(n: int) -> str:
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -387,12 +422,42 @@ class FeatureCache:
             raise CacheMismatchError(
                 f"{path} has cache format_version {f.attrs.get('format_version')}, this code reads version "
                 f"{FORMAT_VERSION} (which adds checksums and image identities); delete the file and build again.")
+        FeatureCache._check_structure(f, path)
         expected_stem = f"{str(f.attrs['backbone_fingerprint'])[:12]}-{str(f.attrs['transform_fingerprint'])[:12]}"
         if path.stem != expected_stem or path.parent.name != f.attrs.get("dataset"):
             raise CacheMismatchError(
                 f"{path}: its attributes (dataset={f.attrs.get('dataset')!r}, backbone/transform fingerprints "
                 f"{expected_stem}) disagree with its location; the file was renamed, moved or tampered with. "
                 f"Delete it and build again.")
+
+    @staticmethod
+    def _check_structure(f: h5py.File, path: Path) -> None:
+        """Every attribute and dataset of the format is there, with shapes that agree: keys (N,), image_ids (N,),
+        features (N, 1+V, embed_dim), done (N, 1+V). Anything else is a damaged or foreign file, named."""
+        missing = [name for name in REQUIRED_ATTRS if name not in f.attrs]
+        missing += [name for name in REQUIRED_DATASETS if not isinstance(f.get(name), h5py.Dataset)]
+        if missing:
+            raise CacheCorruptError(f"{path} lacks {', '.join(missing)}: the file is damaged or was not written by "
+                                    f"atlas_fast. Delete it and build again.", path)
+        shapes = {name: f[name].shape for name in REQUIRED_DATASETS}
+        rows = shapes["keys"][0] if len(shapes["keys"]) == 1 else -1
+        try:
+            dim = int(f.attrs["embed_dim"])
+        except (TypeError, ValueError):
+            dim = -1
+        if (len(shapes["keys"]) != 1 or shapes["image_ids"] != (rows,) or len(shapes["features"]) != 3
+                or shapes["features"][0] != rows or shapes["features"][2] != dim
+                or shapes["done"] != shapes["features"][:2]):
+            raise CacheCorruptError(
+                f"{path}: its datasets do not fit together (shapes {shapes}, embed_dim {f.attrs['embed_dim']}): the "
+                f"file is damaged or was edited. Delete it and build again.", path)
+        # Every row stores its key, so a file holds at least a byte per row: a declared size beyond that (or views
+        # beyond the cap) would only size the arrays read next, never describe real features.
+        if rows > max(path.stat().st_size, 1) or shapes["done"][1] > MAX_VIEWS + 1:
+            raise CacheCorruptError(
+                f"{path} declares {rows} rows x {shapes['done'][1]} views, more than its "
+                f"{path.stat().st_size} bytes or the cap of {MAX_VIEWS + 1} views can hold: the file is damaged "
+                f"or crafted. Delete it and build again.", path)
 
     def _check(self, f: h5py.File, path: Path, expected: dict[str, object]) -> None:
         self._check_name(f, path)
@@ -451,9 +516,10 @@ class FeatureCache:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}.")
         items = _unique_by_key(items)
+        path = self.path_for(backbone, dataset, aug_seed)
+        self._check_views_fit(num_views, len(items), int(backbone.embed_dim), path)
         image_ids = image_identities(items, self.content_hash)
         spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)
-        path = self.path_for(backbone, dataset, aug_seed)
         expected = self._expected_attrs(backbone, dataset, spec)
         run_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         views = list(range(num_views + 1))
@@ -582,6 +648,21 @@ class FeatureCache:
         f.attrs["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         f.attrs["atlas_fast_version"] = atlas_fast.__version__
 
+    def _check_views_fit(self, num_views: int, num_images: int, dim: int, path: Path) -> None:
+        """Refuse views 0..``num_views`` beyond :data:`MAX_VIEWS` or beyond what the free disk space (plus what the
+        file holds already) can store for ``num_images`` images, before anything is sized by ``num_views``."""
+        if num_views > MAX_VIEWS:
+            raise ValueError(f"views {num_views} is out of range for the feature cache: the valid range is "
+                             f"0..{MAX_VIEWS} augmented views per image.")
+        per_view = max(num_images, 1) * dim * np.dtype(self.storage_dtype).itemsize
+        room = _free_bytes(path.parent) + (path.stat().st_size if path.exists() else 0)
+        fit = room // per_view - 1
+        if num_views > max(fit, 0):
+            raise ValueError(
+                f"views {num_views} is out of range for {num_images} images: the valid range is 0..{max(fit, 0)} "
+                f"(views 0..{num_views} of {dim}-dim {self.storage_dtype} features need "
+                f"{_human_bytes((num_views + 1) * per_view)}; {_human_bytes(room)} fit under {path.parent}).")
+
     def _check_free_space(self, path: Path, count: int, dim: int) -> None:
         """Refuse a build whose ``count`` missing features cannot fit in the free space, before encoding anything
         (an estimate: 25 % + 1 MiB over the raw bytes, for partly filled chunks and metadata)."""
@@ -637,9 +718,24 @@ class FeatureCache:
              aug_seed: int = 0) -> torch.Tensor:
         """Features (N, len(views), D) float32 of ``items`` in their order; raises :class:`MissingFeaturesError`
         (also for images changed on disk since they were encoded) and :class:`CacheCorruptError`."""
+        if not hasattr(views, "__len__"):
+            views = list(views)
+        if len(views) > MAX_VIEWS + 1:
+            raise ValueError(f"views: {len(views)} view indices requested; the valid range is 0..{MAX_VIEWS}, each "
+                             f"index once.")
         views = [int(v) for v in views]
         if not views or min(views) < 0:
             raise ValueError(f"views must be a non-empty list of indices >= 0 (0 = test transform), got {views}.")
+        if max(views) > MAX_VIEWS:
+            raise ValueError(f"view {max(views)} is out of range for the feature cache: the valid range is "
+                             f"0..{MAX_VIEWS}.")
+        needed = len(items) * len(views) * int(backbone.embed_dim) * 4
+        available = _available_memory()
+        if available is not None and needed > available:
+            raise ValueError(f"views: loading {len(views)} views of {len(items)} images needs "
+                             f"{_human_bytes(needed)} of memory, but {_human_bytes(available)} is available; the "
+                             f"valid range is at most {available // max(len(items) * int(backbone.embed_dim) * 4, 1)} "
+                             f"views per load: load fewer views or images at a time.")
         spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)
         path = self.path_for(backbone, dataset, aug_seed)
         if not path.exists():
@@ -702,7 +798,7 @@ class FeatureCache:
                 f"their old features are not used." if changed else "")
         return MissingFeaturesError(
             f"{len(missing)} of {total} requested features (image x view) are not in the cache {path} "
-            f"(e.g. {examples}).{note} Build them with:\n  {command}\nor FeatureCache.build(...) with the same items.",
+            f"(e.g. {examples}).{note} Build them with: {command} (or FeatureCache.build(...) with the same items).",
             missing, path)
 
     # ------------------------------------------------------------------------------------------ info/verify
@@ -723,12 +819,16 @@ class FeatureCache:
                             problems.append(f"features of view {view}: rows {_row_ranges(bad)} fail their checksum "
                                             f"(e.g. {keys[bad[0]]!r})")
         except (CacheError, OSError, KeyError, ValueError) as exc:
-            problems.append(str(exc))
+            problems.append(_named(exc, path))
         return problems
 
     def entries(self, verify: bool = False) -> list[CacheEntry]:
         """Every cache file under the root, with its size and what it holds (problems reported, not raised).
-        ``verify`` also reads every chunk and checks its checksum (slow: reads the whole file)."""
+        ``verify`` also reads every chunk and checks its checksum (slow: reads the whole file). A root that is not
+        a folder raises :class:`FileNotFoundError` naming it (a mistyped ``--cache-root`` is not an empty cache)."""
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"Feature cache folder {self.root} does not exist"
+                                    f"{' (it is a file)' if self.root.exists() else ''}; check the cache root.")
         found = []
         for path in sorted(self.root.glob("*/*.h5")):
             entry = CacheEntry(dataset=path.parent.name, path=path, backbone="?", backbone_fingerprint="",
@@ -755,14 +855,15 @@ class FeatureCache:
                         entry.view_counts = [int(c) for c in f["done"][...].sum(axis=0)]
                         self._check_name(f, path)
             except (CacheError, OSError, KeyError, ValueError) as exc:
-                entry.problem = str(exc)
+                entry.problem = _named(exc, path)
             if verify and entry.problem is None:
                 entry.problem = "; ".join(self.verify_file(path)) or None
             found.append(entry)
         return found
 
     def info(self, verify: bool = False, entries: list[CacheEntry] | None = None) -> str:
-        """A table of :meth:`entries` (or of the given ``entries``) for humans: one line per file, the total size."""
+        """A table of :meth:`entries` (or of the given ``entries``) for humans: one line per file, the total size.
+        A missing root raises :class:`FileNotFoundError` (see :meth:`entries`)."""
         entries = self.entries(verify) if entries is None else entries
         if not entries:
             return f"No feature cache files under {self.root}."

@@ -1,12 +1,17 @@
-"""Atomic file writes shared by the result records and the stored few-shot subsets.
+"""Atomic file writes and checksums shared by the result records, the stored few-shot subsets and soft labels.
 
 A file is written under a temporary name in its folder, flushed to disk and renamed over the target, so a crash or
 a concurrent reader never sees half a file. The temporary file is created private (``mkstemp``) and then given the
 permissions an ordinary ``open()`` would: ``0o666`` less the user's umask.
+
+Stored artefacts that are read back carry a BLAKE2b checksum (:func:`blake2b_hex`, :func:`file_blake2b`) so that
+bytes changed on disk (a disk fault, an outside write) are detected instead of silently loaded: ``torch.load``
+does not check the CRCs of its zip entries, and JSON that still parses says nothing about its values.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -41,6 +46,20 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def blake2b_hex(data: bytes) -> str:
+    """The checksum stored beside an artefact: BLAKE2b-256 of ``data``, as 64 hex digits."""
+    return hashlib.blake2b(data, digest_size=32).hexdigest()
+
+
+def file_blake2b(path: Path, block: int = 1 << 20) -> str:
+    """:func:`blake2b_hex` of a file's bytes, read in blocks (memory stays bounded for large files)."""
+    digest = hashlib.blake2b(digest_size=32)
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def check_writable(folder: Path, what: str) -> None:

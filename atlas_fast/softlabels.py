@@ -10,7 +10,9 @@
 * mix -- ``w CSL + (1 - w) ISL`` (paper appendix "Combination of CSL and ISL"; w = 0.3 was best on ImageNet).
 
 :func:`compute_soft_labels` returns one row per training item (N, C), so the trainer indexes rows by item, and keeps
-them in a small ``.pt`` store keyed by everything they depend on.
+them in a small ``.pt`` store keyed by everything they depend on. A stored file carries a BLAKE2b of its rows; one
+that is unreadable, fails its checksum or has none (older files) is recomputed and replaced, with a warning naming
+it: the rows are derived data, so the recomputed ones are the ones the file held.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tqdm import tqdm
 
 from atlas_fast.backbones import Backbone
 from atlas_fast.data.base import DatasetSplits
+from atlas_fast.files import blake2b_hex
 
 SoftLabelKind = Literal["ls", "csl", "isl", "mix"]
 Delta = Literal["wrong_only", "always"]
@@ -190,11 +193,11 @@ def compute_soft_labels(config: SoftLabelConfig, backbone: Backbone, splits: Dat
     if store_dir is not None:
         path = Path(store_dir) / f"{config.kind}-{_store_key(config, backbone, splits, train_features_view0)}.pt"
         if path.is_file():
-            try:
-                return torch.load(path, map_location="cpu", weights_only=True)["rows"]
-            except Exception as exc:  # a damaged stored file is only a cache: recompute the rows and replace it
-                print(f"warning: stored soft labels {path} are unreadable ({type(exc).__name__}); recomputing them.",
-                      file=sys.stderr)
+            rows, problem = _read_stored(path, (len(items), num_classes))
+            if problem is None:
+                return rows
+            # a damaged stored file is only a cache: recompute the rows and replace it
+            print(f"warning: stored soft labels {path} {problem}; recomputing them.", file=sys.stderr)
 
     if config.kind == "ls":
         rows = uniform_ls(labels, num_classes, config.theta)
@@ -217,11 +220,36 @@ def compute_soft_labels(config: SoftLabelConfig, backbone: Backbone, splits: Dat
         partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"rows": rows, "config": config.to_dict(), "fingerprint": backbone.fingerprint}, partial)
+            torch.save({"rows": rows, "config": config.to_dict(), "fingerprint": backbone.fingerprint,
+                        "rows_blake2b": _rows_digest(rows)}, partial)
             os.replace(partial, path)  # atomic: a concurrent reader never sees half a file
         except OSError:  # a read-only (or full) cache root: the rows are cheap to recompute, so run without storing
             partial.unlink(missing_ok=True)
     return rows
+
+
+def _rows_digest(rows: torch.Tensor) -> str:
+    """The checksum stored with the rows: BLAKE2b of their float32 bytes (``torch.load`` checks none)."""
+    return blake2b_hex(rows.detach().float().cpu().contiguous().numpy().tobytes())
+
+
+def _read_stored(path: Path, shape: tuple[int, int]) -> tuple[torch.Tensor | None, str | None]:
+    """The stored rows, or None and what is wrong with the file (unreadable, no checksum, other shape, checksum
+    mismatch)."""
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, garbage, or pickled code (never executed)
+        return None, f"are unreadable ({type(exc).__name__})"
+    if not isinstance(stored, dict) or not isinstance(stored.get("rows"), torch.Tensor):
+        return None, "are not a soft-label file"
+    rows = stored["rows"]
+    if "rows_blake2b" not in stored:
+        return None, "have no checksum (written by an older atlas_fast)"
+    if tuple(rows.shape) != shape or rows.dtype != torch.float32:
+        return None, f"hold {rows.dtype} rows of shape {tuple(rows.shape)}, not float32 {shape}"
+    if _rows_digest(rows) != stored["rows_blake2b"]:
+        return None, "fail their checksum (the file is damaged)"
+    return rows, None
 
 
 def _store_key(config: SoftLabelConfig, backbone: Backbone, splits: DatasetSplits, features: torch.Tensor) -> str:

@@ -2,7 +2,7 @@
 
 A *view* of an image is fully determined by ``(transform spec, image key, view index)``:
 
-* view 0 is the test transform of CLIP / Dassl (``data-pipeline.md`` §5): PIL bicubic resize of the shorter side to
+* view 0 is the test transform of CLIP / Dassl: PIL bicubic resize of the shorter side to
   ``image_size``, centre crop, RGB, ToTensor, normalise with the backbone's mean/std;
 * views 1..V are Dassl's train augmentation for the CoOp configs: ``RandomResizedCrop(image_size, scale=(0.08, 1),
   ratio=(3/4, 4/3), bicubic)`` (no pre-resize), horizontal flip with p=0.5, ToTensor, normalise. The crop and flip
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision.transforms import InterpolationMode
@@ -30,7 +31,7 @@ from torchvision.transforms import functional as TF
 
 from atlas_fast.backbones import Preprocessing
 
-TRANSFORM_VERSION = 1
+TRANSFORM_VERSION = 2  # 2: 16-bit and float images keep their values (they were clipped to white)
 _INTERPOLATIONS = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
                    "nearest": InterpolationMode.NEAREST}
 
@@ -84,11 +85,49 @@ class TransformSpec:
         return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
+def to_rgb(image: Image.Image) -> Image.Image:
+    """``image`` as 8-bit RGB with its values kept.
+
+    Pillow's ``convert("RGB")`` (Dassl's ``read_image``) is right for the 8-bit modes and is used for them: grey
+    ("L", "1"), palette ("P", "PA"), alpha ("LA", "RGBA", ...; the alpha channel is dropped, as in the reference),
+    CMYK, YCbCr, LAB, HSV. It clips wider values to 255 instead of scaling them, so those modes are scaled here:
+
+    * "I;16*" (16-bit grey: PNG, TIFF): the high byte, ``v >> 8``;
+    * "I" (32-bit integers): values up to 255 are kept as they are (Pillow's convention for "I", as from an 8-bit
+      "L"); otherwise the image holds 16-bit values (how 16-bit files are often decoded): clipped to
+      [0, 65535], then ``v >> 8``;
+    * "F" (floats): an image whose values all lie in [0, 1] is scaled by 255 and rounded; otherwise it follows
+      Pillow's [0, 255] convention (clipped). NaN becomes 0.
+    * "La" (grey with premultiplied alpha) goes through "LA" (Pillow has no direct conversion).
+    """
+    mode = image.mode
+    if mode.startswith("I;16"):
+        grey = (np.asarray(image).astype(np.uint16) >> 8).astype(np.uint8)
+    elif mode == "I":
+        values = np.asarray(image)
+        if values.size and int(values.max()) > 255:
+            grey = (np.clip(values, 0, 65535).astype(np.uint32) >> 8).astype(np.uint8)
+        else:
+            grey = np.clip(values, 0, 255).astype(np.uint8)
+    elif mode == "F":
+        values = np.nan_to_num(np.asarray(image, dtype=np.float32), nan=0.0, posinf=255.0, neginf=0.0)
+        if values.size and float(values.min()) >= 0.0 and float(values.max()) <= 1.0:
+            grey = np.round(values * 255.0).astype(np.uint8)
+        else:
+            return Image.fromarray(values, "F").convert("RGB")
+    elif mode == "La":
+        return image.convert("LA").convert("RGB")
+    else:
+        return image.convert("RGB")
+    return Image.fromarray(grey, "L").convert("RGB")
+
+
 def read_image(path: str | Path) -> Image.Image:
-    """Open an image as RGB (as Dassl's ``read_image``); a missing or corrupt file raises an error naming it."""
+    """Open an image as RGB (as Dassl's ``read_image``, but 16-bit and float images keep their values: see
+    :func:`to_rgb`); a missing or corrupt file raises an error naming it."""
     try:
         with Image.open(path) as img:
-            return img.convert("RGB")
+            return to_rgb(img)
     except FileNotFoundError as exc:
         raise ImageReadError(f"Image file not found: {path}") from exc
     except Exception as exc:  # PIL raises many types for truncated/corrupt data

@@ -203,7 +203,10 @@ def test_entries_and_info_list_the_cache(tmp_path, backbone, train):
     text = cache.info()
     assert "OxfordPets" in text and "v0:12 v1-2:6" in text and "32px bicubic aug_seed=0" in text
     assert backbone.fingerprint[:12] in text and entry.transform_fingerprint[:12] in text
+    (tmp_path / "empty").mkdir()
     assert "No feature cache" in FeatureCache(tmp_path / "empty").info()
+    with pytest.raises(FileNotFoundError, match="missing"):  # a mistyped root is not an empty cache
+        FeatureCache(tmp_path / "missing").info()
 
 
 def _build_in_process(root: str, items: list[Datum]) -> int:

@@ -1,6 +1,6 @@
 """The data model shared by every dataset reader, the cache and the trainers.
 
-Mirrors Dassl's ``Datum``/``DatasetBase`` (``../shared/spec/data-pipeline.md`` §1): a datum is an image path, a
+Mirrors Dassl's ``Datum``/``DatasetBase``: a datum is an image path, a
 0-based label and a class name; a split set derives its class names from the *train* list only.
 """
 

@@ -2,11 +2,12 @@
 
 Each dataset is a :class:`DatasetSpec`: a registry name (CoOp's ``DATASET.NAME``), the CoOp config file name (an
 alias), its folder under the data root, an on-disk layout that reads the train/val/test lists, and the ATLaS
-template. Facts follow ``shared/spec/data-pipeline.md`` §1-2 and §9:
+template. As the reference code (CoOp's dataset classes on Dassl) reads them:
 
 * split-JSON datasets (``split_zhou_<Name>.json``): labels and class names are taken from the JSON verbatim; the
   paths are relative to an image prefix (StanfordCars: the dataset folder itself); every file is stat'ed as
-  Dassl's ``Datum`` does;
+  Dassl's ``Datum`` does. A split file is untrusted input: its paths must stay inside the dataset folder and its
+  labels run 0..K-1 over its K class names, checked in memory proportional to its entries (never sized by a label);
 * FGVCAircraft: label = line index of ``variants.txt``; ``images_variant_{train,val,test}.txt`` lists images;
 * ImageNet: labels from the sorted wnid folders of each split, names from ``classnames.txt``, val is test. Image
   names are **sorted** (Dassl lists them in file-system order): a documented deviation so that few-shot subsets do
@@ -150,6 +151,7 @@ class SplitJsonLayout:
         train, val, test = (self._convert(dataset_dir, split_path, name, split[name])
                             for name in ("train", "val", "test"))
         _check_consistent_classes(split_path, (train, val, test))
+        _check_label_range(split_path, (train, val, test))
         return train, val, test
 
     def _convert(self, dataset_dir: Path, split_path: Path, name: str, entries: object) -> list[Datum]:
@@ -193,6 +195,19 @@ def _check_consistent_classes(source: Path, lists: SplitLists) -> None:
             if first_label != d.label:
                 raise DatasetFormatError(f"{source}: entry {where} gives class {d.classname!r} label {d.label}, but "
                                          f"{first_where} gives it label {first_label}; fix the entry.")
+
+
+def _check_label_range(source: Path, lists: SplitLists) -> None:
+    """Labels must be 0..K-1 for the K class names of the file (each label has one name and each name one label,
+    :func:`_check_consistent_classes`). Checked in memory proportional to the entries, never to a label's value:
+    a hostile label such as 30000000 must not size a list of class names."""
+    count = len({d.classname for items in lists for d in items})
+    for split, items in zip(("train", "val", "test"), lists):
+        for index, d in enumerate(items):
+            if d.label >= count:
+                raise DatasetFormatError(
+                    f"{source}: entry {split}[{index}] has label {d.label}, but the file names {count} class(es): "
+                    f"labels must run 0..{count - 1}, one per class name; fix the entry.")
 
 
 def _is_label(value: object) -> bool:
@@ -420,7 +435,16 @@ class DatasetSpec:
         if not test:
             raise DatasetLayoutError(f"{self.name}: no test images found under {dataset_dir}\n"
                                      f"Expected layout:\n{self.layout.tree(dataset_dir)}")
-        classnames = classnames_from(test if self.layout.test_only else train)
+        reference = test if self.layout.test_only else train
+        labels = {d.label for d in reference}
+        if labels and max(labels) >= len(reference):  # the names would hold gaps: refuse before sizing them by label
+            split = "test" if self.layout.test_only else "train"
+            first = next(d for d in reference if d.label == max(labels))
+            raise DatasetFormatError(
+                f"{self.name}: label {first.label} of {first.key} in {dataset_dir} is beyond the {len(labels)} "
+                f"class(es) of its {split} list; labels must run 0..{len(labels) - 1} with every class present and "
+                f"named.")
+        classnames = classnames_from(reference)
         unnamed = [label for label, name in enumerate(classnames) if not name.strip()]
         if unnamed:
             split = "test" if self.layout.test_only else "train"

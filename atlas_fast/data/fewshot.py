@@ -1,6 +1,6 @@
 """Subsets of a dataset as the CoOp protocol derives them: K-shot sampling, then the base/new class split.
 
-Few-shot sampling reproduces Dassl's ``generate_fewshot_dataset`` (``shared/spec/data-pipeline.md`` §3): with
+Few-shot sampling reproduces Dassl's ``generate_fewshot_dataset``: with
 Python's Mersenne Twister seeded by ``seed``, the train list gets K items per class and then the val list
 min(K, 4); classes are visited in order of first appearance (never sorted), a class with at least K items gives
 ``random.sample(items, K)`` and a smaller class gives all its items. ImageNet samples train only (its val is the
@@ -11,9 +11,15 @@ Subsets are stored as portable JSON (keys = paths relative to the dataset folder
 paths) named by the fingerprint of the ordered (path, label) lists they were drawn from, and reused when present:
 a split file edited in any way that changes the draw (images added or removed, drawn or not, classes reordered,
 labels changed) names another file, so the subset is drawn afresh from the new lists; a stored subset that does
-not fit its name or the current lists is an error, never reused. (Dassl's pickle ignores all of this, §9.14.)
+not fit its name or the current lists is an error, never reused. (Dassl's pickle of absolute paths is reused whatever the split file says.)
 
-``subsample_classes`` is CoOp's ``OxfordPets.subsample_classes`` (§4), applied after few-shot sampling.
+A stored subset carries a BLAKE2b ``checksum`` of its content. One that fails it (damaged, or edited after it was
+drawn) is refused with an error naming the file, not silently redrawn: runs that share a store then either use the
+subset every earlier run used or stop, never a different one without notice, and deleting the file redraws exactly
+the subset of the seed. A subset without a checksum (written by hand, or before checksums) is used, with a warning,
+after the usual check that its images are in the current lists.
+
+``subsample_classes`` is CoOp's ``OxfordPets.subsample_classes``, applied after few-shot sampling.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +35,7 @@ from typing import Sequence
 
 from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
 from atlas_fast.data.identity import items_fingerprint
-from atlas_fast.files import atomic_write
+from atlas_fast.files import atomic_write, blake2b_hex
 
 MAX_VAL_SHOTS = 4
 SUBSAMPLE_MODES = ("all", "base", "new")
@@ -97,6 +104,7 @@ def _store(path: Path, splits: DatasetSplits, num_shots: int, seed: int, source:
               "train": [d.key for d in train]}
     if val is not None:
         record["val"] = [d.key for d in val]
+    record["checksum"] = _checksum(record)
     text = json.dumps(record, indent=0).encode()
     atomic_write(path, lambda f: f.write(text))
 
@@ -115,10 +123,24 @@ def _load_stored(path: Path, splits: DatasetSplits, num_shots: int, seed: int,
         raise ValueError(f"stored few-shot subset {path} is for {found}, not {expected}; delete it to resample")
     train = _lookup_keys(path, "train", record["train"], splits.train)
     if splits.val_is_test:
-        return train, list(splits.val)
-    if not isinstance(record.get("val"), list):
+        val = list(splits.val)
+    elif not isinstance(record.get("val"), list):
         raise ValueError(f"stored few-shot subset {path} has no 'val' list; delete it to resample")
-    return train, _lookup_keys(path, "val", record["val"], splits.val)
+    else:
+        val = _lookup_keys(path, "val", record["val"], splits.val)
+    # Checked last, so that a subset of other data is named as such; what fails only here was damaged or edited.
+    if "checksum" not in record:
+        print(f"warning: stored few-shot subset {path} has no checksum (written by hand or by an older atlas_fast); "
+              f"it is used after checking that its images are in the current lists.", file=sys.stderr)
+    elif record["checksum"] != _checksum({k: v for k, v in record.items() if k != "checksum"}):
+        raise ValueError(f"stored few-shot subset {path} fails its checksum: the file was damaged or edited after "
+                         f"it was drawn; delete it to resample (the same seed draws the same subset)")
+    return train, val
+
+
+def _checksum(record: dict) -> str:
+    """BLAKE2b of a subset's canonical JSON (without its ``checksum`` field)."""
+    return blake2b_hex(json.dumps(record, sort_keys=True, separators=(",", ":")).encode())
 
 
 def _lookup_keys(path: Path, split: str, keys: list, items: Sequence[Datum]) -> list[Datum]:

@@ -16,11 +16,14 @@ Record fields: ``key`` (full hash of configuration, backbone and data), ``config
 only), ``status`` ("finished"), ``config`` (the run's configuration), ``backbone`` (fingerprint, architecture,
 description), ``data`` (dataset, ``fingerprint``, counts, ``shots_used``), ``metrics`` (final: base/new/all/H, zero-shot references), ``epochs``
 (per-epoch loss, lr, soft-label flag and optional accuracies), ``timings`` (seconds per stage), ``versions``
-(python/torch/open_clip/numpy/atlas_fast), ``created`` (UTC ISO time) and ``learned`` (file name of the ``.pt``).
+(python/torch/open_clip/numpy/atlas_fast), ``created`` (UTC ISO time), ``learned`` (file name of the ``.pt``) and
+``learned_blake2b`` (the checksum of its bytes, checked when it is read).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import platform
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from atlas_fast.files import atomic_write, check_folder_name, check_writable
+from atlas_fast.files import atomic_write, blake2b_hex, check_folder_name, check_writable, file_blake2b
 
 if TYPE_CHECKING:
     from atlas_fast.backbones import Backbone
@@ -72,7 +75,10 @@ class ResultStore:
 
     def find(self, dataset: str, stem: str, key: str | None = None) -> dict[str, Any] | None:
         """The finished record with this name (and full ``key``), or None. A record without its learned tensors
-        counts as missing; a damaged or inconsistent one is moved aside with a warning, so the run is redone."""
+        counts as missing; a damaged or inconsistent one is moved aside with a warning, so the run is redone. The
+        learned tensors are checked against the record's ``learned_blake2b``: a damaged ``.pt`` makes the pair
+        invalid (both are moved aside, the run is redone). A record written before checksums is used with a warning
+        that its tensors are unverified."""
         path = self.record_path(dataset, stem)
         if not path.is_file():
             return None
@@ -83,26 +89,46 @@ class ResultStore:
                 problems.append(f"its key {str(record.get('key'))[:12]}... is not the run's {key[:12]}...")
         except ValueError as exc:
             problems = [str(exc)]
+        learned = self.learned_path(dataset, stem)
+        damaged_learned = False
+        if not problems and learned.is_file() and "learned_blake2b" in record:
+            damaged_learned = file_blake2b(learned) != record["learned_blake2b"]  # OSError: names the file
+            if damaged_learned:
+                problems.append(f"its learned tensors {learned} fail their checksum (the file is damaged or was "
+                                f"replaced)")
         if problems:
-            aside = path.with_name(f"{path.name}.invalid-{utc_now().replace(':', '')}")
+            time_tag = utc_now().replace(":", "")
+            aside = path.with_name(f"{path.name}.invalid-{time_tag}")
             path.replace(aside)
-            print(f"warning: result record {path} is invalid ({problems[0]}); moved it to {aside.name} and the run "
+            moved = aside.name
+            if damaged_learned:
+                learned.replace(learned.with_name(f"{learned.name}.invalid-{time_tag}"))
+                moved = f"{aside.name} (and its tensors to {learned.name}.invalid-{time_tag})"
+            print(f"warning: result record {path} is invalid ({problems[0]}); moved it to {moved} and the run "
                   f"will be redone.", file=sys.stderr)
             return None
-        if not self.learned_path(dataset, stem).is_file():
+        if not learned.is_file():
             return None
+        if "learned_blake2b" not in record:
+            print(f"warning: result record {path} has no checksum of its learned tensors (written before "
+                  f"atlas_fast stored one); {learned} is used unverified.", file=sys.stderr)
         return record
 
     def save(self, dataset: str, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor]) -> Path:
-        """Write the learned tensors, then the record (so a record never points at a missing ``.pt``). A record
-        with non-finite metrics is refused (it would not be valid JSON)."""
+        """Write the learned tensors, then the record (so a record never points at a missing ``.pt``). The record
+        holds the BLAKE2b of the ``.pt`` bytes (``learned_blake2b``), checked by :meth:`find` and
+        :func:`load_learned`. A record with non-finite metrics is refused (it would not be valid JSON)."""
         bad = _non_finite(record.get("metrics", {}))
         if bad:
             raise ValueError(f"Run {stem}: metric(s) {', '.join(bad)} are not finite numbers (NaN/inf); the record is "
                              f"not written. An evaluation set without test images gives this.")
         learned_path = self.learned_path(dataset, stem)
-        atomic_write(learned_path, lambda f: torch.save(learned, f))
-        record = {**record, "status": "finished", "learned": learned_path.name}
+        buffer = io.BytesIO()
+        torch.save(learned, buffer)
+        payload = buffer.getvalue()
+        atomic_write(learned_path, lambda f: f.write(payload))
+        record = {**record, "status": "finished", "learned": learned_path.name,
+                  "learned_blake2b": blake2b_hex(payload)}
         text = json.dumps(record, indent=2, sort_keys=False, default=str, allow_nan=False).encode()
         path = self.record_path(dataset, stem)
         atomic_write(path, lambda f: f.write(text))
@@ -205,12 +231,20 @@ def read_record(path: str | Path) -> dict[str, Any]:
 
 
 def load_learned(record_path: str | Path) -> dict[str, torch.Tensor]:
-    """The learned tensors saved beside a record."""
+    """The learned tensors saved beside a record, checked against the record's ``learned_blake2b`` (a record
+    written before checksums is loaded with a warning that the tensors are unverified)."""
     record_path = Path(record_path)
     record = read_record(record_path)
     learned = record_path.with_name(record.get("learned", record_path.with_suffix(".pt").name))
     if not learned.is_file():
         raise FileNotFoundError(f"Learned tensors {learned} for record {record_path} are missing.")
+    if "learned_blake2b" in record:
+        if file_blake2b(learned) != record["learned_blake2b"]:
+            raise ValueError(f"Learned tensors {learned} of record {record_path} fail their checksum "
+                             f"(learned_blake2b): the file is damaged or was replaced. Train the run again.")
+    else:
+        print(f"warning: record {record_path} has no checksum of its learned tensors (written before atlas_fast "
+              f"stored one); {learned} is loaded unverified.", file=sys.stderr)
     try:
         return torch.load(learned, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, garbage, or pickled code (never executed)

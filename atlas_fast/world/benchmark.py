@@ -16,6 +16,7 @@ prompt tuning to discover. The layout:
     <data_root>/world_sketches/images/<texture>_<shape>/<split>_<i>.png
     <data_root>/world_sketches/split_zhou_WorldSketches.json   ([relative_path, label, classname] lists, indent 4)
     <data_root>/world_sketches/world_stamp.json                 (what was generated: reused only if it matches)
+    <data_root>/world_sketches/world_files.json                 (the files it wrote: the only ones it ever deletes)
 
 so ``load_dataset("WorldSketches", data_root)`` goes through exactly the code that reads OxfordPets. Output is
 byte-identical for the same arguments (see :mod:`atlas_fast.world.generator`).
@@ -23,15 +24,18 @@ byte-identical for the same arguments (see :mod:`atlas_fast.world.generator`).
 
 from __future__ import annotations
 
+import fcntl
 import json
-import shutil
+import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from PIL import Image
 from tqdm import tqdm
 
+from atlas_fast.files import atomic_write
 from atlas_fast.world.generator import SHAPES, TEXTURES, Layout, concept_id, render_batch
 
 GENERATOR_VERSION = 3  # bump when rendering changes: stale folders are then regenerated
@@ -39,6 +43,8 @@ GENERATOR_VERSION = 3  # bump when rendering changes: stale folders are then reg
 # generator.PRETRAIN_LAYOUT), calibrated on zero-shot accuracy alone (atlas_fast/world/README.md).
 BENCHMARK_LAYOUT = Layout(radius=(7.5, 11.5), max_shift=4.5, max_tilt=18.0, max_clutter=3, noise=1.5)
 STAMP_FILE = "world_stamp.json"
+MANIFEST_FILE = "world_files.json"  # every file the generator writes (besides the stamp and itself)
+LOCK_FILE = ".world_generating.lock"  # held while a process generates the folder
 # The pretraining captions' prefix, which is also CoOp's generic template (``atlas_fast.data.DEFAULT_TEMPLATE``; not
 # imported: ``atlas_fast.data`` imports this module to register the world datasets).
 TEMPLATE = "a photo of a {}."
@@ -113,44 +119,135 @@ def register_world_datasets() -> None:
 
 def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSizes = SplitSizes(), seed: int = 0,
                   progress: bool = True) -> Path:
-    """Write (or reuse, if its stamp matches) one dataset under ``<data_root>/<folder>``; returns the folder."""
+    """Write (or reuse, if its stamp matches) one dataset under ``<data_root>/<folder>``; returns the folder.
+
+    Regenerating with other arguments deletes only the files the generator wrote there (listed in
+    :data:`MANIFEST_FILE`, written before the first image), never other files a user put in the folder."""
     dataset_dir = Path(data_root) / dataset.folder
     stamp = {"generator_version": GENERATOR_VERSION, "dataset": asdict(dataset), "sizes": asdict(sizes), "seed": seed,
              "layout": asdict(BENCHMARK_LAYOUT)}
     stamp = json.loads(json.dumps(stamp))  # as it reads back from the file (tuples become lists)
     stamp_path = dataset_dir / STAMP_FILE
-    if stamp_path.is_file():
-        if json.loads(stamp_path.read_text()) == stamp:
-            return dataset_dir
-        # Ours but made with other arguments: remove what we wrote before regenerating.
-        stamp_path.unlink()
-        shutil.rmtree(dataset_dir / IMAGE_FOLDER, ignore_errors=True)
-        (dataset_dir / dataset.split_file).unlink(missing_ok=True)
-    elif dataset_dir.exists() and any(dataset_dir.iterdir()):
+    manifest_path = dataset_dir / MANIFEST_FILE
+    if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
+        return dataset_dir  # (without a lock: a complete dataset in a read-only folder is usable)
+    if not stamp_path.is_file() and not manifest_path.is_file() and dataset_dir.exists() and any(
+            p.name != LOCK_FILE for p in dataset_dir.iterdir()):
         raise FileExistsError(
             f"{dataset_dir} exists and holds files but no {STAMP_FILE}: it was not written by the world generator. "
             f"Move it away or choose another data root.")
+    dataset_dir.mkdir(parents=True, exist_ok=True)
+    with _generation_lock(dataset_dir):  # a second process waits, then finds the dataset done
+        if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
+            return dataset_dir
+        if stamp_path.is_file() or manifest_path.is_file():
+            # Ours, but made with other arguments (or interrupted): remove what we wrote before regenerating.
+            _remove_written(dataset_dir)
+        _generate(dataset, dataset_dir, sizes, seed, stamp, progress)
+    return dataset_dir
 
-    split: dict[str, list] = {}
+
+@contextmanager
+def _generation_lock(dataset_dir: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<dataset_dir>/.world_generating.lock`` for the whole generation."""
+    fd = os.open(dataset_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _generate(dataset: WorldDataset, dataset_dir: Path, sizes: SplitSizes, seed: int, stamp: dict,
+              progress: bool) -> None:
+    """Render the images, write the split file, then the stamp (held under the generation lock)."""
+    stamp_path = dataset_dir / STAMP_FILE
+    manifest_path = dataset_dir / MANIFEST_FILE
+
+    planned = [f"{IMAGE_FOLDER}/{rel}" for _, _, rel in _image_files(dataset.classnames, sizes)]
+    planned.append(dataset.split_file)
+    clash = next((dataset_dir / rel for rel in planned if os.path.lexists(dataset_dir / rel)), None)
+    if clash is not None:  # not ours (ours were just removed): never overwrite it
+        raise FileExistsError(f"{clash} is in the way of the world generator and was not written by it; move it "
+                              f"away and generate again.")
+    manifest = {"generator_version": GENERATOR_VERSION, "files": planned}
+    atomic_write(manifest_path, lambda f: f.write((json.dumps(manifest, indent=1) + "\n").encode()))
+
+    split: dict[str, list] = {name: [] for name, _ in sizes.items()}
     total = len(dataset.classnames) * (sizes.train + sizes.val + sizes.test)
     with tqdm(total=total, desc=f"render {dataset.name}", disable=not progress, leave=False) as bar:
         for split_name, per_class in sizes.items():
-            items = []
             for label, classname in enumerate(dataset.classnames):
                 class_dir = classname.replace(" ", "_")
                 (dataset_dir / IMAGE_FOLDER / class_dir).mkdir(parents=True, exist_ok=True)
                 images = render_batch([concept_id(classname)] * per_class, [dataset.style] * per_class, seed,
                                       split_name, layout=BENCHMARK_LAYOUT)
                 for i, pixels in enumerate(images):
-                    rel = f"{class_dir}/{split_name}_{i:04d}.png"
+                    rel = _image_name(classname, split_name, i)
                     Image.fromarray(pixels).save(dataset_dir / IMAGE_FOLDER / rel, optimize=False)
-                    items.append([rel, label, classname])
+                    split[split_name].append([rel, label, classname])
                 bar.update(per_class)
-            split[split_name] = items
     with open(dataset_dir / dataset.split_file, "w") as f:
         json.dump(split, f, indent=4, separators=(",", ": "))
     stamp_path.write_text(json.dumps(stamp, indent=4, sort_keys=True) + "\n")  # last: marks the folder complete
-    return dataset_dir
+
+
+def _image_name(classname: str, split: str, index: int) -> str:
+    """An image's path relative to the image folder."""
+    return f"{classname.replace(' ', '_')}/{split}_{index:04d}.png"
+
+
+def _image_files(classnames: Sequence[str], sizes: SplitSizes) -> list[tuple[str, str, str]]:
+    """(split, class name, path relative to the image folder) of every image, in the order they are written."""
+    return [(split, classname, _image_name(classname, split, i)) for split, per_class in sizes.items()
+            for classname in classnames for i in range(per_class)]
+
+
+def _written_files(dataset_dir: Path) -> list[str]:
+    """The files (relative to ``dataset_dir``) a previous generation wrote: its manifest, or, for a folder written
+    before manifests existed, what its stamp's arguments produce (the file names have not changed since)."""
+    manifest_path = dataset_dir / MANIFEST_FILE
+    if manifest_path.is_file():
+        try:
+            files = json.loads(manifest_path.read_text())["files"]
+            if isinstance(files, list) and all(isinstance(f, str) for f in files):
+                return files
+        except (ValueError, KeyError, TypeError):
+            pass
+        raise ValueError(f"{manifest_path} is not a list of the files the world generator wrote; delete the folder "
+                         f"{dataset_dir} (after saving any files of your own in it) and generate again.")
+    stamp_path = dataset_dir / STAMP_FILE
+    try:
+        old = json.loads(stamp_path.read_text())
+        classnames, sizes = old["dataset"]["classnames"], SplitSizes(**old["sizes"])
+        split_file = WorldDataset(old["dataset"]["name"], "", "").split_file
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{stamp_path} is not a world generator stamp ({exc}); delete the folder {dataset_dir} "
+                         f"(after saving any files of your own in it) and generate again.") from exc
+    return [f"{IMAGE_FOLDER}/{rel}" for _, _, rel in _image_files(classnames, sizes)] + [split_file]
+
+
+def _remove_written(dataset_dir: Path) -> None:
+    """Delete the files a previous generation wrote (and the folders that this leaves empty), nothing else."""
+    root = dataset_dir.resolve()
+    folders: set[Path] = set()
+    for rel in _written_files(dataset_dir):
+        path = dataset_dir / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not path.resolve().is_relative_to(root):
+            raise ValueError(f"{dataset_dir / MANIFEST_FILE} lists {rel!r}, which is not inside {dataset_dir}; "
+                             f"nothing was deleted.")
+    for rel in _written_files(dataset_dir):
+        path = dataset_dir / rel
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+        folders.update(p for p in path.parents if p != dataset_dir and dataset_dir in p.parents)
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        try:
+            folder.rmdir()  # only if empty: a folder holding the user's files stays
+        except OSError:
+            pass
+    (dataset_dir / STAMP_FILE).unlink(missing_ok=True)
+    (dataset_dir / MANIFEST_FILE).unlink(missing_ok=True)
 
 
 def generate_benchmark(data_root: str | Path, datasets: Sequence[str] | None = None,
