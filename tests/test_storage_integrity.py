@@ -26,7 +26,7 @@ from atlas_fast.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import CacheError, FeatureCache
 from atlas_fast.data import fewshot_subset, load_dataset
 from atlas_fast.data.datasets import DatasetFormatError
-from atlas_fast.results import ResultStore, load_learned
+from atlas_fast.engine.record import ResultStore, load_learned
 from layouts import make_oxford_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,7 +53,10 @@ def flip_bytes_inside(path: Path, payload: bytes, count: int = 8) -> None:
 
 
 def _record(key: str = "k" * 32) -> dict:
-    return {"key": key, "config": {"method": "coop"}, "metrics": {"base": 50.0}, "data": {"fingerprint": "f" * 32}}
+    return {"key": key, "config": {"method": "coop", "method_config": {}, "backbone": {"model": "atlas-tiny"},
+                                   "shots": 2, "seed": 1},
+            "backbone": {"fingerprint": "b" * 32}, "metrics": {"base": 50.0, "zero_shot": {"base": 40.0}},
+            "data": {"fingerprint": "f" * 32}}
 
 
 def test_a_damaged_learned_tensor_file_is_refused_naming_it_and_its_run_redone(tmp_path, capsys):
