@@ -44,10 +44,11 @@ def eot_positions(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def tokenize_prompts(backbone: Backbone, texts: Sequence[str]) -> PromptTokens:
-    """Tokenize strings with the backbone's tokenizer and look up their (frozen) token embeddings."""
+def tokenize_prompts(backbone: Backbone, texts: Sequence[str], labels: Sequence[str] | None = None) -> PromptTokens:
+    """Tokenize strings with the backbone's tokenizer and look up their (frozen) token embeddings. A text that does
+    not fit the context length is a ValueError naming it (and its label, e.g. the class name), never cut."""
     model = backbone.model
-    ids = backbone.tokenizer(list(texts)).to(backbone.device)
+    ids = backbone.tokenize(texts, labels).to(backbone.device)
     embeddings = model.token_embedding(ids).to(model.transformer.get_cast_dtype())
     return PromptTokens(ids=ids, embeddings=embeddings, eot_index=eot_positions(model, ids))
 

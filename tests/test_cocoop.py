@@ -30,7 +30,7 @@ def reference_cocoop_logits(backbone, pixels, ctx, w1, b1, w2, b2, classnames, p
 @pytest.mark.parametrize("ctx_init", ["", "a photo of a"])
 def test_cached_logits_and_every_gradient_match_the_per_image_full_forward(tiny, ctx_init):
     torch.manual_seed(0)
-    method = CoCoOp(tiny, CLASSNAMES, CoCoOpConfig(n_ctx=3, ctx_init=ctx_init))
+    method = CoCoOp(tiny, CLASSNAMES, CoCoOpConfig(n_ctx=4 if ctx_init else 3, ctx_init=ctx_init))
     with torch.no_grad():  # a non-trivial meta-net output (PyTorch's init gives small biases)
         method.meta_bias2.add_(0.05 * torch.randn_like(method.meta_bias2))
     pixels = torch.randn(3, 3, 32, 32)

@@ -21,31 +21,45 @@ from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, Cla
                                         initial_context)
 from atlas_fast.text_encoder import PromptTextEncoder
 PAPER_CTX_INIT = "a photo of a"
+DEFAULT_N_CTX = 16  # the reference's M without an init phrase
 
 
 @dataclass(frozen=True)
 class CoOpConfig(MethodConfig):
     """CoOp's prompt learner (reference defaults: 16 random tokens, shared context, class token at the end).
 
-    A non-empty ``ctx_init`` overrides ``n_ctx`` with its word count and initialises the context with the words'
-    token embeddings (as the reference does); otherwise the context is drawn from N(0, 0.02^2).
+    With a non-empty ``ctx_init`` the context is initialised with the phrase's token embeddings and has one token
+    per word of the phrase, as in the reference; ``n_ctx`` may then be left out (it is set to the word count) or
+    must equal it: the reference silently learns the phrase's word count whatever ``n_ctx`` says, and a record
+    claiming 8 learned tokens when 4 were learned is refused here. Without a phrase the ``n_ctx`` (default 16)
+    tokens are drawn from N(0, 0.02^2).
     """
 
-    n_ctx: int = 16
+    n_ctx: int | None = None
     ctx_init: str = ""
     csc: bool = False
     class_token_position: ClassTokenPosition = "end"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        owner = type(self).__name__
         if self.class_token_position not in CLASS_TOKEN_POSITIONS:
-            raise ValueError(f"CoOpConfig.class_token_position must be one of {CLASS_TOKEN_POSITIONS}, "
+            raise ValueError(f"{owner}.class_token_position must be one of {CLASS_TOKEN_POSITIONS}, "
                              f"got {self.class_token_position!r}")
-        if not self.ctx_init.strip() and self.n_ctx < 1:
-            raise ValueError(f"CoOpConfig.n_ctx must be >= 1, got {self.n_ctx}")
-        if self.csc and self.ctx_init.strip():
-            raise ValueError("CoOpConfig: csc=True needs random init (ctx_init=''); the reference silently drops "
-                             "CSC when an init phrase is given, so we refuse the combination instead")
+        words = len(self.init_words.split(" ")) if self.init_words else 0
+        if self.n_ctx is None:  # resolved here, so records and checkpoints state the real M
+            object.__setattr__(self, "n_ctx", words or DEFAULT_N_CTX)
+        elif words and self.n_ctx != words:
+            raise ValueError(f"{owner}: n_ctx={self.n_ctx} cannot take effect with ctx_init={self.ctx_init!r}: CoOp "
+                             f"learns one token per word of the init phrase, so {words} tokens would be learned "
+                             f"while the configuration says {self.n_ctx}. Use ctx_init='' to learn {self.n_ctx} "
+                             f"random tokens, give a phrase of {self.n_ctx} words, or leave n_ctx out (or set it to "
+                             f"{words}) to learn the phrase's {words} tokens.")
+        if self.n_ctx < 1:
+            raise ValueError(f"{owner}.n_ctx must be >= 1, got {self.n_ctx}")
+        if self.csc and self.init_words:
+            raise ValueError(f"{owner}: csc=True needs random init (ctx_init=''); the reference silently drops "
+                             f"CSC when an init phrase is given, so we refuse the combination instead")
 
     @property
     def init_words(self) -> str:
@@ -54,8 +68,8 @@ class CoOpConfig(MethodConfig):
 
     @property
     def context_length(self) -> int:
-        """M: the init phrase's word count if one is given, else ``n_ctx``."""
-        return len(self.init_words.split(" ")) if self.init_words else self.n_ctx
+        """M, the number of learned context tokens (``n_ctx``, which equals the init phrase's word count)."""
+        return self.n_ctx
 
 
 @register_method

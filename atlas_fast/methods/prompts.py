@@ -72,7 +72,7 @@ class ClassPrompts(nn.Module):
         if not classnames:
             raise ValueError("prompts need at least one class name")
         names = [name.replace("_", " ") for name in classnames]
-        tokens = tokenize_prompts(self.backbone, [f"{self.prompt_prefix} {name}." for name in names])
+        tokens = tokenize_prompts(self.backbone, [f"{self.prompt_prefix} {name}." for name in names], classnames)
         n_used = int(tokens.eot_index.max()) + 1  # positions after the last EOT never matter (causal mask)
         if int(tokens.eot_index.min()) <= self.n_ctx:
             raise ValueError(f"prompts are truncated inside the context (prefix {self.prompt_prefix!r} is too long "
