@@ -82,6 +82,11 @@ class ClassPrompts(nn.Module):
         self.register_buffer("token_suffix", tokens.embeddings[:, 1 + self.n_ctx:n_used].to(device),
                              persistent=False)
         self.register_buffer("eot_index", tokens.eot_index.to(device), persistent=False)
+        # Leading positions after the context with the same token in every class (the fixed words of an IVLP
+        # phrase, ...): they join the shared prefix. Each class keeps at least its EOT position.
+        after = tokens.ids[:, 1 + self.n_ctx:int(tokens.eot_index.min())]
+        same = (after == after[:1]).all(dim=0).tolist() + [False]
+        self.shared_words = same.index(False)
         layout = None
         if self.class_token_position != "end":
             # class-name token counts: EOT position minus SOT, from the name tokenized on its own
@@ -123,5 +128,15 @@ class ClassPrompts(nn.Module):
     def encode(self, encoder: PromptTextEncoder, ctx: torch.Tensor,
                deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         """Un-normalised text features (*lead, C, D) of the prompts built from ``ctx`` (see :meth:`assemble`);
-        ``deep_prompts``: one (R, M, d) tensor per text block 1..J-1."""
-        return encoder(self.assemble(ctx), self.eot_index, deep_prompts)
+        ``deep_prompts``: one (R, M, d) tensor per text block 1..J-1.
+
+        With one context for every class and the class tokens at the end, all prompts start with the same
+        ``[SOT][ctx][fixed words]``: the encoder computes that prefix once (``encode_classes``). Class-specific
+        context and the "middle"/"front" layouts run the assembled prompts."""
+        if self.per_class_context or self.layout is not None:
+            return encoder(self.assemble(ctx), self.eot_index, deep_prompts)
+        lead, width, shared = ctx.shape[:-2], ctx.shape[-1], self.shared_words
+        dtype = self.token_suffix.dtype
+        prefix = torch.cat([self.token_prefix[0].expand(*lead, 1, width), ctx.to(dtype),
+                            self.token_suffix[0, :shared].expand(*lead, shared, width)], dim=-2)
+        return encoder.encode_classes(prefix, self.token_suffix[:, shared:], self.eot_index, deep_prompts)
