@@ -22,7 +22,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -121,10 +121,33 @@ class Backbone:
         """Un-normalised image features (B, D) for preprocessed pixels (B, 3, H, W)."""
         return self.model.encode_image(pixels)
 
+    def tokenize(self, texts: Sequence[str], labels: Sequence[str] | None = None) -> torch.Tensor:
+        """Token ids (N, context_length) of ``texts``, on the CPU.
+
+        A text longer than the text tower's context is refused: open_clip's tokenizer would cut it silently, and
+        two long class names that differ only after the cut would then be encoded identically. The ValueError
+        names the text and, given ``labels`` (one per text, e.g. the class names), its label.
+        """
+        texts = list(texts)
+        length = self.context_length
+        # One spare position: a text fits iff that position is still padding (as it is for the empty string).
+        ids = self.tokenizer(texts, context_length=length + 1)
+        padding = self.tokenizer([""], context_length=length + 1)[0, length]
+        cut = (ids[:, length] != padding).nonzero().flatten().tolist()
+        if cut:
+            i = cut[0]
+            what = f"class {labels[i]!r}: its prompt {texts[i]!r}" if labels is not None else f"the text {texts[i]!r}"
+            others = f" ({len(cut) - 1} more texts are too long as well)" if len(cut) > 1 else ""
+            raise ValueError(f"{what} does not fit the text tower's context of {length} tokens{others}; the "
+                             f"tokenizer would cut it silently (two long names could then be encoded identically). "
+                             f"Shorten the class name or the prompt.")
+        return ids[:, :length]
+
     @torch.no_grad()
     def encode_text(self, texts: list[str]) -> torch.Tensor:
-        """Un-normalised text features (N, D) for raw strings, exactly as CLIP's ``encode_text``."""
-        tokens = self.tokenizer(texts).to(self.device)
+        """Un-normalised text features (N, D) for raw strings, exactly as CLIP's ``encode_text`` (texts that do not
+        fit the context are refused, see :meth:`tokenize`)."""
+        tokens = self.tokenize(texts).to(self.device)
         return self.model.encode_text(tokens)
 
     def describe(self) -> str:

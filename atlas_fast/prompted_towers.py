@@ -13,6 +13,14 @@ The multi-modal methods (IVLP, MaPLe, PromptSRC; ``methods.md`` §6-§8) change 
 :func:`run_blocks` is the block loop with that replacement; :class:`PromptedVisionEncoder` is the vision tower around
 it (the text tower is :class:`atlas_fast.text_encoder.PromptTextEncoder`). Both take prompts with a leading run
 dimension R (several runs trained together, ``methods/base.py``) and fold it into the batch.
+
+**Fused attention.** open_clip's blocks run attention through ``nn.MultiheadAttention``, which transposes the
+sequence, splits heads and adds the causal mask as a float tensor. :func:`fused_block` computes the same block from
+the block's own weights: ``ln_1``, one ``F.linear`` with the packed input projection, ``F.scaled_dot_product_attention``
+(``is_causal`` for text), the output projection, ``ls_1``, then ``ln_2``, ``mlp``, ``ls_2`` (the block's own
+modules). It is used for blocks it can reproduce exactly (:func:`fused_attention_supported`); any other block (open_clip's
+``CustomResidualAttentionBlock``, cross-attention, attention dropout in training, a block someone observes with forward
+hooks, gradient checkpointing) runs its own ``forward``.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from typing import Literal, Sequence
 
 import torch
 from torch import nn
+import torch.nn.functional as F
+from open_clip.transformer import ResidualAttentionBlock
 
 from atlas_fast.backbones import Backbone
 
@@ -46,19 +56,90 @@ def replace_slot(x: torch.Tensor, prompts: torch.Tensor, slot: Slot) -> torch.Te
     return torch.cat([x[:, :x.shape[1] - length], prompts], dim=1)
 
 
+def fused_attention_supported(block: nn.Module) -> bool:
+    """Whether :func:`fused_block` computes exactly what ``block.forward`` does: an open_clip
+    ``ResidualAttentionBlock`` (forward not overridden) with a plain self-attention ``nn.MultiheadAttention`` (packed
+    input projection, no extra key/value biases, no dropout in training) that no forward hook observes."""
+    attn = getattr(block, "attn", None)
+    if not isinstance(block, ResidualAttentionBlock) or not isinstance(attn, nn.MultiheadAttention):
+        return False
+    if (type(block).forward is not ResidualAttentionBlock.forward
+            or type(block).attention is not ResidualAttentionBlock.attention or hasattr(block, "ln_1_kv")):
+        return False
+    if (not attn._qkv_same_embed_dim or attn.in_proj_weight is None or attn.bias_k is not None
+            or attn.bias_v is not None or attn.add_zero_attn or (attn.dropout > 0 and attn.training)):
+        return False
+    return not (block._forward_hooks or block._forward_pre_hooks or attn._forward_hooks or attn._forward_pre_hooks)
+
+
+def fused_tower_supported(transformer: nn.Module) -> bool:
+    """Every block of ``transformer`` can run fused (and gradient checkpointing, which only the module loop does,
+    is off)."""
+    return (not getattr(transformer, "grad_checkpointing", False)
+            and all(fused_attention_supported(block) for block in transformer.resblocks))
+
+
+def is_causal_mask(mask: torch.Tensor) -> bool:
+    """True for CLIP's additive causal mask: 0 on and below the diagonal, -inf above it."""
+    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+        return False
+    above = torch.ones(mask.shape, dtype=torch.bool, device=mask.device).triu(1)
+    return bool(torch.equal(torch.isneginf(mask), above) and not mask.masked_fill(above, 0).any())
+
+
+def attention_input(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``ln_1`` and the packed q/k/v projection of a block: (..., w) -> (..., 3w), one matmul."""
+    attn = block.attn
+    return F.linear(block.ln_1(x), attn.in_proj_weight, attn.in_proj_bias)
+
+
+def block_residuals(block: nn.Module, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    """The rest of a block after attention: ``x + ls_1(out_proj(attended))``, then ``+ ls_2(mlp(ln_2(.)))``.
+    ``attended`` is the attention output with the heads merged, shaped as ``x``."""
+    attn = block.attn
+    x = x + block.ls_1(F.linear(attended, attn.out_proj.weight, attn.out_proj.bias))
+    return x + block.ls_2(block.mlp(block.ln_2(x)))
+
+
+def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (N, heads, L, w / heads) of a packed projection (N, L, 3w)."""
+    n, length, width3 = qkv.shape
+    return qkv.view(n, length, 3, heads, width3 // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(N, heads, L, d) -> (N, L, heads * d)."""
+    n, heads, length, dim = x.shape
+    return x.transpose(1, 2).reshape(n, length, heads * dim)
+
+
+def fused_block(block: nn.Module, x: torch.Tensor, causal: bool) -> torch.Tensor:
+    """``block(x)`` for batch-first states (N, L, w) with one input-projection matmul and
+    ``F.scaled_dot_product_attention`` (causal for text). Only for blocks :func:`fused_attention_supported` accepts."""
+    q, k, v = split_heads(attention_input(block, x), block.attn.num_heads)
+    attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return block_residuals(block, x, merge_heads(attended))
+
+
 def run_blocks(transformer: nn.Module, x: torch.Tensor, attn_mask: torch.Tensor | None,
-               deep_prompts: Sequence[torch.Tensor], slot: Slot) -> torch.Tensor:
+               deep_prompts: Sequence[torch.Tensor], slot: Slot, fused: bool = True) -> torch.Tensor:
     """open_clip's ``Transformer.forward`` over (N, L, w) batch-first states, with ``deep_prompts[i - 1]`` (N, M, w)
-    written into the prompt slot at the input of block i (1 <= i <= len(deep_prompts))."""
+    written into the prompt slot at the input of block i (1 <= i <= len(deep_prompts)).
+
+    ``fused``: run the blocks with :func:`fused_block` where every block supports it and ``attn_mask`` is None or
+    CLIP's causal mask; otherwise (or with ``fused=False``) each block runs its own ``forward``."""
     blocks = transformer.resblocks
     if len(deep_prompts) >= len(blocks):
         raise ValueError(f"{len(deep_prompts)} deep prompt sets need more than the tower's {len(blocks)} blocks "
                          f"(depth J may be at most the number of blocks)")
+    fused = fused and fused_tower_supported(transformer) and (attn_mask is None or is_causal_mask(attn_mask))
     batch_first = getattr(transformer, "batch_first", True)
     for i, block in enumerate(blocks):
         if 1 <= i <= len(deep_prompts):
             x = replace_slot(x, deep_prompts[i - 1], slot)
-        if batch_first:
+        if fused:
+            x = fused_block(block, x, causal=attn_mask is not None)
+        elif batch_first:
             x = block(x, attn_mask=attn_mask)
         else:  # sequence-first blocks (older open_clip): LND inside the block only
             x = block(x.transpose(0, 1), attn_mask=attn_mask).transpose(0, 1)
@@ -81,7 +162,8 @@ class PromptedVisionEncoder:
     """The frozen vision tower of ``backbone`` with optional input and deep visual prompts.
 
     Not an ``nn.Module`` (as :class:`~atlas_fast.text_encoder.PromptTextEncoder`): the frozen weights stay in the
-    backbone. Without prompts it computes exactly ``model.encode_image``.
+    backbone. Without prompts it computes exactly ``model.encode_image`` (through the blocks' own forwards); with
+    prompts the blocks run fused when :attr:`fused_attention` is on (the default).
     """
 
     def __init__(self, backbone: Backbone) -> None:
@@ -90,6 +172,9 @@ class PromptedVisionEncoder:
         self.visual = visual
         self.width = int(visual.class_embedding.shape[-1])
         self.layers = len(visual.transformer.resblocks)
+        #: prompted passes run the blocks fused (:func:`fused_block`); the unprompted pass is always the module's
+        #: own, so it stays bit-identical to ``encode_image`` (the cached features).
+        self.fused_attention = True
 
     def __call__(self, pixels: torch.Tensor, prompts: torch.Tensor | None = None,
                  deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
@@ -127,7 +212,8 @@ class PromptedVisionEncoder:
             x = torch.cat([x, runs_to_batch(prompts, batch).to(x.dtype)], dim=1)
         x = self.visual.ln_pre(x)
         deep = [runs_to_batch(p, batch) for p in deep_prompts]
-        x = run_blocks(self.visual.transformer, x, None, deep, "vision")
+        x = run_blocks(self.visual.transformer, x, None, deep, "vision",
+                       fused=self.fused_attention and prompts is not None)
         pooled = self.visual.ln_post(x[:, 0])  # LayerNorm is per token: normalising token 0 alone is the same
         if self.visual.proj is not None:
             pooled = pooled @ self.visual.proj

@@ -7,6 +7,16 @@ positional embedding and the mask) gives the same features and gradients as the 
 the cost for short prompts. That stays exact with deep text prompts (IVLP, MaPLe, PromptSRC), which replace positions
 1..M at the input of blocks 1..J-1 (:func:`atlas_fast.prompted_towers.run_blocks`): every replaced position is before
 the EOT.
+
+**Shared prefix** (:meth:`PromptTextEncoder.encode_classes`). Every class's prompt starts with the same positions
+``[SOT][ctx_1..M]`` (and the fixed words of the init phrase, if any). Under the causal mask their hidden states do
+not depend on what follows, so they are the same for every class: they are computed once per prompt set (per run,
+per image for CoCoOp), and each class runs only its own positions (class tokens, ".", EOT), whose attention reads
+the prefix's keys and values of that block followed by its own, causally. Deep text prompts replace prefix positions
+only, so they are applied to the prefix once. The class suffixes are packed: every token-wise operation (layer norms,
+projections, MLP) runs once over all of them without padding, and attention runs per group of classes of one suffix
+length (neighbouring lengths are merged when the padding costs less than another group would). Same arithmetic per
+position as the plain pass, so features and gradients agree to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -17,9 +27,14 @@ from typing import Sequence
 
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
-from atlas_fast.prompted_towers import run_blocks, runs_to_batch
+from atlas_fast.prompted_towers import (attention_input, block_residuals, fused_tower_supported, is_causal_mask,
+                                        merge_heads, replace_slot, run_blocks, runs_to_batch, split_heads)
+
+#: per extra attention group, the suffix positions it costs to run it instead of padding (see :func:`length_groups`)
+GROUP_COST_POSITIONS = {"cpu": 2.0, "cuda": 512.0}
 
 
 @dataclass(frozen=True)
@@ -44,10 +59,11 @@ def eot_positions(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def tokenize_prompts(backbone: Backbone, texts: Sequence[str]) -> PromptTokens:
-    """Tokenize strings with the backbone's tokenizer and look up their (frozen) token embeddings."""
+def tokenize_prompts(backbone: Backbone, texts: Sequence[str], labels: Sequence[str] | None = None) -> PromptTokens:
+    """Tokenize strings with the backbone's tokenizer and look up their (frozen) token embeddings. A text that does
+    not fit the context length is a ValueError naming it (and its label, e.g. the class name), never cut."""
     model = backbone.model
-    ids = backbone.tokenizer(list(texts)).to(backbone.device)
+    ids = backbone.tokenize(texts, labels).to(backbone.device)
     embeddings = model.token_embedding(ids).to(model.transformer.get_cast_dtype())
     return PromptTokens(ids=ids, embeddings=embeddings, eot_index=eot_positions(model, ids))
 
@@ -67,6 +83,21 @@ class PromptTextEncoder:
         self.width = int(model.positional_embedding.shape[1])
         # Truncation is exact only under a causal mask; a tower without one runs every position it is given.
         self.causal = getattr(model, "attn_mask", None) is not None
+        #: run the blocks fused (one input-projection matmul + scaled_dot_product_attention) where supported
+        self.fused_attention = True
+        #: encode_classes computes the positions every class shares once (needs the causal mask, fused blocks)
+        self.shared_prefix = True
+        #: encode_classes groups class suffixes by length (False: one group padded to the longest suffix)
+        self.length_groups = True
+
+    def shares_prefix(self) -> bool:
+        """Whether :meth:`encode_classes` takes the shared-prefix pass: it is on, the tower is causal with CLIP's
+        mask, every block runs fused, and :meth:`forward` is this class's own (a subclass that redefines the pass
+        gets every prompt through it)."""
+        model = self.model
+        return (self.shared_prefix and self.fused_attention and self.causal
+                and type(self).forward is PromptTextEncoder.forward
+                and is_causal_mask(model.attn_mask) and fused_tower_supported(model.transformer))
 
     def __call__(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor,
                  deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
@@ -102,14 +133,143 @@ class PromptTextEncoder:
             if any(p.shape[1] >= int(eot_index.min()) for p in deep):
                 raise ValueError(f"deep text prompts of {deep[0].shape[1]} tokens would overwrite an EOT token "
                                  f"(the earliest is at position {int(eot_index.min())})")
-            x = run_blocks(model.transformer, x, mask, deep, "text")
+            x = run_blocks(model.transformer, x, mask, deep, "text", fused=self.fused_attention)
+        elif self.fused_attention:
+            x = run_blocks(model.transformer, x, mask, [], "text")
         else:
             x = model.transformer(x, attn_mask=mask)
-        x = model.ln_final(x)
         x = x[torch.arange(x.shape[0], device=x.device), eot_index.reshape(-1)]
+        return self.project(x).reshape(*lead, -1)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """``ln_final`` and ``text_projection`` of pooled hidden states (N, w) -> (N, D). LayerNorm is per position,
+        so normalising only the pooled rows is the same as normalising all and pooling after."""
+        model = self.model
+        x = model.ln_final(x)
         projection = model.text_projection
         if isinstance(projection, nn.Linear):
             x = projection(x)
         elif projection is not None:
             x = x @ projection
-        return x.reshape(*lead, x.shape[-1])
+        return x
+
+    def encode_classes(self, prefix: torch.Tensor, suffix: torch.Tensor, eot_index: torch.Tensor,
+                       deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        """Un-normalised text features (*lead, C, D) of the prompts ``[prefix; suffix[c]]``.
+
+        ``prefix`` (*lead, P, d): positions 0..P-1, the same for every class (SOT, the context, ...), e.g. lead
+        (R,) for R runs or (R, B) for CoCoOp's per-image context; ``suffix`` (C, S, d): positions P..P+S-1 of each
+        class, the same for every leading index (frozen class tokens); ``eot_index`` (C,): each class's EOT
+        position, P <= eot < P + S; ``deep_prompts``: one (prod(lead), M, d) tensor per block 1..J-1, written into
+        positions 1..M (1 + M <= P). The prefix is computed once per leading index (see the module docstring);
+        where :meth:`shares_prefix` is False every prompt is assembled and runs through :meth:`forward`.
+        """
+        if prefix.dim() < 2 or suffix.dim() != 3 or prefix.shape[-1] != self.width or suffix.shape[-1] != self.width:
+            raise ValueError(f"prefix must be (..., P, {self.width}) and suffix (C, S, {self.width}), got "
+                             f"{tuple(prefix.shape)} and {tuple(suffix.shape)}")
+        *lead, length, width = prefix.shape
+        classes = suffix.shape[0]
+        eot_index = eot_index.to(prefix.device).long()
+        if eot_index.shape != (classes,):
+            raise ValueError(f"eot_index must be ({classes},), one position per class, got {tuple(eot_index.shape)}")
+        if int(eot_index.min()) < length or int(eot_index.max()) >= length + suffix.shape[1]:
+            raise ValueError(f"every EOT must lie in the class suffix (positions {length}..{length + suffix.shape[1] - 1}"
+                             f"), got positions {int(eot_index.min())}..{int(eot_index.max())}")
+        if any(1 + p.shape[-2] > length for p in deep_prompts):
+            raise ValueError(f"deep text prompts of {deep_prompts[0].shape[-2]} tokens do not fit the shared prefix "
+                             f"of {length} positions")
+        if not self.shares_prefix():
+            prompts = torch.cat([prefix.unsqueeze(-3).expand(*lead, classes, length, width),
+                                 suffix.to(prefix.dtype).expand(*lead, *suffix.shape)], dim=-2)
+            return self.forward(prompts, eot_index, deep_prompts)
+        return self._shared_prefix_pass(prefix, suffix, eot_index, deep_prompts)
+
+    def _shared_prefix_pass(self, prefix: torch.Tensor, suffix: torch.Tensor, eot_index: torch.Tensor,
+                            deep_prompts: Sequence[torch.Tensor]) -> torch.Tensor:
+        model = self.model
+        *lead, length, width = prefix.shape
+        runs = math.prod(lead)  # prefixes (the leading indices)
+        dtype = model.transformer.get_cast_dtype()
+        positional = model.positional_embedding.to(dtype)
+        suffix_lengths = (eot_index - length + 1).tolist()
+        merge = GROUP_COST_POSITIONS.get(prefix.device.type, GROUP_COST_POSITIONS["cuda"]) / runs
+        groups = length_groups(suffix_lengths, merge if self.length_groups else None)
+
+        # Packed states: the prefixes (runs * P rows), then each group's suffixes (runs * C_g * L_g rows).
+        parts = [(prefix.reshape(runs, length, width).to(dtype) + positional[:length]).reshape(-1, width)]
+        masks, pooled = [], torch.empty(runs, len(suffix_lengths), dtype=torch.long)
+        offset = runs * length
+        for classes, group_length in groups:
+            index = torch.tensor(classes, device=suffix.device)
+            x = suffix.index_select(0, index)[:, :group_length].to(dtype) + positional[length:length + group_length]
+            parts.append(x.expand(runs, *x.shape).reshape(-1, width))
+            # suffix position i sees every prefix position and suffix positions <= i
+            keys = torch.arange(length + group_length, device=prefix.device)
+            masks.append(keys.unsqueeze(0) <= torch.arange(group_length, device=prefix.device).unsqueeze(1) + length)
+            local = torch.tensor([suffix_lengths[c] - 1 for c in classes])
+            rows = (torch.arange(runs).unsqueeze(1) * len(classes) + torch.arange(len(classes))) * group_length
+            pooled[:, classes] = offset + rows + local
+            offset += runs * len(classes) * group_length
+        sizes = [p.shape[0] for p in parts]
+        x = torch.cat(parts)
+
+        deep = [p.reshape(runs, *p.shape[-2:]) for p in deep_prompts]
+        for i, block in enumerate(model.transformer.resblocks):
+            if 1 <= i <= len(deep):
+                head = replace_slot(x[:sizes[0]].view(runs, length, width), deep[i - 1], "text")
+                x = torch.cat([head.reshape(-1, width), x[sizes[0]:]])
+            heads = block.attn.num_heads
+            qkv = attention_input(block, x).split(sizes)
+            q, k_prefix, v_prefix = split_heads(qkv[0].view(runs, length, -1), heads)  # (runs, H, P, d_h)
+            attended = [merge_heads(F.scaled_dot_product_attention(q, k_prefix, v_prefix, is_causal=True))
+                        .reshape(-1, width)]
+            for (classes, group_length), part, mask in zip(groups, qkv[1:], masks):
+                n = runs * len(classes)
+                q, k, v = split_heads(part.view(n, group_length, -1), heads)  # (runs * C_g, H, L_g, d_h)
+                k = torch.cat([_per_class(k_prefix, len(classes)), k], dim=2)
+                v = torch.cat([_per_class(v_prefix, len(classes)), v], dim=2)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                attended.append(merge_heads(out).reshape(-1, width))
+            x = block_residuals(block, x, torch.cat(attended))
+        features = self.project(x.index_select(0, pooled.flatten().to(x.device)))
+        return features.reshape(*lead, len(suffix_lengths), -1)
+
+
+def _per_class(prefix_states: torch.Tensor, classes: int) -> torch.Tensor:
+    """(runs, H, P, d) -> (runs * classes, H, P, d), run-major: each class of a run reads its run's prefix."""
+    runs = prefix_states.shape[0]
+    return prefix_states.unsqueeze(1).expand(runs, classes, *prefix_states.shape[1:]).reshape(
+        runs * classes, *prefix_states.shape[1:])
+
+
+def length_groups(lengths: Sequence[int], group_cost: float | None) -> list[tuple[list[int], int]]:
+    """Partition classes by suffix length into groups of (class indices, padded group length).
+
+    ``group_cost`` None: one group padded to the longest suffix. Otherwise classes sorted by length are cut into
+    consecutive groups minimising ``sum_g C_g * L_g + group_cost * (number of groups)``, i.e. the positions run
+    (padding included) plus a fixed price per extra attention call, measured in positions of one prefix
+    (``GROUP_COST_POSITIONS[device] / prefixes``): on a CPU padding is dear and calls are cheap, so nearly every
+    length gets its own group; on a GPU calls cost more than a little padding.
+    """
+    if group_cost is None:
+        return [(list(range(len(lengths))), max(lengths))]
+    distinct = sorted(set(lengths))
+    count = [sum(1 for n in lengths if n == value) for value in distinct]
+    # best[j]: cheapest cost of grouping the first j distinct lengths; cut[j]: where its last group starts
+    best, cut = [0.0] + [math.inf] * len(distinct), [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        members = 0
+        for i in range(j, 0, -1):  # last group = distinct[i-1 .. j-1], padded to distinct[j-1]
+            members += count[i - 1]
+            cost = best[i - 1] + members * distinct[j - 1] + group_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i - 1
+    bounds, j = [], len(distinct)
+    while j > 0:
+        bounds.append((cut[j], j))
+        j = cut[j]
+    groups = []
+    for start, end in reversed(bounds):
+        low, high = distinct[start], distinct[end - 1]
+        groups.append(([c for c, n in enumerate(lengths) if low <= n <= high], high))
+    return groups

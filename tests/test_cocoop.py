@@ -30,7 +30,7 @@ def reference_cocoop_logits(backbone, pixels, ctx, w1, b1, w2, b2, classnames, p
 @pytest.mark.parametrize("ctx_init", ["", "a photo of a"])
 def test_cached_logits_and_every_gradient_match_the_per_image_full_forward(tiny, ctx_init):
     torch.manual_seed(0)
-    method = CoCoOp(tiny, CLASSNAMES, CoCoOpConfig(n_ctx=3, ctx_init=ctx_init))
+    method = CoCoOp(tiny, CLASSNAMES, CoCoOpConfig(n_ctx=4 if ctx_init else 3, ctx_init=ctx_init))
     with torch.no_grad():  # a non-trivial meta-net output (PyTorch's init gives small biases)
         method.meta_bias2.add_(0.05 * torch.randn_like(method.meta_bias2))
     pixels = torch.randn(3, 3, 32, 32)
@@ -72,12 +72,13 @@ def test_chunked_evaluation_equals_one_call_and_is_bounded_by_the_sequence_budge
     with torch.no_grad():
         whole = method(features)
     calls = []
-    original = method.text_encoder.forward
-    method.text_encoder.forward = lambda prompts, eot, *deep: calls.append(prompts.shape[:3]) or original(prompts, eot, *deep)
+    original = method.text_encoder.encode_classes
+    method.text_encoder.encode_classes = lambda prefix, suffix, *rest: (
+        calls.append((*prefix.shape[:2], suffix.shape[0])) or original(prefix, suffix, *rest))
     method.eval_sequences = 9  # 9 // 4 classes = 2 images per text-encoder call
     chunked = method.eval_logits(features)
     torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)
-    assert [tuple(c) for c in calls] == [(1, 2, 4)] * 5 + [(1, 1, 4)]
+    assert calls == [(1, 2, 4)] * 5 + [(1, 1, 4)]  # (R, images, classes) per call
 
 
 def test_runs_are_independent_and_accept_per_run_batches(tiny):

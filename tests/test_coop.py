@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.methods import METHODS, CoOp, CoOpConfig, OptimRecipe, build_method, coop_recipe
+from atlas_fast.methods import (METHODS, CoCoOpConfig, CoOp, CoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig, IVLPConfig,
+                                KgCoOpConfig, OptimRecipe, build_method, coop_recipe)
 from helpers import reference_text_features
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
@@ -39,7 +40,7 @@ def test_cached_feature_logits_and_ctx_gradients_match_full_forward(tiny, positi
 @pytest.mark.parametrize("position,template", [("end", "a photo of a {}."), ("middle", "a photo {} of a."),
                                                ("front", "{} a photo of a.")])
 def test_init_phrase_sets_m_and_embeddings_and_positions(tiny, position, template):
-    method = build_method("coop", tiny, CLASSNAMES, CoOpConfig(n_ctx=16, ctx_init="a_photo of a",
+    method = build_method("coop", tiny, CLASSNAMES, CoOpConfig(ctx_init="a_photo of a",
                                                                class_token_position=position))
     assert method.n_ctx == 4 and method.ctx.shape == (1, 4, tiny.architecture["text_width"])
     expected_ctx = tiny.model.token_embedding(tiny.tokenizer(["a photo of a"]))[0, 1:5]
@@ -122,3 +123,39 @@ def test_recipes_follow_the_protocol():
         coop_recipe("paper", "few_shot", 3, "DTD")
     with pytest.raises(ValueError, match="'paper' or 'original'"):
         coop_recipe("mine", "few_shot", 1, "DTD")
+
+
+def test_n_ctx_that_the_init_phrase_would_override_is_refused():
+    """The reference learns one token per init word whatever n_ctx says; a config claiming otherwise is refused."""
+    assert CoOpConfig(ctx_init="a photo of a").n_ctx == 4  # resolved, so records state the real M
+    assert CoOpConfig(n_ctx=4, ctx_init="a photo of a").n_ctx == 4
+    assert CoOpConfig().n_ctx == 16 and CoOpConfig(n_ctx=8).n_ctx == 8
+    for config_class in (CoOpConfig, CoCoOpConfig, KgCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig):
+        with pytest.raises(ValueError, match=r"n_ctx=8 cannot take effect.*4 tokens would be learned.*ctx_init=''"):
+            config_class(n_ctx=8, ctx_init="a photo of a")
+    with pytest.raises(ValueError, match="n_ctx must be >= 1"):
+        CoOpConfig(n_ctx=0)
+
+
+def test_class_prompts_longer_than_the_context_are_refused_by_name(tiny):
+    """open_clip's tokenizer cuts a long prompt at the context length, so two long names that differ only after the
+    cut would be encoded identically; building the prompts refuses it and names the class."""
+    long_a, long_b = "very " * 80 + "long cat", "very " * 80 + "long dog"
+    ids = tiny.tokenizer([f"a photo of a {long_a}.", f"a photo of a {long_b}."])
+    assert torch.equal(ids[0], ids[1])  # what would happen silently
+    for name, config in (("coop", CoOpConfig(n_ctx=4)), ("cocoop", CoCoOpConfig(ctx_init="a photo of a")),
+                         ("ivlp", IVLPConfig(depth_text=1, depth_vision=0))):
+        with pytest.raises(ValueError, match=r"class 'very very.*long dog'.*does not fit.*77 tokens"):
+            build_method(name, tiny, ["cat", long_b], config)
+    method = build_method("coop", tiny, ["cat"], CoOpConfig(n_ctx=4))
+    with pytest.raises(ValueError, match="long cat"):
+        method.set_classnames(["dog", long_a])
+    # a prompt of exactly the context length fits
+    fits = " ".join(["cat"] * (77 - 2 - 4 - 1))
+    assert int(build_method("coop", tiny, [fits], CoOpConfig(n_ctx=4)).eot_index[0]) == 76
+
+
+def test_zero_shot_prompts_longer_than_the_context_are_refused(tiny):
+    with pytest.raises(ValueError, match=r"the text 'a photo of a very.*does not fit"):
+        tiny.encode_text(["a photo of a cat.", "a photo of a " + "very " * 80 + "long cat."])
+    assert tiny.encode_text(["a photo of a cat."]).shape == (1, tiny.embed_dim)

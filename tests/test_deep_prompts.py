@@ -315,3 +315,13 @@ def test_recipes():
     config, recipe = dept_maple_recipe("original", "base2new", 16, "OxfordPets")
     assert (config.n_ctx, config.depth, config.head_lambda, recipe.epochs, recipe.lr) == (2, 9, 0.7, 10, 0.0035)
     assert dept_maple_recipe("paper", "cross_dataset", 16, "ImageNet")[0].n_ctx == 4
+
+
+def test_more_learnable_tokens_than_init_words_are_refused_for_every_deep_method():
+    """The references fall back to random init when M exceeds the phrase; the configs refuse it instead. Fewer
+    tokens than words takes effect (the remaining words stay fixed text), so it is allowed."""
+    for make in (lambda m: IVLPConfig(n_ctx_text=m), lambda m: MaPLeConfig(n_ctx=m),
+                 lambda m: PromptSRCConfig(n_ctx_text=m)):
+        with pytest.raises(ValueError, match="5 learnable tokens but ctx_init 'a photo of a' has only 4 words"):
+            make(5)
+        make(3)

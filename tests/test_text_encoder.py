@@ -40,7 +40,8 @@ def test_truncated_pass_matches_full_pass_in_outputs_and_gradients(tiny):
     (full * weights).sum().backward()
 
     seen_lengths = []
-    hook = tiny.model.transformer.register_forward_pre_hook(lambda module, args: seen_lengths.append(args[0].shape[1]))
+    first_norm = tiny.model.transformer.resblocks[0].ln_1  # sees the (N, L, w) states in both block paths
+    hook = first_norm.register_forward_pre_hook(lambda module, args: seen_lengths.append(args[0].shape[1]))
     try:
         ours_in = base.clone().requires_grad_(True)
         ours = PromptTextEncoder(tiny)(ours_in, tokens.eot_index)

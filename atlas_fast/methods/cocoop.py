@@ -80,11 +80,7 @@ class CoCoOp(CoOp):
         """Un-normalised text features (R, B, C, D): image b's C prompts carry ctx + meta_net(normalise(f_b))."""
         normalised = nn.functional.normalize(image_features, dim=-1)
         ctx = self.ctx.unsqueeze(1) + self.meta_net(normalised).unsqueeze(2)  # (R, B, M, d): one bias per token
-        runs, batch, classes = ctx.shape[0], ctx.shape[1], len(self.classnames)
-        prefix = self.token_prefix.expand(runs, batch, -1, -1, -1)
-        suffix = self.token_suffix.expand(runs, batch, -1, -1, -1)
-        ctx = ctx.unsqueeze(2).expand(-1, -1, classes, -1, -1).to(suffix.dtype)
-        return self.text_encoder(torch.cat([prefix, ctx, suffix], dim=3), self.eot_index)
+        return self.class_prompts.encode(self.text_encoder, ctx)
 
     def raw_text_features(self) -> torch.Tensor:
         raise TypeError("CoCoOp's class text depends on the image: use class_text_features(image_features)")

@@ -17,46 +17,59 @@ import torch.nn.functional as F
 
 from atlas_fast.backbones import Backbone
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
-from atlas_fast.text_encoder import PromptTextEncoder, eot_positions, tokenize_prompts
-
-ClassTokenPosition = Literal["end", "middle", "front"]
-CLASS_TOKEN_POSITIONS = ("end", "middle", "front")
+from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition, init_phrase,
+                                        initial_context)
+from atlas_fast.text_encoder import PromptTextEncoder
 PAPER_CTX_INIT = "a photo of a"
+DEFAULT_N_CTX = 16  # the reference's M without an init phrase
 
 
 @dataclass(frozen=True)
 class CoOpConfig(MethodConfig):
     """CoOp's prompt learner (reference defaults: 16 random tokens, shared context, class token at the end).
 
-    A non-empty ``ctx_init`` overrides ``n_ctx`` with its word count and initialises the context with the words'
-    token embeddings (as the reference does); otherwise the context is drawn from N(0, 0.02^2).
+    With a non-empty ``ctx_init`` the context is initialised with the phrase's token embeddings and has one token
+    per word of the phrase, as in the reference; ``n_ctx`` may then be left out (it is set to the word count) or
+    must equal it: the reference silently learns the phrase's word count whatever ``n_ctx`` says, and a record
+    claiming 8 learned tokens when 4 were learned is refused here. Without a phrase the ``n_ctx`` (default 16)
+    tokens are drawn from N(0, 0.02^2).
     """
 
-    n_ctx: int = 16
+    n_ctx: int | None = None
     ctx_init: str = ""
     csc: bool = False
     class_token_position: ClassTokenPosition = "end"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        owner = type(self).__name__
         if self.class_token_position not in CLASS_TOKEN_POSITIONS:
-            raise ValueError(f"CoOpConfig.class_token_position must be one of {CLASS_TOKEN_POSITIONS}, "
+            raise ValueError(f"{owner}.class_token_position must be one of {CLASS_TOKEN_POSITIONS}, "
                              f"got {self.class_token_position!r}")
-        if not self.ctx_init.strip() and self.n_ctx < 1:
-            raise ValueError(f"CoOpConfig.n_ctx must be >= 1, got {self.n_ctx}")
-        if self.csc and self.ctx_init.strip():
-            raise ValueError("CoOpConfig: csc=True needs random init (ctx_init=''); the reference silently drops "
-                             "CSC when an init phrase is given, so we refuse the combination instead")
+        words = len(self.init_words.split(" ")) if self.init_words else 0
+        if self.n_ctx is None:  # resolved here, so records and checkpoints state the real M
+            object.__setattr__(self, "n_ctx", words or DEFAULT_N_CTX)
+        elif words and self.n_ctx != words:
+            raise ValueError(f"{owner}: n_ctx={self.n_ctx} cannot take effect with ctx_init={self.ctx_init!r}: CoOp "
+                             f"learns one token per word of the init phrase, so {words} tokens would be learned "
+                             f"while the configuration says {self.n_ctx}. Use ctx_init='' to learn {self.n_ctx} "
+                             f"random tokens, give a phrase of {self.n_ctx} words, or leave n_ctx out (or set it to "
+                             f"{words}) to learn the phrase's {words} tokens.")
+        if self.n_ctx < 1:
+            raise ValueError(f"{owner}.n_ctx must be >= 1, got {self.n_ctx}")
+        if self.csc and self.init_words:
+            raise ValueError(f"{owner}: csc=True needs random init (ctx_init=''); the reference silently drops "
+                             f"CSC when an init phrase is given, so we refuse the combination instead")
 
     @property
     def init_words(self) -> str:
         """The init phrase as CoOp uses it ("_" -> " ", surrounding blanks removed)."""
-        return self.ctx_init.replace("_", " ").strip()
+        return init_phrase(self.ctx_init)
 
     @property
     def context_length(self) -> int:
-        """M: the init phrase's word count if one is given, else ``n_ctx``."""
-        return len(self.init_words.split(" ")) if self.init_words else self.n_ctx
+        """M, the number of learned context tokens (``n_ctx``, which equals the init phrase's word count)."""
+        return self.n_ctx
 
 
 class CoOp(PromptMethod):
@@ -70,21 +83,14 @@ class CoOp(PromptMethod):
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CoOpConfig) -> None:
         super().__init__(backbone, classnames, config)
         self.text_encoder = PromptTextEncoder(backbone)
-        model = backbone.model
         n_ctx = config.context_length
-        width = int(model.token_embedding.weight.shape[1])
-        dtype = model.transformer.get_cast_dtype()
-        if config.init_words:
-            init = tokenize_prompts(backbone, [config.init_words]).embeddings[0, 1:1 + n_ctx]
-            ctx = init.unsqueeze(0).repeat(config.num_runs, 1, 1)
-            self.prompt_prefix = config.init_words
-        else:
-            shape = (config.num_runs, len(classnames), n_ctx, width) if config.csc else (config.num_runs, n_ctx, width)
-            ctx = torch.empty(shape, dtype=dtype, device=backbone.device)
-            nn.init.normal_(ctx, std=0.02)
-            self.prompt_prefix = " ".join(["X"] * n_ctx)
+        lead = (config.num_runs, len(classnames)) if config.csc else (config.num_runs,)
+        ctx = initial_context(backbone, n_ctx, config.init_words, lead, backbone.model.transformer.get_cast_dtype())
+        self.prompt_prefix = config.init_words or " ".join(["X"] * n_ctx)
         self.n_ctx = n_ctx
-        self.ctx = nn.Parameter(ctx.clone())
+        self.ctx = nn.Parameter(ctx)
+        self.class_prompts = ClassPrompts(backbone, n_ctx, self.prompt_prefix, config.class_token_position,
+                                          per_class_context=config.csc)
         self.set_classnames(classnames)
 
     def set_classnames(self, classnames: Sequence[str]) -> None:
@@ -94,57 +100,21 @@ class CoOp(PromptMethod):
         if self.config.csc and len(classnames) != self.ctx.shape[1]:
             raise ValueError(f"CoOp with class-specific context was built for {self.ctx.shape[1]} classes and cannot "
                              f"be used for {len(classnames)}: CSC context does not transfer to another class set")
-        names = [name.replace("_", " ") for name in classnames]
-        tokens = tokenize_prompts(self.backbone, [f"{self.prompt_prefix} {name}." for name in names])
-        # class-name token counts: EOT position minus SOT, from the name tokenized on its own
-        name_lengths = eot_positions(self.backbone.model, self.backbone.tokenizer(names)) - 1
-        n_used = int(tokens.eot_index.max()) + 1  # positions after the last EOT never matter (causal mask)
-        if n_used <= 1 + self.n_ctx:
-            raise ValueError(f"prompts are truncated inside the context (prefix {self.prompt_prefix!r} is too long "
-                             f"for the {self.text_encoder.context_length}-token context)")
-        device = self.ctx.device
-        self.classnames = tuple(classnames)
-        self.register_buffer("token_prefix", tokens.embeddings[:, :1].to(device), persistent=False)
-        self.register_buffer("token_suffix", tokens.embeddings[:, 1 + self.n_ctx:n_used].to(device), persistent=False)
-        self.register_buffer("eot_index", tokens.eot_index.to(device), persistent=False)
-        self.register_buffer("layout", self._layout(name_lengths.tolist(), n_used).to(device), persistent=False)
+        self.class_prompts.set_classnames(classnames, self.ctx.device)
+        self.classnames = self.class_prompts.classnames
 
-    def _layout(self, name_lengths: list[int], n_used: int) -> torch.Tensor:
-        """Per class, which row of [SOT, ctx_1..M, class tokens, '.', EOT, ...] fills each output position.
-
-        "end" is the identity; "front" and "middle" move each class's name tokens before / into the context. One
-        (C, n_used) index built here lets the forward assemble every prompt with a single gather.
-        """
-        position = self.config.class_token_position
-        m, half = self.n_ctx, self.n_ctx // 2
-        rows = torch.arange(n_used).repeat(len(name_lengths), 1)
-        if position == "end":
-            return rows
-        for c, n in enumerate(name_lengths):
-            name_rows = torch.arange(1 + m, 1 + m + n)
-            if position == "front":  # [SOT][name][ctx_1..M][.][EOT]
-                rows[c, 1:1 + n] = name_rows
-                rows[c, 1 + n:1 + n + m] = torch.arange(1, 1 + m)
-            else:  # middle: [SOT][ctx_1..M/2][name][ctx_M/2+1..M][.][EOT]
-                rows[c, 1 + half:1 + half + n] = name_rows
-                rows[c, 1 + half + n:1 + m + n] = torch.arange(1 + half, 1 + m)
-        return rows
+    @property
+    def eot_index(self) -> torch.Tensor:
+        """EOT position of every class's prompt (C,)."""
+        return self.class_prompts.eot_index
 
     def prompt_embeddings(self) -> torch.Tensor:
         """The assembled prompts (R, C, n_used, d), truncated after the longest EOT."""
-        runs, classes = self.ctx.shape[0], len(self.classnames)
-        ctx = self.ctx if self.config.csc else self.ctx.unsqueeze(1).expand(-1, classes, -1, -1)
-        prefix = self.token_prefix.unsqueeze(0).expand(runs, -1, -1, -1)
-        suffix = self.token_suffix.unsqueeze(0).expand(runs, -1, -1, -1)
-        prompts = torch.cat([prefix, ctx.to(suffix.dtype), suffix], dim=2)
-        if self.config.class_token_position == "end":
-            return prompts
-        index = self.layout.view(1, classes, -1, 1).expand(runs, -1, -1, prompts.shape[-1])
-        return prompts.gather(2, index)
+        return self.class_prompts.assemble(self.ctx)
 
     def raw_text_features(self) -> torch.Tensor:
         """Un-normalised class text features (R, C, D) (DePT's head reads them before normalisation)."""
-        return self.text_encoder(self.prompt_embeddings(), self.eot_index)
+        return self.class_prompts.encode(self.text_encoder, self.ctx)
 
     def text_features(self) -> torch.Tensor:
         return F.normalize(self.raw_text_features(), dim=-1)

@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from atlas_fast.backbones import Backbone
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
                                      register_method)
+from atlas_fast.methods.prompts import ClassPrompts, init_phrase, initial_context
 from atlas_fast.prompted_towers import PromptedVisionEncoder
-from atlas_fast.text_encoder import PromptTextEncoder, tokenize_prompts
+from atlas_fast.text_encoder import PromptTextEncoder
 
 PAPER_CTX_INIT = "a photo of a"
 
@@ -92,15 +93,16 @@ class IVLP(PromptMethod):
         self.text_width = self.text_encoder.width
         self.vision_width = self.image_encoder.width
         self.n_ctx, init_words = self.text_context_shape()
-        self.ctx = nn.Parameter(self.initial_context(init_words))
+        self.ctx = nn.Parameter(initial_context(backbone, self.n_ctx, init_words, (self.num_runs,), torch.float32))
         self.prompt_prefix = init_words or " ".join(["X"] * self.n_ctx)
+        self.class_prompts = ClassPrompts(backbone, self.n_ctx, self.prompt_prefix)
         self.create_prompts()
         self.set_classnames(classnames)
 
     # --- the parts MaPLe and PromptSRC change -------------------------------------------------------------------
     def text_context_shape(self) -> tuple[int, str]:
         """(M, init phrase) of the text input context."""
-        return self.config.n_ctx_text, self.config.ctx_init.replace("_", " ").strip()
+        return self.config.n_ctx_text, init_phrase(self.config.ctx_init)
 
     def create_prompts(self) -> None:
         """The deep text prompts and the visual prompts (input + deep)."""
@@ -127,43 +129,26 @@ class IVLP(PromptMethod):
         return self.vision_ctx, list(self.deep_vision.unbind(1)) if self.deep_vision is not None else []
 
     # --- shared by IVLP, MaPLe and PromptSRC --------------------------------------------------------------------
-    def initial_context(self, init_words: str) -> torch.Tensor:
-        """(R, M, d_t): the token embeddings of the first M init words, or N(0, 0.02^2)."""
-        device = self.backbone.device
-        if init_words:
-            init = tokenize_prompts(self.backbone, [init_words]).embeddings[0, 1:1 + self.n_ctx].float()
-            return init.unsqueeze(0).repeat(self.num_runs, 1, 1).to(device)
-        return normal_prompts((self.num_runs, self.n_ctx, self.text_width), device)
-
     def set_classnames(self, classnames: Sequence[str]) -> None:
         """Rebuild the SOT / fixed-words + class-token / EOT buffers for ``classnames``; learned tensors are kept."""
         if not classnames:
             raise ValueError(f"{type(self).__name__} needs at least one class name")
-        names = [name.replace("_", " ") for name in classnames]
-        tokens = tokenize_prompts(self.backbone, [f"{self.prompt_prefix} {name}." for name in names])
-        n_used = int(tokens.eot_index.max()) + 1  # positions after the last EOT never matter (causal mask)
-        if int(tokens.eot_index.min()) <= self.n_ctx:
-            raise ValueError(f"prompts are truncated inside the context (prefix {self.prompt_prefix!r} is too long "
-                             f"for the {self.text_encoder.context_length}-token context)")
-        device = self.ctx.device
-        self.classnames = tuple(classnames)
-        self.register_buffer("token_prefix", tokens.embeddings[:, :1].to(device), persistent=False)
-        self.register_buffer("token_suffix", tokens.embeddings[:, 1 + self.n_ctx:n_used].to(device),
-                             persistent=False)
-        self.register_buffer("eot_index", tokens.eot_index.to(device), persistent=False)
+        self.class_prompts.set_classnames(classnames, self.ctx.device)
+        self.classnames = self.class_prompts.classnames
+
+    @property
+    def eot_index(self) -> torch.Tensor:
+        """EOT position of every class's prompt (C,)."""
+        return self.class_prompts.eot_index
 
     def prompt_embeddings(self) -> torch.Tensor:
         """The assembled text input (R, C, n_used, d_t): [SOT][ctx][fixed words, class tokens, '.', EOT]."""
-        ctx, _ = self.text_prompts()
-        runs, classes = ctx.shape[0], len(self.classnames)
-        prefix = self.token_prefix.unsqueeze(0).expand(runs, -1, -1, -1)
-        suffix = self.token_suffix.unsqueeze(0).expand(runs, -1, -1, -1)
-        return torch.cat([prefix, ctx.unsqueeze(1).expand(-1, classes, -1, -1).to(suffix.dtype), suffix], dim=2)
+        return self.class_prompts.assemble(self.text_prompts()[0])
 
     def raw_text_features(self) -> torch.Tensor:
         """Un-normalised class text features (R, C, D) of the prompted text tower."""
-        _, deep = self.text_prompts()
-        return self.text_encoder(self.prompt_embeddings(), self.eot_index, deep)
+        ctx, deep = self.text_prompts()
+        return self.class_prompts.encode(self.text_encoder, ctx, deep)
 
     def text_features(self) -> torch.Tensor:
         return F.normalize(self.raw_text_features(), dim=-1)

@@ -26,6 +26,7 @@ from torch import nn
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, register_method
 from atlas_fast.methods.ivlp import (IVLP, PAPER_CTX_INIT, check_context_init, check_depth, check_setting,
                                      normal_prompts)
+from atlas_fast.methods.prompts import init_phrase
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class MaPLe(IVLP):
     config_class = MaPLeConfig
 
     def text_context_shape(self) -> tuple[int, str]:
-        return self.config.n_ctx, self.config.ctx_init.replace("_", " ").strip()
+        return self.config.n_ctx, init_phrase(self.config.ctx_init)
 
     def create_prompts(self) -> None:
         depth, runs, device = self.config.depth, self.num_runs, self.ctx.device
