@@ -27,7 +27,7 @@ at the wrong millisecond would leave a file no reader can open.)
 
 File attributes: ``format`` ("atlas_fast.feature_cache"), ``format_version``, ``dataset``,
 ``backbone_fingerprint``, ``backbone_config`` / ``backbone_architecture`` (JSON), ``transform_fingerprint``,
-``transform`` (JSON, see :mod:`atlas_fast.transforms`), ``preprocessing`` (JSON), ``encode_precision``
+``transform`` (JSON, see :mod:`atlas_fast.clip.transforms`), ``preprocessing`` (JSON), ``encode_precision``
 (fp32/fp16/bf16 autocast), ``storage_dtype``, ``embed_dim``, ``keys_digest``, ``created_utc``,
 ``atlas_fast_version``. Reading view 0 of some images with h5py alone::
 
@@ -82,11 +82,11 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 import atlas_fast
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.base import Datum
 from atlas_fast.data.identity import image_identities
 from atlas_fast.files import check_folder_name
-from atlas_fast.transforms import TransformSpec, load_views
+from atlas_fast.clip.transforms import TransformSpec, load_views
 
 FORMAT = "atlas_fast.feature_cache"
 FORMAT_VERSION = 2  # 2: image_ids, fletcher32 checksums, keys_digest
@@ -395,7 +395,7 @@ class FeatureCache:
         """The file holding ``dataset``'s features for this backbone and the transforms with ``aug_seed``."""
         check_folder_name(dataset, self.root)
         if not backbone.fingerprint:
-            raise ValueError("The backbone has no fingerprint; load it with atlas_fast.backbones.load_backbone.")
+            raise ValueError("The backbone has no fingerprint; load it with atlas_fast.clip.backbones.load_backbone.")
         spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)
         return self.root / dataset / f"{backbone.fingerprint[:12]}-{spec.fingerprint()[:12]}.h5"
 

@@ -22,6 +22,6 @@ def user_errors() -> tuple[type[BaseException], ...]:
     the image reader's ImageReadError (RuntimeErrors), NotImplementedError (an unsupported model) and
     FloatingPointError (a run that diverged)."""
     from atlas_fast.cache import CacheError
-    from atlas_fast.transforms import ImageReadError
+    from atlas_fast.clip.transforms import ImageReadError
 
     return (ValueError, OSError, CacheError, ImageReadError, NotImplementedError, FloatingPointError)

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import FeatureCache
 from atlas_fast.data.base import Datum
 

@@ -108,7 +108,7 @@ def check_faiss() -> None:
 
 
 def _config(root: Path, **changes):
-    from atlas_fast.backbones import BackboneConfig
+    from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
 
     base = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig(SETUP["model"], None),
@@ -119,8 +119,8 @@ def _config(root: Path, **changes):
 
 @guarded("cached training with AMP")
 def check_amp(root: Path) -> None:
-    from atlas_fast.schedules import Atlas
-    from atlas_fast.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Atlas
+    from atlas_fast.atlas.softlabels import atlas_preset
     from atlas_fast.engine import run
 
     common = dict(schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl"))
@@ -194,7 +194,7 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("No CUDA device visible to torch: nothing to check.")
         return 2
-    from atlas_fast.backbones import BackboneConfig, load_backbone
+    from atlas_fast.clip.backbones import BackboneConfig, load_backbone
     from atlas_fast.data import load_dataset
 
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (script smoke test)"

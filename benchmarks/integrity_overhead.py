@@ -27,7 +27,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 import atlas_fast.cache as cache_module
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import FeatureCache
 from atlas_fast.data import load_dataset
 from atlas_fast.data.identity import subset_fingerprint

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from atlas_fast.backbones import BackboneConfig, load_backbone  # noqa: E402
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.engine.feed import PixelBatch  # noqa: E402
 from atlas_fast.methods import (CoOpConfig, DePTMaPLeConfig, IVLPConfig, MaPLeConfig,  # noqa: E402
                                 PromptSRCConfig, build_method)

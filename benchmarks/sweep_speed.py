@@ -31,7 +31,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atlas_fast.backbones import BackboneConfig  # noqa: E402
+from atlas_fast.clip.backbones import BackboneConfig  # noqa: E402
 from atlas_fast.sweep import Execution, atlas_variants, grid_configs, run_configs  # noqa: E402
 from atlas_fast.engine import TrainConfig  # noqa: E402
 

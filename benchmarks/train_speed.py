@@ -41,16 +41,16 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atlas_fast.backbones import BackboneConfig, load_backbone  # noqa: E402
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.cache import FeatureCache  # noqa: E402
 from atlas_fast.data.base import Datum  # noqa: E402
 from atlas_fast.engine.evaluate import top1_accuracy  # noqa: E402
 from atlas_fast.methods.base import OptimRecipe  # noqa: E402
 from atlas_fast.methods.coop import CoOp, CoOpConfig  # noqa: E402
-from atlas_fast.schedules import OneHot  # noqa: E402
+from atlas_fast.atlas.schedules import OneHot  # noqa: E402
 from atlas_fast.engine.feed import CachedViews, EpochTensorInputs  # noqa: E402
 from atlas_fast.engine.loop import RunState, train_runs  # noqa: E402
-from atlas_fast.transforms import TransformSpec, load_views  # noqa: E402
+from atlas_fast.clip.transforms import TransformSpec, load_views  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple", "brown", "grey"]
 ANIMALS = ["cat", "dog", "bird", "horse", "sheep", "cow", "frog", "fish", "snake", "turtle"]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 import open_clip
-from atlas_fast import backbones
-from atlas_fast.backbones import BackboneConfig, WeightsUnavailableError, load_backbone, shared_backbone
+from atlas_fast.clip import backbones
+from atlas_fast.clip.backbones import BackboneConfig, WeightsUnavailableError, load_backbone, shared_backbone
 from atlas_fast.app.cli import main
 
 TINY = BackboneConfig("atlas-tiny", None)

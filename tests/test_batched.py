@@ -6,12 +6,12 @@ import warnings
 import pytest
 import torch
 
-from atlas_fast.backbones import BackboneConfig
+from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.pipeline import run_group, stack_runs
 from atlas_fast.methods.coop import CoOpConfig
 from atlas_fast.engine.record import load_learned
-from atlas_fast.schedules import Atlas, OneHot, OnlineLabelSmoothing
-from atlas_fast.softlabels import atlas_preset
+from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
+from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.engine import TrainConfig, run
 from layouts import make_oxford_pets
 

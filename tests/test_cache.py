@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import CacheError, CacheMismatchError, FeatureCache, MissingFeaturesError, _read_view, _write_cells
 from atlas_fast.data.base import Datum
-from atlas_fast.transforms import ImageReadError, TransformSpec, load_views
+from atlas_fast.clip.transforms import ImageReadError, TransformSpec, load_views
 from tests.layouts import make_oxford_pets
 
 TINY = BackboneConfig("atlas-tiny", None)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import FeatureCache
 from atlas_fast.app.cli import main
 from atlas_fast.data import fewshot_subset, load_dataset

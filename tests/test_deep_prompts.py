@@ -5,11 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.methods import (CoOpConfig, IVLPConfig, MaPLeConfig, MissingRecipe, PromptSRCConfig, build_method,
                                 dept_maple_recipe, gpa_weights, ivlp_recipe, maple_recipe, promptsrc_recipe)
-from atlas_fast.prompted_towers import PromptedVisionEncoder
-from atlas_fast.text_encoder import PromptTextEncoder
+from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
+from atlas_fast.clip.text_encoder import PromptTextEncoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CLASSES = ["cat", "sea_lion", "golden retriever dog"]

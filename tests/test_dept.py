@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from atlas_fast.methods import (METHODS, DePTCoCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig, MissingRecipe,
                                 OptimRecipe, build_method, dept_cocoop_recipe, dept_coop_recipe, dept_kgcoop_recipe)
-from atlas_fast.schedules import soft_cross_entropy
+from atlas_fast.atlas.schedules import soft_cross_entropy
 from helpers import assert_gradients_close, reference_text_features
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]

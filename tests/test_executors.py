@@ -4,10 +4,10 @@
 import pytest
 import torch
 
-from atlas_fast.backbones import BackboneConfig
+from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.record import load_learned
-from atlas_fast.schedules import Atlas, OneHot
-from atlas_fast.softlabels import atlas_preset
+from atlas_fast.atlas.schedules import Atlas, OneHot
+from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.sweep import Execution, Variant, run_grid
 from atlas_fast.engine import TrainConfig
 from layouts import make_oxford_pets

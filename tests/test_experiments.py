@@ -226,27 +226,6 @@ def test_experiments_run_as_a_module_of_the_package_from_any_folder(tmp_path):
     assert "table3_base_to_new" in result.stdout and "Table V" in result.stdout
 
 
-def test_repository_experiments_folder_starts_every_packaged_module(world, tmp_path, capsys, monkeypatch):
-    """``python -m experiments.NAME`` (the repository's experiments/ folder) exists for every packaged experiment
-    and runs it with the command line's arguments."""
-    import runpy
-    import sys
-    from pathlib import Path
-
-    from atlas_fast.experiments import experiment_names
-
-    repository = Path(__file__).resolve().parents[1]
-    assert sorted(p.stem for p in (repository / "experiments").glob("*.py") if p.stem != "__init__") == \
-        experiment_names()
-    monkeypatch.syspath_prepend(str(repository))
-    args = _world_args(world, tmp_path, "--seeds", "1", "--methods", "coop")
-    monkeypatch.setattr(sys, "argv", ["table3_base_to_new", "--dry-run", *args])
-    with pytest.raises(SystemExit) as finished:
-        runpy.run_module("experiments.table3_base_to_new", run_name="__main__")
-    assert finished.value.code == 0
-    assert "4 runs: 0 finished, 4 to run" in capsys.readouterr().out
-
-
 # Small configurations of every module for --world (the benchmark is generated once, at 3/1/2 images per class).
 WORLD_MODULE_ARGS = {
     "fig1_label_smoothing": [],

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 # Only names that existed before issue 7, so that this suite runs (and fails where it should) on the old code too.
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import CacheError, FeatureCache, MissingFeaturesError
 from atlas_fast.app.cli import main
 from atlas_fast.data import fewshot_subset, load_dataset
@@ -48,7 +48,7 @@ def pets_items(data_root: Path, split: str = "train"):
 
 
 def direct(backbone, items, view: int = 0) -> torch.Tensor:
-    from atlas_fast.transforms import TransformSpec, load_views
+    from atlas_fast.clip.transforms import TransformSpec, load_views
 
     spec = TransformSpec.for_backbone(backbone.preprocessing, 0)
     return backbone.encode_image(torch.cat([load_views(d.impath, d.key, [view], spec) for d in items])).float()
@@ -333,8 +333,8 @@ def test_a_damaged_record_is_moved_aside_and_the_run_redone(pets, tmp_path, caps
 
 
 def test_truncated_side_files_are_named_or_recomputed(pets, tmp_path, capsys):
-    from atlas_fast.schedules import Atlas
-    from atlas_fast.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Atlas
+    from atlas_fast.atlas.softlabels import atlas_preset
 
     atlas = dict(schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl"))
     first = run(config(tmp_path, pets, **atlas))
@@ -445,7 +445,7 @@ def test_cli_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
 
 @pytest.mark.parametrize("content", ["random", "truncated", "other_architecture"])
 def test_checkpoint_errors_name_the_file_and_the_architecture(pets, tmp_path, capsys, content):
-    from atlas_fast.backbones import CHECKPOINT_DIR
+    from atlas_fast.clip.backbones import CHECKPOINT_DIR
 
     shipped = CHECKPOINT_DIR / "atlas-world.safetensors"
     path = tmp_path / {"random": "weights.pt", "truncated": "weights.safetensors",
@@ -453,7 +453,7 @@ def test_checkpoint_errors_name_the_file_and_the_architecture(pets, tmp_path, ca
     path.write_bytes({"random": lambda: np.random.default_rng(0).bytes(4096),
                       "truncated": lambda: shipped.read_bytes()[:50_000],
                       "other_architecture": shipped.read_bytes}[content]())
-    with pytest.raises(ValueError) as error:  # atlas_fast.backbones.CheckpointError
+    with pytest.raises(ValueError) as error:  # atlas_fast.clip.backbones.CheckpointError
         load_backbone(BackboneConfig("atlas-tiny", str(path)))
     message = str(error.value)
     assert str(path) in message and "'atlas-tiny' (embed 64; vision width 64, 2 layers" in message
@@ -509,7 +509,7 @@ def test_kill_9_during_a_build_resumes_exactly(pets, tmp_path, backbone):
 def _sweep_and_hang(root: str, data: str, flag: str) -> None:
     import atlas_fast.engine.pipeline as run_module
     from atlas_fast.sweep import Execution, Variant, run_grid
-    from atlas_fast.schedules import OneHot
+    from atlas_fast.atlas.schedules import OneHot
 
     torch.set_num_threads(1)
     loop = run_module.train_runs
@@ -529,7 +529,7 @@ def _sweep_and_hang(root: str, data: str, flag: str) -> None:
 
 
 def test_kill_9_during_a_sweep_resumes_with_the_unfinished_runs(pets, tmp_path):
-    from atlas_fast.schedules import OneHot
+    from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.sweep import Variant, run_grid
 
     _kill_9_once_hanging(_sweep_and_hang, str(tmp_path), str(pets))

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.backbones import BackboneConfig, shared_backbone
+from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.cache import FeatureCache
 from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
 from atlas_fast.engine import evaluate_saved
@@ -15,8 +15,8 @@ from atlas_fast.engine.feed import CachedViews, PixelBatch, PixelViews
 from atlas_fast.methods import (CoOpConfig, DePTMaPLeConfig, IVLPConfig, MaPLeConfig, PromptSRCConfig,
                                 build_method)
 from atlas_fast.engine.pixels import ImageViews
-from atlas_fast.schedules import Atlas
-from atlas_fast.softlabels import atlas_preset
+from atlas_fast.atlas.schedules import Atlas
+from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.engine import TrainConfig, run
 from layouts import make_oxford_pets
 
@@ -169,7 +169,7 @@ def test_pixel_evaluation_in_batches_equals_one_forward(pets, monkeypatch):
     """Batched evaluation over the test view (text encoded once) gives the logits of one forward over all images,
     in the items' order."""
     import atlas_fast.engine.evaluate as evaluate
-    from atlas_fast.transforms import load_views
+    from atlas_fast.clip.transforms import load_views
 
     backbone = shared_backbone(TINY)
     split = train_items(pets)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import counting
-from atlas_fast.backbones import BackboneConfig
+from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
-from atlas_fast.schedules import OneHot
+from atlas_fast.atlas.schedules import OneHot
 from atlas_fast.sweep import Execution, Variant, run_grid
 from layouts import make_oxford_pets
 

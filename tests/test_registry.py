@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from atlas_fast.backbones import BackboneConfig
+from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run, run_group
 from atlas_fast.methods.base import (METHODS, MethodConfig, OptimRecipe, PromptMethod, method_entry, method_names,
                                      register_method)

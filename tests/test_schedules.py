@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from atlas_fast.schedules import (Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD, build_schedule,
+from atlas_fast.atlas.schedules import (Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD, build_schedule,
                                   schedule_from_record, soft_cross_entropy)
 
 

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from open_clip.transformer import Transformer
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.methods import (CoCoOpConfig, CoOpConfig, DePTCoCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig,
                                 DePTMaPLeConfig, IVLPConfig, KgCoOpConfig, MaPLeConfig, PromptSRCConfig, build_method)
-from atlas_fast.prompted_towers import fused_attention_supported, run_blocks
-from atlas_fast.text_encoder import PromptTextEncoder, length_groups
+from atlas_fast.clip.prompted_towers import fused_attention_supported, run_blocks
+from atlas_fast.clip.text_encoder import PromptTextEncoder, length_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # suffix lengths (class tokens + "." + EOT) from 3 to 7, so there are several length groups

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.data.base import DatasetSplits, Datum
-from atlas_fast.softlabels import (SoftLabelConfig, atlas_period, atlas_preset, class_soft_labels,
+from atlas_fast.atlas.softlabels import (SoftLabelConfig, atlas_period, atlas_preset, class_soft_labels,
                                    compute_soft_labels, instance_soft_labels, mixed_soft_labels, uniform_ls)
 
 

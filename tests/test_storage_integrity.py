@@ -22,7 +22,7 @@ import pytest
 import torch
 from PIL import Image
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import CacheError, FeatureCache
 from atlas_fast.data import fewshot_subset, load_dataset
 from atlas_fast.data.datasets import DatasetFormatError
@@ -104,7 +104,7 @@ def _softlabel_inputs():
 
 
 def test_damaged_stored_soft_labels_are_recomputed_with_a_warning_naming_the_file(tmp_path, capsys):
-    from atlas_fast.softlabels import SoftLabelConfig, compute_soft_labels
+    from atlas_fast.atlas.softlabels import SoftLabelConfig, compute_soft_labels
 
     backbone, splits, features = _softlabel_inputs()
     config = SoftLabelConfig(kind="ls", theta=0.3)
@@ -148,7 +148,7 @@ def test_a_damaged_stored_fewshot_subset_is_refused_naming_the_file(pets, tmp_pa
 
 
 def _decoded(path: Path) -> np.ndarray:
-    from atlas_fast.transforms import read_image
+    from atlas_fast.clip.transforms import read_image
 
     image = read_image(path)
     assert image.mode == "RGB"
@@ -200,7 +200,7 @@ def test_every_8_bit_mode_becomes_the_expected_rgb(tmp_path):
             expected = np.asarray(image.convert("RGB"))
         assert np.array_equal(_decoded(tmp_path / name), expected), name
     la = Image.fromarray(np.dstack([rgb[..., 0], np.full((6, 6), 255, np.uint8)]), "LA").convert("La")
-    from atlas_fast.transforms import to_rgb
+    from atlas_fast.clip.transforms import to_rgb
 
     assert np.array_equal(np.asarray(to_rgb(la))[..., 0], rgb[..., 0])  # Pillow cannot convert "La" to RGB itself
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
-from atlas_fast.text_encoder import PromptTextEncoder, tokenize_prompts
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.text_encoder import PromptTextEncoder, tokenize_prompts
 from helpers import token_embeddings_replaced_by
 
 TEXTS = ["a photo of a cat.", "a photo of a great crested newt, a type of pet.", "X X X X dog."]

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from atlas_fast.backbones import BackboneConfig
+from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.evaluate import harmonic_mean, top1_accuracy
 from atlas_fast.methods.base import OptimRecipe
-from atlas_fast.schedules import Atlas, OneHot
+from atlas_fast.atlas.schedules import Atlas, OneHot
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.loop import lr_at_epoch
 from layouts import make_oxford_pets
@@ -136,8 +136,8 @@ def test_config_validation():
     ("tfkd", None, [False] * 4),
 ])
 def test_every_schedule_trains(pets, schedule, kind, soft_flags):
-    from atlas_fast.schedules import Joint, OnlineLabelSmoothing, TeacherFreeKD
-    from atlas_fast.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Joint, OnlineLabelSmoothing, TeacherFreeKD
+    from atlas_fast.atlas.softlabels import atlas_preset
 
     build = {"atlas2": lambda: Atlas(2), "atlas3": lambda: Atlas(3), "atlas1": lambda: Atlas(1), "joint": Joint,
              "ols": OnlineLabelSmoothing, "tfkd": TeacherFreeKD}[schedule]
@@ -195,7 +195,7 @@ def test_learned_tensors_that_stop_being_finite_fail_the_run(pets, monkeypatch):
 def test_atlas_with_one_hot_soft_labels_is_plain_coop(pets):
     """Soft labels that equal the one-hot labels (LS with θ = 0) must leave training exactly as CoOp's: the soft
     epochs read the right rows for the right items, and the soft cross-entropy equals the hard one."""
-    from atlas_fast.softlabels import SoftLabelConfig
+    from atlas_fast.atlas.softlabels import SoftLabelConfig
 
     coop = run(tiny_config(pets, results_dir=pets / "results-theta0"))
     atlas = run(tiny_config(pets, results_dir=pets / "results-theta0", schedule=Atlas(2),

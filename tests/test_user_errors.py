@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from atlas_fast.app.cli import main
-from atlas_fast.backbones import BackboneConfig
+from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.spec import plan_run
 from atlas_fast.errors import RunFailed

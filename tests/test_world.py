@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from atlas_fast.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.data import load_dataset
 from atlas_fast.world.benchmark import (MAIN_CLASSES, STAMP_FILE, TEMPLATE, WORLD_BY_NAME, WORLD_DATASETS, SplitSizes,
                                         generate_benchmark)
-from atlas_fast.world.evaluate import zero_shot_report
+from atlas_fast.world.zeroshot import zero_shot_report
 from atlas_fast.world.generator import (CONCEPTS, SHAPES, STYLES, TEXTURES, concept_id, image_rng, render,
                                         render_batch)
 from atlas_fast.world.pretrain import (CAPTION_PREFIX, CaptionedBatches, PretrainConfig, caption, contrastive_loss,

@@ -77,7 +77,7 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_cache_build(args: argparse.Namespace) -> int:
-    from atlas_fast.backbones import BackboneConfig, load_backbone
+    from atlas_fast.clip.backbones import BackboneConfig, load_backbone
     from atlas_fast.engine.config import resolve_device
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
@@ -212,8 +212,8 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _label_schedule(args: argparse.Namespace):
     """The soft-label config and schedule that the ``train`` flags ask for."""
-    from atlas_fast.schedules import Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD
-    from atlas_fast.softlabels import atlas_period, atlas_preset
+    from atlas_fast.atlas.schedules import Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD
+    from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
 
     name = args.schedule if args.schedule != "auto" else ("onehot" if args.atlas == "none" else "atlas")
     if name in ("atlas", "joint") and args.atlas == "none":
@@ -260,7 +260,7 @@ def _method_options(pairs: list[str]) -> dict[str, str] | None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from atlas_fast.backbones import BackboneConfig
+    from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.sweep import Execution, run_configs
     from atlas_fast.engine import TrainConfig
 

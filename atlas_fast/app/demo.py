@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from atlas_fast.backbones import BackboneConfig
+from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.world.benchmark import DECLINE_DATASET, SplitSizes
 
 WORLD_BACKBONE = BackboneConfig("atlas-world", "atlas-world")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from atlas_fast.engine.evaluate import harmonic_mean
-from atlas_fast.softlabels import SOFT_LABEL_NAMES
+from atlas_fast.atlas.softlabels import SOFT_LABEL_NAMES
 
 def method_name(method: str) -> str:
     """The printed name of a registered method (``dept-coop`` -> ``DePT``, from its registry entry); unknown names

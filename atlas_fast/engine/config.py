@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from atlas_fast.backbones import BackboneConfig
+from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.methods.base import RECIPE_FAMILIES, MethodConfig
-from atlas_fast.schedules import LabelSchedule, OneHot
+from atlas_fast.atlas.schedules import LabelSchedule, OneHot
 
 if TYPE_CHECKING:
-    from atlas_fast.softlabels import SoftLabelConfig
+    from atlas_fast.atlas.softlabels import SoftLabelConfig
 
 Setting = Literal["base2new", "few_shot", "cross_dataset"]
 SETTINGS = ("base2new", "few_shot", "cross_dataset")
@@ -39,7 +39,7 @@ class TrainConfig:
     and the ``epochs``/``batch_size``/``lr`` overrides refine the recipe of ``(method, recipe, setting, shots,
     dataset)``; ``subsample`` defaults to ``base`` in base-to-new and ``all`` otherwise; ``views`` (cached augmented
     views) defaults to the number of epochs (a fresh view every epoch, the faithful setting). ``soft_labels`` (a
-    :class:`atlas_fast.softlabels.SoftLabelConfig`) is required exactly when the schedule uses soft labels.
+    :class:`atlas_fast.atlas.softlabels.SoftLabelConfig`) is required exactly when the schedule uses soft labels.
     ``workers`` are the DataLoader decoding processes of the methods that train on pixels (None: up to 8 on a GPU,
     none on the CPU). ``data_root``, ``cache_root``, ``results_dir``, ``progress`` and ``workers`` do not change the
     numbers and are not part of the record's name (the data are, by their fingerprint, see
@@ -101,10 +101,10 @@ class TrainConfig:
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr override must be a finite number > 0, got {self.lr}.")
         if not isinstance(self.schedule, LabelSchedule):
-            raise TypeError(f"schedule must be a LabelSchedule (see atlas_fast.schedules), got {self.schedule!r}.")
+            raise TypeError(f"schedule must be a LabelSchedule (see atlas_fast.atlas.schedules), got {self.schedule!r}.")
         if self.schedule.needs_soft_labels and self.soft_labels is None:
             raise ValueError(f"The {self.schedule.name!r} schedule trains on soft labels: set soft_labels "
-                             f"(e.g. atlas_fast.softlabels.atlas_preset({self.setting!r})).")
+                             f"(e.g. atlas_fast.atlas.softlabels.atlas_preset({self.setting!r})).")
         if not self.schedule.needs_soft_labels and self.soft_labels is not None:
             raise ValueError(f"soft_labels is set but the {self.schedule.name!r} schedule never uses them; "
                              f"use schedule=Atlas(K) or Joint(), or drop soft_labels.")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 from atlas_fast.methods.base import PromptMethod
 
 if TYPE_CHECKING:

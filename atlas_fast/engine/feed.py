@@ -17,7 +17,7 @@ from typing import Iterator, NamedTuple, Protocol, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 from atlas_fast.cache import FeatureCache
 from atlas_fast.engine.evaluate import EvalSet
 from atlas_fast.engine.pixels import ImageViews
@@ -135,7 +135,7 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone) -> RunInputs:
     labels = torch.tensor([d.label for d in train_split.train])
     soft_rows = None
     if config.soft_labels is not None:
-        from atlas_fast.softlabels import compute_soft_labels
+        from atlas_fast.atlas.softlabels import compute_soft_labels
 
         view0 = cache.load(backbone, data.dataset, train_split.train, views=[0], aug_seed=config.aug_seed)[:, 0]
         soft_rows = compute_soft_labels(config.soft_labels, backbone, train_split, view0,

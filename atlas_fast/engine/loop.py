@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from atlas_fast.engine.feed import TrainInputs
 from atlas_fast.methods.base import OptimRecipe, PromptMethod
-from atlas_fast.schedules import LabelSchedule
+from atlas_fast.atlas.schedules import LabelSchedule
 
 
 def lr_at_epoch(recipe: OptimRecipe, epoch: int, lr_scale: float = 1.0) -> float:

@@ -182,7 +182,7 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     listed, few-shot subset drawn, classes split), the feed builds the evaluation set, the method is rebuilt from the
     registry. ``subsample`` picks the class set; ``shots``/``seed`` only matter for the base/new split, which is
     defined by the (few-shot) train list's labels, so they default to the run's own."""
-    from atlas_fast.backbones import BackboneConfig, shared_backbone
+    from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.cache import FeatureCache
     from atlas_fast.engine.record import SAVED_RUN_FIELDS, load_learned, missing_fields, read_record
     from atlas_fast.engine.spec import load_run_data

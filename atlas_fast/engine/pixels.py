@@ -1,6 +1,6 @@
 """Pixels of seeded image views through a DataLoader, for the methods whose image tower is prompted.
 
-A view is the same pixels here as in the feature cache (:mod:`atlas_fast.transforms`: view 0 = the test transform,
+A view is the same pixels here as in the feature cache (:mod:`atlas_fast.clip.transforms`: view 0 = the test transform,
 view v >= 1 = the augmentation seeded by (aug_seed, image key, v)), so a pixel run sees exactly the views whose frozen
 features the cache holds. Workers decode in parallel; on a GPU the batches come through pinned memory and are copied
 without blocking.
@@ -14,9 +14,9 @@ from typing import Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.base import Datum
-from atlas_fast.transforms import TransformSpec, load_views
+from atlas_fast.clip.transforms import TransformSpec, load_views
 
 
 class _OneView(Dataset):

@@ -37,7 +37,7 @@ import torch
 from atlas_fast.files import atomic_write, blake2b_hex, check_folder_name, check_writable, file_blake2b
 
 if TYPE_CHECKING:
-    from atlas_fast.backbones import Backbone
+    from atlas_fast.clip.backbones import Backbone
     from atlas_fast.engine.spec import RunSpec
 
 

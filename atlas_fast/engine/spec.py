@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from atlas_fast.backbones import Backbone, shared_backbone
+from atlas_fast.clip.backbones import Backbone, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device, resolve_precision
 from atlas_fast.methods.base import MethodConfig, MethodEntry, MissingRecipe, OptimRecipe, method_entry
 

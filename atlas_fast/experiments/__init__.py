@@ -1,5 +1,6 @@
-"""One module per table and figure of the ATLaS paper: ``atlas-fast experiment NAME --help`` (or
-``python -m atlas_fast.experiments NAME``, or ``python -m experiments.NAME`` from the repository); ``atlas-fast experiment --list`` names them with the paper item."""
+"""One module per table and figure of the ATLaS paper, the project's only experiments folder:
+``atlas-fast experiment NAME --help`` (or ``python -m atlas_fast.experiments NAME``); ``atlas-fast experiment --list``
+names them with the paper item."""
 
 from __future__ import annotations
 

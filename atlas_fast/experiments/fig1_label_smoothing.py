@@ -4,7 +4,7 @@
 
 The paper trains on the base classes of ImageNet and evaluates the new classes after every epoch. LS is vanilla
 label smoothing every epoch (θ = 0.1), ATLaS alternates it with one-hot labels (K = 2); TF-KD (a = 0.9, α = 0.1,
-τ = 20) and OLS (α = 0.5) use their authors' settings (see :mod:`atlas_fast.schedules`).
+τ = 20) and OLS (α = 0.5) use their authors' settings (see :mod:`atlas_fast.atlas.schedules`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from atlas_fast.experiments.common import base_config, publish
 from atlas_fast.app.report import epoch_curves, plot_curves, strategy_label
-from atlas_fast.schedules import Atlas, OneHot, OnlineLabelSmoothing, TeacherFreeKD
-from atlas_fast.softlabels import atlas_period, atlas_preset
+from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing, TeacherFreeKD
+from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
 from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE

@@ -39,10 +39,10 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    from atlas_fast.backbones import BackboneConfig, shared_backbone
+    from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
-    from atlas_fast.softlabels import atlas_preset, compute_soft_labels
+    from atlas_fast.atlas.softlabels import atlas_preset, compute_soft_labels
     from atlas_fast.engine.config import resolve_device
 
     pretrained = None if args.pretrained.lower() == "none" else args.pretrained

@@ -14,8 +14,8 @@ from pathlib import Path
 from atlas_fast.experiments.common import base_config, publish
 from atlas_fast.experiments.fig1_label_smoothing import curve_table
 from atlas_fast.app.report import epoch_curves, plot_curves, strategy_label
-from atlas_fast.schedules import Atlas, OneHot
-from atlas_fast.softlabels import atlas_period, atlas_preset
+from atlas_fast.atlas.schedules import Atlas, OneHot
+from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
 from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import DECLINE_DATASET

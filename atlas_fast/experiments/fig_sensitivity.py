@@ -12,8 +12,8 @@ from pathlib import Path
 
 from atlas_fast.experiments.common import base_config, chunks, publish
 from atlas_fast.app.report import aggregate, plot_series
-from atlas_fast.schedules import Atlas
-from atlas_fast.softlabels import atlas_period, atlas_preset
+from atlas_fast.atlas.schedules import Atlas
+from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
 from atlas_fast.engine import TrainConfig
 

@@ -15,7 +15,7 @@ import argparse
 
 from atlas_fast.experiments.common import PAPER_METHODS, base_config, method_args, write_table
 from atlas_fast.app.report import aggregate
-from atlas_fast.schedules import OneHot
+from atlas_fast.atlas.schedules import OneHot
 from atlas_fast.sweep import Variant, atlas_variants, grid_configs
 from atlas_fast.engine import TrainConfig
 

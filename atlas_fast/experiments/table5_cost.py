@@ -38,10 +38,10 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 def soft_label_seconds(record: dict, args: argparse.Namespace) -> float:
     """Generate the record's soft labels again (no store) and return the seconds it took."""
-    from atlas_fast.backbones import BackboneConfig, shared_backbone
+    from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
-    from atlas_fast.softlabels import SoftLabelConfig, compute_soft_labels
+    from atlas_fast.atlas.softlabels import SoftLabelConfig, compute_soft_labels
     from atlas_fast.engine.config import resolve_device
 
     config = record["config"]

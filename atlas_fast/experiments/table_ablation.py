@@ -13,8 +13,8 @@ import argparse
 from atlas_fast.experiments.common import base_config, write_table
 from atlas_fast.methods.base import method_names
 from atlas_fast.app.report import aggregate, method_name
-from atlas_fast.schedules import Atlas, Joint, OneHot
-from atlas_fast.softlabels import atlas_period, atlas_preset
+from atlas_fast.atlas.schedules import Atlas, Joint, OneHot
+from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
 from atlas_fast.sweep import Variant, grid_configs
 from atlas_fast.engine import TrainConfig
 

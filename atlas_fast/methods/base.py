@@ -1,7 +1,7 @@
 """The interface every prompt-tuning method implements, its registry, and the optimisation recipe type.
 
 A method owns its *learned* tensors (prompts, meta-nets, heads) and the class-name buffers it builds from the current
-class set; the frozen CLIP stays in the :class:`~atlas_fast.backbones.Backbone` and is **not** part of the method's
+class set; the frozen CLIP stays in the :class:`~atlas_fast.clip.backbones.Backbone` and is **not** part of the method's
 module tree, so ``.to()``, ``.train()``, ``parameters()`` and checkpoints touch only what the method learns.
 
 ``R`` (number of runs trained together, e.g. several seeds of one sweep) is the leading dimension of every learned
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 
 Consumes = Literal["features", "pixels"]
 # Images per chunk when a method evaluates cached test features chunk by chunk.

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, register_method
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig, Family, Setting
 

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
 from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition, init_phrase,
                                         initial_context)
-from atlas_fast.text_encoder import PromptTextEncoder
+from atlas_fast.clip.text_encoder import PromptTextEncoder
 PAPER_CTX_INIT = "a photo of a"
 DEFAULT_N_CTX = 16  # the reference's M without an init phrase
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.templates import atlas_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
                                      register_method)

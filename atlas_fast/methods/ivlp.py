@@ -9,7 +9,7 @@ Learned tensors (R runs lead every one of them):
 * ``vision_ctx`` (R, M_v, d_v) and ``deep_vision`` (R, J_v - 1, M_v, d_v), N(0, 0.02^2), present iff J_v > 0.
 
 The injection itself (visual prompts appended after the patch tokens, deep prompts replacing the prompt slots at the
-input of blocks 1..J-1) is in :mod:`atlas_fast.prompted_towers`. Logits and loss are CoOp's (CE on
+input of blocks 1..J-1) is in :mod:`atlas_fast.clip.prompted_towers`. Logits and loss are CoOp's (CE on
 ``exp(logit_scale) * f_v f_t^T``), but both feature sets have a graph: IVLP trains on pixels, not on cached features.
 MaPLe and PromptSRC subclass this class.
 """
@@ -23,12 +23,12 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
                                      register_method)
 from atlas_fast.methods.prompts import ClassPrompts, init_phrase, initial_context
-from atlas_fast.prompted_towers import PromptedVisionEncoder
-from atlas_fast.text_encoder import PromptTextEncoder
+from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
+from atlas_fast.clip.text_encoder import PromptTextEncoder
 
 PAPER_CTX_INIT = "a photo of a"
 

@@ -22,8 +22,8 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
-from atlas_fast.backbones import Backbone
-from atlas_fast.text_encoder import PromptTextEncoder, eot_positions, tokenize_prompts
+from atlas_fast.clip.backbones import Backbone
+from atlas_fast.clip.text_encoder import PromptTextEncoder, eot_positions, tokenize_prompts
 
 ClassTokenPosition = Literal["end", "middle", "front"]
 CLASS_TOKEN_POSITIONS = ("end", "middle", "front")

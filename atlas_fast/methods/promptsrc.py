@@ -31,11 +31,11 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.templates import IMAGENET_TEMPLATES
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, register_method
 from atlas_fast.methods.ivlp import IVLP, PAPER_CTX_INIT, IVLPConfig, check_setting
-from atlas_fast.softlabels import encode_class_prompts
+from atlas_fast.atlas.softlabels import encode_class_prompts
 
 # Few-shot datasets whose GPA is mean 45, std 5 (the others: 30 / 30)
 # (SRC: configs/trainers/PromptSRC/vit_b16_c2_ep50_batch4_4+4ctx_few_shot.yaml and its scripts)

@@ -76,7 +76,7 @@ class RayExecutor:
             if self.address is not None:
                 ray.init(address=self.address)
             else:
-                package_root = str(Path(__file__).resolve().parents[1])
+                package_root = str(Path(__file__).resolve().parents[2])
                 path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
                 ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
                          runtime_env={"env_vars": {"PYTHONPATH": path}})

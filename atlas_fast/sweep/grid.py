@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.pipeline import split_finished
 from atlas_fast.engine.spec import RunSpec, plan_run
-from atlas_fast.schedules import Atlas, LabelSchedule, OneHot
-from atlas_fast.softlabels import SOFT_LABEL_NAMES, SoftLabelConfig, atlas_period, atlas_preset
+from atlas_fast.atlas.schedules import Atlas, LabelSchedule, OneHot
+from atlas_fast.atlas.softlabels import SOFT_LABEL_NAMES, SoftLabelConfig, atlas_period, atlas_preset
 from atlas_fast.errors import RunFailed
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
 

@@ -27,10 +27,10 @@ from PIL import Image
 from torch import nn
 from tqdm import tqdm
 
-from atlas_fast.backbones import MODEL_CONFIG_DIR, Backbone, BackboneConfig, Preprocessing
-from atlas_fast.text_encoder import PromptTextEncoder, eot_positions
+from atlas_fast.clip.backbones import MODEL_CONFIG_DIR, Backbone, BackboneConfig, Preprocessing
+from atlas_fast.clip.text_encoder import PromptTextEncoder, eot_positions
 from atlas_fast.world.benchmark import BENCHMARK_LAYOUT
-from atlas_fast.world.evaluate import pixels_to_tensor, zero_shot_report
+from atlas_fast.world.zeroshot import pixels_to_tensor, zero_shot_report
 from atlas_fast.world.generator import (COLOURS, CONCEPTS, PRETRAIN_LAYOUT, SHAPE_ATTRIBUTES, SHAPES, STYLES,
                                         TEXTURES, render_batch)
 
@@ -126,7 +126,7 @@ def train_view(image: np.ndarray, rng: np.random.Generator, scale: tuple[float, 
                ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> np.ndarray:
     """Dassl's training augmentation (random resized crop, bicubic, horizontal flip p=0.5) drawn from ``rng``.
 
-    Prompt tuning trains on such views (``atlas_fast.transforms``); a CLIP that never saw one gives features off its
+    Prompt tuning trains on such views (``atlas_fast.clip.transforms``); a CLIP that never saw one gives features off its
     own distribution there, and every prompt method then learns from noise."""
     size = image.shape[0]
     area = size * size

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from atlas_fast.backbones import BackboneConfig, Backbone, load_backbone
+from atlas_fast.clip.backbones import BackboneConfig, Backbone, load_backbone
 from atlas_fast.data import DatasetSplits, load_dataset
 from atlas_fast.data.fewshot import subsample_classes
-from atlas_fast.softlabels import atlas_preset, class_soft_labels, instance_soft_labels, zero_shot_probabilities
+from atlas_fast.atlas.softlabels import atlas_preset, class_soft_labels, instance_soft_labels, zero_shot_probabilities
 from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
-from atlas_fast.world.evaluate import pixels_to_tensor
+from atlas_fast.world.zeroshot import pixels_to_tensor
 
 WORLD_BACKBONE = BackboneConfig("atlas-world", "atlas-world")
 

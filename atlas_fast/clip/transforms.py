@@ -29,7 +29,7 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
-from atlas_fast.backbones import Preprocessing
+from atlas_fast.clip.backbones import Preprocessing
 
 TRANSFORM_VERSION = 2  # 2: 16-bit and float images keep their values (they were clipped to white)
 _INTERPOLATIONS = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,

@@ -29,8 +29,8 @@ from torch import nn
 
 import open_clip
 
-MODEL_CONFIG_DIR = Path(__file__).parent / "model_configs"
-CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
+MODEL_CONFIG_DIR = Path(__file__).parents[1] / "model_configs"
+CHECKPOINT_DIR = Path(__file__).parents[1] / "checkpoints"
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 

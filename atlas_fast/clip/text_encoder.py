@@ -5,7 +5,7 @@ causal transformer, ``ln_final``, the row at the EOT position, ``text_projection
 output depends only on positions <= EOT, so running just the first ``max(eot_index) + 1`` positions (slicing the
 positional embedding and the mask) gives the same features and gradients as the full 77-token pass, at a fraction of
 the cost for short prompts. That stays exact with deep text prompts (IVLP, MaPLe, PromptSRC), which replace positions
-1..M at the input of blocks 1..J-1 (:func:`atlas_fast.prompted_towers.run_blocks`): every replaced position is before
+1..M at the input of blocks 1..J-1 (:func:`atlas_fast.clip.prompted_towers.run_blocks`): every replaced position is before
 the EOT.
 
 **Shared prefix** (:meth:`PromptTextEncoder.encode_classes`). Every class's prompt starts with the same positions
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atlas_fast.backbones import Backbone
-from atlas_fast.prompted_towers import (attention_input, block_residuals, fused_tower_supported, is_causal_mask,
+from atlas_fast.clip.backbones import Backbone
+from atlas_fast.clip.prompted_towers import (attention_input, block_residuals, fused_tower_supported, is_causal_mask,
                                         merge_heads, replace_slot, run_blocks, runs_to_batch, split_heads)
 
 #: per extra attention group, the suffix positions it costs to run it instead of padding (see :func:`length_groups`)

@@ -3,7 +3,7 @@
 The multi-modal methods (IVLP, MaPLe, PromptSRC; ``methods.md`` §6-§8) change the towers in two places:
 
 * **input prompts**: text context tokens at positions 1..M of the embedded prompt (built by the method, see
-  :mod:`atlas_fast.text_encoder`), and M_v visual tokens **appended after the patch tokens**, after the positional
+  :mod:`atlas_fast.clip.text_encoder`), and M_v visual tokens **appended after the patch tokens**, after the positional
   embedding and before ``ln_pre``: ``[CLS, patches, P_v]``. Visual prompts get ``ln_pre`` but no positional embedding;
   the class token stays at index 0 and is what the tower pools.
 * **deep prompts**: at the *input* of block i, 1 <= i < J, the hidden states at the prompt slots are **replaced** by
@@ -11,7 +11,7 @@ The multi-modal methods (IVLP, MaPLe, PromptSRC; ``methods.md`` §6-§8) change 
   depth J means the input prompt plus J - 1 deep sets. Deep prompts skip ``ln_pre`` and get no positional embedding.
 
 :func:`run_blocks` is the block loop with that replacement; :class:`PromptedVisionEncoder` is the vision tower around
-it (the text tower is :class:`atlas_fast.text_encoder.PromptTextEncoder`). Both take prompts with a leading run
+it (the text tower is :class:`atlas_fast.clip.text_encoder.PromptTextEncoder`). Both take prompts with a leading run
 dimension R (several runs trained together, ``methods/base.py``) and fold it into the batch.
 
 **Fused attention.** open_clip's blocks run attention through ``nn.MultiheadAttention``, which transposes the
@@ -32,7 +32,7 @@ from torch import nn
 import torch.nn.functional as F
 from open_clip.transformer import ResidualAttentionBlock
 
-from atlas_fast.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone
 
 Slot = Literal["text", "vision"]
 
@@ -161,7 +161,7 @@ def check_prompted_vision(visual: nn.Module) -> None:
 class PromptedVisionEncoder:
     """The frozen vision tower of ``backbone`` with optional input and deep visual prompts.
 
-    Not an ``nn.Module`` (as :class:`~atlas_fast.text_encoder.PromptTextEncoder`): the frozen weights stay in the
+    Not an ``nn.Module`` (as :class:`~atlas_fast.clip.text_encoder.PromptTextEncoder`): the frozen weights stay in the
     backbone. Without prompts it computes exactly ``model.encode_image`` (through the blocks' own forwards); with
     prompts the blocks run fused when :attr:`fused_attention` is on (the default).
     """

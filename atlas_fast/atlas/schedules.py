@@ -16,7 +16,7 @@ several terms (DePT's head) without the extra terms reaching a schedule's statis
 - :class:`TeacherFreeKD` - TF-KD_reg (Yuan et al. 2020, "Revisiting Knowledge Distillation via Label Smoothing
   Regularization"), the other comparison of Fig. 1.
 
-The soft labels themselves (LS, CSL, ISL, mixed) come from :mod:`atlas_fast.softlabels`; schedules only decide when
+The soft labels themselves (LS, CSL, ISL, mixed) come from :mod:`atlas_fast.atlas.softlabels`; schedules only decide when
 and how they are used.
 """
 
