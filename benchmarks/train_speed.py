@@ -4,7 +4,7 @@ Both paths run the *same* training (atlas_fast's ``train_runs``: same data, view
 batch size, SGD + cosine schedule) and differ only in the forward:
 
 * full: the frozen image encoder runs on the epoch's view pixels at every step and the prompts go through the text
-  tower at the full 77-token context length, as the reference trainers do (``methods.md`` §3, §12). The view pixels
+  tower at the full 77-token context length, as the reference trainers do (``docs/methods.md#coop``). The view pixels
   are decoded and augmented once beforehand (not timed), which favours the full path: the reference also decodes
   and augments every step. Test accuracy uses the test view-0 features of both (what the image encoder gives on the
   test pixels) with each path's own text tower.

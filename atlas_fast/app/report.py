@@ -1,6 +1,6 @@
 """Paper-ready tables and plots from result records (the output of :func:`atlas_fast.engine.pipeline.run`).
 
-Aggregation follows the papers' convention (``data-pipeline.md`` §7): per dataset the accuracies are averaged over
+Aggregation follows the papers' convention (``docs/protocol.md#evaluation``): per dataset the accuracies are averaged over
 seeds; the "average over datasets" row averages those means; H is computed from the averaged base and new
 accuracies (not averaged per-dataset H values). Improvements are given against the row marked as the baseline.
 """

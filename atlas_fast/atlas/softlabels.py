@@ -1,4 +1,4 @@
-"""ATLaS's offline soft labels (paper §3.4, ``protocol-decisions.md``), computed once before training and stored.
+"""ATLaS's offline soft labels (paper §3.4, ``docs/protocol.md``), computed once before training and stored.
 
 * LS  -- vanilla label smoothing: ``(1 - theta) y + theta / C``.
 * CSL -- class-wise: row c of ``A = softmax_j(cos(t_c, t_j) / tau_c)`` over the text embeddings of the dataset's

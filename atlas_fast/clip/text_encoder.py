@@ -1,6 +1,6 @@
 """CLIP's text tower applied to prompt *embeddings* (learned context + class tokens), truncated to the longest prompt.
 
-This is CoOp's ``TextEncoder`` (``methods.md`` §1.2) on the open_clip model: x = prompts + positional embedding, the
+This is CoOp's ``TextEncoder`` (``docs/methods.md#common-clip-pieces``) on the open_clip model: x = prompts + positional embedding, the
 causal transformer, ``ln_final``, the row at the EOT position, ``text_projection``. Under the causal mask the EOT
 output depends only on positions <= EOT, so running just the first ``max(eot_index) + 1`` positions (slicing the
 positional embedding and the mask) gives the same features and gradients as the full 77-token pass, at a fraction of
