@@ -133,12 +133,13 @@ class PromptTextEncoder:
             if any(p.shape[1] >= int(eot_index.min()) for p in deep):
                 raise ValueError(f"deep text prompts of {deep[0].shape[1]} tokens would overwrite an EOT token "
                                  f"(the earliest is at position {int(eot_index.min())})")
-            x = run_blocks(model.transformer, x, mask, deep, "text", fused=self.fused_attention)
+            x = run_blocks(model.transformer, x, mask, deep, "text", fused=self.fused_attention,
+                           pooled_rows=eot_index.reshape(-1))
         elif self.fused_attention:
-            x = run_blocks(model.transformer, x, mask, [], "text")
+            x = run_blocks(model.transformer, x, mask, [], "text", pooled_rows=eot_index.reshape(-1))
         else:
             x = model.transformer(x, attn_mask=mask)
-        x = x[torch.arange(x.shape[0], device=x.device), eot_index.reshape(-1)]
+            x = x[torch.arange(x.shape[0], device=x.device), eot_index.reshape(-1)]
         return self.project(x).reshape(*lead, -1)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,6 +176,9 @@ class PromptTextEncoder:
         if int(eot_index.min()) < length or int(eot_index.max()) >= length + suffix.shape[1]:
             raise ValueError(f"every EOT must lie in the class suffix (positions {length}..{length + suffix.shape[1] - 1}"
                              f"), got positions {int(eot_index.min())}..{int(eot_index.max())}")
+        if len(deep_prompts) >= len(self.model.transformer.resblocks):
+            raise ValueError(f"{len(deep_prompts)} deep prompt sets need more than the tower's "
+                             f"{len(self.model.transformer.resblocks)} blocks")
         if any(1 + p.shape[-2] > length for p in deep_prompts):
             raise ValueError(f"deep text prompts of {deep_prompts[0].shape[-2]} tokens do not fit the shared prefix "
                              f"of {length} positions")
@@ -214,10 +218,15 @@ class PromptTextEncoder:
         x = torch.cat(parts)
 
         deep = [p.reshape(runs, *p.shape[-2:]) for p in deep_prompts]
-        for i, block in enumerate(model.transformer.resblocks):
+        pooled = pooled.to(x.device)
+        blocks = model.transformer.resblocks
+        for i, block in enumerate(blocks):
             if 1 <= i <= len(deep):
                 head = replace_slot(x[:sizes[0]].view(runs, length, width), deep[i - 1], "text")
                 x = torch.cat([head.reshape(-1, width), x[sizes[0]:]])
+            if i == len(blocks) - 1:
+                x = self._pooled_last_block(block, x, sizes, groups, pooled, suffix_lengths, runs, length)
+                break
             heads = block.attn.num_heads
             qkv = attention_input(block, x).split(sizes)
             q, k_prefix, v_prefix = split_heads(qkv[0].view(runs, length, -1), heads)  # (runs, H, P, d_h)
@@ -231,8 +240,39 @@ class PromptTextEncoder:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
                 attended.append(merge_heads(out).reshape(-1, width))
             x = block_residuals(block, x, torch.cat(attended))
-        features = self.project(x.index_select(0, pooled.flatten().to(x.device)))
-        return features.reshape(*lead, len(suffix_lengths), -1)
+        return self.project(x).reshape(*lead, len(suffix_lengths), -1)
+
+    @staticmethod
+    def _pooled_last_block(block: nn.Module, x: torch.Tensor, sizes: list[int],
+                           groups: list[tuple[list[int], int]], pooled: torch.Tensor, suffix_lengths: list[int],
+                           runs: int, length: int) -> torch.Tensor:
+        """The last block at the pooled (EOT) rows only, (runs * C, w) run-major: keys and values of every packed
+        row, the query, output projection and MLP of the EOT rows (the prefix and the other suffix rows are only
+        read as keys)."""
+        attn = block.attn
+        width, heads = x.shape[-1], attn.num_heads
+        bias = attn.in_proj_bias
+        h = block.ln_1(x)
+        rows = pooled.flatten()
+        q = F.linear(h.index_select(0, rows), attn.in_proj_weight[:width], None if bias is None else bias[:width])
+        q = q.view(runs, len(suffix_lengths), heads, 1, width // heads)
+        kv = F.linear(h, attn.in_proj_weight[width:], None if bias is None else bias[width:]).split(sizes)
+        k_prefix, v_prefix = kv[0].view(runs, length, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        attended = torch.zeros(runs, len(suffix_lengths), width, dtype=q.dtype, device=q.device)
+        for (classes, group_length), part in zip(groups, kv[1:]):
+            n = runs * len(classes)
+            index = torch.tensor(classes, device=x.device)
+            k, v = part.view(n, group_length, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+            k = torch.cat([_per_class(k_prefix, len(classes)), k], dim=2)
+            v = torch.cat([_per_class(v_prefix, len(classes)), v], dim=2)
+            # the EOT of class c (suffix position suffix_lengths[c] - 1) sees the prefix and its suffix up to there
+            last = torch.tensor([suffix_lengths[c] - 1 for c in classes], device=x.device) + length
+            mask = torch.arange(length + group_length, device=x.device) <= last.unsqueeze(1)
+            mask = mask.unsqueeze(0).expand(runs, -1, -1).reshape(n, 1, 1, -1)
+            out = F.scaled_dot_product_attention(q.index_select(1, index).reshape(n, heads, 1, -1), k, v,
+                                                 attn_mask=mask)
+            attended = attended.index_copy(1, index, out.reshape(runs, len(classes), width))
+        return block_residuals(block, x.index_select(0, rows), attended.reshape(-1, width))
 
 
 def _per_class(prefix_states: torch.Tensor, classes: int) -> torch.Tensor:
