@@ -196,6 +196,13 @@ def maple_rows(backbone, repeats: int, timer: Timer, autocast) -> list[tuple]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    rows = measure(argv)
+    return 2 if rows is None else 0
+
+
+def measure(argv: list[str] | None = None) -> list[tuple[str, str, float, float | None]] | None:
+    """Run the benchmark, print its progress and table, and return the rows (workload, variant, seconds, speed-up
+    over the workload's first variant or None for that one); None when the device is missing."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="ViT-B-16", help="open_clip architecture, random weights (default ViT-B-16)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--classes", type=int, nargs="+", default=[19, 100, 500],
                    help="class counts of the text rows (19 = OxfordPets' base classes; default 19 100 500)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="timed repeats of every row (default --quick: 3 at C <= 19, 2 up to C = 100, else 1)")
+                   help="timed repeats of every row (default: 3 at C <= 19, 2 up to C = 100 and for the towers and MaPLe, 1 above)")
     p.add_argument("--skip", nargs="*", default=[], choices=["text", "towers", "maple"], help="sections to skip")
     args = p.parse_args(argv)
 
@@ -211,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("No CUDA device visible to torch.")
-        return 2
+        return None
     timer = Timer(device)
     if device.type == "cuda":
         def autocast():
@@ -247,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|")
     for label, variant, seconds, ratio in rows:
         print(f"| {label} | {variant} | {seconds:.3f} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
