@@ -20,7 +20,8 @@ the block's own weights: ``ln_1``, one ``F.linear`` with the packed input projec
 (``is_causal`` for text), the output projection, ``ls_1``, then ``ln_2``, ``mlp``, ``ls_2`` (the block's own
 modules). It is used for blocks it can reproduce exactly (:func:`fused_attention_supported`); any other block (open_clip's
 ``CustomResidualAttentionBlock``, cross-attention, attention dropout in training, a block someone observes with forward
-hooks, gradient checkpointing) runs its own ``forward``.
+hooks, gradient checkpointing) runs its own ``forward``. When only one row per sequence is pooled (the class token,
+the EOT), the fused last block computes only that row (:func:`pooled_block`).
 """
 
 from __future__ import annotations
