@@ -145,19 +145,22 @@ def pooled_block(block: nn.Module, x: torch.Tensor, rows: torch.Tensor, causal: 
 
 def run_blocks(transformer: nn.Module, x: torch.Tensor, attn_mask: torch.Tensor | None,
                deep_prompts: Sequence[torch.Tensor], slot: Slot, fused: bool = True,
-               pooled_rows: torch.Tensor | None = None) -> torch.Tensor:
+               pooled_rows: torch.Tensor | None = None, causal: bool | None = None) -> torch.Tensor:
     """open_clip's ``Transformer.forward`` over (N, L, w) batch-first states, with ``deep_prompts[i - 1]`` (N, M, w)
     written into the prompt slot at the input of block i (1 <= i <= len(deep_prompts)).
 
     ``fused``: run the blocks with :func:`fused_block` where every block supports it and ``attn_mask`` is None or
-    CLIP's causal mask; otherwise (or with ``fused=False``) each block runs its own ``forward``. ``pooled_rows``
+    CLIP's causal mask (``causal=True``: the caller has checked that it is; None: it is inspected here); otherwise
+    (or with ``fused=False``) each block runs its own ``forward``. ``pooled_rows``
     (N,): return only row ``pooled_rows[n]`` of sequence n, (N, w); fused, the last block computes only those rows
     (:func:`pooled_block`)."""
     blocks = transformer.resblocks
     if len(deep_prompts) >= len(blocks):
         raise ValueError(f"{len(deep_prompts)} deep prompt sets need more than the tower's {len(blocks)} blocks "
                          f"(depth J may be at most the number of blocks)")
-    fused = fused and fused_tower_supported(transformer) and (attn_mask is None or is_causal_mask(attn_mask))
+    if fused and attn_mask is not None and causal is None:
+        causal = is_causal_mask(attn_mask)
+    fused = fused and fused_tower_supported(transformer) and (attn_mask is None or bool(causal))
     batch_first = getattr(transformer, "batch_first", True)
     for i, block in enumerate(blocks):
         if 1 <= i <= len(deep_prompts):

@@ -88,6 +88,8 @@ class PromptTextEncoder:
         self.width = int(model.positional_embedding.shape[1])
         # Truncation is exact only under a causal mask; a tower without one runs every position it is given.
         self.causal = getattr(model, "attn_mask", None) is not None
+        # CLIP's own causal mask (checked once): the fused blocks and the shared prefix may use is_causal for it
+        self.clip_causal_mask = self.causal and is_causal_mask(model.attn_mask)
         #: run the blocks fused (one input-projection matmul + scaled_dot_product_attention) where supported
         self.fused_attention = True
         #: encode_classes computes the positions every class shares once (needs the causal mask, fused blocks)
@@ -100,9 +102,8 @@ class PromptTextEncoder:
         mask, every block runs fused, and :meth:`forward` is this class's own (a subclass that redefines the pass
         gets every prompt through it)."""
         model = self.model
-        return (self.shared_prefix and self.fused_attention and self.causal
-                and type(self).forward is PromptTextEncoder.forward
-                and is_causal_mask(model.attn_mask) and fused_tower_supported(model.transformer))
+        return (self.shared_prefix and self.fused_attention and self.clip_causal_mask
+                and type(self).forward is PromptTextEncoder.forward and fused_tower_supported(model.transformer))
 
     def __call__(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor,
                  deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
@@ -139,9 +140,10 @@ class PromptTextEncoder:
                 raise ValueError(f"deep text prompts of {deep[0].shape[1]} tokens would overwrite an EOT token "
                                  f"(the earliest is at position {int(eot_index.min())})")
             x = run_blocks(model.transformer, x, mask, deep, "text", fused=self.fused_attention,
-                           pooled_rows=eot_index.reshape(-1))
+                           pooled_rows=eot_index.reshape(-1), causal=self.clip_causal_mask)
         elif self.fused_attention:
-            x = run_blocks(model.transformer, x, mask, [], "text", pooled_rows=eot_index.reshape(-1))
+            x = run_blocks(model.transformer, x, mask, [], "text", pooled_rows=eot_index.reshape(-1),
+                           causal=self.clip_causal_mask)
         else:
             x = model.transformer(x, attn_mask=mask)
             x = x[torch.arange(x.shape[0], device=x.device), eot_index.reshape(-1)]
