@@ -10,7 +10,9 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
    (seconds per epoch, and the difference of the final accuracies, which AMP may change a little);
 4. R-batched training: R runs (seeds x label variants) as one module vs the same runs one by one, fp32: speed-up and
    the largest metric difference (must be ~0: batching is a pure speed knob);
-5. a pixel-path method (image encoder prompted), when this version has one; otherwise n/a.
+5. a pixel-path method (image encoder prompted), when this version has one; otherwise n/a;
+6. step speed (``benchmarks/step_speed.py``, fp16 autocast): the text step with the shared prefix and length groups
+   vs open_clip's blocks at C = 19 and 500, the prompted vision tower with fused attention, a MaPLe training step.
 
 Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size. ``--device cpu
 --model atlas-tiny --scale 0.1`` is a smoke test of this script itself on a machine without a GPU (no fp16/AMP rows).
@@ -183,6 +185,21 @@ def check_pixels(root: Path) -> None:
         f"base {record['metrics'].get('base', float('nan')):.1f}")
 
 
+@guarded("step speed")
+def check_step_speed() -> None:
+    import step_speed
+
+    rows = step_speed.measure(["--device", SETUP["device"], "--model", SETUP["model"], "--classes", "19", "500",
+                               "--repeats", "3"])
+    if rows is None:
+        row("step speed", "n/a", "no device")
+        return
+    speedups = [f"{label.split(' (')[0]} {variant}: {ratio:.2f}x" for label, variant, _, ratio in rows
+                if ratio is not None and variant != "shared prefix"]
+    row("step speed", "ok", "; ".join(speedups), "vs open_clip's blocks over every prompt"
+        + (" (fp16 autocast)" if SETUP["device"] == "cuda" else " (fp32)"))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", type=float, default=1.0, help="dataset size multiplier (default 1)")
@@ -210,6 +227,7 @@ def main() -> int:
         check_amp(root)
         check_batched(root, args.runs)
         check_pixels(root)
+        check_step_speed()
     total = time.perf_counter() - start
     print(f"\n## atlas_fast GPU check on {name} ({total:.0f} s)\n")
     print("| check | status | measured | note |")

@@ -10,7 +10,8 @@
 # (no network, no dependency resolution) into ./.gpu_check_env, a folder added to PYTHONPATH for this script;
 # without it the script says what is missing and stops. Then benchmarks/gpu_check.py runs the checks: cache build
 # under fp16 autocast (images/s), faiss on the GPU if the installed faiss has GPU support, cached training with AMP,
-# R-batched training, and a pixel-path method when this version has one.
+# R-batched training, a pixel-path method when this version has one, and benchmarks/step_speed.py on CUDA (shared
+# prefix and fused attention vs open_clip's blocks).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}

@@ -174,16 +174,18 @@ def test_fused_blocks_equal_open_clips_blocks_in_outputs_and_gradients(layer_sca
     mask = torch.full((9, 9), float("-inf")).triu(1) if causal else None
     x = torch.randn(3, 9, 64)
     deep = [torch.randn(3, 2, 64)]
-    results = []
-    for fused in (False, True):
-        tower.zero_grad()
-        inputs = x.clone().requires_grad_(True)
-        out = run_blocks(tower, inputs, mask, deep, "text", fused=fused)
-        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
-        results.append([out.detach(), inputs.grad] + [p.grad.clone() for p in tower.parameters()])
-    for actual, expected in zip(results[1], results[0]):
-        scale = expected.abs().max()
-        torch.testing.assert_close(actual / scale, expected / scale, atol=1e-5, rtol=0)
+    for pooled in (None, torch.tensor([8, 3, 5])):  # every row, or one row per sequence (the last block pooled)
+        results = []
+        for fused in (False, True):
+            tower.zero_grad()
+            inputs = x.clone().requires_grad_(True)
+            out = run_blocks(tower, inputs, mask, deep, "text", fused=fused, pooled_rows=pooled)
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+            results.append([out.detach(), inputs.grad] + [p.grad.clone() for p in tower.parameters()])
+        assert results[0][0].shape == ((3, 9, 64) if pooled is None else (3, 64))
+        for actual, expected in zip(results[1], results[0]):
+            scale = expected.abs().max()
+            torch.testing.assert_close(actual / scale, expected / scale, atol=1e-5, rtol=0)
 
 
 def test_fused_blocks_are_used_and_unsupported_blocks_run_their_own_forward(monkeypatch):

@@ -20,7 +20,8 @@ the block's own weights: ``ln_1``, one ``F.linear`` with the packed input projec
 (``is_causal`` for text), the output projection, ``ls_1``, then ``ln_2``, ``mlp``, ``ls_2`` (the block's own
 modules). It is used for blocks it can reproduce exactly (:func:`fused_attention_supported`); any other block (open_clip's
 ``CustomResidualAttentionBlock``, cross-attention, attention dropout in training, a block someone observes with forward
-hooks, gradient checkpointing) runs its own ``forward``.
+hooks, gradient checkpointing) runs its own ``forward``. When only one row per sequence is pooled (the class token,
+the EOT), the fused last block computes only that row (:func:`pooled_block`).
 """
 
 from __future__ import annotations
@@ -121,28 +122,59 @@ def fused_block(block: nn.Module, x: torch.Tensor, causal: bool) -> torch.Tensor
     return block_residuals(block, x, merge_heads(attended))
 
 
+def pooled_block(block: nn.Module, x: torch.Tensor, rows: torch.Tensor, causal: bool) -> torch.Tensor:
+    """``block(x)[n, rows[n]]`` (N, w) for states (N, L, w): the last block of a tower whose output is pooled at one
+    row per sequence (the class token, the EOT). Keys and values come from every row (causally: rows <= the pooled
+    one), but the query, output projection and MLP run for the pooled rows only. Same arithmetic per row as
+    :func:`fused_block`."""
+    attn = block.attn
+    n, length, width = x.shape
+    heads = attn.num_heads
+    bias = attn.in_proj_bias
+    h = block.ln_1(x)
+    picked = torch.arange(n, device=x.device)
+    q = F.linear(h[picked, rows], attn.in_proj_weight[:width], None if bias is None else bias[:width])
+    kv = F.linear(h, attn.in_proj_weight[width:], None if bias is None else bias[width:])
+    k, v = kv.view(n, length, 2, heads, width // heads).permute(2, 0, 3, 1, 4).unbind(0)
+    mask = None
+    if causal:
+        mask = (torch.arange(length, device=x.device) <= rows.unsqueeze(1)).view(n, 1, 1, length)
+    attended = F.scaled_dot_product_attention(q.view(n, heads, 1, width // heads), k, v, attn_mask=mask)
+    return block_residuals(block, x[picked, rows], attended.reshape(n, width))
+
+
 def run_blocks(transformer: nn.Module, x: torch.Tensor, attn_mask: torch.Tensor | None,
-               deep_prompts: Sequence[torch.Tensor], slot: Slot, fused: bool = True) -> torch.Tensor:
+               deep_prompts: Sequence[torch.Tensor], slot: Slot, fused: bool = True,
+               pooled_rows: torch.Tensor | None = None, causal: bool | None = None) -> torch.Tensor:
     """open_clip's ``Transformer.forward`` over (N, L, w) batch-first states, with ``deep_prompts[i - 1]`` (N, M, w)
     written into the prompt slot at the input of block i (1 <= i <= len(deep_prompts)).
 
     ``fused``: run the blocks with :func:`fused_block` where every block supports it and ``attn_mask`` is None or
-    CLIP's causal mask; otherwise (or with ``fused=False``) each block runs its own ``forward``."""
+    CLIP's causal mask (``causal=True``: the caller has checked that it is; None: it is inspected here); otherwise
+    (or with ``fused=False``) each block runs its own ``forward``. ``pooled_rows``
+    (N,): return only row ``pooled_rows[n]`` of sequence n, (N, w); fused, the last block computes only those rows
+    (:func:`pooled_block`)."""
     blocks = transformer.resblocks
     if len(deep_prompts) >= len(blocks):
         raise ValueError(f"{len(deep_prompts)} deep prompt sets need more than the tower's {len(blocks)} blocks "
                          f"(depth J may be at most the number of blocks)")
-    fused = fused and fused_tower_supported(transformer) and (attn_mask is None or is_causal_mask(attn_mask))
+    if fused and attn_mask is not None and causal is None:
+        causal = is_causal_mask(attn_mask)
+    fused = fused and fused_tower_supported(transformer) and (attn_mask is None or bool(causal))
     batch_first = getattr(transformer, "batch_first", True)
     for i, block in enumerate(blocks):
         if 1 <= i <= len(deep_prompts):
             x = replace_slot(x, deep_prompts[i - 1], slot)
+        if fused and pooled_rows is not None and i == len(blocks) - 1:
+            return pooled_block(block, x, pooled_rows.to(x.device), causal=attn_mask is not None)
         if fused:
             x = fused_block(block, x, causal=attn_mask is not None)
         elif batch_first:
             x = block(x, attn_mask=attn_mask)
         else:  # sequence-first blocks (older open_clip): LND inside the block only
             x = block(x.transpose(0, 1), attn_mask=attn_mask).transpose(0, 1)
+    if pooled_rows is not None:
+        return x[torch.arange(x.shape[0], device=x.device), pooled_rows.to(x.device)]
     return x
 
 
@@ -213,8 +245,9 @@ class PromptedVisionEncoder:
         x = self.visual.ln_pre(x)
         deep = [runs_to_batch(p, batch) for p in deep_prompts]
         x = run_blocks(self.visual.transformer, x, None, deep, "vision",
-                       fused=self.fused_attention and prompts is not None)
-        pooled = self.visual.ln_post(x[:, 0])  # LayerNorm is per token: normalising token 0 alone is the same
+                       fused=self.fused_attention and prompts is not None,
+                       pooled_rows=torch.zeros(x.shape[0], dtype=torch.long, device=x.device))
+        pooled = self.visual.ln_post(x)  # the class token; LayerNorm is per token, so normalising it alone is the same
         if self.visual.proj is not None:
             pooled = pooled @ self.visual.proj
         return pooled.reshape(runs, batch, -1)

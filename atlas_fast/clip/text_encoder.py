@@ -17,6 +17,11 @@ only, so they are applied to the prefix once. The class suffixes are packed: eve
 projections, MLP) runs once over all of them without padding, and attention runs per group of classes of one suffix
 length (neighbouring lengths are merged when the padding costs less than another group would). Same arithmetic per
 position as the plain pass, so features and gradients agree to fp32 rounding.
+
+Both passes run the blocks fused (:func:`atlas_fast.prompted_towers.fused_block`) where open_clip's blocks allow it,
+and the last block only for the EOT rows: their query, output projection and MLP, with every row's keys and values
+(nothing else of the last block reaches the features). ``fused_attention``, ``shared_prefix`` and ``length_groups``
+switch each part off (benchmarks, tests); with all three off the pass is open_clip's own blocks.
 """
 
 from __future__ import annotations
@@ -83,6 +88,8 @@ class PromptTextEncoder:
         self.width = int(model.positional_embedding.shape[1])
         # Truncation is exact only under a causal mask; a tower without one runs every position it is given.
         self.causal = getattr(model, "attn_mask", None) is not None
+        # CLIP's own causal mask (checked once): the fused blocks and the shared prefix may use is_causal for it
+        self.clip_causal_mask = self.causal and is_causal_mask(model.attn_mask)
         #: run the blocks fused (one input-projection matmul + scaled_dot_product_attention) where supported
         self.fused_attention = True
         #: encode_classes computes the positions every class shares once (needs the causal mask, fused blocks)
@@ -95,9 +102,8 @@ class PromptTextEncoder:
         mask, every block runs fused, and :meth:`forward` is this class's own (a subclass that redefines the pass
         gets every prompt through it)."""
         model = self.model
-        return (self.shared_prefix and self.fused_attention and self.causal
-                and type(self).forward is PromptTextEncoder.forward
-                and is_causal_mask(model.attn_mask) and fused_tower_supported(model.transformer))
+        return (self.shared_prefix and self.fused_attention and self.clip_causal_mask
+                and type(self).forward is PromptTextEncoder.forward and fused_tower_supported(model.transformer))
 
     def __call__(self, prompt_embeddings: torch.Tensor, eot_index: torch.Tensor,
                  deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
@@ -133,12 +139,14 @@ class PromptTextEncoder:
             if any(p.shape[1] >= int(eot_index.min()) for p in deep):
                 raise ValueError(f"deep text prompts of {deep[0].shape[1]} tokens would overwrite an EOT token "
                                  f"(the earliest is at position {int(eot_index.min())})")
-            x = run_blocks(model.transformer, x, mask, deep, "text", fused=self.fused_attention)
+            x = run_blocks(model.transformer, x, mask, deep, "text", fused=self.fused_attention,
+                           pooled_rows=eot_index.reshape(-1), causal=self.clip_causal_mask)
         elif self.fused_attention:
-            x = run_blocks(model.transformer, x, mask, [], "text")
+            x = run_blocks(model.transformer, x, mask, [], "text", pooled_rows=eot_index.reshape(-1),
+                           causal=self.clip_causal_mask)
         else:
             x = model.transformer(x, attn_mask=mask)
-        x = x[torch.arange(x.shape[0], device=x.device), eot_index.reshape(-1)]
+            x = x[torch.arange(x.shape[0], device=x.device), eot_index.reshape(-1)]
         return self.project(x).reshape(*lead, -1)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,6 +183,9 @@ class PromptTextEncoder:
         if int(eot_index.min()) < length or int(eot_index.max()) >= length + suffix.shape[1]:
             raise ValueError(f"every EOT must lie in the class suffix (positions {length}..{length + suffix.shape[1] - 1}"
                              f"), got positions {int(eot_index.min())}..{int(eot_index.max())}")
+        if len(deep_prompts) >= len(self.model.transformer.resblocks):
+            raise ValueError(f"{len(deep_prompts)} deep prompt sets need more than the tower's "
+                             f"{len(self.model.transformer.resblocks)} blocks")
         if any(1 + p.shape[-2] > length for p in deep_prompts):
             raise ValueError(f"deep text prompts of {deep_prompts[0].shape[-2]} tokens do not fit the shared prefix "
                              f"of {length} positions")
@@ -214,10 +225,15 @@ class PromptTextEncoder:
         x = torch.cat(parts)
 
         deep = [p.reshape(runs, *p.shape[-2:]) for p in deep_prompts]
-        for i, block in enumerate(model.transformer.resblocks):
+        pooled = pooled.to(x.device)
+        blocks = model.transformer.resblocks
+        for i, block in enumerate(blocks):
             if 1 <= i <= len(deep):
                 head = replace_slot(x[:sizes[0]].view(runs, length, width), deep[i - 1], "text")
                 x = torch.cat([head.reshape(-1, width), x[sizes[0]:]])
+            if i == len(blocks) - 1:
+                x = self._pooled_last_block(block, x, sizes, groups, pooled, suffix_lengths, runs, length)
+                break
             heads = block.attn.num_heads
             qkv = attention_input(block, x).split(sizes)
             q, k_prefix, v_prefix = split_heads(qkv[0].view(runs, length, -1), heads)  # (runs, H, P, d_h)
@@ -231,8 +247,39 @@ class PromptTextEncoder:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
                 attended.append(merge_heads(out).reshape(-1, width))
             x = block_residuals(block, x, torch.cat(attended))
-        features = self.project(x.index_select(0, pooled.flatten().to(x.device)))
-        return features.reshape(*lead, len(suffix_lengths), -1)
+        return self.project(x).reshape(*lead, len(suffix_lengths), -1)
+
+    @staticmethod
+    def _pooled_last_block(block: nn.Module, x: torch.Tensor, sizes: list[int],
+                           groups: list[tuple[list[int], int]], pooled: torch.Tensor, suffix_lengths: list[int],
+                           runs: int, length: int) -> torch.Tensor:
+        """The last block at the pooled (EOT) rows only, (runs * C, w) run-major: keys and values of every packed
+        row, the query, output projection and MLP of the EOT rows (the prefix and the other suffix rows are only
+        read as keys)."""
+        attn = block.attn
+        width, heads = x.shape[-1], attn.num_heads
+        bias = attn.in_proj_bias
+        h = block.ln_1(x)
+        rows = pooled.flatten()
+        q = F.linear(h.index_select(0, rows), attn.in_proj_weight[:width], None if bias is None else bias[:width])
+        q = q.view(runs, len(suffix_lengths), heads, 1, width // heads)
+        kv = F.linear(h, attn.in_proj_weight[width:], None if bias is None else bias[width:]).split(sizes)
+        k_prefix, v_prefix = kv[0].view(runs, length, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        attended = torch.zeros(runs, len(suffix_lengths), width, dtype=q.dtype, device=q.device)
+        for (classes, group_length), part in zip(groups, kv[1:]):
+            n = runs * len(classes)
+            index = torch.tensor(classes, device=x.device)
+            k, v = part.view(n, group_length, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+            k = torch.cat([_per_class(k_prefix, len(classes)), k], dim=2)
+            v = torch.cat([_per_class(v_prefix, len(classes)), v], dim=2)
+            # the EOT of class c (suffix position suffix_lengths[c] - 1) sees the prefix and its suffix up to there
+            last = torch.tensor([suffix_lengths[c] - 1 for c in classes], device=x.device) + length
+            mask = torch.arange(length + group_length, device=x.device) <= last.unsqueeze(1)
+            mask = mask.unsqueeze(0).expand(runs, -1, -1).reshape(n, 1, 1, -1)
+            out = F.scaled_dot_product_attention(q.index_select(1, index).reshape(n, heads, 1, -1), k, v,
+                                                 attn_mask=mask)
+            attended = attended.index_copy(1, index, out.reshape(runs, len(classes), width))
+        return block_residuals(block, x.index_select(0, rows), attended.reshape(-1, width))
 
 
 def _per_class(prefix_states: torch.Tensor, classes: int) -> torch.Tensor:
