@@ -89,7 +89,7 @@ def test_eval_of_a_record_lacking_a_field_names_the_field(data, tmp_path, capsys
     del broken["backbone"]
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(broken))
-    shutil.copy(record["path"].replace(".json", ".pt"), tmp_path / "broken.pt")
+    shutil.copy(record["path"].replace(".json", ".pt"), tmp_path / broken["learned"])
     assert main(["eval", "--record", str(path), "--dataset", "OxfordPets", "--data-root", str(data / "data"),
                  "--cache-root", str(data / "cache"), "--no-progress"]) == 2
     one_error_line(capsys, str(path), "lacks backbone.fingerprint")
@@ -118,3 +118,20 @@ def test_a_workers_user_error_comes_back_as_its_message(data, tmp_path):
         patch.setattr(grid, "make_executor", lambda name, **options: FailingExecutor())
         with pytest.raises(RunFailed, match=f"a worker failed on OxfordPets coop .*{victim}"):
             grid.run_configs([spec.config], grid.Execution("ray"), progress=False)
+
+
+def test_a_record_from_before_n_ctx_followed_the_phrase_still_evaluates(data, tmp_path):
+    """Older CoOp records say n_ctx=16 beside the phrase "a photo of a" (4 tokens were learned); the phrase wins."""
+    from atlas_fast.engine import evaluate_saved
+
+    record = run(TrainConfig("OxfordPets", data / "data", BackboneConfig("atlas-tiny", None), shots=2, epochs=2,
+                             device="cpu", cache_root=data / "cache", results_dir=data / "results", progress=False))
+    old = json.loads(open(record["path"]).read())
+    assert old["config"]["method_config"]["n_ctx"] == 4 and old["config"]["method_config"]["ctx_init"]
+    old["config"]["method_config"]["n_ctx"] = 16
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    shutil.copy(record["path"].replace(".json", ".pt"), tmp_path / old["learned"])
+    result = evaluate_saved(path, "OxfordPets", data / "data", subsample="base", cache_root=data / "cache",
+                            progress=False)
+    assert result["accuracy"] == pytest.approx(record["metrics"]["base"])

@@ -18,7 +18,7 @@ projections, MLP) runs once over all of them without padding, and attention runs
 length (neighbouring lengths are merged when the padding costs less than another group would). Same arithmetic per
 position as the plain pass, so features and gradients agree to fp32 rounding.
 
-Both passes run the blocks fused (:func:`atlas_fast.prompted_towers.fused_block`) where open_clip's blocks allow it,
+Both passes run the blocks fused (:func:`atlas_fast.clip.prompted_towers.fused_block`) where open_clip's blocks allow it,
 and the last block only for the EOT rows: their query, output projection and MLP, with every row's keys and values
 (nothing else of the last block reaches the features). ``fused_attention``, ``shared_prefix`` and ``length_groups``
 switch each part off (benchmarks, tests); with all three off the pass is open_clip's own blocks.

@@ -174,6 +174,18 @@ def stack_runs(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     return {name: torch.cat([state[name] for state in states]) for name in states[0]}
 
 
+def saved_method_config(entry, fields: dict[str, Any]):
+    """The method config a record describes. Records written before the CoOp family's ``n_ctx`` followed its init
+    phrase say ``n_ctx=16`` beside a phrase; those runs learned one token per word of the phrase, which is what
+    leaving ``n_ctx`` out gives."""
+    try:
+        return entry.config_class(**fields)
+    except ValueError:
+        if not fields.get("ctx_init") or "n_ctx" not in fields:
+            raise
+        return entry.config_class(**{k: v for k, v in fields.items() if k != "n_ctx"})
+
+
 def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path, subsample: str = "all",
                    shots: int | None = None, seed: int | None = None, cache_root: str | Path = "cache",
                    device: str = "auto", progress: bool = True) -> dict[str, Any]:
@@ -211,7 +223,8 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     # Built for the classes it was trained on (DePT's head is sized and matched by them; older records lack them),
     # then evaluated on the target's classes by evaluate_method.
     trained_on = record.get("data", {}).get("classnames") or split.classnames
-    method = entry.build(backbone, trained_on, entry.config_class(**saved["method_config"])).to(torch_device)
+    method = entry.build(backbone, trained_on, saved_method_config(entry, saved["method_config"]))
+    method = method.to(torch_device)
     method.load_checkpoint_state(load_learned(record_path))
     amp = saved.get("precision") == "amp" and torch_device.type == "cuda"
     accuracy = evaluate_method(method, [eval_set], amp, progress)[subsample][0]
