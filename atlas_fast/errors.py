@@ -21,7 +21,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
     UsageError, RunFailed), OSError (DatasetLayoutError, a full disk, a read-only folder), the cache's CacheError and
     the image reader's ImageReadError (RuntimeErrors), NotImplementedError (an unsupported model) and
     FloatingPointError (a run that diverged)."""
-    from atlas_fast.cache import CacheError
-    from atlas_fast.clip.transforms import ImageReadError
+    import sys
 
-    return (ValueError, OSError, CacheError, ImageReadError, NotImplementedError, FloatingPointError)
+    errors: list[type[BaseException]] = [ValueError, OSError, NotImplementedError, FloatingPointError]
+    # A CacheError or ImageReadError can only have been raised once their modules are imported; looking them up here
+    # (rather than importing them) keeps a failing --help or argument check free of torch.
+    for module, name in (("atlas_fast.cache", "CacheError"), ("atlas_fast.clip.transforms", "ImageReadError")):
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)

@@ -62,7 +62,7 @@ def test_full_splits_and_base_classes(data_root, tmp_path, capsys):
 
 def test_bad_arguments_are_reported(data_root, tmp_path, capsys):
     assert main(["cache", "build", "--dataset", "OxfordPets", "--data-root", str(data_root), "--shots", "4"]) == 2
-    assert "error: --shots and --seed go together" in capsys.readouterr().err
+    assert "error: --shots and --seeds go together" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["cache", "build", "--dataset", "OxfordPets", "--data-root", str(data_root), "--split", "training"])
     assert "comma list of train,val,test" in capsys.readouterr().err

@@ -105,4 +105,11 @@ def test_method_options_are_checked(root, capsys):
     assert main(train_args(root, "--method", "maple", "--method-option", "deepth=2")) == 2
     assert "no option 'deepth'" in capsys.readouterr().err
     assert main(train_args(root, "--method", "maple", "--workers", "0")) == 2
-    assert re.search(r"depth must be in \[1, 2\]", capsys.readouterr().err)
+    assert "maple: prompt depth(s) depth=9 exceed the towers of atlas-tiny (2 text / 2 vision blocks); lower them " \
+           "with --method-option depth=2" in capsys.readouterr().err
+    # IVLP names both of its depths at once (it used to fail on depth_text, then on depth_vision)
+    assert main(train_args(root, "--method", "ivlp", "--workers", "0")) == 2
+    assert "--method-option depth_text=2 depth_vision=2" in capsys.readouterr().err
+    # the same [METHOD:]NAME=VALUE syntax as the experiments: options for another method are ignored
+    assert main(train_args(root, "--methods", "ivlp", "--method-option", "ivlp:depth_text=2", "maple:depth=1",
+                           "ivlp:depth_vision=2", "--workers", "0")) == 0

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @dataclass(frozen=True)
 class ShiftConfig(MethodConfig):
     template: str = "a photo of a {}."
-    depth: int = 12  # no meaning for this method: shows how a prompt-depth option is declared
+    depth: int = 2  # no meaning for this method: shows how a prompt-depth option is declared
 
 
 class TextShift(PromptMethod):
@@ -75,7 +75,7 @@ def test_a_registered_method_trains_alone_and_batched(toy_method, data):
     assert method_entry("toy-shift") is toy_method and "toy-shift" in method_names(learning_only=True)
     alone = [run(config(data, "alone", seed)) for seed in (1, 2)]
     assert all(not r["skipped"] for r in alone)
-    assert alone[0]["config"]["method_config"] == {"num_runs": 1, "template": "a photo of a {}.", "depth": 12}
+    assert alone[0]["config"]["method_config"] == {"num_runs": 1, "template": "a photo of a {}.", "depth": 2}
     assert alone[0]["epochs"][-1]["loss"] < alone[0]["epochs"][0]["loss"]  # the shift learns
     batched = run_group([config(data, "batched", seed) for seed in (1, 2)])
     assert [r["timings"]["batch_runs"] for r in batched] == [2, 2]
@@ -103,3 +103,12 @@ def test_registration_checks_the_entry():
         register_method(TextShift, recipe=shift_recipe, printed_name="x", depth_options=("layers",))
     with pytest.raises(ValueError, match="Unknown prompt method 'nope'; known: .*coop"):
         method_entry("nope")
+
+
+def test_the_static_method_catalogue_agrees_with_the_registry():
+    """The command line reads method names from the method files without importing torch; that reading must give
+    exactly the registry's shipped methods."""
+    from atlas_fast.app.catalogue import method_names as declared
+
+    shipped = {name for name, entry in METHODS.items() if entry.cls.__module__.startswith("atlas_fast.methods.")}
+    assert set(declared()) == shipped and set(declared(learning_only=True)) == shipped - {"zsclip"}

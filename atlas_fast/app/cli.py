@@ -12,6 +12,9 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
+from atlas_fast.app.catalogue import method_names
+from atlas_fast.app.options import (add_method_options, add_progress, add_seeds, add_workers, check_methods,
+                                    method_options)
 from atlas_fast.errors import UsageError, user_errors
 
 
@@ -51,15 +54,15 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--views", type=int, default=0, help="augmented views per train image (default 0)")
     build.add_argument("--aug-seed", type=int, default=0, help="seed of the augmented views (default 0)")
     build.add_argument("--shots", type=int, default=None, help="few-shot K: train/val become K-shot subsets")
-    build.add_argument("--seed", type=int, nargs="+", default=None,
-                       help="few-shot seed(s), e.g. --seed 1 2 3 (required with --shots)")
+    build.add_argument("--seeds", "--seed", dest="seeds", type=int, nargs="+", default=None, metavar="SEED",
+                       help="few-shot seed(s), e.g. --seeds 1 2 3 (required with --shots)")
     build.add_argument("--split", type=_split_names, default=("train", "val", "test"),
                        help="comma list of the splits to encode (default train,val,test)")
     build.add_argument("--subsample", choices=("all", "base", "new"), default="all",
                        help="base-to-new class subset (default all)")
     build.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
     build.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default 64)")
-    build.add_argument("--workers", type=int, default=None, help="image decoding processes (default: by CPU count)")
+    add_workers(build)
     build.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
     build.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
                        help="encoder precision (default auto: fp16 autocast on CUDA, fp32 on CPU)")
@@ -82,8 +85,8 @@ def run_cache_build(args: argparse.Namespace) -> int:
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
 
-    if (args.shots is None) != (args.seed is None):
-        raise UsageError("--shots and --seed go together (e.g. --shots 16 --seed 1 2 3).")
+    if (args.shots is None) != (args.seeds is None):
+        raise UsageError("--shots and --seeds go together (e.g. --shots 16 --seeds 1 2 3).")
     if args.views < 0:
         raise UsageError(f"--views must be >= 0, got {args.views}.")
     splits = load_dataset(args.dataset, args.data_root)
@@ -91,7 +94,7 @@ def run_cache_build(args: argparse.Namespace) -> int:
         variants = [splits]
     else:
         variants = [fewshot_subset(splits, args.shots, seed, store_dir=args.cache_root / splits.name / "split_fewshot")
-                    for seed in args.seed]
+                    for seed in args.seeds]
     variants = [subsample_classes(v, args.subsample) for v in variants]
 
     train = [d for v in variants for d in v.train] if "train" in args.split else []
@@ -132,21 +135,19 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
         description="Train a prompt method (text-prompt methods from cached image features; ivlp, maple and "
                     "promptsrc, which prompt the image encoder, on decoded pixels of the same seeded views), "
                     "evaluate it and write a result record; the cache is built for what is missing and an identical "
-                    "finished run is skipped. One run per --seed; a one-line table with the mean over seeds closes "
+                    "finished run is skipped. One run per method and seed; a table with the mean over seeds closes "
                     "the output.")
     _add_data_and_backbone_args(train)
-    from atlas_fast.methods.base import method_names
-
-    train.add_argument("--method", default="coop", choices=method_names(),
-                       help="prompt method (default coop); dept-* = DePT's head on coop/cocoop/kgcoop/maple, zsclip = "
-                            "zero-shot CLIP (nothing trained); ivlp, maple, promptsrc, dept-maple prompt the image "
-                            "encoder and train on pixels")
+    train.add_argument("--methods", "--method", dest="methods", nargs="+", default=["coop"], metavar="METHOD",
+                       help=f"prompt method(s): {', '.join(method_names())} (default coop); dept-* = DePT's head "
+                            "on coop/cocoop/kgcoop/maple, zsclip = zero-shot CLIP (nothing trained); ivlp, maple, "
+                            "promptsrc, dept-maple prompt the image encoder and train on pixels")
     train.add_argument("--recipe", choices=("paper", "original"), default="paper",
                        help="recipe family: the ATLaS paper's (default) or the method repository's own")
     train.add_argument("--setting", choices=("base2new", "few_shot", "cross_dataset"), default="base2new",
                        help="protocol: picks the recipe, the ATLaS presets and the class subset (default base2new)")
     train.add_argument("--shots", type=int, default=16, help="training images per class (default 16)")
-    train.add_argument("--seed", type=int, nargs="+", default=[1], help="seed(s), e.g. --seed 1 2 3 (default 1)")
+    add_seeds(train, [1])
     train.add_argument("--subsample", choices=("all", "base", "new"), default=None,
                        help="training classes (default: base for base2new, all otherwise)")
     atlas = train.add_argument_group("label schedule (ATLaS and baselines)")
@@ -170,8 +171,7 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     atlas.add_argument("--tfkd-alpha", type=float, default=0.1, help="TF-KD weight of the KL term (default 0.1)")
     atlas.add_argument("--tfkd-tau", type=float, default=20.0, help="TF-KD temperature (default 20)")
     optim = train.add_argument_group("recipe overrides and execution")
-    optim.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
-                       help="replace fields of the recipe's method config, e.g. depth=3 (MaPLe on a 4-block backbone)")
+    add_method_options(optim)
     optim.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
     optim.add_argument("--batch-size", type=int, default=None, help="override the recipe's batch size")
     optim.add_argument("--lr", type=float, default=None, help="override the recipe's learning rate")
@@ -186,9 +186,8 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     optim.add_argument("--batch-runs", type=int, default=None,
                        help="seeds trained together in one module (default: all of them, up to 8 on a GPU / 4 on "
                             "the CPU); 1 trains them one by one. Same records either way")
-    optim.add_argument("--workers", type=int, default=None,
-                       help="image decoding processes of the pixel methods (default: up to 8 on a GPU, 0 on CPU)")
-    optim.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_workers(optim)
+    add_progress(optim)
     optim.add_argument("--content-hash", action="store_true",
                        help="identify images by a hash of their bytes, not size+mtime (reads every image)")
     train.set_defaults(func=run_train)
@@ -206,7 +205,7 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--seed", type=int, default=None, help="few-shot seed defining base/new (default: the run's)")
     evaluate.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
     evaluate.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
-    evaluate.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress(evaluate)
     evaluate.set_defaults(func=run_eval)
 
 
@@ -248,54 +247,48 @@ def _run_label(method: str, soft_labels, schedule) -> str:
     return f"{method}+{schedule.name.upper()}"
 
 
-def _method_options(pairs: list[str]) -> dict[str, str] | None:
-    """``["depth=3", "n_ctx=4"]`` -> ``{"depth": "3", "n_ctx": "4"}`` (converted to the fields' types when planned)."""
-    options = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--method-option takes NAME=VALUE, got {pair!r}")
-        options[name.replace("-", "_")] = value
-    return options or None
-
-
 def run_train(args: argparse.Namespace) -> int:
+    check_methods(args.methods)  # names and syntax first: nothing heavy is imported for a typo
+    options = {method: method_options(args.method_option, method) for method in args.methods}
     from atlas_fast.clip.backbones import BackboneConfig
-    from atlas_fast.sweep import Execution, run_configs
     from atlas_fast.engine import TrainConfig
+    from atlas_fast.engine.evaluate import harmonic_mean
+    from atlas_fast.sweep import Execution, run_configs
 
     soft_labels, schedule = _label_schedule(args)
-    label = _run_label(args.method, soft_labels, schedule)
-    rows, columns = [], ()
     configs = [TrainConfig(
         dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
-        method=args.method, method_options=_method_options(args.method_option), recipe=args.recipe,
-        setting=args.setting, shots=args.shots, seed=seed,
-        subsample=args.subsample, soft_labels=soft_labels, schedule=schedule, views=args.views,
-        aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
+        method=method, method_options=options[method], recipe=args.recipe,
+        setting=args.setting, shots=args.shots, seed=seed, subsample=args.subsample, soft_labels=soft_labels,
+        schedule=schedule, views=args.views, aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size,
+        lr=args.lr, eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
         cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress,
         content_hash=args.content_hash, workers=args.workers)
-        for seed in args.seed]
+        for method in args.methods for seed in args.seeds]
     records = run_configs(configs, Execution("local", args.batch_runs), progress=False)
-    for seed, record in zip(args.seed, records):
-        metrics = record["metrics"]
-        # base/new/H in base-to-new; otherwise (and for class-specific context) the trained class set only
-        columns = ("base", "new", "H") if "new" in metrics and "base" in metrics else (record["config"]["subsample"],)
-        values = "  ".join(f"{c} {metrics[c]:.2f}" for c in columns)
-        zero_shot = "  ".join(f"{c} {metrics['zero_shot'][c]:.2f}" for c in columns)
-        note = " (existing record, skipped)" if record.get("skipped") else ""
-        print(f"{args.dataset} {label} seed {seed}: {values}  | zero-shot CLIP: {zero_shot}{note}\n"
-              f"  record: {record['path']}")
-        rows.append(metrics)
-    means = {c: sum(m[c] for m in rows) / len(rows) for c in columns}
-    if "base" in means:  # H of the mean accuracies, as the papers' tables do
-        from atlas_fast.engine.evaluate import harmonic_mean
-
-        means["H"] = harmonic_mean(means["base"], means["new"])
-    seeds = ",".join(str(s) for s in args.seed)
-    print(f"| dataset | method | seeds | {' | '.join(columns)} |")
-    print(f"| {args.dataset} | {label} | {seeds} | {' | '.join(f'{means[c]:.2f}' for c in columns)} |")
+    table = []
+    for method in args.methods:
+        label = _run_label(method, soft_labels, schedule)
+        rows, columns = [], ()
+        for seed, record in zip(args.seeds, [r for r in records if r["config"]["method"] == method]):
+            metrics = record["metrics"]
+            # base/new/H in base-to-new; otherwise (and for class-specific context) the trained class set only
+            columns = ("base", "new", "H") if "new" in metrics and "base" in metrics else (record["config"]["subsample"],)
+            values = "  ".join(f"{c} {metrics[c]:.2f}" for c in columns)
+            zero_shot = "  ".join(f"{c} {metrics['zero_shot'][c]:.2f}" for c in columns)
+            note = " (existing record, skipped)" if record.get("skipped") else ""
+            print(f"{args.dataset} {label} seed {seed}: {values}  | zero-shot CLIP: {zero_shot}{note}\n"
+                  f"  record: {record['path']}")
+            rows.append(metrics)
+        means = {c: sum(m[c] for m in rows) / len(rows) for c in columns}
+        if "base" in means:  # H of the mean accuracies, as the papers' tables do
+            means["H"] = harmonic_mean(means["base"], means["new"])
+        table.append((label, columns, means))
+    seeds = ",".join(str(s) for s in args.seeds)
+    for i, (label, columns, means) in enumerate(table):
+        if i == 0 or columns != table[i - 1][1]:
+            print(f"| dataset | method | seeds | {' | '.join(columns)} |")
+        print(f"| {args.dataset} | {label} | {seeds} | {' | '.join(f'{means[c]:.2f}' for c in columns)} |")
     return 0
 
 
@@ -336,7 +329,7 @@ def add_demo_commands(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--datasets", nargs="+", default=list(defaults.datasets),
                       help=f"world datasets (default {' '.join(defaults.datasets)}; any of "
                            f"{' '.join(BASE_TO_NEW)})")
-    demo.add_argument("--seeds", type=int, nargs="+", default=list(defaults.seeds), help="default 1 2 3")
+    add_seeds(demo, defaults.seeds)
     demo.add_argument("--views", type=int, default=defaults.views,
                       help="cached augmented views per training image (default: one per epoch, the faithful "
                            "setting; fewer is faster, see the README's views study)")

@@ -14,10 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.world.benchmark import DECLINE_DATASET, SplitSizes
-
-WORLD_BACKBONE = BackboneConfig("atlas-world", "atlas-world")
 
 
 @dataclass
@@ -43,13 +40,14 @@ class DemoConfig:
 def run_demo(config: DemoConfig, progress: bool = True) -> str:
     """Run the demo grid and return the printed report (table, timings, where the files are)."""
     from atlas_fast.app.report import aggregate, latex_table, markdown_table, plot_rows
+    from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.sweep import atlas_variants, run_grid
     from atlas_fast.engine import TrainConfig
     from atlas_fast.world.benchmark import generate_benchmark
 
     start = time.perf_counter()
     generate_benchmark(config.data_root, config.datasets, sizes=config.sizes, progress=progress)
-    base = TrainConfig(dataset=config.datasets[0], data_root=config.data_root, backbone=WORLD_BACKBONE,
+    base = TrainConfig(dataset=config.datasets[0], data_root=config.data_root, backbone=BackboneConfig("atlas-world", "atlas-world"),
                        method="coop", recipe="paper", setting="base2new", shots=config.shots,
                        views=config.views, epochs=config.epochs, device=config.device,
                        cache_root=config.cache_root, results_dir=config.results_dir, progress=False)

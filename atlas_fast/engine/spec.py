@@ -16,6 +16,7 @@ import hashlib
 import json
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,25 @@ class RunSpec:
         return backbone
 
 
+def check_prompt_depths(entry: MethodEntry, method_config: MethodConfig, backbone: Backbone) -> None:
+    """Refuse prompt depths deeper than the backbone's towers, naming every option that needs lowering (the
+    registry entry says which config fields are depths: ``depth_text``/``depth_vision`` count the text/vision
+    tower's blocks, any other the shallower tower's)."""
+    model = backbone.model
+    text = len(model.transformer.resblocks) if hasattr(model, "transformer") else 0
+    vision = len(getattr(getattr(model.visual, "transformer", None), "resblocks", ())) or text
+    too_deep = {}
+    for option in entry.depth_options:
+        layers = text if "text" in option else vision if "vision" in option else min(text, vision)
+        if getattr(method_config, option) > layers:
+            too_deep[option] = layers
+    if too_deep:
+        fix = " ".join(f"{option}={layers}" for option, layers in too_deep.items())
+        raise ValueError(f"{entry.name}: prompt depth(s) {', '.join(f'{o}={getattr(method_config, o)}' for o in too_deep)} "
+                         f"exceed the towers of {backbone.config.model} ({text} text / {vision} vision blocks); "
+                         f"lower them with --method-option {fix} (Python: method_options={{...}}).")
+
+
 def absolute_paths(config: TrainConfig) -> TrainConfig:
     """``config`` with its data, cache and results paths absolute (workers may start in another folder)."""
     return dataclasses.replace(config, **{k: Path(getattr(config, k)).expanduser().absolute()
@@ -242,17 +262,24 @@ def plan_run(config: TrainConfig, for_workers: bool = False) -> RunSpec:
     amp = resolve_precision(config.precision, device) == "amp"
     if amp and device.type != "cuda":
         raise ValueError("precision='amp' needs a CUDA device; use 'fp32' (or 'auto') on the CPU.")
-    backbone = shared_backbone(config.backbone, device if here else torch.device("cpu"))
+    from atlas_fast.clip.backbones import model_name
     from atlas_fast.data.datasets import get_spec
 
+    model_name(config.backbone.model)  # names and data are checked before any weights are loaded or downloaded
     dataset = get_spec(config.dataset).name
     method_config, recipe = resolve_recipe(config, dataset)
-    described = describe_run(config, dataset, method_config, recipe, device)
-    key = config_key(described, backbone.fingerprint)
+    if recipe.epochs <= recipe.warmup_epochs:
+        warnings.warn(f"{config.method} on {dataset}: {recipe.epochs} epoch(s) with {recipe.warmup_epochs} warmup "
+                      f"epoch(s) at lr {recipe.warmup_lr:g} leave no epoch at the recipe's lr {recipe.lr:g}: the "
+                      f"prompts barely move. Train at least {recipe.warmup_epochs + 1} epochs.", stacklevel=2)
     data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config))
     if data.shots_used["min"] < config.shots:
         used = data.shots_used
         print(f"note: {dataset}: some classes have fewer than {config.shots} training images; the run uses "
               f"{used['min']}..{used['max']} per class (recorded in the record's data.shots_used).", file=sys.stderr)
+    backbone = shared_backbone(config.backbone, device if here else torch.device("cpu"))
+    check_prompt_depths(entry, method_config, backbone)
+    described = describe_run(config, dataset, method_config, recipe, device)
+    key = config_key(described, backbone.fingerprint)
     return RunSpec(config, device, amp, backbone.fingerprint, method_config, recipe, described, key, data,
                    data_record_key(key, data.fingerprint), round(time.perf_counter() - clock, 4))

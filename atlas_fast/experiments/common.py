@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from atlas_fast.clip.backbones import BackboneConfig
+from atlas_fast.app.options import add_method_options, add_methods, add_seeds, add_workers, method_options
 from atlas_fast.errors import UsageError
 from atlas_fast.app.report import TableRow, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
@@ -42,7 +43,7 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     p.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
     p.add_argument("--pretrained", default="openai",
                    help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt) or 'none'")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    add_seeds(p, [1, 2, 3])
     p.add_argument("--recipe", choices=("paper", "original"), default="paper")
     p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs (quick looks only)")
     p.add_argument("--views", type=int, default=None, help="cached augmented views (default: one per epoch)")
@@ -60,7 +61,8 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     run.add_argument("--gpus-per-group", type=float, default=None,
                      help="GPUs per Ray task / SLURM array task (fractions share a GPU under Ray; default 0 on "
                           "Ray, 1 on SLURM)")
-    run.add_argument("--workers", type=int, default=None, help="Ray: groups in flight at once (default: all)")
+    run.add_argument("--ray-workers", type=int, default=None, help="Ray: groups in flight at once (default: all)")
+    add_workers(p)
     run.add_argument("--slurm-partition", default=None)
     run.add_argument("--slurm-timeout-min", type=int, default=240)
     run.add_argument("--slurm-folder", default="results/submitit", help="submitit logs and pickles")
@@ -110,35 +112,18 @@ PAPER_METHODS = PAPER_TEXT_METHODS + ("ivlp", "maple")
 
 
 def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
-    """``--methods`` (one block of rows each) and ``--zero-shot`` (a zero-shot CLIP row first)."""
-    from atlas_fast.methods.base import method_names
-
-    p.add_argument("--methods", nargs="+", default=list(default), choices=method_names(learning_only=True),
-                   help="methods, one block of rows each (default: %(default)s)")
+    """``--methods`` (one block of rows each; ``--method`` is the same option), ``--zero-shot`` (a zero-shot CLIP row
+    first) and ``--method-option``."""
+    add_methods(p, default, learning_only=True)
     p.add_argument("--zero-shot", action="store_true", help="add a zero-shot CLIP row (zsclip) first")
-    p.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="[METHOD:]NAME=VALUE",
-                   help="replace a field of a method's recipe config, e.g. maple:depth=3 (all methods without "
-                        "METHOD:); for small backbones whose towers are shallower than the recipe's prompt depth")
-
-
-def method_options(args: argparse.Namespace, method: str) -> dict[str, str] | None:
-    """The ``--method-option`` values that apply to ``method`` (``maple:depth=3`` or an unprefixed ``NAME=VALUE``)."""
-    options = {}
-    for item in getattr(args, "method_option", []):
-        target, _, assignment = item.rpartition(":")
-        name, sep, value = assignment.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--method-option takes [METHOD:]NAME=VALUE, got {item!r}")
-        if target in ("", method):
-            options[name.replace("-", "_")] = value
-    return options or None
+    add_method_options(p)
 
 
 def execution_from_args(args: argparse.Namespace) -> Execution:
     """The sweep's :class:`~atlas_fast.sweep.Execution` from the execution options."""
     if args.executor == "ray":
         options: dict[str, Any] = {"address": args.ray_address, "gpus_per_group": args.gpus_per_group or 0.0,
-                                   "workers": args.workers}
+                                   "workers": args.ray_workers}
     elif args.executor == "slurm":
         gpus = 1 if args.gpus_per_group is None else args.gpus_per_group
         if gpus != int(gpus):
@@ -154,11 +139,12 @@ def base_config(args: argparse.Namespace, setting: str, shots: int = 16, **chang
     """The run every row of a table starts from; rows replace the schedule, soft labels, dataset and seed."""
     pretrained = None if args.pretrained.lower() == "none" else args.pretrained
     if "method" in changes and "method_options" not in changes:
-        changes["method_options"] = method_options(args, changes["method"])
+        changes["method_options"] = method_options(getattr(args, "method_option", []), changes["method"])
     return TrainConfig(dataset=args.datasets[0], data_root=args.data_root,
                        backbone=BackboneConfig(args.model, pretrained), recipe=args.recipe, setting=setting,
                        shots=shots, epochs=args.epochs, views=args.views, device=args.device,
-                       cache_root=args.cache_root, results_dir=args.results_dir, progress=False, **changes)
+                       cache_root=args.cache_root, results_dir=args.results_dir, progress=False,
+                       workers=args.workers, **changes)
 
 
 def build_parser(module: ModuleType) -> argparse.ArgumentParser:

@@ -1,0 +1,68 @@
+"""Command-line options shared by ``train``, ``eval``, ``cache``, ``experiment`` and ``demo``, with one spelling and
+one meaning each; nothing here imports torch, so ``--help`` and argument errors are instant."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from atlas_fast.app.catalogue import method_names
+from atlas_fast.errors import UsageError
+
+
+def add_seeds(parser: argparse.ArgumentParser, default: Sequence[int]) -> None:
+    """``--seeds 1 2 3`` (``--seed`` is the same option)."""
+    parser.add_argument("--seeds", "--seed", dest="seeds", type=int, nargs="+", default=list(default),
+                        metavar="SEED", help=f"seed(s), e.g. --seeds 1 2 3 (default {' '.join(map(str, default))})")
+
+
+def add_methods(parser: argparse.ArgumentParser, default: Sequence[str], learning_only: bool = False) -> None:
+    """``--methods M [M ...]`` (``--method`` is the same option), checked against the registered methods."""
+    names = method_names(learning_only)
+    parser.add_argument("--methods", "--method", dest="methods", nargs="+", default=list(default), metavar="METHOD",
+                        help=f"method(s): {', '.join(names)} (default {' '.join(default)})")
+
+
+def check_methods(methods: Sequence[str], learning_only: bool = False) -> None:
+    """Refuse a method name that is neither declared in the method files nor registered in this process."""
+    known = method_names(learning_only)
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        from atlas_fast.methods.base import method_names as registered  # methods registered by the user's code too
+
+        known = registered(learning_only)
+        unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise UsageError(f"unknown method {unknown[0]!r}; valid: {', '.join(known)}.")
+
+
+def add_method_options(parser: argparse.ArgumentParser) -> None:
+    """``--method-option [METHOD:]NAME=VALUE ...``: fields of a method's recipe config to replace."""
+    parser.add_argument("--method-option", nargs="+", action="extend", default=[], metavar="[METHOD:]NAME=VALUE",
+                        help="replace a field of a method's recipe config, e.g. depth=3 or maple:depth=3 (for that "
+                             "method only); for backbones whose towers are shallower than the recipe's prompt depth")
+
+
+def method_options(items: Sequence[str], method: str) -> dict[str, str] | None:
+    """The ``--method-option`` values that apply to ``method`` (``maple:depth=3`` or an unprefixed ``NAME=VALUE``),
+    as strings (converted to the fields' types when the run is planned)."""
+    options = {}
+    for item in items:
+        target, _, assignment = item.rpartition(":")
+        name, sep, value = assignment.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--method-option takes [METHOD:]NAME=VALUE, got {item!r}")
+        if target in ("", method):
+            options[name.replace("-", "_")] = value
+    return options or None
+
+
+def add_workers(parser: argparse.ArgumentParser) -> None:
+    """``--workers N``: image decoding processes (pixel methods, cache builds), the same in every command."""
+    parser.add_argument("--workers", type=int, default=None,
+                        help="image decoding processes (default: up to 8 on a GPU, none on the CPU for training)")
+
+
+def add_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars (bars are also off when the output is not a terminal, e.g. a log)")

@@ -1,0 +1,50 @@
+"""How long the command line takes to answer ``--help`` and to refuse a bad argument, beside the cost of importing
+torch (what every answer cost before the CLI stopped importing it), measured side by side in one run.
+
+    python benchmarks/cli_start.py [--repeats 5]
+
+Prints CPU seconds (user + system of the child process, the median of the repeats) per command and its ratio to
+``import torch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+
+COMMANDS = {
+    "atlas-fast --help": ["-m", "atlas_fast.app.cli", "--help"],
+    "atlas-fast train --help": ["-m", "atlas_fast.app.cli", "train", "--help"],
+    "atlas-fast train (missing --data-root)": ["-m", "atlas_fast.app.cli", "train", "--dataset", "OxfordPets"],
+    "atlas-fast train --method-option typo": ["-m", "atlas_fast.app.cli", "train", "--dataset", "OxfordPets",
+                                             "--data-root", "data", "--method-option", "depth"],
+    "python -c 'import torch, open_clip'": ["-c", "import torch, open_clip"],
+}
+
+
+def cpu_seconds(args: list[str]) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    results = {name: statistics.median(cpu_seconds(command) for _ in range(args.repeats))
+               for name, command in COMMANDS.items()}
+    reference = results["python -c 'import torch, open_clip'"]
+    print(f"| command | CPU s (median of {args.repeats}) | vs importing torch + open_clip |")
+    print("|---|---:|---:|")
+    for name, seconds in results.items():
+        print(f"| `{name}` | {seconds:.2f} | {seconds / reference:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The command line starts without torch: ``--help`` of every command and argument errors import neither torch nor
+open_clip (benchmarks/cli_start.py times it)."""
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import sys
+from atlas_fast.app.cli import main
+try:
+    status = main({argv!r})
+except SystemExit as exc:
+    status = exc.code
+heavy = sorted(m for m in ("torch", "open_clip", "h5py", "faiss") if m in sys.modules)
+print("HEAVY", ",".join(heavy) or "-", "STATUS", status)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["cache", "build", "--help"],
+                                  ["demo", "--help"], ["train", "--dataset", "OxfordPets"],
+                                  ["train", "--dataset", "X", "--data-root", "d", "--method-option", "depth"]])
+def test_help_and_argument_errors_do_not_import_torch(argv):
+    result = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
+                            timeout=60)
+    line = [l for l in result.stdout.splitlines() if l.startswith("HEAVY")]
+    assert line and line[0].startswith("HEAVY - STATUS"), (result.stdout[-500:], result.stderr[-2000:])
+    assert line[0].split()[-1] in ("0", "2"), line
