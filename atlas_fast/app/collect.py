@@ -345,7 +345,7 @@ def add_report_command(subparsers: argparse._SubParsersAction) -> None:
                         help="table columns (default: base new H for base-to-new, all otherwise)")
     report.add_argument("--out", type=Path, default=None, help="output folder (default RESULTS_DIR/report)")
     report.add_argument("--format", nargs="+", dest="formats", choices=FORMATS, default=list(FORMATS),
-                        help="outputs to write (default: all of %(default)s)")
+                        metavar="FORMAT", help=f"outputs to write, any of {' '.join(FORMATS)} (default: all)")
     report.set_defaults(func=run_report_command)
 
 
