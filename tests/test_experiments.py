@@ -32,11 +32,18 @@ def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     # each block's changes are measured against its own baseline row
     h = {i: float(line.split(" | ")[-1].split()[0]) for i, line in enumerate(lines[1:])}
     assert f"({h[6] - h[5]:+.2f})" in lines[7] and f"({h[10] - h[9]:+.2f})" in lines[11]
-    for suffix in ("md", "tex", "png"):
+    for suffix in ("md", "tex", "png", "pdf"):
         assert (tmp_path / "out" / f"table3_base_to_new.{suffix}").stat().st_size > 0
-    assert (tmp_path / "out" / "table3_base_to_new.tex").read_text().count(r"\midrule") == 4
+    tex = (tmp_path / "out" / "table3_base_to_new.tex").read_text()
+    assert tex.count(r"\midrule") == 4 and r"\label{tab:table3-base-to-new}" in tex
     records = list((tmp_path / "results" / "OxfordPets").glob("*.json"))
     assert len(records) == 26  # (3 methods x 4 variants + zero-shot) x 2 seeds
+    # `atlas-fast report` on the same folder finds the same rows and numbers in the pipeline's records
+    from atlas_fast.app.collect import report_folder
+
+    report = report_folder(tmp_path / "results", out=tmp_path / "report")
+    report_lines = [line for line in report.splitlines() if line.startswith("| OxfordPets | ")]
+    assert [line.split(" | ", 2)[2] for line in report_lines] == [line.split(" | ", 1)[1] for line in lines[1:]]
     # a second call reuses every finished run
     before = {p: p.stat().st_mtime_ns for p in records}
     run_experiment(table3_base_to_new, _args(tmp_path, data_root) + ["--zero-shot", *TEXT_METHODS])

@@ -3,10 +3,17 @@
 Aggregation follows the papers' convention (``docs/protocol.md#evaluation``): per dataset the accuracies are averaged over
 seeds; the "average over datasets" row averages those means; H is computed from the averaged base and new
 accuracies (not averaged per-dataset H values). Improvements are given against the row marked as the baseline.
+
+Outputs are made for a paper: LaTeX with booktabs rules and no vertical ones, ``mean ± std``, a ``\\label`` and the
+best value of each column in bold; figures without a baked-in title (the caption belongs to the paper), fonts of at
+least 8 pt at the saved size, bar charts from 0, line plots that say where a zoomed axis starts, written as PNG and
+PDF of the same stem. :mod:`atlas_fast.app.collect` builds the ``atlas-fast report`` tables from a results folder.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -15,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.atlas.softlabels import SOFT_LABEL_NAMES
+
 
 def method_name(method: str) -> str:
     """The printed name of a registered method (``dept-coop`` -> ``DePT``, from its registry entry); unknown names
@@ -50,7 +58,9 @@ def strategy_label(config: dict[str, Any]) -> str:
 
 @dataclass
 class TableRow:
-    """One method variant: metric means (over seeds, then datasets) and the per-seed spread of each metric."""
+    """One method variant: metric means (over seeds, then datasets) and the per-seed spread of each metric.
+    ``group`` (e.g. a dataset) puts rows under a first column of their own; ``block`` (a method) groups the rows
+    compared with the block's first row."""
 
     label: str
     metrics: dict[str, float]
@@ -58,6 +68,7 @@ class TableRow:
     seeds: int = 0
     datasets: tuple[str, ...] = ()
     block: str = ""  # rows of one method share a block; each block's first row is its baseline
+    group: str = ""  # rows of one dataset (or "Average") share a group; blocks are compared within their group
 
 
 def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base", "new"),
@@ -97,18 +108,38 @@ def _columns(rows: Sequence[TableRow]) -> list[str]:
     return list(rows[0].metrics) if rows else []
 
 
+def _block_keys(rows: Sequence[TableRow]) -> list[tuple[str, str]]:
+    return [(row.group, row.block) for row in rows]
+
+
 def _references(rows: Sequence[TableRow], baseline: int) -> list[int | None]:
     """Per row, the index of the row its change is measured against (None for a baseline row): the first row of its
-    block when rows carry blocks, else ``rows[baseline]``."""
-    if not any(row.block for row in rows):
+    block (and group) when rows carry blocks or groups, else ``rows[baseline]``."""
+    if not any(row.block or row.group for row in rows):
         return [None if i == baseline else baseline for i in range(len(rows))]
-    first: dict[str, int] = {}
+    first: dict[tuple[str, str], int] = {}
     refs: list[int | None] = []
-    for i, row in enumerate(rows):
-        refs.append(first.setdefault(row.block, i))
+    for i, key in enumerate(_block_keys(rows)):
+        refs.append(first.setdefault(key, i))
         if refs[-1] == i:
             refs[-1] = None
     return refs
+
+
+def best_cells(rows: Sequence[TableRow], digits: int = 2) -> set[tuple[int, str]]:
+    """``(row index, metric)`` of the best (highest) value of each metric column as printed (ties all count), per
+    block of rows when rows carry blocks or groups, else over the table. A block of one row has no best."""
+    blocks: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, key in enumerate(_block_keys(rows)):
+        blocks[key].append(i)
+    best = set()
+    for members in blocks.values():
+        if len(members) < 2:
+            continue
+        for c in _columns(rows):
+            top = max(round(rows[i].metrics[c], digits) for i in members)
+            best |= {(i, c) for i in members if round(rows[i].metrics[c], digits) == top}
+    return best
 
 
 def display_label(row: TableRow) -> str:
@@ -116,14 +147,21 @@ def display_label(row: TableRow) -> str:
     return f"{row.block} {row.label}" if row.block and row.label.startswith("+") else row.label
 
 
+def _seed_note(rows: Sequence[TableRow]) -> str:
+    low, high = min(r.seeds for r in rows), max(r.seeds for r in rows)
+    return f"{low} seed(s)" if low == high else f"{low} to {high} seeds (rows differ)"
+
+
 def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0) -> str:
-    """A Markdown table; the last metric column carries the change against ``rows[baseline]`` in parentheses."""
+    """A Markdown table; the last metric column carries the change against ``rows[baseline]`` (or the first row of
+    the row's block) in parentheses. Rows with a ``group`` get a first column naming it (e.g. the dataset)."""
     if not rows:
         return "(no results)"
     cols = _columns(rows)
+    grouped = any(row.group for row in rows)
     lines = [f"**{title}**", ""] if title else []
-    lines.append("| Method | " + " | ".join(cols) + " |")
-    lines.append("|---|" + "---:|" * len(cols))
+    lines.append(("| Dataset " if grouped else "") + "| Method | " + " | ".join(cols) + " |")
+    lines.append(("|---" if grouped else "") + "|---|" + "---:|" * len(cols))
     for row, ref in zip(rows, _references(rows, baseline)):
         cells = []
         for c in cols:
@@ -133,79 +171,163 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
             if c == cols[-1] and ref is not None:
                 cell += f" ({row.metrics[c] - rows[ref].metrics[c]:+.2f})"
             cells.append(cell)
-        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
-    seeds = min(r.seeds for r in rows)
+        lines.append((f"| {row.group} " if grouped else "") + f"| {row.label} | " + " | ".join(cells) + " |")
     datasets = sorted({d for r in rows for d in r.datasets})
-    lines.append("")
-    lines.append(f"Mean over {seeds} seed(s) per dataset{', then over ' + str(len(datasets)) + ' datasets' if len(datasets) > 1 else ''}"
-                 f" ({', '.join(datasets)}); ± = std over seeds; H from the mean base and new accuracies.")
+    notes = [f"Mean over {_seed_note(rows)} per dataset"
+             + (f", then over {len(datasets)} datasets" if len(datasets) > 1 and not grouped else "")
+             + f" ({', '.join(datasets)})"]
+    if any(row.group == "Average" for row in rows):
+        notes.append("an Average row is the mean of the per-dataset means (its ± the mean of their stds)")
+    notes.append("± = population std over seeds")
+    if "H" in cols:
+        notes.append("H from the mean base and new accuracies")
+    if grouped and any(ref is not None for ref in _references(rows, baseline)):
+        notes.append("(change) against the first row of the method's block")
+    lines += ["", "; ".join(notes) + "."]
     return "\n".join(lines)
 
 
-def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0) -> str:
-    """A booktabs LaTeX table shaped like the paper's Table III (Methods | metrics, improvement of the last)."""
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                  "±": r"$\pm$", "θ": r"$\theta$", "τ": r"$\tau$", "α": r"$\alpha$", "δ": r"$\delta$"}
+
+
+def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters (and the Greek letters the captions use) escaped."""
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+
+
+def latex_label(text: str) -> str:
+    """A ``\\label`` key from a name or caption: ``tab:`` and at most six lower-case words joined by ``-``."""
+    words = re.findall(r"[a-z0-9]+", text.lower())[:6]
+    return "tab:" + ("-".join(words) or "results")
+
+
+def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, label: str | None = None) -> str:
+    """A booktabs LaTeX table shaped like the paper's Table III: Method | metrics as ``mean ± std`` (std over
+    seeds, when there are several), the change of the last metric against the block's first row in parentheses, the
+    best value of each column in bold (per method block when rows come in blocks), ``\\midrule`` between blocks
+    (between groups, with ``\\cmidrule`` between the blocks of a group), no vertical rules. ``label`` names the
+    ``\\label{tab:...}`` (default: from the caption). Needs ``\\usepackage{booktabs}``."""
     cols = _columns(rows)
+    grouped = any(row.group for row in rows)
+    best = best_cells(rows)
     body = []
+    previous: tuple[str, str] | None = None
     for i, (row, ref) in enumerate(zip(rows, _references(rows, baseline))):
-        cells = [f"{row.metrics[c]:.2f}" for c in cols]
-        if ref is not None:
-            cells[-1] += f" ({{{row.metrics[cols[-1]] - rows[ref].metrics[cols[-1]]:+.2f}}})"
-        if i and ref is None:
+        cells = []
+        for c in cols:
+            value = f"{row.metrics[c]:.2f}"
+            cell = rf"\textbf{{{value}}}" if (i, c) in best else value
+            if c in row.spread and row.seeds > 1:
+                cell += rf" {{\scriptsize$\pm${row.spread[c]:.2f}}}"
+            if c == cols[-1] and ref is not None:
+                cell += rf" {{\scriptsize({row.metrics[c] - rows[ref].metrics[c]:+.2f})}}"
+            cells.append(cell)
+        key = (row.group, row.block)
+        first_of_group = previous is None or key[0] != previous[0]
+        if previous is not None and key != previous:
+            body.append(r"    \midrule" if first_of_group or not grouped else rf"    \cmidrule{{2-{len(cols) + 2}}}")
+        elif previous is not None and ref is None:  # a new baseline row inside an ungrouped, unblocked table
             body.append(r"    \midrule")
-        body.append(f"    {row.label} & " + " & ".join(cells) + r" \\")
+        previous = key
+        lead = (latex_escape(row.group) if first_of_group else "") + " & " if grouped else ""
+        body.append(f"    {lead}{latex_escape(row.label)} & " + " & ".join(cells) + r" \\")
+    head = ("Dataset & " if grouped else "") + "Method & " + " & ".join(latex_escape(c) for c in cols) + r" \\"
     return "\n".join([
-        r"\begin{table}[t]", r"  \centering", f"  \\caption{{{caption}}}",
-        r"  \begin{tabular}{l|" + "c" * len(cols) + "}", r"    \toprule",
-        "    Method & " + " & ".join(cols) + r" \\", r"    \midrule", *body, r"    \bottomrule",
+        r"% Requires \usepackage{booktabs} in the preamble.",
+        r"\begin{table}[t]", r"  \centering", f"  \\caption{{{latex_escape(caption)}}}",
+        f"  \\label{{{label if label and label.startswith('tab:') else latex_label(label or caption)}}}",
+        r"  \begin{tabular}{" + ("ll" if grouped else "l") + "c" * len(cols) + "}", r"    \toprule",
+        f"    {head}", r"    \midrule", *body, r"    \bottomrule",
         r"  \end{tabular}", r"\end{table}"])
 
 
-def _new_figure(figsize: tuple[float, float], columns: int | None = None):
-    """A matplotlib figure on the file-only Agg backend (no display needed); with ``columns``, a row of axes."""
+# Paper figures: no baked-in title (the caption goes in the paper), every font at least 8 pt at the saved size.
+PLOT_STYLE = {"font.size": 9, "axes.labelsize": 9, "axes.titlesize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8,
+              "legend.fontsize": 8, "figure.titlesize": 9, "pdf.fonttype": 42}  # 42: TrueType, editable text
+PLOT_FORMATS = ("png", "pdf")
+
+
+def _pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if columns is None:
-        return plt.subplots(figsize=figsize)
-    fig, axes = plt.subplots(1, columns, figsize=figsize, squeeze=False)
-    return fig, list(axes[0])
+    return plt
 
 
-def _save(fig, path: str | Path) -> Path:
-    """Write the figure (format from the suffix: .png, .pdf, .svg) and free it."""
-    import matplotlib.pyplot as plt
+def _new_figure(figsize: tuple[float, float], columns: int | None = None):
+    """A figure in :data:`PLOT_STYLE`; with ``columns``, a row of axes."""
+    plt = _pyplot()
+    with plt.rc_context(PLOT_STYLE):
+        if columns is None:
+            return plt.subplots(figsize=figsize)
+        fig, axes = plt.subplots(1, columns, figsize=figsize, squeeze=False)
+        return fig, list(axes[0])
 
-    fig.tight_layout()
+
+def _formats(path: Path, formats: Sequence[str] | None) -> list[str]:
+    """The formats to write: ``formats``, or the path's own suffix and PDF (a PNG to look at, a PDF for the paper)."""
+    if formats is None:
+        formats = [path.suffix.lstrip(".") or "png", *PLOT_FORMATS]
+    return list(dict.fromkeys(f.lower().lstrip(".") for f in formats))
+
+
+def _save(fig, path: str | Path, formats: Sequence[str] | None = None) -> Path:
+    """Write the figure once per format (same stem: ``x.png`` and ``x.pdf`` by default) and free it; returns
+    ``path``."""
+    plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=160)
+    with plt.rc_context(PLOT_STYLE):
+        fig.tight_layout()
+        for fmt in _formats(path, formats):
+            fig.savefig(path.with_suffix(f".{fmt}"), dpi=200)
     plt.close(fig)
     return path
 
 
-def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str = "") -> Path:
-    """Grouped bars (one group per metric, one bar per variant) with seed std as error bars, saved as PNG/PDF."""
+def _zoomed_label(ax, label: str) -> str:
+    """A line plot's y label that says where its axis starts when it does not start at 0."""
+    low, high = ax.get_ylim()
+    if low <= 0:
+        return label
+    ax.set_ylim(math.floor(low), high)
+    return f"{label}, axis from {math.floor(low)}"
+
+
+def rows_figure(rows: Sequence[TableRow], title: str | None = None):
+    """Grouped bars (one group per metric, one bar per row, seed std as error bars) on an axis from 0 to 100, with
+    the values printed on the bars while there are few enough of them to read; returns the figure."""
     cols = _columns(rows)
     width = 0.8 / max(1, len(rows))
-    fig, ax = _new_figure((3.2 + 1.4 * len(cols) + 0.3 * len(rows), 3.2))
-    for i, row in enumerate(rows):
-        xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(cols))]
-        values = [row.metrics[c] for c in cols]
-        errors = [row.spread.get(c, 0.0) for c in cols]
-        bars = ax.bar(xs, values, width, yerr=errors, capsize=2, label=display_label(row))
-        for bar, value in zip(bars, values):
-            ax.annotate(f"{value:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), fontsize=6,
-                        ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
-    ax.set_xticks(range(len(cols)), cols)
-    ax.set_ylabel("accuracy (%)")
-    low = min(r.metrics[c] for r in rows for c in cols)
-    ax.set_ylim(max(0.0, low - 10), 100)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    if title:
-        ax.set_title(title, fontsize=9)
-    return _save(fig, path)
+    with _pyplot().rc_context(PLOT_STYLE):
+        fig, ax = _new_figure((min(7.0, 2.6 + len(cols) * (0.3 * len(rows) + 0.4)), 3.0))
+        for i, row in enumerate(rows):
+            xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(cols))]
+            values = [row.metrics[c] for c in cols]
+            errors = [row.spread.get(c, 0.0) if row.seeds > 1 else 0.0 for c in cols]
+            bars = ax.bar(xs, values, width, yerr=errors, capsize=2, label=display_label(row))
+            if len(rows) <= 4:
+                for bar, value in zip(bars, values):
+                    ax.annotate(f"{value:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), fontsize=8,
+                                ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(cols)), cols)
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 105 if len(rows) <= 4 else 100)  # bars start at 0; room for the printed values
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        if title:
+            ax.set_title(title)
+    return fig
+
+
+def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str | None = None,
+              formats: Sequence[str] | None = None) -> Path:
+    """:func:`rows_figure` saved as ``path`` and a PDF of the same stem (or ``formats``, e.g. ``["pdf"]``)."""
+    return _save(rows_figure(rows, title), path, formats)
 
 
 def epoch_curves(records: Iterable[dict[str, Any]], metric: str = "new",
@@ -222,65 +344,87 @@ def epoch_curves(records: Iterable[dict[str, Any]], metric: str = "new",
             for name, curves in runs.items()}
 
 
-def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str = "new",
-                label=variant_label, panels: Sequence[Sequence[str]] | None = None, title: str = "") -> Path:
-    """Accuracy over epochs, mean over seeds per variant; ``panels`` (lists of labels) draws side-by-side subplots,
-    e.g. ``[["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"]]``."""
-    curves = epoch_curves(records, metric, label)
+def curves_figure(curves: dict[str, Sequence[float]], metric: str = "new",
+                  panels: Sequence[Sequence[str]] | None = None, title: str | None = None):
+    """Accuracy over epochs per named curve (:func:`epoch_curves`), one axes per panel; the y axis is zoomed to
+    the data and its label says where it starts."""
     panels = panels or [list(curves)]
-    fig, axes = _new_figure((4.2 * len(panels), 3.2), columns=len(panels))
-    for ax, names in zip(axes, panels):
-        for name in names:
-            if name in curves:
-                ax.plot(range(1, len(curves[name]) + 1), curves[name], label=name)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(f"{metric} accuracy (%)")
-        ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
+    with _pyplot().rc_context(PLOT_STYLE):
+        fig, axes = _new_figure((min(7.0, 3.4 * len(panels)), 2.8), columns=len(panels))
+        for ax, names in zip(axes, panels):
+            for name in names:
+                if name in curves:
+                    ax.plot(range(1, len(curves[name]) + 1), curves[name], label=name)
+            ax.set_xlabel("epoch")
+            ax.set_ylabel(_zoomed_label(ax, f"{metric} accuracy (%)"))
+            ax.legend()
+        if title:
+            fig.suptitle(title)
+    return fig
+
+
+def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str = "new",
+                label=variant_label, panels: Sequence[Sequence[str]] | None = None, title: str | None = None,
+                formats: Sequence[str] | None = None) -> Path:
+    """Accuracy over epochs, mean over seeds per variant; ``panels`` (lists of labels) draws side-by-side subplots,
+    e.g. ``[["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"]]``. Saved as ``path`` and a PDF."""
+    return _save(curves_figure(epoch_curves(records, metric, label), metric, panels, title), path, formats)
+
+
+def series_figure(xs: Sequence[float], series: dict[str, Sequence[float]], xlabel: str,
+                  ylabel: str = "accuracy (%)", title: str | None = None, log_x: bool = False):
+    """Line plot of several named series over the same x values (ticks at those values; ``log_x``: a log2 x axis,
+    for shot counts); the y axis is zoomed to the data and its label says where it starts."""
+    with _pyplot().rc_context(PLOT_STYLE):
+        fig, ax = _new_figure((3.6, 2.8))
+        for name, ys in series.items():
+            ax.plot(list(xs)[:len(ys)], list(ys), marker="o", markersize=3, label=name)
+        if log_x:
+            ax.set_xscale("log", base=2)
+        if len(xs) <= 12:
+            ax.set_xticks(list(xs), [f"{x:g}" for x in xs])
+            ax.minorticks_off()
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(_zoomed_label(ax, ylabel))
+        if title:
+            ax.set_title(title)
+        ax.legend()
+    return fig
 
 
 def plot_series(xs: Sequence[float], series: dict[str, Sequence[float]], path: str | Path, xlabel: str,
-                ylabel: str = "accuracy (%)", title: str = "") -> Path:
-    """Line plot of several named series over the same x values (few-shot curves, sensitivity sweeps)."""
-    fig, ax = _new_figure((4.5, 3.2))
-    for name, ys in series.items():
-        ax.plot(list(xs)[:len(ys)], list(ys), marker="o", markersize=3, label=name)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
-    return _save(fig, path)
+                ylabel: str = "accuracy (%)", title: str | None = None, formats: Sequence[str] | None = None,
+                log_x: bool = False) -> Path:
+    """:func:`series_figure` (few-shot curves, sensitivity sweeps) saved as ``path`` and a PDF."""
+    return _save(series_figure(xs, series, xlabel, ylabel, title, log_x), path, formats)
 
 
 def plot_soft_label_case_study(images: Sequence[Any], titles: Sequence[str], rows: dict[str, Any],
-                               classnames: Sequence[str], path: str | Path, top_k: int = 5) -> Path:
-    """One line per image: the image, then for each soft-label kind (e.g. CSL, ISL) its ``top_k`` largest entries
-    as a heat-map strip labelled with class names and values. ``rows[kind]`` is an (N, C) tensor or array."""
+                               classnames: Sequence[str], path: str | Path, top_k: int = 5,
+                               formats: Sequence[str] | None = None) -> Path:
+    """One line per image: the image (named above it), then for each soft-label kind (e.g. CSL, ISL) its ``top_k``
+    largest entries as a heat-map strip labelled with class names and values. ``rows[kind]`` is an (N, C) tensor or
+    array. Saved as ``path`` and a PDF."""
     import numpy as np
 
     kinds = list(rows)
-    _new_figure((1, 1))  # selects the Agg backend
-    import matplotlib.pyplot as plt
-
-    plt.close("all")
-    fig, grid = plt.subplots(len(images), 1 + len(kinds), figsize=(2.0 + 3.4 * len(kinds), 1.9 * len(images)),
-                             squeeze=False, gridspec_kw={"width_ratios": [1] + [2.4] * len(kinds)})
-    for n, (image, title) in enumerate(zip(images, titles)):
-        grid[n][0].imshow(image)
-        grid[n][0].set_title(title, fontsize=7)
-        grid[n][0].axis("off")
-        for ax, kind in zip(grid[n][1:], kinds):
-            values = np.asarray(rows[kind][n], dtype=float)
-            top = np.argsort(-values)[:top_k]
-            ax.imshow(values[top][None, :], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-            for j, c in enumerate(top):
-                ax.text(j, 0, f"{values[c]:.2f}", ha="center", va="center", fontsize=7,
-                        color="black" if values[c] > 0.5 else "white")
-            ax.set_xticks(range(len(top)), [classnames[c].replace("_", " ")[:14] for c in top], rotation=35,
-                          ha="right", fontsize=6)
-            ax.set_yticks([])
-            ax.set_title(kind, fontsize=8)
-    return _save(fig, path)
+    plt = _pyplot()
+    with plt.rc_context(PLOT_STYLE):
+        fig, grid = plt.subplots(len(images), 1 + len(kinds), figsize=(2.0 + 3.4 * len(kinds), 2.0 * len(images)),
+                                 squeeze=False, gridspec_kw={"width_ratios": [1] + [2.4] * len(kinds)})
+        for n, (image, title) in enumerate(zip(images, titles)):
+            grid[n][0].imshow(image)
+            grid[n][0].set_title(title, fontsize=8)
+            grid[n][0].axis("off")
+            for ax, kind in zip(grid[n][1:], kinds):
+                values = np.asarray(rows[kind][n], dtype=float)
+                top = np.argsort(-values)[:top_k]
+                ax.imshow(values[top][None, :], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+                for j, c in enumerate(top):
+                    ax.text(j, 0, f"{values[c]:.2f}", ha="center", va="center", fontsize=8,
+                            color="black" if values[c] > 0.5 else "white")
+                ax.set_xticks(range(len(top)), [classnames[c].replace("_", " ")[:14] for c in top], rotation=35,
+                              ha="right", fontsize=8)
+                ax.set_yticks([])
+                ax.set_title(kind)
+    return _save(fig, path, formats)

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.app.options import add_method_options, add_methods, add_seeds, add_workers, method_options
 from atlas_fast.errors import UsageError
-from atlas_fast.app.report import TableRow, latex_table, markdown_table, plot_rows
+from atlas_fast.app.report import TableRow, latex_label, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
 from atlas_fast.engine import TrainConfig
 
@@ -215,7 +215,9 @@ def publish(out: str | Path, name: str, text: str) -> str:
 
 
 def write_table(rows: Sequence[TableRow], name: str, title: str, out: str | Path) -> str:
-    """Write ``<out>/<name>.{md,tex,png}`` (Markdown, LaTeX, bar plot), print and return the Markdown."""
-    write_text(out, f"{name}.tex", latex_table(rows, caption=title))
-    plot_rows(rows, Path(out) / f"{name}.png", title=title)
+    """Write ``<out>/<name>.{md,tex,png,pdf}`` (Markdown, booktabs LaTeX labelled ``tab:<name>``, bar plot as PNG and
+    PDF), print and return the Markdown. ``title`` heads the Markdown and is the LaTeX caption; the plot has none
+    (its caption belongs to the paper)."""
+    write_text(out, f"{name}.tex", latex_table(rows, caption=title, label=latex_label(name)))
+    plot_rows(rows, Path(out) / f"{name}.png")
     return publish(out, f"{name}.md", markdown_table(rows, title))

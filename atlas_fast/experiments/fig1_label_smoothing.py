@@ -46,6 +46,5 @@ def curve_table(curves: dict[str, list[float]], metric: str) -> str:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     table = curve_table(epoch_curves(records, "new", strategy_label), "new")
-    plot_curves(records, Path(args.out) / "fig1_label_smoothing.png", "new", strategy_label,
-                title=f"New-class accuracy over training ({', '.join(args.datasets)})")
+    plot_curves(records, Path(args.out) / "fig1_label_smoothing.png", "new", strategy_label)
     return publish(args.out, "fig1_label_smoothing.md", table)

@@ -41,6 +41,5 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     table = curve_table(epoch_curves(records, "new", strategy_label), "new")
-    plot_curves(records, Path(args.out) / "fig5_new_class_curves.png", "new", strategy_label, panels=PANELS,
-                title=f"CoOp with LS strategies, new classes ({', '.join(args.datasets)})")
+    plot_curves(records, Path(args.out) / "fig5_new_class_curves.png", "new", strategy_label, panels=PANELS)
     return publish(args.out, "fig5_new_class_curves.md", table)

@@ -38,5 +38,5 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     lines += [f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |" for name, values in curves.items()]
     table = "\n".join(lines)
     plot_series(args.shots, curves, Path(args.out) / "fig_few_shot.png", xlabel="shots per class",
-                ylabel="accuracy (%)", title=f"Few-shot, mean over {len(args.datasets)} datasets")
+                ylabel=f"accuracy (%), mean of {len(args.datasets)} datasets", log_x=True)
     return publish(args.out, "fig_few_shot.md", table)

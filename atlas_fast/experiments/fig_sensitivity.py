@@ -61,6 +61,6 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     lines = [f"| {args.param} | base | new | H |", "|---:|---:|---:|---:|"]
     lines += [f"| {v:g} | {b:.2f} | {n:.2f} | {h:.2f} |" for v, b, n, h in zip(values, *curves.values())]
     table = "\n".join(lines)
-    plot_series(values, curves, Path(args.out) / f"fig_sensitivity_{args.param}.png", xlabel=args.param,
-                ylabel="accuracy (%)", title=f"Sensitivity to {args.param} ({GRIDS[args.param][0].upper()})")
+    plot_series(values, curves, Path(args.out) / f"fig_sensitivity_{args.param}.png",
+                xlabel=f"{args.param} ({GRIDS[args.param][0].upper()})", ylabel="accuracy (%)")
     return publish(args.out, f"fig_sensitivity_{args.param}.md", table)

@@ -13,7 +13,7 @@ import argparse
 
 from atlas_fast.experiments import table3_base_to_new
 from atlas_fast.experiments.common import PAPER_METHODS, method_args, publish, write_text
-from atlas_fast.app.report import aggregate, latex_table, markdown_table
+from atlas_fast.app.report import aggregate, latex_label, latex_table, markdown_table
 
 PAPER = "Appendix Tables A1-A3 (per dataset)"
 plan = table3_base_to_new.plan
@@ -26,10 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     average, title = aggregate(records, by_method=True), f"Average over {len(args.datasets)} datasets"
-    sections, latex = [markdown_table(average, title)], [latex_table(average, caption=title)]
+    sections = [markdown_table(average, title)]
+    latex = [latex_table(average, caption=title, label="tab:table-a-average")]
     for dataset in dict.fromkeys(r["config"]["dataset"] for r in records):
         rows = aggregate([r for r in records if r["config"]["dataset"] == dataset], by_method=True)
         sections.append(markdown_table(rows, dataset))
-        latex.append(latex_table(rows, caption=dataset))
+        latex.append(latex_table(rows, caption=dataset, label=latex_label(f"table-a-{dataset}")))
     write_text(args.out, "table_a_per_dataset.tex", "\n\n".join(latex))
     return publish(args.out, "table_a_per_dataset.md", "\n\n".join(sections))
