@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from atlas_fast.app.catalogue import method_names
+from atlas_fast.app.collect import add_report_command
 from atlas_fast.app.options import (add_method_options, add_progress, add_seeds, add_workers, check_methods,
                                     method_options)
 from atlas_fast.errors import UsageError, user_errors
@@ -386,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_commands(subparsers)
     add_demo_commands(subparsers)
     add_experiment_commands(subparsers)
+    add_report_command(subparsers)
     return parser
 
 

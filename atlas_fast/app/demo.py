@@ -70,7 +70,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
     title = (f"Base-to-new on the embedded world ({', '.join(config.datasets)}; atlas-world CLIP; "
              f"{config.shots} shots, seeds {', '.join(map(str, config.seeds))}; mean ± std over seeds; "
              f"cached views per image: {views})")
-    plot = plot_rows(rows, config.plot, title="CoOp with ATLaS, base-to-new (embedded world)")
+    plot = plot_rows(rows, config.plot)
     seconds = time.perf_counter() - start
     lines = [markdown_table(rows, title), "", zs, "", verdict(records), "", f"Plot: {plot}",
              f"LaTeX: {config.results_dir / 'table3_base2new.tex'}",
