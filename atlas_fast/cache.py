@@ -79,7 +79,7 @@ import h5py
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
+from atlas_fast.progress import progress_bar, say
 
 import atlas_fast
 from atlas_fast.clip.backbones import Backbone
@@ -552,8 +552,12 @@ class FeatureCache:
                 self._encode_all(backbone, path, spec, units, todo, batch_size, num_workers, run_device, precision,
                                  progress, desc=f"Encoding {dataset} ({path.name})")
         seconds = time.perf_counter() - start
-        return BuildReport(encoded=todo, reused=total - todo, seconds=seconds,
-                           images_per_s=todo / seconds if todo and seconds > 0 else 0.0, path=path)
+        report = BuildReport(encoded=todo, reused=total - todo, seconds=seconds,
+                             images_per_s=todo / seconds if todo and seconds > 0 else 0.0, path=path)
+        if progress and todo:
+            say(f"cache: encoded {todo} feature(s) of {dataset} in {seconds:.1f} s ({report.images_per_s:.1f} img/s), "
+                f"reused {report.reused} -> {path}")
+        return report
 
     @staticmethod
     def _lock_path(path: Path) -> Path:
@@ -682,7 +686,7 @@ class FeatureCache:
         loader = DataLoader(_ViewDataset(units, spec), batch_sampler=_batches(units, batch_size),
                             num_workers=num_workers, collate_fn=_collate, pin_memory=device.type == "cuda")
         committed = 0
-        with tqdm(total=todo, unit="img", desc=desc, disable=not progress, dynamic_ncols=True) as bar:
+        with progress_bar(total=todo, unit="img", desc=desc, enabled=progress, dynamic_ncols=True) as bar:
             for pixels, rows, views in loader:
                 features = self._encode(backbone, pixels, device, precision)
                 self._commit(path, rows, views, features, committed)

@@ -266,7 +266,7 @@ def run_train(args: argparse.Namespace) -> int:
         cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress,
         content_hash=args.content_hash, workers=args.workers)
         for method in args.methods for seed in args.seeds]
-    records = run_configs(configs, Execution("local", args.batch_runs), progress=False)
+    records = run_configs(configs, Execution("local", args.batch_runs), progress=not args.no_progress)
     table = []
     for method in args.methods:
         label = _run_label(method, soft_labels, schedule)
@@ -336,6 +336,7 @@ def add_demo_commands(subparsers: argparse._SubParsersAction) -> None:
                            "setting; fewer is faster, see the README's views study)")
     demo.add_argument("--epochs", type=int, default=None, help="override the CoOp recipe's 200 epochs")
     demo.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    add_progress(demo)
     demo.set_defaults(func=run_demo_command)
 
 
@@ -345,7 +346,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     config = DemoConfig(data_root=args.data_root, cache_root=args.cache_root, results_dir=args.results_dir,
                         datasets=tuple(args.datasets), seeds=tuple(args.seeds), views=args.views,
                         epochs=args.epochs, device=args.device, plot=args.results_dir / "table3_base2new.png")
-    print(run_demo(config))
+    print(run_demo(config, progress=not args.no_progress))
     return 0
 
 

@@ -45,25 +45,22 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
     from atlas_fast.engine import TrainConfig
     from atlas_fast.world.benchmark import generate_benchmark
 
+    from atlas_fast.progress import say
+
+    stage = say if progress else (lambda message: None)
     start = time.perf_counter()
+    stage(f"demo 1/3: the world benchmark ({', '.join(config.datasets)}) under {config.data_root}")
     generate_benchmark(config.data_root, config.datasets, sizes=config.sizes, progress=progress)
-    base = TrainConfig(dataset=config.datasets[0], data_root=config.data_root, backbone=BackboneConfig("atlas-world", "atlas-world"),
-                       method="coop", recipe="paper", setting="base2new", shots=config.shots,
-                       views=config.views, epochs=config.epochs, device=config.device,
-                       cache_root=config.cache_root, results_dir=config.results_dir, progress=False)
-
-    def show(record: dict) -> None:
-        if progress:
-            from tqdm.auto import tqdm
-
-            m, c = record["metrics"], record["config"]
-            soft = (c.get("soft_labels") or {}).get("kind", "-")
-            tqdm.write(f"  {c['dataset']:<14} {c['schedule']['name']:<7} {soft:<4} seed {c['seed']}: "
-                       f"base {m['base']:5.1f}  new {m['new']:5.1f}  H {m['H']:5.1f}"
-                       f"{'  (reused)' if record.get('skipped') else ''}")
-
-    records = run_grid(base, config.datasets, atlas_variants("base2new"), config.seeds, on_result=show,
-                       progress=progress)
+    base = TrainConfig(dataset=config.datasets[0], data_root=config.data_root,
+                       backbone=BackboneConfig("atlas-world", "atlas-world"), method="coop", recipe="paper",
+                       setting="base2new", shots=config.shots, views=config.views, epochs=config.epochs,
+                       device=config.device, cache_root=config.cache_root, results_dir=config.results_dir,
+                       progress=False)
+    variants = atlas_variants("base2new")
+    stage(f"demo 2/3: {len(config.datasets) * len(variants) * len(config.seeds)} runs (CoOp and + ATLaS, -CSL, -ISL "
+          f"x seeds {', '.join(map(str, config.seeds))}); the feature cache is built on first use")
+    records = run_grid(base, config.datasets, variants, config.seeds, progress=progress)
+    stage("demo 3/3: the table, plot and verdict")
     rows = aggregate(records)
     zs = _zero_shot_row(records)
     views = "one per epoch" if config.views is None else str(config.views)

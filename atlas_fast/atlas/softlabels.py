@@ -29,7 +29,7 @@ import faiss
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
+from atlas_fast.progress import progress_bar
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.base import DatasetSplits
@@ -156,7 +156,7 @@ def encode_class_prompts(backbone: Backbone, prompts: list[str], batch_size: int
     """Un-normalised text features (C, D) of hand-crafted class prompts, in batches."""
     chunks = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
     return torch.cat([backbone.encode_text(chunk).float()
-                      for chunk in tqdm(chunks, desc="soft labels: text", disable=not progress)])
+                      for chunk in progress_bar(chunks, desc="soft labels: text", enabled=progress)])
 
 
 @torch.no_grad()

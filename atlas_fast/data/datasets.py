@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tqdm import tqdm
+from atlas_fast.progress import progress_bar
 
 from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
 from atlas_fast.data.templates import ATLAS_TEMPLATES, DEFAULT_TEMPLATE
@@ -74,8 +74,8 @@ def _datum(dataset_dir: Path, key: str, label: int, classname: str) -> Datum:
 
 def _check_files_exist(items: list[Datum], source: str) -> None:
     """Dassl's ``Datum`` asserts that each image exists; do the same, naming the split file that lists it."""
-    for d in tqdm(items, desc=f"checking images of {Path(source).name}", unit="img",
-                  disable=len(items) < _PROGRESS_MIN_ITEMS, leave=False):
+    for d in progress_bar(items, desc=f"checking images of {Path(source).name}", unit="img",
+                          enabled=len(items) >= _PROGRESS_MIN_ITEMS, leave=False):
         if not os.path.isfile(d.impath):
             raise DatasetLayoutError(f"image file listed in {source} not found: {d.impath}")
 
@@ -299,8 +299,8 @@ def _read_wnid_folders(dataset_dir: Path, image_dir: Path, wnids: list[str], cla
     """Label = position in ``wnids``; class name looked up by wnid; image names sorted."""
     items = []
     prefix = image_dir.relative_to(dataset_dir).as_posix()
-    for label, wnid in enumerate(tqdm(wnids, desc=f"listing {prefix}", unit="class", disable=len(wnids) < 100,
-                                      leave=False)):
+    for label, wnid in enumerate(progress_bar(wnids, desc=f"listing {prefix}", unit="class",
+                                              enabled=len(wnids) >= 100, leave=False)):
         if wnid not in classnames:
             raise DatasetFormatError(f"class folder {image_dir / wnid} has no line in {names_path}")
         names = _files_in(image_dir / wnid)
@@ -359,8 +359,8 @@ class ImageNetV2Layout:
         _require(image_dir, "image folder", self, dataset_dir, is_dir=True)
         data = []
         classnames = list(read_wnid_classnames(names_path).values())
-        for label, classname in enumerate(tqdm(classnames, desc=f"listing {self.image_folder}", unit="class",
-                                               disable=len(classnames) < 100, leave=False)):
+        for label, classname in enumerate(progress_bar(classnames, desc=f"listing {self.image_folder}",
+                                                       unit="class", enabled=len(classnames) >= 100, leave=False)):
             _require(image_dir / str(label), f"class folder of label {label}", self, dataset_dir, is_dir=True)
             names = _files_in(image_dir / str(label))
             if not names:

@@ -79,7 +79,7 @@ def pixel_logits(method: PromptMethod, images: ImageViews, amp: bool = False, pr
     """Logits (R, N, C) of a prompted-image method on the test view of ``images``: the class prompts are encoded once,
     the prompted image tower runs over the images in batches
     (:meth:`~atlas_fast.methods.base.PromptMethod.eval_pixel_logits`)."""
-    from tqdm.auto import tqdm
+    from atlas_fast.progress import progress_bar
 
     device = images.device
     was_training = method.training
@@ -88,7 +88,7 @@ def pixel_logits(method: PromptMethod, images: ImageViews, amp: bool = False, pr
     try:
         with _autocast(device, amp):
             text = method.text_features()
-            with tqdm(total=len(images), desc=desc, unit="img", disable=not progress, leave=False) as bar:
+            with progress_bar(total=len(images), desc=desc, unit="img", enabled=progress, leave=False) as bar:
                 for pixels, _ in images.batches(0, None, EVAL_PIXEL_BATCH):
                     chunks.append(method.eval_pixel_logits(pixels, text).float())
                     bar.update(len(pixels))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple, Protocol, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from atlas_fast.progress import progress_bar
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.cache import FeatureCache
@@ -90,7 +90,7 @@ class PixelViews:
 
     def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[object, torch.Tensor]]:
         frozen = self.frozen.for_epoch(epoch) if self.frozen is not None else None
-        with tqdm(total=len(order), desc=f"epoch {epoch}", unit="img", disable=not self.progress,
+        with progress_bar(total=len(order), desc=f"epoch {epoch}", unit="img", enabled=self.progress,
                   leave=False) as bar:
             for pixels, index in self.images.batches(1 + epoch % self.views, order, batch_size):
                 if frozen is None:

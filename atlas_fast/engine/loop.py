@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from atlas_fast.progress import progress_bar
 
 from atlas_fast.engine.feed import TrainInputs
 from atlas_fast.methods.base import OptimRecipe, PromptMethod
@@ -94,7 +94,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     method.train()
     logs: list[list[dict[str, Any]]] = [[] for _ in runs]
     name = method.name + (f" x{num_runs}" if num_runs > 1 else "")
-    bar = tqdm(range(recipe.epochs), desc=f"train {name}", disable=not progress, leave=False)
+    bar = progress_bar(range(recipe.epochs), desc=f"train {name}", enabled=progress, leave=False)
     for epoch in bar:
         start = time.perf_counter()
         lr = set_epoch_lr(optimizer, recipe, epoch)

@@ -17,7 +17,8 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from atlas_fast.clip.backbones import BackboneConfig
-from atlas_fast.app.options import add_method_options, add_methods, add_seeds, add_workers, method_options
+from atlas_fast.app.options import (add_method_options, add_methods, add_progress, add_seeds, add_workers,
+                                    method_options)
 from atlas_fast.errors import UsageError
 from atlas_fast.app.report import TableRow, latex_label, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
@@ -53,6 +54,7 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     p.add_argument("--out", default="results/experiments", help="where tables and plots are written")
     run = p.add_argument_group("execution")
     run.add_argument("--dry-run", action="store_true", help="list the runs (and which are finished); train nothing")
+    add_progress(run)
     run.add_argument("--executor", choices=EXECUTORS, default="local",
                      help="local (this process), ray (one task per group) or slurm (submitit job array)")
     run.add_argument("--batch-runs", type=int, default=None,
@@ -178,7 +180,7 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
         print(listing)
         return listing
     check_before_runs(args)
-    records = run_configs(configs, execution, progress=True)
+    records = run_configs(configs, execution, progress=not args.no_progress)
     return module.report(args, records)
 
 

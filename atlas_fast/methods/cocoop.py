@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from atlas_fast.progress import progress_bar
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, register_method
@@ -97,8 +97,8 @@ class CoCoOp(CoOp):
     @torch.no_grad()
     def eval_logits(self, features: torch.Tensor) -> torch.Tensor:
         chunks = features.split(self.eval_chunk())
-        bar = tqdm(chunks, desc=f"eval {self.name} ({len(self.classnames)} classes)", unit="chunk",
-                   disable=None if len(chunks) > 1 else True, leave=False)
+        bar = progress_bar(chunks, desc=f"eval {self.name} ({len(self.classnames)} classes)", unit="chunk",
+                           enabled=len(chunks) > 1, leave=False)
         device = self.device
         return torch.cat([self(x.to(device)).float() for x in bar], dim=1)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tqdm.auto import tqdm
+from atlas_fast.progress import progress_bar, say
 
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.pipeline import split_finished
@@ -127,8 +127,13 @@ def describe_plan(specs: Sequence[RunSpec], batch_runs: int) -> str:
 def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = None,
                 on_result: Callable[[dict[str, Any]], None] | None = None,
                 progress: bool = True) -> list[dict[str, Any]]:
-    """Train every config that has no finished record and return all records in the order of ``configs``."""
+    """Train every config that has no finished record and return all records in the order of ``configs``.
+
+    With ``progress``, a line per run as it finishes (its metrics and seconds; printed into logs too), a bar over the
+    runs on a terminal, and, for groups trained in this process, the cache-build and epoch bars of the group."""
     execution = execution or Execution()
+    if progress and execution.executor == "local":
+        configs = [dataclasses.replace(config, progress=True) for config in configs]
     specs = plan_sweep(configs, execution)
     records, todo = split_finished(specs)
     if on_result is not None:
@@ -139,7 +144,11 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
         groups = group_runs([specs[i] for i in todo], execution.runs_per_group(specs[todo[0]].device.type))
         position = {id(spec): i for i, spec in enumerate(specs)}
         executor = make_executor(execution.executor, **execution.options)
-        with tqdm(total=len(todo), desc="runs", unit="run", disable=not progress, dynamic_ncols=True) as bar:
+        if progress:
+            say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to train in {len(groups)} "
+                f"group(s) ({execution.executor})")
+        done = 0
+        with progress_bar(total=len(todo), desc="runs", unit="run", enabled=progress, dynamic_ncols=True) as bar:
             # the executor yields (group index, records) as groups finish, in any order
             for g, group_records in executor.map(groups):
                 if isinstance(group_records, WorkerFailure):
@@ -148,12 +157,24 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
                 for spec, record in zip(groups[g], group_records):
                     records[position[id(spec)]] = record
                     bar.update(1)
+                    done += 1
+                    if progress:
+                        say(f"[{done}/{len(todo)}] {spec.label}: {run_summary(record)}")
                     if on_result is not None:
                         on_result(record)
     missing = [specs[i].label for i, r in enumerate(records) if r is None]
     if missing:
         raise RuntimeError(f"{len(missing)} run(s) returned no record: {missing[:5]}")
     return records  # type: ignore[return-value]
+
+
+def run_summary(record: dict[str, Any]) -> str:
+    """``base 81.20  new 74.10  H 77.49  (12.3 s)``: a finished run's metrics in one line."""
+    metrics = record["metrics"]
+    names = [name for name in ("base", "new", "H") if name in metrics] or [n for n in metrics if n != "zero_shot"]
+    seconds = record.get("timings", {}).get("group_total")
+    timing = f"  ({seconds:.1f} s for its group)" if isinstance(seconds, (int, float)) else ""
+    return "  ".join(f"{name} {metrics[name]:.2f}" for name in names) + timing
 
 
 def run_grid(base: TrainConfig, datasets: Sequence[str], variants: Sequence[Variant], seeds: Sequence[int],

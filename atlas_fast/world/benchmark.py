@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from PIL import Image
-from tqdm import tqdm
+from atlas_fast.progress import progress_bar
 
 from atlas_fast.files import atomic_write
 from atlas_fast.world.generator import SHAPES, TEXTURES, Layout, concept_id, render_batch
@@ -175,7 +175,7 @@ def _generate(dataset: WorldDataset, dataset_dir: Path, sizes: SplitSizes, seed:
 
     split: dict[str, list] = {name: [] for name, _ in sizes.items()}
     total = len(dataset.classnames) * (sizes.train + sizes.val + sizes.test)
-    with tqdm(total=total, desc=f"render {dataset.name}", disable=not progress, leave=False) as bar:
+    with progress_bar(total=total, desc=f"render {dataset.name}", enabled=progress, leave=False) as bar:
         for split_name, per_class in sizes.items():
             for label, classname in enumerate(dataset.classnames):
                 class_dir = classname.replace(" ", "_")

@@ -1,0 +1,46 @@
+"""Progress: a line per finished run (also in logs), bars only on a terminal, nothing with progress off."""
+
+import pytest
+
+from atlas_fast.clip.backbones import BackboneConfig
+from atlas_fast.engine import TrainConfig
+from atlas_fast.atlas.schedules import OneHot
+from atlas_fast.sweep import Execution, Variant, run_grid
+from layouts import make_oxford_pets
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("progress")
+    make_oxford_pets(root / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
+    return root
+
+
+def grid(data, results, progress):
+    base = TrainConfig("OxfordPets", data / "data", BackboneConfig("atlas-tiny", None), shots=2, epochs=2,
+                       device="cpu", cache_root=data / results / "cache", results_dir=data / results, progress=False)
+    return run_grid(base, ["OxfordPets"], [Variant("CoOp", OneHot())], [1, 2], progress=progress,
+                    execution=Execution("local", batch_runs=1))
+
+
+def test_a_log_gets_one_line_per_run_and_no_bars(data, capsys):
+    records = grid(data, "log", progress=True)
+    err = capsys.readouterr().err
+    assert "2 run(s): 0 finished, 2 to train in 2 group(s) (local)" in err
+    for i, record in enumerate(records, 1):
+        metrics = record["metrics"]
+        assert (f"[{i}/2] OxfordPets coop onehot - seed {i}: base {metrics['base']:.2f}  new {metrics['new']:.2f}  "
+                f"H {metrics['H']:.2f}") in err
+    assert "cache: encoded" in err and "img/s" in err  # the cache build's rate, once
+    assert "\r" not in err  # no redrawn bars in a file
+
+
+def test_a_terminal_gets_bars_and_no_progress_is_quiet(data, capsys, monkeypatch):
+    monkeypatch.setattr("atlas_fast.progress.interactive", lambda: True)
+    grid(data, "tty", progress=True)
+    err = capsys.readouterr().err
+    assert "runs:" in err and "train coop" in err  # the sweep's bar and the group's epoch bar
+    grid(data, "quiet", progress=False)
+    assert capsys.readouterr().err == ""
