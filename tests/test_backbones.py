@@ -64,22 +64,32 @@ def test_download_failure_says_how_to_pass_a_local_file(monkeypatch):
     def offline(*args, **kwargs):
         raise OSError("Name or service not known")
 
+    monkeypatch.setenv(backbones.DOWNLOAD_VARIABLE, "1")
+    monkeypatch.setattr(backbones, "cached_weights", lambda name, tag: None)
     monkeypatch.setattr(open_clip, "create_model", offline)
     with pytest.raises(WeightsUnavailableError, match="local checkpoint file"):
         load_backbone(BackboneConfig("ViT-B-16", "openai"))
 
 
-def test_offline_tag_is_a_one_line_cli_error(monkeypatch, tmp_path, capsys):
-    def offline(*args, **kwargs):
-        raise OSError("Name or service not known")
+def test_offline_tag_is_a_one_line_cli_error_after_the_data_checks(monkeypatch, tmp_path, capsys):
+    """A dataset typo is reported before any weights are looked for; then a tag whose weights are not here is one
+    line that names --download and the local-file alternative, with no attempt to fetch them."""
+    from layouts import make_oxford_pets
 
-    monkeypatch.setattr(open_clip, "create_model", offline)
-    status = main(["train", "--dataset", "OxfordPets", "--data-root", str(tmp_path), "--model", "ViT-B-16",
-                   "--pretrained", "openai", "--cache-root", str(tmp_path / "cache"),
-                   "--results-dir", str(tmp_path / "results"), "--no-progress"])
+    monkeypatch.delenv(backbones.DOWNLOAD_VARIABLE, raising=False)
+    monkeypatch.setattr(backbones, "cached_weights", lambda name, tag: None)
+    monkeypatch.setattr(open_clip, "create_model", lambda *a, **k: pytest.fail("a download was attempted"))
+    args = ["train", "--dataset", "OxfordPets", "--data-root", str(tmp_path / "data"), "--model", "ViT-B/16",
+            "--pretrained", "openai", "--shots", "2", "--cache-root", str(tmp_path / "cache"), "--results-dir",
+            str(tmp_path / "results"), "--no-progress"]
+    assert main(args) == 2
     err = capsys.readouterr().err
-    assert status == 2
-    assert "Traceback" not in err and "--pretrained /path/to/ViT-B-16.pt" in err
+    assert "Traceback" not in err and "oxford_pets" in err and "--download" not in err  # the data, first
+    make_oxford_pets(tmp_path / "data", n_classes=2, n_train=2, n_val=1, n_test=1, size=32)
+    assert main(args) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "not on this machine" in err[0] and "--download" in err[0]
+    assert "--pretrained ~/.cache/clip/ViT-B-16.pt" in err[0]
 
 
 def test_shared_backbone_loads_once_and_reloads_an_edited_file(tiny, tmp_path):
@@ -100,3 +110,35 @@ def test_a_home_relative_checkpoint_path_is_expanded(tiny, tmp_path, monkeypatch
     monkeypatch.setenv("HOME", str(tmp_path))
     save_file({k: v.contiguous() for k, v in tiny.model.state_dict().items()}, str(tmp_path / "tiny.safetensors"))
     assert load_backbone(BackboneConfig("atlas-tiny", "~/tiny.safetensors")).fingerprint == tiny.fingerprint
+
+
+def test_a_pretrained_tag_that_is_not_cached_fails_at_once_without_the_network(monkeypatch):
+    """No silent network default: weights that are not on the machine are an immediate one-line error naming
+    --download, and nothing tries to fetch them."""
+    monkeypatch.delenv(backbones.DOWNLOAD_VARIABLE, raising=False)
+    monkeypatch.setattr(backbones, "cached_weights", lambda name, tag: None)
+    monkeypatch.setattr(backbones.open_clip, "create_model",
+                        lambda *a, **k: pytest.fail("a download was attempted"))
+    with pytest.raises(backbones.WeightsUnavailableError, match="not on this machine.*--download"):
+        backbones.load_backbone(BackboneConfig("ViT-B-16", "openai"))
+    monkeypatch.setenv(backbones.DOWNLOAD_VARIABLE, "1")  # asked for: open_clip is called with the tag
+    calls = []
+    monkeypatch.setattr(backbones.open_clip, "create_model", lambda *a, **k: calls.append(k) or 1 / 0)
+    with pytest.raises(backbones.WeightsUnavailableError, match="Could not obtain"):
+        backbones.load_backbone(BackboneConfig("ViT-B-16", "openai"))
+    assert calls and calls[0]["pretrained"] == "openai"
+
+
+def test_cached_weights_are_found_in_the_hub_cache_then_the_url_cache(tmp_path):
+    hub, urls = tmp_path / "hub", tmp_path / "clip"
+    assert backbones.cached_weights("ViT-B-16", "openai", str(hub), str(urls)) is None
+    urls.mkdir()
+    (urls / "ViT-B-16.pt").write_bytes(b"x")  # where open_clip's URL download puts OpenAI's file
+    assert backbones.cached_weights("ViT-B-16", "openai", str(hub), str(urls)) == urls / "ViT-B-16.pt"
+    snapshot = hub / "models--timm--vit_base_patch16_clip_224.openai" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "open_clip_model.safetensors").write_bytes(b"y")
+    (hub / "models--timm--vit_base_patch16_clip_224.openai" / "refs").mkdir()
+    (hub / "models--timm--vit_base_patch16_clip_224.openai" / "refs" / "main").write_text("abc123")
+    assert backbones.cached_weights("ViT-B-16", "openai", str(hub), str(urls)) == \
+        snapshot / "open_clip_model.safetensors"

@@ -14,8 +14,8 @@ from typing import Sequence
 
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.collect import add_report_command
-from atlas_fast.app.options import (add_method_options, add_progress, add_seeds, add_workers, check_methods,
-                                    method_options)
+from atlas_fast.app.options import (add_download, add_method_options, add_progress, add_seeds, add_workers,
+                                    apply_download, check_methods, method_options)
 from atlas_fast.errors import UsageError, user_errors
 
 
@@ -31,6 +31,7 @@ def _add_data_and_backbone_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pretrained", type=_pretrained, default="openai",
                         help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt), or 'none' for "
                              "random weights (default openai)")
+    add_download(parser)
 
 
 def _split_names(value: str) -> tuple[str, ...]:
@@ -398,6 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     args = build_parser().parse_args((["--debug"] if debug else []) + [a for a in argv if a != "--debug"])
     try:
+        apply_download(args)
         return int(args.func(args) or 0)
     except user_errors() as exc:
         if debug:

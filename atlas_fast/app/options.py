@@ -66,3 +66,20 @@ def add_workers(parser: argparse.ArgumentParser) -> None:
 def add_progress(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars (bars are also off when the output is not a terminal, e.g. a log)")
+
+
+def add_download(parser: argparse.ArgumentParser) -> None:
+    """``--download``: allow fetching pretrained weights that are not cached yet (never done silently)."""
+    parser.add_argument("--download", action="store_true",
+                        help="download the pretrained weights of --pretrained TAG if they are not cached yet (without "
+                             "it, a missing download is an error at once)")
+
+
+def apply_download(args: argparse.Namespace) -> None:
+    """Let this process (and the workers it starts) download weights when ``--download`` was given."""
+    import os
+
+    if getattr(args, "download", False):
+        from atlas_fast.clip.backbones import DOWNLOAD_VARIABLE
+
+        os.environ[DOWNLOAD_VARIABLE] = "1"

@@ -258,9 +258,19 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
             f"--pretrained ~/.cache/clip/ViT-B-16.pt (OpenAI's file as CoOp uses it) or an open_clip .bin/.safetensors.")
     else:
         _check_known_tag(name, pretrained)
+        local = cached_weights(name, pretrained)
+        if local is None and not downloads_allowed():
+            raise WeightsUnavailableError(
+                f"The weights of {name!r} with pretrained tag {pretrained!r} are not on this machine (looked in the "
+                f"Hugging Face cache and ~/.cache/clip), and atlas_fast downloads nothing unless asked: add "
+                f"--download (Python: set {DOWNLOAD_VARIABLE}=1) to fetch them once, or pass a local file, e.g. "
+                f"--pretrained ~/.cache/clip/ViT-B-16.pt (OpenAI's file, as CoOp users have it).")
         try:
-            model = open_clip.create_model(name, pretrained=pretrained,
-                                           force_quick_gelu=_wants_quick_gelu(name, pretrained))
+            if local is not None and _is_openai_checkpoint(local):  # OpenAI's own file, from the URL cache
+                model = open_clip.load_openai_model(str(local), precision="fp32", device="cpu")
+            else:
+                model = open_clip.create_model(name, pretrained=str(local) if local is not None else pretrained,
+                                               force_quick_gelu=_wants_quick_gelu(name, pretrained))
         except Exception as exc:  # network failures surface as many exception types
             raise WeightsUnavailableError(
                 f"Could not obtain the weights of {name!r} with pretrained tag {pretrained!r} ({type(exc).__name__}: "
@@ -353,6 +363,40 @@ def _wants_quick_gelu(name: str, tag: str | None) -> bool:
         return bool(open_clip.get_pretrained_cfg(name, tag).get("quick_gelu", False))
     cfg = open_clip.get_model_config(name) or {}
     return bool(cfg.get("quick_gelu", name in ("ViT-B-16", "ViT-B-32", "ViT-L-14", "RN50")))
+
+
+DOWNLOAD_VARIABLE = "ATLAS_FAST_DOWNLOAD"
+
+
+def downloads_allowed() -> bool:
+    """Whether a pretrained tag whose weights are not cached may be downloaded (``--download`` sets this)."""
+    return os.environ.get(DOWNLOAD_VARIABLE, "").lower() in ("1", "true", "yes")
+
+
+def cached_weights(name: str, tag: str, hf_cache: str | None = None, url_cache: str | None = None) -> Path | None:
+    """The local file that open_clip would load for ``(name, tag)`` if it is already downloaded (Hugging Face cache
+    first, as open_clip prefers, then the URL cache ``~/.cache/clip``), else None. Loading that file directly needs
+    no network at all, not even the Hub's freshness check."""
+    cfg = open_clip.get_pretrained_cfg(name, tag) or {}
+    hub = cfg.get("hf_hub", "")
+    if hub:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            try_to_load_from_cache = None
+        if try_to_load_from_cache is not None:
+            repo, filename = os.path.split(hub)
+            names = [filename] if filename else ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
+            for candidate in names:
+                found = try_to_load_from_cache(repo, candidate, cache_dir=hf_cache)
+                if isinstance(found, str) and os.path.isfile(found):
+                    return Path(found)
+    url = cfg.get("url", "")
+    if url:
+        path = Path(url_cache or os.path.expanduser("~/.cache/clip")) / os.path.basename(url)
+        if path.is_file():
+            return path
+    return None
 
 
 def _check_known_tag(name: str, tag: str) -> None:

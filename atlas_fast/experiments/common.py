@@ -17,8 +17,8 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from atlas_fast.clip.backbones import BackboneConfig
-from atlas_fast.app.options import (add_method_options, add_methods, add_progress, add_seeds, add_workers,
-                                    method_options)
+from atlas_fast.app.options import (add_download, add_method_options, add_methods, add_progress, add_seeds,
+                                    add_workers, apply_download, method_options)
 from atlas_fast.errors import UsageError
 from atlas_fast.app.report import TableRow, latex_label, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
@@ -44,6 +44,7 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     p.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
     p.add_argument("--pretrained", default="openai",
                    help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt) or 'none'")
+    add_download(p)
     add_seeds(p, [1, 2, 3])
     p.add_argument("--recipe", choices=("paper", "original"), default="paper")
     p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs (quick looks only)")
@@ -165,6 +166,7 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
         module = sys.modules[module]
     module_parser = build_parser(module)
     args = module_parser.parse_args(argv)
+    apply_download(args)
     if args.world:
         apply_world(args, module_parser, module)
     elif args.data_root is None:
