@@ -113,3 +113,20 @@ def test_method_options_are_checked(root, capsys):
     # the same [METHOD:]NAME=VALUE syntax as the experiments: options for another method are ignored
     assert main(train_args(root, "--methods", "ivlp", "--method-option", "ivlp:depth_text=2", "maple:depth=1",
                            "ivlp:depth_vision=2", "--workers", "0")) == 0
+
+
+def test_a_split_json_dataset_trains_from_the_command_line(root, tmp_path, capsys):
+    """``--dataset split:<folder>/<split file>.json#<images>``: a CoOp split-JSON dataset without registering it."""
+    import shutil
+
+    shutil.copytree(root / "data" / "oxford_pets", tmp_path / "my_pets")
+    args = ["train", "--dataset", f"split:{tmp_path / 'my_pets' / 'split_zhou_OxfordPets.json'}#images",
+            "--data-root", str(tmp_path), "--model", "atlas-tiny", "--pretrained", "none", "--shots", "2",
+            "--epochs", "2", "--cache-root", str(tmp_path / "cache"), "--results-dir", str(tmp_path / "results"),
+            "--no-progress"]
+    assert main(args) == 0
+    assert re.search(rf"seed 1: base {NUMBER}  new {NUMBER}", capsys.readouterr().out)
+    assert list((tmp_path / "results" / "my_pets").glob("*.json"))  # named after the dataset folder
+    bad = ["train", "--dataset", f"split:{tmp_path / 'my_pets'}", "--data-root", str(tmp_path)]
+    assert main(bad) == 2
+    assert "give the split file by a path inside its dataset folder" in capsys.readouterr().err

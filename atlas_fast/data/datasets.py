@@ -35,6 +35,7 @@ from atlas_fast.data.templates import ATLAS_TEMPLATES, DEFAULT_TEMPLATE
 SplitLists = tuple[list[Datum], list[Datum], list[Datum]]
 
 FOLDER_PREFIX = "folder:"
+SPLIT_PREFIX = "split:"
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 _PROGRESS_MIN_ITEMS = 20_000  # no progress bar for lists read in well under a second
 
@@ -510,8 +511,27 @@ def find_spec(name: str) -> DatasetSpec | None:
             raise ValueError(f"{name!r}: give the dataset folder by a path that ends in its own name, e.g. "
                              f"'folder:/data/my_dataset' (its name names the cache and result folders)")
         return DatasetSpec(folder_name, path, ClassFolderLayout(), DEFAULT_TEMPLATE)
+    if name.startswith(SPLIT_PREFIX):
+        return split_file_spec(name[len(SPLIT_PREFIX):])
     registry_name = _aliases().get(name.lower())
     return DATASETS[registry_name] if registry_name else None
+
+
+def split_file_spec(argument: str) -> DatasetSpec:
+    """The dataset of ``split:<dataset folder>/<split file>.json[#<image folder>]`` (the command line's way to read a
+    CoOp split-JSON dataset without registering it): the JSON's folder is the dataset folder and names the cache and
+    result folders; image paths in the JSON are relative to ``<image folder>`` under it (default: the folder
+    itself)."""
+    path, _, image_prefix = argument.partition("#")
+    split = Path(path)
+    folder_name = split.parent.name
+    if split.suffix != ".json" or folder_name in ("", ".", "..") or folder_name.startswith("."):
+        raise ValueError(f"'split:{argument}': give the split file by a path inside its dataset folder, e.g. "
+                         f"'split:/data/my_dataset/split_my_dataset.json' or "
+                         f"'split:/data/my_dataset/split_my_dataset.json#images' when the JSON paths are relative to "
+                         f"its images/ folder")
+    return DatasetSpec(folder_name, str(split.parent), SplitJsonLayout(image_prefix.strip("/"), split.name),
+                       DEFAULT_TEMPLATE)
 
 
 def get_spec(name: str) -> DatasetSpec:
@@ -519,7 +539,8 @@ def get_spec(name: str) -> DatasetSpec:
     spec = find_spec(name)
     if spec is None:
         valid = ", ".join(f"{s.name} ({s.config_name})" if s.config_name else s.name for s in DATASETS.values())
-        raise ValueError(f"unknown dataset {name!r}; valid names (any case): {valid}, or 'folder:<path>'")
+        raise ValueError(f"unknown dataset {name!r}; valid names (any case): {valid}, or 'folder:<path>' or "
+                         f"'split:<path>/<split file>.json'")
     return spec
 
 
@@ -527,7 +548,8 @@ def load_dataset(name: str, data_root: str | Path) -> DatasetSplits:
     """Full train/val/test lists of a dataset under ``data_root``.
 
     ``name``: a registry name (``OxfordPets``), a CoOp config name (``oxford_pets``), any case, or
-    ``folder:<path>`` for a ``{train,val,test}/<class>/`` folder (a relative path is taken under ``data_root``)."""
+    ``folder:<path>`` for a ``{train,val,test}/<class>/`` folder, or ``split:<path>/<split file>.json[#<images>]`` for
+    a CoOp split-JSON dataset (a relative path is taken under ``data_root``)."""
     return get_spec(name).load(data_root)
 
 
