@@ -261,3 +261,22 @@ def generate_benchmark(data_root: str | Path, datasets: Sequence[str] | None = N
         raise ValueError(f"unknown world dataset(s) {unknown}; valid names: {list(WORLD_BY_NAME)}")
     register_world_datasets()
     return [write_dataset(WORLD_BY_NAME[n], data_root, sizes, seed, progress) for n in names]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m atlas_fast.world.benchmark [DATA_ROOT] [--datasets ...]``: write the world datasets in the CoOp
+    layout (the sizes the demo and ``--world`` use), e.g. before ``atlas-fast train --dataset WorldPhotos``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0].strip("`: "))
+    parser.add_argument("data_root", nargs="?", default="data/world", help="where to write (default data/world)")
+    parser.add_argument("--datasets", nargs="+", default=list(BASE_TO_NEW), help="default: all six")
+    parser.add_argument("--images", type=int, nargs=3, default=[32, 4, 50], metavar=("TRAIN", "VAL", "TEST"),
+                        help="images per class in each split (default 32 4 50, as the demo)")
+    args = parser.parse_args(argv)
+    for path in generate_benchmark(args.data_root, args.datasets, sizes=SplitSizes(*args.images)):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
