@@ -103,6 +103,12 @@ def apply_world(args: argparse.Namespace, parser: argparse.ArgumentParser, modul
     generate_benchmark(args.data_root, needed, sizes=SplitSizes(*args.world_images), progress=True)
 
 
+# What the base-to-new tables and figures print: base, new and H (from those two). Their runs evaluate only these
+# class sets (TrainConfig.evaluate), not the "all" set no table reads (two thirds of CoCoOp's evaluation); every
+# module that prints them asks for the same sets, so they share their finished records.
+BASE_NEW = ("base", "new")
+
+
 # The paper's text-side methods (its "DePT" is DePT on CoOp), trained from the feature cache, and every method of
 # its Tables I-III: those and the multi-modal IVLP and MaPLe (pixel path). The appendix adds PromptSRC.
 PAPER_TEXT_METHODS = ("coop", "cocoop", "dept-coop")
