@@ -163,3 +163,104 @@ def test_runs_are_batched_by_twelve_on_a_gpu():
 
     assert DEFAULT_BATCH_RUNS == {"cuda": 12, "cpu": 4}
     assert Execution().runs_per_group("cuda") == 12 and Execution(batch_runs=3).runs_per_group("cuda") == 3
+
+
+# --- StepGraphs' bookkeeping, with torch.cuda's stream and graph calls faked on the CPU ----------------------------
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph: "capture" runs the body eagerly, replay counts."""
+
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import contextlib
+
+    from atlas_fast.engine import loop
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **k: contextlib.nullcontext())
+    syncs: list[str] = []
+    monkeypatch.setattr(loop, "host_syncs", lambda function: (function(), list(syncs)))
+    return syncs
+
+
+def _step_graphs(tiny, batch=4):
+    from atlas_fast.engine.loop import RunState, StepGraphs, build_optimizer
+    from atlas_fast.methods.base import OptimRecipe
+
+    entry = method_entry("coop")
+    torch.manual_seed(0)
+    method = entry.build(tiny, ["cat", "dog", "bird"], entry.config_class(ctx_init="a photo of a"))
+    method.train()
+    features, labels = torch.randn(12, tiny.embed_dim), torch.tensor([0, 1, 2] * 4)
+
+    class Inputs:
+        pass
+
+    run = RunState(Inputs(), labels, None, OneHot(), seed=1, device=torch.device("cpu"))
+    optimizer = build_optimizer(method, OptimRecipe(epochs=2, batch_size=batch, lr=0.01))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    graphs = StepGraphs(method, [run], optimizer, scaler, batch, amp=False)
+
+    def step(epoch=0, size=batch):
+        index = torch.arange(size)
+        key = graphs.key(epoch, [size])
+        if key is None:
+            return None
+        return graphs.step(key, epoch, features[index], labels[index], [(0, labels[index], None)], [size])
+
+    return method, graphs, step
+
+
+def test_step_graphs_warm_up_check_capture_and_replay(tiny, fake_cuda):
+    from atlas_fast.engine.loop import GRAPH_WARMUP_STEPS
+
+    method, graphs, step = _step_graphs(tiny)
+    graphs.start_epoch()
+    assert step(size=3) is None  # a partial batch never replays
+    for _ in range(GRAPH_WARMUP_STEPS):
+        step()
+    assert graphs.checked and not graphs.graphs and graphs.replayed == 0
+    loss, losses = step()  # captured, then replayed
+    (captured,) = graphs.graphs.values()
+    assert captured["graph"].replays == 1 and loss is captured["loss"] and losses[0] is captured["losses"][0]
+    method.ctx.grad = None
+    step()
+    assert captured["graph"].replays == 2 and method.ctx.grad is captured["grads"][0]  # the graph's gradients
+    assert graphs.end_epoch() == 2 and graphs.end_epoch() == 0
+    graphs.start_epoch()
+    assert graphs.graphs  # nothing moved: the graph is kept
+    method.set_classnames(["cat", "dog", "bird"])  # new class buffers (a per-epoch evaluation does this)
+    graphs.start_epoch()
+    assert not graphs.graphs
+    step()  # warmed up already: captured again at once
+    assert len(graphs.graphs) == 1 and graphs.end_epoch() == 1
+
+
+def test_step_graphs_stay_eager_when_a_step_syncs(tiny, fake_cuda):
+    from atlas_fast.engine.loop import GRAPH_WARMUP_STEPS
+
+    fake_cuda.append("called a synchronizing CUDA operation")
+    _, graphs, step = _step_graphs(tiny)
+    graphs.start_epoch()
+    with pytest.warns(UserWarning, match=r"graph_steps: one step of coop synchronises with the host 1 time"):
+        for _ in range(GRAPH_WARMUP_STEPS):
+            step()
+    assert graphs.refused and graphs.key(0, [4]) is None and not graphs.graphs

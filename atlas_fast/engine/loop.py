@@ -185,8 +185,8 @@ def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: 
 # graph_steps: the label schedules whose loss depends on the epoch only through ``uses_soft_labels`` (part of a
 # graph's key) and that keep no statistics of the predictions (OLS reads them on the host every step).
 GRAPH_SCHEDULES = ("onehot", "atlas", "joint", "tfkd")
-# Eager steps of a step shape before its graph is captured (cuBLAS handles, autograd, the scaler's state are
-# created lazily); the first of them is also checked for host synchronisation (see StepGraphs).
+# Eager steps of a step shape before its graph is captured (cuBLAS handles, autograd, the scaler's state, a
+# method's cached tensors are created lazily); the last of them is checked for host synchronisation (StepGraphs).
 GRAPH_WARMUP_STEPS = 2
 
 
@@ -225,13 +225,14 @@ class StepGraphs:
 
     A step's shapes are static when every run's batch is full-size; its graph is keyed by which runs use soft labels
     in the epoch (the only way the supported schedules' losses depend on it). A key's first
-    :data:`GRAPH_WARMUP_STEPS` steps run eagerly; the first of all is run under torch's sync debug mode, and if the
-    method's step reads anything back from the device (which a graph cannot replay) the run stays eager, with a
-    warning saying where. Then the step is captured once and replayed: each step copies its inputs, labels and soft
-    rows into the graph's static buffers and replays the very kernels of an eager step, so the numbers are the eager
-    ones. The optimiser step (and the gradient scaler) run eagerly after it, on the graph's gradient buffers, so the
-    per-epoch lr needs no recapture. Graphs are dropped when the method's tensors move (``set_classnames`` during a
-    per-epoch evaluation builds new buffers) and captured again. Partial batches run eagerly."""
+    :data:`GRAPH_WARMUP_STEPS` steps run eagerly; the last warm-up step of the first key runs under torch's sync
+    debug mode, and if the method's step reads anything back from the device (which a graph cannot replay) the run
+    stays eager, with a warning saying where. Then the step is captured once and replayed: each step copies its
+    inputs, labels and soft rows into the graph's static buffers and replays the very kernels of an eager step, so
+    the numbers are the eager ones. The optimiser step (and the gradient scaler) run eagerly after it, on the
+    graph's gradient buffers, so the per-epoch lr needs no recapture. Graphs are dropped when the method's tensors
+    move (``set_classnames`` during a per-epoch evaluation builds new buffers) and captured again. Partial batches
+    run eagerly."""
 
     def __init__(self, method: PromptMethod, runs: Sequence[RunState], optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler, batch_size: int, amp: bool) -> None:
@@ -280,15 +281,16 @@ class StepGraphs:
         graph = self.graphs.get(key)
         if graph is None:
             self.seen[key] = self.seen.get(key, 0) + 1
-            if not self.checked:  # the first full-size step: does it read back from the device?
+            if self.seen[key] <= GRAPH_WARMUP_STEPS:
+                if self.checked or self.seen[key] < GRAPH_WARMUP_STEPS:
+                    return self._eager(epoch, inputs, labels, targets, sizes)
+                # the last warm-up step (lazy caches are built by now): does it read back from the device?
                 self.checked = True
                 result, syncs = host_syncs(lambda: self._eager(epoch, inputs, labels, targets, sizes))
                 if syncs:
                     self._refuse(f"one step of {self.method.name} synchronises with the host {len(syncs)} time(s) "
                                  f"(first: {syncs[0]!r})")
                 return result
-            if self.seen[key] <= GRAPH_WARMUP_STEPS:
-                return self._eager(epoch, inputs, labels, targets, sizes)
             try:
                 graph = self._capture(key, epoch, inputs, labels, targets, sizes)
             except RuntimeError as exc:  # a step torch cannot capture: train on eagerly, the same numbers
