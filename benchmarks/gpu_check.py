@@ -12,7 +12,14 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
    the largest metric difference (must be ~0: batching is a pure speed knob);
 5. a pixel-path method (image encoder prompted), when this version has one; otherwise n/a;
 6. step speed (``benchmarks/step_speed.py``, fp16 autocast): the text step with the shared prefix and length groups
-   vs open_clip's blocks at C = 19 and 500, the prompted vision tower with fused attention, a MaPLe training step.
+   vs open_clip's blocks at C = 19 and 500, the prompted vision tower with fused attention, a MaPLe training step;
+7. graph steps: cached CoOp steps (batch 32, fp16 AMP) eager vs ``graph_steps`` (CUDA graphs) at C = 10, 50 and 500:
+   ms per step, steps replayed from a graph, the largest difference of the learned context after the same steps
+   (must be 0: a graph replays the eager kernels), and the host syncs one eager step makes (a step that syncs cannot
+   be captured, so graph_steps trains it eagerly and says so);
+8. runs/hour by R: the 12-run grid of check 4 with the default precision (AMP) at R = 1, 4 and 12 (the GPU's default
+   ``DEFAULT_BATCH_RUNS``);
+9. the demo (``atlas-fast demo``: 12 runs of the embedded world, the paper's CoOp recipe): wall time.
 
 Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size. ``--device cpu
 --model atlas-tiny --scale 0.1`` is a smoke test of this script itself on a machine without a GPU (no fp16/AMP rows).
@@ -175,12 +182,14 @@ def check_pixels(root: Path) -> None:
     from atlas_fast.methods import METHODS
     from atlas_fast.engine import run
 
-    pixel = sorted(name for name, cls in METHODS.items() if cls.consumes == "pixels")
+    pixel = sorted(name for name, entry in METHODS.items() if entry.reads_pixels)
     if not pixel:
         row("pixel-path method", "n/a", "no pixel-path method in this version")
         return
     name = pixel[0]
-    record = run(_config(root, method=name, epochs=1, results_dir=root / f"pixels-{name}"))
+    # a smoke test's small model (2 blocks per tower) gets prompts 2 blocks deep; ViT-B/16 keeps the recipe's depth
+    options = {option: 2 for option in METHODS[name].depth_options} if SETUP["model"] == "atlas-tiny" else None
+    record = run(_config(root, method=name, epochs=1, results_dir=root / f"pixels-{name}", method_options=options))
     row("pixel-path method", "ok", f"{name}: {record['timings']['seconds_per_epoch']:.1f} s/epoch",
         f"base {record['metrics'].get('base', float('nan')):.1f}")
 
@@ -200,12 +209,125 @@ def check_step_speed() -> None:
         + (" (fp16 autocast)" if SETUP["device"] == "cuda" else " (fp32)"))
 
 
+class _DeviceFeatures:
+    """Training inputs for the graph-steps check: random cached features held on the device (every epoch the same)."""
+
+    def __init__(self, features: torch.Tensor) -> None:
+        self.features, self.device = features, features.device
+
+    def batches(self, epoch, order, batch_size):
+        for index in order.to(self.device).split(batch_size):
+            yield self.features[index], index
+
+
+def _train_coop(backbone, classnames, features, labels, epochs: int, graph_steps: bool):
+    """One cached CoOp run (batch 32, fp16 AMP, seeded init and order) through the loop; returns (method, logs,
+    seconds, fallback warnings)."""
+    import warnings
+
+    from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.engine.loop import RunState, train_runs
+    from atlas_fast.methods.base import OptimRecipe, method_entry
+
+    device = torch.device(SETUP["device"])
+    entry = method_entry("coop")
+    torch.manual_seed(0)
+    method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a")).to(device)
+    run = RunState(_DeviceFeatures(features), labels, None, OneHot(), seed=1, device=device)
+    recipe = OptimRecipe(epochs=epochs, batch_size=32, lr=0.002)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        synchronize()
+        start = time.perf_counter()
+        logs = train_runs(method, [run], recipe, device, amp=device.type == "cuda", progress=False,
+                          graph_steps=graph_steps)
+        synchronize()
+        seconds = time.perf_counter() - start
+    fallbacks = [str(w.message) for w in caught if "graph_steps" in str(w.message)]
+    return method, logs[0], seconds, fallbacks
+
+
+@guarded("graph steps")
+def check_graph_steps(backbone, steps_per_epoch: int = 10, epochs: int = 4) -> None:
+    cuda = SETUP["device"] == "cuda"  # on the CPU (a smoke test of this check) both runs are eager
+    from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.engine.loop import RunState, forward_backward, host_syncs
+
+    generator = torch.Generator().manual_seed(0)
+    results, notes, worst = [], [], 0.0
+    for classes in (10, 50, 500) if cuda else (10,):
+        classnames = [f"class {i}" for i in range(classes)]
+        n = 32 * steps_per_epoch  # every batch full-size: every step after the warm-up can replay
+        features = torch.randn(n, backbone.embed_dim, generator=generator).to(SETUP["device"])
+        labels = torch.randint(classes, (n,), generator=generator)
+        _train_coop(backbone, classnames, features, labels, 1, False)  # warm-up (kernels, cuBLAS), not timed
+        eager, _, eager_s, _ = _train_coop(backbone, classnames, features, labels, epochs, False)
+        graphed, logs, graphed_s, fallbacks = _train_coop(backbone, classnames, features, labels, epochs, cuda)
+        diff = (eager.ctx.detach().float() - graphed.ctx.detach().float()).abs().max().item()
+        worst = max(worst, diff)
+        replayed = sum(e.get("graphed_steps", 0) for e in logs)
+        steps = steps_per_epoch * epochs
+        results.append(f"C={classes}: {1000 * eager_s / steps:.1f} ms eager, {1000 * graphed_s / steps:.1f} ms "
+                       f"graphed ({eager_s / graphed_s:.2f}x, {replayed}/{steps} replayed)")
+        if classes == 10 and cuda:  # what one eager step reads back from the device
+            method = eager
+            method.train()
+            run = RunState(_DeviceFeatures(features), labels, None, OneHot(), seed=1, device=torch.device("cuda"))
+            optimizer = torch.optim.SGD(method.parameters(), lr=0.0)
+            scaler = torch.amp.GradScaler("cuda")
+            index = torch.arange(32, device="cuda")
+            batch_labels = run.labels[index]
+            _, syncs = host_syncs(lambda: forward_backward(method, [run], optimizer, scaler, 0, features[index],
+                                                           batch_labels, [(0, batch_labels, None)], [32],
+                                                           torch.device("cuda"), True))
+            notes.append(f"{len(syncs)} host sync(s) per eager step" + (f" (first: {syncs[0][:80]})" if syncs else ""))
+        if fallbacks and len(notes) < 2:
+            notes.append("fell back to eager: " + fallbacks[0][:160])
+    row("graph steps", ("ok" if worst == 0.0 else "FAIL") if cuda else "n/a", "; ".join(results),
+        f"cached CoOp, batch 32, fp16 AMP, {epochs} x {steps_per_epoch} steps; largest context difference "
+        f"eager vs graphed {worst:.2e}; " + "; ".join(notes) if cuda else "CPU smoke test: both runs eager")
+
+
+@guarded("runs/hour by R")
+def check_runs_per_hour(root: Path) -> None:
+    from atlas_fast.sweep import DEFAULT_BATCH_RUNS, Execution, atlas_variants, grid_configs, run_configs
+
+    configs = grid_configs(_config(root), ["OxfordPets"], atlas_variants("base2new"), [1, 2, 3])
+    rates = {}
+    for r in (1, 4, 12):
+        configs_r = [_config(root, **{**c.__dict__, "results_dir": root / f"per-hour-R{r}"}) for c in configs]
+        synchronize()
+        start = time.perf_counter()
+        run_configs(configs_r, Execution("local", r), progress=False)
+        synchronize()
+        rates[r] = 3600 * len(configs) / (time.perf_counter() - start)
+    row("runs/hour by R", "ok", ", ".join(f"R = {r}: {rate:.0f} runs/hour ({rate / rates[1]:.2f}x)"
+                                          for r, rate in rates.items()),
+        f"{len(configs)} cached CoOp runs (CoOp + ATLaS/-CSL/-ISL x 3 seeds), default precision "
+        f"({'AMP' if SETUP['device'] == 'cuda' else 'fp32'}); the GPU's default R is {DEFAULT_BATCH_RUNS['cuda']}")
+
+
+@guarded("demo")
+def check_demo(root: Path) -> None:
+    from atlas_fast.app.demo import DemoConfig, run_demo
+
+    config = DemoConfig(data_root=root / "world", cache_root=root / "world-cache", results_dir=root / "demo",
+                        device=SETUP["device"], plot=root / "demo" / "table3.png")
+    synchronize()
+    start = time.perf_counter()
+    report = run_demo(config, progress=False)
+    seconds = time.perf_counter() - start
+    row("demo", "ok" if "nan" not in report.lower() else "WARN", f"{seconds:.0f} s wall time",
+        "atlas-fast demo from nothing: world generated, cache built, 12 runs (CoOp + 3 ATLaS variants x 3 seeds)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", type=float, default=1.0, help="dataset size multiplier (default 1)")
     p.add_argument("--runs", type=int, default=12, help="runs of the batched check (default 12)")
     p.add_argument("--device", default="cuda", help="cuda (default); cpu only to smoke-test this script")
     p.add_argument("--model", default="ViT-B-16", help="open_clip model, random weights (default ViT-B-16)")
+    p.add_argument("--skip-demo", action="store_true", help="leave out the demo's wall time (the longest check)")
     args = p.parse_args()
     SETUP.update(device=args.device, model=args.model)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -228,6 +350,10 @@ def main() -> int:
         check_batched(root, args.runs)
         check_pixels(root)
         check_step_speed()
+        check_graph_steps(backbone)
+        check_runs_per_hour(root)
+        if not args.skip_demo:
+            check_demo(root)
     total = time.perf_counter() - start
     print(f"\n## atlas_fast GPU check on {name} ({total:.0f} s)\n")
     print("| check | status | measured | note |")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One command that exercises every GPU path of atlas_fast and prints one table (a few minutes on one GPU; < 8 min):
+# One command that exercises every GPU path of atlas_fast and prints one table (a few minutes on one GPU; < 8 min;
+# --skip-demo leaves out the longest check):
 #
 #     bash benchmarks/gpu_check.sh                      # with atlas_fast's dependencies installed
 #     bash benchmarks/gpu_check.sh --wheels DIR         # offline machine with torch only: install the rest from DIR
@@ -10,8 +11,9 @@
 # (no network, no dependency resolution) into ./.gpu_check_env, a folder added to PYTHONPATH for this script;
 # without it the script says what is missing and stops. Then benchmarks/gpu_check.py runs the checks: cache build
 # under fp16 autocast (images/s), faiss on the GPU if the installed faiss has GPU support, cached training with AMP,
-# R-batched training, a pixel-path method when this version has one, and benchmarks/step_speed.py on CUDA (shared
-# prefix and fused attention vs open_clip's blocks).
+# R-batched training, a pixel-path method when this version has one, benchmarks/step_speed.py on CUDA (shared
+# prefix and fused attention vs open_clip's blocks), eager vs CUDA-graph cached CoOp steps (graph_steps) at
+# C = 10/50/500, runs/hour at R = 1/4/12 under AMP, and the demo's wall time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}

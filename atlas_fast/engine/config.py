@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 Setting = Literal["base2new", "few_shot", "cross_dataset"]
 SETTINGS = ("base2new", "few_shot", "cross_dataset")
+# The class sets a run can be evaluated on, in the order a record lists them.
+EVALUATION_SETS = ("base", "new", "all")
 PRECISIONS = ("auto", "fp32", "amp")
 # Upper bounds that keep a typo from allocating the machine away: more than this many epochs or cached views per
 # image is no protocol of the papers (they train at most 200 epochs with one fresh view each).
@@ -40,11 +42,15 @@ class TrainConfig:
     dataset)``; ``subsample`` defaults to ``base`` in base-to-new and ``all`` otherwise; ``views`` (cached augmented
     views) defaults to the number of epochs (a fresh view every epoch, the faithful setting). ``soft_labels`` (a
     :class:`atlas_fast.atlas.softlabels.SoftLabelConfig`) is required exactly when the schedule uses soft labels.
-    ``workers`` are the DataLoader decoding processes of the methods that train on pixels (None: up to 8 on a GPU,
-    none on the CPU). ``data_root``, ``cache_root``, ``results_dir``, ``progress`` and ``workers`` do not change the
-    numbers and are not part of the record's name (the data are, by their fingerprint, see
-    :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of their bytes rather than size
-    and mtime (slower; see the README's "What atlas_fast guarantees").
+    ``evaluate`` lists the class sets evaluated after training (and every epoch with ``eval_every_epoch``), within
+    base/new/all and always including the training subset; None is every set the setting has (base-to-new: base, new
+    and all), and it names the run only when it differs from that. ``graph_steps`` replays each full-size step of a
+    cached-feature run from a CUDA graph (a speed knob that leaves the numbers unchanged; CUDA only, see
+    :mod:`atlas_fast.engine.loop`). ``workers`` are the DataLoader decoding processes of the methods that train on
+    pixels (None: up to 8 on a GPU, none on the CPU). ``data_root``, ``cache_root``, ``results_dir``, ``progress``,
+    ``workers`` and ``graph_steps`` do not change the numbers and are not part of the record's name (the data are,
+    by their fingerprint, see :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of
+    their bytes rather than size and mtime (slower; see the README's "What atlas_fast guarantees").
     """
 
     dataset: str
@@ -66,6 +72,8 @@ class TrainConfig:
     batch_size: int | None = None
     lr: float | None = None
     eval_every_epoch: bool = False
+    evaluate: tuple[str, ...] | None = None
+    graph_steps: bool = False
     device: str = "auto"
     precision: Literal["auto", "fp32", "amp"] = "auto"
     cache_root: str | Path = "cache"
@@ -81,6 +89,8 @@ class TrainConfig:
             raise ValueError(f"recipe must be one of {RECIPE_FAMILIES}, got {self.recipe!r}.")
         if self.subsample not in (None, "all", "base", "new"):
             raise ValueError(f"subsample must be 'all', 'base', 'new' or None, got {self.subsample!r}.")
+        if self.evaluate is not None:
+            self.evaluate = self._checked_evaluate(self.evaluate)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if self.shots < 1:
@@ -112,6 +122,19 @@ class TrainConfig:
     @property
     def train_subsample(self) -> str:
         return self.subsample or ("base" if self.setting == "base2new" else "all")
+
+    def _checked_evaluate(self, evaluate: Any) -> tuple[str, ...]:
+        """``evaluate`` as a tuple in :data:`EVALUATION_SETS` order (so ("new", "base") names the same run as
+        ("base", "new")); unknown sets, no set, or a list without the training subset are refused."""
+        values = (evaluate,) if isinstance(evaluate, str) else tuple(evaluate)
+        unknown = [v for v in values if v not in EVALUATION_SETS]
+        if unknown or not values:
+            raise ValueError(f"evaluate lists the class sets to evaluate, within {EVALUATION_SETS}; got "
+                             f"{evaluate!r}.")
+        if self.train_subsample not in values:
+            raise ValueError(f"evaluate={evaluate!r} leaves out {self.train_subsample!r}, the class set this run "
+                             f"trains on, which is always evaluated; add it (valid sets: {EVALUATION_SETS}).")
+        return tuple(v for v in EVALUATION_SETS if v in values)
 
 
 def resolve_device(device: str, elsewhere: bool = False) -> torch.device:

@@ -36,12 +36,14 @@ def lr_at_epoch(recipe: OptimRecipe, epoch: int, lr_scale: float = 1.0) -> float
     return 0.5 * recipe.lr * lr_scale * (1.0 + math.cos(math.pi * (epoch - recipe.warmup_epochs) / recipe.epochs))
 
 
-def build_optimizer(method: PromptMethod, recipe: OptimRecipe) -> torch.optim.SGD:
-    """SGD over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head)."""
+def build_optimizer(method: PromptMethod, recipe: OptimRecipe, fused: bool = False) -> torch.optim.SGD:
+    """SGD over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head); ``fused``: torch's
+    fused kernel (CUDA), which takes the gradient scaler's scale and inf flag on the device."""
     groups = method.param_groups()
     for group in groups:
         group.setdefault("lr_scale", 1.0)
-    return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+    return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay,
+                           **({"fused": True} if fused else {}))
 
 
 def set_epoch_lr(optimizer: torch.optim.Optimizer, recipe: OptimRecipe, epoch: int) -> float:
@@ -68,7 +70,8 @@ class RunState:
 
 def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimRecipe, device: torch.device,
                amp: bool, progress: bool = True,
-               on_epoch_end: Callable[[int], list[dict[str, Any]]] | None = None) -> list[list[dict[str, Any]]]:
+               on_epoch_end: Callable[[int], list[dict[str, Any]]] | None = None,
+               graph_steps: bool = False) -> list[list[dict[str, Any]]]:
     """Train the R = ``len(runs)`` runs held by ``method`` (``method.num_runs == R``) in place; returns each run's
     epoch log (mean loss, lr, soft-label flag, seconds, + the callback's fields for that run).
 
@@ -80,6 +83,11 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     had not stepped. R runs trained together equal the same runs trained alone up to float reordering, except that
     under AMP the group shares one gradient scaler (an fp16 overflow skips the step of every run in the group).
     A run whose loss or learned tensors stop being finite fails the whole call (no record may describe it).
+
+    The loop itself reads nothing back from the device per step: the losses are summed on the device and read once
+    per epoch, each run's order is drawn on the CPU and moved once per epoch (:class:`~atlas_fast.engine.feed.
+    CachedViews` indexes its device-resident views there). ``graph_steps`` (CUDA): full-size steps replay a CUDA
+    graph of their forward, loss and backward (:class:`StepGraphs`); each epoch's log then counts them.
     """
     num_runs = len(runs)
     if method.num_runs != num_runs:
@@ -87,8 +95,13 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     if not method.learns:  # zero-shot CLIP: nothing to train
         method.eval()
         return [[] for _ in runs]
-    optimizer = build_optimizer(method, recipe)
+    if graph_steps and device.type != "cuda":
+        raise ValueError(f"graph_steps replays CUDA graphs and needs a CUDA device, not {device.type}.")
+    # Fused SGD on a GPU under AMP: the gradient scaler hands it the scale and the inf flag on the device, where
+    # with the other SGD kernels it reads the flag on the host (one sync per step). Elsewhere SGD is unchanged.
+    optimizer = build_optimizer(method, recipe, fused=amp and device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=amp)
+    graphs = StepGraphs(method, runs, optimizer, scaler, recipe.batch_size, amp) if graph_steps else None
     for run in runs:
         run.schedule.reset(len(method.classnames))
     method.train()
@@ -98,6 +111,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     for epoch in bar:
         start = time.perf_counter()
         lr = set_epoch_lr(optimizer, recipe, epoch)
+        if graphs is not None:
+            graphs.start_epoch()
         streams = [run.train_inputs.batches(epoch, torch.randperm(len(run.labels), generator=run.generator),
                                             recipe.batch_size) for run in runs]
         totals = torch.zeros(num_runs, device=device)  # summed on the device: no host sync per step
@@ -106,26 +121,14 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
             if all(batch is None for batch in batches):
                 break
             inputs, labels, targets, sizes = _step_batch(batches, runs, device)
-            losses: dict[int, torch.Tensor] = {}
-
-            def criterion(logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
-                """Sum over the runs in this step of run r's schedule loss of its logits (R, B_max, C)[r, :B_r]
-                ((B, C) logits are one run's); ``observe``: these are the method's class predictions (OLS learns
-                from them), not an auxiliary head's."""
-                logits = logits if logits.dim() == 3 else logits.unsqueeze(0)
-                for r, batch_labels, soft in targets:
-                    run_logits = logits[r, :sizes[r]]
-                    if observe:
-                        runs[r].schedule.observe(run_logits, batch_labels)
-                    losses[r] = runs[r].schedule.loss(epoch, run_logits.float(), batch_labels, soft)
-                return torch.stack(list(losses.values())).sum()
-
-            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
-                loss = method.training_loss(inputs, labels, criterion)
             idle = [r for r in range(num_runs) if sizes[r] == 0]
             saved = _save_run_slices(optimizer, idle)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
+            key = graphs.key(epoch, sizes) if graphs is not None else None
+            if key is None:
+                loss, losses = forward_backward(method, runs, optimizer, scaler, epoch, inputs, labels, targets,
+                                                sizes, device, amp)
+            else:
+                loss, losses = graphs.step(key, epoch, inputs, labels, targets, sizes)
             scaler.step(optimizer)
             scaler.update()
             _restore_run_slices(optimizer, idle, saved)
@@ -141,13 +144,194 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         _check_finite(method, epoch_losses, epoch, lr, recipe)
         seconds = time.perf_counter() - start
         extra = on_epoch_end(epoch) if on_epoch_end is not None else [{} for _ in runs]
+        graphed = {"graphed_steps": graphs.end_epoch()} if graphs is not None else {}
         for r, run in enumerate(runs):
             logs[r].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[r],
-                            "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds, **extra[r]})
+                            "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds, **extra[r], **graphed})
         bar.set_postfix(loss=f"{sum(epoch_losses) / num_runs:.4f}", lr=f"{lr:.2e}")
     method.finish_training()
     method.eval()
     return logs
+
+
+def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: torch.optim.Optimizer,
+                     scaler: torch.amp.GradScaler, epoch: int, inputs, labels: torch.Tensor, targets: list,
+                     sizes: list[int], device: torch.device, amp: bool, autocast_cache: bool = True
+                     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """One step's loss (and each run's criterion loss) and its (scaled) gradients in the parameters' ``.grad``.
+
+    The criterion is the sum over the runs in this step of run r's schedule loss of its logits
+    (R, B_max, C)[r, :B_r] ((B, C) logits are one run's); ``observe``: these are the method's class predictions
+    (OLS learns from them), not an auxiliary head's."""
+    losses: dict[int, torch.Tensor] = {}
+
+    def criterion(logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
+        logits = logits if logits.dim() == 3 else logits.unsqueeze(0)
+        for r, batch_labels, soft in targets:
+            run_logits = logits[r, :sizes[r]]
+            if observe:
+                runs[r].schedule.observe(run_logits, batch_labels)
+            losses[r] = runs[r].schedule.loss(epoch, run_logits.float(), batch_labels, soft)
+        return torch.stack(list(losses.values())).sum()
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp,
+                        cache_enabled=autocast_cache):
+        loss = method.training_loss(inputs, labels, criterion)
+    scaler.scale(loss).backward()
+    return loss, losses
+
+
+# graph_steps: the label schedules whose loss depends on the epoch only through ``uses_soft_labels`` (part of a
+# graph's key) and that keep no statistics of the predictions (OLS reads them on the host every step).
+GRAPH_SCHEDULES = ("onehot", "atlas", "joint", "tfkd")
+# Eager steps of a step shape before its graph is captured (cuBLAS handles, autograd, the scaler's state, a
+# method's cached tensors are created lazily); the last of them is checked for host synchronisation (StepGraphs).
+GRAPH_WARMUP_STEPS = 2
+
+
+def graph_steps_refusal(entry, schedules: Sequence[LabelSchedule], device: torch.device) -> str | None:
+    """Why ``graph_steps`` cannot give exactly the eager steps of these runs (None when it can)."""
+    if device.type != "cuda":
+        return f"graph_steps replays CUDA graphs and needs a CUDA device; this run is on {device.type}"
+    if entry.reads_pixels or not entry.learns:
+        return (f"graph_steps covers methods trained on cached features; {entry.name} "
+                f"{'reads pixels' if entry.learns else 'learns nothing'}")
+    for schedule in schedules:
+        if schedule.name not in GRAPH_SCHEDULES:
+            return (f"graph_steps cannot replay the {schedule.name!r} label schedule (it learns its targets from "
+                    f"each step's predictions on the host); it supports {GRAPH_SCHEDULES}")
+    return None
+
+
+def host_syncs(function: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """``function()`` and the messages of the host synchronisations it made on the GPU (torch's sync debug mode:
+    ``.item()``, ``.tolist()``, a copy from or to pageable host memory, ...)."""
+    import warnings
+
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = function()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return result, [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+
+
+class StepGraphs:
+    """CUDA graphs of the forward, loss and backward of the full-size steps of R runs on cached features.
+
+    A step's shapes are static when every run's batch is full-size; its graph is keyed by which runs use soft labels
+    in the epoch (the only way the supported schedules' losses depend on it). A key's first
+    :data:`GRAPH_WARMUP_STEPS` steps run eagerly; the last warm-up step of the first key runs under torch's sync
+    debug mode, and if the method's step reads anything back from the device (which a graph cannot replay) the run
+    stays eager, with a warning saying where. Then the step is captured once and replayed: each step copies its
+    inputs, labels and soft rows into the graph's static buffers and replays the very kernels of an eager step, so
+    the numbers are the eager ones. The optimiser step (and the gradient scaler) run eagerly after it, on the
+    graph's gradient buffers, so the per-epoch lr needs no recapture. Graphs are dropped when the method's tensors
+    move (``set_classnames`` during a per-epoch evaluation builds new buffers) and captured again. Partial batches
+    run eagerly."""
+
+    def __init__(self, method: PromptMethod, runs: Sequence[RunState], optimizer: torch.optim.Optimizer,
+                 scaler: torch.amp.GradScaler, batch_size: int, amp: bool) -> None:
+        self.method, self.runs, self.optimizer, self.scaler = method, runs, optimizer, scaler
+        self.batch_size, self.amp = batch_size, amp
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.device = self.params[0].device
+        self.stream = torch.cuda.Stream(self.device)  # the warm-up steps and the captures run here
+        self.graphs: dict[tuple, dict[str, Any]] = {}
+        self.seen: dict[tuple, int] = {}
+        self.checked = False
+        self.refused: str | None = None
+        self.pointers: tuple[int, ...] = ()
+        self.replayed = 0
+
+    def key(self, epoch: int, sizes: list[int]) -> tuple | None:
+        if self.refused is not None or any(size != self.batch_size for size in sizes):
+            return None
+        return tuple(run.schedule.uses_soft_labels(epoch) for run in self.runs)
+
+    def start_epoch(self) -> None:
+        """Drop the graphs if a tensor they read was replaced (new class buffers after a per-epoch evaluation)."""
+        import itertools
+
+        pointers = tuple(t.data_ptr() for t in itertools.chain(self.method.parameters(), self.method.buffers()))
+        if pointers != self.pointers:
+            self.graphs.clear()
+            self.pointers = pointers
+
+    def end_epoch(self) -> int:
+        replayed, self.replayed = self.replayed, 0
+        return replayed
+
+    def _eager(self, epoch, inputs, labels, targets, sizes):
+        """An eager forward + backward on the capture stream (as torch's CUDA-graph warm-up asks), ordered after and
+        before the work of the current stream."""
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            result = forward_backward(self.method, self.runs, self.optimizer, self.scaler, epoch, inputs, labels,
+                                      targets, sizes, self.device, self.amp)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return result
+
+    def step(self, key: tuple, epoch: int, inputs: torch.Tensor, labels: torch.Tensor, targets: list,
+             sizes: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        graph = self.graphs.get(key)
+        if graph is None:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if self.seen[key] <= GRAPH_WARMUP_STEPS:
+                if self.checked or self.seen[key] < GRAPH_WARMUP_STEPS:
+                    return self._eager(epoch, inputs, labels, targets, sizes)
+                # the last warm-up step (lazy caches are built by now): does it read back from the device?
+                self.checked = True
+                result, syncs = host_syncs(lambda: self._eager(epoch, inputs, labels, targets, sizes))
+                if syncs:
+                    self._refuse(f"one step of {self.method.name} synchronises with the host {len(syncs)} time(s) "
+                                 f"(first: {syncs[0]!r})")
+                return result
+            try:
+                graph = self._capture(key, epoch, inputs, labels, targets, sizes)
+            except RuntimeError as exc:  # a step torch cannot capture: train on eagerly, the same numbers
+                self._refuse(f"capturing a step of {self.method.name} failed: {str(exc).splitlines()[0][:200]}")
+                return self._eager(epoch, inputs, labels, targets, sizes)
+        with torch.no_grad():
+            graph["inputs"].copy_(inputs)
+            graph["labels"].copy_(labels)
+            for (_, run_labels, soft), (_, static_labels, static_soft) in zip(targets, graph["targets"]):
+                static_labels.copy_(run_labels)
+                if soft is not None:
+                    static_soft.copy_(soft)
+        graph["graph"].replay()
+        for param, grad in zip(self.params, graph["grads"]):
+            param.grad = grad
+        self.replayed += 1
+        return graph["loss"], graph["losses"]
+
+    def _capture(self, key, epoch, inputs, labels, targets, sizes) -> dict[str, Any]:
+        static_inputs, static_labels = inputs.clone(), labels.clone()
+        static_targets = [(r, run_labels.clone(), soft.clone() if soft is not None else None)
+                          for r, run_labels, soft in targets]
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=self.stream):  # autocast's weight cache must be off while capturing
+            loss, losses = forward_backward(self.method, self.runs, self.optimizer, self.scaler, epoch,
+                                            static_inputs, static_labels, static_targets, sizes, self.device,
+                                            self.amp, autocast_cache=False)
+        captured = {"graph": graph, "inputs": static_inputs, "labels": static_labels, "targets": static_targets,
+                    "loss": loss, "losses": losses, "grads": [p.grad for p in self.params]}
+        self.graphs[key] = captured
+        return captured
+
+    def _refuse(self, reason: str) -> None:
+        import warnings
+
+        self.refused = reason
+        self.graphs.clear()
+        warnings.warn(f"graph_steps: {reason}; a CUDA graph cannot replay that, so these runs train eagerly (the "
+                      f"same numbers, without the graphs' speed).", stacklevel=3)
 
 
 def _step_batch(batches: list, runs: Sequence[RunState], device: torch.device):

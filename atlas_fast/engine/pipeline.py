@@ -34,7 +34,7 @@ import torch
 from atlas_fast.engine.config import TrainConfig, resolve_device
 from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize, zero_shot_references
 from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
-from atlas_fast.engine.loop import RunState, train_runs
+from atlas_fast.engine.loop import RunState, graph_steps_refusal, train_runs
 from atlas_fast.engine.record import ResultStore, build_record, finished_record, save_record
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.methods.base import PromptMethod
@@ -121,9 +121,14 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
 
     states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
                        first.device) for s, i in zip(specs, inputs)]
+    graph_steps = any(s.config.graph_steps for s in specs)
+    if graph_steps:
+        refusal = graph_steps_refusal(first.method, [s.schedule for s in states], first.device)
+        if refusal:
+            raise ValueError(f"{refusal}.")
     clock = time.perf_counter()
     logs = train_runs(method, states, first.recipe, first.device, first.amp,
-                      any(s.config.progress for s in specs), per_epoch_eval)
+                      any(s.config.progress for s in specs), per_epoch_eval, graph_steps)
     train_seconds = round(time.perf_counter() - clock, 4)
 
     records = []

@@ -19,7 +19,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -80,8 +80,9 @@ def _as_dict(value: Any) -> Any:
 def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig, recipe: OptimRecipe,
                  device: torch.device) -> dict[str, Any]:
     """The JSON form of a run's configuration, with every default resolved (this is what the record hash covers);
-    ``dataset`` is the registry name, so ``oxford_pets`` and ``OxfordPets`` name the same run."""
-    return {
+    ``dataset`` is the registry name, so ``oxford_pets`` and ``OxfordPets`` name the same run. ``graph_steps`` is
+    not part of it (a speed knob: the replayed steps are the eager ones)."""
+    described = {
         "dataset": dataset, "backbone": config.backbone.to_dict(), "method": config.method,
         "method_config": _as_dict(method_config), "recipe_family": config.recipe, "recipe": recipe.to_dict(),
         "setting": config.setting, "shots": config.shots, "seed": config.seed, "subsample": config.train_subsample,
@@ -90,6 +91,10 @@ def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig,
         "eval_every_epoch": config.eval_every_epoch, "device": device.type,
         "precision": resolve_precision(config.precision, device),
     }
+    evaluated = evaluation_subsamples(config.train_subsample, method_config, config.evaluate)
+    if evaluated != evaluation_subsamples(config.train_subsample, method_config):
+        described["evaluate"] = evaluated  # only a non-default choice names the run: older records keep their names
+    return described
 
 
 def config_key(described: dict[str, Any], backbone_fingerprint: str) -> str:
@@ -136,10 +141,16 @@ class RunData:
                 "num_test": {name: len(split.test) for name, split in self.splits.items()}}
 
 
-def evaluation_subsamples(train_subsample: str, method_config: MethodConfig) -> list[str]:
-    """The class subsets a run is evaluated on: its training subset and, in base-to-new, new and all. Class-specific
-    context (CoOp CSC) is tied to the training classes, so it gets no new/all evaluation."""
-    if train_subsample == "base" and not getattr(method_config, "csc", False):
+def evaluation_subsamples(train_subsample: str, method_config: MethodConfig,
+                          evaluate: Sequence[str] | None = None) -> list[str]:
+    """The class subsets a run is evaluated on: ``evaluate`` (the config's choice, already checked to hold the
+    training subset), or by default its training subset and, in base-to-new, new and all. Class-specific context
+    (CoOp CSC) is tied to the training classes, so it gets only the training subset whatever was asked."""
+    if getattr(method_config, "csc", False):
+        return [train_subsample]
+    if evaluate is not None:
+        return list(evaluate)
+    if train_subsample == "base":
         return ["base", "new", "all"]
     return [train_subsample]
 
@@ -262,6 +273,12 @@ def plan_run(config: TrainConfig, for_workers: bool = False) -> RunSpec:
     amp = resolve_precision(config.precision, device) == "amp"
     if amp and device.type != "cuda":
         raise ValueError("precision='amp' needs a CUDA device; use 'fp32' (or 'auto') on the CPU.")
+    if config.graph_steps:
+        from atlas_fast.engine.loop import graph_steps_refusal
+
+        refusal = graph_steps_refusal(entry, [config.schedule], device)
+        if refusal:
+            raise ValueError(f"{refusal}; leave graph_steps off (it only changes the speed).")
     from atlas_fast.clip.backbones import model_name
     from atlas_fast.data.datasets import get_spec
 
@@ -272,7 +289,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False) -> RunSpec:
         warnings.warn(f"{config.method} on {dataset}: {recipe.epochs} epoch(s) with {recipe.warmup_epochs} warmup "
                       f"epoch(s) at lr {recipe.warmup_lr:g} leave no epoch at the recipe's lr {recipe.lr:g}: the "
                       f"prompts barely move. Train at least {recipe.warmup_epochs + 1} epochs.", stacklevel=2)
-    data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config))
+    data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config, config.evaluate))
     if data.shots_used["min"] < config.shots:
         used = data.shots_used
         print(f"note: {dataset}: some classes have fewer than {config.shots} training images; the run uses "

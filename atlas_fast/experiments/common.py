@@ -59,7 +59,7 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     run.add_argument("--executor", choices=EXECUTORS, default="local",
                      help="local (this process), ray (one task per group) or slurm (submitit job array)")
     run.add_argument("--batch-runs", type=int, default=None,
-                     help="R: compatible runs trained together in one module (default 8 on a GPU, 4 on the CPU)")
+                     help="R: compatible runs trained together in one module (default 12 on a GPU, 4 on the CPU)")
     run.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local Ray)")
     run.add_argument("--gpus-per-group", type=float, default=None,
                      help="GPUs per Ray task / SLURM array task (fractions share a GPU under Ray; default 0 on "
@@ -106,6 +106,12 @@ def apply_world(args: argparse.Namespace, parser: argparse.ArgumentParser, modul
         args.method_option = world_method_options() + args.method_option
     needed = list(dict.fromkeys(list(args.datasets) + list(getattr(args, "targets", None) or [])))
     generate_benchmark(args.data_root, needed, sizes=SplitSizes(*args.world_images), progress=True)
+
+
+# What the base-to-new tables and figures print: base, new and H (from those two). Their runs evaluate only these
+# class sets (TrainConfig.evaluate), not the "all" set no table reads (two thirds of CoCoOp's evaluation); every
+# module that prints them asks for the same sets, so they share their finished records.
+BASE_NEW = ("base", "new")
 
 
 # The paper's text-side methods (its "DePT" is DePT on CoOp), trained from the feature cache, and every method of

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.experiments.common import base_config, publish
+from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.app.report import epoch_curves, plot_curves, strategy_label
 from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing, TeacherFreeKD
 from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
@@ -32,7 +32,8 @@ def variants() -> list[Variant]:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
-    return grid_configs(base_config(args, "base2new", eval_every_epoch=True), args.datasets, variants(), args.seeds)
+    return grid_configs(base_config(args, "base2new", eval_every_epoch=True, evaluate=BASE_NEW), args.datasets,
+                        variants(), args.seeds)
 
 
 def curve_table(curves: dict[str, list[float]], metric: str) -> str:

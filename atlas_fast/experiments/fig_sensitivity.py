@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.experiments.common import base_config, chunks, publish
+from atlas_fast.experiments.common import BASE_NEW, base_config, chunks, publish
 from atlas_fast.app.report import aggregate, plot_series
 from atlas_fast.atlas.schedules import Atlas
 from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
@@ -46,7 +46,7 @@ def _values(args: argparse.Namespace) -> list[float]:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
-    base = base_config(args, "base2new")
+    base = base_config(args, "base2new", evaluate=BASE_NEW)
     return [config for value in _values(args)
             for config in grid_configs(base, args.datasets, [variant(args.param, value)], args.seeds)]
 

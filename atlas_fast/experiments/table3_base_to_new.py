@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from atlas_fast.experiments.common import PAPER_METHODS, base_config, method_args, write_table
+from atlas_fast.experiments.common import BASE_NEW, PAPER_METHODS, base_config, method_args, write_table
 from atlas_fast.app.report import aggregate
 from atlas_fast.atlas.schedules import OneHot
 from atlas_fast.sweep import Variant, atlas_variants, grid_configs
@@ -29,10 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
     configs = []
     if args.zero_shot:
-        configs += grid_configs(base_config(args, "base2new", method="zsclip"), args.datasets,
+        configs += grid_configs(base_config(args, "base2new", method="zsclip", evaluate=BASE_NEW), args.datasets,
                                 [Variant("zero-shot", OneHot())], args.seeds)
     for method in args.methods:
-        configs += grid_configs(base_config(args, "base2new", method=method), args.datasets,
+        configs += grid_configs(base_config(args, "base2new", method=method, evaluate=BASE_NEW), args.datasets,
                                 atlas_variants("base2new"), args.seeds)
     return configs
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from atlas_fast.experiments.common import base_config, publish
+from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.app.report import variant_label
 from atlas_fast.sweep import atlas_variants, grid_configs
 from atlas_fast.engine import TrainConfig
@@ -33,7 +33,8 @@ BATCH_RUNS = 1
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
-    return grid_configs(base_config(args, "base2new"), args.datasets, atlas_variants("base2new"), args.seeds)
+    return grid_configs(base_config(args, "base2new", evaluate=BASE_NEW), args.datasets, atlas_variants("base2new"),
+                        args.seeds)
 
 
 def soft_label_seconds(record: dict, args: argparse.Namespace) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from atlas_fast.experiments.common import base_config, write_table
+from atlas_fast.experiments.common import BASE_NEW, base_config, write_table
 from atlas_fast.methods.base import method_names
 from atlas_fast.app.report import aggregate, method_name
 from atlas_fast.atlas.schedules import Atlas, Joint, OneHot
@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
-    return grid_configs(base_config(args, "base2new", method=args.method), args.datasets, variants(), args.seeds)
+    return grid_configs(base_config(args, "base2new", method=args.method, evaluate=BASE_NEW), args.datasets,
+                        variants(), args.seeds)
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:

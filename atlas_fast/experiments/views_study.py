@@ -20,7 +20,7 @@ from collections import defaultdict
 
 from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.errors import UsageError
-from atlas_fast.experiments.common import base_config, publish
+from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.sweep import atlas_variants, grid_configs
 from atlas_fast.engine import TrainConfig
 
@@ -44,7 +44,7 @@ def _views_label(record: dict) -> str:
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
     if any(v < 0 for v in args.view_counts):
         raise UsageError(f"--view-counts must be >= 0 (0: one view per epoch), got {args.view_counts}")
-    base = base_config(args, "base2new", method="coop")
+    base = base_config(args, "base2new", method="coop", evaluate=BASE_NEW)
     variants = atlas_variants("base2new", kinds=args.kinds)
     return [config for views in args.view_counts for config in grid_configs(
         dataclasses.replace(base, views=views or None), args.datasets, variants, args.seeds)]

@@ -1,0 +1,266 @@
+"""Issue 16's engine options on the CPU: the evaluated class sets (``evaluate``), graph_steps' refusals, cached views
+on the device only on a GPU, and the GPU's default R. The GPU side itself is benchmarks/gpu_check.py's."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
+from atlas_fast.atlas.softlabels import atlas_preset
+from atlas_fast.clip.backbones import BackboneConfig
+from atlas_fast.engine import TrainConfig, run
+from atlas_fast.engine.spec import evaluation_subsamples, plan_run
+from atlas_fast.methods.base import method_entry
+from layouts import make_oxford_pets
+
+TINY = BackboneConfig("atlas-tiny", None)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def pets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pets")
+    make_oxford_pets(root / "data", n_classes=8, n_train=4, n_val=2, n_test=3, size=36)
+    return root
+
+
+def tiny_config(root, **changes):
+    base = dict(dataset="OxfordPets", data_root=root / "data", backbone=TINY, shots=4, seed=1, epochs=2, views=1,
+                batch_size=3, lr=0.05, cache_root=root / "cache", results_dir=root / "results", progress=False)
+    return TrainConfig(**{**base, **changes})
+
+
+# --- evaluate: the class sets a run is evaluated on ------------------------------------------------------------------
+
+def test_evaluating_base_and_new_leaves_out_all_and_names_another_record(pets):
+    default = run(tiny_config(pets, eval_every_epoch=True))
+    reported = run(tiny_config(pets, evaluate=("base", "new"), eval_every_epoch=True))
+    assert set(default["metrics"]) == {"base", "new", "all", "H", "zero_shot"}
+    assert set(reported["metrics"]) == {"base", "new", "H", "zero_shot"}
+    assert set(reported["metrics"]["zero_shot"]) == {"base", "new", "H"}
+    assert set(reported["data"]["num_test"]) == {"base", "new"}
+    assert all(set(e["accuracy"]) == {"base", "new", "H"} for e in reported["epochs"])
+    assert reported["config"]["evaluate"] == ["base", "new"] and "evaluate" not in default["config"]
+    assert reported["key"] != default["key"] and reported["path"] != default["path"]
+    # the same training: the numbers of the sets both evaluate are equal
+    for name in ("base", "new", "H"):
+        assert reported["metrics"][name] == default["metrics"][name]
+    assert [e["loss"] for e in reported["epochs"]] == [e["loss"] for e in default["epochs"]]
+
+
+def test_the_default_sets_named_explicitly_are_the_default_run(pets):
+    default = plan_run(tiny_config(pets))
+    explicit = plan_run(tiny_config(pets, evaluate=("all", "new", "base")))
+    assert explicit.config.evaluate == ("base", "new", "all")
+    assert explicit.record_key == default.record_key and explicit.described == default.described
+    assert list(default.data.splits) == ["base", "new", "all"]
+    shuffled = plan_run(tiny_config(pets, evaluate=("new", "base")))
+    assert shuffled.config.evaluate == ("base", "new") and list(shuffled.data.splits) == ["base", "new"]
+    assert shuffled.record_key == plan_run(tiny_config(pets, evaluate=["base", "new"])).record_key
+
+
+def test_evaluate_is_checked_when_the_config_is_made(pets):
+    with pytest.raises(ValueError, match=r"within \('base', 'new', 'all'\).*'everything'"):
+        tiny_config(pets, evaluate=("base", "everything"))
+    with pytest.raises(ValueError, match=r"within \('base', 'new', 'all'\)"):
+        tiny_config(pets, evaluate=())
+    with pytest.raises(ValueError, match=r"leaves out 'base', the class set this run trains on"):
+        tiny_config(pets, evaluate=("new", "all"))
+    with pytest.raises(ValueError, match=r"leaves out 'all'"):
+        tiny_config(pets, setting="few_shot", evaluate=("base", "new"))
+    assert tiny_config(pets, evaluate="base").evaluate == ("base",)
+    assert tiny_config(pets, setting="few_shot", evaluate=("new", "all")).evaluate == ("new", "all")
+
+
+def test_evaluation_subsamples_follow_the_choice_except_for_class_specific_context():
+    coop = method_entry("coop").config_class()
+    csc = dataclasses.replace(coop, csc=True, ctx_init="")
+    assert evaluation_subsamples("base", coop) == ["base", "new", "all"]
+    assert evaluation_subsamples("all", coop) == ["all"]
+    assert evaluation_subsamples("base", coop, ("base", "new")) == ["base", "new"]
+    assert evaluation_subsamples("all", coop, ("base", "all")) == ["base", "all"]
+    assert evaluation_subsamples("base", csc, ("base", "new")) == ["base"]  # CSC context never leaves its classes
+    assert evaluation_subsamples("base", csc) == ["base"]
+
+
+BASE_TO_NEW_MODULES = {"table3_base_to_new": [], "table_a_per_dataset": [], "table_ablation": [],
+                       "fig_sensitivity": ["--param", "K"], "fig1_label_smoothing": [], "fig5_new_class_curves": [],
+                       "views_study": [], "table5_cost": []}
+
+
+@pytest.mark.parametrize("name", sorted(BASE_TO_NEW_MODULES))
+def test_base_to_new_experiments_evaluate_only_what_they_print(name, tmp_path):
+    from atlas_fast.experiments import load_experiment
+    from atlas_fast.experiments.common import build_parser
+
+    module = load_experiment(name)
+    args = build_parser(module).parse_args(["--data-root", str(tmp_path), "--datasets", "OxfordPets",
+                                            "--seeds", "1", *BASE_TO_NEW_MODULES[name]])
+    configs = module.plan(args)
+    assert configs and all(c.evaluate == ("base", "new") for c in configs)
+
+
+@pytest.mark.parametrize("name", ["fig_few_shot", "table_cross_dataset"])
+def test_experiments_that_print_all_keep_the_default(name, tmp_path):
+    from atlas_fast.experiments import load_experiment
+    from atlas_fast.experiments.common import build_parser
+
+    module = load_experiment(name)
+    configs = module.plan(build_parser(module).parse_args(["--data-root", str(tmp_path), "--seeds", "1"]))
+    assert configs and all(c.evaluate is None for c in configs)
+
+
+# --- graph_steps: CUDA only, refused where a graph could not replay the eager step ---------------------------------
+
+def test_graph_steps_are_refused_on_the_cpu(pets):
+    with pytest.raises(ValueError, match="needs a CUDA device; this run is on cpu"):
+        plan_run(tiny_config(pets, graph_steps=True, device="cpu"))
+
+
+def test_graph_steps_refusals_name_the_reason():
+    from atlas_fast.engine.loop import graph_steps_refusal
+
+    cuda = torch.device("cuda")  # a device object only: nothing runs
+    coop = method_entry("coop")
+    assert graph_steps_refusal(coop, [OneHot(), Atlas(2)], cuda) is None
+    assert "reads pixels" in graph_steps_refusal(method_entry("maple"), [OneHot()], cuda)
+    assert "learns nothing" in graph_steps_refusal(method_entry("zsclip"), [OneHot()], cuda)
+    assert "'ols'" in graph_steps_refusal(coop, [OneHot(), OnlineLabelSmoothing()], cuda)
+
+
+def test_train_runs_refuses_graph_steps_off_cuda():
+    from atlas_fast.engine.loop import train_runs
+
+    class Learner:
+        num_runs, learns = 1, True
+
+    with pytest.raises(ValueError, match="needs a CUDA device, not cpu"):
+        train_runs(Learner(), [object()], None, torch.device("cpu"), amp=False, graph_steps=True)
+
+
+def test_graph_steps_do_not_name_the_run(pets):
+    assert "graph_steps" not in plan_run(tiny_config(pets)).described
+
+
+# --- cached views stay on the host on the CPU; the GPU's default R ---------------------------------------------------
+
+def test_cached_views_are_device_resident_only_on_a_gpu(pets):
+    from atlas_fast.engine.feed import CachedViews, fits_on_device
+    from atlas_fast.engine.spec import plan_run as plan
+
+    assert not fits_on_device(1, torch.device("cpu"))
+    spec = plan(tiny_config(pets, views=2))
+    from atlas_fast.engine.feed import prepare_inputs
+
+    inputs = prepare_inputs(spec, spec.backbone()).train_inputs
+    assert isinstance(inputs, CachedViews) and not inputs.resident
+    assert inputs.preloaded.device.type == "cpu" and inputs.preloaded.shape[1] == 2
+
+
+def test_runs_are_batched_by_twelve_on_a_gpu():
+    from atlas_fast.sweep import DEFAULT_BATCH_RUNS, Execution
+
+    assert DEFAULT_BATCH_RUNS == {"cuda": 12, "cpu": 4}
+    assert Execution().runs_per_group("cuda") == 12 and Execution(batch_runs=3).runs_per_group("cuda") == 3
+
+
+# --- StepGraphs' bookkeeping, with torch.cuda's stream and graph calls faked on the CPU ----------------------------
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph: "capture" runs the body eagerly, replay counts."""
+
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import contextlib
+
+    from atlas_fast.engine import loop
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **k: contextlib.nullcontext())
+    syncs: list[str] = []
+    monkeypatch.setattr(loop, "host_syncs", lambda function: (function(), list(syncs)))
+    return syncs
+
+
+def _step_graphs(tiny, batch=4):
+    from atlas_fast.engine.loop import RunState, StepGraphs, build_optimizer
+    from atlas_fast.methods.base import OptimRecipe
+
+    entry = method_entry("coop")
+    torch.manual_seed(0)
+    method = entry.build(tiny, ["cat", "dog", "bird"], entry.config_class(ctx_init="a photo of a"))
+    method.train()
+    features, labels = torch.randn(12, tiny.embed_dim), torch.tensor([0, 1, 2] * 4)
+
+    class Inputs:
+        pass
+
+    run = RunState(Inputs(), labels, None, OneHot(), seed=1, device=torch.device("cpu"))
+    optimizer = build_optimizer(method, OptimRecipe(epochs=2, batch_size=batch, lr=0.01))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    graphs = StepGraphs(method, [run], optimizer, scaler, batch, amp=False)
+
+    def step(epoch=0, size=batch):
+        index = torch.arange(size)
+        key = graphs.key(epoch, [size])
+        if key is None:
+            return None
+        return graphs.step(key, epoch, features[index], labels[index], [(0, labels[index], None)], [size])
+
+    return method, graphs, step
+
+
+def test_step_graphs_warm_up_check_capture_and_replay(tiny, fake_cuda):
+    from atlas_fast.engine.loop import GRAPH_WARMUP_STEPS
+
+    method, graphs, step = _step_graphs(tiny)
+    graphs.start_epoch()
+    assert step(size=3) is None  # a partial batch never replays
+    for _ in range(GRAPH_WARMUP_STEPS):
+        step()
+    assert graphs.checked and not graphs.graphs and graphs.replayed == 0
+    loss, losses = step()  # captured, then replayed
+    (captured,) = graphs.graphs.values()
+    assert captured["graph"].replays == 1 and loss is captured["loss"] and losses[0] is captured["losses"][0]
+    method.ctx.grad = None
+    step()
+    assert captured["graph"].replays == 2 and method.ctx.grad is captured["grads"][0]  # the graph's gradients
+    assert graphs.end_epoch() == 2 and graphs.end_epoch() == 0
+    graphs.start_epoch()
+    assert graphs.graphs  # nothing moved: the graph is kept
+    method.set_classnames(["cat", "dog", "bird"])  # new class buffers (a per-epoch evaluation does this)
+    graphs.start_epoch()
+    assert not graphs.graphs
+    step()  # warmed up already: captured again at once
+    assert len(graphs.graphs) == 1 and graphs.end_epoch() == 1
+
+
+def test_step_graphs_stay_eager_when_a_step_syncs(tiny, fake_cuda):
+    from atlas_fast.engine.loop import GRAPH_WARMUP_STEPS
+
+    fake_cuda.append("called a synchronizing CUDA operation")
+    _, graphs, step = _step_graphs(tiny)
+    graphs.start_epoch()
+    with pytest.warns(UserWarning, match=r"graph_steps: one step of coop synchronises with the host 1 time"):
+        for _ in range(GRAPH_WARMUP_STEPS):
+            step()
+    assert graphs.refused and graphs.key(0, [4]) is None and not graphs.graphs
