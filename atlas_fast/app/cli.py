@@ -186,7 +186,7 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     optim.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
     optim.add_argument("--results-dir", type=Path, default=Path("results"), help="records (default ./results)")
     optim.add_argument("--batch-runs", type=int, default=None,
-                       help="seeds trained together in one module (default: all of them, up to 8 on a GPU / 4 on "
+                       help="seeds trained together in one module (default: all of them, up to 12 on a GPU / 4 on "
                             "the CPU); 1 trains them one by one. Same records either way")
     add_workers(optim)
     add_progress(optim)
