@@ -199,3 +199,26 @@ def test_fused_blocks_are_used_and_unsupported_blocks_run_their_own_forward(monk
     custom = Transformer(width=32, layers=2, heads=2, scale_attn=True)  # open_clip's CustomResidualAttentionBlock
     assert not fused_attention_supported(custom.resblocks[0])
     torch.testing.assert_close(run_blocks(custom, x, None, [], "vision"), custom(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name, config", [("coop", CoOpConfig(n_ctx=4, ctx_init="a photo of a")),
+                                          ("coop", CoOpConfig(n_ctx=3, csc=True)),
+                                          ("cocoop", CoCoOpConfig())], ids=["shared-prefix", "plain", "cocoop"])
+def test_a_step_reads_no_values_back_from_the_device_after_the_first(tiny, monkeypatch, name, config):
+    """A class set's EOT positions and packing are read to the host once: later passes read nothing back (on a GPU
+    every such read waits for the device and forbids capturing the step in a CUDA graph)."""
+    from atlas_fast.methods import build_method
+
+    method = build_method(name, tiny, ["cat", "great crested newt", "dog", "sea lion"], config)
+    features = torch.randn(3, tiny.embed_dim)
+    first = method(features)
+    reads = []
+    for attribute in ("tolist", "item", "__int__", "__bool__"):
+        original = getattr(torch.Tensor, attribute)
+        monkeypatch.setattr(torch.Tensor, attribute,
+                            lambda self, *a, _name=attribute, _original=original: reads.append(_name) or
+                            _original(self, *a))
+    second = method(features)
+    monkeypatch.undo()
+    assert reads == [], f"host reads in a later pass: {reads}"
+    torch.testing.assert_close(first, second)

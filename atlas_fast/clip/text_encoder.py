@@ -73,6 +73,65 @@ def tokenize_prompts(backbone: Backbone, texts: Sequence[str], labels: Sequence[
     return PromptTokens(ids=ids, embeddings=embeddings, eot_index=eot_positions(model, ids))
 
 
+def host_positions(eot_index: torch.Tensor) -> list[int]:
+    """The values of an EOT-position tensor on the host, read once per tensor (and again only if it is modified in
+    place). A class set's EOT positions do not change from step to step; reading them from a GPU every step would
+    make each step wait for the device (and forbid capturing it in a CUDA graph)."""
+    cached = getattr(eot_index, "_host_positions", None)
+    if cached is None or cached[0] != eot_index._version:
+        cached = (eot_index._version, [int(v) for v in eot_index.flatten().tolist()])
+        eot_index._host_positions = cached
+    return cached[1]
+
+
+@dataclass
+class PackedLayout:
+    """How the shared-prefix pass packs one class set's suffixes (fixed for a class set, so built once per EOT
+    tensor, prefix length, prefix count and device): the length groups, their class indices and attention masks on
+    the device, and the packed row of each class's EOT."""
+
+    suffix_lengths: list[int]
+    groups: list[tuple[list[int], int]]
+    indices: list[torch.Tensor]  # per group: its classes, on the device
+    masks: list[torch.Tensor]  # per group: (L_g, P + L_g) suffix-to-[prefix; suffix] causal mask
+    last_masks: list[torch.Tensor]  # per group: (runs * C_g, 1, 1, P + L_g) mask of each class's EOT query
+    pooled: torch.Tensor  # (runs, C) packed row of each class's EOT, on the device
+
+
+def packed_layout(eot_index: torch.Tensor, runs: int, length: int, device: torch.device,
+                  group_cost: float | None) -> PackedLayout:
+    """The :class:`PackedLayout` of ``eot_index`` for ``runs`` prefixes of ``length`` positions (cached on the EOT
+    tensor, like :func:`host_positions`)."""
+    positions = host_positions(eot_index)
+    key = (eot_index._version, runs, length, str(device), group_cost)
+    layouts = getattr(eot_index, "_packed_layouts", None)
+    if layouts is None:
+        layouts = eot_index._packed_layouts = {}
+    if key not in layouts:
+        if len(layouts) > 16:  # CoCoOp's last partial batch adds a variant; never grow without bound
+            layouts.clear()
+        suffix_lengths = [e - length + 1 for e in positions]
+        groups = length_groups(suffix_lengths, group_cost)
+        indices, masks, last_masks = [], [], []
+        pooled = torch.empty(runs, len(suffix_lengths), dtype=torch.long)
+        offset = runs * length
+        for classes, group_length in groups:
+            indices.append(torch.tensor(classes, device=device))
+            keys = torch.arange(length + group_length)
+            # suffix position i sees every prefix position and suffix positions <= i
+            masks.append((keys.unsqueeze(0) <= torch.arange(group_length).unsqueeze(1) + length).to(device))
+            last = torch.tensor([suffix_lengths[c] - 1 for c in classes]) + length
+            last_mask = keys <= last.unsqueeze(1)
+            last_masks.append(last_mask.unsqueeze(0).expand(runs, -1, -1).reshape(runs * len(classes), 1, 1, -1)
+                              .to(device))
+            local = torch.tensor([suffix_lengths[c] - 1 for c in classes])
+            rows = (torch.arange(runs).unsqueeze(1) * len(classes) + torch.arange(len(classes))) * group_length
+            pooled[:, classes] = offset + rows + local
+            offset += runs * len(classes) * group_length
+        layouts[key] = PackedLayout(suffix_lengths, groups, indices, masks, last_masks, pooled.to(device))
+    return layouts[key]
+
+
 class PromptTextEncoder:
     """The frozen text tower of ``backbone`` as a function of prompt embeddings.
 
@@ -124,8 +183,9 @@ class PromptTextEncoder:
         *lead, length, width = prompt_embeddings.shape
         if length > self.context_length:
             raise ValueError(f"prompts have {length} positions, more than the context length {self.context_length}")
+        positions = host_positions(eot_index)
         eot_index = eot_index.to(prompt_embeddings.device).long().expand(*lead)
-        n_used = int(eot_index.max()) + 1 if self.causal else length
+        n_used = max(positions) + 1 if self.causal else length
         if n_used > length:
             raise ValueError(f"eot_index points at position {n_used - 1} but prompts have only {length} positions")
 
@@ -136,9 +196,9 @@ class PromptTextEncoder:
         if deep_prompts:
             runs = math.prod(lead[:-1])
             deep = [runs_to_batch(p.reshape(runs, *p.shape[-2:]), lead[-1]) for p in deep_prompts]
-            if any(p.shape[1] >= int(eot_index.min()) for p in deep):
+            if any(p.shape[1] >= min(positions) for p in deep):
                 raise ValueError(f"deep text prompts of {deep[0].shape[1]} tokens would overwrite an EOT token "
-                                 f"(the earliest is at position {int(eot_index.min())})")
+                                 f"(the earliest is at position {min(positions)})")
             x = run_blocks(model.transformer, x, mask, deep, "text", fused=self.fused_attention,
                            pooled_rows=eot_index.reshape(-1), causal=self.clip_causal_mask)
         elif self.fused_attention:
@@ -177,12 +237,12 @@ class PromptTextEncoder:
                              f"{tuple(prefix.shape)} and {tuple(suffix.shape)}")
         *lead, length, width = prefix.shape
         classes = suffix.shape[0]
-        eot_index = eot_index.to(prefix.device).long()
         if eot_index.shape != (classes,):
             raise ValueError(f"eot_index must be ({classes},), one position per class, got {tuple(eot_index.shape)}")
-        if int(eot_index.min()) < length or int(eot_index.max()) >= length + suffix.shape[1]:
+        positions = host_positions(eot_index)
+        if min(positions) < length or max(positions) >= length + suffix.shape[1]:
             raise ValueError(f"every EOT must lie in the class suffix (positions {length}..{length + suffix.shape[1] - 1}"
-                             f"), got positions {int(eot_index.min())}..{int(eot_index.max())}")
+                             f"), got positions {min(positions)}..{max(positions)}")
         if len(deep_prompts) >= len(self.model.transformer.resblocks):
             raise ValueError(f"{len(deep_prompts)} deep prompt sets need more than the tower's "
                              f"{len(self.model.transformer.resblocks)} blocks")
@@ -202,44 +262,33 @@ class PromptTextEncoder:
         runs = math.prod(lead)  # prefixes (the leading indices)
         dtype = model.transformer.get_cast_dtype()
         positional = model.positional_embedding.to(dtype)
-        suffix_lengths = (eot_index - length + 1).tolist()
         merge = GROUP_COST_POSITIONS.get(prefix.device.type, GROUP_COST_POSITIONS["cuda"]) / runs
-        groups = length_groups(suffix_lengths, merge if self.length_groups else None)
+        layout = packed_layout(eot_index, runs, length, prefix.device, merge if self.length_groups else None)
+        suffix_lengths, groups = layout.suffix_lengths, layout.groups
 
         # Packed states: the prefixes (runs * P rows), then each group's suffixes (runs * C_g * L_g rows).
         parts = [(prefix.reshape(runs, length, width).to(dtype) + positional[:length]).reshape(-1, width)]
-        masks, pooled = [], torch.empty(runs, len(suffix_lengths), dtype=torch.long)
-        offset = runs * length
-        for classes, group_length in groups:
-            index = torch.tensor(classes, device=suffix.device)
+        for (classes, group_length), index in zip(groups, layout.indices):
             x = suffix.index_select(0, index)[:, :group_length].to(dtype) + positional[length:length + group_length]
             parts.append(x.expand(runs, *x.shape).reshape(-1, width))
-            # suffix position i sees every prefix position and suffix positions <= i
-            keys = torch.arange(length + group_length, device=prefix.device)
-            masks.append(keys.unsqueeze(0) <= torch.arange(group_length, device=prefix.device).unsqueeze(1) + length)
-            local = torch.tensor([suffix_lengths[c] - 1 for c in classes])
-            rows = (torch.arange(runs).unsqueeze(1) * len(classes) + torch.arange(len(classes))) * group_length
-            pooled[:, classes] = offset + rows + local
-            offset += runs * len(classes) * group_length
         sizes = [p.shape[0] for p in parts]
         x = torch.cat(parts)
 
         deep = [p.reshape(runs, *p.shape[-2:]) for p in deep_prompts]
-        pooled = pooled.to(x.device)
         blocks = model.transformer.resblocks
         for i, block in enumerate(blocks):
             if 1 <= i <= len(deep):
                 head = replace_slot(x[:sizes[0]].view(runs, length, width), deep[i - 1], "text")
                 x = torch.cat([head.reshape(-1, width), x[sizes[0]:]])
             if i == len(blocks) - 1:
-                x = self._pooled_last_block(block, x, sizes, groups, pooled, suffix_lengths, runs, length)
+                x = self._pooled_last_block(block, x, sizes, layout, runs, length)
                 break
             heads = block.attn.num_heads
             qkv = attention_input(block, x).split(sizes)
             q, k_prefix, v_prefix = split_heads(qkv[0].view(runs, length, -1), heads)  # (runs, H, P, d_h)
             attended = [merge_heads(F.scaled_dot_product_attention(q, k_prefix, v_prefix, is_causal=True))
                         .reshape(-1, width)]
-            for (classes, group_length), part, mask in zip(groups, qkv[1:], masks):
+            for (classes, group_length), part, mask in zip(groups, qkv[1:], layout.masks):
                 n = runs * len(classes)
                 q, k, v = split_heads(part.view(n, group_length, -1), heads)  # (runs * C_g, H, L_g, d_h)
                 k = torch.cat([_per_class(k_prefix, len(classes)), k], dim=2)
@@ -250,9 +299,8 @@ class PromptTextEncoder:
         return self.project(x).reshape(*lead, len(suffix_lengths), -1)
 
     @staticmethod
-    def _pooled_last_block(block: nn.Module, x: torch.Tensor, sizes: list[int],
-                           groups: list[tuple[list[int], int]], pooled: torch.Tensor, suffix_lengths: list[int],
-                           runs: int, length: int) -> torch.Tensor:
+    def _pooled_last_block(block: nn.Module, x: torch.Tensor, sizes: list[int], layout: PackedLayout, runs: int,
+                           length: int) -> torch.Tensor:
         """The last block at the pooled (EOT) rows only, (runs * C, w) run-major: keys and values of every packed
         row, the query, output projection and MLP of the EOT rows (the prefix and the other suffix rows are only
         read as keys)."""
@@ -260,22 +308,20 @@ class PromptTextEncoder:
         width, heads = x.shape[-1], attn.num_heads
         bias = attn.in_proj_bias
         h = block.ln_1(x)
-        rows = pooled.flatten()
+        suffix_lengths = layout.suffix_lengths
+        rows = layout.pooled.flatten()
         q = F.linear(h.index_select(0, rows), attn.in_proj_weight[:width], None if bias is None else bias[:width])
         q = q.view(runs, len(suffix_lengths), heads, 1, width // heads)
         kv = F.linear(h, attn.in_proj_weight[width:], None if bias is None else bias[width:]).split(sizes)
         k_prefix, v_prefix = kv[0].view(runs, length, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         attended = torch.zeros(runs, len(suffix_lengths), width, dtype=q.dtype, device=q.device)
-        for (classes, group_length), part in zip(groups, kv[1:]):
+        for (classes, group_length), part, index, mask in zip(layout.groups, kv[1:], layout.indices,
+                                                              layout.last_masks):
             n = runs * len(classes)
-            index = torch.tensor(classes, device=x.device)
             k, v = part.view(n, group_length, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
             k = torch.cat([_per_class(k_prefix, len(classes)), k], dim=2)
             v = torch.cat([_per_class(v_prefix, len(classes)), v], dim=2)
             # the EOT of class c (suffix position suffix_lengths[c] - 1) sees the prefix and its suffix up to there
-            last = torch.tensor([suffix_lengths[c] - 1 for c in classes], device=x.device) + length
-            mask = torch.arange(length + group_length, device=x.device) <= last.unsqueeze(1)
-            mask = mask.unsqueeze(0).expand(runs, -1, -1).reshape(n, 1, 1, -1)
             out = F.scaled_dot_product_attention(q.index_select(1, index).reshape(n, heads, 1, -1), k, v,
                                                  attn_mask=mask)
             attended = attended.index_copy(1, index, out.reshape(runs, len(classes), width))
