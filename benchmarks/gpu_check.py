@@ -251,7 +251,8 @@ def _train_coop(backbone, classnames, features, labels, epochs: int, graph_steps
 def check_graph_steps(backbone, steps_per_epoch: int = 10, epochs: int = 4) -> None:
     cuda = SETUP["device"] == "cuda"  # on the CPU (a smoke test of this check) both runs are eager
     from atlas_fast.atlas.schedules import OneHot
-    from atlas_fast.engine.loop import RunState, forward_backward, host_syncs
+    from atlas_fast.engine.graphs import host_syncs
+    from atlas_fast.engine.loop import RunState, forward_backward
 
     generator = torch.Generator().manual_seed(0)
     results, notes, worst = [], [], 0.0

@@ -119,7 +119,7 @@ def test_graph_steps_are_refused_on_the_cpu(pets):
 
 
 def test_graph_steps_refusals_name_the_reason():
-    from atlas_fast.engine.loop import graph_steps_refusal
+    from atlas_fast.engine.graphs import graph_steps_refusal
 
     cuda = torch.device("cuda")  # a device object only: nothing runs
     coop = method_entry("coop")
@@ -181,7 +181,7 @@ class _FakeGraph:
 def fake_cuda(monkeypatch):
     import contextlib
 
-    from atlas_fast.engine import loop
+    from atlas_fast.engine import graphs
 
     class Stream:
         def __init__(self, *args, **kwargs):
@@ -197,12 +197,13 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
     monkeypatch.setattr(torch.cuda, "graph", lambda g, **k: contextlib.nullcontext())
     syncs: list[str] = []
-    monkeypatch.setattr(loop, "host_syncs", lambda function: (function(), list(syncs)))
+    monkeypatch.setattr(graphs, "host_syncs", lambda function: (function(), list(syncs)))
     return syncs
 
 
 def _step_graphs(tiny, batch=4):
-    from atlas_fast.engine.loop import RunState, StepGraphs, build_optimizer
+    from atlas_fast.engine.graphs import StepGraphs
+    from atlas_fast.engine.loop import RunState, build_optimizer
     from atlas_fast.methods.base import OptimRecipe
 
     entry = method_entry("coop")
@@ -230,7 +231,7 @@ def _step_graphs(tiny, batch=4):
 
 
 def test_step_graphs_warm_up_check_capture_and_replay(tiny, fake_cuda):
-    from atlas_fast.engine.loop import GRAPH_WARMUP_STEPS
+    from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS
 
     method, graphs, step = _step_graphs(tiny)
     graphs.start_epoch()
@@ -255,7 +256,7 @@ def test_step_graphs_warm_up_check_capture_and_replay(tiny, fake_cuda):
 
 
 def test_step_graphs_stay_eager_when_a_step_syncs(tiny, fake_cuda):
-    from atlas_fast.engine.loop import GRAPH_WARMUP_STEPS
+    from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS
 
     fake_cuda.append("called a synchronizing CUDA operation")
     _, graphs, step = _step_graphs(tiny)

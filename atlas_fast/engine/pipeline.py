@@ -34,7 +34,7 @@ import torch
 from atlas_fast.engine.config import TrainConfig, resolve_device
 from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize, zero_shot_references
 from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
-from atlas_fast.engine.loop import RunState, graph_steps_refusal, train_runs
+from atlas_fast.engine.loop import RunState, train_runs
 from atlas_fast.engine.record import ResultStore, build_record, finished_record, save_record
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.methods.base import PromptMethod
@@ -123,6 +123,8 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
                        first.device) for s, i in zip(specs, inputs)]
     graph_steps = any(s.config.graph_steps for s in specs)
     if graph_steps:
+        from atlas_fast.engine.graphs import graph_steps_refusal
+
         refusal = graph_steps_refusal(first.method, [s.schedule for s in states], first.device)
         if refusal:
             raise ValueError(f"{refusal}.")

@@ -274,7 +274,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False) -> RunSpec:
     if amp and device.type != "cuda":
         raise ValueError("precision='amp' needs a CUDA device; use 'fp32' (or 'auto') on the CPU.")
     if config.graph_steps:
-        from atlas_fast.engine.loop import graph_steps_refusal
+        from atlas_fast.engine.graphs import graph_steps_refusal
 
         refusal = graph_steps_refusal(entry, [config.schedule], device)
         if refusal:
