@@ -166,6 +166,40 @@ def test_pretrain_saves_a_checkpoint_that_load_backbone_reads(tmp_path):
     assert backbone.model.token_embedding.weight[unused].abs().sum() == 0
 
 
+def test_pretraining_resumes_after_a_crash_to_the_same_weights(tmp_path, monkeypatch):
+    """A run killed after its step-2 checkpoint and resumed ends with exactly the weights of an uninterrupted run;
+    a state saved by another configuration is refused, and the state file is only ever replaced whole."""
+    from atlas_fast.world import pretrain as pretrain_module
+    from atlas_fast.world.pretrain import STATE_FILE, load_state
+
+    cfg = PretrainConfig(steps=4, batch_size=8, warmup_steps=1, threads=1, report_every=0, checkpoint_every=2)
+    straight, _ = pretrain(cfg, state_dir=tmp_path / "straight")
+    assert torch.load(tmp_path / "straight" / STATE_FILE, weights_only=True)["step"] == 4
+
+    real_lr = pretrain_module._lr_at
+
+    def crash_at_step_3(step, c):
+        if step == 3:
+            raise KeyboardInterrupt("killed")
+        return real_lr(step, c)
+
+    monkeypatch.setattr(pretrain_module, "_lr_at", crash_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(cfg, state_dir=tmp_path / "crashed")
+    monkeypatch.setattr(pretrain_module, "_lr_at", real_lr)
+    saved = torch.load(tmp_path / "crashed" / STATE_FILE, weights_only=True)
+    assert saved["step"] == 2 and saved["optimizer"]["state"]  # AdamW's moments travel with the weights
+    assert [p.name for p in (tmp_path / "crashed").iterdir()] == [STATE_FILE]  # no temporary file left behind
+
+    resumed, _ = pretrain(cfg, state_dir=tmp_path / "crashed", resume=True)
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="lr"):
+        load_state(tmp_path / "crashed", PretrainConfig(steps=4, batch_size=8, warmup_steps=1, lr=2e-3))
+    assert load_state(tmp_path / "crashed", PretrainConfig(steps=4, batch_size=8, warmup_steps=1, threads=2,
+                                                           report_every=0, checkpoint_every=2)) is not None
+
+
 @pytest.fixture(scope="module")
 def shipped():
     return load_backbone(BackboneConfig("atlas-world", "atlas-world"))
