@@ -251,6 +251,9 @@ def test_shipped_checkpoint_zero_shot_on_every_style(shipped):
 
 
 @pytest.mark.slow  # the paper recipe's 200 epochs: `pytest -m slow` (about 1.5 minutes)
+@pytest.mark.xfail(strict=True, reason="issue 19: at the calibrated logit scale 34 CoOp no longer overfits on "
+                   "WorldPhotos (seed 1: zero-shot new 85.0 -> CoOp 86.0, base 86.0 -> 89.2); the drop measured at "
+                   "100 was a single-epoch jump, not the regime. Remove the xfail when the world reaches it.")
 def test_coop_new_class_accuracy_falls_below_zero_shot(photos, tmp_path):
     """CoOp (the paper's recipe: 4 context tokens from "a photo of a", 16 shots, 200 epochs, a fresh view per epoch)
     on WorldPhotos' base classes, seed 1: new-class accuracy ends below zero-shot CLIP's and below its own peak.
