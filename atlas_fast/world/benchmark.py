@@ -118,14 +118,14 @@ def register_world_datasets() -> None:
 
 
 def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSizes = SplitSizes(), seed: int = 0,
-                  progress: bool = True) -> Path:
+                  progress: bool = True, layout: Layout = BENCHMARK_LAYOUT) -> Path:
     """Write (or reuse, if its stamp matches) one dataset under ``<data_root>/<folder>``; returns the folder.
 
     Regenerating with other arguments deletes only the files the generator wrote there (listed in
     :data:`MANIFEST_FILE`, written before the first image), never other files a user put in the folder."""
     dataset_dir = Path(data_root) / dataset.folder
     stamp = {"generator_version": GENERATOR_VERSION, "dataset": asdict(dataset), "sizes": asdict(sizes), "seed": seed,
-             "layout": asdict(BENCHMARK_LAYOUT)}
+             "layout": asdict(layout)}
     stamp = json.loads(json.dumps(stamp))  # as it reads back from the file (tuples become lists)
     stamp_path = dataset_dir / STAMP_FILE
     manifest_path = dataset_dir / MANIFEST_FILE
@@ -143,7 +143,7 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
         if stamp_path.is_file() or manifest_path.is_file():
             # Ours, but made with other arguments (or interrupted): remove what we wrote before regenerating.
             _remove_written(dataset_dir)
-        _generate(dataset, dataset_dir, sizes, seed, stamp, progress)
+        _generate(dataset, dataset_dir, sizes, seed, stamp, progress, layout)
     return dataset_dir
 
 
@@ -159,7 +159,7 @@ def _generation_lock(dataset_dir: Path) -> Iterator[None]:
 
 
 def _generate(dataset: WorldDataset, dataset_dir: Path, sizes: SplitSizes, seed: int, stamp: dict,
-              progress: bool) -> None:
+              progress: bool, layout: Layout = BENCHMARK_LAYOUT) -> None:
     """Render the images, write the split file, then the stamp (held under the generation lock)."""
     stamp_path = dataset_dir / STAMP_FILE
     manifest_path = dataset_dir / MANIFEST_FILE
@@ -181,7 +181,7 @@ def _generate(dataset: WorldDataset, dataset_dir: Path, sizes: SplitSizes, seed:
                 class_dir = classname.replace(" ", "_")
                 (dataset_dir / IMAGE_FOLDER / class_dir).mkdir(parents=True, exist_ok=True)
                 images = render_batch([concept_id(classname)] * per_class, [dataset.style] * per_class, seed,
-                                      split_name, layout=BENCHMARK_LAYOUT)
+                                      split_name, layout=layout)
                 for i, pixels in enumerate(images):
                     rel = _image_name(classname, split_name, i)
                     Image.fromarray(pixels).save(dataset_dir / IMAGE_FOLDER / rel, optimize=False)

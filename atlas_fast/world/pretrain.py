@@ -13,6 +13,7 @@ of words that never occur in a caption are zeroed, which changes no trained beha
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -27,6 +28,7 @@ from PIL import Image
 from torch import nn
 from tqdm import tqdm
 
+from atlas_fast.files import atomic_write
 from atlas_fast.clip.backbones import MODEL_CONFIG_DIR, Backbone, BackboneConfig, Preprocessing
 from atlas_fast.clip.text_encoder import PromptTextEncoder, eot_positions
 from atlas_fast.world.benchmark import BENCHMARK_LAYOUT
@@ -52,14 +54,15 @@ class PretrainConfig:
     group_size: int = 4  # a batch is groups of one colour and style that share a texture or a shape
     crop_prob: float = 0.25  # share of images seen as a CoOp training view (random resized crop + flip)
     max_logit_scale: float = 100.0  # CLIP's cap (its learned value); training starts from CLIP's 1 / 0.07
-    # The logit scale written to the checkpoint: CLIP's 100, so zero-shot probabilities (ISL) and prompt tuning's
-    # logits have CLIP's temperature (a small model learns a far smaller one; training pinned at 100 from the first
-    # step never left chance). 0 keeps the learned value.
-    shipped_logit_scale: float = 100.0
+    # The logit scale written to the checkpoint: 34, the scale of lowest expected calibration error of zero-shot
+    # predictions on held-out pretraining-style images (``python -m atlas_fast.world.calibration``; the learned 27.6
+    # is a little under-confident there, CLIP's 100 over-confident). 0 keeps the learned value.
+    shipped_logit_scale: float = 34.0
     seed: int = 0
     threads: int = 2  # intra-op threads; more only pays on idle cores (contended OpenMP threads crawl)
     eval_per_class: int = 10
     report_every: int = 600  # print a short zero-shot report this often (0: only at the end)
+    checkpoint_every: int = 200  # save the training state (for --resume) this often, in steps (0: never)
 
 
 CAPTION_PREFIX = "a photo of a"  # every caption's (and every world dataset template's) first words
@@ -172,8 +175,44 @@ def _lr_at(step: int, cfg: PretrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def pretrain(cfg: PretrainConfig) -> tuple[nn.Module, object]:
-    """Train from scratch and return the model (fp32, eval mode) and its tokenizer."""
+STATE_FILE = "state.pt"  # the training state in a pretraining output folder (see :func:`pretrain`)
+# Fields that change no trained weight: a run may be resumed with other values of these.
+_RESUMABLE_CHANGES = {"threads", "report_every", "checkpoint_every", "shipped_logit_scale", "eval_per_class"}
+
+
+def save_state(state_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+               cfg: PretrainConfig) -> None:
+    """Atomically write everything that step ``step`` onwards depends on: the weights, AdamW's moments, the step
+    count and torch's RNG. The data stream needs no state of its own: batch ``step`` is a pure function of
+    ``(seed, step)`` (:class:`CaptionedBatches`), so the loader restarts at ``step``."""
+    state = {"step": step, "config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "torch_rng": torch.get_rng_state()}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write(Path(state_dir) / STATE_FILE, lambda f: f.write(buffer.getvalue()))
+
+
+def load_state(state_dir: Path, cfg: PretrainConfig) -> dict | None:
+    """The saved state of ``state_dir`` (None if there is none), checked to belong to the same run as ``cfg``."""
+    path = Path(state_dir) / STATE_FILE
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    saved, now = state["config"], asdict(cfg)
+    differ = {k for k in now if k not in _RESUMABLE_CHANGES and saved.get(k) != now[k]}
+    if differ:
+        what = ", ".join(f"{k}: {saved.get(k)!r} there, {now[k]!r} here" for k in sorted(differ))
+        raise ValueError(f"{path} was saved by another pretraining run ({what}); resume with its arguments or choose "
+                         f"another output folder.")
+    return state
+
+
+def pretrain(cfg: PretrainConfig, state_dir: Path | None = None, resume: bool = False) -> tuple[nn.Module, object]:
+    """Train from scratch and return the model (fp32, eval mode) and its tokenizer.
+
+    With ``state_dir`` the training state is saved there every ``cfg.checkpoint_every`` steps and at the end
+    (atomically: a crash mid-write leaves the previous state); with ``resume`` training continues from the state
+    found there (from scratch if there is none), and ends with the same weights as an uninterrupted run."""
     torch.set_num_threads(cfg.threads)
     open_clip.add_model_config(MODEL_CONFIG_DIR)
     torch.manual_seed(cfg.seed)
@@ -181,13 +220,25 @@ def pretrain(cfg: PretrainConfig) -> tuple[nn.Module, object]:
     tokenizer = open_clip.get_tokenizer(cfg.model)
     mean, std = model.visual.image_mean, model.visual.image_std
     optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6)
-    loader = torch.utils.data.DataLoader(CaptionedBatches(cfg), batch_size=None, num_workers=1, prefetch_factor=4)
+    start = 0
+    if resume:
+        if state_dir is None:
+            raise ValueError("resume needs the output folder of the run to resume (state_dir)")
+        state = load_state(state_dir, cfg)
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["torch_rng"])
+            start = state["step"]
+            print(f"resuming from step {start} of {cfg.steps} ({Path(state_dir) / STATE_FILE})")
+    loader = torch.utils.data.DataLoader(CaptionedBatches(cfg, start_step=start), batch_size=None, num_workers=1,
+                                         prefetch_factor=4)
     # Captions are ~12 tokens of the 32-token context: under the causal mask the text tower needs only the positions
     # up to the last EOT, which PromptTextEncoder runs (the same features and gradients, at about half the cost).
     text_tower = PromptTextEncoder(Backbone(model, tokenizer, Preprocessing(model.visual.image_size[0]),
                                             BackboneConfig(cfg.model, None, cfg.seed), architecture={}))
     model.train()
-    bar = tqdm(zip(range(cfg.steps), loader), total=cfg.steps, desc="pretrain atlas-world")
+    bar = tqdm(zip(range(start, cfg.steps), loader), total=cfg.steps, initial=start, desc="pretrain atlas-world")
     for step, (images, caption_ids, texts) in bar:
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, cfg)
@@ -208,6 +259,9 @@ def pretrain(cfg: PretrainConfig) -> tuple[nn.Module, object]:
             report = zero_shot_report(model, tokenizer, per_class=4)
             bar.write(f"step {step + 1}: zero-shot on fresh images (mean over styles) main {report.mean('main'):.1f} "
                       f"shape {report.mean('shape'):.1f} texture {report.mean('texture'):.1f}")
+        done = step + 1
+        if state_dir is not None and (done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
+            save_state(state_dir, done, model, optimizer, cfg)
     model.eval()
     _zero_unused_token_rows(model, tokenizer)
     print(f"learned logit scale: {model.logit_scale.exp().item():.2f}")
@@ -230,19 +284,35 @@ def _zero_unused_token_rows(model: nn.Module, tokenizer) -> None:
     model.token_embedding.weight[~keep] = 0.0
 
 
+def rewrite_logit_scale(path: Path, value: float) -> None:
+    """Rewrite a saved checkpoint with only its logit scale set to ``value`` (every other tensor byte-identical), as
+    ``--shipped-logit-scale value`` would have saved it; atomically."""
+    from safetensors.torch import load_file, save
+
+    state = load_file(str(path))
+    scale = state["logit_scale"]
+    state["logit_scale"] = torch.full_like(scale, math.log(value))  # stored as log(scale), in the file's dtype
+    data = save(state)
+    atomic_write(Path(path), lambda f: f.write(data))
+
+
 def save_checkpoint(model: nn.Module, path: Path) -> None:
     """An open_clip state dict in fp16, as safetensors (open_clip's ``load_checkpoint`` reads it directly)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(path))
+    data = save(state)
+    atomic_write(Path(path), lambda f: f.write(data))  # a crash never leaves half a checkpoint
 
 
 def main(argv: list[str] | None = None) -> None:
     defaults = PretrainConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint file (.safetensors)")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="folder for the resumable training state (default: <out without suffix>.state/)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the state in --state-dir (from scratch if there is none)")
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = parser.parse_args(argv)
@@ -250,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--out must end in .safetensors (got {args.out}); a .pt would be read as an OpenAI checkpoint")
     cfg = PretrainConfig(**{k: getattr(args, k) for k in asdict(defaults)})
     start = time.time()
-    model, tokenizer = pretrain(cfg)
+    state_dir = args.state_dir or args.out.with_suffix(".state")
+    model, tokenizer = pretrain(cfg, state_dir=state_dir, resume=args.resume)
     minutes = (time.time() - start) / 60
     save_checkpoint(model, args.out)
     # Report what the saved (fp16-rounded) weights do, as load_backbone will see them.
