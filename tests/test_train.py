@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_lr_schedule_matches_dassl_examples():
-    # docs/protocol.md#optimisation: E=10, base 0.002 (CoCoOp)
+    # docs/protocol.md, section Optimisation: E=10, base 0.002 (CoCoOp)
     recipe = OptimRecipe(epochs=10, batch_size=1, lr=0.002)
     expected = [1e-5, .002, .001951, .001809, .001588, .001309, .001, .000691, .000412, .000191]
     assert [lr_at_epoch(recipe, e) for e in range(10)] == pytest.approx(expected, abs=5e-7)

@@ -135,3 +135,10 @@ def test_a_record_from_before_n_ctx_followed_the_phrase_still_evaluates(data, tm
     result = evaluate_saved(path, "OxfordPets", data / "data", subsample="base", cache_root=data / "cache",
                             progress=False)
     assert result["accuracy"] == pytest.approx(record["metrics"]["base"])
+
+
+def test_epochs_that_leave_no_epoch_after_warmup_draw_a_warning(data):
+    config = TrainConfig("OxfordPets", data / "data", BackboneConfig("atlas-tiny", None), shots=2, epochs=1,
+                         device="cpu", cache_root=data / "cache", results_dir=data / "results", progress=False)
+    with pytest.warns(UserWarning, match="1 epoch\\(s\\) with 1 warmup epoch\\(s\\) .* Train at least 2 epochs"):
+        plan_run(config)

@@ -1,7 +1,7 @@
 """Paper-ready tables and plots from result records (the output of :func:`atlas_fast.engine.pipeline.run`).
 
-Aggregation follows the papers' convention (``docs/protocol.md#evaluation``): per dataset the accuracies are averaged over
-seeds; the "average over datasets" row averages those means; H is computed from the averaged base and new
+Aggregation follows the papers' convention (``docs/protocol.md``, section Evaluation): per dataset the accuracies are
+averaged over seeds; the "average over datasets" row averages those means; H is computed from the averaged base and new
 accuracies (not averaged per-dataset H values). Improvements are given against the row marked as the baseline.
 
 Outputs are made for a paper: LaTeX with booktabs rules and no vertical ones, ``mean ± std``, a ``\\label`` and the
