@@ -36,14 +36,17 @@ def lr_at_epoch(recipe: OptimRecipe, epoch: int, lr_scale: float = 1.0) -> float
     return 0.5 * recipe.lr * lr_scale * (1.0 + math.cos(math.pi * (epoch - recipe.warmup_epochs) / recipe.epochs))
 
 
-def build_optimizer(method: PromptMethod, recipe: OptimRecipe, fused: bool = False) -> torch.optim.SGD:
-    """SGD over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head); ``fused``: torch's
-    fused kernel (CUDA), which takes the gradient scaler's scale and inf flag on the device."""
+def build_optimizer(method: PromptMethod, recipe: OptimRecipe) -> torch.optim.SGD:
+    """SGD over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head).
+
+    Never torch's fused SGD: under a gradient scaler its kernel handles a step with inf/NaN gradients itself and,
+    on the first such step, leaves the momentum buffer uninitialised (seen with torch 2.11 on an H100 and 2.14 on the
+    CPU); fp16 overflows in the first steps are routine, and the next step then writes that garbage into the
+    prompts. The stock SGD is skipped by the scaler (one host sync per step), exactly as in the reference code."""
     groups = method.param_groups()
     for group in groups:
         group.setdefault("lr_scale", 1.0)
-    return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay,
-                           **({"fused": True} if fused else {}))
+    return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
 
 
 def set_epoch_lr(optimizer: torch.optim.Optimizer, recipe: OptimRecipe, epoch: int) -> float:
@@ -97,9 +100,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         return [[] for _ in runs]
     if graph_steps and device.type != "cuda":
         raise ValueError(f"graph_steps replays CUDA graphs and needs a CUDA device, not {device.type}.")
-    # Fused SGD on a GPU under AMP: the gradient scaler hands it the scale and the inf flag on the device, where
-    # with the other SGD kernels it reads the flag on the host (one sync per step). Elsewhere SGD is unchanged.
-    optimizer = build_optimizer(method, recipe, fused=amp and device.type == "cuda")
+    optimizer = build_optimizer(method, recipe)
     scaler = torch.amp.GradScaler(device.type, enabled=amp)
     graphs = None
     if graph_steps:
