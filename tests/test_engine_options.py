@@ -139,6 +139,82 @@ def test_train_runs_refuses_graph_steps_off_cuda():
         train_runs(Learner(), [object()], None, torch.device("cpu"), amp=False, graph_steps=True)
 
 
+def test_graph_steps_default_to_wherever_a_graph_can_replay_the_step():
+    from atlas_fast.engine.graphs import use_graph_steps
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    coop, maple = method_entry("coop"), method_entry("maple")
+    assert use_graph_steps([None, None], coop, [OneHot(), Atlas(2)], cuda)
+    assert use_graph_steps([True, None], coop, [OneHot()], cuda)
+    assert not use_graph_steps([None, False], coop, [OneHot()], cuda)  # one run asks for eager steps: all eager
+    assert not use_graph_steps([None], maple, [OneHot()], cuda)  # where no graph applies, None is eager, silently
+    assert not use_graph_steps([None], coop, [OnlineLabelSmoothing()], cuda)
+    assert not use_graph_steps([None], coop, [OneHot()], cpu)
+    with pytest.raises(ValueError, match="reads pixels"):
+        use_graph_steps([True], maple, [OneHot()], cuda)
+
+
+def test_a_cpu_run_with_the_default_graph_steps_trains_eagerly(pets, recwarn):
+    record = run(tiny_config(pets, seed=5, results_dir=pets / "results-default-graphs"))
+    assert TrainConfig(dataset="x", data_root=".").graph_steps is None
+    assert all("graphed_steps" not in epoch for epoch in record["epochs"])
+    assert not [w for w in recwarn if "graph" in str(w.message)]
+
+
+def test_the_sync_debug_modes_prototype_notice_is_not_a_sync():
+    from atlas_fast.engine.graphs import sync_messages
+
+    notice = ("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing "
+              "operations")
+    sync = "called a synchronizing CUDA operation\nat line 3"
+    assert sync_messages([notice, sync, "an unrelated warning"]) == ["called a synchronizing CUDA operation"]
+    assert sync_messages([notice]) == []
+
+
+# --- AMP: a step the gradient scaler skips leaves the prompts and the optimiser as they were ----------------------
+
+def test_a_skipped_overflow_step_changes_nothing_and_the_next_step_is_plain_sgd(tiny):
+    """fp16 overflows in the first steps are routine under AMP. torch's fused SGD left its momentum buffer
+    uninitialised on such a step (the next step then wrote garbage into the prompts: the GPU demo diverged in
+    epoch 0); the loop's optimiser must be skipped whole and then step as if the overflow never happened."""
+    from atlas_fast.engine.loop import build_optimizer
+    from atlas_fast.methods.base import OptimRecipe
+
+    entry = method_entry("coop")
+    recipe = OptimRecipe(epochs=2, batch_size=4, lr=0.5)
+    methods, optimizers = [], []
+    for _ in range(2):
+        torch.manual_seed(0)
+        methods.append(entry.build(tiny, ["cat", "dog", "bird"], entry.config_class(ctx_init="a photo of a")))
+        optimizers.append(build_optimizer(methods[-1], recipe))
+    (amp_method, plain_method), (amp_optimizer, plain_optimizer) = methods, optimizers
+    assert not amp_optimizer.defaults.get("fused")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    before = amp_method.ctx.detach().clone()
+    amp_optimizer.zero_grad()
+    scaler.scale((amp_method.ctx * float("inf")).sum()).backward()  # an overflowing step
+    scaler.step(amp_optimizer)
+    scaler.update()
+    assert torch.equal(amp_method.ctx.detach(), before) and not amp_optimizer.state
+    assert scaler.get_scale() == 2.0 ** 15
+
+    def finite_step(method, optimizer, scale):
+        optimizer.zero_grad()
+        loss = (method.ctx ** 2).sum()
+        (scale.scale(loss) if scale is not None else loss).backward()
+        if scale is not None:
+            scale.step(optimizer)
+            scale.update()
+        else:
+            optimizer.step()
+
+    for _ in range(2):
+        finite_step(amp_method, amp_optimizer, scaler)
+        finite_step(plain_method, plain_optimizer, None)
+    assert torch.isfinite(amp_method.ctx).all()
+    torch.testing.assert_close(amp_method.ctx, plain_method.ctx)
+
+
 def test_graph_steps_do_not_name_the_run(pets):
     assert "graph_steps" not in plan_run(tiny_config(pets)).described
 

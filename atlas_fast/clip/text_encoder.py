@@ -15,7 +15,8 @@ per image for CoCoOp), and each class runs only its own positions (class tokens,
 the prefix's keys and values of that block followed by its own, causally. Deep text prompts replace prefix positions
 only, so they are applied to the prefix once. The class suffixes are packed: every token-wise operation (layer norms,
 projections, MLP) runs once over all of them without padding, and attention runs per group of classes of one suffix
-length (neighbouring lengths are merged when the padding costs less than another group would). Same arithmetic per
+length on a CPU (neighbouring lengths are merged when the padding costs less than another group would; on a GPU one
+group padded to the longest suffix, since there kernel launches cost more than padding). Same arithmetic per
 position as the plain pass, so features and gradients agree to fp32 rounding.
 
 Both passes run the blocks fused (:func:`atlas_fast.clip.prompted_towers.fused_block`) where open_clip's blocks allow it,
@@ -38,8 +39,10 @@ from atlas_fast.clip.backbones import Backbone
 from atlas_fast.clip.prompted_towers import (attention_input, block_residuals, fused_tower_supported, is_causal_mask,
                                         merge_heads, replace_slot, run_blocks, runs_to_batch, split_heads)
 
-#: per extra attention group, the suffix positions it costs to run it instead of padding (see :func:`length_groups`)
-GROUP_COST_POSITIONS = {"cpu": 2.0, "cuda": 512.0}
+#: per extra attention group, the suffix positions it costs to run it instead of padding (see :func:`length_groups`).
+#: Devices not listed run one group padded to the longest suffix: on an H100 a cached step is bound by kernel
+#: launches, and length groups made a C = 500 text step 0.51x as fast as one padded group (benchmarks/step_speed.py).
+GROUP_COST_POSITIONS = {"cpu": 2.0}
 
 
 @dataclass(frozen=True)
@@ -262,8 +265,8 @@ class PromptTextEncoder:
         runs = math.prod(lead)  # prefixes (the leading indices)
         dtype = model.transformer.get_cast_dtype()
         positional = model.positional_embedding.to(dtype)
-        merge = GROUP_COST_POSITIONS.get(prefix.device.type, GROUP_COST_POSITIONS["cuda"]) / runs
-        layout = packed_layout(eot_index, runs, length, prefix.device, merge if self.length_groups else None)
+        cost = GROUP_COST_POSITIONS.get(prefix.device.type) if self.length_groups else None
+        layout = packed_layout(eot_index, runs, length, prefix.device, cost / runs if cost is not None else None)
         suffix_lengths, groups = layout.suffix_lengths, layout.groups
 
         # Packed states: the prefixes (runs * P rows), then each group's suffixes (runs * C_g * L_g rows).
@@ -342,7 +345,7 @@ def length_groups(lengths: Sequence[int], group_cost: float | None) -> list[tupl
     consecutive groups minimising ``sum_g C_g * L_g + group_cost * (number of groups)``, i.e. the positions run
     (padding included) plus a fixed price per extra attention call, measured in positions of one prefix
     (``GROUP_COST_POSITIONS[device] / prefixes``): on a CPU padding is dear and calls are cheap, so nearly every
-    length gets its own group; on a GPU calls cost more than a little padding.
+    length gets its own group; on a GPU calls cost more than padding, so there is one group.
     """
     if group_cost is None:
         return [(list(range(len(lengths))), max(lengths))]

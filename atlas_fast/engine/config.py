@@ -45,8 +45,10 @@ class TrainConfig:
     ``evaluate`` lists the class sets evaluated after training (and every epoch with ``eval_every_epoch``), within
     base/new/all and always including the training subset; None is every set the setting has (base-to-new: base, new
     and all), and it names the run only when it differs from that. ``graph_steps`` replays each full-size step of a
-    cached-feature run from a CUDA graph (a speed knob that leaves the numbers unchanged; CUDA only, see
-    :mod:`atlas_fast.engine.loop`). ``workers`` are the DataLoader decoding processes of the methods that train on
+    cached-feature run from a CUDA graph (a speed knob that leaves the numbers unchanged, see
+    :mod:`atlas_fast.engine.graphs`): None (default) wherever a graph can replay the step (CUDA, a method on cached
+    features, a label schedule without per-step host statistics), True to require it (refused elsewhere), False
+    for eager steps. ``workers`` are the DataLoader decoding processes of the methods that train on
     pixels (None: up to 8 on a GPU, none on the CPU). ``data_root``, ``cache_root``, ``results_dir``, ``progress``,
     ``workers`` and ``graph_steps`` do not change the numbers and are not part of the record's name (the data are,
     by their fingerprint, see :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of
@@ -73,7 +75,7 @@ class TrainConfig:
     lr: float | None = None
     eval_every_epoch: bool = False
     evaluate: tuple[str, ...] | None = None
-    graph_steps: bool = False
+    graph_steps: bool | None = None
     device: str = "auto"
     precision: Literal["auto", "fp32", "amp"] = "auto"
     cache_root: str | Path = "cache"

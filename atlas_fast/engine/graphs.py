@@ -39,6 +39,16 @@ def graph_steps_refusal(entry, schedules: Sequence[LabelSchedule], device: torch
     return None
 
 
+def use_graph_steps(requested: Sequence[bool | None], entry, schedules: Sequence[LabelSchedule],
+                    device: torch.device) -> bool:
+    """Whether a group of runs trains with graph steps, from each run's ``TrainConfig.graph_steps``: None is
+    wherever a graph can replay the step, False turns it off for the group, and True where it cannot is refused."""
+    refusal = graph_steps_refusal(entry, schedules, device)
+    if True in requested and refusal:
+        raise ValueError(f"{refusal}.")
+    return refusal is None and False not in requested
+
+
 def host_syncs(function: Callable[[], Any]) -> tuple[Any, list[str]]:
     """``function()`` and the messages of the host synchronisations it made on the GPU (torch's sync debug mode:
     ``.item()``, ``.tolist()``, a copy from or to pageable host memory, ...)."""
@@ -52,7 +62,15 @@ def host_syncs(function: Callable[[], Any]) -> tuple[Any, list[str]]:
             result = function()
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    return result, [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+    return result, sync_messages(str(w.message) for w in caught)
+
+
+def sync_messages(messages) -> list[str]:
+    """The first lines of the warnings that report a host synchronisation. torch's notice that the sync debug mode
+    is a prototype (given once per process, the first time the mode is set) reports none: counting it once kept the
+    first run of every process from replaying graphs (seen on an H100)."""
+    return [message.splitlines()[0] for message in messages
+            if "synchroniz" in message and "debug mode is a prototype" not in message]
 
 
 class StepGraphs:

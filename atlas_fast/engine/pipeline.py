@@ -121,13 +121,10 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
 
     states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
                        first.device) for s, i in zip(specs, inputs)]
-    graph_steps = any(s.config.graph_steps for s in specs)
-    if graph_steps:
-        from atlas_fast.engine.graphs import graph_steps_refusal
+    from atlas_fast.engine.graphs import use_graph_steps
 
-        refusal = graph_steps_refusal(first.method, [s.schedule for s in states], first.device)
-        if refusal:
-            raise ValueError(f"{refusal}.")
+    graph_steps = use_graph_steps([s.config.graph_steps for s in specs], first.method,
+                                  [s.schedule for s in states], first.device)
     clock = time.perf_counter()
     logs = train_runs(method, states, first.recipe, first.device, first.amp,
                       any(s.config.progress for s in specs), per_epoch_eval, graph_steps)

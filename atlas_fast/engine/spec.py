@@ -278,7 +278,8 @@ def plan_run(config: TrainConfig, for_workers: bool = False) -> RunSpec:
 
         refusal = graph_steps_refusal(entry, [config.schedule], device)
         if refusal:
-            raise ValueError(f"{refusal}; leave graph_steps off (it only changes the speed).")
+            raise ValueError(f"{refusal}; leave graph_steps at None (graphs wherever they apply) or set it to "
+                             f"False (it only changes the speed).")
     from atlas_fast.clip.backbones import model_name
     from atlas_fast.data.datasets import get_spec
 
