@@ -13,10 +13,10 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
 5. a pixel-path method (image encoder prompted), when this version has one; otherwise n/a;
 6. step speed (``benchmarks/step_speed.py``, fp16 autocast): the text step with the shared prefix and length groups
    vs open_clip's blocks at C = 19 and 500, the prompted vision tower with fused attention, a MaPLe training step;
-7. graph steps: cached CoOp steps (batch 32, fp16 AMP) eager vs ``graph_steps`` (CUDA graphs) at C = 10, 50 and 500:
-   ms per step, steps replayed from a graph, the largest difference of the learned context after the same steps
-   (must be 0: a graph replays the eager kernels), and the host syncs one eager step makes (a step that syncs cannot
-   be captured, so graph_steps trains it eagerly and says so);
+7. graph steps: every method on cached features (batch 32, fp16 AMP), eager vs ``graph_steps`` (CUDA graphs), CoOp
+   at C = 10, 50 and 500 and the others at C = 50: steady-state ms per step, steps replayed from a graph, the largest
+   difference of the learned tensors after the same steps (must be 0: a graph replays the eager kernels); a step
+   that syncs with the host cannot be captured, so graph_steps trains it eagerly and the row says so;
 8. runs/hour by R: the 12-run grid of check 4 with the default precision (AMP) at R = 1, 4 and 12 (the GPU's default
    ``DEFAULT_BATCH_RUNS``);
 9. the demo (``atlas-fast demo``: 12 runs of the embedded world, the paper's CoOp recipe): wall time.
@@ -189,8 +189,9 @@ def check_pixels(root: Path) -> None:
     name = pixel[0]
     # a smoke test's small model (2 blocks per tower) gets prompts 2 blocks deep; ViT-B/16 keeps the recipe's depth
     options = {option: 2 for option in METHODS[name].depth_options} if SETUP["model"] == "atlas-tiny" else None
-    record = run(_config(root, method=name, epochs=1, results_dir=root / f"pixels-{name}", method_options=options))
+    record = run(_config(root, method=name, epochs=2, results_dir=root / f"pixels-{name}", method_options=options))
     row("pixel-path method", "ok", f"{name}: {record['timings']['seconds_per_epoch']:.1f} s/epoch",
+        f"default precision ({'AMP' if SETUP['device'] == 'cuda' else 'fp32'}), 2 epochs; "
         f"base {record['metrics'].get('base', float('nan')):.1f}")
 
 
@@ -220,9 +221,9 @@ class _DeviceFeatures:
             yield self.features[index], index
 
 
-def _train_coop(backbone, classnames, features, labels, epochs: int, graph_steps: bool):
-    """One cached CoOp run (batch 32, fp16 AMP, seeded init and order) through the loop; returns (method, logs,
-    seconds, fallback warnings)."""
+def _train_cached(name: str, backbone, classnames, features, labels, epochs: int, graph_steps: bool):
+    """One cached run of method ``name`` (batch 32, fp16 AMP on a GPU, seeded init and order) through the loop;
+    returns (method, logs, seconds, fallback warnings)."""
     import warnings
 
     from atlas_fast.atlas.schedules import OneHot
@@ -230,7 +231,7 @@ def _train_coop(backbone, classnames, features, labels, epochs: int, graph_steps
     from atlas_fast.methods.base import OptimRecipe, method_entry
 
     device = torch.device(SETUP["device"])
-    entry = method_entry("coop")
+    entry = method_entry(name)
     torch.manual_seed(0)
     method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a")).to(device)
     run = RunState(_DeviceFeatures(features), labels, None, OneHot(), seed=1, device=device)
@@ -247,46 +248,58 @@ def _train_coop(backbone, classnames, features, labels, epochs: int, graph_steps
     return method, logs[0], seconds, fallbacks
 
 
-@guarded("graph steps")
-def check_graph_steps(backbone, steps_per_epoch: int = 10, epochs: int = 4) -> None:
-    cuda = SETUP["device"] == "cuda"  # on the CPU (a smoke test of this check) both runs are eager
-    from atlas_fast.atlas.schedules import OneHot
-    from atlas_fast.engine.graphs import host_syncs
-    from atlas_fast.engine.loop import RunState, forward_backward
+def _largest_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return max((p.detach().float() - q.detach().float()).abs().max().item()
+               for p, q in zip(a.trainable_parameters(), b.trainable_parameters()))
 
+
+@guarded("graph steps")
+def check_graph_steps(backbone, steps_per_epoch: int = 10, short: int = 2, long: int = 6) -> None:
+    """Eager vs graphed steps of every cached method: ms per step in steady state (the time of ``long`` epochs minus
+    that of ``short`` ones, so warm-up steps and captures cancel), and the largest difference of the learned tensors
+    after the same ``long`` epochs (0: a graph replays the eager kernels)."""
+    cuda = SETUP["device"] == "cuda"  # on the CPU (a smoke test of this check) both runs are eager
+    from atlas_fast.methods import METHODS
+
+    cached = [name for name, entry in METHODS.items() if entry.learns and not entry.reads_pixels]
+    cases = [("coop", c) for c in ((10, 50, 500) if cuda else (10,))] + \
+        [(name, 50 if cuda else 10) for name in cached if name != "coop"]
     generator = torch.Generator().manual_seed(0)
-    results, notes, worst = [], [], 0.0
-    for classes in (10, 50, 500) if cuda else (10,):
+    results, notes, worst, fast_enough = [], [], 0.0, True
+    for name, classes in cases:
         classnames = [f"class {i}" for i in range(classes)]
         n = 32 * steps_per_epoch  # every batch full-size: every step after the warm-up can replay
         features = torch.randn(n, backbone.embed_dim, generator=generator).to(SETUP["device"])
         labels = torch.randint(classes, (n,), generator=generator)
-        _train_coop(backbone, classnames, features, labels, 1, False)  # warm-up (kernels, cuBLAS), not timed
-        eager, _, eager_s, _ = _train_coop(backbone, classnames, features, labels, epochs, False)
-        graphed, logs, graphed_s, fallbacks = _train_coop(backbone, classnames, features, labels, epochs, cuda)
-        diff = (eager.ctx.detach().float() - graphed.ctx.detach().float()).abs().max().item()
-        worst = max(worst, diff)
-        replayed = sum(e.get("graphed_steps", 0) for e in logs)
-        steps = steps_per_epoch * epochs
-        results.append(f"C={classes}: {1000 * eager_s / steps:.1f} ms eager, {1000 * graphed_s / steps:.1f} ms "
-                       f"graphed ({eager_s / graphed_s:.2f}x, {replayed}/{steps} replayed)")
-        if classes == 10 and cuda:  # what one eager step reads back from the device
-            method = eager
-            method.train()
-            run = RunState(_DeviceFeatures(features), labels, None, OneHot(), seed=1, device=torch.device("cuda"))
-            optimizer = torch.optim.SGD(method.parameters(), lr=0.0)
-            scaler = torch.amp.GradScaler("cuda")
-            index = torch.arange(32, device="cuda")
-            batch_labels = run.labels[index]
-            _, syncs = host_syncs(lambda: forward_backward(method, [run], optimizer, scaler, 0, features[index],
-                                                           batch_labels, [(0, batch_labels, None)], [32],
-                                                           torch.device("cuda"), True))
-            notes.append(f"{len(syncs)} host sync(s) per eager step" + (f" (first: {syncs[0][:80]})" if syncs else ""))
-        if fallbacks and len(notes) < 2:
-            notes.append("fell back to eager: " + fallbacks[0][:160])
-    row("graph steps", ("ok" if worst == 0.0 else "FAIL") if cuda else "n/a", "; ".join(results),
-        f"cached CoOp, batch 32, fp16 AMP, {epochs} x {steps_per_epoch} steps; largest context difference "
-        f"eager vs graphed {worst:.2e}; " + "; ".join(notes) if cuda else "CPU smoke test: both runs eager")
+        _train_cached(name, backbone, classnames, features, labels, 1, False)  # warm-up (kernels, cuBLAS)
+        timed = {}
+        for graphed in (False, True) if cuda else (False,):
+            times = {}
+            for epochs in (short, long):
+                method, logs, times[epochs], fallbacks = _train_cached(name, backbone, classnames, features, labels,
+                                                                       epochs, graphed)
+            timed[graphed] = (method, 1000 * (times[long] - times[short]) / ((long - short) * steps_per_epoch),
+                              sum(e.get("graphed_steps", 0) for e in logs))
+            if fallbacks and len(notes) < 3:
+                notes.append(f"{name} fell back to eager: " + fallbacks[0][:160])
+        eager_ms = timed[False][1]
+        if cuda:
+            graphed_method, graphed_ms, replayed = timed[True]
+            diff = _largest_difference(timed[False][0], graphed_method)
+            worst = max(worst, diff)
+            results.append(f"{name} C={classes}: {eager_ms:.2f} ms eager, {graphed_ms:.2f} ms graphed "
+                           f"({eager_ms / graphed_ms:.2f}x, {replayed}/{long * steps_per_epoch} replayed, "
+                           f"diff {diff:.1e})")
+            if name == "coop" and classes == 50:
+                fast_enough = graphed_ms <= 5.0
+        else:
+            results.append(f"{name} C={classes}: {eager_ms:.2f} ms eager")
+    status = ("ok" if worst == 0.0 else "FAIL") if cuda else "n/a"
+    row("graph steps", status, "; ".join(results),
+        f"cached methods, batch 32, fp16 AMP, steady-state ms/step ({long} minus {short} epochs of "
+        f"{steps_per_epoch} steps); largest learned-tensor difference eager vs graphed {worst:.2e}; "
+        f"target <= 5 ms for CoOp at C=50: {'met' if fast_enough else 'NOT met'}"
+        + ("; " + "; ".join(notes) if notes else "") if cuda else "CPU smoke test: eager only")
 
 
 @guarded("runs/hour by R")
@@ -318,6 +331,7 @@ def check_demo(root: Path) -> None:
     start = time.perf_counter()
     report = run_demo(config, progress=False)
     seconds = time.perf_counter() - start
+    print(report, flush=True)
     row("demo", "ok" if "nan" not in report.lower() else "WARN", f"{seconds:.0f} s wall time",
         "atlas-fast demo from nothing: world generated, cache built, 12 runs (CoOp + 3 ATLaS variants x 3 seeds)")
 
