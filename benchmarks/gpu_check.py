@@ -18,7 +18,8 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
    difference of the learned tensors after the same steps (must be 0: a graph replays the eager kernels); a step
    that syncs with the host cannot be captured, so graph_steps trains it eagerly and the row says so;
 8. runs/hour by R: the 12-run grid of check 4 with the default precision (AMP) at R = 1, 4 and 12 (the GPU's default
-   ``DEFAULT_BATCH_RUNS``);
+   ``DEFAULT_BATCH_RUNS``) with the default graph steps, and R = 1 with eager steps; seconds by phase from the
+   records (plan, inputs, training, evaluation, the rest);
 9. the demo (``atlas-fast demo``: 12 runs of the embedded world, the paper's CoOp recipe): wall time.
 
 Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size. ``--device cpu
@@ -137,13 +138,15 @@ def check_amp(root: Path) -> None:
     if SETUP["device"] != "cuda":
         row("cached training with AMP", "n/a", "AMP needs a CUDA device")
         return
+    first = run(_config(root, precision="amp", results_dir=root / "amp-first", **common))  # fp16 kernels, plans
     amp = run(_config(root, precision="amp", results_dir=root / "amp", **common))
     fp32 = run(_config(root, precision="fp32", results_dir=root / "fp32", **common))
     diff = max(abs(amp["metrics"][m] - fp32["metrics"][m]) for m in ("base", "new", "H"))
     finite = all(torch.isfinite(torch.tensor(e["loss"])) for e in amp["epochs"])
     row("cached training with AMP", "ok" if finite else "FAIL",
         f"{amp['timings']['seconds_per_epoch'] * 1000:.0f} ms/epoch AMP, "
-        f"{fp32['timings']['seconds_per_epoch'] * 1000:.0f} ms/epoch fp32",
+        f"{fp32['timings']['seconds_per_epoch'] * 1000:.0f} ms/epoch fp32 (the process's first AMP run: "
+        f"{first['timings']['seconds_per_epoch'] * 1000:.0f} ms/epoch)",
         f"{amp['data']['num_train']} train images, {amp['data']['num_classes']} classes; "
         f"AMP vs fp32 base/new/H differ by <= {diff:.2f} points")
 
@@ -302,23 +305,41 @@ def check_graph_steps(backbone, steps_per_epoch: int = 10, short: int = 2, long:
         + ("; " + "; ".join(notes) if notes else "") if cuda else "CPU smoke test: eager only")
 
 
+def _phases(records: list[dict], seconds: float) -> str:
+    """Where a sweep's wall time went, from its records' timings (a group's training counted once)."""
+    train = sum(r["timings"]["train"] / r["timings"]["batch_runs"] for r in records)
+    parts = {name: sum(r["timings"][name] for r in records) for name in ("plan", "inputs", "evaluate")}
+    parts["train"] = train
+    parts["other"] = seconds - sum(parts.values())
+    return " ".join(f"{name} {value:.1f}" for name, value in parts.items())
+
+
 @guarded("runs/hour by R")
 def check_runs_per_hour(root: Path) -> None:
     from atlas_fast.sweep import DEFAULT_BATCH_RUNS, Execution, atlas_variants, grid_configs, run_configs
 
     configs = grid_configs(_config(root), ["OxfordPets"], atlas_variants("base2new"), [1, 2, 3])
-    rates = {}
-    for r in (1, 4, 12):
-        configs_r = [_config(root, **{**c.__dict__, "results_dir": root / f"per-hour-R{r}"}) for c in configs]
+    cuda = SETUP["device"] == "cuda"
+    cases = [("R = 1 eager", 1, False)] if cuda else []
+    cases += [(f"R = {r}", r, None) for r in (1, 4, 12)]  # None: graph steps wherever they apply (the default)
+    rates, phases = {}, []
+    for label, r, graphs in cases:
+        folder = root / f"per-hour-{label.replace(' ', '')}"
+        configs_r = [_config(root, **{**c.__dict__, "results_dir": folder, "graph_steps": graphs})
+                     for c in configs]
         synchronize()
         start = time.perf_counter()
-        run_configs(configs_r, Execution("local", r), progress=False)
+        records = run_configs(configs_r, Execution("local", r), progress=False)
         synchronize()
-        rates[r] = 3600 * len(configs) / (time.perf_counter() - start)
-    row("runs/hour by R", "ok", ", ".join(f"R = {r}: {rate:.0f} runs/hour ({rate / rates[1]:.2f}x)"
-                                          for r, rate in rates.items()),
-        f"{len(configs)} cached CoOp runs (CoOp + ATLaS/-CSL/-ISL x 3 seeds), default precision "
-        f"({'AMP' if SETUP['device'] == 'cuda' else 'fp32'}); the GPU's default R is {DEFAULT_BATCH_RUNS['cuda']}")
+        seconds = time.perf_counter() - start
+        rates[label] = 3600 * len(configs) / seconds
+        phases.append(f"{label}: {_phases(records, seconds)}")
+    base = next(iter(rates.values()))
+    row("runs/hour by R", "ok", ", ".join(f"{label}: {rate:.0f} runs/hour ({rate / base:.2f}x)"
+                                          for label, rate in rates.items()),
+        f"{len(configs)} cached CoOp runs (CoOp + ATLaS/-CSL/-ISL x 3 seeds, {configs[0].epochs} epochs), default "
+        f"precision ({'AMP' if cuda else 'fp32'}), graph steps by default; the GPU's default R is "
+        f"{DEFAULT_BATCH_RUNS['cuda']}; seconds by phase: " + "; ".join(phases))
 
 
 @guarded("demo")
