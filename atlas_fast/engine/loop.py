@@ -87,8 +87,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     under AMP the group shares one gradient scaler (an fp16 overflow skips the step of every run in the group).
     A run whose loss or learned tensors stop being finite fails the whole call (no record may describe it).
 
-    The loop itself reads nothing back from the device per step: the losses are summed on the device and read once
-    per epoch, each run's order is drawn on the CPU and moved once per epoch (:class:`~atlas_fast.engine.feed.
+    The loop itself reads nothing back from the device per step beyond the gradient scaler's inf check under AMP
+    (see :func:`build_optimizer`): the losses are summed on the device and read once per epoch, each run's order is drawn on the CPU and moved once per epoch (:class:`~atlas_fast.engine.feed.
     CachedViews` indexes its device-resident views there). ``graph_steps`` (CUDA): full-size steps replay a CUDA
     graph of their forward, loss and backward (:class:`~atlas_fast.engine.graphs.StepGraphs`); each epoch's log then counts them.
     """
