@@ -390,3 +390,13 @@ def test_base_new_after_fewshot_uses_train_labels(data_root):
         fewshot_subset(base, 1, seed=1)
     with pytest.raises(ValueError, match="test-only"):
         subsample_classes(load_dataset("imagenet_a", data_root), "new")
+
+
+def test_relabeling_keeps_every_other_field():
+    from dataclasses import replace
+
+    from atlas_fast.data.base import Datum
+    from atlas_fast.data.fewshot import _relabeled
+
+    datum = Datum("/data/a/b.jpg", 7, "cat", "a/b.jpg", domain=2)
+    assert _relabeled(datum, 3) == replace(datum, label=3) and datum.label == 7

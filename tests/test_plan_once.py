@@ -1,5 +1,5 @@
-"""A run is planned once: one plan, one dataset listing and one data fingerprint per run, for a lone run, a batched
-sweep and a Ray sweep (whose workers plan nothing); finished runs are found without training."""
+"""A run is planned once: one plan and one data fingerprint per run and one dataset listing per sweep, for a lone
+run, a batched sweep and a Ray sweep (whose workers plan nothing); finished runs are found without training."""
 
 import os
 from pathlib import Path
@@ -57,11 +57,11 @@ def test_a_batched_sweep_plans_each_run_once(data, counts):
     records = run_grid(config(data, "sweep"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS, progress=False,
                        execution=Execution("local", batch_runs=3))
     assert [r["timings"]["batch_runs"] for r in records] == [3, 3, 3]
-    expected = {"plan": 3, "listing": 3, "fingerprint": 3, "train": 1}  # one group of three
+    expected = {"plan": 3, "listing": 1, "fingerprint": 3, "train": 1}  # one listing, one group of three
     assert counting.read(counts) == {"driver": expected, "workers": {}}
     run_grid(config(data, "sweep"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS, progress=False,
              execution=Execution("local", batch_runs=3))  # all finished: planned again, nothing trained
-    assert counting.read(counts)["driver"] == {"plan": 6, "listing": 6, "fingerprint": 6, "train": 1}
+    assert counting.read(counts)["driver"] == {"plan": 6, "listing": 2, "fingerprint": 6, "train": 1}
 
 
 def test_ray_workers_plan_nothing(data, counts):
@@ -80,5 +80,28 @@ def test_ray_workers_plan_nothing(data, counts):
         ray.shutdown()
     assert not any(r["skipped"] for r in records) and len({r["key"] for r in records}) == 3
     found = counting.read(counts)
-    assert found["driver"] == {"plan": 3, "listing": 3, "fingerprint": 3}
+    assert found["driver"] == {"plan": 3, "listing": 1, "fingerprint": 3}
     assert found["workers"] == {"train": 3}, f"Ray workers planned again (or did not train): {found['workers']}"
+
+
+def test_a_group_reads_its_test_features_and_zero_shot_references_once(data, monkeypatch):
+    """The test split does not depend on the seed: a group of three runs checks the test images against the cache,
+    reads each evaluation set and computes the zero-shot references once, and each run's metrics are the lone run's."""
+    import atlas_fast.engine.feed as feed
+    import atlas_fast.engine.pipeline as pipeline
+
+    calls = {"eval": 0, "zero_shot": 0}
+
+    def counted(kind, function):
+        def wrapper(*args, **kwargs):
+            calls[kind] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(feed, "evaluation_set", counted("eval", feed.evaluation_set))
+    monkeypatch.setattr(pipeline, "zero_shot_references", counted("zero_shot", pipeline.zero_shot_references))
+    grouped = run_grid(config(data, "shared-eval"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS,
+                       progress=False, execution=Execution("local", batch_runs=3))
+    assert calls == {"eval": 3, "zero_shot": 1}  # base, new and all, once for the group
+    lone = run(config(data, "shared-eval-lone", seed=2))
+    assert lone["metrics"] == grouped[1]["metrics"]

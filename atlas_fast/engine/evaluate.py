@@ -134,11 +134,15 @@ def summarize(accuracies: dict[str, float]) -> dict[str, float]:
 
 
 def evaluate_run(method: PromptMethod, eval_sets: Sequence[EvalSet], backbone: Backbone, dataset: str,
-                 amp: bool = False, progress: bool = False) -> dict[str, Any]:
+                 amp: bool = False, progress: bool = False, zero_shot: dict[str, float] | None = None
+                 ) -> dict[str, Any]:
     """A trained run's final metrics: accuracy on each evaluation set (base/new/all, H) and the zero-shot references
-    with the dataset's CLIP template on the same sets."""
+    with the dataset's CLIP template on the same sets (``zero_shot``: those references when already computed for
+    the same sets, e.g. by another run of the group)."""
     accuracies = {name: values[0] for name, values in evaluate_method(method, eval_sets, amp, progress).items()}
-    return {**summarize(accuracies), "zero_shot": zero_shot_references(backbone, eval_sets, dataset)}
+    if zero_shot is None:
+        zero_shot = zero_shot_references(backbone, eval_sets, dataset)
+    return {**summarize(accuracies), "zero_shot": zero_shot}
 
 
 def zero_shot_references(backbone: Backbone, eval_sets: Sequence[EvalSet], dataset: str) -> dict[str, float]:

@@ -139,19 +139,31 @@ def evaluation_set(name: str, split, backbone: Backbone, cache: FeatureCache, me
     return EvalSet(name, split.classnames, features, torch.tensor([d.label for d in split.test]), images)
 
 
-def prepare_inputs(spec: RunSpec, backbone: Backbone) -> RunInputs:
+def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None) -> RunInputs:
     """Build what the feature cache lacks for the run's data (train views 0..V, test view 0; pixel methods: train
-    view 0 and, for PromptSRC, 1..V), read the evaluation features and compute the soft labels once."""
+    view 0 and, for PromptSRC, 1..V), read the evaluation features and compute the soft labels once.
+
+    ``shared``: one dict for the runs of a group (same dataset, backbone and method), so the test images are
+    checked against the cache and each evaluation set is read once per group rather than once per run (the test
+    split does not depend on the seed)."""
     config, data, method = spec.config, spec.data, spec.method
+    shared = {} if shared is None else shared
     train_split = data.train_split
     cache = FeatureCache(config.cache_root, content_hash=config.content_hash)
     # pixel methods need cached train features only for soft labels (view 0) and PromptSRC's frozen views
     train_views = 0 if method.reads_pixels and not method.reads_frozen_features else spec.views
     cache.build(backbone, data.dataset, train_split.train, num_views=train_views, aug_seed=config.aug_seed,
                 progress=config.progress)
-    cache.build(backbone, data.dataset, data.fewshot.test, num_views=0, progress=config.progress)
-    eval_sets = [evaluation_set(name, split, backbone, cache, method, config.workers, spec.device)
-                 for name, split in data.splits.items()]
+    test_key = ("test", data.dataset, tuple(d.impath for d in data.fewshot.test))
+    if test_key not in shared:
+        cache.build(backbone, data.dataset, data.fewshot.test, num_views=0, progress=config.progress)
+        shared[test_key] = True
+    eval_sets = []
+    for name, split in data.splits.items():
+        key = ("eval", data.dataset, name, tuple(split.classnames), tuple(d.impath for d in split.test))
+        if key not in shared:
+            shared[key] = evaluation_set(name, split, backbone, cache, method, config.workers, spec.device)
+        eval_sets.append(shared[key])
     labels = torch.tensor([d.label for d in train_split.train])
     soft_rows = None
     if config.soft_labels is not None:

@@ -88,9 +88,10 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     A run whose loss or learned tensors stop being finite fails the whole call (no record may describe it).
 
     The loop itself reads nothing back from the device per step beyond the gradient scaler's inf check under AMP
-    (see :func:`build_optimizer`): the losses are summed on the device and read once per epoch, each run's order is drawn on the CPU and moved once per epoch (:class:`~atlas_fast.engine.feed.
-    CachedViews` indexes its device-resident views there). ``graph_steps`` (CUDA): full-size steps replay a CUDA
-    graph of their forward, loss and backward (:class:`~atlas_fast.engine.graphs.StepGraphs`); each epoch's log then counts them.
+    (see :func:`build_optimizer`): the losses are summed on the device and read once per epoch, each run's order is
+    drawn on the CPU and moved once per epoch (:class:`~atlas_fast.engine.feed.CachedViews` indexes its
+    device-resident views there). ``graph_steps`` (CUDA): full-size steps replay a CUDA graph of their forward, loss
+    and backward (:class:`~atlas_fast.engine.graphs.StepGraphs`); each epoch's log then counts them.
     """
     num_runs = len(runs)
     if method.num_runs != num_runs:

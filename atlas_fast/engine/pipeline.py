@@ -51,7 +51,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
 def run_group(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
     """Plan every config once, then train (or reuse) the runs as one group; records in the order of ``configs``."""
-    return run_specs([plan_run(config) for config in configs])
+    listings: dict = {}
+    return run_specs([plan_run(config, listings=listings) for config in configs])
 
 
 def split_finished(specs: Sequence[RunSpec]) -> tuple[list[dict[str, Any] | None], list[int]]:
@@ -101,9 +102,10 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     backbone = first.backbone()
     inputs: list[RunInputs] = []
     input_seconds = []
+    shared: dict = {}  # evaluation sets read once per group
     for spec in specs:
         clock = time.perf_counter()
-        inputs.append(prepare_inputs(spec, backbone))
+        inputs.append(prepare_inputs(spec, backbone, shared))
         input_seconds.append(round(time.perf_counter() - clock, 4))
 
     method, singles = build_group_method(specs, backbone, classnames)
@@ -131,10 +133,15 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     train_seconds = round(time.perf_counter() - clock, 4)
 
     records = []
+    zero_shots: dict[tuple[int, ...], dict[str, float]] = {}  # per distinct tuple of (shared) evaluation sets
     for r, (spec, run_inputs, log) in enumerate(zip(specs, inputs, logs)):
         clock = time.perf_counter()
         view = run_view(method, singles, r)
-        metrics = evaluate_run(view, run_inputs.eval_sets, backbone, spec.dataset, spec.amp, spec.config.progress)
+        sets = tuple(id(eval_set) for eval_set in run_inputs.eval_sets)
+        if sets not in zero_shots:
+            zero_shots[sets] = zero_shot_references(backbone, run_inputs.eval_sets, spec.dataset)
+        metrics = evaluate_run(view, run_inputs.eval_sets, backbone, spec.dataset, spec.amp, spec.config.progress,
+                               zero_shots[sets])
         timings = {"plan": spec.plan_seconds, "inputs": input_seconds[r], "train": train_seconds,
                    "evaluate": round(time.perf_counter() - clock, 4),
                    "seconds_per_epoch": train_seconds / spec.recipe.epochs, "batch_runs": len(specs),

@@ -2,10 +2,10 @@
 resolved (device, precision, backbone fingerprint, method config, recipe), its data listed and fingerprinted, and its
 record named.
 
-Planning is the only step that lists the dataset, draws the few-shot subset and fingerprints the run's images
-(:func:`load_run_data`); everything after it (inputs, training, evaluation, the record, and the workers of a sweep)
-reads the spec. The record's name covers the data, so an identical run on changed data is never mistaken for a
-finished one, and data that are gone (a wrong ``--data-root``) are an error, never old numbers. No image is decoded
+Planning is the only step that lists the dataset (once per sweep), draws the few-shot subset and fingerprints the
+run's images (:func:`load_run_data`); everything after it (inputs, training, evaluation, the record, and the workers
+of a sweep) reads the spec. The record's name covers the data, so an identical run on changed data is never mistaken
+for a finished one, and data that are gone (a wrong ``--data-root``) are an error, never old numbers. No image is decoded
 and no feature is read here.
 """
 
@@ -155,16 +155,23 @@ def evaluation_subsamples(train_subsample: str, method_config: MethodConfig,
     return [train_subsample]
 
 
-def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: bool = False) -> RunData:
+def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: bool = False,
+                  listings: dict | None = None) -> RunData:
     """List the dataset, draw the few-shot subset, split the classes and fingerprint the run's images; refuse data
     the run cannot use (no training images, an evaluation class set without test images). ``evaluation_only``: the
     data of a saved run's evaluation (no training list needed; the few-shot draw only defines base/new, so the
-    ``all`` class set is the full dataset)."""
+    ``all`` class set is the full dataset). ``listings``: dataset listings already made while planning the same
+    sweep, by (dataset, data root); each run still fingerprints its own images."""
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.data.fewshot import shots_used
     from atlas_fast.data.identity import subset_fingerprint
 
-    full = load_dataset(config.dataset, config.data_root)
+    key = (config.dataset, str(config.data_root))
+    full = listings.get(key) if listings is not None else None
+    if full is None:
+        full = load_dataset(config.dataset, config.data_root)
+        if listings is not None:
+            listings[key] = full
     fewshot = full
     if not (evaluation_only and subsamples == ["all"]):
         fewshot = fewshot_subset(full, config.shots, config.seed,
@@ -258,10 +265,11 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
                                           for k in ("data_root", "cache_root", "results_dir")})
 
 
-def plan_run(config: TrainConfig, for_workers: bool = False) -> RunSpec:
+def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | None = None) -> RunSpec:
     """Resolve ``config`` into a :class:`RunSpec` (loads the backbone once per process to fingerprint it, lists and
     fingerprints the data). ``for_workers``: the run trains elsewhere (Ray, SLURM), so its device may be one this
-    machine lacks; the backbone is then fingerprinted on the CPU."""
+    machine lacks; the backbone is then fingerprinted on the CPU. ``listings``: shared by the plans of one sweep, so
+    a dataset is listed once per sweep (:func:`load_run_data`)."""
     clock = time.perf_counter()
     config = absolute_paths(config)
     entry = method_entry(config.method)
@@ -290,7 +298,8 @@ def plan_run(config: TrainConfig, for_workers: bool = False) -> RunSpec:
         warnings.warn(f"{config.method} on {dataset}: {recipe.epochs} epoch(s) with {recipe.warmup_epochs} warmup "
                       f"epoch(s) at lr {recipe.warmup_lr:g} leave no epoch at the recipe's lr {recipe.lr:g}: the "
                       f"prompts barely move. Train at least {recipe.warmup_epochs + 1} epochs.", stacklevel=2)
-    data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config, config.evaluate))
+    data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config, config.evaluate),
+                         listings=listings)
     if data.shots_used["min"] < config.shots:
         used = data.shots_used
         print(f"note: {dataset}: some classes have fewer than {config.shots} training images; the run uses "

@@ -90,13 +90,14 @@ class Execution:
 
 
 def plan_sweep(configs: Sequence[TrainConfig], execution: Execution | None = None) -> list[RunSpec]:
-    """Plan every run once (paths absolute, device resolved for the workers): loads each backbone once per process
-    and lists and fingerprints each run's data, so a record of other data is never reused and workers plan
+    """Plan every run once (paths absolute, device resolved for the workers): loads each backbone once per process,
+    lists each dataset once and fingerprints each run's data, so a record of other data is never reused and workers plan
     nothing."""
     execution = execution or Execution()
     remote = execution.executor != "local"
-    return [plan_run(dataclasses.replace(config, device=execution.worker_device(config)), for_workers=remote)
-            for config in configs]
+    listings: dict = {}  # each dataset is listed once per sweep
+    return [plan_run(dataclasses.replace(config, device=execution.worker_device(config)), for_workers=remote,
+                     listings=listings) for config in configs]
 
 
 def group_key(spec: RunSpec) -> str:
