@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+from gpu_profile import RandomFeatures  # noqa: E402  (random cached features held on the device)
 from sweep_speed import write_dataset  # noqa: E402  (the same synthetic OxfordPets-layout dataset)
 
 ROWS: list[tuple[str, str, str, str]] = []
@@ -213,17 +214,6 @@ def check_step_speed() -> None:
         + (" (fp16 autocast)" if SETUP["device"] == "cuda" else " (fp32)"))
 
 
-class _DeviceFeatures:
-    """Training inputs for the graph-steps check: random cached features held on the device (every epoch the same)."""
-
-    def __init__(self, features: torch.Tensor) -> None:
-        self.features, self.device = features, features.device
-
-    def batches(self, epoch, order, batch_size):
-        for index in order.to(self.device).split(batch_size):
-            yield self.features[index], index
-
-
 def _train_cached(name: str, backbone, classnames, features, labels, epochs: int, graph_steps: bool):
     """One cached run of method ``name`` (batch 32, fp16 AMP on a GPU, seeded init and order) through the loop;
     returns (method, logs, seconds, fallback warnings)."""
@@ -237,7 +227,7 @@ def _train_cached(name: str, backbone, classnames, features, labels, epochs: int
     entry = method_entry(name)
     torch.manual_seed(0)
     method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a")).to(device)
-    run = RunState(_DeviceFeatures(features), labels, None, OneHot(), seed=1, device=device)
+    run = RunState(RandomFeatures(features), labels, None, OneHot(), seed=1, device=device)
     recipe = OptimRecipe(epochs=epochs, batch_size=32, lr=0.002)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
