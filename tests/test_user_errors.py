@@ -64,6 +64,15 @@ def test_devices_that_do_not_exist_are_refused_before_any_work(data, capsys):
     assert not (data / "results").exists()
 
 
+def test_graph_steps_on_where_no_graph_applies_is_one_error_line(data, capsys):
+    assert main(train_args(data, "--device", "cpu", "--graph-steps", "on")) == 2
+    one_error_line(capsys, "needs a CUDA device; this run is on cpu", "graph_steps")
+    assert not (data / "results").exists()
+    assert main(train_args(data, "--device", "cpu", "--graph-steps", "off", "--seeds", "1",
+                           "--results-dir", str(data / "results-eager"))) == 0  # eager steps: it trains
+    assert list((data / "results-eager").rglob("*.json"))
+
+
 def test_an_unknown_model_is_refused_with_the_closest_names(data, capsys):
     assert main(train_args(data, "--model", "ViT-B-61")) == 2
     one_error_line(capsys, "Unknown model 'ViT-B-61'", "did you mean ViT-B-16")

@@ -183,6 +183,10 @@ def add_train_commands(subparsers: argparse._SubParsersAction) -> None:
     optim.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
     optim.add_argument("--precision", choices=("auto", "fp32", "amp"), default="auto",
                        help="auto = fp16 autocast on CUDA, fp32 on CPU")
+    optim.add_argument("--graph-steps", choices=("auto", "on", "off"), default="auto",
+                       help="replay cached training steps from CUDA graphs (same numbers, faster): auto = wherever "
+                            "a graph applies (CUDA, a method on cached features); on = refuse runs where none does; "
+                            "off = eager steps")
     optim.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
     optim.add_argument("--results-dir", type=Path, default=Path("results"), help="records (default ./results)")
     optim.add_argument("--batch-runs", type=int, default=None,
@@ -264,6 +268,7 @@ def run_train(args: argparse.Namespace) -> int:
         setting=args.setting, shots=args.shots, seed=seed, subsample=args.subsample, soft_labels=soft_labels,
         schedule=schedule, views=args.views, aug_seed=args.aug_seed, epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, eval_every_epoch=args.eval_every_epoch, device=args.device, precision=args.precision,
+        graph_steps={"auto": None, "on": True, "off": False}[args.graph_steps],
         cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress,
         content_hash=args.content_hash, workers=args.workers)
         for method in args.methods for seed in args.seeds]
