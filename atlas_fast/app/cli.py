@@ -370,9 +370,10 @@ def add_experiment_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_experiment_command(args: argparse.Namespace) -> int:
-    from atlas_fast.experiments import experiment_table, load_experiment
-    from atlas_fast.experiments.common import run_experiment
+    from atlas_fast.experiments import experiment_names, experiment_table, load_experiment
 
+    if args.name is not None and args.name not in experiment_names():  # before torch is imported
+        raise UsageError(f"Unknown experiment {args.name!r}; valid: {', '.join(experiment_names())}.")
     if args.list or args.name is None:
         rows = experiment_table()
         width = max(len(name) for name, _, _ in rows)
@@ -381,6 +382,8 @@ def run_experiment_command(args: argparse.Namespace) -> int:
             what = what[len(item) + 2:] if what.startswith(item + ": ") else what  # no "Fig. 1: Fig. 1: ..."
             print(f"{name:<{width}}  {paper:<32}  {what}")
         return 0 if args.list else 2
+    from atlas_fast.experiments.common import run_experiment
+
     run_experiment(load_experiment(args.name), args.options)
     return 0
 
