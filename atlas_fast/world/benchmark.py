@@ -58,6 +58,37 @@ def checkerboard(shapes: Sequence[str], textures: Sequence[str]) -> tuple[str, .
     return tuple(name for parity in (0, 1) for total, name in cells if total % 2 == parity)
 
 
+def held_out_split(shapes: Sequence[str], textures: Sequence[str], held_out: str) -> tuple[str, ...]:
+    """Class names of shapes x textures, ordered so that the new half (second) holds the second half of the
+    ``held_out`` attribute's values ("shape" or "texture"), which no base class has: new classes are novel in that
+    attribute, as new classes on real benchmarks are novel concepts (issue 19), not recombinations of base parts.
+
+    The held-out attribute needs an even number of values, so that the halves are exactly CoOp's base/new halves."""
+    if held_out not in ("shape", "texture"):
+        raise ValueError(f"held_out must be 'shape' or 'texture', got {held_out!r}")
+    values = shapes if held_out == "shape" else textures
+    if len(values) % 2:
+        raise ValueError(f"{len(values)} {held_out}s cannot be split in two halves of base and new classes")
+    half = len(values) // 2
+    if held_out == "shape":
+        return tuple(f"{t} {s}" for part in (shapes[:half], shapes[half:]) for s in part for t in textures)
+    return tuple(f"{t} {s}" for part in (textures[:half], textures[half:]) for s in shapes for t in part)
+
+
+# How a class set's labels can be ordered (the base half is the first labels): see checkerboard, held_out_split.
+SPLIT_ORDERS: tuple[str, ...] = ("checkerboard", "texture", "shape")
+
+
+def split_order(order: str, shapes: Sequence[str], textures: Sequence[str]) -> tuple[str, ...]:
+    """Class names of shapes x textures in the label order ``order`` (one of :data:`SPLIT_ORDERS`): "checkerboard"
+    (new classes recombine base attributes) or "texture"/"shape" (new classes carry held-out values of it)."""
+    if order == "checkerboard":
+        return checkerboard(shapes, textures)
+    if order in ("texture", "shape"):
+        return held_out_split(shapes, textures, order)
+    raise ValueError(f"unknown split order {order!r}; valid: {SPLIT_ORDERS}")
+
+
 # The 24 classes of the main datasets: six shapes x four textures.
 MAIN_CLASSES = checkerboard(SHAPES[:6], TEXTURES[:4])
 # Cross-dataset targets: other class sets, partly overlapping the main one (as Caltech101 overlaps ImageNet).
