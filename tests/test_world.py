@@ -39,7 +39,8 @@ def test_classes_are_textured_shapes_and_base_and_new_share_every_attribute():
 
 def test_held_out_split_orders_put_unseen_attribute_values_in_the_new_half():
     """``--split-order texture``: base = 6 shapes x (solid, striped), new = the same shapes x (dotted, checkered);
-    ``shape``: base = (circle, triangle, square) x 4 textures, new = (star, cross, heart) x 4 textures."""
+    ``shape``: base = (circle, triangle, square) x 4 textures, new = (star, cross, heart) x 4 textures; ``both``:
+    base = (circle, triangle, square) x (solid, striped), new = (star, cross, heart) x (dotted, checkered)."""
     shapes, textures = SHAPES[:6], TEXTURES[:4]
     assert split_order("checkerboard", shapes, textures) == MAIN_CLASSES
     for order, held, kept in (("texture", 0, 1), ("shape", 1, 0)):
@@ -51,7 +52,11 @@ def test_held_out_split_orders_put_unseen_attribute_values_in_the_new_half():
         assert {c.split()[held] for c in new} == set(values[len(values) // 2:])
         other = shapes if order == "texture" else textures  # the other attribute: every value in both halves
         assert {c.split()[kept] for c in base} == {c.split()[kept] for c in new} == set(other)
-    assert set(SPLIT_ORDERS) == {"checkerboard", "texture", "shape"}
+    both = split_order("both", shapes, textures)  # new classes share no attribute with base ones
+    assert len(both) == 12 and set(both) < set(MAIN_CLASSES)
+    assert {c.split()[1] for c in both[:6]} == set(shapes[:3]) and {c.split()[0] for c in both[:6]} == set(textures[:2])
+    assert {c.split()[1] for c in both[6:]} == set(shapes[3:]) and {c.split()[0] for c in both[6:]} == set(textures[2:])
+    assert set(SPLIT_ORDERS) == {"checkerboard", "texture", "shape", "both"}
     with pytest.raises(ValueError, match="split order"):
         split_order("random", shapes, textures)
     with pytest.raises(ValueError, match="two halves"):
