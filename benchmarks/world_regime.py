@@ -10,7 +10,8 @@ under ``--work``, then measures on it, with the shipped checkpoint:
 * the teacher on the base training images: ISL argmax = label (%), CSL off-target mass (%, tau_c = 0.05);
 * CoOp base-to-new at the paper's recipe (200 epochs, a fresh view per epoch, 4 tokens from "a photo of a"),
   seeds as given, new-class accuracy after every epoch: zero-shot base/new, CoOp base/new per seed, the largest
-  single-epoch change of new-class accuracy per seed.
+  single-epoch change of new-class accuracy per seed;
+* how far the learned contexts move the class text features from zero-shot's (cosine), against random contexts.
 
 No ATLaS run is made here: the layout is chosen on these numbers alone. One JSON line per candidate is appended to
 ``--out``. Caches and results go under ``--work`` (outside the repository).
@@ -25,6 +26,35 @@ import time
 from pathlib import Path
 
 import torch
+
+
+def coop_text_shift(backbone, classnames, ctx_files) -> dict:
+    """How far CoOp's learned context moves the class text features: the mean cosine between each class's feature
+    with a learned context and with the zero-shot one ("a photo of a"), over the base half and the new half (mean
+    over ``ctx_files``), and the same for random contexts of the initial context's norm (the text tower's leverage:
+    near 1 when the tower ignores what precedes the class name)."""
+    import torch.nn.functional as F
+
+    from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
+
+    model = CoOp(backbone, list(classnames), CoOpConfig(ctx_init=PAPER_CTX_INIT))
+    half = (len(classnames) + 1) // 2
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        zero_shot = model.text_features()[0]
+        init = model.ctx.detach().clone()
+
+        def cosines(ctx: torch.Tensor) -> torch.Tensor:
+            model.ctx.copy_(ctx.reshape(init.shape).to(init.dtype))
+            return (model.text_features()[0] * zero_shot).sum(-1)
+
+        learned = torch.stack([cosines(torch.load(f, map_location="cpu")["ctx"]) for f in ctx_files])
+        norm = init.float().norm(dim=-1, keepdim=True)
+        rand = torch.stack([cosines(F.normalize(torch.randn(init.shape, generator=gen), dim=-1) * norm)
+                            for _ in range(3)])
+    return {"coop_cos_to_zero_shot_base_new": [round(learned[:, :half].mean().item(), 4),
+                                               round(learned[:, half:].mean().item(), 4)],
+            "random_ctx_cos_to_zero_shot": round(rand.mean().item(), 4)}
 
 
 def main() -> None:
@@ -98,6 +128,8 @@ def main() -> None:
             "new_curve_every_20": [[round(c[i], 1) for i in range(0, len(c), 20)] + [round(c[-1], 1)] for c in curves],
             "coop_seconds": round(time.time() - start),
         })
+        learned = [args.work / "results" / dataset.name / r["learned"] for r in records]
+        row.update(coop_text_shift(backbone, classnames, learned))
     print(json.dumps(row))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as f:
