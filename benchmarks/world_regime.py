@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 
-def coop_text_shift(backbone, classnames, ctx_files) -> dict:
+def coop_text_shift(backbone, classnames, contexts) -> dict:
     """How far CoOp's learned context moves the class text features: the mean cosine between each class's feature
     with a learned context and with the zero-shot one ("a photo of a"), over the base half and the new half (mean
-    over ``ctx_files``), and the same for random contexts of the initial context's norm (the text tower's leverage:
+    over the learned ``contexts``), and the same for random contexts of the initial context's norm (the text tower's leverage:
     near 1 when the tower ignores what precedes the class name)."""
     import torch.nn.functional as F
 
@@ -48,7 +48,7 @@ def coop_text_shift(backbone, classnames, ctx_files) -> dict:
             model.ctx.copy_(ctx.reshape(init.shape).to(init.dtype))
             return (model.text_features()[0] * zero_shot).sum(-1)
 
-        learned = torch.stack([cosines(torch.load(f, map_location="cpu")["ctx"]) for f in ctx_files])
+        learned = torch.stack([cosines(ctx) for ctx in contexts])
         norm = init.float().norm(dim=-1, keepdim=True)
         rand = torch.stack([cosines(F.normalize(torch.randn(init.shape, generator=gen), dim=-1) * norm)
                             for _ in range(3)])
@@ -128,8 +128,11 @@ def main() -> None:
             "new_curve_every_20": [[round(c[i], 1) for i in range(0, len(c), 20)] + [round(c[-1], 1)] for c in curves],
             "coop_seconds": round(time.time() - start),
         })
-        learned = [args.work / "results" / dataset.name / r["learned"] for r in records]
-        row.update(coop_text_shift(backbone, classnames, learned))
+        from atlas_fast.engine.record import load_learned
+
+        by_key = {json.loads(p.read_text())["key"]: p for p in (args.work / "results" / dataset.name).glob("*.json")}
+        contexts = [load_learned(by_key[r["key"]])["ctx"] for r in records]
+        row.update(coop_text_shift(backbone, classnames, contexts))
     print(json.dumps(row))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as f:
