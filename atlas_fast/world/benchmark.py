@@ -9,7 +9,8 @@ paper have their world counterparts:
 
 Labels of the 24-class datasets are ordered so that the base half holds every shape and every texture (a
 checkerboard over shape x texture): new classes are unseen combinations of attributes seen in base classes, as
-new classes on real benchmarks share parts and textures with base ones. Every dataset's template is the
+new classes on real benchmarks share parts and textures with base ones (:func:`split_order` gives the other orders
+measured for issue 19, where new classes carry held-out shapes or textures). Every dataset's template is the
 pretraining captions' own "a photo of a {}.", and no caption names the style: there is no hidden domain word for
 prompt tuning to discover. The layout:
 
