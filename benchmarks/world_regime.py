@@ -1,14 +1,17 @@
 """Is a candidate world benchmark in real CLIP's prompt-tuning regime? (issue 19) CoOp and zero-shot only.
 
-    python benchmarks/world_regime.py --style photo --layout 7 11 5 20 3 1.5 --shots 16 --seeds 1 2 3
+    python benchmarks/world_regime.py --style photo --layout 7 11 5 20 3 1.5 --shots 16 --seeds 1 2 3 \
+        --split-order texture
 
-Generates the main 24 classes in ``--style`` with the candidate layout (radius lo/hi, shift, tilt, clutter, noise x)
-under ``--data-root``, then measures on it, with the shipped checkpoint:
+Generates the main 24 classes (12 with ``--split-order both``) in ``--style`` with the candidate layout (radius lo/hi, shift, tilt, clutter, noise x)
+and label order (``--split-order``: which classes form the base half, see ``atlas_fast.world.benchmark.split_order``)
+under ``--work``, then measures on it, with the shipped checkpoint:
 
 * the teacher on the base training images: ISL argmax = label (%), CSL off-target mass (%, tau_c = 0.05);
 * CoOp base-to-new at the paper's recipe (200 epochs, a fresh view per epoch, 4 tokens from "a photo of a"),
   seeds as given, new-class accuracy after every epoch: zero-shot base/new, CoOp base/new per seed, the largest
-  single-epoch change of new-class accuracy per seed.
+  single-epoch change of new-class accuracy per seed;
+* how far the learned contexts move the class text features from zero-shot's (cosine), against random contexts.
 
 No ATLaS run is made here: the layout is chosen on these numbers alone. One JSON line per candidate is appended to
 ``--out``. Caches and results go under ``--work`` (outside the repository).
@@ -25,12 +28,45 @@ from pathlib import Path
 import torch
 
 
+def coop_text_shift(backbone, classnames, contexts) -> dict:
+    """How far CoOp's learned context moves the class text features: the mean cosine between each class's feature
+    with a learned context and with the zero-shot one ("a photo of a"), over the base half and the new half (mean
+    over the learned ``contexts``), and the same for random contexts of the initial context's norm (the text tower's leverage:
+    near 1 when the tower ignores what precedes the class name)."""
+    import torch.nn.functional as F
+
+    from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
+
+    model = CoOp(backbone, list(classnames), CoOpConfig(ctx_init=PAPER_CTX_INIT))
+    half = (len(classnames) + 1) // 2
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        zero_shot = model.text_features()[0]
+        init = model.ctx.detach().clone()
+
+        def cosines(ctx: torch.Tensor) -> torch.Tensor:
+            model.ctx.copy_(ctx.reshape(init.shape).to(init.dtype))
+            return (model.text_features()[0] * zero_shot).sum(-1)
+
+        learned = torch.stack([cosines(ctx) for ctx in contexts])
+        norm = init.float().norm(dim=-1, keepdim=True)
+        rand = torch.stack([cosines(F.normalize(torch.randn(init.shape, generator=gen), dim=-1) * norm)
+                            for _ in range(3)])
+    return {"coop_cos_to_zero_shot_base_new": [round(learned[:, :half].mean().item(), 4),
+                                               round(learned[:, half:].mean().item(), 4)],
+            "random_ctx_cos_to_zero_shot": round(rand.mean().item(), 4)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--style", default="photo")
     p.add_argument("--layout", type=float, nargs=6, default=[7.5, 11.5, 4.5, 18, 3, 1.5],
                    metavar=("R_LO", "R_HI", "SHIFT", "TILT", "CLUTTER", "NOISE"))
     p.add_argument("--shots", type=int, default=16)
+    p.add_argument("--split-order", default="checkerboard", choices=("checkerboard", "texture", "shape", "both"),
+                   help="base/new split: checkerboard (new = unseen combinations of base attributes, the shipped "
+                        "order), texture/shape (new classes carry the held-out half of that attribute's values) or "
+                        "both (new classes share no attribute with base ones: 12 of the 24 classes)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--epochs", type=int, default=None, help="default: the paper's recipe (200)")
     p.add_argument("--checkpoint", default="atlas-world")
@@ -43,15 +79,18 @@ def main() -> None:
     from atlas_fast import TrainConfig, run_group
     from atlas_fast.clip.backbones import BackboneConfig, load_backbone
     from atlas_fast.data import register_split_json_dataset
-    from atlas_fast.world.benchmark import IMAGE_FOLDER, SplitSizes, WorldDataset, write_dataset
-    from atlas_fast.world.generator import Layout
+    from atlas_fast.world.benchmark import IMAGE_FOLDER, SplitSizes, WorldDataset, split_order, write_dataset
+    from atlas_fast.world.generator import SHAPES, TEXTURES, Layout
     from atlas_fast.world.properties import teacher_properties
 
     r0, r1, shift, tilt, clutter, noise = args.layout
     layout = Layout(radius=(r0, r1), max_shift=shift, max_tilt=tilt, max_clutter=int(clutter), noise=noise)
     tag = f"{args.style}_r{r0:g}-{r1:g}_s{shift:g}_t{tilt:g}_c{int(clutter)}_n{noise:g}".replace(".", "p")
+    if args.split_order != "checkerboard":  # (the checkerboard keeps its earlier name, so its data is reused)
+        tag += f"_{args.split_order}"
     name = "Regime" + "".join(part.capitalize() for part in tag.split("_")).replace("-", "to")
-    dataset = WorldDataset(name, f"regime_{tag}", args.style)
+    classnames = split_order(args.split_order, SHAPES[:6], TEXTURES[:4])
+    dataset = WorldDataset(name, f"regime_{tag}", args.style, classnames)
     data_root = args.work / "data"
     write_dataset(dataset, data_root, SplitSizes(32, 4, 50), progress=False, layout=layout)
     register_split_json_dataset(dataset.name, dataset.folder, IMAGE_FOLDER, dataset.template,
@@ -67,7 +106,7 @@ def main() -> None:
     with torch.no_grad():
         text = backbone.encode_text(splits.prompts()).float()
     csl = class_soft_labels(text, atlas_preset("base2new", "csl").tau_c)
-    row = {"style": args.style, "layout": args.layout, "shots": args.shots,
+    row = {"style": args.style, "layout": args.layout, "shots": args.shots, "split_order": args.split_order,
            "logit_scale": round(teacher.logit_scale, 2), "checkpoint": args.checkpoint,
            "teacher_base_train_acc": round(teacher.accuracy, 1), "isl_argmax_is_label": round(teacher.isl_argmax_is_label, 1),
            "csl_off_target_mass": round(100 * (1 - csl.diag().mean().item()), 2)}
@@ -89,6 +128,11 @@ def main() -> None:
             "new_curve_every_20": [[round(c[i], 1) for i in range(0, len(c), 20)] + [round(c[-1], 1)] for c in curves],
             "coop_seconds": round(time.time() - start),
         })
+        from atlas_fast.engine.record import load_learned
+
+        by_key = {json.loads(p.read_text())["key"]: p for p in (args.work / "results" / dataset.name).glob("*.json")}
+        contexts = [load_learned(by_key[r["key"]])["ctx"] for r in records]
+        row.update(coop_text_shift(backbone, classnames, contexts))
     print(json.dumps(row))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as f:

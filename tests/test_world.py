@@ -11,8 +11,8 @@ import torch
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.data import load_dataset
-from atlas_fast.world.benchmark import (MAIN_CLASSES, STAMP_FILE, TEMPLATE, WORLD_BY_NAME, WORLD_DATASETS, SplitSizes,
-                                        generate_benchmark)
+from atlas_fast.world.benchmark import (MAIN_CLASSES, SPLIT_ORDERS, STAMP_FILE, TEMPLATE, WORLD_BY_NAME, WORLD_DATASETS,
+                                        SplitSizes, generate_benchmark, split_order)
 from atlas_fast.world.zeroshot import zero_shot_report
 from atlas_fast.world.generator import (CONCEPTS, SHAPES, STYLES, TEXTURES, concept_id, image_rng, render,
                                         render_batch)
@@ -35,6 +35,32 @@ def test_classes_are_textured_shapes_and_base_and_new_share_every_attribute():
     assert not set(base) & set(new)
     # no class name mentions a colour: colour is a nuisance drawn at random for every image
     assert not any(word in {"red", "blue", "green"} for c in CONCEPTS for word in c.split())
+
+
+def test_held_out_split_orders_put_unseen_attribute_values_in_the_new_half():
+    """``--split-order texture``: base = 6 shapes x (solid, striped), new = the same shapes x (dotted, checkered);
+    ``shape``: base = (circle, triangle, square) x 4 textures, new = (star, cross, heart) x 4 textures; ``both``:
+    base = (circle, triangle, square) x (solid, striped), new = (star, cross, heart) x (dotted, checkered)."""
+    shapes, textures = SHAPES[:6], TEXTURES[:4]
+    assert split_order("checkerboard", shapes, textures) == MAIN_CLASSES
+    for order, held, kept in (("texture", 0, 1), ("shape", 1, 0)):
+        names = split_order(order, shapes, textures)
+        assert sorted(names) == sorted(MAIN_CLASSES)
+        base, new = names[:12], names[12:]
+        values = textures if order == "texture" else shapes
+        assert {c.split()[held] for c in base} == set(values[:len(values) // 2])
+        assert {c.split()[held] for c in new} == set(values[len(values) // 2:])
+        other = shapes if order == "texture" else textures  # the other attribute: every value in both halves
+        assert {c.split()[kept] for c in base} == {c.split()[kept] for c in new} == set(other)
+    both = split_order("both", shapes, textures)  # new classes share no attribute with base ones
+    assert len(both) == 12 and set(both) < set(MAIN_CLASSES)
+    assert {c.split()[1] for c in both[:6]} == set(shapes[:3]) and {c.split()[0] for c in both[:6]} == set(textures[:2])
+    assert {c.split()[1] for c in both[6:]} == set(shapes[3:]) and {c.split()[0] for c in both[6:]} == set(textures[2:])
+    assert set(SPLIT_ORDERS) == {"checkerboard", "texture", "shape", "both"}
+    with pytest.raises(ValueError, match="split order"):
+        split_order("random", shapes, textures)
+    with pytest.raises(ValueError, match="two halves"):
+        split_order("shape", SHAPES[:5], textures)
 
 
 def test_rendering_is_a_pure_function_of_its_seed():

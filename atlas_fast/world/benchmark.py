@@ -9,7 +9,8 @@ paper have their world counterparts:
 
 Labels of the 24-class datasets are ordered so that the base half holds every shape and every texture (a
 checkerboard over shape x texture): new classes are unseen combinations of attributes seen in base classes, as
-new classes on real benchmarks share parts and textures with base ones. Every dataset's template is the
+new classes on real benchmarks share parts and textures with base ones (:func:`split_order` gives the other orders
+measured for issue 19, where new classes carry held-out shapes or textures). Every dataset's template is the
 pretraining captions' own "a photo of a {}.", and no caption names the style: there is no hidden domain word for
 prompt tuning to discover. The layout:
 
@@ -56,6 +57,44 @@ def checkerboard(shapes: Sequence[str], textures: Sequence[str]) -> tuple[str, .
     ``shape index + texture index`` and the second half (new) the odd ones."""
     cells = [(i + j, f"{t} {s}") for i, s in enumerate(shapes) for j, t in enumerate(textures)]
     return tuple(name for parity in (0, 1) for total, name in cells if total % 2 == parity)
+
+
+def held_out_split(shapes: Sequence[str], textures: Sequence[str], held_out: str) -> tuple[str, ...]:
+    """Class names ordered so that the new half (second) holds the second half of the ``held_out`` attribute's
+    values, which no base class has: new classes are novel in that attribute, as new classes on real benchmarks are
+    novel concepts (issue 19), not recombinations of base parts.
+
+    ``held_out``: "shape" or "texture" (all shapes x textures, split by that attribute), or "both": only the two
+    diagonal blocks, base = first half of the shapes x first half of the textures, new = second x second, so that
+    new classes share neither attribute with any base class (half as many classes). A held-out attribute needs an
+    even number of values, so that the halves are exactly CoOp's base/new halves."""
+    if held_out not in ("shape", "texture", "both"):
+        raise ValueError(f"held_out must be 'shape', 'texture' or 'both', got {held_out!r}")
+    for kind, values in (("shape", shapes), ("texture", textures)):
+        if held_out in (kind, "both") and len(values) % 2:
+            raise ValueError(f"{len(values)} {kind}s cannot be split in two halves of base and new classes")
+    hs, ht = len(shapes) // 2, len(textures) // 2
+    if held_out == "shape":
+        return tuple(f"{t} {s}" for part in (shapes[:hs], shapes[hs:]) for s in part for t in textures)
+    if held_out == "texture":
+        return tuple(f"{t} {s}" for part in (textures[:ht], textures[ht:]) for s in shapes for t in part)
+    return tuple(f"{t} {s}" for ss, ts in ((shapes[:hs], textures[:ht]), (shapes[hs:], textures[ht:]))
+                 for s in ss for t in ts)
+
+
+# How a class set's labels can be ordered (the base half is the first labels): see checkerboard, held_out_split.
+SPLIT_ORDERS: tuple[str, ...] = ("checkerboard", "texture", "shape", "both")
+
+
+def split_order(order: str, shapes: Sequence[str], textures: Sequence[str]) -> tuple[str, ...]:
+    """Class names of shapes x textures in the label order ``order`` (one of :data:`SPLIT_ORDERS`): "checkerboard"
+    (new classes recombine base attributes), "texture"/"shape" (new classes carry held-out values of it) or "both"
+    (new classes share no attribute with base ones; only half of the shapes x textures)."""
+    if order == "checkerboard":
+        return checkerboard(shapes, textures)
+    if order in ("texture", "shape", "both"):
+        return held_out_split(shapes, textures, order)
+    raise ValueError(f"unknown split order {order!r}; valid: {SPLIT_ORDERS}")
 
 
 # The 24 classes of the main datasets: six shapes x four textures.
