@@ -26,15 +26,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-from atlas_fast.clip.text_encoder import PromptTextEncoder, eot_positions
+from atlas_fast.clip.text_encoder import PromptTextEncoder
 from atlas_fast.world.benchmark import BENCHMARK_LAYOUT
 from atlas_fast.world.generator import COLOURS, CONCEPTS, STYLES, render_batch
 from atlas_fast.world.pretrain import (CaptionedBatches, PretrainConfig, _lr_at, _param_groups, caption,
-                                       contrastive_loss, save_checkpoint, train_view)
+                                       caption_loss, save_checkpoint, train_view)
 from atlas_fast.world.zeroshot import pixels_to_tensor, zero_shot_report
 
 # Prefixes of 0-4 words (chosen once, before any CoOp result): only the first is pretraining's.
@@ -134,10 +133,7 @@ def main(argv: list[str] | None = None) -> None:
             group["lr"] = _lr_at(step, cfg)
         with torch.no_grad():
             img = model.encode_image(pixels_to_tensor(np.asarray(images), mean, std), normalize=True)
-        ids = tokenizer(sorted(set(texts)))
-        txt = F.normalize(text_tower(model.token_embedding(ids), eot_positions(model, ids)), dim=-1)
-        txt = txt[torch.as_tensor(caption_ids)]
-        loss = contrastive_loss(img, txt, model.logit_scale.exp(), torch.as_tensor(caption_ids))
+        loss = caption_loss(model, tokenizer, text_tower, img, texts, caption_ids)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

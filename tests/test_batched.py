@@ -1,7 +1,6 @@
 """R runs trained as one module give the records of the same runs trained alone: learned tensors, per-epoch losses
 and metrics at 1e-5, for runs that differ in seed, shots (training-set size), label schedule and soft labels."""
 
-import warnings
 
 import pytest
 import torch

@@ -9,7 +9,6 @@ from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.methods import (CoOpConfig, IVLPConfig, MaPLeConfig, MissingRecipe, PromptSRCConfig, build_method,
                                 dept_maple_recipe, gpa_weights, ivlp_recipe, maple_recipe, promptsrc_recipe)
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
-from atlas_fast.clip.text_encoder import PromptTextEncoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CLASSES = ["cat", "sea_lion", "golden retriever dog"]

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
-from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.spec import evaluation_subsamples, plan_run

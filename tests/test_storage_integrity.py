@@ -10,10 +10,8 @@ the cache tests (the tiny random CLIP on 8-pixel images).
 from __future__ import annotations
 
 import json
-import random
 import re
 import tracemalloc
-from dataclasses import replace
 from pathlib import Path
 
 import h5py

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple, Protocol, Sequence
+from typing import Iterator, NamedTuple, Protocol
 
 import torch
 from atlas_fast.progress import progress_bar

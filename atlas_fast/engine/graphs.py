@@ -7,7 +7,6 @@ from the device trains eagerly with a warning.
 
 from __future__ import annotations
 
-import time
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -53,8 +52,6 @@ def use_graph_steps(requested: Sequence[bool | None], entry, schedules: Sequence
 def host_syncs(function: Callable[[], Any]) -> tuple[Any, list[str]]:
     """``function()`` and the messages of the host synchronisations it made on the GPU (torch's sync debug mode:
     ``.item()``, ``.tolist()``, a copy from or to pageable host memory, ...)."""
-    import warnings
-
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -180,8 +177,6 @@ class StepGraphs:
         return captured
 
     def _refuse(self, reason: str) -> None:
-        import warnings
-
         self.refused = reason
         self.graphs.clear()
         warnings.warn(f"graph_steps: {reason}; a CUDA graph cannot replay that, so these runs train eagerly (the "

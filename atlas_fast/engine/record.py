@@ -22,7 +22,6 @@ description), ``data`` (dataset, ``fingerprint``, counts, ``shots_used``), ``met
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math

@@ -18,7 +18,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 import open_clip
@@ -160,6 +160,16 @@ def contrastive_loss(img: torch.Tensor, txt: torch.Tensor, scale: torch.Tensor, 
     return 0.5 * (F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets))
 
 
+def caption_loss(model, tokenizer, text_tower, image_features: torch.Tensor, texts: Sequence[str],
+                 caption_ids) -> torch.Tensor:
+    """The contrastive loss of a batch's normalised image features against its captions; each distinct caption is
+    encoded once (``caption_ids`` index the sorted distinct captions, as np.unique gives them)."""
+    ids = tokenizer(sorted(set(texts)))
+    text = F.normalize(text_tower(model.token_embedding(ids), eot_positions(model, ids)), dim=-1)
+    targets = torch.as_tensor(caption_ids)
+    return contrastive_loss(image_features, text[targets], model.logit_scale.exp(), targets)
+
+
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """No weight decay on gains, biases, embeddings and the logit scale (as open_clip's training does)."""
     decay, no_decay = [], []
@@ -243,11 +253,7 @@ def pretrain(cfg: PretrainConfig, state_dir: Path | None = None, resume: bool = 
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, cfg)
         img = model.encode_image(pixels_to_tensor(np.asarray(images), mean, std), normalize=True)
-        # Each distinct caption is encoded once (caption_ids index np.unique's sorted captions).
-        ids = tokenizer(sorted(set(texts)))
-        txt = F.normalize(text_tower(model.token_embedding(ids), eot_positions(model, ids)), dim=-1)
-        txt = txt[torch.as_tensor(caption_ids)]
-        loss = contrastive_loss(img, txt, model.logit_scale.exp(), torch.as_tensor(caption_ids))
+        loss = caption_loss(model, tokenizer, text_tower, img, texts, caption_ids)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
