@@ -3,8 +3,8 @@
     python benchmarks/world_regime.py --style photo --layout 7 11 5 20 3 1.5 --shots 16 --seeds 1 2 3 \
         --split-order texture
 
-Generates the main 24 classes (12 with ``--split-order both``) in ``--style`` with the candidate layout (radius lo/hi, shift, tilt, clutter, noise x)
-and label order (``--split-order``: which classes form the base half, see ``atlas_fast.world.benchmark.split_order``)
+Generates the main 24 classes (12 with ``--split-order both``) in ``--style`` with the candidate layout (radius
+lo/hi, shift, tilt, clutter, noise x) and label order (``--split-order``: which classes form the base half, see ``atlas_fast.world.benchmark.split_order``)
 under ``--work``, then measures on it, with the shipped checkpoint:
 
 * the teacher on the base training images: ISL argmax = label (%), CSL off-target mass (%, tau_c = 0.05);
@@ -31,8 +31,8 @@ import torch
 def coop_text_shift(backbone, classnames, contexts) -> dict:
     """How far CoOp's learned context moves the class text features: the mean cosine between each class's feature
     with a learned context and with the zero-shot one ("a photo of a"), over the base half and the new half (mean
-    over the learned ``contexts``), and the same for random contexts of the initial context's norm (the text tower's leverage:
-    near 1 when the tower ignores what precedes the class name)."""
+    over the learned ``contexts``), and the same for random contexts of the initial context's norm (the text tower's
+    leverage: near 1 when the tower ignores what precedes the class name)."""
     import torch.nn.functional as F
 
     from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
@@ -108,7 +108,8 @@ def main() -> None:
     csl = class_soft_labels(text, atlas_preset("base2new", "csl").tau_c)
     row = {"style": args.style, "layout": args.layout, "shots": args.shots, "split_order": args.split_order,
            "logit_scale": round(teacher.logit_scale, 2), "checkpoint": args.checkpoint,
-           "teacher_base_train_acc": round(teacher.accuracy, 1), "isl_argmax_is_label": round(teacher.isl_argmax_is_label, 1),
+           "teacher_base_train_acc": round(teacher.accuracy, 1),
+           "isl_argmax_is_label": round(teacher.isl_argmax_is_label, 1),
            "csl_off_target_mass": round(100 * (1 - csl.diag().mean().item()), 2)}
     if not args.no_coop:
         start = time.time()

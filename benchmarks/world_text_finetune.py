@@ -117,9 +117,11 @@ def main(argv: list[str] | None = None) -> None:
                   if not n.startswith("visual.") and n != "logit_scale"]
     for n, prm in model.named_parameters():
         prm.requires_grad_(n in text_names)
-    print(f"training {len(text_names)} text tensors ({sum(prm.numel() for n, prm in model.named_parameters() if n in text_names)} "
-          f"parameters); image tower and logit scale ({shipped_scale:.2f}) frozen", flush=True)
-    groups = [{**g, "params": [q for q in g["params"] if q.requires_grad]} for g in _param_groups(model, cfg.weight_decay)]
+    trained = sum(prm.numel() for n, prm in model.named_parameters() if n in text_names)
+    print(f"training {len(text_names)} text tensors ({trained} parameters); image tower and logit scale "
+          f"({shipped_scale:.2f}) frozen", flush=True)
+    groups = [{**g, "params": [q for q in g["params"] if q.requires_grad]}
+              for g in _param_groups(model, cfg.weight_decay)]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6)
     mean, std = model.visual.image_mean, model.visual.image_std
     loader = torch.utils.data.DataLoader(VariedCaptionBatches(cfg), batch_size=None, num_workers=1, prefetch_factor=4)

@@ -5,8 +5,8 @@ record named.
 Planning is the only step that lists the dataset (once per sweep), draws the few-shot subset and fingerprints the
 run's images (:func:`load_run_data`); everything after it (inputs, training, evaluation, the record, and the workers
 of a sweep) reads the spec. The record's name covers the data, so an identical run on changed data is never mistaken
-for a finished one, and data that are gone (a wrong ``--data-root``) are an error, never old numbers. No image is decoded
-and no feature is read here.
+for a finished one, and data that are gone (a wrong ``--data-root``) are an error, never old numbers. No image is
+decoded and no feature is read here.
 """
 
 from __future__ import annotations
