@@ -2,7 +2,7 @@
 evaluation throughput with and without chunked batching, side by side in one process.
 
 * full: every step runs the frozen image encoder on the batch's view pixels and the text tower over all 77 token
-  positions of every prompt, as the reference trainers do (``docs/methods.md``, section CoCoOp). CoCoOp encodes B x C
+  positions of every prompt, as the reference trainers do (``docs/method-zoo.md``, section CoCoOp). CoCoOp encodes B x C
   sequences per step.
 * cached: the same views' features come from the feature cache (built once, time reported) and the text tower runs
   truncated to the longest prompt (exact under the causal mask).

@@ -4,10 +4,10 @@ Both paths run the *same* training (atlas_fast's ``train_runs``: same data, view
 batch size, SGD + cosine schedule) and differ only in the forward:
 
 * full: the frozen image encoder runs on the epoch's view pixels at every step and the prompts go through the text
-  tower at the full 77-token context length, as the reference trainers do (``docs/methods.md``, section CoOp). The view
-  pixels are decoded and augmented once beforehand (not timed), which favours the full path: the reference also decodes
-  and augments every step. Test accuracy uses the test view-0 features of both (what the image encoder gives on the test
-  pixels) with each path's own text tower.
+  tower at the full 77-token context length, as the reference trainers do (``docs/method-zoo.md``, section CoOp). The
+  view pixels are decoded and augmented once beforehand (not timed), which favours the full path: the reference also
+  decodes and augments every step. Test accuracy uses the test view-0 features of both (what the image encoder gives on
+  the test pixels) with each path's own text tower.
 * cached: the same views encoded once into the feature cache (build time reported separately, stored as float32 so
   both paths see the same numbers), then training reads features and runs the text tower truncated to the longest
   prompt (exact under the causal mask).

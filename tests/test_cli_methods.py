@@ -95,5 +95,5 @@ def test_staged_lr_scales_the_head_but_not_the_shared_warmup(tiny):
     optimizer = build_optimizer(method, recipe)
     assert [g["lr_scale"] for g in optimizer.param_groups] == [1.0, 6.5]
     assert [lr_at_epoch(recipe, 0, s) for s in (1.0, 6.5)] == [1e-5, 1e-5]
-    assert lr_at_epoch(recipe, 1, 6.5) == pytest.approx(0.0035 * 6.5)  # 0.02275, docs/methods.md, section DePT
+    assert lr_at_epoch(recipe, 1, 6.5) == pytest.approx(0.0035 * 6.5)  # 0.02275, docs/method-zoo.md, section DePT
     assert lr_at_epoch(recipe, 1) == pytest.approx(0.0035)

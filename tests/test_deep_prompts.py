@@ -168,8 +168,8 @@ def vit_b16():
 
 
 def test_parameter_counts_at_vit_b16_widths(vit_b16):
-    """docs/methods.md, section Common CLIP pieces: MaPLe M=2 J=9 3,555,072 (J=3 1,185,024); IVLP 2+2 J=12 30,720; IVLP
-    (and PromptSRC) 4+4 J=9 46,080 (J=3 15,360)."""
+    """docs/method-zoo.md, section Common CLIP pieces: MaPLe M=2 J=9 3,555,072 (J=3 1,185,024); IVLP 2+2 J=12 30,720;
+    IVLP (and PromptSRC) 4+4 J=9 46,080 (J=3 15,360)."""
     def count(name, config):
         method = build_method(name, vit_b16, ["cat", "dog"], config)
         return sum(p.numel() for p in method.parameters() if p.requires_grad)
@@ -201,9 +201,9 @@ def test_maple_deep_coupling_maps_start_as_copies_of_one_layer(tiny):
 
 
 def test_gpa_weights_match_the_reference_table():
-    """docs/methods.md, section PromptSRC: b2n (E=20, mu=15, sigma=1) e13 .054, e14 .242, e15 .399, e16 .242, e17 .054,
-    rest < .005; xd (mu=6, sigma=10) .055 at e1, peak .063 at e6, .024 at e20; few-shot mu=45 sigma=5 peaks at .092 at
-    e45."""
+    """docs/method-zoo.md, section PromptSRC: b2n (E=20, mu=15, sigma=1) e13 .054, e14 .242, e15 .399, e16 .242, e17
+    .054, rest < .005; xd (mu=6, sigma=10) .055 at e1, peak .063 at e6, .024 at e20; few-shot mu=45 sigma=5 peaks at
+    .092 at e45."""
     b2n = gpa_weights(15, 1, 20)
     assert b2n.sum().item() == pytest.approx(1.0)
     assert [round(v, 3) for v in b2n[12:17].tolist()] == [0.054, 0.242, 0.399, 0.242, 0.054]

@@ -6,7 +6,7 @@ Every schedule has one interface, ``loss(epoch, logits, labels, soft_rows) -> sc
 ``end_epoch(epoch)`` after each epoch (for schedules with state). ``loss`` is pure, so a method may apply it to
 several terms (DePT's head) without the extra terms reaching a schedule's statistics.
 
-- :class:`OneHot` - the baseline, CE(z, y) as every reference trainer uses (``docs/methods.md``, section ATLaS in
+- :class:`OneHot` - the baseline, CE(z, y) as every reference trainer uses (``docs/method-zoo.md``, section ATLaS in
   every method).
 - :class:`Atlas` - ATLaS (the paper, Algorithm 1): epoch ``e`` (0-based) trains on the soft labels iff
   ``(e + 1) % K == 0``, otherwise on one-hot labels. ``K = 1`` is soft labels every epoch (the "+ LS/CSL/ISL"

@@ -1,6 +1,6 @@
 """Deep prompts in CLIP's towers, run over open_clip's own modules (nothing in open_clip is patched).
 
-The multi-modal methods (IVLP, MaPLe, PromptSRC; ``docs/methods.md``, section IVLP) change the towers in two places:
+The multi-modal methods (IVLP, MaPLe, PromptSRC; ``docs/method-zoo.md``, section IVLP) change the towers in two places:
 
 * **input prompts**: text context tokens at positions 1..M of the embedded prompt (built by the method, see
   :mod:`atlas_fast.clip.text_encoder`), and M_v visual tokens **appended after the patch tokens**, after the positional

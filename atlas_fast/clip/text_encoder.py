@@ -1,12 +1,12 @@
 """CLIP's text tower applied to prompt *embeddings* (learned context + class tokens), truncated to the longest prompt.
 
-This is CoOp's ``TextEncoder`` (``docs/methods.md``, section Common CLIP pieces) on the open_clip model: x = prompts +
-positional embedding, the causal transformer, ``ln_final``, the row at the EOT position, ``text_projection``. Under the
-causal mask the EOT output depends only on positions <= EOT, so running just the first ``max(eot_index) + 1`` positions
-(slicing the positional embedding and the mask) gives the same features and gradients as the full 77-token pass, at a
-fraction of the cost for short prompts. That stays exact with deep text prompts (IVLP, MaPLe, PromptSRC), which replace
-positions 1..M at the input of blocks 1..J-1 (:func:`atlas_fast.clip.prompted_towers.run_blocks`): every replaced
-position is before the EOT.
+This is CoOp's ``TextEncoder`` (``docs/method-zoo.md``, section Common CLIP pieces) on the open_clip model: x = prompts
++ positional embedding, the causal transformer, ``ln_final``, the row at the EOT position, ``text_projection``. Under
+the causal mask the EOT output depends only on positions <= EOT, so running just the first ``max(eot_index) + 1``
+positions (slicing the positional embedding and the mask) gives the same features and gradients as the full 77-token
+pass, at a fraction of the cost for short prompts. That stays exact with deep text prompts (IVLP, MaPLe, PromptSRC),
+which replace positions 1..M at the input of blocks 1..J-1 (:func:`atlas_fast.clip.prompted_towers.run_blocks`): every
+replaced position is before the EOT.
 
 **Shared prefix** (:meth:`PromptTextEncoder.encode_classes`). Every class's prompt starts with the same positions
 ``[SOT][ctx_1..M]`` (and the fixed words of the init phrase, if any). Under the causal mask their hidden states do

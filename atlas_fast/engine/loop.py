@@ -28,7 +28,7 @@ def lr_at_epoch(recipe: OptimRecipe, epoch: int, lr_scale: float = 1.0) -> float
     ``recipe.epochs`` whose counter restarts after warmup: ``0.5 * lr * (1 + cos(pi * (e - W) / E))``.
 
     ``lr_scale`` multiplies the base lr of a parameter group (DePT's head: 6.5) but not the warmup lr: Dassl's
-    constant warmup sets every group to ``warmup_lr`` (docs/methods.md, section DePT)."""
+    constant warmup sets every group to ``warmup_lr`` (docs/method-zoo.md, section DePT)."""
     if not 0 <= epoch < recipe.epochs:
         raise ValueError(f"epoch must be in [0, {recipe.epochs}), got {epoch}.")
     if epoch < recipe.warmup_epochs:

@@ -2,7 +2,7 @@
 
 Each method's file defines its class, config and recipe and registers them with
 :func:`~atlas_fast.methods.base.register_method`; importing this package imports every module in it, so a new
-method is one new file here (docs/methods.md, section Adding a method). The names below are re-exported for
+method is one new file here (docs/method-zoo.md, section Adding a method). The names below are re-exported for
 convenience only: the registry (:data:`METHODS`) is what the rest of atlas_fast reads.
 """
 

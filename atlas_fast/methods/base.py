@@ -140,7 +140,8 @@ class PromptMethod(nn.Module):
                          f"(R={self.num_runs}, B, {dim}), got {tuple(images.shape)}")
 
     def similarity_logits(self, image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        """CLIP's logits (R, B, C) = exp(logit_scale) * cos(f_v, f_t) (``docs/methods.md``, section Common CLIP pieces).
+        """CLIP's logits (R, B, C) = exp(logit_scale) * cos(f_v, f_t) (``docs/method-zoo.md``, section Common CLIP
+        pieces).
 
         ``image_features`` (1 or R, B, D) and ``text_features`` (R, C, D), or (R, B, C, D) when every image has
         its own class prompts (CoCoOp); neither needs to be normalised.
@@ -182,10 +183,10 @@ class PromptMethod(nn.Module):
                       criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
         """The loss of one training batch. ``criterion(logits)`` is the label schedule's cross-entropy of logits
         (R, B, C) against this batch's targets of the epoch (one-hot or soft), so every CE term a method has sees the
-        ATLaS targets (``docs/methods.md``, section ATLaS in every method); ``criterion(logits, observe=False)`` for an
-        auxiliary head's logits, since only the class logits may feed a schedule's statistics (OLS). ``labels`` (B,) are
-        the true classes, for terms that select by class. Methods with extra terms (KgCoOp, DePT, PromptSRC) override
-        this."""
+        ATLaS targets (``docs/method-zoo.md``, section ATLaS in every method); ``criterion(logits, observe=False)`` for
+        an auxiliary head's logits, since only the class logits may feed a schedule's statistics (OLS). ``labels`` (B,)
+        are the true classes, for terms that select by class. Methods with extra terms (KgCoOp, DePT, PromptSRC)
+        override this."""
         return criterion(self(inputs))
 
     def param_groups(self) -> list[dict[str, Any]]:
@@ -228,7 +229,7 @@ class MissingRecipe(ValueError):
 
     def __init__(self, method: str, setting: str, method_config: MethodConfig) -> None:
         super().__init__(
-            f"{method} has no {setting!r} recipe in its reference repositories (docs/methods.md, section "
+            f"{method} has no {setting!r} recipe in its reference repositories (docs/method-zoo.md, section "
             f"Recipes). Give the schedule yourself, all three of epochs, batch size and lr: "
             f"TrainConfig(epochs=..., batch_size=..., lr=...) or "
             f"`atlas-fast train --epochs E --batch-size B --lr LR` (the method's base-to-new recipe is a starting "

@@ -1,4 +1,4 @@
-"""CoCoOp: CoOp's context shifted per image by a meta-net on the image feature (``docs/methods.md``, section CoCoOp).
+"""CoCoOp: CoOp's context shifted per image by a meta-net on the image feature (``docs/method-zoo.md``, section CoCoOp).
 
 For image i, ``ctx_i = ctx + meta_net(f_v,i)`` with f_v,i the **normalised** image feature and the same bias added
 to every one of the M context tokens; the C class prompts of image i are ``[SOT][ctx_i][class tokens][.][EOT]``,
@@ -104,7 +104,7 @@ class CoCoOp(CoOp):
 
 
 def cocoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[CoCoOpConfig, OptimRecipe]:
-    """CoCoOp's recipe (``docs/methods.md``, section Recipes): ``vit_b16_c4_ep10_batch1_ctxv1`` for base-to-new and
+    """CoCoOp's recipe (``docs/method-zoo.md``, section Recipes): ``vit_b16_c4_ep10_batch1_ctxv1`` for base-to-new and
     cross-dataset, 10 epochs, batch 1, lr 0.002, M = 4 from "a photo of a" in both families (the paper's choice is the
     CoCoOp config's). The references have no few-shot CoCoOp recipe: that setting raises :class:`MissingRecipe`."""
     check_family("CoCoOp", family)

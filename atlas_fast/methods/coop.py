@@ -1,4 +1,4 @@
-"""CoOp: learnable context tokens in front of (or around) the class name, frozen CLIP (``docs/methods.md``, section
+"""CoOp: learnable context tokens in front of (or around) the class name, frozen CLIP (``docs/method-zoo.md``, section
 CoOp).
 
 Prompt of class c: ``[SOT][ctx_1..M][class tokens][.][EOT]`` ("end"), with the class tokens moved to the middle of
@@ -136,7 +136,7 @@ FEW_SHOT_EPOCHS = {1: 50, 2: 100, 4: 100, 8: 200, 16: 200}
 
 
 def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[CoOpConfig, OptimRecipe]:
-    """CoOp's configuration and optimisation recipe (``docs/methods.md``, section Recipes, ``docs/protocol.md``).
+    """CoOp's configuration and optimisation recipe (``docs/method-zoo.md``, section Recipes, ``docs/protocol.md``).
 
     * epochs: base-to-new 200 (ImageNet 50); few-shot by K: 1 -> 50, 2/4 -> 100, 8/16 -> 200 (ImageNet 50 for
       every K); cross-dataset (trained on ImageNet) 50. Batch 32, lr 0.002, SGD + cosine, 1 warmup epoch at 1e-5.

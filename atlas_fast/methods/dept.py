@@ -1,5 +1,5 @@
 """DePT (decoupled prompt tuning) on CoOp, CoCoOp, KgCoOp or MaPLe: a channel-transform head beside the base method
-(``docs/methods.md``, section DePT). All of DePT's math is in this file; the base method's prompts and forward are
+(``docs/method-zoo.md``, section DePT). All of DePT's math is in this file; the base method's prompts and forward are
 unchanged.
 
 Head (CAT): FiLM on the **un-normalised** text and image features (x -> scale * x + bias, scale 1 and bias 0 at

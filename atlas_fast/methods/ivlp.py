@@ -1,4 +1,5 @@
-"""IVLP: independent deep prompts in the text and the vision tower of a frozen CLIP (``docs/methods.md``, section IVLP).
+"""IVLP: independent deep prompts in the text and the vision tower of a frozen CLIP (``docs/method-zoo.md``, section
+IVLP).
 
 Learned tensors (R runs lead every one of them):
 
@@ -185,7 +186,7 @@ def check_setting(method: str, family: str, setting: str, config: MethodConfig, 
 
 
 def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IVLPConfig, OptimRecipe]:
-    """IVLP's recipe (``docs/methods.md``, section Recipes; the MaPLe repository's IVLP configs).
+    """IVLP's recipe (``docs/method-zoo.md``, section Recipes; the MaPLe repository's IVLP configs).
 
     * base-to-new and cross-dataset: 5 epochs, batch 4, lr 0.0035, depth 12 / 12 (the cross-dataset scripts reuse
       the base-to-new config). ``original``: 2 + 2 tokens, first 2 words of "a photo of a" learnable; ``paper``:

@@ -1,4 +1,4 @@
-"""KgCoOp: CoOp plus a pull of the learned class text towards CLIP's hand-crafted one (``docs/methods.md``, section
+"""KgCoOp: CoOp plus a pull of the learned class text towards CLIP's hand-crafted one (``docs/method-zoo.md``, section
 KgCoOp).
 
 Prompts are CoOp's with the class name at the end. The loss adds, to the cross-entropy terms,
@@ -82,8 +82,8 @@ class KgCoOp(CoOp):
 
 
 def kgcoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[KgCoOpConfig, OptimRecipe]:
-    """KgCoOp's recipe (``docs/methods.md``, section KgCoOp), the same in both families: M = 4 from "a photo of a" and
-    the KgCoOp/DePT template of ``dataset``.
+    """KgCoOp's recipe (``docs/method-zoo.md``, section KgCoOp), the same in both families: M = 4 from "a photo of a"
+    and the KgCoOp/DePT template of ``dataset``.
 
     * base-to-new: htyao89/KgCoOp ``vit_b16_ep100_ctxv1``, W = 8.0, 100 epochs, batch 128, lr 0.002.
     * cross-dataset: KgCoOp's own script trains every dataset at 4 shots (no clean ImageNet-source recipe), so

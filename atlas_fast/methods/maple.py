@@ -1,4 +1,5 @@
-"""MaPLe: deep text prompts coupled to the vision tower by per-layer linear maps (``docs/methods.md``, section MaPLe).
+"""MaPLe: deep text prompts coupled to the vision tower by per-layer linear maps (``docs/method-zoo.md``, section
+MaPLe).
 
 Learned tensors (R runs lead each one):
 
@@ -80,7 +81,7 @@ class MaPLe(IVLP):
 
 
 def maple_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[MaPLeConfig, OptimRecipe]:
-    """MaPLe's recipe (``docs/methods.md``, section Recipes; MaPLe repository configs).
+    """MaPLe's recipe (``docs/method-zoo.md``, section Recipes; MaPLe repository configs).
 
     * base-to-new: J = 9, 5 epochs, batch 4, lr 0.0035.
     * cross-dataset (train on ImageNet): J = 3, 2 epochs (1 warmup + 1 at lr), batch 4, lr 0.0026.

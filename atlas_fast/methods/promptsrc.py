@@ -1,5 +1,5 @@
-"""PromptSRC: IVLP prompts regularised towards the frozen CLIP, with Gaussian prompt aggregation (``docs/methods.md``,
-section PromptSRC).
+"""PromptSRC: IVLP prompts regularised towards the frozen CLIP, with Gaussian prompt aggregation
+(``docs/method-zoo.md``, section PromptSRC).
 
 Architecture and learned tensors are IVLP's (:mod:`atlas_fast.methods.ivlp`) with 4 + 4 tokens, depth 9 / 9 and all
 four words of "a photo of a" learnable. Training loss of a batch (t, v normalised prompted text / image features,
@@ -162,8 +162,8 @@ class PromptSRC(IVLP):
 
 
 def promptsrc_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[PromptSRCConfig, OptimRecipe]:
-    """PromptSRC's recipe (``docs/methods.md``, section Recipes; the PromptSRC repository's configs). Both families are
-    the same (its prompts are already 4 tokens from "a photo of a"). Batch 4, lr 0.0025, lambda_t 25, lambda_v 10.
+    """PromptSRC's recipe (``docs/method-zoo.md``, section Recipes; the PromptSRC repository's configs). Both families
+    are the same (its prompts are already 4 tokens from "a photo of a"). Batch 4, lr 0.0025, lambda_t 25, lambda_v 10.
 
     * base-to-new: 20 epochs, depth 9 / 9, GPA mean 15, std 1.
     * cross-dataset: 20 epochs, depth 3 / 3, GPA mean 6, std 10.
