@@ -48,3 +48,15 @@ def assert_gradients_close(actual, expected):
     scale = expected.abs().max()
     assert scale > 0, "the reference gradient is zero: the test would not see a wrong gradient"
     torch.testing.assert_close(actual / scale, expected / scale, atol=1e-5, rtol=0)
+
+
+def tiny_pets_config(root, **changes):
+    """A TrainConfig for the tiny random CLIP on the synthetic OxfordPets written under ``root / "data"`` (4 shots,
+    2 epochs, 1 cached view, batch 3, lr 0.05, no progress); ``changes`` replace any field."""
+    from atlas_fast.clip.backbones import BackboneConfig
+    from atlas_fast.engine import TrainConfig
+
+    base = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig("atlas-tiny", None), shots=4,
+                seed=1, epochs=2, views=1, batch_size=3, lr=0.05, cache_root=root / "cache",
+                results_dir=root / "results", progress=False)
+    return TrainConfig(**{**base, **changes})

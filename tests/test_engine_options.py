@@ -11,6 +11,7 @@ from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.spec import evaluation_subsamples, plan_run
 from atlas_fast.methods.base import method_entry
+from helpers import tiny_pets_config
 from layouts import make_oxford_pets
 
 TINY = BackboneConfig("atlas-tiny", None)
@@ -24,10 +25,7 @@ def pets(tmp_path_factory):
     return root
 
 
-def tiny_config(root, **changes):
-    base = dict(dataset="OxfordPets", data_root=root / "data", backbone=TINY, shots=4, seed=1, epochs=2, views=1,
-                batch_size=3, lr=0.05, cache_root=root / "cache", results_dir=root / "results", progress=False)
-    return TrainConfig(**{**base, **changes})
+tiny_config = tiny_pets_config
 
 
 # --- evaluate: the class sets a run is evaluated on ------------------------------------------------------------------

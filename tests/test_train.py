@@ -12,6 +12,7 @@ from atlas_fast.methods.base import OptimRecipe
 from atlas_fast.atlas.schedules import Atlas, OneHot
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.loop import lr_at_epoch
+from helpers import tiny_pets_config
 from layouts import make_oxford_pets
 
 TINY = BackboneConfig("atlas-tiny", None)
@@ -51,9 +52,7 @@ def pets(tmp_path_factory):
 
 
 def tiny_config(root, **changes):
-    base = dict(dataset="OxfordPets", data_root=root / "data", backbone=TINY, shots=4, seed=1, epochs=8, views=2,
-                batch_size=3, lr=0.05, cache_root=root / "cache", results_dir=root / "results", progress=False)
-    return TrainConfig(**{**base, **changes})
+    return tiny_pets_config(root, **{"epochs": 8, "views": 2, **changes})
 
 
 def test_end_to_end_loss_falls_and_record_is_complete(pets):
