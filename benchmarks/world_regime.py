@@ -1,11 +1,12 @@
 """Is a candidate world benchmark in real CLIP's prompt-tuning regime? (issue 19) CoOp and zero-shot only.
 
-    python benchmarks/world_regime.py --style photo --layout 7 11 5 20 3 1.5 --shots 16 --seeds 1 2 3 \
-        --split-order texture
+    python benchmarks/world_regime.py                       # the shipped benchmark (WorldPhotos' design)
+    python benchmarks/world_regime.py --style dark --layout 7 11 5 20 3 1.5 --split-order texture --colours any
 
 Generates the main 24 classes (12 with ``--split-order both``) in ``--style`` with the candidate layout (radius
-lo/hi, shift, tilt, clutter, noise x) and label order (``--split-order``: which classes form the base half, see ``atlas_fast.world.benchmark.split_order``)
-under ``--work``, then measures on it, with the shipped checkpoint:
+lo/hi, shift, tilt, clutter, noise x), label order (``--split-order``: which classes form the base half, see
+``atlas_fast.world.benchmark.split_order``) and colours (``--colours``) under ``--work``, then measures on it, with
+``--checkpoint`` (default: the shipped world CLIP):
 
 * the teacher on the base training images: ISL argmax = label (%), CSL off-target mass (%, tau_c = 0.05);
 * CoOp base-to-new at the paper's recipe (200 epochs, a fresh view per epoch, 4 tokens from "a photo of a"),
@@ -60,16 +61,19 @@ def coop_text_shift(backbone, classnames, contexts) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--style", default="photo")
-    p.add_argument("--layout", type=float, nargs=6, default=[7.5, 11.5, 4.5, 18, 3, 1.5],
+    p.add_argument("--layout", type=float, nargs=6, default=[6.75, 10.75, 5.25, 21, 3, 1.6],
                    metavar=("R_LO", "R_HI", "SHIFT", "TILT", "CLUTTER", "NOISE"))
     p.add_argument("--shots", type=int, default=16)
-    p.add_argument("--split-order", default="checkerboard", choices=("checkerboard", "texture", "shape", "both"),
-                   help="base/new split: checkerboard (new = unseen combinations of base attributes, the shipped "
-                        "order), texture/shape (new classes carry the held-out half of that attribute's values) or "
-                        "both (new classes share no attribute with base ones: 12 of the 24 classes)")
+    p.add_argument("--split-order", default="shape", choices=("checkerboard", "texture", "shape", "both"),
+                   help="base/new split: checkerboard (new = unseen combinations of base attributes), texture/shape "
+                        "(new classes carry the held-out half of that attribute's values; shape is the shipped "
+                        "order) or both (new classes share no attribute with base ones: 12 of the 24 classes)")
+    p.add_argument("--colours", default="shape-palette", choices=("any", "shape-palette"),
+                   help="shape-palette (shipped): each shape in one of its two typical colours "
+                        "(generator.SHAPE_PALETTES), which no class name says; any: colour uniform (a nuisance)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--epochs", type=int, default=None, help="default: the paper's recipe (200)")
-    p.add_argument("--checkpoint", default="atlas-world")
+    p.add_argument("--checkpoint", default="atlas-world", help="a world CLIP (default: the shipped one)")
     p.add_argument("--work", type=Path, default=Path("/tmp/world19"))
     p.add_argument("--out", type=Path, default=Path("/tmp/world19/regime.jsonl"))
     p.add_argument("--no-coop", action="store_true", help="teacher and zero-shot only")
@@ -88,9 +92,11 @@ def main() -> None:
     tag = f"{args.style}_r{r0:g}-{r1:g}_s{shift:g}_t{tilt:g}_c{int(clutter)}_n{noise:g}".replace(".", "p")
     if args.split_order != "checkerboard":  # (the checkerboard keeps its earlier name, so its data is reused)
         tag += f"_{args.split_order}"
+    if args.colours != "any":
+        tag += "_palette"
     name = "Regime" + "".join(part.capitalize() for part in tag.split("_")).replace("-", "to")
     classnames = split_order(args.split_order, SHAPES[:6], TEXTURES[:4])
-    dataset = WorldDataset(name, f"regime_{tag}", args.style, classnames)
+    dataset = WorldDataset(name, f"regime_{tag}", args.style, classnames, colours=args.colours)
     data_root = args.work / "data"
     write_dataset(dataset, data_root, SplitSizes(32, 4, 50), progress=False, layout=layout)
     register_split_json_dataset(dataset.name, dataset.folder, IMAGE_FOLDER, dataset.template,
@@ -107,6 +113,7 @@ def main() -> None:
         text = backbone.encode_text(splits.prompts()).float()
     csl = class_soft_labels(text, atlas_preset("base2new", "csl").tau_c)
     row = {"style": args.style, "layout": args.layout, "shots": args.shots, "split_order": args.split_order,
+           "colours": args.colours,
            "logit_scale": round(teacher.logit_scale, 2), "checkpoint": args.checkpoint,
            "teacher_base_train_acc": round(teacher.accuracy, 1),
            "isl_argmax_is_label": round(teacher.isl_argmax_is_label, 1),

@@ -22,17 +22,18 @@ TINY = SplitSizes(train=2, val=1, test=1)
 ZERO_SHOT_FLOOR = 90.0  # on fresh pretraining-layout images of every style; measured 99.2-100 % (README)
 
 
-def test_classes_are_textured_shapes_and_base_and_new_share_every_attribute():
+def test_classes_are_textured_shapes_and_new_classes_are_novel_shapes():
     assert len(CONCEPTS) == len(SHAPES) * len(TEXTURES) == 40 and len(set(CONCEPTS)) == 40
     assert CONCEPTS[concept_id("striped triangle")] == "striped triangle"
     with pytest.raises(ValueError, match="texture"):
         concept_id("red circle")
     assert len(MAIN_CLASSES) == 24
     base, new = MAIN_CLASSES[:12], MAIN_CLASSES[12:]
-    for half in (base, new):  # every shape and every texture of the main set appears in both halves
-        assert {c.split()[1] for c in half} == set(SHAPES[:6]) and {c.split()[0] for c in half} == set(TEXTURES[:4])
-    assert not set(base) & set(new)
-    # no class name mentions a colour: colour is a nuisance drawn at random for every image
+    # base: circle, triangle, square; new: star, cross, heart (novel shapes); every texture in both halves
+    assert {c.split()[1] for c in base} == set(SHAPES[:3]) and {c.split()[1] for c in new} == set(SHAPES[3:6])
+    assert {c.split()[0] for c in base} == {c.split()[0] for c in new} == set(TEXTURES[:4])
+    assert MAIN_CLASSES == split_order("shape", SHAPES[:6], TEXTURES[:4])
+    # no class name mentions a colour, although benchmark classes have typical colours (generator.SHAPE_PALETTES)
     assert not any(word in {"red", "blue", "green"} for c in CONCEPTS for word in c.split())
 
 
@@ -41,7 +42,9 @@ def test_held_out_split_orders_put_unseen_attribute_values_in_the_new_half():
     ``shape``: base = (circle, triangle, square) x 4 textures, new = (star, cross, heart) x 4 textures; ``both``:
     base = (circle, triangle, square) x (solid, striped), new = (star, cross, heart) x (dotted, checkered)."""
     shapes, textures = SHAPES[:6], TEXTURES[:4]
-    assert split_order("checkerboard", shapes, textures) == MAIN_CLASSES
+    board = split_order("checkerboard", shapes, textures)  # new classes recombine base attributes
+    for half in (board[:12], board[12:]):
+        assert {c.split()[1] for c in half} == set(shapes) and {c.split()[0] for c in half} == set(textures)
     for order, held, kept in (("texture", 0, 1), ("shape", 1, 0)):
         names = split_order(order, shapes, textures)
         assert sorted(names) == sorted(MAIN_CLASSES)
@@ -251,14 +254,14 @@ def photos(tmp_path_factory):
 # Measured on the shipped checkpoint (atlas_fast/world/README.md, "The world's properties"); each floor sits a few
 # points under its measurement, so that only a real regression fails.
 PROPERTY_TEST_IMAGES = 50  # as data/world: the measured curve below is this very run
-TEACHER_FLOORS = {"harder_attribute_accuracy": 70.0, "isl_argmax_is_label": 80.0}
+TEACHER_FLOORS = {"harder_attribute_accuracy": 70.0, "isl_argmax_is_label": 75.0}  # measured 81.2 and 79.7
 SHIPPED_LOGIT_SCALE = 34.0  # lowest ECE on held-out pretraining-style images (python -m atlas_fast.world.calibration)
 
 
 def test_shipped_checkpoint_is_a_strong_teacher_on_base_training_images(shipped, photos):
     """On WorldPhotos' base training images: zero-shot gets the harder attribute right on >= 70 % of them, ISL's
-    argmax is the label on >= 80 % of rows, the logit scale is the calibrated one; CSL and ISL put more of their off-target
-    mass on classes that share an attribute with the label than uniform smoothing does."""
+    argmax is the label on >= 75 % of rows (issue 19 asks for 70), the logit scale is the calibrated one; CSL and ISL
+    put more of their off-target mass on classes that share an attribute with the label than uniform smoothing does."""
     from atlas_fast.world.properties import teacher_properties
 
     props = teacher_properties("WorldPhotos", photos, shipped)
@@ -276,14 +279,11 @@ def test_shipped_checkpoint_zero_shot_on_every_style(shipped):
 
 
 @pytest.mark.slow  # the paper recipe's 200 epochs: `pytest -m slow` (about 1.5 minutes)
-@pytest.mark.xfail(strict=True, reason="issue 19: at the calibrated logit scale 34 CoOp no longer overfits on "
-                   "WorldPhotos (seed 1: zero-shot new 85.0 -> CoOp 86.0, base 86.0 -> 89.2); the drop measured at "
-                   "100 was a single-epoch jump, not the regime. Remove the xfail when the world reaches it.")
 def test_coop_new_class_accuracy_falls_below_zero_shot(photos, tmp_path):
     """CoOp (the paper's recipe: 4 context tokens from "a photo of a", 16 shots, 200 epochs, a fresh view per epoch)
-    on WorldPhotos' base classes, seed 1: new-class accuracy ends below zero-shot CLIP's and below its own peak.
-    Measured (README): 85 -> 70 %, a drop at about epoch 30 that takes base accuracy down with it (90 -> 84 %);
-    seeds 2 and 3 stay at 86-87 %, so this is seed 1's run, not every run."""
+    on WorldPhotos' base classes, seed 1: new-class accuracy ends more than 5 points below zero-shot CLIP's and below
+    its own peak, as on real CLIP (issue 19). Measured (world README): zero-shot new 67.5 -> 52.8 after 200 epochs,
+    base 79.5 -> 92.2."""
     from atlas_fast.world.properties import coop_new_class_curve
 
     threads = torch.get_num_threads()
@@ -295,3 +295,26 @@ def test_coop_new_class_accuracy_falls_below_zero_shot(photos, tmp_path):
         torch.set_num_threads(threads)
     assert curve.new_by_epoch[-1] < curve.zero_shot_new - 5.0, curve
     assert curve.new_by_epoch[-1] < curve.peak_new - 5.0, curve
+
+
+def test_benchmark_classes_are_drawn_in_their_shapes_two_typical_colours(tmp_path):
+    """Benchmark datasets draw every image of a class in one of its shape's two colours (every colour typical of two
+    shapes, no class name saying it); ``colours="any"`` draws them uniformly, as pretraining does."""
+    from atlas_fast.world.benchmark import WorldDataset, image_colours
+    from atlas_fast.world.generator import COLOURS, SHAPE_PALETTES
+
+    assert sorted(c for pair in SHAPE_PALETTES.values() for c in pair) == sorted(2 * list(range(len(COLOURS))))
+    assert all(a != b for a, b in SHAPE_PALETTES.values())
+    palette = WORLD_BY_NAME["WorldPhotos"]
+    assert palette.colours == "shape-palette"
+    colours = image_colours(palette, "striped square", "train", 40, seed=0)
+    assert set(colours) == set(SHAPE_PALETTES["square"])
+    assert colours == image_colours(palette, "striped square", "train", 40, seed=0)
+    assert colours != image_colours(palette, "striped square", "test", 40, seed=0)
+    assert image_colours(WorldDataset("A", "a", "photo", colours="any"), "striped square", "train", 3, 0) == [None] * 3
+    with pytest.raises(ValueError, match="shape-palette"):
+        WorldDataset("P", "p", "photo", colours="rainbow")
+
+    (folder,) = generate_benchmark(tmp_path, ["WorldPhotos"], sizes=TINY, progress=False)
+    assert json.loads((folder / STAMP_FILE).read_text())["dataset"]["colours"] == "shape-palette"
+    assert len(load_dataset("WorldPhotos", tmp_path).train) == 24 * TINY.train

@@ -33,16 +33,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
 from PIL import Image
 from atlas_fast.progress import progress_bar
 
 from atlas_fast.files import atomic_write
-from atlas_fast.world.generator import SHAPES, TEXTURES, Layout, concept_id, render_batch
+from atlas_fast.world.generator import (SHAPE_PALETTES, SHAPES, SPLIT_IDS, TEXTURES, Layout, concept_id,
+                                        render_batch)
 
-GENERATOR_VERSION = 3  # bump when rendering changes: stale folders are then regenerated
+GENERATOR_VERSION = 4  # bump when rendering changes: stale folders are then regenerated
 # Benchmark images: smaller, off-centre, more tilted and cluttered than the centred pretraining images (see
-# generator.PRETRAIN_LAYOUT), calibrated on zero-shot accuracy alone (atlas_fast/world/README.md).
-BENCHMARK_LAYOUT = Layout(radius=(7.5, 11.5), max_shift=4.5, max_tilt=18.0, max_clutter=3, noise=1.5)
+# generator.PRETRAIN_LAYOUT), chosen on zero-shot and CoOp measurements alone (issue 19, atlas_fast/world/README.md).
+BENCHMARK_LAYOUT = Layout(radius=(6.75, 10.75), max_shift=5.25, max_tilt=21.0, max_clutter=3, noise=1.6)
 STAMP_FILE = "world_stamp.json"
 MANIFEST_FILE = "world_files.json"  # every file the generator writes (besides the stamp and itself)
 LOCK_FILE = ".world_generating.lock"  # held while a process generates the folder
@@ -97,11 +99,15 @@ def split_order(order: str, shapes: Sequence[str], textures: Sequence[str]) -> t
     raise ValueError(f"unknown split order {order!r}; valid: {SPLIT_ORDERS}")
 
 
-# The 24 classes of the main datasets: six shapes x four textures.
-MAIN_CLASSES = checkerboard(SHAPES[:6], TEXTURES[:4])
+# The 24 classes of the main datasets: six shapes x four textures, base = circle, triangle, square (every texture),
+# new = star, cross, heart: new classes are novel shapes, as new classes on real benchmarks are novel concepts.
+MAIN_CLASSES = split_order("shape", SHAPES[:6], TEXTURES[:4])
 # Cross-dataset targets: other class sets, partly overlapping the main one (as Caltech101 overlaps ImageNet).
 SYMBOL_CLASSES = checkerboard(("star", "cross", "heart", "diamond", "moon"), ("solid", "hollow"))
 TILE_CLASSES = checkerboard(("circle", "square", "diamond", "moon"), ("striped", "checkered", "hollow"))
+
+
+COLOUR_MODES: tuple[str, ...] = ("any", "shape-palette")
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,11 @@ class WorldDataset:
     style: str
     classnames: tuple[str, ...] = MAIN_CLASSES
     template: str = TEMPLATE
+    colours: str = "shape-palette"  # one of the shape's two typical colours; "any": uniform over the 8 colours
+
+    def __post_init__(self) -> None:
+        if self.colours not in COLOUR_MODES:
+            raise ValueError(f"colours must be one of {COLOUR_MODES}, got {self.colours!r}")
 
     @property
     def split_file(self) -> str:
@@ -220,7 +231,8 @@ def _generate(dataset: WorldDataset, dataset_dir: Path, sizes: SplitSizes, seed:
                 class_dir = classname.replace(" ", "_")
                 (dataset_dir / IMAGE_FOLDER / class_dir).mkdir(parents=True, exist_ok=True)
                 images = render_batch([concept_id(classname)] * per_class, [dataset.style] * per_class, seed,
-                                      split_name, layout=layout)
+                                      split_name, colours=image_colours(dataset, classname, split_name, per_class,
+                                                                        seed), layout=layout)
                 for i, pixels in enumerate(images):
                     rel = _image_name(classname, split_name, i)
                     Image.fromarray(pixels).save(dataset_dir / IMAGE_FOLDER / rel, optimize=False)
@@ -229,6 +241,15 @@ def _generate(dataset: WorldDataset, dataset_dir: Path, sizes: SplitSizes, seed:
     with open(dataset_dir / dataset.split_file, "w") as f:
         json.dump(split, f, indent=4, separators=(",", ": "))
     stamp_path.write_text(json.dumps(stamp, indent=4, sort_keys=True) + "\n")  # last: marks the folder complete
+
+
+def image_colours(dataset: WorldDataset, classname: str, split: str, count: int, seed: int) -> list[int | None]:
+    """Colour index of each image of a class (None: the image's own stream draws it uniformly)."""
+    if dataset.colours == "any":
+        return [None] * count
+    palette = SHAPE_PALETTES[classname.split(" ")[1]]
+    rng = np.random.default_rng([seed, SPLIT_IDS[split], concept_id(classname), 2020])
+    return [palette[int(i)] for i in rng.integers(0, len(palette), count)]
 
 
 def _image_name(classname: str, split: str, index: int) -> str:

@@ -48,6 +48,12 @@ SHAPE_ATTRIBUTES: dict[str, str] = {
     "diamond": "a shape with four corners",
     "moon": "a round shape with two points",
 }
+# Typical colours of a shape in a benchmark drawn with ``colours="shape-palette"`` (issue 19): as real classes have
+# colours their names do not say (a flamingo is pink), each shape is drawn in one of two colours; every colour is
+# typical of two shapes. Pretraining never pairs a class name with these (its colours are uniform).
+_PALETTE_ORDER = np.random.default_rng(2020).permutation(len(COLOURS))
+SHAPE_PALETTES: dict[str, tuple[int, int]] = {
+    shape: (int(_PALETTE_ORDER[i]), int(_PALETTE_ORDER[(i + 3) % len(COLOURS)])) for i, shape in enumerate(SHAPES)}
 STYLES: tuple[str, ...] = ("photo", "sketch", "dark", "cartoon")
 CONCEPTS: tuple[str, ...] = tuple(f"{texture} {shape}" for shape in SHAPES for texture in TEXTURES)
 

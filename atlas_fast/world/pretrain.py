@@ -190,8 +190,7 @@ STATE_FILE = "state.pt"  # the training state in a pretraining output folder (se
 _RESUMABLE_CHANGES = {"threads", "report_every", "checkpoint_every", "shipped_logit_scale", "eval_per_class"}
 
 
-def save_state(state_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-               cfg: PretrainConfig) -> None:
+def save_state(state_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, cfg) -> None:
     """Atomically write everything that step ``step`` onwards depends on: the weights, AdamW's moments, the step
     count and torch's RNG. The data stream needs no state of its own: batch ``step`` is a pure function of
     ``(seed, step)`` (:class:`CaptionedBatches`), so the loader restarts at ``step``."""
@@ -202,14 +201,15 @@ def save_state(state_dir: Path, step: int, model: nn.Module, optimizer: torch.op
     atomic_write(Path(state_dir) / STATE_FILE, lambda f: f.write(buffer.getvalue()))
 
 
-def load_state(state_dir: Path, cfg: PretrainConfig) -> dict | None:
-    """The saved state of ``state_dir`` (None if there is none), checked to belong to the same run as ``cfg``."""
+def load_state(state_dir: Path, cfg, resumable_changes: set[str] = _RESUMABLE_CHANGES) -> dict | None:
+    """The saved state of ``state_dir`` (None if there is none), checked to belong to the same run as ``cfg`` (a
+    config dataclass; fields in ``resumable_changes`` may differ)."""
     path = Path(state_dir) / STATE_FILE
     if not path.is_file():
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)
     saved, now = state["config"], asdict(cfg)
-    differ = {k for k in now if k not in _RESUMABLE_CHANGES and saved.get(k) != now[k]}
+    differ = {k for k in now if k not in resumable_changes and saved.get(k) != now[k]}
     if differ:
         what = ", ".join(f"{k}: {saved.get(k)!r} there, {now[k]!r} here" for k in sorted(differ))
         raise ValueError(f"{path} was saved by another pretraining run ({what}); resume with its arguments or choose "
