@@ -7,12 +7,12 @@ paper have their world counterparts:
 * domain generalisation: WorldPhotos (the "ImageNet") -> the same 24 classes as sketches, dark photos, cartoons;
 * cross-dataset: WorldPhotos -> WorldSymbols and WorldTiles, other class sets that share shapes and textures with it.
 
-Labels of the 24-class datasets are ordered so that the base half holds every shape and every texture (a
-checkerboard over shape x texture): new classes are unseen combinations of attributes seen in base classes, as
-new classes on real benchmarks share parts and textures with base ones (:func:`split_order` gives the other orders
-measured for issue 19, where new classes carry held-out shapes or textures). Every dataset's template is the
-pretraining captions' own "a photo of a {}.", and no caption names the style: there is no hidden domain word for
-prompt tuning to discover. The layout:
+Labels of the 24-class datasets are ordered so that the base half is circle, triangle and square and the new half
+star, cross and heart, each in every texture: new classes are novel shapes, as new classes on real benchmarks are
+novel concepts (:func:`split_order` gives the other orders measured for issue 19). Every image of a class has one of
+its shape's two typical colours, which no class name says. Every dataset's template is the pretraining captions'
+own "a photo of a {}.", and no caption names the style: there is no hidden domain word for prompt tuning to
+discover. The layout:
 
     <data_root>/world_sketches/images/<texture>_<shape>/<split>_<i>.png
     <data_root>/world_sketches/split_zhou_WorldSketches.json   ([relative_path, label, classname] lists, indent 4)

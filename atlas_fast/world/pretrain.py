@@ -4,8 +4,9 @@
 
 remakes the shipped checkpoint (deterministic given ``--seed`` and ``--threads`` on one machine). The model is
 open_clip's own CLIP built from ``atlas_fast/model_configs/atlas-world.json`` and the text goes through open_clip's
-real BPE tokenizer. Each step draws a new batch: a class, a style and a size per image, captioned
-"<style prefix> [<size>] <colour> <shape>." so the prefix words describe what the image looks like.
+real BPE tokenizer. Each step draws a new batch of rendered images captioned "a photo of a [<colour>] <texture>
+<shape>[, <attribute>]." (:func:`caption`). This is the first of two stages: :mod:`atlas_fast.world.language` then
+teaches the text tower words before the class name whose meaning depends on the noun (the shipped checkpoint).
 The checkpoint is an open_clip state dict in fp16 (``load_backbone`` casts it back to fp32); token-embedding rows
 of words that never occur in a caption are zeroed, which changes no trained behaviour and lets the file compress.
 """
