@@ -60,3 +60,21 @@ def tiny_pets_config(root, **changes):
                 seed=1, epochs=2, views=1, batch_size=3, lr=0.05, cache_root=root / "cache",
                 results_dir=root / "results", progress=False)
     return TrainConfig(**{**base, **changes})
+
+
+def run_killed_at_step(monkeypatch, module, step: int, run) -> None:
+    """Call ``run()`` with ``module._lr_at`` (the learning-rate schedule a pretraining loop asks every step) raising
+    KeyboardInterrupt at ``step``: a training run killed mid-way, after the checkpoints before that step."""
+    import pytest
+
+    real_lr = module._lr_at
+
+    def crash(at, cfg):
+        if at == step:
+            raise KeyboardInterrupt("killed")
+        return real_lr(at, cfg)
+
+    monkeypatch.setattr(module, "_lr_at", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.setattr(module, "_lr_at", real_lr)

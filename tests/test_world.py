@@ -13,6 +13,7 @@ from atlas_fast.data import load_dataset
 from atlas_fast.world.benchmark import (MAIN_CLASSES, SPLIT_ORDERS, STAMP_FILE, TEMPLATE, WORLD_BY_NAME, WORLD_DATASETS,
                                         SplitSizes, generate_benchmark, split_order)
 from atlas_fast.world.zeroshot import zero_shot_report
+from helpers import run_killed_at_step
 from atlas_fast.world.generator import (CONCEPTS, SHAPES, STYLES, TEXTURES, concept_id, image_rng, render,
                                         render_batch)
 from atlas_fast.world.pretrain import (CAPTION_PREFIX, CaptionedBatches, PretrainConfig, caption, contrastive_loss,
@@ -213,17 +214,7 @@ def test_pretraining_resumes_after_a_crash_to_the_same_weights(tmp_path, monkeyp
     straight, _ = pretrain(cfg, state_dir=tmp_path / "straight")
     assert torch.load(tmp_path / "straight" / STATE_FILE, weights_only=True)["step"] == 4
 
-    real_lr = pretrain_module._lr_at
-
-    def crash_at_step_3(step, c):
-        if step == 3:
-            raise KeyboardInterrupt("killed")
-        return real_lr(step, c)
-
-    monkeypatch.setattr(pretrain_module, "_lr_at", crash_at_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        pretrain(cfg, state_dir=tmp_path / "crashed")
-    monkeypatch.setattr(pretrain_module, "_lr_at", real_lr)
+    run_killed_at_step(monkeypatch, pretrain_module, 3, lambda: pretrain(cfg, state_dir=tmp_path / "crashed"))
     saved = torch.load(tmp_path / "crashed" / STATE_FILE, weights_only=True)
     assert saved["step"] == 2 and saved["optimizer"]["state"]  # AdamW's moments travel with the weights
     assert [p.name for p in (tmp_path / "crashed").iterdir()] == [STATE_FILE]  # no temporary file left behind

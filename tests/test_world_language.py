@@ -7,6 +7,7 @@ import torch
 
 from atlas_fast.world import language as module
 from atlas_fast.world.generator import COLOURS, CONCEPTS
+from helpers import run_killed_at_step
 
 
 def test_varied_captions_end_with_the_class_name_and_name_the_colour_before_it_at_varied_positions():
@@ -67,17 +68,7 @@ def test_language_stage_trains_the_text_side_only_and_resumes_after_a_crash_to_t
                                 checkpoint_every=2)
     try:
         straight, _ = module.train_language(cfg, state_dir=tmp_path / "straight")
-        real_lr = module._lr_at
-
-        def crash_at_step_3(step, c):
-            if step == 3:
-                raise KeyboardInterrupt("killed")
-            return real_lr(step, c)
-
-        monkeypatch.setattr(module, "_lr_at", crash_at_step_3)
-        with pytest.raises(KeyboardInterrupt):
-            module.train_language(cfg, state_dir=tmp_path / "crashed")
-        monkeypatch.setattr(module, "_lr_at", real_lr)
+        run_killed_at_step(monkeypatch, module, 3, lambda: module.train_language(cfg, state_dir=tmp_path / "crashed"))
         assert torch.load(tmp_path / "crashed" / STATE_FILE, weights_only=True)["step"] == 2
         resumed, _ = module.train_language(cfg, state_dir=tmp_path / "crashed", resume=True)
     finally:

@@ -1,6 +1,7 @@
 """The world CLIP's second pretraining stage: teach its text tower a language whose words before the noun matter.
 
-    python -m atlas_fast.world.language --checkpoint STAGE1.safetensors --out atlas_fast/checkpoints/atlas-world.safetensors
+    python -m atlas_fast.world.language --checkpoint STAGE1.safetensors \
+        --out atlas_fast/checkpoints/atlas-world.safetensors
 
 Why (issue 19): after the first stage (:mod:`atlas_fast.world.pretrain`, every caption "a photo of a ...") the text
 tower ignored what precedes the class name, so CoOp's learned context could only shift every class alike, and prompt
@@ -65,8 +66,8 @@ class LanguageConfig:
 
     def batches(self) -> PretrainConfig:
         """The first stage's batch settings with this stage's schedule and seed."""
-        return replace(PretrainConfig(), steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
-                       seed=self.seed, threads=self.threads)
+        return replace(PretrainConfig(), steps=self.steps, batch_size=self.batch_size, lr=self.lr,
+                       warmup_steps=self.warmup_steps, seed=self.seed, threads=self.threads)
 
 
 CAPTION_SCHEMES: tuple[str, ...] = ("noun-adjectives", "varied")
