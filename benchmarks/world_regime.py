@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from atlas_fast.world.benchmark import BENCHMARK_LAYOUT, COLOUR_MODES, SPLIT_ORDERS
+
 
 def coop_text_shift(backbone, classnames, contexts) -> dict:
     """How far CoOp's learned context moves the class text features: the mean cosine between each class's feature
@@ -61,14 +63,16 @@ def coop_text_shift(backbone, classnames, contexts) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--style", default="photo")
-    p.add_argument("--layout", type=float, nargs=6, default=[6.75, 10.75, 5.25, 21, 3, 1.6],
+    shipped = BENCHMARK_LAYOUT
+    p.add_argument("--layout", type=float, nargs=6, default=[*shipped.radius, shipped.max_shift, shipped.max_tilt,
+                                                              shipped.max_clutter, shipped.noise],
                    metavar=("R_LO", "R_HI", "SHIFT", "TILT", "CLUTTER", "NOISE"))
     p.add_argument("--shots", type=int, default=16)
-    p.add_argument("--split-order", default="shape", choices=("checkerboard", "texture", "shape", "both"),
+    p.add_argument("--split-order", default="shape", choices=SPLIT_ORDERS,
                    help="base/new split: checkerboard (new = unseen combinations of base attributes), texture/shape "
                         "(new classes carry the held-out half of that attribute's values; shape is the shipped "
                         "order) or both (new classes share no attribute with base ones: 12 of the 24 classes)")
-    p.add_argument("--colours", default="shape-palette", choices=("any", "shape-palette"),
+    p.add_argument("--colours", default="shape-palette", choices=COLOUR_MODES,
                    help="shape-palette (shipped): each shape in one of its two typical colours "
                         "(generator.SHAPE_PALETTES), which no class name says; any: colour uniform (a nuisance)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
