@@ -33,14 +33,16 @@ def test_noun_adjective_captions_draw_the_image_in_the_colour_the_adjective_mean
     table = module.NOUN_ADJECTIVE_COLOURS
     assert table.shape == (len(module.NOUN_ADJECTIVES), len(SHAPES))
     assert all(len(set(row)) > 2 for row in table)  # an adjective's colour depends on the noun
+    from atlas_fast.world import pretrain as stage1  # the batch stream both stages share renders there
+
     drawn = {}
-    real_render = module.render_batch
+    real_render = stage1.render_batch
 
     def spy(concepts, styles, seed, split, start_index=0, colours=None, layout=None):
         drawn["colours"] = list(colours)
         return real_render(concepts, styles, seed, split, start_index=start_index, colours=colours)
 
-    monkeypatch.setattr(module, "render_batch", spy)
+    monkeypatch.setattr(stage1, "render_batch", spy)
     batches = module.LanguageBatches(PretrainConfig(batch_size=16), noun_adjectives=True)
     with_adjective = 0
     for step in range(4):

@@ -38,11 +38,11 @@ from tqdm import tqdm
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.clip.text_encoder import PromptTextEncoder
-from atlas_fast.world.benchmark import BENCHMARK_LAYOUT
-from atlas_fast.world.generator import COLOURS, CONCEPTS, SHAPES, STYLES, TEXTURES, render_batch
+from atlas_fast.world.generator import COLOURS, CONCEPTS, SHAPES, TEXTURES
 from atlas_fast.world.pretrain import (CaptionedBatches, PretrainConfig, _lr_at, _param_groups, caption,
-                                       caption_loss, load_state, save_checkpoint, save_state, train_view)
-from atlas_fast.world.zeroshot import pixels_to_tensor, zero_shot_report
+                                       caption_loss, load_state, print_zero_shot_reports, round_to_saved_precision,
+                                       save_checkpoint, save_state)
+from atlas_fast.world.zeroshot import pixels_to_tensor
 
 
 @dataclass(frozen=True)
@@ -117,39 +117,29 @@ class LanguageBatches(CaptionedBatches):
     """The first stage's batch stream (same concept groups, colours, styles, rendering and training views) with this
     stage's captions; batch ``step`` is a pure function of ``(seed, step)``."""
 
+    stream = (19,)  # streams apart from the first stage's
+    render_seed_offset = 19
+
     def __init__(self, cfg: PretrainConfig, noun_adjectives: bool = True, start_step: int = 0):
         super().__init__(cfg, start_step=start_step)
         self.noun_adjectives = noun_adjectives
 
-    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        b, g = self.cfg.batch_size, self.cfg.group_size
-        rng = np.random.default_rng([self.cfg.seed, step, 19])  # a stream apart from the first stage's
-        concepts = self.concepts(rng)
-        colours = np.repeat(rng.integers(0, len(COLOURS), b // g), g)
-        styles = [STYLES[s] for s in np.repeat(rng.integers(0, len(STYLES), b // g), g)]
-        adjectives = np.full(b, -1)
-        if self.noun_adjectives:
-            chosen = np.flatnonzero(rng.random(b) < NOUN_ADJECTIVE_PROB)
-            adjectives[chosen] = rng.integers(0, len(NOUN_ADJECTIVES), len(chosen))
-            colours = colours.copy()
-            for i in chosen:
-                colours[i] = NOUN_ADJECTIVE_COLOURS[adjectives[i], int(concepts[i]) // len(TEXTURES)]
-        images = render_batch(concepts, styles, self.cfg.seed + 19, "pretrain", start_index=step * b,
-                              colours=[int(c) for c in colours])
-        for i in np.flatnonzero(rng.random(b) < self.cfg.crop_prob):
-            images[i] = train_view(images[i], rng)
-        texts = [noun_adjective_caption(int(c), int(a), rng) if a >= 0 else varied_caption(int(c), int(k), rng)
-                 for c, k, a in zip(concepts, colours, adjectives)]
-        _, caption_ids = np.unique(np.array(texts), return_inverse=True)
-        return images, caption_ids, texts
+    def recolour(self, rng: np.random.Generator, concepts: np.ndarray,
+                 colours: np.ndarray) -> tuple[np.ndarray, object]:
+        """Half of the images get a noun adjective (-1: none) and are drawn in the colour it names for their shape."""
+        adjectives = np.full(len(concepts), -1)
+        if not self.noun_adjectives:
+            return colours, adjectives
+        chosen = np.flatnonzero(rng.random(len(concepts)) < NOUN_ADJECTIVE_PROB)
+        adjectives[chosen] = rng.integers(0, len(NOUN_ADJECTIVES), len(chosen))
+        colours = colours.copy()
+        for i in chosen:
+            colours[i] = NOUN_ADJECTIVE_COLOURS[adjectives[i], int(concepts[i]) // len(TEXTURES)]
+        return colours, adjectives
 
-
-def report(model, tokenizer, per_class: int, title: str) -> None:
-    """Zero-shot top-1 on fresh pretraining-layout and benchmark-layout images."""
-    for name, layout in (("pretraining", None), ("benchmark", BENCHMARK_LAYOUT)):
-        kwargs = {} if layout is None else {"layout": layout}
-        rep = zero_shot_report(model, tokenizer, per_class=per_class, **kwargs)
-        print(f"\n{title}: zero-shot top-1 (%) on fresh images laid out as {name} images:\n{rep.format()}", flush=True)
+    def captions(self, rng: np.random.Generator, concepts: np.ndarray, colours: np.ndarray, extra: object) -> list[str]:
+        return [noun_adjective_caption(int(c), int(a), rng) if a >= 0 else varied_caption(int(c), int(k), rng)
+                for c, k, a in zip(concepts, colours, extra)]
 
 
 def train_language(cfg: LanguageConfig, state_dir: Path | None = None,
@@ -239,11 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"trained the text side for {cfg.steps} steps in {(time.time() - start) / 60:.1f} min -> {args.out}",
           flush=True)
     if not args.no_eval:
-        with torch.no_grad():  # report what the saved fp16 weights do
-            for tensor in model.state_dict().values():
-                if tensor.is_floating_point():
-                    tensor.copy_(tensor.half().float())
-        report(model, tokenizer, cfg.eval_per_class, "after")
+        round_to_saved_precision(model)
+        print_zero_shot_reports(model, tokenizer, cfg.eval_per_class, "After the language stage: ")
 
 
 if __name__ == "__main__":

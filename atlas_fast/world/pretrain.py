@@ -102,20 +102,36 @@ class CaptionedBatches(torch.utils.data.IterableDataset):
             out.append(shapes * len(TEXTURES) + textures)
         return np.concatenate(out)
 
+    # A subclass with other captions (atlas_fast.world.language) draws from its own streams and overrides
+    # ``recolour`` and ``captions``; the concept groups, styles, rendering and training views stay these.
+    stream: tuple[int, ...] = ()  # appended to (seed, step) to key the batch's random stream
+    render_seed_offset: int = 0  # added to the seed of the rendered images' own streams
+
+    def recolour(self, rng: np.random.Generator, concepts: np.ndarray,
+                 colours: np.ndarray) -> tuple[np.ndarray, object]:
+        """The colours to draw the images in, and what the captions need to know of them (here: nothing)."""
+        return colours, None
+
+    def captions(self, rng: np.random.Generator, concepts: np.ndarray, colours: np.ndarray, extra: object) -> list[str]:
+        """One caption per image (:func:`caption`)."""
+        b = len(concepts)
+        say_colour = rng.random(b) < self.cfg.colour_word_prob
+        say_attribute = rng.random(b) < self.cfg.attribute_prob
+        return [caption(int(c), int(k), bool(sc), bool(sa))
+                for c, k, sc, sa in zip(concepts, colours, say_colour, say_attribute)]
+
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
         b, g = self.cfg.batch_size, self.cfg.group_size
-        rng = np.random.default_rng([self.cfg.seed, step])
+        rng = np.random.default_rng([self.cfg.seed, step, *self.stream])
         concepts = self.concepts(rng)
         colours = np.repeat(rng.integers(0, len(COLOURS), b // g), g)
         styles = [STYLES[s] for s in np.repeat(rng.integers(0, len(STYLES), b // g), g)]
-        images = render_batch(concepts, styles, self.cfg.seed, "pretrain", start_index=step * b,
-                              colours=[int(c) for c in colours])
+        colours, extra = self.recolour(rng, concepts, colours)
+        images = render_batch(concepts, styles, self.cfg.seed + self.render_seed_offset, "pretrain",
+                              start_index=step * b, colours=[int(c) for c in colours])
         for i in np.flatnonzero(rng.random(b) < self.cfg.crop_prob):
             images[i] = train_view(images[i], rng)
-        say_colour = rng.random(b) < self.cfg.colour_word_prob
-        say_attribute = rng.random(b) < self.cfg.attribute_prob
-        texts = [caption(int(c), int(k), bool(sc), bool(sa))
-                 for c, k, sc, sa in zip(concepts, colours, say_colour, say_attribute)]
+        texts = self.captions(rng, concepts, colours, extra)
         _, caption_ids = np.unique(np.array(texts), return_inverse=True)
         return images, caption_ids, texts
 
@@ -312,6 +328,21 @@ def save_checkpoint(model: nn.Module, path: Path) -> None:
     atomic_write(Path(path), lambda f: f.write(data))  # a crash never leaves half a checkpoint
 
 
+@torch.no_grad()
+def round_to_saved_precision(model: nn.Module) -> None:
+    """Round the weights as :func:`save_checkpoint` stores them (fp16), so a report shows what load_backbone will."""
+    for tensor in model.state_dict().values():
+        if tensor.is_floating_point():
+            tensor.copy_(tensor.half().float())
+
+
+def print_zero_shot_reports(model: nn.Module, tokenizer, per_class: int, title: str = "") -> None:
+    """Zero-shot top-1 on fresh images laid out as pretraining images and as benchmark images."""
+    for name, layout in (("pretraining", PRETRAIN_LAYOUT), ("benchmark", BENCHMARK_LAYOUT)):
+        report = zero_shot_report(model, tokenizer, per_class=per_class, layout=layout)
+        print(f"\n{title}Zero-shot top-1 (%) on fresh images laid out as {name} images:\n{report.format()}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     defaults = PretrainConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -331,15 +362,9 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = pretrain(cfg, state_dir=state_dir, resume=args.resume)
     minutes = (time.time() - start) / 60
     save_checkpoint(model, args.out)
-    # Report what the saved (fp16-rounded) weights do, as load_backbone will see them.
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.copy_(tensor.half().float())
     print(f"pretrained {cfg} in {minutes:.1f} min -> {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
-    for name, layout in (("pretraining", PRETRAIN_LAYOUT), ("benchmark", BENCHMARK_LAYOUT)):
-        report = zero_shot_report(model, tokenizer, per_class=cfg.eval_per_class, layout=layout)
-        print(f"\nZero-shot top-1 (%) on fresh images laid out as {name} images:\n{report.format()}")
+    round_to_saved_precision(model)
+    print_zero_shot_reports(model, tokenizer, cfg.eval_per_class)
 
 
 if __name__ == "__main__":
