@@ -1,6 +1,8 @@
-"""One module per table and figure of the ATLaS paper, the project's only experiments folder:
-``atlas-fast experiment NAME --help`` (or ``python -m atlas_fast.experiments NAME``); ``atlas-fast experiment --list``
-names them with the paper item."""
+"""One module per table and figure of the ATLaS paper, the project's only experiments folder.
+
+The folder sits at the top of the repository (``experiments/``) and installs as ``atlas_fast.experiments``
+(setup.py's ``package_dir``), so ``atlas-fast experiment NAME --help`` and ``python -m atlas_fast.experiments NAME``
+run it from any folder; ``atlas-fast experiment --list`` names the modules with the paper item of each."""
 
 from __future__ import annotations
 
