@@ -220,7 +220,8 @@ def _train_cached(name: str, backbone, classnames, features, labels, epochs: int
     import warnings
 
     from atlas_fast.atlas.schedules import OneHot
-    from atlas_fast.engine.loop import RunState, train_runs
+    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.step import RunState
     from atlas_fast.methods.base import OptimRecipe, method_entry
 
     device = torch.device(SETUP["device"])

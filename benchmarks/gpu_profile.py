@@ -38,7 +38,8 @@ def profile(backbone, classes: int, runs: int, steps: int, device: torch.device,
     from torch.profiler import profile as torch_profile
 
     from atlas_fast.atlas.schedules import OneHot
-    from atlas_fast.engine.loop import RunState, train_runs
+    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.step import RunState
     from atlas_fast.methods.base import OptimRecipe, method_entry
 
     entry = method_entry("coop")

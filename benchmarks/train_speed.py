@@ -49,7 +49,8 @@ from atlas_fast.methods.base import OptimRecipe  # noqa: E402
 from atlas_fast.methods.coop import CoOp, CoOpConfig  # noqa: E402
 from atlas_fast.atlas.schedules import OneHot  # noqa: E402
 from atlas_fast.engine.feed import CachedViews, EpochTensorInputs  # noqa: E402
-from atlas_fast.engine.loop import RunState, train_runs  # noqa: E402
+from atlas_fast.engine.loop import train_runs  # noqa: E402
+from atlas_fast.engine.step import RunState  # noqa: E402
 from atlas_fast.clip.transforms import TransformSpec, load_views  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple", "brown", "grey"]

@@ -276,7 +276,8 @@ def fake_cuda(monkeypatch):
 
 def _step_graphs(tiny, batch=4):
     from atlas_fast.engine.graphs import StepGraphs
-    from atlas_fast.engine.loop import RunState, build_optimizer
+    from atlas_fast.engine.loop import build_optimizer
+    from atlas_fast.engine.step import RunState
     from atlas_fast.methods.base import OptimRecipe
 
     entry = method_entry("coop")

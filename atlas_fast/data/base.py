@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from atlas_fast.data.templates import fill_template
+
 
 @dataclass(frozen=True)
 class Datum:
@@ -48,8 +50,6 @@ class DatasetSplits:
 
     def prompts(self, template: str | None = None) -> list[str]:
         """Hand-crafted prompts, one per class, with ``_`` in class names replaced by spaces (as CoOp does)."""
-        from atlas_fast.data.templates import fill_template
-
         return fill_template(template or self.template, self.classnames)
 
     def with_lists(self, **changes) -> "DatasetSplits":

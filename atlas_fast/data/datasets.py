@@ -20,17 +20,18 @@ Keys (``Datum.key``) are posix paths relative to the dataset folder, so caches a
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Mapping, Protocol
 
 from atlas_fast.progress import progress_bar
 
 from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
-from atlas_fast.data.templates import ATLAS_TEMPLATES, DEFAULT_TEMPLATE
+from atlas_fast.data.templates import ATLAS_TEMPLATES, CUSTOM_TEMPLATES, DEFAULT_TEMPLATE
 
 SplitLists = tuple[list[Datum], list[Datum], list[Datum]]
 
@@ -484,18 +485,35 @@ _BUILTIN_SPECS = (
 )
 BUILTIN_DATASETS = tuple(spec.name for spec in _BUILTIN_SPECS)
 
-#: registry name -> spec; the 15 benchmarks plus datasets added with :func:`register_split_json_dataset`.
+#: registry name -> spec; the 15 benchmarks plus datasets added with :func:`register_split_json_dataset` (read it
+#: through :func:`registered_datasets`, which first lets the installed plugins register theirs).
 DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in _BUILTIN_SPECS}
+
+#: Entry-point group of dataset plugins: each entry point names a function of no arguments that registers datasets
+#: (with :func:`register_split_json_dataset`). The embedded world registers its benchmark this way, so this package
+#: never imports the world; another package can add its datasets the same way.
+DATASET_PLUGINS = "atlas_fast.datasets"
+_plugins_loaded = False
+
+
+def registered_datasets() -> dict[str, DatasetSpec]:
+    """The registry, after every installed dataset plugin has registered its datasets (once per process)."""
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        for entry_point in importlib.metadata.entry_points(group=DATASET_PLUGINS):
+            entry_point.load()()
+    return DATASETS
 
 
 def list_datasets() -> list[str]:
-    """Registry names, the 15 benchmarks first (in CoOp's table order), then user-registered ones."""
-    return list(DATASETS)
+    """Registry names, the 15 benchmarks first (in CoOp's table order), then plugin- and user-registered ones."""
+    return list(registered_datasets())
 
 
 def _aliases() -> dict[str, str]:
     table = {}
-    for spec in DATASETS.values():
+    for spec in registered_datasets().values():
         table[spec.name.lower()] = spec.name
         if spec.config_name:
             table[spec.config_name.lower()] = spec.name
@@ -538,7 +556,8 @@ def get_spec(name: str) -> DatasetSpec:
     """Like :func:`find_spec`, but an unknown name is an error that lists the valid ones."""
     spec = find_spec(name)
     if spec is None:
-        valid = ", ".join(f"{s.name} ({s.config_name})" if s.config_name else s.name for s in DATASETS.values())
+        valid = ", ".join(f"{s.name} ({s.config_name})" if s.config_name else s.name
+                          for s in registered_datasets().values())
         raise ValueError(f"unknown dataset {name!r}; valid names (any case): {valid}, or 'folder:<path>' or "
                          f"'split:<path>/<split file>.json'")
     return spec
@@ -581,3 +600,17 @@ def register_split_json_dataset(name: str, folder: str, image_prefix: str, templ
     DATASETS[name] = spec
     return spec
 
+
+def atlas_template(name: str) -> str:
+    """The ATLaS soft-label template of a dataset (registry or CoOp config name, any case)."""
+    return _template_of(ATLAS_TEMPLATES, name)
+
+
+def zeroshot_template(name: str) -> str:
+    """CoOp's zero-shot CLIP template of a dataset (registry or CoOp config name, any case); DTD: ``{} texture.``."""
+    return _template_of(CUSTOM_TEMPLATES, name)
+
+
+def _template_of(table: Mapping[str, str], name: str) -> str:
+    spec = find_spec(name)
+    return DEFAULT_TEMPLATE if spec is None else table.get(spec.name, spec.template)

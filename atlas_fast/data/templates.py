@@ -8,8 +8,9 @@
 * :data:`IMAGENET_TEMPLATES_SELECT` -- the 7 prompts ``ZeroshotCLIP2`` ensembles (plus the dataset's CUSTOM prompt when
   the dataset is not ImageNet).
 
-Tables are keyed by registry name (``OxfordPets``, ``DescribableTextures``, ...). A dataset registered with
-``register_split_json_dataset`` gets its own template from both lookups; any other name (a ``{train,val,test}/<class>``
+Tables are keyed by registry name (``OxfordPets``, ``DescribableTextures``, ...); the lookups by dataset name
+(``atlas_template``, ``zeroshot_template``) live with the registry in ``datasets.py``, so this module imports nothing
+of the data package. A dataset registered with ``register_split_json_dataset`` gets its own template from both lookups; any other name (a ``{train,val,test}/<class>``
 folder dataset, whose ``DatasetSplits.name`` is its folder name) gets :data:`DEFAULT_TEMPLATE`.
 """
 
@@ -124,21 +125,3 @@ def check_template(template: str, owner: str) -> None:
 def fill_template(template: str, classnames: Sequence[str]) -> list[str]:
     """One prompt per class: ``template`` with ``{}`` replaced by the class name, ``_`` -> space (as CoOp does)."""
     return [template.format(name.replace("_", " ")) for name in classnames]
-
-
-def atlas_template(name: str) -> str:
-    """The ATLaS soft-label template of a dataset (registry or CoOp config name, any case)."""
-    return _lookup(ATLAS_TEMPLATES, name)
-
-
-def zeroshot_template(name: str) -> str:
-    """CoOp's zero-shot CLIP template of a dataset (registry or CoOp config name, any case); DTD: ``{} texture.``."""
-    return _lookup(CUSTOM_TEMPLATES, name)
-
-
-def _lookup(table: MappingProxyType, name: str) -> str:
-    # Imported here: the registry imports this module's tables at import time.
-    from atlas_fast.data.datasets import find_spec
-
-    spec = find_spec(name)
-    return DEFAULT_TEMPLATE if spec is None else table.get(spec.name, spec.template)

@@ -147,7 +147,7 @@ def evaluate_run(method: PromptMethod, eval_sets: Sequence[EvalSet], backbone: B
 
 def zero_shot_references(backbone: Backbone, eval_sets: Sequence[EvalSet], dataset: str) -> dict[str, float]:
     """Zero-shot CLIP's accuracy on each evaluation set with the dataset's CLIP template (H added)."""
-    from atlas_fast.data.templates import zeroshot_template
+    from atlas_fast.data.datasets import zeroshot_template
 
     template = zeroshot_template(dataset)
     return summarize({s.name: zero_shot_accuracy(backbone, s, template) for s in eval_sets})

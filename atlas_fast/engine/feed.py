@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple, Protocol
+from typing import Iterator, NamedTuple
 
 import torch
 from atlas_fast.progress import progress_bar
@@ -22,6 +22,7 @@ from atlas_fast.cache import FeatureCache
 from atlas_fast.engine.evaluate import EvalSet
 from atlas_fast.engine.pixels import ImageViews
 from atlas_fast.engine.spec import RunSpec
+from atlas_fast.engine.step import TrainInputs
 from atlas_fast.methods.base import MethodEntry
 
 # Preload every cached view of the training set when it fits this budget; otherwise read one view per epoch.
@@ -30,15 +31,6 @@ PRELOAD_BYTES = 1 << 30
 # epoch then indexes them there, with no copy from the host (16 shots x 1,000 ImageNet classes x 512 floats x 50
 # views is 1.6 GB; the base-to-new sets of the 11 datasets with one view per epoch stay far below it).
 DEVICE_RESIDENT_BYTES = 2 << 30
-
-
-class TrainInputs(Protocol):
-    """What the training loop reads: the inputs of each batch of one epoch, in a given item order."""
-
-    def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """``(inputs, index)`` per batch of ``order`` (a permutation of the training items; the last partial batch
-        is kept); ``index`` (B,) selects the batch's labels and soft rows."""
-        ...
 
 
 class EpochTensorInputs:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from atlas_fast.atlas.schedules import LabelSchedule
-from atlas_fast.engine.loop import RunState, forward_backward
+from atlas_fast.engine.step import RunState, forward_backward
 from atlas_fast.methods.base import PromptMethod
 
 

@@ -1,5 +1,5 @@
 """The training loop, the only one: R >= 1 runs held by one method, Dassl's optimisation over any
-:class:`~atlas_fast.engine.feed.TrainInputs` (docs/protocol.md, "Optimisation").
+:class:`~atlas_fast.engine.step.TrainInputs` (docs/protocol.md, "Optimisation").
 
 SGD (momentum 0.9, weight decay 5e-4 on the learned tensors) with a cosine learning rate stepped once per epoch after
 a constant warmup epoch at 1e-5. Each run's batches follow a permutation drawn from a ``torch.Generator`` seeded with
@@ -17,8 +17,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from atlas_fast.atlas.schedules import LabelSchedule
-from atlas_fast.engine.feed import TrainInputs
+from atlas_fast.engine.graphs import StepGraphs
+from atlas_fast.engine.step import RunState, forward_backward, step_batch
 from atlas_fast.methods.base import OptimRecipe, PromptMethod
 from atlas_fast.progress import progress_bar
 
@@ -56,21 +56,6 @@ def set_epoch_lr(optimizer: torch.optim.Optimizer, recipe: OptimRecipe, epoch: i
     return lr_at_epoch(recipe, epoch)
 
 
-class RunState:
-    """One run of a group: its training inputs, labels, soft labels, label schedule and data-order generator."""
-
-    def __init__(self, train_inputs: TrainInputs, labels: torch.Tensor, soft_rows: torch.Tensor | None,
-                 schedule: LabelSchedule, seed: int, device: torch.device) -> None:
-        self.train_inputs, self.schedule = train_inputs, schedule
-        self.labels = labels.to(device)
-        self.soft_rows = soft_rows.to(device) if soft_rows is not None else None
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def targets(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The labels and soft rows of the items ``index``."""
-        return self.labels[index], self.soft_rows[index] if self.soft_rows is not None else None
-
-
 def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimRecipe, device: torch.device,
                amp: bool, progress: bool = True,
                on_epoch_end: Callable[[int], list[dict[str, Any]]] | None = None,
@@ -105,8 +90,6 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     scaler = torch.amp.GradScaler(device.type, enabled=amp)
     graphs = None
     if graph_steps:
-        from atlas_fast.engine.graphs import StepGraphs
-
         graphs = StepGraphs(method, runs, optimizer, scaler, recipe.batch_size, amp)
     for run in runs:
         run.schedule.reset(len(method.classnames))
@@ -126,7 +109,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
             batches = [next(stream, None) for stream in streams]
             if all(batch is None for batch in batches):
                 break
-            inputs, labels, targets, sizes = _step_batch(batches, runs, device)
+            inputs, labels, targets, sizes = step_batch(batches, runs, device)
             idle = [r for r in range(num_runs) if sizes[r] == 0]
             saved = _save_run_slices(optimizer, idle)
             key = graphs.key(epoch, sizes) if graphs is not None else None
@@ -158,54 +141,6 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     method.finish_training()
     method.eval()
     return logs
-
-
-def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: torch.optim.Optimizer,
-                     scaler: torch.amp.GradScaler, epoch: int, inputs, labels: torch.Tensor, targets: list,
-                     sizes: list[int], device: torch.device, amp: bool, autocast_cache: bool = True
-                     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """One step's loss (and each run's criterion loss) and its (scaled) gradients in the parameters' ``.grad``.
-
-    The criterion is the sum over the runs in this step of run r's schedule loss of its logits
-    (R, B_max, C)[r, :B_r] ((B, C) logits are one run's); ``observe``: these are the method's class predictions
-    (OLS learns from them), not an auxiliary head's."""
-    losses: dict[int, torch.Tensor] = {}
-
-    def criterion(logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
-        logits = logits if logits.dim() == 3 else logits.unsqueeze(0)
-        for r, batch_labels, soft in targets:
-            run_logits = logits[r, :sizes[r]]
-            if observe:
-                runs[r].schedule.observe(run_logits, batch_labels)
-            losses[r] = runs[r].schedule.loss(epoch, run_logits.float(), batch_labels, soft)
-        return torch.stack(list(losses.values())).sum()
-
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp,
-                        cache_enabled=autocast_cache):
-        loss = method.training_loss(inputs, labels, criterion)
-    scaler.scale(loss).backward()
-    return loss, losses
-
-
-def _step_batch(batches: list, runs: Sequence[RunState], device: torch.device):
-    """One step's inputs, labels, per-run targets ``(r, labels, soft rows)`` and batch sizes from each run's next
-    batch (None for a run whose epoch is over). One run's batch is passed as it comes; R > 1 are stacked into
-    zero-padded (R, B_max, ...) inputs and (R, B_max) labels."""
-    sizes = [len(batch[1]) if batch is not None else 0 for batch in batches]
-    targets = []
-    for r, batch in enumerate(batches):
-        if batch is not None:
-            targets.append((r, *runs[r].targets(batch[1].to(device))))
-    if len(runs) == 1:
-        return batches[0][0].to(device), targets[0][1], targets, sizes
-    first = next(batch[0] for batch in batches if batch is not None)
-    inputs = first.new_zeros((len(runs), max(sizes), *first.shape[1:]), device=device)
-    labels = torch.zeros((len(runs), max(sizes)), dtype=torch.long, device=device)
-    for r, batch_labels, _ in targets:
-        inputs[r, :sizes[r]] = batches[r][0].to(device)
-        labels[r, :sizes[r]] = batch_labels
-    return inputs, labels, targets, sizes
 
 
 def _check_finite(method: PromptMethod, epoch_losses: list[float], epoch: int, lr: float,

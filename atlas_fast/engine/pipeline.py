@@ -34,9 +34,11 @@ import torch
 from atlas_fast.engine.config import TrainConfig, resolve_device
 from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize, zero_shot_references
 from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
-from atlas_fast.engine.loop import RunState, train_runs
+from atlas_fast.engine.graphs import use_graph_steps
+from atlas_fast.engine.loop import train_runs
 from atlas_fast.engine.record import ResultStore, build_record, finished_record, save_record
 from atlas_fast.engine.spec import RunSpec, plan_run
+from atlas_fast.engine.step import RunState
 from atlas_fast.methods.base import PromptMethod
 
 
@@ -123,8 +125,6 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
 
     states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
                        first.device) for s, i in zip(specs, inputs)]
-    from atlas_fast.engine.graphs import use_graph_steps
-
     graph_steps = use_graph_steps([s.config.graph_steps for s in specs], first.method,
                                   [s.schedule for s in states], first.device)
     clock = time.perf_counter()

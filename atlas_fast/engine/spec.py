@@ -25,6 +25,7 @@ import torch
 
 from atlas_fast.clip.backbones import Backbone, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device, resolve_precision
+from atlas_fast.engine.graphs import graph_steps_refusal
 from atlas_fast.methods.base import MethodConfig, MethodEntry, MissingRecipe, OptimRecipe, method_entry
 
 
@@ -282,8 +283,6 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
     if amp and device.type != "cuda":
         raise ValueError("precision='amp' needs a CUDA device; use 'fp32' (or 'auto') on the CPU.")
     if config.graph_steps:
-        from atlas_fast.engine.graphs import graph_steps_refusal
-
         refusal = graph_steps_refusal(entry, [config.schedule], device)
         if refusal:
             raise ValueError(f"{refusal}; leave graph_steps at None (graphs wherever they apply) or set it to "

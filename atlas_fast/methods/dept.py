@@ -33,7 +33,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.data.templates import atlas_template
+from atlas_fast.data.datasets import atlas_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
                                      register_method)
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.data.templates import atlas_template, check_template, fill_template
+from atlas_fast.data.datasets import atlas_template
+from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, register_method
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig, Family, Setting
 

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.data.templates import check_template, fill_template, zeroshot_template
+from atlas_fast.data.datasets import zeroshot_template
+from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
 from atlas_fast.methods.coop import Family, Setting
 

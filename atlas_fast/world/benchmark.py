@@ -37,6 +37,7 @@ import numpy as np
 from PIL import Image
 from atlas_fast.progress import progress_bar
 
+from atlas_fast.data.datasets import register_split_json_dataset
 from atlas_fast.files import atomic_write
 from atlas_fast.world.generator import (SHAPE_PALETTES, SHAPES, SPLIT_IDS, TEXTURES, Layout, concept_id,
                                         render_batch)
@@ -160,9 +161,9 @@ class SplitSizes:
 
 
 def register_world_datasets() -> None:
-    """Make every world dataset loadable by name (idempotent: re-registering replaces the same spec)."""
-    from atlas_fast.data import register_split_json_dataset
-
+    """Make every world dataset loadable by name (idempotent: re-registering replaces the same spec). The data
+    registry calls this through the ``atlas_fast.datasets`` entry point (setup.cfg), so the names are known in every
+    process without the data package importing the world."""
     for d in WORLD_DATASETS:
         register_split_json_dataset(d.name, d.folder, IMAGE_FOLDER, d.template, split_file=d.split_file)
 
