@@ -29,6 +29,8 @@ from torch import nn
 
 import open_clip
 
+# Preprocessing and OpenAI's mean/std live with the transforms (imports run transforms <- backbones); they are
+# importable from here as before.
 from atlas_fast.clip.transforms import OPENAI_MEAN, OPENAI_STD, Preprocessing, TransformSpec
 
 MODEL_CONFIG_DIR = Path(__file__).parents[1] / "model_configs"
