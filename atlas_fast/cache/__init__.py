@@ -25,7 +25,7 @@ from atlas_fast.cache.read import CacheReader
 
 __all__ = ["FeatureCache", "BuildReport", "CacheEntry", "CacheError", "CacheMismatchError", "CacheCorruptError",
            "CacheSpaceError", "CacheReadOnlyError", "MissingFeaturesError", "FORMAT", "FORMAT_VERSION", "MAX_VIEWS",
-           "PRECISIONS", "STORAGE_DTYPES"]
+           "PRECISIONS", "STORAGE_DTYPES", "CacheBuilder", "CacheReader", "CacheInspector"]
 
 
 class FeatureCache(CacheBuilder, CacheReader, CacheInspector):
