@@ -26,7 +26,9 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
-import atlas_fast.cache as cache_module
+import atlas_fast.cache.build as cache_build
+import atlas_fast.cache.format as cache_format
+import atlas_fast.cache.read as cache_read
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import FeatureCache
 from atlas_fast.data import load_dataset
@@ -67,9 +69,11 @@ def checks_off():
         return create(self, *args, **kwargs)
 
     with mock.patch.object(h5py.Group, "create_dataset", without_checksums), \
-            mock.patch.object(cache_module, "image_identities", lambda items, content=False: ["-"] * len(items)), \
-            mock.patch.object(cache_module, "_keys_digest", lambda keys, ids: "-"), \
-            mock.patch.object(cache_module, "_reserve", lambda *args: None):
+            mock.patch.object(cache_build, "image_identities", lambda items, content=False: ["-"] * len(items)), \
+            mock.patch.object(cache_read, "image_identities", lambda items, content=False: ["-"] * len(items)), \
+            mock.patch.object(cache_build, "keys_digest", lambda keys, ids: "-"), \
+            mock.patch.object(cache_format, "keys_digest", lambda keys, ids: "-"), \
+            mock.patch.object(cache_build, "reserve", lambda *args: None):
         yield
 
 

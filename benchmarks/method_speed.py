@@ -43,7 +43,7 @@ from atlas_fast.cache import FeatureCache  # noqa: E402
 from atlas_fast.engine.loop import build_optimizer, lr_at_epoch  # noqa: E402
 from atlas_fast.methods import CoCoOp, DePTCoOp, cocoop_recipe, dept_coop_recipe  # noqa: E402
 from atlas_fast.clip.text_encoder import PromptTextEncoder  # noqa: E402
-from atlas_fast.clip.transforms import TransformSpec, load_views  # noqa: E402
+from atlas_fast.clip.transforms import load_views  # noqa: E402
 from train_speed import write_images  # noqa: E402
 
 
@@ -127,7 +127,7 @@ def train_rows(backbone, classes: int, shots: int, steps: int, folder: Path, dev
     cache.build(backbone, f"bench{classes}", train, num_views=1, progress=False)
     build_seconds = time.perf_counter() - start
     features = cache.load(backbone, f"bench{classes}", train, views=[1])[:, 0].to(device)
-    spec = TransformSpec.for_backbone(backbone.preprocessing, 0)
+    spec = backbone.transform
     pixels = torch.stack([load_views(d.impath, d.key, [1], spec)[0] for d in train]).to(device)
     rows = []
     for name, (cached_class, full_class, recipe_function) in METHODS.items():

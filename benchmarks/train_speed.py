@@ -51,7 +51,7 @@ from atlas_fast.atlas.schedules import OneHot  # noqa: E402
 from atlas_fast.engine.feed import CachedViews, EpochTensorInputs  # noqa: E402
 from atlas_fast.engine.loop import train_runs  # noqa: E402
 from atlas_fast.engine.step import RunState  # noqa: E402
-from atlas_fast.clip.transforms import TransformSpec, load_views  # noqa: E402
+from atlas_fast.clip.transforms import load_views  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple", "brown", "grey"]
 ANIMALS = ["cat", "dog", "bird", "horse", "sheep", "cow", "frog", "fish", "snake", "turtle"]
@@ -158,7 +158,7 @@ def run_size(backbone, classes: int, shots: int, epochs: int, batch_size: int, f
     test_features = cache.load(backbone, dataset, test, views=[0])[:, 0]
     test_labels = torch.tensor([d.label for d in test])
 
-    spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)
+    spec = backbone.transform_for(aug_seed)
     train_pixels = torch.stack([load_views(d.impath, d.key, list(range(1, views + 1)), spec) for d in train])
 
     results = {}

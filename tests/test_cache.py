@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-from atlas_fast.cache import CacheError, CacheMismatchError, FeatureCache, MissingFeaturesError, _read_view, _write_cells
+from atlas_fast.cache import CacheError, CacheMismatchError, FeatureCache, MissingFeaturesError
+from atlas_fast.cache.build import write_cells
+from atlas_fast.cache.read import read_view
 from atlas_fast.data.base import Datum
-from atlas_fast.clip.transforms import ImageReadError, TransformSpec, load_views
+from atlas_fast.clip.transforms import ImageReadError, load_views
 from tests.layouts import make_oxford_pets
 
 TINY = BackboneConfig("atlas-tiny", None)
@@ -45,7 +47,7 @@ def train(dataset_dir) -> list[Datum]:
 
 
 def direct_features(backbone, items: list[Datum], view: int, aug_seed: int = 0) -> torch.Tensor:
-    spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)
+    spec = backbone.transform_for(aug_seed)
     pixels = torch.cat([load_views(d.impath, d.key, [view], spec) for d in items])
     return backbone.encode_image(pixels).float()
 
@@ -250,9 +252,9 @@ def test_cell_writes_and_row_reads_in_any_order(rows):
         unique_rows = np.unique(rows_a)
         views = np.arange(len(unique_rows)) % 3
         values = np.arange(len(unique_rows) * 4, dtype="float32").reshape(-1, 4) + 1
-        _write_cells(ds, unique_rows, views, values)
+        write_cells(ds, unique_rows, views, values)
         expected = np.zeros((3200, 3, 4), dtype="float32")
         expected[unique_rows, views] = values
         assert np.array_equal(ds[...], expected)
         for v in range(3):
-            assert np.array_equal(_read_view(ds, rows_a, v), expected[rows_a, v])
+            assert np.array_equal(read_view(ds, rows_a, v), expected[rows_a, v])

@@ -48,9 +48,9 @@ def pets_items(data_root: Path, split: str = "train"):
 
 
 def direct(backbone, items, view: int = 0) -> torch.Tensor:
-    from atlas_fast.clip.transforms import TransformSpec, load_views
+    from atlas_fast.clip.transforms import load_views
 
-    spec = TransformSpec.for_backbone(backbone.preprocessing, 0)
+    spec = backbone.transform
     return backbone.encode_image(torch.cat([load_views(d.impath, d.key, [view], spec) for d in items])).float()
 
 
@@ -216,9 +216,9 @@ def test_running_out_of_space_mid_build_keeps_finished_batches(tmp_path, backbon
     commit = FeatureCache._commit
 
     def recording_commit(self, path, rows, views, features, *rest):
-        from atlas_fast.cache import _chunk_bytes
+        from atlas_fast.cache.space import chunk_bytes
 
-        needs.append(path.stat().st_size + _chunk_bytes(rows, views, features.shape[-1], 2))
+        needs.append(path.stat().st_size + chunk_bytes(rows, views, features.shape[-1], 2))
         return commit(self, path, rows, views, features, *rest)
 
     monkeypatch.setattr(FeatureCache, "_commit", recording_commit)
@@ -250,7 +250,7 @@ def test_a_build_that_cannot_fit_is_refused_before_encoding(pets, tmp_path, back
     from collections import namedtuple
 
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr("atlas_fast.cache.shutil.disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    monkeypatch.setattr("atlas_fast.cache.space.shutil.disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
     encoded = []
     monkeypatch.setattr(backbone, "encode_image", lambda pixels: encoded.append(1))
     with pytest.raises(CacheError, match=r"needs about .* but only 1000 B is free"):

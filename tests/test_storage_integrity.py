@@ -307,11 +307,11 @@ def test_a_views_count_that_cannot_fit_is_a_one_line_error(pets, tmp_path, backb
         cache.build(backbone, "OxfordPets", items, num_views=10**12, num_workers=0, progress=False)
     per_view = 2 * backbone.embed_dim * 2  # two images, float16
     with monkeypatch.context() as patch:  # below the sanity cap, the free disk space bounds the views
-        patch.setattr("atlas_fast.cache._free_bytes", lambda folder: 100 * per_view)
+        patch.setattr("atlas_fast.cache.space.free_bytes", lambda folder: 100 * per_view)
         with pytest.raises(ValueError, match=r"^views 500 is out of range for 2 images: the valid range is 0\.\.99 "):
             cache.build(backbone, "OxfordPets", items, num_views=500, num_workers=0, progress=False)
     with monkeypatch.context() as patch:  # and the available memory what one load may return
-        patch.setattr("atlas_fast.cache._available_memory", lambda: 100)
+        patch.setattr("atlas_fast.cache.space.available_memory", lambda: 100)
         with pytest.raises(ValueError, match=r"^views: loading 1 views of 2 images needs"):
             cache.load(backbone, "OxfordPets", items, views=[0])
     cache.build(backbone, "OxfordPets", items, num_views=1, num_workers=0, progress=False)

@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -29,10 +29,12 @@ from torch import nn
 
 import open_clip
 
+# Preprocessing and OpenAI's mean/std live with the transforms (imports run transforms <- backbones); they are
+# importable from here as before.
+from atlas_fast.clip.transforms import OPENAI_MEAN, OPENAI_STD, Preprocessing, TransformSpec
+
 MODEL_CONFIG_DIR = Path(__file__).parents[1] / "model_configs"
 CHECKPOINT_DIR = Path(__file__).parents[1] / "checkpoints"
-OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 
 _registered = False
 
@@ -74,23 +76,14 @@ class BackboneConfig:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class Preprocessing:
-    """The pixel pipeline a backbone expects (CLIP: bicubic resize of the short side, centre crop, mean/std)."""
-
-    image_size: int
-    mean: tuple[float, float, float] = OPENAI_MEAN
-    std: tuple[float, float, float] = OPENAI_STD
-    interpolation: str = "bicubic"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"image_size": self.image_size, "mean": list(self.mean), "std": list(self.std),
-                "interpolation": self.interpolation}
-
-
 @dataclass
 class Backbone:
-    """A frozen open_clip CLIP model with its tokenizer, preprocessing and fingerprint."""
+    """A frozen open_clip CLIP model with its tokenizer, preprocessing, image transforms and fingerprint.
+
+    ``transform`` (the test view and the seeded augmentations, :mod:`atlas_fast.clip.transforms`, at augmentation
+    seed 0) is derived from ``preprocessing`` once, when the backbone is made, and read from here by the feature
+    cache and the pixel path alike, as open_clip's ``create_model_and_transforms`` hands its transforms out with the
+    model."""
 
     model: nn.Module
     tokenizer: Callable[..., torch.Tensor]
@@ -98,6 +91,14 @@ class Backbone:
     config: BackboneConfig
     architecture: dict[str, Any]
     fingerprint: str = field(default="")
+    transform: TransformSpec = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.transform = TransformSpec.from_preprocessing(self.preprocessing)
+
+    def transform_for(self, aug_seed: int = 0) -> TransformSpec:
+        """:attr:`transform` with the augmentation seed ``aug_seed`` (which seeds views 1.. only)."""
+        return self.transform if aug_seed == self.transform.aug_seed else replace(self.transform, aug_seed=aug_seed)
 
     @property
     def device(self) -> torch.device:

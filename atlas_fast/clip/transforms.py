@@ -11,7 +11,10 @@ A *view* of an image is fully determined by ``(transform spec, image key, view i
   batch order or DataLoader worker. The sampling follows torchvision's ``RandomResizedCrop.get_params`` step by step.
 
 :meth:`TransformSpec.fingerprint` hashes a JSON description of all of this (plus a version number bumped whenever
-the pixels a spec produces change), and keys the feature cache.
+the pixels a spec produces change), and keys the feature cache. A loaded backbone carries its spec
+(:attr:`atlas_fast.clip.backbones.Backbone.transform`, derived once from its :class:`Preprocessing`), as open_clip's
+``create_model_and_transforms`` returns the transforms with the model; code that needs a backbone's views reads them
+from there (:meth:`~atlas_fast.clip.backbones.Backbone.transform_for` for another augmentation seed).
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
-from atlas_fast.clip.backbones import Preprocessing
-
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 TRANSFORM_VERSION = 2  # 2: 16-bit and float images keep their values (they were clipped to white)
 _INTERPOLATIONS = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
                    "nearest": InterpolationMode.NEAREST}
@@ -41,8 +44,23 @@ class ImageReadError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Preprocessing:
+    """The pixel pipeline a backbone expects (CLIP: bicubic resize of the short side, centre crop, mean/std)."""
+
+    image_size: int
+    mean: tuple[float, float, float] = OPENAI_MEAN
+    std: tuple[float, float, float] = OPENAI_STD
+    interpolation: str = "bicubic"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image_size": self.image_size, "mean": list(self.mean), "std": list(self.std),
+                "interpolation": self.interpolation}
+
+
+@dataclass(frozen=True)
 class TransformSpec:
-    """Everything that decides the pixels of a view. Build it from a backbone with :meth:`for_backbone`."""
+    """Everything that decides the pixels of a view. A backbone's is ``backbone.transform`` (built once at load by
+    :meth:`from_preprocessing`); ``backbone.transform_for(aug_seed)`` gives it with another augmentation seed."""
 
     image_size: int
     mean: tuple[float, float, float]
@@ -60,8 +78,8 @@ class TransformSpec:
             raise ValueError(f"image_size must be >= 1, got {self.image_size}.")
 
     @classmethod
-    def for_backbone(cls, preprocessing: Preprocessing, aug_seed: int = 0) -> "TransformSpec":
-        """The CoOp/Dassl transforms at the backbone's input size, mean, std and interpolation."""
+    def from_preprocessing(cls, preprocessing: Preprocessing, aug_seed: int = 0) -> "TransformSpec":
+        """The CoOp/Dassl transforms at a backbone's input size, mean, std and interpolation."""
         return cls(image_size=preprocessing.image_size, mean=tuple(preprocessing.mean), std=tuple(preprocessing.std),
                    interpolation=preprocessing.interpolation, aug_seed=aug_seed)
 

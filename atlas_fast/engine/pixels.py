@@ -47,7 +47,7 @@ class ImageViews:
         if not items:
             raise ValueError("ImageViews needs at least one image")
         self.items = tuple(items)
-        self.spec = TransformSpec.for_backbone(backbone.preprocessing, aug_seed)
+        self.spec = backbone.transform_for(aug_seed)
         self.device = torch.device(device)
         self.workers = default_workers(self.device) if workers is None else workers
         if self.workers < 0:

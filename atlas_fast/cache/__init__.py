@@ -1,0 +1,44 @@
+"""The HDF5 feature cache: frozen CLIP image features, encoded once per image view and read by every later run.
+
+One file per (dataset, backbone weights, transform) under a cache root; :class:`FeatureCache` is the one object
+callers use. Each module has one job:
+
+=================  ======================================================================================
+``errors``         the error classes (all derive from :class:`CacheError`)
+``format``         the file's name, HDF5 layout and attributes, and the checks every open makes
+``locking``        the flock side files that let readers and builders share a file across processes
+``space``          disk and memory budgets: refusals before work, a reservation before each write
+``build``          encoding what a file lacks: image loader, write transactions (:class:`CacheBuilder`)
+``read``           reads of cached features (:class:`CacheReader`)
+``inspect``        listing and ``--verify`` for ``atlas-fast cache info`` (:class:`CacheInspector`)
+=================  ======================================================================================
+"""
+
+from __future__ import annotations
+
+from atlas_fast.cache.build import PRECISIONS, BuildReport, CacheBuilder
+from atlas_fast.cache.errors import (CacheCorruptError, CacheError, CacheMismatchError, CacheReadOnlyError,
+                                     CacheSpaceError, MissingFeaturesError)
+from atlas_fast.cache.format import FORMAT, FORMAT_VERSION, MAX_VIEWS, STORAGE_DTYPES
+from atlas_fast.cache.inspect import CacheEntry, CacheInspector
+from atlas_fast.cache.read import CacheReader
+
+__all__ = ["FeatureCache", "BuildReport", "CacheEntry", "CacheError", "CacheMismatchError", "CacheCorruptError",
+           "CacheSpaceError", "CacheReadOnlyError", "MissingFeaturesError", "FORMAT", "FORMAT_VERSION", "MAX_VIEWS",
+           "PRECISIONS", "STORAGE_DTYPES", "CacheBuilder", "CacheReader", "CacheInspector"]
+
+
+class FeatureCache(CacheBuilder, CacheReader, CacheInspector):
+    """Image features of frozen CLIP backbones under ``root``, one HDF5 file per (dataset, backbone, transform).
+
+    It is the sum of three roles, each usable alone: :meth:`build` (:class:`CacheBuilder`), :meth:`load`
+    (:class:`CacheReader`), :meth:`entries`, :meth:`info` and :meth:`verify_file` (:class:`CacheInspector`). They
+    share one base, :class:`~atlas_fast.cache.format.CacheFiles`: the root, the storage dtype, how images are
+    identified, and :meth:`path_for`, the file naming.
+
+    ``storage_dtype`` ("float16" default, or "float32") applies to files this instance creates; an existing file
+    keeps its own dtype (building into it with another dtype raises), and :meth:`load` always returns float32.
+    ``content_hash`` identifies images by a hash of their bytes instead of (size, mtime): slower (every image is
+    read on each build and load), but it also catches edits that keep size and mtime, and survives copies that
+    reset the mtime.
+    """
