@@ -273,7 +273,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
     clock = time.perf_counter()
     config = absolute_paths(config)
     entry = method_entry(config.method)
-    if not entry.learns and config.schedule.name != "onehot":
+    if not entry.learns and not config.schedule.plain:
         raise ValueError(f"{config.method} learns nothing, so the {config.schedule.name!r} label schedule has "
                          f"nothing to supervise; run it without soft labels (schedule OneHot, --atlas none).")
     device = resolve_device(config.device, elsewhere=for_workers)
