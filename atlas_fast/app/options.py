@@ -44,11 +44,6 @@ def check_methods(methods: Sequence[str], learning_only: bool = False) -> None:
     known = method_names(learning_only)
     unknown = [m for m in methods if m not in known]
     if unknown:
-        from atlas_fast.methods.base import method_names as registered  # methods registered by the user's code too
-
-        known = registered(learning_only)
-        unknown = [m for m in methods if m not in known]
-    if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; valid: {', '.join(known)}.")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, write_table
-from atlas_fast.methods.base import method_names
+from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.report import aggregate, method_name
 from atlas_fast.atlas.variants import LabelVariant, ablation_label as ablation_row, atlas_variant
 from atlas_fast.sweep import grid_configs

@@ -73,11 +73,45 @@ class CoOpConfig(MethodConfig):
         return self.n_ctx
 
 
+Family = Literal["paper", "original"]
+Setting = Literal["base2new", "few_shot", "cross_dataset"]
+FEW_SHOT_EPOCHS = {1: 50, 2: 100, 4: 100, 8: 200, 16: 200}
+
+
+def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[CoOpConfig, OptimRecipe]:
+    """CoOp's configuration and optimisation recipe (``docs/method-zoo.md``, section Recipes, ``docs/protocol.md``).
+
+    * epochs: base-to-new 200 (ImageNet 50); few-shot by K: 1 -> 50, 2/4 -> 100, 8/16 -> 200 (ImageNet 50 for
+      every K); cross-dataset (trained on ImageNet) 50. Batch 32, lr 0.002, SGD + cosine, 1 warmup epoch at 1e-5.
+    * ``paper``: M = 4 initialised from "a photo of a" in every setting (the ATLaS paper's statement).
+    * ``original``: the CoOp repository's configs: base-to-new and cross-dataset use ``vit_b16(_ep50)_ctxv1``
+      (M = 4 from "a photo of a", as the CoCoOp paper ran CoOp), few-shot uses 16 random tokens at the end, no CSC.
+    """
+    check_family("CoOp", family)
+    imagenet = dataset.lower() == "imagenet"
+    if setting == "base2new":
+        epochs = 50 if imagenet else 200
+    elif setting == "few_shot":
+        if shots not in FEW_SHOT_EPOCHS:
+            raise ValueError(f"CoOp few-shot recipes exist for K in {sorted(FEW_SHOT_EPOCHS)}, got shots={shots}")
+        epochs = 50 if imagenet else FEW_SHOT_EPOCHS[shots]
+    elif setting == "cross_dataset":
+        epochs = 50
+    else:
+        raise ValueError(f"CoOp recipe setting must be 'base2new', 'few_shot' or 'cross_dataset', got {setting!r}")
+    if family == "original" and setting == "few_shot":
+        config = CoOpConfig(n_ctx=16, ctx_init="", csc=False, class_token_position="end")
+    else:
+        config = CoOpConfig(ctx_init=PAPER_CTX_INIT)
+    return config, OptimRecipe(epochs=epochs, batch_size=32, lr=0.002)
+
+
 class CoOp(PromptMethod):
     """CoOp on cached image features. Learned tensor: ``ctx`` (R, M, d), or (R, C, M, d) with CSC."""
 
     name = "coop"
-    consumes = "features"
+    printed_name = "CoOp"
+    recipe = staticmethod(coop_recipe)
     config_class = CoOpConfig
     supports_batched_runs = True  # ctx is (R, M, d) / (R, C, M, d); the text pass is per prompt
 
@@ -130,37 +164,4 @@ class CoOp(PromptMethod):
         return None
 
 
-Family = Literal["paper", "original"]
-Setting = Literal["base2new", "few_shot", "cross_dataset"]
-FEW_SHOT_EPOCHS = {1: 50, 2: 100, 4: 100, 8: 200, 16: 200}
-
-
-def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[CoOpConfig, OptimRecipe]:
-    """CoOp's configuration and optimisation recipe (``docs/method-zoo.md``, section Recipes, ``docs/protocol.md``).
-
-    * epochs: base-to-new 200 (ImageNet 50); few-shot by K: 1 -> 50, 2/4 -> 100, 8/16 -> 200 (ImageNet 50 for
-      every K); cross-dataset (trained on ImageNet) 50. Batch 32, lr 0.002, SGD + cosine, 1 warmup epoch at 1e-5.
-    * ``paper``: M = 4 initialised from "a photo of a" in every setting (the ATLaS paper's statement).
-    * ``original``: the CoOp repository's configs: base-to-new and cross-dataset use ``vit_b16(_ep50)_ctxv1``
-      (M = 4 from "a photo of a", as the CoCoOp paper ran CoOp), few-shot uses 16 random tokens at the end, no CSC.
-    """
-    check_family("CoOp", family)
-    imagenet = dataset.lower() == "imagenet"
-    if setting == "base2new":
-        epochs = 50 if imagenet else 200
-    elif setting == "few_shot":
-        if shots not in FEW_SHOT_EPOCHS:
-            raise ValueError(f"CoOp few-shot recipes exist for K in {sorted(FEW_SHOT_EPOCHS)}, got shots={shots}")
-        epochs = 50 if imagenet else FEW_SHOT_EPOCHS[shots]
-    elif setting == "cross_dataset":
-        epochs = 50
-    else:
-        raise ValueError(f"CoOp recipe setting must be 'base2new', 'few_shot' or 'cross_dataset', got {setting!r}")
-    if family == "original" and setting == "few_shot":
-        config = CoOpConfig(n_ctx=16, ctx_init="", csc=False, class_token_position="end")
-    else:
-        config = CoOpConfig(ctx_init=PAPER_CTX_INIT)
-    return config, OptimRecipe(epochs=epochs, batch_size=32, lr=0.002)
-
-
-register_method(CoOp, recipe=coop_recipe, printed_name="CoOp")
+register_method(CoOp)
