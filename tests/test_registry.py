@@ -13,7 +13,7 @@ from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run, run_group
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.methods.base import METHODS, MethodConfig, OptimRecipe, PromptMethod, method_class, register_method
-from layouts import make_oxford_pets
+from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -62,9 +62,7 @@ def toy_method():
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("registry")
-    make_oxford_pets(root / "data", n_classes=4, n_train=4, n_val=1, n_test=2, size=32)
-    return root
+    return small_pets(tmp_path_factory, "registry")
 
 
 def config(data, results, seed=1):

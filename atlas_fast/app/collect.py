@@ -41,8 +41,6 @@ SETTING_TITLES = {"base2new": "Base-to-new generalisation", "few_shot": "Few-sho
 _NOT_A_VARIANT = ("seed", "dataset", "setting", "shots", "method", "device", "eval_every_epoch")
 _REQUIRED = ("config.dataset", "config.method", "config.setting", "config.shots", "config.seed",
              "config.schedule.name")
-_SCHEDULE_ORDER = ("onehot", "atlas", "joint", "ols", "tfkd")
-_SOFT_ORDER = ("ls", "csl", "isl", "mix")
 
 
 def _warn(message: str) -> None:
@@ -124,6 +122,7 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records with ``label`` (the row name) and ``table`` (``(setting, shots)``), in table order: method blocks
     (zero-shot CLIP first, then the registry's order), the plain method first in its block, then the ATLaS
     variants; one record per seed and row (of two, the newer one is kept, with a warning naming both files)."""
+    from atlas_fast.atlas.variants import row_order
     from atlas_fast.methods import METHODS
 
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
@@ -152,8 +151,7 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         schedule, soft = c["schedule"], (c.get("soft_labels") or {}).get("kind")
         return (record["table"][0], record["table"][1],
                 registry.index(c["method"]) if c["method"] in registry else len(registry), c["method"],
-                _SCHEDULE_ORDER.index(schedule["name"]) if schedule["name"] in _SCHEDULE_ORDER else 99,
-                _SOFT_ORDER.index(soft) if soft in _SOFT_ORDER else 99, _sortable(schedule.get("period", 0)),
+                *row_order(schedule, soft), _sortable(schedule.get("period", 0)),
                 [_sortable(v) for v in record["_values"]], record["label"], c["dataset"], c["seed"])
 
     kept: dict[tuple, dict[str, Any]] = {}

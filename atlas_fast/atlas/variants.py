@@ -123,6 +123,14 @@ def row_label(schedule: Mapping[str, Any], soft_kind: str | None, every_epoch_na
     return {"ols": "+ OLS", "tfkd": "+ TF-KD"}.get(name, f"+ {name}")
 
 
+def row_order(schedule: Mapping[str, Any], soft_kind: str | None) -> tuple[int, int]:
+    """Where a variant's rows go in a table: the plain method, ATLaS, joint, OLS, TF-KD; within them LS, CSL, ISL,
+    mix (variants this version does not know last)."""
+    order = ("onehot", "atlas", "joint", "ols", "tfkd")
+    name = schedule["name"]
+    return (order.index(name) if name in order else 99, KINDS.index(soft_kind) if soft_kind in KINDS else 99)
+
+
 def ablation_label(schedule: Mapping[str, Any], soft_kind: str | None) -> str:
     """A row of the paper's ablation table, without the method: ``""`` for the plain method, ``+ vanilla LS``
     (soft labels alone, K = 1), ``+ vanilla LS + y`` (joint), ``+ ATLaS`` (alternating), likewise for CSL and ISL."""

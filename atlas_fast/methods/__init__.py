@@ -10,7 +10,7 @@ names from its own module (``from atlas_fast.methods.coop import CoOp``).
 import importlib
 import pkgutil
 
-from atlas_fast.methods.base import METHODS
+from atlas_fast.methods.base import METHODS  # noqa: F401  (the registry: complete once this package is imported)
 
 for _module in pkgutil.iter_modules(__path__):  # every method file registers its methods on import
     importlib.import_module(f"{__name__}.{_module.name}")

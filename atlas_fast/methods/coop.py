@@ -17,9 +17,9 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
-from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition, init_phrase,
-                                        initial_context)
+from atlas_fast.methods.base import MethodConfig, OptimRecipe, check_family, register_method
+from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition,
+                                        ContextPromptMethod, init_phrase, initial_context)
 from atlas_fast.clip.text_encoder import PromptTextEncoder
 PAPER_CTX_INIT = "a photo of a"
 DEFAULT_N_CTX = 16  # the reference's M without an init phrase
@@ -106,7 +106,7 @@ def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> t
     return config, OptimRecipe(epochs=epochs, batch_size=32, lr=0.002)
 
 
-class CoOp(PromptMethod):
+class CoOp(ContextPromptMethod):
     """CoOp on cached image features. Learned tensor: ``ctx`` (R, M, d), or (R, C, M, d) with CSC."""
 
     name = "coop"
@@ -130,18 +130,10 @@ class CoOp(PromptMethod):
 
     def set_classnames(self, classnames: Sequence[str]) -> None:
         """Rebuild the SOT / class-token / EOT buffers for ``classnames``; ``ctx`` is kept (CSC needs the same C)."""
-        if not classnames:
-            raise ValueError("CoOp needs at least one class name")
         if self.config.csc and len(classnames) != self.ctx.shape[1]:
             raise ValueError(f"CoOp with class-specific context was built for {self.ctx.shape[1]} classes and cannot "
                              f"be used for {len(classnames)}: CSC context does not transfer to another class set")
-        self.class_prompts.set_classnames(classnames, self.ctx.device)
-        self.classnames = self.class_prompts.classnames
-
-    @property
-    def eot_index(self) -> torch.Tensor:
-        """EOT position of every class's prompt (C,)."""
-        return self.class_prompts.eot_index
+        super().set_classnames(classnames)
 
     def prompt_embeddings(self) -> torch.Tensor:
         """The assembled prompts (R, C, n_used, d), truncated after the longest EOT."""

@@ -25,9 +25,8 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     register_method)
-from atlas_fast.methods.prompts import ClassPrompts, init_phrase, initial_context
+from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, check_family, register_method
+from atlas_fast.methods.prompts import ClassPrompts, ContextPromptMethod, init_phrase, initial_context
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
 from atlas_fast.clip.text_encoder import PromptTextEncoder
 
@@ -102,7 +101,7 @@ def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IV
     return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
 
 
-class IVLP(PromptMethod):
+class IVLP(ContextPromptMethod):
     """Independent vision-language prompts; reads pixels (its image tower is prompted)."""
 
     name = "ivlp"
@@ -156,18 +155,6 @@ class IVLP(PromptMethod):
         return self.vision_ctx, list(self.deep_vision.unbind(1)) if self.deep_vision is not None else []
 
     # --- shared by IVLP, MaPLe and PromptSRC --------------------------------------------------------------------
-    def set_classnames(self, classnames: Sequence[str]) -> None:
-        """Rebuild the SOT / fixed-words + class-token / EOT buffers for ``classnames``; learned tensors are kept."""
-        if not classnames:
-            raise ValueError(f"{type(self).__name__} needs at least one class name")
-        self.class_prompts.set_classnames(classnames, self.ctx.device)
-        self.classnames = self.class_prompts.classnames
-
-    @property
-    def eot_index(self) -> torch.Tensor:
-        """EOT position of every class's prompt (C,)."""
-        return self.class_prompts.eot_index
-
     def prompt_embeddings(self) -> torch.Tensor:
         """The assembled text input (R, C, n_used, d_t): [SOT][ctx][fixed words, class tokens, '.', EOT]."""
         return self.class_prompts.assemble(self.text_prompts()[0])
