@@ -7,7 +7,7 @@ import torch
 
 from atlas_fast.atlas.schedules import Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD
 from atlas_fast.atlas.softlabels import atlas_preset
-from atlas_fast.atlas.variants import (ablation_label, atlas_period, atlas_variant, atlas_variants, row_label,
+from atlas_fast.atlas.variants import (ablation_row_label, atlas_period, atlas_variant, atlas_variants, row_label,
                                        run_label)
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.spec import config_key, describe_run, record_stem, resolve_recipe
@@ -58,7 +58,7 @@ def test_a_variant_keeps_its_record_name_and_labels(args, kwargs, stem, line, ro
     assert row_label(described, kind) == row and row_label(described, kind, every_epoch_names=True) == curve
     assert variant.label == (curve or "baseline")
     if ablation is not None:
-        assert ablation_label(described, kind) == ablation
+        assert ablation_row_label(described, kind) == ablation
 
 
 def test_presets_are_the_papers():

@@ -131,7 +131,7 @@ def row_order(schedule: Mapping[str, Any], soft_kind: str | None) -> tuple[int, 
     return (order.index(name) if name in order else 99, KINDS.index(soft_kind) if soft_kind in KINDS else 99)
 
 
-def ablation_label(schedule: Mapping[str, Any], soft_kind: str | None) -> str:
+def ablation_row_label(schedule: Mapping[str, Any], soft_kind: str | None) -> str:
     """A row of the paper's ablation table, without the method: ``""`` for the plain method, ``+ vanilla LS``
     (soft labels alone, K = 1), ``+ vanilla LS + y`` (joint), ``+ ATLaS`` (alternating), likewise for CSL and ISL."""
     name = schedule["name"]

@@ -13,7 +13,7 @@ import argparse
 from atlas_fast.experiments.common import BASE_NEW, base_config, write_table
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.report import aggregate, method_name
-from atlas_fast.atlas.variants import LabelVariant, ablation_label as ablation_row, atlas_variant
+from atlas_fast.atlas.variants import LabelVariant, ablation_row_label, atlas_variant
 from atlas_fast.sweep import grid_configs
 from atlas_fast.engine import TrainConfig
 
@@ -24,7 +24,7 @@ KINDS = ("ls", "csl", "isl")
 def ablation_label(config: dict) -> str:
     """Row names of the paper's ablation table (K = 1 is 'soft labels alone')."""
     soft = (config.get("soft_labels") or {}).get("kind")
-    return ablation_row(config["schedule"], soft) or f"{method_name(config['method'])} (baseline)"
+    return ablation_row_label(config["schedule"], soft) or f"{method_name(config['method'])} (baseline)"
 
 
 def variants() -> list[LabelVariant]:
