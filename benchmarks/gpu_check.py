@@ -222,10 +222,10 @@ def _train_cached(name: str, backbone, classnames, features, labels, epochs: int
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.engine.loop import train_runs
     from atlas_fast.engine.step import RunState
-    from atlas_fast.methods.base import OptimRecipe, method_entry
+    from atlas_fast.methods.base import OptimRecipe, method_class
 
     device = torch.device(SETUP["device"])
-    entry = method_entry(name)
+    entry = method_class(name)
     torch.manual_seed(0)
     method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a")).to(device)
     run = RunState(RandomFeatures(features), labels, None, OneHot(), seed=1, device=device)

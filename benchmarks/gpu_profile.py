@@ -40,9 +40,9 @@ def profile(backbone, classes: int, runs: int, steps: int, device: torch.device,
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.engine.loop import train_runs
     from atlas_fast.engine.step import RunState
-    from atlas_fast.methods.base import OptimRecipe, method_entry
+    from atlas_fast.methods.base import OptimRecipe, method_class
 
-    entry = method_entry("coop")
+    entry = method_class("coop")
     classnames = [f"class number {i}" for i in range(classes)]
     generator = torch.Generator().manual_seed(0)
     n = 32 * steps

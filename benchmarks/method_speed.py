@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.cache import FeatureCache  # noqa: E402
 from atlas_fast.engine.loop import build_optimizer, lr_at_epoch  # noqa: E402
-from atlas_fast.methods import CoCoOp, DePTCoOp, cocoop_recipe, dept_coop_recipe  # noqa: E402
+from atlas_fast.methods.cocoop import CoCoOp, cocoop_recipe  # noqa: E402
+from atlas_fast.methods.dept import DePTCoOp, dept_coop_recipe  # noqa: E402
 from atlas_fast.clip.text_encoder import PromptTextEncoder  # noqa: E402
 from atlas_fast.clip.transforms import load_views  # noqa: E402
 from train_speed import write_images  # noqa: E402

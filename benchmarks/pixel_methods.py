@@ -40,8 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.engine.feed import PixelBatch  # noqa: E402
-from atlas_fast.methods import (CoOpConfig, DePTMaPLeConfig, IVLPConfig, MaPLeConfig,  # noqa: E402
-                                PromptSRCConfig, build_method)
+from atlas_fast.methods.base import build_method  # noqa: E402
+from atlas_fast.methods.coop import CoOpConfig  # noqa: E402
+from atlas_fast.methods.dept import DePTMaPLeConfig  # noqa: E402
+from atlas_fast.methods.ivlp import IVLPConfig  # noqa: E402
+from atlas_fast.methods.maple import MaPLeConfig  # noqa: E402
+from atlas_fast.methods.promptsrc import PromptSRCConfig  # noqa: E402
 from train_speed import peak_memory_mib, peak_memory_reset  # noqa: E402
 
 ROWS = [

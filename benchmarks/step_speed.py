@@ -42,7 +42,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
-from atlas_fast.methods import CoOpConfig, MaPLeConfig, build_method  # noqa: E402
+from atlas_fast.methods.base import build_method  # noqa: E402
+from atlas_fast.methods.coop import CoOpConfig  # noqa: E402
+from atlas_fast.methods.maple import MaPLeConfig  # noqa: E402
 
 #: OxfordPets' 19 base classes (the first half of its 37, in label order)
 PETS_BASE = ["abyssinian", "american_bulldog", "american_pit_bull_terrier", "basset_hound", "beagle", "bengal",

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.app.report import epoch_curves, plot_curves, strategy_label
-from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing, TeacherFreeKD
-from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
-from atlas_fast.sweep import Variant, grid_configs
+from atlas_fast.atlas.variants import LabelVariant, atlas_variant
+from atlas_fast.sweep import grid_configs
 from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
@@ -25,10 +24,10 @@ DATASETS = ("ImageNet",)
 WORLD_DEFAULTS = {"datasets": [CROSS_SOURCE]}  # --world: the world's ImageNet
 
 
-def variants() -> list[Variant]:
-    ls = atlas_preset("base2new", "ls")
-    return [Variant("CoOp", OneHot()), Variant("+ LS", Atlas(1), ls), Variant("+ TF-KD", TeacherFreeKD()),
-            Variant("+ OLS", OnlineLabelSmoothing()), Variant("+ ATLaS", Atlas(atlas_period("base2new")), ls)]
+def variants() -> list[LabelVariant]:
+    return [atlas_variant("base2new", "none"), atlas_variant("base2new", "ls", period=1),
+            atlas_variant("base2new", "none", "tfkd"), atlas_variant("base2new", "none", "ols"),
+            atlas_variant("base2new", "ls")]
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:

@@ -14,9 +14,8 @@ from pathlib import Path
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.experiments.fig1_label_smoothing import curve_table
 from atlas_fast.app.report import epoch_curves, plot_curves, strategy_label
-from atlas_fast.atlas.schedules import Atlas, OneHot
-from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
-from atlas_fast.sweep import Variant, grid_configs
+from atlas_fast.atlas.variants import LabelVariant, atlas_variant
+from atlas_fast.sweep import grid_configs
 from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import DECLINE_DATASET
 
@@ -26,12 +25,10 @@ WORLD_DEFAULTS = {"datasets": [DECLINE_DATASET]}  # --world: where CoOp's new-cl
 PANELS = [["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"], ["CoOp", "+ ISL", "+ ATLaS-ISL"]]
 
 
-def variants() -> list[Variant]:
-    rows = [Variant("CoOp", OneHot())]
+def variants() -> list[LabelVariant]:
+    rows = [atlas_variant("base2new", "none")]
     for kind in ("ls", "csl", "isl"):
-        soft = atlas_preset("base2new", kind)
-        rows += [Variant(f"{kind} every epoch", Atlas(1), soft),
-                 Variant(f"{kind} alternating", Atlas(atlas_period("base2new")), soft)]
+        rows += [atlas_variant("base2new", kind, period=1), atlas_variant("base2new", kind)]
     return rows
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, chunks, publish
 from atlas_fast.app.report import aggregate, plot_series
-from atlas_fast.atlas.schedules import Atlas
-from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
-from atlas_fast.sweep import Variant, grid_configs
+from atlas_fast.atlas.variants import LabelVariant, atlas_variant
+from atlas_fast.sweep import grid_configs
 from atlas_fast.engine import TrainConfig
 
 PAPER = "Fig. 6, Figs. A1-A2 (sensitivity)"
@@ -28,12 +27,11 @@ GRIDS = {
 }
 
 
-def variant(param: str, value: float) -> Variant:
+def variant(param: str, value: float) -> LabelVariant:
     kind, _ = GRIDS[param]
-    period = int(value) if param == "K" else atlas_period("base2new")
     overrides = {"theta": {"theta": value}, "inv_tau_c": {"tau_c": 1.0 / value}, "alpha": {"alpha": value},
-                 "K": {}, "w": {"w": value}}[param]
-    return Variant(f"{param}={value}", Atlas(period), atlas_preset("base2new", kind, **overrides))
+                 "K": {"period": int(value)}, "w": {"w": value}}[param]
+    return atlas_variant("base2new", kind, **overrides)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

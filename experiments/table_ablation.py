@@ -11,34 +11,27 @@ from __future__ import annotations
 import argparse
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, write_table
-from atlas_fast.methods.base import method_names
+from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.report import aggregate, method_name
-from atlas_fast.atlas.schedules import Atlas, Joint, OneHot
-from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
-from atlas_fast.sweep import Variant, grid_configs
+from atlas_fast.atlas.variants import LabelVariant, ablation_row_label, atlas_variant
+from atlas_fast.sweep import grid_configs
 from atlas_fast.engine import TrainConfig
 
 PAPER = "Table IV (ablation)"
-NAMES = {"ls": ("vanilla LS", "ATLaS"), "csl": ("CSL", "ATLaS-CSL"), "isl": ("ISL", "ATLaS-ISL")}
+KINDS = ("ls", "csl", "isl")
 
 
 def ablation_label(config: dict) -> str:
     """Row names of the paper's ablation table (K = 1 is 'soft labels alone')."""
-    schedule, soft = config["schedule"], (config.get("soft_labels") or {}).get("kind")
-    if schedule["name"] == "onehot":
-        return f"{method_name(config['method'])} (baseline)"
-    alone, alternating = NAMES[soft]
-    if schedule["name"] == "joint":
-        return f"+ {alone} + y"
-    return f"+ {alone}" if schedule["period"] == 1 else f"+ {alternating}"
+    soft = (config.get("soft_labels") or {}).get("kind")
+    return ablation_row_label(config["schedule"], soft) or f"{method_name(config['method'])} (baseline)"
 
 
-def variants() -> list[Variant]:
-    rows = [Variant("CoOp", OneHot())]
-    for kind in NAMES:
-        soft = atlas_preset("base2new", kind)
-        rows += [Variant("alone", Atlas(1), soft), Variant("joint", Joint(), soft),
-                 Variant("atlas", Atlas(atlas_period("base2new")), soft)]
+def variants() -> list[LabelVariant]:
+    rows = [atlas_variant("base2new", "none")]
+    for kind in KINDS:
+        rows += [atlas_variant("base2new", kind, period=1), atlas_variant("base2new", kind, "joint"),
+                 atlas_variant("base2new", kind)]
     return rows
 
 

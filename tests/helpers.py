@@ -1,4 +1,4 @@
-"""Small test utilities that are not fixtures."""
+"""Small test utilities (helpers the fixtures and tests call; the fixtures themselves are in conftest.py)."""
 
 import contextlib
 
@@ -48,6 +48,16 @@ def assert_gradients_close(actual, expected):
     scale = expected.abs().max()
     assert scale > 0, "the reference gradient is zero: the test would not see a wrong gradient"
     torch.testing.assert_close(actual / scale, expected / scale, atol=1e-5, rtol=0)
+
+
+def small_pets(tmp_path_factory, name: str):
+    """A fresh folder ``<name>N/`` holding the small synthetic OxfordPets the end-to-end tests train on (4 classes,
+    4 train / 1 val / 2 test images each, 32 px, under ``data/``); returns the folder (caches and results go beside)."""
+    from layouts import make_oxford_pets
+
+    root = tmp_path_factory.mktemp(name)
+    make_oxford_pets(root / "data", n_classes=4, n_train=4, n_val=1, n_test=2, size=32)
+    return root
 
 
 def tiny_pets_config(root, **changes):

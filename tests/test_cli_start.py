@@ -28,3 +28,12 @@ def test_help_and_argument_errors_do_not_import_torch(argv):
     line = [l for l in result.stdout.splitlines() if l.startswith("HEAVY")]
     assert line and line[0].startswith("HEAVY - STATUS"), (result.stdout[-500:], result.stderr[-2000:])
     assert line[0].split()[-1] in ("0", "2"), line
+
+
+def test_the_train_flags_offer_the_atlas_packages_variants():
+    """``train``'s --atlas/--schedule choices are spelled in the command module (so parsing imports no torch): they
+    must be the ATLaS package's."""
+    from atlas_fast.app.commands import train
+    from atlas_fast.atlas import variants
+
+    assert train.SOFT_CHOICES == variants.SOFT_CHOICES and train.SCHEDULE_CHOICES == variants.SCHEDULE_CHOICES

@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.methods import METHODS, CoCoOp, CoCoOpConfig, MissingRecipe, OptimRecipe, build_method, cocoop_recipe
+from atlas_fast.methods import METHODS
+from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig, cocoop_recipe
 from helpers import assert_gradients_close, reference_text_features
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
@@ -54,7 +56,7 @@ def test_meta_net_shape_follows_the_backbone_and_init_is_pytorch_linear(tiny):
     method = build_method("cocoop", tiny, CLASSNAMES, CoCoOpConfig(ctx_init="a photo of a"))
     dim, width = tiny.embed_dim, tiny.architecture["text_width"]
     assert method.meta_weight1.shape == (1, dim // 16, dim) and method.meta_weight2.shape == (1, width, dim // 16)
-    assert METHODS["cocoop"].cls is CoCoOp
+    assert METHODS["cocoop"] is CoCoOp
     torch.manual_seed(3)  # the reference draws ctx (none: init phrase), then linear1, then linear2
     linear1, linear2 = torch.nn.Linear(dim, dim // 16), torch.nn.Linear(dim // 16, width)
     torch.testing.assert_close(method.meta_weight1[0].detach(), linear1.weight.detach())

@@ -7,8 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.methods import (METHODS, CoCoOpConfig, CoOp, CoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig, IVLPConfig,
-                                KgCoOpConfig, OptimRecipe, build_method, coop_recipe)
+from atlas_fast.methods import METHODS
+from atlas_fast.methods.base import OptimRecipe, build_method
+from atlas_fast.methods.cocoop import CoCoOpConfig
+from atlas_fast.methods.coop import CoOp, CoOpConfig, coop_recipe
+from atlas_fast.methods.dept import DePTCoOpConfig, DePTKgCoOpConfig
+from atlas_fast.methods.ivlp import IVLPConfig
+from atlas_fast.methods.kgcoop import KgCoOpConfig
 from helpers import reference_text_features
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
@@ -102,7 +107,7 @@ def test_new_class_set_keeps_ctx_and_checkpoints_hold_only_ctx(tiny):
 def test_frozen_clip_is_not_part_of_the_method(tiny):
     method = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=2))
     assert [name for name, _ in method.named_parameters()] == ["ctx"]
-    assert METHODS["coop"].cls is CoOp and CoOp.consumes == "features"
+    assert METHODS["coop"] is CoOp and not CoOp.reads_pixels
     with pytest.raises(ValueError, match=r"\(B, 64\)"):
         method(torch.randn(2, 3, 32, 32))
 

@@ -6,8 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-from atlas_fast.methods import (CoOpConfig, IVLPConfig, MaPLeConfig, MissingRecipe, PromptSRCConfig, build_method,
-                                dept_maple_recipe, gpa_weights, ivlp_recipe, maple_recipe, promptsrc_recipe)
+from atlas_fast.methods.base import MissingRecipe, build_method
+from atlas_fast.methods.coop import CoOpConfig
+from atlas_fast.methods.dept import dept_maple_recipe
+from atlas_fast.methods.ivlp import IVLPConfig, ivlp_recipe
+from atlas_fast.methods.maple import MaPLeConfig, maple_recipe
+from atlas_fast.methods.promptsrc import PromptSRCConfig, gpa_weights, promptsrc_recipe
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")

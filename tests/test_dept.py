@@ -9,8 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.methods import (METHODS, DePTCoCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig, MissingRecipe,
-                                OptimRecipe, build_method, dept_cocoop_recipe, dept_coop_recipe, dept_kgcoop_recipe)
+from atlas_fast.methods import METHODS
+from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.dept import (DePTCoCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig, dept_cocoop_recipe,
+                                     dept_coop_recipe, dept_kgcoop_recipe)
 from atlas_fast.atlas.schedules import soft_cross_entropy
 from helpers import assert_gradients_close, reference_text_features
 
@@ -169,7 +171,7 @@ def test_checkpoints_hold_the_head_and_runs_are_independent(tiny):
     with pytest.raises(ValueError, match="class set its head was built for"):
         batched.set_classnames(["boxer"])
         batched.training_loss(features, labels, lambda z, **_: z.sum())
-    assert METHODS["dept-kgcoop"].cls.base_class.name == "kgcoop"
+    assert METHODS["dept-kgcoop"].base_class.name == "kgcoop"
 
 
 def test_recipes():

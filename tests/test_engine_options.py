@@ -10,7 +10,7 @@ from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.spec import evaluation_subsamples, plan_run
-from atlas_fast.methods.base import method_entry
+from atlas_fast.methods.base import method_class
 from helpers import tiny_pets_config
 from layouts import make_oxford_pets
 
@@ -71,7 +71,7 @@ def test_evaluate_is_checked_when_the_config_is_made(pets):
 
 
 def test_evaluation_subsamples_follow_the_choice_except_for_class_specific_context():
-    coop = method_entry("coop").config_class()
+    coop = method_class("coop").config_class()
     csc = dataclasses.replace(coop, csc=True, ctx_init="")
     assert evaluation_subsamples("base", coop) == ["base", "new", "all"]
     assert evaluation_subsamples("all", coop) == ["all"]
@@ -119,10 +119,10 @@ def test_graph_steps_refusals_name_the_reason():
     from atlas_fast.engine.graphs import graph_steps_refusal
 
     cuda = torch.device("cuda")  # a device object only: nothing runs
-    coop = method_entry("coop")
+    coop = method_class("coop")
     assert graph_steps_refusal(coop, [OneHot(), Atlas(2)], cuda) is None
-    assert "reads pixels" in graph_steps_refusal(method_entry("maple"), [OneHot()], cuda)
-    assert "learns nothing" in graph_steps_refusal(method_entry("zsclip"), [OneHot()], cuda)
+    assert "reads pixels" in graph_steps_refusal(method_class("maple"), [OneHot()], cuda)
+    assert "learns nothing" in graph_steps_refusal(method_class("zsclip"), [OneHot()], cuda)
     assert "'ols'" in graph_steps_refusal(coop, [OneHot(), OnlineLabelSmoothing()], cuda)
 
 
@@ -140,7 +140,7 @@ def test_graph_steps_default_to_wherever_a_graph_can_replay_the_step():
     from atlas_fast.engine.graphs import use_graph_steps
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    coop, maple = method_entry("coop"), method_entry("maple")
+    coop, maple = method_class("coop"), method_class("maple")
     assert use_graph_steps([None, None], coop, [OneHot(), Atlas(2)], cuda)
     assert use_graph_steps([True, None], coop, [OneHot()], cuda)
     assert not use_graph_steps([None, False], coop, [OneHot()], cuda)  # one run asks for eager steps: all eager
@@ -177,7 +177,7 @@ def test_a_skipped_overflow_step_changes_nothing_and_the_next_step_is_plain_sgd(
     from atlas_fast.engine.loop import build_optimizer
     from atlas_fast.methods.base import OptimRecipe
 
-    entry = method_entry("coop")
+    entry = method_class("coop")
     recipe = OptimRecipe(epochs=2, batch_size=4, lr=0.5)
     methods, optimizers = [], []
     for _ in range(2):
@@ -280,7 +280,7 @@ def _step_graphs(tiny, batch=4):
     from atlas_fast.engine.step import RunState
     from atlas_fast.methods.base import OptimRecipe
 
-    entry = method_entry("coop")
+    entry = method_class("coop")
     torch.manual_seed(0)
     method = entry.build(tiny, ["cat", "dog", "bird"], entry.config_class(ctx_init="a photo of a"))
     method.train()

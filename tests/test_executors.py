@@ -6,21 +6,18 @@ import torch
 
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.record import load_learned
-from atlas_fast.atlas.schedules import Atlas, OneHot
-from atlas_fast.atlas.softlabels import atlas_preset
-from atlas_fast.sweep import Execution, Variant, run_grid
+from atlas_fast.atlas.variants import atlas_variant
+from atlas_fast.sweep import Execution, run_grid
 from atlas_fast.engine import TrainConfig
-from layouts import make_oxford_pets
+from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-VARIANTS = [Variant("CoOp", OneHot()), Variant("+ ATLaS-CSL", Atlas(2), atlas_preset("base2new", "csl"))]
+VARIANTS = [atlas_variant("base2new", "none"), atlas_variant("base2new", "csl")]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("executors")
-    make_oxford_pets(root / "data", n_classes=4, n_train=4, n_val=2, n_test=3, size=32)
-    return root
+    return small_pets(tmp_path_factory, "executors")
 
 
 def _grid(data, results: str, execution: Execution | None):

@@ -12,8 +12,12 @@ from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
 from atlas_fast.engine import evaluate_saved
 from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.engine.feed import CachedViews, PixelBatch, PixelViews
-from atlas_fast.methods import (CoOpConfig, DePTMaPLeConfig, IVLPConfig, MaPLeConfig, PromptSRCConfig,
-                                build_method)
+from atlas_fast.methods.base import build_method
+from atlas_fast.methods.coop import CoOpConfig
+from atlas_fast.methods.dept import DePTMaPLeConfig
+from atlas_fast.methods.ivlp import IVLPConfig
+from atlas_fast.methods.maple import MaPLeConfig
+from atlas_fast.methods.promptsrc import PromptSRCConfig
 from atlas_fast.engine.pixels import ImageViews
 from atlas_fast.atlas.schedules import Atlas
 from atlas_fast.atlas.softlabels import atlas_preset

@@ -11,7 +11,7 @@ from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.atlas.schedules import OneHot
 from atlas_fast.sweep import Execution, Variant, run_grid
-from layouts import make_oxford_pets
+from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SEEDS = [1, 2, 3]
@@ -19,9 +19,7 @@ SEEDS = [1, 2, 3]
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("plan_once")
-    make_oxford_pets(root / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
-    return root
+    return small_pets(tmp_path_factory, "plan_once")
 
 
 @pytest.fixture

@@ -6,16 +6,14 @@ from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig
 from atlas_fast.atlas.schedules import OneHot
 from atlas_fast.sweep import Execution, Variant, run_grid
-from layouts import make_oxford_pets
+from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("progress")
-    make_oxford_pets(root / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
-    return root
+    return small_pets(tmp_path_factory, "progress")
 
 
 def grid(data, results, progress):

@@ -1,4 +1,4 @@
-"""A method is one registry entry: a text-side method defined and registered in one place (here, this file) trains
+"""A method is one class: a text-side method defined and registered in one place (here, this file) trains
 lone and batched, is offered by the command line, printed by the report and depth-adjusted on the world, with no
 other file touched."""
 
@@ -11,9 +11,9 @@ from torch import nn
 
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run, run_group
-from atlas_fast.methods.base import (METHODS, MethodConfig, OptimRecipe, PromptMethod, method_entry, method_names,
-                                     register_method)
-from layouts import make_oxford_pets
+from atlas_fast.app.catalogue import method_names
+from atlas_fast.methods.base import METHODS, MethodConfig, OptimRecipe, PromptMethod, method_class, register_method
+from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,13 +24,19 @@ class ShiftConfig(MethodConfig):
     depth: int = 2  # no meaning for this method: shows how a prompt-depth option is declared
 
 
+def shift_recipe(family: str, setting: str, shots: int, dataset: str):
+    return ShiftConfig(), OptimRecipe(epochs=3, batch_size=4, lr=0.5)
+
+
 class TextShift(PromptMethod):
     """A toy text method: the zero-shot class text features plus one learned shift per run."""
 
     name = "toy-shift"
-    consumes = "features"
+    printed_name = "TextShift"
+    recipe = staticmethod(shift_recipe)
     config_class = ShiftConfig
     supports_batched_runs = True
+    depth_options = ("depth",)
 
     def __init__(self, backbone, classnames, config: ShiftConfig) -> None:
         super().__init__(backbone, classnames, config)
@@ -47,22 +53,16 @@ class TextShift(PromptMethod):
         return self.zero_shot_text.unsqueeze(0) + self.shift
 
 
-def shift_recipe(family: str, setting: str, shots: int, dataset: str):
-    return ShiftConfig(), OptimRecipe(epochs=3, batch_size=4, lr=0.5)
-
-
 @pytest.fixture(scope="module")
 def toy_method():
-    entry = register_method(TextShift, recipe=shift_recipe, printed_name="TextShift", depth_options=("depth",))
+    entry = register_method(TextShift)
     yield entry
     METHODS.pop(TextShift.name)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("registry")
-    make_oxford_pets(root / "data", n_classes=4, n_train=4, n_val=1, n_test=2, size=32)
-    return root
+    return small_pets(tmp_path_factory, "registry")
 
 
 def config(data, results, seed=1):
@@ -72,7 +72,7 @@ def config(data, results, seed=1):
 
 
 def test_a_registered_method_trains_alone_and_batched(toy_method, data):
-    assert method_entry("toy-shift") is toy_method and "toy-shift" in method_names(learning_only=True)
+    assert method_class("toy-shift") is toy_method is TextShift and "toy-shift" in method_names(learning_only=True)
     alone = [run(config(data, "alone", seed)) for seed in (1, 2)]
     assert all(not r["skipped"] for r in alone)
     assert alone[0]["config"]["method_config"] == {"num_runs": 1, "template": "a photo of a {}.", "depth": 2}
@@ -98,17 +98,31 @@ def test_the_command_line_report_and_world_derive_from_the_entry(toy_method, dat
     assert "toy-shift:depth=4" in world_method_options() and "maple:depth=4" in world_method_options()
 
 
-def test_registration_checks_the_entry():
+def test_registration_checks_the_class():
+    class Deeper(TextShift):
+        name = "toy-deeper"
+        printed_name = "Deeper"
+        recipe = staticmethod(shift_recipe)
+        depth_options = ("layers",)
+
+    class Unnamed(TextShift):  # would register under its base's name, recipe and printed name
+        depth_options = ()
+
     with pytest.raises(ValueError, match="depth options \\['layers'\\] are not fields of ShiftConfig"):
-        register_method(TextShift, recipe=shift_recipe, printed_name="x", depth_options=("layers",))
+        register_method(Deeper)
+    with pytest.raises(ValueError, match="Unnamed must declare name, printed_name, recipe itself"):
+        register_method(Unnamed)
+    assert "toy-deeper" not in METHODS
     with pytest.raises(ValueError, match="Unknown prompt method 'nope'; known: .*coop"):
-        method_entry("nope")
+        method_class("nope")
 
 
 def test_the_static_method_catalogue_agrees_with_the_registry():
     """The command line reads method names from the method files without importing torch; that reading must give
     exactly the registry's shipped methods."""
-    from atlas_fast.app.catalogue import method_names as declared
+    import atlas_fast.methods  # noqa: F401  (registers every shipped method)
+    from atlas_fast.app.catalogue import declared_methods
 
-    shipped = {name for name, entry in METHODS.items() if entry.cls.__module__.startswith("atlas_fast.methods.")}
-    assert set(declared()) == shipped and set(declared(learning_only=True)) == shipped - {"zsclip"}
+    shipped = {name: cls.learns for name, cls in METHODS.items() if cls.__module__.startswith("atlas_fast.methods.")}
+    assert declared_methods() == dict(sorted(shipped.items()))
+    assert set(method_names(learning_only=True)) >= {name for name, learns in shipped.items() if learns}

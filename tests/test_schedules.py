@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from atlas_fast.atlas.schedules import (Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD, build_schedule,
-                                  schedule_from_record, soft_cross_entropy)
+from atlas_fast.atlas.schedules import Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD, soft_cross_entropy
 
 
 @pytest.mark.parametrize("period, soft_epochs", [
@@ -88,8 +87,15 @@ def test_tfkd_teacher_and_loss():
             TeacherFreeKD(**bad)
 
 
-def test_build_and_describe_round_trip():
-    for schedule in (OneHot(), Atlas(3), Joint(), OnlineLabelSmoothing(0.3), TeacherFreeKD(0.8, 0.2, 4.0)):
-        assert schedule_from_record(schedule.describe()) == schedule
-    with pytest.raises(ValueError, match="valid: onehot, atlas"):
-        build_schedule("mixup")
+def test_describe_gives_the_name_and_every_hyper_parameter():
+    """A record stores a schedule as its description; the report names variants from it."""
+    assert OneHot().describe() == {"name": "onehot"} and Joint().describe() == {"name": "joint"}
+    assert Atlas(3).describe() == {"name": "atlas", "period": 3}
+    assert OnlineLabelSmoothing(0.3).describe() == {"name": "ols", "alpha": 0.3}
+    assert TeacherFreeKD(0.8, 0.2, 4.0).describe() == {"name": "tfkd", "a": 0.8, "alpha": 0.2, "tau": 4.0}
+
+
+def test_only_one_hot_is_plain_and_only_ols_observes_predictions():
+    schedules = (OneHot(), Atlas(2), Joint(), OnlineLabelSmoothing(), TeacherFreeKD())
+    assert [s.name for s in schedules if s.plain] == ["onehot"]
+    assert [s.name for s in schedules if s.observes_predictions] == ["ols"]

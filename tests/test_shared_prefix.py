@@ -10,8 +10,14 @@ import torch.nn.functional as F
 from open_clip.transformer import Transformer
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-from atlas_fast.methods import (CoCoOpConfig, CoOpConfig, DePTCoCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig,
-                                DePTMaPLeConfig, IVLPConfig, KgCoOpConfig, MaPLeConfig, PromptSRCConfig, build_method)
+from atlas_fast.methods.base import build_method
+from atlas_fast.methods.cocoop import CoCoOpConfig
+from atlas_fast.methods.coop import CoOpConfig
+from atlas_fast.methods.dept import DePTCoCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig, DePTMaPLeConfig
+from atlas_fast.methods.ivlp import IVLPConfig
+from atlas_fast.methods.kgcoop import KgCoOpConfig
+from atlas_fast.methods.maple import MaPLeConfig
+from atlas_fast.methods.promptsrc import PromptSRCConfig
 from atlas_fast.clip.prompted_towers import fused_attention_supported, run_blocks
 from atlas_fast.clip.text_encoder import PromptTextEncoder, length_groups
 
@@ -86,7 +92,7 @@ def test_every_method_gets_the_plain_logits_losses_and_gradients(tiny, name, con
     torch.manual_seed(0)
     method = randomize(build_method(name, tiny, CLASSES, config))
     labels = torch.tensor([0, 3, 6, 1, 2])
-    if method.consumes == "features":
+    if not method.reads_pixels:
         inputs = torch.randn(runs, 5, tiny.embed_dim) if runs > 1 and name != "kgcoop" else torch.randn(5, tiny.embed_dim)
     else:
         inputs = torch.randn(5, 3, 32, 32)
@@ -207,7 +213,7 @@ def test_fused_blocks_are_used_and_unsupported_blocks_run_their_own_forward(monk
 def test_a_step_reads_no_values_back_from_the_device_after_the_first(tiny, monkeypatch, name, config):
     """A class set's EOT positions and packing are read to the host once: later passes read nothing back (on a GPU
     every such read waits for the device and forbids capturing the step in a CUDA graph)."""
-    from atlas_fast.methods import build_method
+    from atlas_fast.methods.base import build_method
 
     method = build_method(name, tiny, ["cat", "great crested newt", "dog", "sea lion"], config)
     features = torch.randn(3, tiny.embed_dim)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.data.base import DatasetSplits, Datum
-from atlas_fast.atlas.softlabels import (SoftLabelConfig, atlas_period, atlas_preset, class_soft_labels,
+from atlas_fast.atlas.softlabels import (SoftLabelConfig, atlas_preset, class_soft_labels,
                                    compute_soft_labels, instance_soft_labels, mixed_soft_labels, uniform_ls)
 
 
@@ -86,7 +86,6 @@ def test_presets_follow_the_paper():
     assert (b2n.kind, b2n.theta, b2n.tau_c, b2n.alpha, b2n.delta) == ("csl", 0.1, 0.05, 0.1, "wrong_only")
     assert (fs.kind, fs.theta, fs.tau_c, fs.alpha, fs.delta) == ("isl", 0.05, 0.02, 0.1, "always")
     assert (xd.kind, xd.theta, xd.tau_c, xd.alpha, xd.delta) == ("ls", 0.1, 0.04, 1.0, "wrong_only")
-    assert [atlas_period(s) for s in ("base2new", "few_shot", "cross_dataset")] == [2, 3, 3]
     assert atlas_preset("few_shot", "mix", w=0.5).w == 0.5
     with pytest.raises(ValueError, match="known"):
         atlas_preset("zero_shot")

@@ -14,16 +14,14 @@ from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.spec import plan_run
 from atlas_fast.errors import RunFailed
-from layouts import make_oxford_pets
+from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("user_errors")
-    make_oxford_pets(root / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
-    return root
+    return small_pets(tmp_path_factory, "user_errors")
 
 
 def one_error_line(capsys, *fragments: str) -> str:

@@ -26,7 +26,6 @@ shots). This module imports neither torch nor the engine until a report is made,
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -42,8 +41,6 @@ SETTING_TITLES = {"base2new": "Base-to-new generalisation", "few_shot": "Few-sho
 _NOT_A_VARIANT = ("seed", "dataset", "setting", "shots", "method", "device", "eval_every_epoch")
 _REQUIRED = ("config.dataset", "config.method", "config.setting", "config.shots", "config.seed",
              "config.schedule.name")
-_SCHEDULE_ORDER = ("onehot", "atlas", "joint", "ols", "tfkd")
-_SOFT_ORDER = ("ls", "csl", "isl", "mix")
 
 
 def _warn(message: str) -> None:
@@ -125,6 +122,7 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records with ``label`` (the row name) and ``table`` (``(setting, shots)``), in table order: method blocks
     (zero-shot CLIP first, then the registry's order), the plain method first in its block, then the ATLaS
     variants; one record per seed and row (of two, the newer one is kept, with a warning naming both files)."""
+    from atlas_fast.atlas.variants import row_order
     from atlas_fast.methods import METHODS
 
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
@@ -153,8 +151,7 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         schedule, soft = c["schedule"], (c.get("soft_labels") or {}).get("kind")
         return (record["table"][0], record["table"][1],
                 registry.index(c["method"]) if c["method"] in registry else len(registry), c["method"],
-                _SCHEDULE_ORDER.index(schedule["name"]) if schedule["name"] in _SCHEDULE_ORDER else 99,
-                _SOFT_ORDER.index(soft) if soft in _SOFT_ORDER else 99, _sortable(schedule.get("period", 0)),
+                *row_order(schedule, soft), _sortable(schedule.get("period", 0)),
                 [_sortable(v) for v in record["_values"]], record["label"], c["dataset"], c["seed"])
 
     kept: dict[tuple, dict[str, Any]] = {}
@@ -325,32 +322,3 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     for path in written:
         print(f"written: {path}", file=sys.stderr)
     return text
-
-
-def add_report_command(subparsers: argparse._SubParsersAction) -> None:
-    """``atlas-fast report RESULTS_DIR [--datasets ...] [--methods ...] [--metrics ...] [--out DIR] [--format ...]``
-    (imports nothing heavy: the report's modules are imported when it runs)."""
-    report = subparsers.add_parser(
-        "report", help="tables (Markdown, LaTeX, CSV) and plots of every finished run under a results folder",
-        description="Read every finished run record under RESULTS_DIR (<dataset>/*.json, whichever command trained "
-                    "it) and write one table per setting: rows by dataset (and an Average over datasets), method and "
-                    "variant (CoOp, + ATLaS, ...), each cell the mean ± population std over seeds; base-to-new shows "
-                    "base/new/H (H of the mean base and new), few-shot and cross-dataset the accuracy on their "
-                    "classes. Damaged records are skipped with a warning. The Markdown is printed.")
-    report.add_argument("results_dir", type=Path, help="the results folder of the runs (e.g. results)")
-    report.add_argument("--datasets", nargs="+", default=None, help="only these datasets (default: all found)")
-    report.add_argument("--methods", nargs="+", default=None,
-                        help="only these methods, by registry name (e.g. coop dept-coop; default: all found)")
-    report.add_argument("--metrics", nargs="+", default=None, choices=("base", "new", "H", "all"),
-                        help="table columns (default: base new H for base-to-new, all otherwise)")
-    report.add_argument("--out", type=Path, default=None, help="output folder (default RESULTS_DIR/report)")
-    report.add_argument("--format", nargs="+", dest="formats", choices=FORMATS, default=list(FORMATS),
-                        metavar="FORMAT", help=f"outputs to write, any of {' '.join(FORMATS)} (default: all)")
-    report.set_defaults(func=run_report_command)
-
-
-def run_report_command(args: argparse.Namespace) -> int:
-    """Write the report of ``args.results_dir`` and print its Markdown; returns the exit status (0)."""
-    print(report_folder(args.results_dir, out=args.out, datasets=args.datasets, methods=args.methods,
-                        metrics=args.metrics, formats=args.formats))
-    return 0

@@ -41,7 +41,8 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
     """Run the demo grid and return the printed report (table, timings, where the files are)."""
     from atlas_fast.app.report import aggregate, latex_table, markdown_table, plot_rows
     from atlas_fast.clip.backbones import BackboneConfig
-    from atlas_fast.sweep import atlas_variants, run_grid
+    from atlas_fast.atlas.variants import atlas_variants
+    from atlas_fast.sweep import run_grid
     from atlas_fast.engine import TrainConfig
     from atlas_fast.world.benchmark import generate_benchmark
 

@@ -4,10 +4,26 @@ one meaning each; nothing here imports torch, so ``--help`` and argument errors 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Sequence
 
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.errors import UsageError
+
+
+def _pretrained(value: str) -> str | None:
+    return None if value.lower() in ("none", "random", "") else value
+
+
+def add_data_and_backbone(parser: argparse.ArgumentParser) -> None:
+    """--dataset, --data-root, --model, --pretrained, --download: the options every data-reading command takes."""
+    parser.add_argument("--dataset", required=True, help="dataset registry name, e.g. OxfordPets")
+    parser.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
+    parser.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
+    parser.add_argument("--pretrained", type=_pretrained, default="openai",
+                        help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt), or 'none' for "
+                             "random weights (default openai)")
+    add_download(parser)
 
 
 def add_seeds(parser: argparse.ArgumentParser, default: Sequence[int]) -> None:
@@ -27,11 +43,6 @@ def check_methods(methods: Sequence[str], learning_only: bool = False) -> None:
     """Refuse a method name that is neither declared in the method files nor registered in this process."""
     known = method_names(learning_only)
     unknown = [m for m in methods if m not in known]
-    if unknown:
-        from atlas_fast.methods.base import method_names as registered  # methods registered by the user's code too
-
-        known = registered(learning_only)
-        unknown = [m for m in methods if m not in known]
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}; valid: {', '.join(known)}.")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from atlas_fast.engine.evaluate import harmonic_mean
-from atlas_fast.atlas.softlabels import SOFT_LABEL_NAMES
+from atlas_fast.atlas.variants import row_label, run_label
 
 
 def method_name(method: str) -> str:
@@ -35,25 +35,53 @@ def method_name(method: str) -> str:
 def variant_label(config: dict[str, Any]) -> str:
     """How the paper names a run's variant: ``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``, ``+ soft + y (ISL)``, ``+ OLS``...
     (the period K is not part of the name: pass another ``label`` function to tables that vary it)."""
-    schedule = config["schedule"]["name"]
     soft = (config.get("soft_labels") or {}).get("kind")
-    if schedule == "onehot":
-        return method_name(config["method"])
-    if schedule == "atlas":
-        return f"+ {SOFT_LABEL_NAMES[soft]}"
-    if schedule == "joint":
-        return f"+ soft + y ({soft.upper()})"
-    return {"ols": "+ OLS", "tfkd": "+ TF-KD"}.get(schedule, f"+ {schedule}")
+    return row_label(config["schedule"], soft) or method_name(config["method"])
 
 
 def strategy_label(config: dict[str, Any]) -> str:
     """Names of the label-smoothing strategies compared in the paper's curves (Fig. 1, the SUN397 figure): soft
     labels every epoch (ATLaS period K = 1) are ``+ LS`` / ``+ CSL`` / ``+ ISL``, alternating ones ``+ ATLaS...``."""
-    schedule = config["schedule"]
     soft = (config.get("soft_labels") or {}).get("kind")
-    if schedule["name"] == "atlas" and schedule["period"] == 1:
-        return f"+ {soft.upper()}"
-    return variant_label(config)
+    return row_label(config["schedule"], soft, every_epoch_names=True) or method_name(config["method"])
+
+
+def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], records: Sequence[dict[str, Any]]) -> str:
+    """What ``atlas-fast train`` prints: a line per run (its metrics, zero-shot CLIP's and the record's path), then a
+    table of the means over seeds per method (H of the mean base and new, as the papers' tables)."""
+    lines, table = [], []
+    for method in methods:
+        runs = [r for r in records if r["config"]["method"] == method]
+        config = runs[0]["config"]
+        label = run_label(method, config["schedule"], (config.get("soft_labels") or {}).get("kind"))
+        rows, columns = [], ()
+        for seed, record in zip(seeds, runs):
+            metrics = record["metrics"]
+            # base/new/H in base-to-new; otherwise (and for class-specific context) the trained class set only
+            columns = ("base", "new", "H") if "new" in metrics and "base" in metrics else (record["config"]["subsample"],)
+            values = "  ".join(f"{c} {metrics[c]:.2f}" for c in columns)
+            zero_shot = "  ".join(f"{c} {metrics['zero_shot'][c]:.2f}" for c in columns)
+            note = " (existing record, skipped)" if record.get("skipped") else ""
+            lines.append(f"{dataset} {label} seed {seed}: {values}  | zero-shot CLIP: {zero_shot}{note}\n"
+                         f"  record: {record['path']}")
+            rows.append(metrics)
+        means = {c: sum(m[c] for m in rows) / len(rows) for c in columns}
+        if "base" in means:  # H of the mean accuracies, as the papers' tables do
+            means["H"] = harmonic_mean(means["base"], means["new"])
+        table.append((label, columns, means))
+    seed_list = ",".join(str(s) for s in seeds)
+    for i, (label, columns, means) in enumerate(table):
+        if i == 0 or columns != table[i - 1][1]:
+            lines.append(f"| dataset | method | seeds | {' | '.join(columns)} |")
+        lines.append(f"| {dataset} | {label} | {seed_list} | {' | '.join(f'{means[c]:.2f}' for c in columns)} |")
+    return "\n".join(lines)
+
+
+def eval_result_line(result: dict[str, Any], record: str | Path) -> str:
+    """What ``atlas-fast eval`` prints for one saved run tested on a dataset (:func:`atlas_fast.engine.evaluate_saved`)."""
+    return (f"{result['dataset']} ({result['subsample']}, {result['num_classes']} classes, {result['num_test']} "
+            f"test images): accuracy {result['accuracy']:.2f}  | zero-shot CLIP {result['zero_shot']:.2f}  "
+            f"<- {record}")
 
 
 @dataclass

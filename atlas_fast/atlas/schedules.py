@@ -18,7 +18,7 @@ several terms (DePT's head) without the extra terms reaching a schedule's statis
   Regularization"), the other comparison of Fig. 1.
 
 The soft labels themselves (LS, CSL, ISL, mixed) come from :mod:`atlas_fast.atlas.softlabels`; schedules only decide when
-and how they are used.
+and how they are used. :mod:`atlas_fast.atlas.variants` pairs them into the variants the paper's tables compare.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ class LabelSchedule:
 
     name: ClassVar[str] = ""
     needs_soft_labels: ClassVar[bool] = False
+    #: True only for the plain CE(z, y) baseline (a method that learns nothing can train with no other schedule).
+    plain: ClassVar[bool] = False
+    #: True when the targets are learned from each step's predictions on the host (:meth:`observe`), which a CUDA
+    #: graph cannot replay (OLS).
+    observes_predictions: ClassVar[bool] = False
 
     def reset(self, num_classes: int) -> None:
         """Clear any state before a training run over ``num_classes`` classes."""
@@ -85,6 +90,7 @@ class OneHot(LabelSchedule):
     """Baseline: CE(z, y) every epoch."""
 
     name: ClassVar[str] = "onehot"
+    plain: ClassVar[bool] = True
 
     def loss(self, epoch, logits, labels, soft_rows=None):
         return hard_cross_entropy(logits, labels)
@@ -136,6 +142,7 @@ class OnlineLabelSmoothing(LabelSchedule):
 
     alpha: float = 0.5
     name: ClassVar[str] = "ols"
+    observes_predictions: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -203,19 +210,3 @@ class TeacherFreeKD(LabelSchedule):
         kl = F.kl_div(student_log_tau, teacher_tau, reduction="batchmean")
         return (1.0 - self.alpha) * hard_cross_entropy(logits, labels) + self.alpha * self.tau ** 2 * kl
 
-
-SCHEDULES: dict[str, type[LabelSchedule]] = {
-    cls.name: cls for cls in (OneHot, Atlas, Joint, OnlineLabelSmoothing, TeacherFreeKD)}
-
-
-def build_schedule(name: str, **params: Any) -> LabelSchedule:
-    """A schedule by name (``onehot``, ``atlas``, ``joint``, ``ols``, ``tfkd``) with its hyper-parameters."""
-    if name not in SCHEDULES:
-        raise ValueError(f"Unknown label schedule {name!r}; valid: {', '.join(SCHEDULES)}.")
-    return SCHEDULES[name](**params)
-
-
-def schedule_from_record(description: dict[str, Any]) -> LabelSchedule:
-    """Inverse of :meth:`LabelSchedule.describe`."""
-    params = dict(description)
-    return build_schedule(params.pop("name"), **params)

@@ -38,8 +38,6 @@ from atlas_fast.files import blake2b_hex
 SoftLabelKind = Literal["ls", "csl", "isl", "mix"]
 Delta = Literal["wrong_only", "always"]
 KINDS = ("ls", "csl", "isl", "mix")
-# How the paper names the + ATLaS rows of each soft-label kind.
-SOFT_LABEL_NAMES = {"ls": "ATLaS", "csl": "ATLaS-CSL", "isl": "ATLaS-ISL", "mix": "ATLaS-Mix"}
 DELTAS = ("wrong_only", "always")
 STORE_VERSION = 1
 
@@ -76,29 +74,20 @@ class SoftLabelConfig:
         return asdict(self)
 
 
-# The paper's hyper-parameters by setting (appendix "Implementation Details"): K is the ATLaS period.
+# The paper's soft-label hyper-parameters by setting (appendix "Implementation Details"); the ATLaS period K of each
+# setting is in atlas_fast.atlas.variants.
 ATLAS_PRESETS: dict[str, dict[str, Any]] = {
-    "base2new": {"period": 2, "theta": 0.1, "tau_c": 0.05, "alpha": 0.1, "delta": "wrong_only"},
-    "few_shot": {"period": 3, "theta": 0.05, "tau_c": 0.02, "alpha": 0.1, "delta": "always"},
-    "cross_dataset": {"period": 3, "theta": 0.1, "tau_c": 0.04, "alpha": 1.0, "delta": "wrong_only"},
+    "base2new": {"theta": 0.1, "tau_c": 0.05, "alpha": 0.1, "delta": "wrong_only"},
+    "few_shot": {"theta": 0.05, "tau_c": 0.02, "alpha": 0.1, "delta": "always"},
+    "cross_dataset": {"theta": 0.1, "tau_c": 0.04, "alpha": 1.0, "delta": "wrong_only"},
 }
-
-
-def _preset(setting: str) -> dict[str, Any]:
-    if setting not in ATLAS_PRESETS:
-        raise ValueError(f"No ATLaS preset for setting {setting!r}; known: {sorted(ATLAS_PRESETS)}")
-    return ATLAS_PRESETS[setting]
 
 
 def atlas_preset(setting: str, kind: SoftLabelKind = "ls", **overrides: Any) -> SoftLabelConfig:
     """The paper's soft-label hyper-parameters for ``setting`` (base2new | few_shot | cross_dataset)."""
-    values = {k: v for k, v in _preset(setting).items() if k != "period"}
-    return replace(SoftLabelConfig(kind=kind, **values), **overrides)
-
-
-def atlas_period(setting: str) -> int:
-    """The paper's ATLaS period K for ``setting``: soft labels on every K-th epoch."""
-    return int(_preset(setting)["period"])
+    if setting not in ATLAS_PRESETS:
+        raise ValueError(f"No ATLaS preset for setting {setting!r}; known: {sorted(ATLAS_PRESETS)}")
+    return replace(SoftLabelConfig(kind=kind, **ATLAS_PRESETS[setting]), **overrides)
 
 
 def uniform_ls(labels: torch.Tensor, num_classes: int, theta: float) -> torch.Tensor:

@@ -483,7 +483,6 @@ _BUILTIN_SPECS = (
     DatasetSpec("ImageNetR", "imagenet-rendition", WnidFolderLayout("imagenet-r"), ATLAS_TEMPLATES["ImageNetR"],
                 "imagenet_r"),
 )
-BUILTIN_DATASETS = tuple(spec.name for spec in _BUILTIN_SPECS)
 
 #: registry name -> spec; the 15 benchmarks plus datasets added with :func:`register_split_json_dataset` (read it
 #: through :func:`registered_datasets`, which first lets the installed plugins register theirs).

@@ -5,7 +5,7 @@ Accuracy is Dassl's ``Classification`` evaluator: micro top-1 in percent over th
 (docs/protocol.md, "Evaluation"). In base-to-new, *base* is an m-way problem over the base class names, *new* an (n-m)-way
 problem over the new names whose text features are built from the **learned** context (``set_classnames``), and
 H = 2BN/(B+N). *all* is the n-way problem over every class name (not reported by the references, but cheap here).
-Methods that prompt the image tower (``consumes == "pixels"``) are evaluated on the test view (view 0) of each
+Methods that prompt the image tower (``reads_pixels``) are evaluated on the test view (view 0) of each
 image, decoded in batches of :data:`EVAL_PIXEL_BATCH` (the references' test batch), with the class prompts encoded
 once per class set.
 """

@@ -23,7 +23,7 @@ from atlas_fast.engine.evaluate import EvalSet
 from atlas_fast.engine.pixels import ImageViews
 from atlas_fast.engine.spec import RunSpec
 from atlas_fast.engine.step import TrainInputs
-from atlas_fast.methods.base import MethodEntry
+from atlas_fast.methods.base import PromptMethod
 
 # Preload every cached view of the training set when it fits this budget; otherwise read one view per epoch.
 PRELOAD_BYTES = 1 << 30
@@ -122,7 +122,7 @@ class RunInputs:
     train_inputs: TrainInputs
 
 
-def evaluation_set(name: str, split, backbone: Backbone, cache: FeatureCache, method: MethodEntry,
+def evaluation_set(name: str, split, backbone: Backbone, cache: FeatureCache, method: type[PromptMethod],
                    workers: int | None = None, device: torch.device | str = "cpu") -> EvalSet:
     """The test split of ``split`` as an evaluation problem: its cached test features (view 0, already built) and,
     for a method that reads pixels, the same images as pixels."""

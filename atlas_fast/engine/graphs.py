@@ -17,9 +17,6 @@ from atlas_fast.engine.step import RunState, forward_backward
 from atlas_fast.methods.base import PromptMethod
 
 
-# graph_steps: the label schedules whose loss depends on the epoch only through ``uses_soft_labels`` (part of a
-# graph's key) and that keep no statistics of the predictions (OLS reads them on the host every step).
-GRAPH_SCHEDULES = ("onehot", "atlas", "joint", "tfkd")
 # Eager steps of a step shape before its graph is captured (cuBLAS handles, autograd, the scaler's state, a
 # method's cached tensors are created lazily); the last of them is checked for host synchronisation (StepGraphs).
 GRAPH_WARMUP_STEPS = 2
@@ -33,9 +30,11 @@ def graph_steps_refusal(entry, schedules: Sequence[LabelSchedule], device: torch
         return (f"graph_steps covers methods trained on cached features; {entry.name} "
                 f"{'reads pixels' if entry.learns else 'learns nothing'}")
     for schedule in schedules:
-        if schedule.name not in GRAPH_SCHEDULES:
+        # a schedule's loss may depend on the epoch only through uses_soft_labels (part of a graph's key) and must
+        # keep no statistics of the predictions (OLS reads them on the host every step)
+        if schedule.observes_predictions:
             return (f"graph_steps cannot replay the {schedule.name!r} label schedule (it learns its targets from "
-                    f"each step's predictions on the host); it supports {GRAPH_SCHEDULES}")
+                    f"each step's predictions on the host)")
     return None
 
 

@@ -71,7 +71,7 @@ def run_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     if not todo:
         return records  # type: ignore[return-value]
     method = specs[todo[0]].method
-    if len(todo) > 1 and not method.batches:
+    if len(todo) > 1 and not method.supports_batched_runs:
         warnings.warn(f"{method.name} does not support batched runs: its runs train one by one.")
         groups = [[i] for i in todo]
     else:
@@ -209,7 +209,7 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     from atlas_fast.cache import FeatureCache
     from atlas_fast.engine.record import SAVED_RUN_FIELDS, load_learned, missing_fields, read_record
     from atlas_fast.engine.spec import load_run_data
-    from atlas_fast.methods.base import method_entry
+    from atlas_fast.methods.base import method_class
 
     record = read_record(record_path)
     missing = missing_fields(record, SAVED_RUN_FIELDS)
@@ -222,7 +222,7 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     if backbone.fingerprint != record["backbone"]["fingerprint"]:
         raise ValueError(f"The backbone {backbone.describe()} differs from the one {record_path} was trained with "
                          f"({record['backbone']['fingerprint'][:12]}); its learned prompts would be meaningless.")
-    entry = method_entry(saved["method"])
+    entry = method_class(saved["method"])
     config = TrainConfig(dataset, data_root, method=saved["method"], setting="few_shot",
                          shots=saved["shots"] if shots is None else shots, seed=saved["seed"] if seed is None else seed,
                          subsample=subsample, cache_root=cache_root, device=str(torch_device))

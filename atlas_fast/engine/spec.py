@@ -26,12 +26,12 @@ import torch
 from atlas_fast.clip.backbones import Backbone, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device, resolve_precision
 from atlas_fast.engine.graphs import graph_steps_refusal
-from atlas_fast.methods.base import MethodConfig, MethodEntry, MissingRecipe, OptimRecipe, method_entry
+from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, method_class
 
 
 def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, OptimRecipe]:
     """The method config and optimisation recipe of a run on ``dataset`` (registry name), with the overrides."""
-    entry = method_entry(config.method)
+    entry = method_class(config.method)
     overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
     try:
         method_config, recipe = entry.recipe(config.recipe, config.setting, config.shots, dataset)
@@ -213,8 +213,8 @@ class RunSpec:
         return self.data.dataset
 
     @property
-    def method(self) -> MethodEntry:
-        return method_entry(self.config.method)
+    def method(self) -> type[PromptMethod]:
+        return method_class(self.config.method)
 
     @property
     def views(self) -> int:
@@ -241,7 +241,7 @@ class RunSpec:
         return backbone
 
 
-def check_prompt_depths(entry: MethodEntry, method_config: MethodConfig, backbone: Backbone) -> None:
+def check_prompt_depths(entry: type[PromptMethod], method_config: MethodConfig, backbone: Backbone) -> None:
     """Refuse prompt depths deeper than the backbone's towers, naming every option that needs lowering (the
     registry entry says which config fields are depths: ``depth_text``/``depth_vision`` count the text/vision
     tower's blocks, any other the shallower tower's)."""
@@ -273,8 +273,8 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
     a dataset is listed once per sweep (:func:`load_run_data`)."""
     clock = time.perf_counter()
     config = absolute_paths(config)
-    entry = method_entry(config.method)
-    if not entry.learns and config.schedule.name != "onehot":
+    entry = method_class(config.method)
+    if not entry.learns and not config.schedule.plain:
         raise ValueError(f"{config.method} learns nothing, so the {config.schedule.name!r} label schedule has "
                          f"nothing to supervise; run it without soft labels (schedule OneHot, --atlas none).")
     device = resolve_device(config.device, elsewhere=for_workers)

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
 
-Consumes = Literal["features", "pixels"]
 # Images per chunk when a method evaluates cached test features chunk by chunk.
 EVAL_BATCH = 1024
 
@@ -61,6 +60,9 @@ class OptimRecipe:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+RecipeFunction = Callable[[str, str, int, str], "tuple[MethodConfig, OptimRecipe]"]
+
+
 @dataclass(frozen=True)
 class MethodConfig:
     """Fields shared by every method's config. ``num_runs`` = R, the runs trained together in one module."""
@@ -78,20 +80,39 @@ class MethodConfig:
 class PromptMethod(nn.Module):
     """Base class of the prompt methods (CoOp, CoCoOp, DePT, IVLP, MaPLe, PromptSRC).
 
-    Subclasses set ``name``, ``consumes`` and ``config_class`` and implement :meth:`set_classnames`,
-    :meth:`text_features` and (for ``consumes == "pixels"``) :meth:`forward`.
+    A method class declares what the rest of atlas_fast reads about it (the registry, :data:`METHODS`, holds the
+    classes themselves): ``name``, ``printed_name``, ``recipe`` and ``config_class``, and where they differ from the
+    defaults ``reads_pixels``, ``reads_frozen_features``, ``supports_batched_runs``, ``learns`` and
+    ``depth_options``. It implements :meth:`set_classnames`, :meth:`text_features` and (with ``reads_pixels``)
+    :meth:`forward`.
     """
 
+    #: The registry name (``--methods``, records), e.g. ``dept-coop``.
     name: ClassVar[str]
-    consumes: ClassVar[Consumes]
+    #: How the papers print the method (the report's rows), e.g. ``DePT``.
+    printed_name: ClassVar[str]
+    #: ``recipe(family, setting, shots, dataset) -> (method config, OptimRecipe)``: the training recipe
+    #: (a ``staticmethod``); raises :class:`MissingRecipe` where no reference repository defines one.
+    recipe: ClassVar[RecipeFunction]
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
+    #: True when the method prompts the image tower, so it trains and evaluates on decoded pixels, not cached features.
+    reads_pixels: ClassVar[bool] = False
+    #: True for pixel methods whose batches also carry the frozen CLIP's cached features of the same views (PromptSRC).
+    reads_frozen_features: ClassVar[bool] = False
     # True when R runs can train as one module (atlas_fast.engine.pipeline): every learned tensor leads with R, forward()
     # and training_loss() take one batch per run ((R, B, ...) inputs, (R, B) labels) and runs never mix.
     supports_batched_runs: ClassVar[bool] = False
     #: False for methods with no learned tensors (zero-shot CLIP): training them is skipped.
     learns: ClassVar[bool] = True
-    #: True for pixel methods whose batches also carry the frozen CLIP's cached features of the same views (PromptSRC).
-    frozen_view_features: ClassVar[bool] = False
+    #: The config fields that are prompt depths (counted in transformer blocks), which a backbone with shallower
+    #: towers needs lowered (``--method-option``; the embedded world's experiments).
+    depth_options: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def build(cls, backbone: Backbone, classnames: Sequence[str], config: MethodConfig | None = None
+              ) -> "PromptMethod":
+        """The method for ``classnames`` (config defaults to the config class's defaults)."""
+        return cls(backbone, classnames, config if config is not None else cls.config_class())
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
         super().__init__()
@@ -121,12 +142,12 @@ class PromptMethod(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (R, B, C) = exp(logit_scale) * f_v f_t^T.
 
-        With ``consumes == "features"`` ``images`` are cached, un-normalised image features (B, D), shared by the
-        R runs, or (R, B, D), one batch per run; they are normalised here. With ``consumes == "pixels"`` they are
-        preprocessed pixels (B, 3, H, W).
+        Without ``reads_pixels`` ``images`` are cached, un-normalised image features (B, D), shared by the R runs,
+        or (R, B, D), one batch per run; they are normalised here. With ``reads_pixels`` they are preprocessed pixels
+        (B, 3, H, W).
         """
-        if self.consumes != "features":
-            raise NotImplementedError(f"{type(self).__name__} consumes pixels and must implement forward()")
+        if self.reads_pixels:
+            raise NotImplementedError(f"{type(self).__name__} reads pixels and must implement forward()")
         return self.similarity_logits(self.image_batch(images), self.text_features())
 
     def image_batch(self, images: torch.Tensor) -> torch.Tensor:
@@ -175,8 +196,8 @@ class PromptMethod(nn.Module):
         return torch.device(self.backbone.device)
 
     def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        """Test-time logits (R, B, C) of preprocessed pixels (B, 3, H, W), for methods with ``consumes ==
-        "pixels"``; ``text_features`` is :meth:`text_features` of the current class set, encoded once per set."""
+        """Test-time logits (R, B, C) of preprocessed pixels (B, 3, H, W), for methods with ``reads_pixels``;
+        ``text_features`` is :meth:`text_features` of the current class set, encoded once per set."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate pixels")
 
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
@@ -246,77 +267,29 @@ def check_family(method: str, family: str) -> None:
         raise ValueError(f"{method} recipe family must be 'paper' or 'original', got {family!r}")
 
 
-RecipeFunction = Callable[[str, str, int, str], "tuple[MethodConfig, OptimRecipe]"]
+
+METHODS: dict[str, type[PromptMethod]] = {}
+# What a registered class must declare itself (inheriting them would register a second method under its base's
+# name, recipe or printed name).
+OWN_DECLARATIONS = ("name", "printed_name", "recipe")
 
 
-@dataclass(frozen=True)
-class MethodEntry:
-    """A method as the rest of atlas_fast sees it: one entry per method, made by :func:`register_method` in the
-    method's own file. The command line's choices, the report's printed names, the world's prompt depths and the
-    docs' method list all derive from these entries.
-
-    ``recipe(family, setting, shots, dataset) -> (method config, OptimRecipe)`` is the method's training recipe;
-    ``printed_name`` is how the papers print it; ``depth_options`` are the config fields that are prompt depths
-    (counted in transformer blocks), which a backbone with shallower towers needs lowered.
-    """
-
-    cls: type[PromptMethod]
-    recipe: RecipeFunction
-    printed_name: str
-    depth_options: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return self.cls.name
-
-    @property
-    def reads_pixels(self) -> bool:
-        """True when the method prompts the image tower, so it trains and evaluates on decoded pixels."""
-        return self.cls.consumes == "pixels"
-
-    @property
-    def reads_frozen_features(self) -> bool:
-        """True when each pixel batch also carries the frozen CLIP's cached features of the same views."""
-        return self.cls.frozen_view_features
-
-    @property
-    def batches(self) -> bool:
-        """True when R runs of the method can train as one module."""
-        return self.cls.supports_batched_runs
-
-    @property
-    def learns(self) -> bool:
-        return self.cls.learns
-
-    @property
-    def config_class(self) -> type[MethodConfig]:
-        return self.cls.config_class
-
-    def build(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig | None = None
-              ) -> PromptMethod:
-        """The method for ``classnames`` (config defaults to the config class's defaults)."""
-        return self.cls(backbone, classnames, config if config is not None else self.cls.config_class())
-
-
-METHODS: dict[str, MethodEntry] = {}
-
-
-def register_method(cls: type[PromptMethod], *, recipe: RecipeFunction, printed_name: str,
-                    depth_options: Sequence[str] = ()) -> MethodEntry:
-    """Make ``cls`` known under ``cls.name`` with its recipe, printed name and prompt-depth options; every method
-    file calls this once for each method it defines."""
-    if cls.name in METHODS and METHODS[cls.name].cls is not cls:
+def register_method(cls: type[PromptMethod]) -> type[PromptMethod]:
+    """Make ``cls`` known under ``cls.name``; every method file calls this once for each method it defines."""
+    missing = [attribute for attribute in OWN_DECLARATIONS if attribute not in vars(cls)]
+    if missing:
+        raise ValueError(f"{cls.__name__} must declare {', '.join(missing)} itself to be registered")
+    if cls.name in METHODS and METHODS[cls.name] is not cls:
         raise ValueError(f"Two prompt methods are registered as {cls.name!r}")
     config_fields = {f.name for f in fields(cls.config_class)}
-    unknown = sorted(set(depth_options) - config_fields)
+    unknown = sorted(set(cls.depth_options) - config_fields)
     if unknown:
         raise ValueError(f"{cls.name}: depth options {unknown} are not fields of {cls.config_class.__name__}")
-    entry = MethodEntry(cls, recipe, printed_name, tuple(depth_options))
-    METHODS[cls.name] = entry
-    return entry
+    METHODS[cls.name] = cls
+    return cls
 
 
-def method_entry(name: str) -> MethodEntry:
+def method_class(name: str) -> type[PromptMethod]:
     """The registered method ``name``, with the known names in the error."""
     import atlas_fast.methods  # noqa: F401  (importing the package registers every method)
 
@@ -328,11 +301,4 @@ def method_entry(name: str) -> MethodEntry:
 def build_method(name: str, backbone: Backbone, classnames: Sequence[str],
                  config: MethodConfig | None = None) -> PromptMethod:
     """Build a registered method for ``classnames`` (config defaults to the method's config class defaults)."""
-    return method_entry(name).build(backbone, classnames, config)
-
-
-def method_names(learning_only: bool = False) -> list[str]:
-    """The registered methods' names, sorted (``learning_only``: without zero-shot CLIP, which learns nothing)."""
-    import atlas_fast.methods  # noqa: F401  (importing the package registers every method)
-
-    return sorted(name for name, entry in METHODS.items() if entry.learns or not learning_only)
+    return method_class(name).build(backbone, classnames, config)

@@ -43,12 +43,24 @@ class CoCoOpConfig(CoOpConfig):
                              f"the context), got {self.class_token_position!r}")
 
 
+def cocoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[CoCoOpConfig, OptimRecipe]:
+    """CoCoOp's recipe (``docs/method-zoo.md``, section Recipes): ``vit_b16_c4_ep10_batch1_ctxv1`` for base-to-new and
+    cross-dataset, 10 epochs, batch 1, lr 0.002, M = 4 from "a photo of a" in both families (the paper's choice is the
+    CoCoOp config's). The references have no few-shot CoCoOp recipe: that setting raises :class:`MissingRecipe`."""
+    check_family("CoCoOp", family)
+    config = CoCoOpConfig(ctx_init=PAPER_CTX_INIT)
+    if setting not in ("base2new", "cross_dataset"):
+        raise MissingRecipe("CoCoOp", setting, config)
+    return config, OptimRecipe(epochs=10, batch_size=1, lr=0.002)
+
+
 class CoCoOp(CoOp):
     """CoCoOp on cached image features. Learned tensors: ``ctx`` (R, M, d) and the meta-net of every run,
     ``meta_weight1`` (R, H, D_v), ``meta_bias1`` (R, H), ``meta_weight2`` (R, d, H), ``meta_bias2`` (R, d)."""
 
     name = "cocoop"
-    consumes = "features"
+    printed_name = "CoCoOp"
+    recipe = staticmethod(cocoop_recipe)
     config_class = CoCoOpConfig
     supports_batched_runs = True  # ctx and the meta-net's weights lead with R (tests/test_batched.py)
     #: text sequences per text-encoder call at evaluation (images per call = max(1, eval_sequences // C)).
@@ -103,15 +115,4 @@ class CoCoOp(CoOp):
         return torch.cat([self(x.to(device)).float() for x in bar], dim=1)
 
 
-def cocoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[CoCoOpConfig, OptimRecipe]:
-    """CoCoOp's recipe (``docs/method-zoo.md``, section Recipes): ``vit_b16_c4_ep10_batch1_ctxv1`` for base-to-new and
-    cross-dataset, 10 epochs, batch 1, lr 0.002, M = 4 from "a photo of a" in both families (the paper's choice is the
-    CoCoOp config's). The references have no few-shot CoCoOp recipe: that setting raises :class:`MissingRecipe`."""
-    check_family("CoCoOp", family)
-    config = CoCoOpConfig(ctx_init=PAPER_CTX_INIT)
-    if setting not in ("base2new", "cross_dataset"):
-        raise MissingRecipe("CoCoOp", setting, config)
-    return config, OptimRecipe(epochs=10, batch_size=1, lr=0.002)
-
-
-register_method(CoCoOp, recipe=cocoop_recipe, printed_name="CoCoOp")
+register_method(CoCoOp)

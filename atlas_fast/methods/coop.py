@@ -17,9 +17,9 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
-from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition, init_phrase,
-                                        initial_context)
+from atlas_fast.methods.base import MethodConfig, OptimRecipe, check_family, register_method
+from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition,
+                                        ContextPromptMethod, init_phrase, initial_context)
 from atlas_fast.clip.text_encoder import PromptTextEncoder
 PAPER_CTX_INIT = "a photo of a"
 DEFAULT_N_CTX = 16  # the reference's M without an init phrase
@@ -73,63 +73,6 @@ class CoOpConfig(MethodConfig):
         return self.n_ctx
 
 
-class CoOp(PromptMethod):
-    """CoOp on cached image features. Learned tensor: ``ctx`` (R, M, d), or (R, C, M, d) with CSC."""
-
-    name = "coop"
-    consumes = "features"
-    config_class = CoOpConfig
-    supports_batched_runs = True  # ctx is (R, M, d) / (R, C, M, d); the text pass is per prompt
-
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CoOpConfig) -> None:
-        super().__init__(backbone, classnames, config)
-        self.text_encoder = PromptTextEncoder(backbone)
-        n_ctx = config.context_length
-        lead = (config.num_runs, len(classnames)) if config.csc else (config.num_runs,)
-        ctx = initial_context(backbone, n_ctx, config.init_words, lead, backbone.model.transformer.get_cast_dtype())
-        self.prompt_prefix = config.init_words or " ".join(["X"] * n_ctx)
-        self.n_ctx = n_ctx
-        self.ctx = nn.Parameter(ctx)
-        self.class_prompts = ClassPrompts(backbone, n_ctx, self.prompt_prefix, config.class_token_position,
-                                          per_class_context=config.csc)
-        self.set_classnames(classnames)
-
-    def set_classnames(self, classnames: Sequence[str]) -> None:
-        """Rebuild the SOT / class-token / EOT buffers for ``classnames``; ``ctx`` is kept (CSC needs the same C)."""
-        if not classnames:
-            raise ValueError("CoOp needs at least one class name")
-        if self.config.csc and len(classnames) != self.ctx.shape[1]:
-            raise ValueError(f"CoOp with class-specific context was built for {self.ctx.shape[1]} classes and cannot "
-                             f"be used for {len(classnames)}: CSC context does not transfer to another class set")
-        self.class_prompts.set_classnames(classnames, self.ctx.device)
-        self.classnames = self.class_prompts.classnames
-
-    @property
-    def eot_index(self) -> torch.Tensor:
-        """EOT position of every class's prompt (C,)."""
-        return self.class_prompts.eot_index
-
-    def prompt_embeddings(self) -> torch.Tensor:
-        """The assembled prompts (R, C, n_used, d), truncated after the longest EOT."""
-        return self.class_prompts.assemble(self.ctx)
-
-    def raw_text_features(self) -> torch.Tensor:
-        """Un-normalised class text features (R, C, D) (DePT's head reads them before normalisation)."""
-        return self.class_prompts.encode(self.text_encoder, self.ctx)
-
-    def text_features(self) -> torch.Tensor:
-        return F.normalize(self.raw_text_features(), dim=-1)
-
-    def class_text_features(self, image_features: torch.Tensor) -> torch.Tensor:
-        """Un-normalised text features of the current classes for a batch of image features (1 or R, B, D):
-        (R, C, D) here (CoOp's prompts ignore the image); image-conditioned methods return (R, B, C, D)."""
-        return self.raw_text_features()
-
-    def regularizer(self, text_features: torch.Tensor) -> torch.Tensor | None:
-        """Non-cross-entropy loss terms on the class text features (None: CoOp has none; KgCoOp overrides)."""
-        return None
-
-
 Family = Literal["paper", "original"]
 Setting = Literal["base2new", "few_shot", "cross_dataset"]
 FEW_SHOT_EPOCHS = {1: 50, 2: 100, 4: 100, 8: 200, 16: 200}
@@ -163,4 +106,54 @@ def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> t
     return config, OptimRecipe(epochs=epochs, batch_size=32, lr=0.002)
 
 
-register_method(CoOp, recipe=coop_recipe, printed_name="CoOp")
+class CoOp(ContextPromptMethod):
+    """CoOp on cached image features. Learned tensor: ``ctx`` (R, M, d), or (R, C, M, d) with CSC."""
+
+    name = "coop"
+    printed_name = "CoOp"
+    recipe = staticmethod(coop_recipe)
+    config_class = CoOpConfig
+    supports_batched_runs = True  # ctx is (R, M, d) / (R, C, M, d); the text pass is per prompt
+
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CoOpConfig) -> None:
+        super().__init__(backbone, classnames, config)
+        self.text_encoder = PromptTextEncoder(backbone)
+        n_ctx = config.context_length
+        lead = (config.num_runs, len(classnames)) if config.csc else (config.num_runs,)
+        ctx = initial_context(backbone, n_ctx, config.init_words, lead, backbone.model.transformer.get_cast_dtype())
+        self.prompt_prefix = config.init_words or " ".join(["X"] * n_ctx)
+        self.n_ctx = n_ctx
+        self.ctx = nn.Parameter(ctx)
+        self.class_prompts = ClassPrompts(backbone, n_ctx, self.prompt_prefix, config.class_token_position,
+                                          per_class_context=config.csc)
+        self.set_classnames(classnames)
+
+    def set_classnames(self, classnames: Sequence[str]) -> None:
+        """Rebuild the SOT / class-token / EOT buffers for ``classnames``; ``ctx`` is kept (CSC needs the same C)."""
+        if self.config.csc and len(classnames) != self.ctx.shape[1]:
+            raise ValueError(f"CoOp with class-specific context was built for {self.ctx.shape[1]} classes and cannot "
+                             f"be used for {len(classnames)}: CSC context does not transfer to another class set")
+        super().set_classnames(classnames)
+
+    def prompt_embeddings(self) -> torch.Tensor:
+        """The assembled prompts (R, C, n_used, d), truncated after the longest EOT."""
+        return self.class_prompts.assemble(self.ctx)
+
+    def raw_text_features(self) -> torch.Tensor:
+        """Un-normalised class text features (R, C, D) (DePT's head reads them before normalisation)."""
+        return self.class_prompts.encode(self.text_encoder, self.ctx)
+
+    def text_features(self) -> torch.Tensor:
+        return F.normalize(self.raw_text_features(), dim=-1)
+
+    def class_text_features(self, image_features: torch.Tensor) -> torch.Tensor:
+        """Un-normalised text features of the current classes for a batch of image features (1 or R, B, D):
+        (R, C, D) here (CoOp's prompts ignore the image); image-conditioned methods return (R, B, C, D)."""
+        return self.raw_text_features()
+
+    def regularizer(self, text_features: torch.Tensor) -> torch.Tensor | None:
+        """Non-cross-entropy loss terms on the class text features (None: CoOp has none; KgCoOp overrides)."""
+        return None
+
+
+register_method(CoOp)

@@ -99,7 +99,6 @@ class DePT(PromptMethod):
     ``film_text_scale``/``film_text_bias``/``film_image_scale``/``film_image_bias`` (R, D), ``linear_weight``
     (R, C_train, D) and ``linear_bias`` (R, C_train)."""
 
-    consumes = "features"
     base_class: ClassVar[type[CoOp]]
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: DePTHeadConfig) -> None:
@@ -206,37 +205,6 @@ class DePT(PromptMethod):
                 {"params": self.head_parameters(), "lr_scale": self.config.head_lr_scale}]
 
 
-class DePTCoOp(DePT):
-    name = "dept-coop"
-    config_class = DePTCoOpConfig
-    base_class = CoOp
-
-
-class DePTCoCoOp(DePT):
-    name = "dept-cocoop"
-    config_class = DePTCoCoOpConfig
-    base_class = CoCoOp
-
-
-class DePTKgCoOp(DePT):
-    name = "dept-kgcoop"
-    config_class = DePTKgCoOpConfig
-    base_class = KgCoOp
-
-
-class DePTMaPLe(DePT):
-    """DePT's head on MaPLe's prompted features; consumes pixels."""
-
-    name = "dept-maple"
-    consumes = "pixels"
-    config_class = DePTMaPLeConfig
-    base_class = MaPLe
-
-    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        image = self.base.image_batch(pixels)
-        return self.fuse(image, self.base.similarity_logits(image, text_features))
-
-
 def _check(method: str, family: str, setting: str, config: MethodConfig) -> None:
     check_family(method, family)
     if setting not in ("base2new", "cross_dataset"):
@@ -281,8 +249,48 @@ def dept_maple_recipe(family: Family, setting: Setting, shots: int,
     return config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)
 
 
-# The ATLaS paper's "DePT" rows are DePT on CoOp.
-register_method(DePTCoOp, recipe=dept_coop_recipe, printed_name="DePT")
-register_method(DePTCoCoOp, recipe=dept_cocoop_recipe, printed_name="DePT-CoCoOp")
-register_method(DePTKgCoOp, recipe=dept_kgcoop_recipe, printed_name="DePT-KgCoOp")
-register_method(DePTMaPLe, recipe=dept_maple_recipe, printed_name="DePT-MaPLe", depth_options=("depth",))
+class DePTCoOp(DePT):
+    name = "dept-coop"
+    # the ATLaS paper's "DePT" rows are DePT on CoOp
+    printed_name = "DePT"
+    recipe = staticmethod(dept_coop_recipe)
+    config_class = DePTCoOpConfig
+    base_class = CoOp
+
+
+class DePTCoCoOp(DePT):
+    name = "dept-cocoop"
+    printed_name = "DePT-CoCoOp"
+    recipe = staticmethod(dept_cocoop_recipe)
+    config_class = DePTCoCoOpConfig
+    base_class = CoCoOp
+
+
+class DePTKgCoOp(DePT):
+    name = "dept-kgcoop"
+    printed_name = "DePT-KgCoOp"
+    recipe = staticmethod(dept_kgcoop_recipe)
+    config_class = DePTKgCoOpConfig
+    base_class = KgCoOp
+
+
+class DePTMaPLe(DePT):
+    """DePT's head on MaPLe's prompted features; reads pixels."""
+
+    name = "dept-maple"
+    printed_name = "DePT-MaPLe"
+    recipe = staticmethod(dept_maple_recipe)
+    reads_pixels = True
+    depth_options = ("depth",)
+    config_class = DePTMaPLeConfig
+    base_class = MaPLe
+
+    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
+        image = self.base.image_batch(pixels)
+        return self.fuse(image, self.base.similarity_logits(image, text_features))
+
+
+register_method(DePTCoOp)
+register_method(DePTCoCoOp)
+register_method(DePTKgCoOp)
+register_method(DePTMaPLe)

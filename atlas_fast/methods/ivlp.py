@@ -25,9 +25,8 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     register_method)
-from atlas_fast.methods.prompts import ClassPrompts, init_phrase, initial_context
+from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, check_family, register_method
+from atlas_fast.methods.prompts import ClassPrompts, ContextPromptMethod, init_phrase, initial_context
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
 from atlas_fast.clip.text_encoder import PromptTextEncoder
 
@@ -79,11 +78,37 @@ class IVLPConfig(MethodConfig):
             raise ValueError(f"{owner}.n_ctx_vision must be >= 1 when depth_vision > 0, got {self.n_ctx_vision}")
 
 
-class IVLP(PromptMethod):
-    """Independent vision-language prompts; consumes pixels (its image tower is prompted)."""
+def check_setting(method: str, family: str, setting: str, config: MethodConfig, settings: Sequence[str]) -> None:
+    """Reject an unknown recipe family; a setting the references define no recipe for raises
+    :class:`~atlas_fast.methods.base.MissingRecipe` (the run then needs explicit epochs, batch size and lr)."""
+    check_family(method, family)
+    if setting not in settings:
+        raise MissingRecipe(method, setting, config)
+
+
+def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IVLPConfig, OptimRecipe]:
+    """IVLP's recipe (``docs/method-zoo.md``, section Recipes; the MaPLe repository's IVLP configs).
+
+    * base-to-new and cross-dataset: 5 epochs, batch 4, lr 0.0035, depth 12 / 12 (the cross-dataset scripts reuse
+      the base-to-new config). ``original``: 2 + 2 tokens, first 2 words of "a photo of a" learnable; ``paper``:
+      4 + 4 tokens with all four words learnable (the ATLaS paper's prompt length 4).
+    * few-shot: the references define none (:class:`~atlas_fast.methods.base.MissingRecipe`).
+    """
+    n_ctx = 2 if family == "original" else 4
+    config = IVLPConfig(n_ctx_text=n_ctx, n_ctx_vision=n_ctx, ctx_init=PAPER_CTX_INIT, depth_text=12,
+                        depth_vision=12)
+    check_setting("IVLP", family, setting, config, ("base2new", "cross_dataset"))
+    return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
+
+
+class IVLP(ContextPromptMethod):
+    """Independent vision-language prompts; reads pixels (its image tower is prompted)."""
 
     name = "ivlp"
-    consumes = "pixels"
+    printed_name = "IVLP"
+    recipe = staticmethod(ivlp_recipe)
+    reads_pixels = True
+    depth_options = ("depth_text", "depth_vision")
     config_class = IVLPConfig
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
@@ -130,18 +155,6 @@ class IVLP(PromptMethod):
         return self.vision_ctx, list(self.deep_vision.unbind(1)) if self.deep_vision is not None else []
 
     # --- shared by IVLP, MaPLe and PromptSRC --------------------------------------------------------------------
-    def set_classnames(self, classnames: Sequence[str]) -> None:
-        """Rebuild the SOT / fixed-words + class-token / EOT buffers for ``classnames``; learned tensors are kept."""
-        if not classnames:
-            raise ValueError(f"{type(self).__name__} needs at least one class name")
-        self.class_prompts.set_classnames(classnames, self.ctx.device)
-        self.classnames = self.class_prompts.classnames
-
-    @property
-    def eot_index(self) -> torch.Tensor:
-        """EOT position of every class's prompt (C,)."""
-        return self.class_prompts.eot_index
-
     def prompt_embeddings(self) -> torch.Tensor:
         """The assembled text input (R, C, n_used, d_t): [SOT][ctx][fixed words, class tokens, '.', EOT]."""
         return self.class_prompts.assemble(self.text_prompts()[0])
@@ -165,7 +178,7 @@ class IVLP(PromptMethod):
     def image_batch(self, pixels: torch.Tensor) -> torch.Tensor:
         """Un-normalised prompted image features (R, B, D) of preprocessed pixels (B, 3, H, W)."""
         if pixels.dim() != 4:
-            raise ValueError(f"{type(self).__name__} consumes pixels (B, 3, H, W), got {tuple(pixels.shape)}")
+            raise ValueError(f"{type(self).__name__} reads pixels (B, 3, H, W), got {tuple(pixels.shape)}")
         prompts, deep = self.vision_prompts()
         return self.image_encoder(pixels, prompts, deep)
 
@@ -177,27 +190,4 @@ class IVLP(PromptMethod):
         return self.similarity_logits(self.image_batch(pixels), text_features)
 
 
-def check_setting(method: str, family: str, setting: str, config: MethodConfig, settings: Sequence[str]) -> None:
-    """Reject an unknown recipe family; a setting the references define no recipe for raises
-    :class:`~atlas_fast.methods.base.MissingRecipe` (the run then needs explicit epochs, batch size and lr)."""
-    check_family(method, family)
-    if setting not in settings:
-        raise MissingRecipe(method, setting, config)
-
-
-def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IVLPConfig, OptimRecipe]:
-    """IVLP's recipe (``docs/method-zoo.md``, section Recipes; the MaPLe repository's IVLP configs).
-
-    * base-to-new and cross-dataset: 5 epochs, batch 4, lr 0.0035, depth 12 / 12 (the cross-dataset scripts reuse
-      the base-to-new config). ``original``: 2 + 2 tokens, first 2 words of "a photo of a" learnable; ``paper``:
-      4 + 4 tokens with all four words learnable (the ATLaS paper's prompt length 4).
-    * few-shot: the references define none (:class:`~atlas_fast.methods.base.MissingRecipe`).
-    """
-    n_ctx = 2 if family == "original" else 4
-    config = IVLPConfig(n_ctx_text=n_ctx, n_ctx_vision=n_ctx, ctx_init=PAPER_CTX_INIT, depth_text=12,
-                        depth_vision=12)
-    check_setting("IVLP", family, setting, config, ("base2new", "cross_dataset"))
-    return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
-
-
-register_method(IVLP, recipe=ivlp_recipe, printed_name="IVLP", depth_options=("depth_text", "depth_vision"))
+register_method(IVLP)

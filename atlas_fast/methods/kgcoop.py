@@ -45,11 +45,32 @@ class KgCoOpConfig(CoOpConfig):
         check_template(self.template, "KgCoOpConfig")
 
 
+def kgcoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[KgCoOpConfig, OptimRecipe]:
+    """KgCoOp's recipe (``docs/method-zoo.md``, section KgCoOp), the same in both families: M = 4 from "a photo of a"
+    and the KgCoOp/DePT template of ``dataset``.
+
+    * base-to-new: htyao89/KgCoOp ``vit_b16_ep100_ctxv1``, W = 8.0, 100 epochs, batch 128, lr 0.002.
+    * cross-dataset: KgCoOp's own script trains every dataset at 4 shots (no clean ImageNet-source recipe), so
+      DePT's KgCoOp config is used, the references' only one: W = 2.0, 10 epochs, batch 4, lr 0.0035.
+    * few-shot: no reference recipe (:class:`MissingRecipe`).
+    """
+    check_family("KgCoOp", family)
+    template = atlas_template(dataset)  # the KgCoOp/DePT table (DTD: "a photo of a {}, a type of texture.")
+    if setting == "base2new":
+        return (KgCoOpConfig(ctx_init=PAPER_CTX_INIT, kg_weight=8.0, template=template),
+                OptimRecipe(epochs=100, batch_size=128, lr=0.002))
+    dept_config = KgCoOpConfig(ctx_init=PAPER_CTX_INIT, kg_weight=2.0, template=template)
+    if setting == "cross_dataset":
+        return dept_config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)
+    raise MissingRecipe("KgCoOp", setting, dept_config)
+
+
 class KgCoOp(CoOp):
     """KgCoOp on cached image features. Learned tensor: ``ctx``; fixed targets w_c per class set (not saved)."""
 
     name = "kgcoop"
-    consumes = "features"
+    printed_name = "KgCoOp"
+    recipe = staticmethod(kgcoop_recipe)
     config_class = KgCoOpConfig
     # training_loss adds the regulariser summed over the R runs, so a batched loop cannot log each run's own loss
     # (the gradients would be right); batching needs per-run losses from training_loss first.
@@ -82,24 +103,4 @@ class KgCoOp(CoOp):
         return criterion(self.similarity_logits(self.image_batch(inputs), text)) + self.regularizer(text)
 
 
-def kgcoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[KgCoOpConfig, OptimRecipe]:
-    """KgCoOp's recipe (``docs/method-zoo.md``, section KgCoOp), the same in both families: M = 4 from "a photo of a"
-    and the KgCoOp/DePT template of ``dataset``.
-
-    * base-to-new: htyao89/KgCoOp ``vit_b16_ep100_ctxv1``, W = 8.0, 100 epochs, batch 128, lr 0.002.
-    * cross-dataset: KgCoOp's own script trains every dataset at 4 shots (no clean ImageNet-source recipe), so
-      DePT's KgCoOp config is used, the references' only one: W = 2.0, 10 epochs, batch 4, lr 0.0035.
-    * few-shot: no reference recipe (:class:`MissingRecipe`).
-    """
-    check_family("KgCoOp", family)
-    template = atlas_template(dataset)  # the KgCoOp/DePT table (DTD: "a photo of a {}, a type of texture.")
-    if setting == "base2new":
-        return (KgCoOpConfig(ctx_init=PAPER_CTX_INIT, kg_weight=8.0, template=template),
-                OptimRecipe(epochs=100, batch_size=128, lr=0.002))
-    dept_config = KgCoOpConfig(ctx_init=PAPER_CTX_INIT, kg_weight=2.0, template=template)
-    if setting == "cross_dataset":
-        return dept_config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)
-    raise MissingRecipe("KgCoOp", setting, dept_config)
-
-
-register_method(KgCoOp, recipe=kgcoop_recipe, printed_name="KgCoOp")
+register_method(KgCoOp)

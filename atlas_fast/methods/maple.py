@@ -46,11 +46,29 @@ class MaPLeConfig(MethodConfig):
             raise ValueError(f"MaPLeConfig.depth must be >= 1, got {self.depth}")
 
 
+def maple_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[MaPLeConfig, OptimRecipe]:
+    """MaPLe's recipe (``docs/method-zoo.md``, section Recipes; MaPLe repository configs).
+
+    * base-to-new: J = 9, 5 epochs, batch 4, lr 0.0035.
+    * cross-dataset (train on ImageNet): J = 3, 2 epochs (1 warmup + 1 at lr), batch 4, lr 0.0026.
+    * ``original``: M = 2 (the first two words of "a photo of a" learnable, "of a" fixed); ``paper``: M = 4.
+    * few-shot: the references define none (:class:`~atlas_fast.methods.base.MissingRecipe`).
+    """
+    n_ctx = 2 if family == "original" else 4
+    config = MaPLeConfig(n_ctx=n_ctx, depth=3 if setting == "cross_dataset" else 9)
+    check_setting("MaPLe", family, setting, config, ("base2new", "cross_dataset"))
+    if setting == "cross_dataset":
+        return config, OptimRecipe(epochs=2, batch_size=4, lr=0.0026)
+    return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
+
+
 class MaPLe(IVLP):
-    """Multi-modal prompt learning: vision prompts are linear maps of the text prompts; consumes pixels."""
+    """Multi-modal prompt learning: vision prompts are linear maps of the text prompts; reads pixels."""
 
     name = "maple"
-    consumes = "pixels"
+    printed_name = "MaPLe"
+    recipe = staticmethod(maple_recipe)
+    depth_options = ("depth",)
     config_class = MaPLeConfig
 
     def text_context_shape(self) -> tuple[int, str]:
@@ -80,20 +98,4 @@ class MaPLe(IVLP):
         return levels[0], list(levels[1:])
 
 
-def maple_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[MaPLeConfig, OptimRecipe]:
-    """MaPLe's recipe (``docs/method-zoo.md``, section Recipes; MaPLe repository configs).
-
-    * base-to-new: J = 9, 5 epochs, batch 4, lr 0.0035.
-    * cross-dataset (train on ImageNet): J = 3, 2 epochs (1 warmup + 1 at lr), batch 4, lr 0.0026.
-    * ``original``: M = 2 (the first two words of "a photo of a" learnable, "of a" fixed); ``paper``: M = 4.
-    * few-shot: the references define none (:class:`~atlas_fast.methods.base.MissingRecipe`).
-    """
-    n_ctx = 2 if family == "original" else 4
-    config = MaPLeConfig(n_ctx=n_ctx, depth=3 if setting == "cross_dataset" else 9)
-    check_setting("MaPLe", family, setting, config, ("base2new", "cross_dataset"))
-    if setting == "cross_dataset":
-        return config, OptimRecipe(epochs=2, batch_size=4, lr=0.0026)
-    return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
-
-
-register_method(MaPLe, recipe=maple_recipe, printed_name="MaPLe", depth_options=("depth",))
+register_method(MaPLe)

@@ -5,11 +5,12 @@ learned; everything else is the frozen token embedding of the string ``"{prompt_
 ``prompt_prefix`` is the init phrase (or M placeholders "X" with random init). CoOp's phrase has exactly M words;
 IVLP-family phrases may be longer, the words after the first M then stay fixed text.
 
-Two pieces, both used by every method of the two families:
+Three pieces, used by every method of the two families:
 
 * :func:`initial_context`: the context at init, the embeddings of the first M init tokens or N(0, 0.02^2);
 * :class:`ClassPrompts`: the frozen per-class buffers of one class set (SOT, the tokens after the context, EOT
-  positions, CoOp's "middle"/"front" layouts), the assembly of full prompts from a context, and the text pass.
+  positions, CoOp's "middle"/"front" layouts), the assembly of full prompts from a context, and the text pass;
+* :class:`ContextPromptMethod`: the base class of CoOp and IVLP, whose class set is their ``ClassPrompts``.
 
 The learned tensors stay on the methods (their checkpoint names are ``ctx``, ``deep_text``, ...); this module owns
 only buffers, none of them saved.
@@ -24,6 +25,7 @@ from torch import nn
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.clip.text_encoder import PromptTextEncoder, eot_positions, tokenize_prompts
+from atlas_fast.methods.base import PromptMethod
 
 ClassTokenPosition = Literal["end", "middle", "front"]
 CLASS_TOKEN_POSITIONS = ("end", "middle", "front")
@@ -140,3 +142,23 @@ class ClassPrompts(nn.Module):
         prefix = torch.cat([self.token_prefix[0].expand(*lead, 1, width), ctx.to(dtype),
                             self.token_suffix[0, :shared].expand(*lead, shared, width)], dim=-2)
         return encoder.encode_classes(prefix, self.token_suffix[:, shared:], self.eot_index, deep_prompts)
+
+
+class ContextPromptMethod(PromptMethod):
+    """A method whose class text is :class:`ClassPrompts` around a learned context ``ctx`` (CoOp, IVLP and their
+    families): it sets ``class_prompts`` and ``ctx`` in ``__init__``; a class set rebuilds only the frozen buffers."""
+
+    class_prompts: ClassPrompts
+    ctx: nn.Parameter
+
+    def set_classnames(self, classnames: Sequence[str]) -> None:
+        """Rebuild the SOT / class-token / EOT buffers for ``classnames``; the learned tensors are kept."""
+        if not classnames:
+            raise ValueError(f"{type(self).__name__} needs at least one class name")
+        self.class_prompts.set_classnames(classnames, self.ctx.device)
+        self.classnames = self.class_prompts.classnames
+
+    @property
+    def eot_index(self) -> torch.Tensor:
+        """EOT position of every class's prompt (C,)."""
+        return self.class_prompts.eot_index

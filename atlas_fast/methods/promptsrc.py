@@ -77,14 +77,35 @@ class PromptSRCConfig(IVLPConfig):
             raise ValueError(f"PromptSRCConfig.gpa_std must be > 0, got {self.gpa_std}")
 
 
+def promptsrc_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[PromptSRCConfig, OptimRecipe]:
+    """PromptSRC's recipe (``docs/method-zoo.md``, section Recipes; the PromptSRC repository's configs). Both families
+    are the same (its prompts are already 4 tokens from "a photo of a"). Batch 4, lr 0.0025, lambda_t 25, lambda_v 10.
+
+    * base-to-new: 20 epochs, depth 9 / 9, GPA mean 15, std 1.
+    * cross-dataset: 20 epochs, depth 3 / 3, GPA mean 6, std 10.
+    * few-shot: 50 epochs, depth 9 / 9; GPA mean 30, std 30 on ImageNet, Caltech101, OxfordPets, Food101, UCF101,
+      SUN397 and mean 45, std 5 on StanfordCars, OxfordFlowers, FGVCAircraft, DTD, EuroSAT. Other datasets get the
+      flat 30 / 30 weighting (the references define none for them).
+    """
+    check_setting("PromptSRC", family, setting, PromptSRCConfig(), ("base2new", "few_shot", "cross_dataset"))
+    if setting == "base2new":
+        return PromptSRCConfig(), OptimRecipe(epochs=20, batch_size=4, lr=0.0025)
+    if setting == "cross_dataset":
+        return (PromptSRCConfig(depth_text=3, depth_vision=3, gpa_mean=6.0, gpa_std=10.0),
+                OptimRecipe(epochs=20, batch_size=4, lr=0.0025))
+    mean, std = (45.0, 5.0) if dataset in FEW_SHOT_GPA_LATE else (30.0, 30.0)
+    return PromptSRCConfig(gpa_mean=mean, gpa_std=std), OptimRecipe(epochs=50, batch_size=4, lr=0.0025)
+
+
 class PromptSRC(IVLP):
-    """IVLP + self-regulating constraints + Gaussian prompt aggregation; consumes pixels and, when the input path
-    has them, the frozen CLIP's cached features of the same views (``frozen_view_features``)."""
+    """IVLP + self-regulating constraints + Gaussian prompt aggregation; reads pixels and, when the input path
+    has them, the frozen CLIP's cached features of the same views (``reads_frozen_features``)."""
 
     name = "promptsrc"
-    consumes = "pixels"
+    printed_name = "PromptSRC"
+    recipe = staticmethod(promptsrc_recipe)
     config_class = PromptSRCConfig
-    frozen_view_features = True
+    reads_frozen_features = True
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
         super().__init__(backbone, classnames, config)
@@ -161,25 +182,4 @@ class PromptSRC(IVLP):
         self._gpa_sum = None
 
 
-def promptsrc_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[PromptSRCConfig, OptimRecipe]:
-    """PromptSRC's recipe (``docs/method-zoo.md``, section Recipes; the PromptSRC repository's configs). Both families
-    are the same (its prompts are already 4 tokens from "a photo of a"). Batch 4, lr 0.0025, lambda_t 25, lambda_v 10.
-
-    * base-to-new: 20 epochs, depth 9 / 9, GPA mean 15, std 1.
-    * cross-dataset: 20 epochs, depth 3 / 3, GPA mean 6, std 10.
-    * few-shot: 50 epochs, depth 9 / 9; GPA mean 30, std 30 on ImageNet, Caltech101, OxfordPets, Food101, UCF101,
-      SUN397 and mean 45, std 5 on StanfordCars, OxfordFlowers, FGVCAircraft, DTD, EuroSAT. Other datasets get the
-      flat 30 / 30 weighting (the references define none for them).
-    """
-    check_setting("PromptSRC", family, setting, PromptSRCConfig(), ("base2new", "few_shot", "cross_dataset"))
-    if setting == "base2new":
-        return PromptSRCConfig(), OptimRecipe(epochs=20, batch_size=4, lr=0.0025)
-    if setting == "cross_dataset":
-        return (PromptSRCConfig(depth_text=3, depth_vision=3, gpa_mean=6.0, gpa_std=10.0),
-                OptimRecipe(epochs=20, batch_size=4, lr=0.0025))
-    mean, std = (45.0, 5.0) if dataset in FEW_SHOT_GPA_LATE else (30.0, 30.0)
-    return PromptSRCConfig(gpa_mean=mean, gpa_std=std), OptimRecipe(epochs=50, batch_size=4, lr=0.0025)
-
-
-register_method(PromptSRC, recipe=promptsrc_recipe, printed_name="PromptSRC",
-                depth_options=("depth_text", "depth_vision"))
+register_method(PromptSRC)

@@ -48,11 +48,19 @@ def prompt_features(backbone: Backbone, prompts: tuple[str, ...]) -> torch.Tenso
     return _PROMPT_FEATURES[key]
 
 
+def zsclip_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[ZeroShotConfig, OptimRecipe]:
+    """Zero-shot CLIP with CoOp's per-dataset template (``trainers/zsclip.py``; DTD "{} texture.") in every setting
+    and family. The optimisation recipe is a placeholder of one epoch: there is nothing to train."""
+    check_family("Zero-shot CLIP", family)
+    return ZeroShotConfig(template=zeroshot_template(dataset)), OptimRecipe(epochs=1, batch_size=32, lr=0.002)
+
+
 class ZeroShotCLIP(PromptMethod):
     """Zero-shot CLIP on cached image features; ``text_features()`` is a fixed (R, C, D) buffer."""
 
     name = "zsclip"
-    consumes = "features"
+    printed_name = "CLIP (zero-shot)"
+    recipe = staticmethod(zsclip_recipe)
     config_class = ZeroShotConfig
     learns = False
 
@@ -72,11 +80,4 @@ class ZeroShotCLIP(PromptMethod):
         return self.class_features.unsqueeze(0).expand(self.num_runs, -1, -1)
 
 
-def zsclip_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[ZeroShotConfig, OptimRecipe]:
-    """Zero-shot CLIP with CoOp's per-dataset template (``trainers/zsclip.py``; DTD "{} texture.") in every setting
-    and family. The optimisation recipe is a placeholder of one epoch: there is nothing to train."""
-    check_family("Zero-shot CLIP", family)
-    return ZeroShotConfig(template=zeroshot_template(dataset)), OptimRecipe(epochs=1, batch_size=32, lr=0.002)
-
-
-register_method(ZeroShotCLIP, recipe=zsclip_recipe, printed_name="CLIP (zero-shot)")
+register_method(ZeroShotCLIP)

@@ -21,8 +21,7 @@ from atlas_fast.progress import progress_bar, say
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.pipeline import split_finished
 from atlas_fast.engine.spec import RunSpec, plan_run
-from atlas_fast.atlas.schedules import Atlas, LabelSchedule, OneHot
-from atlas_fast.atlas.softlabels import SOFT_LABEL_NAMES, SoftLabelConfig, atlas_period, atlas_preset
+from atlas_fast.atlas.variants import LabelVariant
 from atlas_fast.errors import RunFailed
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
 
@@ -36,24 +35,11 @@ EXECUTORS = ("local", "ray", "slurm")
 DEFAULT_BATCH_RUNS = {"cuda": 12, "cpu": 4}
 
 
-@dataclass(frozen=True)
-class Variant:
-    """A method variant of a results table: its label schedule and soft labels (None for one-hot training)."""
-
-    label: str
-    schedule: LabelSchedule
-    soft_labels: SoftLabelConfig | None = None
+# The experiment modules name a table's variants ``Variant``: they are the ATLaS package's label variants.
+Variant = LabelVariant
 
 
-def atlas_variants(setting: str, kinds: Sequence[str] = ("ls", "csl", "isl")) -> list[Variant]:
-    """The rows of the paper's Table III for ``setting``: the plain method, then + ATLaS with each soft-label kind,
-    with the paper's K, θ, τ_c, α and δ for that setting."""
-    period = atlas_period(setting)
-    return [Variant("baseline", OneHot())] + [
-        Variant(f"+ {SOFT_LABEL_NAMES[kind]}", Atlas(period), atlas_preset(setting, kind)) for kind in kinds]
-
-
-def grid_configs(base: TrainConfig, datasets: Sequence[str], variants: Sequence[Variant],
+def grid_configs(base: TrainConfig, datasets: Sequence[str], variants: Sequence[LabelVariant],
                  seeds: Sequence[int]) -> list[TrainConfig]:
     """Every (dataset, variant, seed) of ``base``, in that nesting order."""
     return [dataclasses.replace(base, dataset=d, seed=s, schedule=v.schedule, soft_labels=v.soft_labels)
@@ -180,7 +166,7 @@ def run_summary(record: dict[str, Any]) -> str:
     return "  ".join(f"{name} {metrics[name]:.2f}" for name in names) + timing
 
 
-def run_grid(base: TrainConfig, datasets: Sequence[str], variants: Sequence[Variant], seeds: Sequence[int],
+def run_grid(base: TrainConfig, datasets: Sequence[str], variants: Sequence[LabelVariant], seeds: Sequence[int],
              on_result: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
              execution: Execution | None = None) -> list[dict[str, Any]]:
     """Train every (dataset, variant, seed) from ``base`` and return the records (finished runs are reused).

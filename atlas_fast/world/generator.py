@@ -91,12 +91,6 @@ def concept_id(name: str) -> int:
                          f"and shape in {SHAPES}") from None
 
 
-def split_concept(name: str) -> tuple[str, str]:
-    """("striped triangle") -> ("striped", "triangle")."""
-    texture, shape = CONCEPTS[concept_id(name)].split(" ")
-    return texture, shape
-
-
 def _unit_polygon(shape: str) -> np.ndarray:
     """Vertices (N, 2) of a shape centred near 0 with circumradius about 1, in y-down image coordinates."""
     if shape == "circle":

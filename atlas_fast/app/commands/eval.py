@@ -1,0 +1,43 @@
+"""``atlas-fast eval``: test saved runs' learned prompts on a dataset (cross-dataset, other class subsets)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from atlas_fast.app.options import add_progress
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """``atlas-fast eval``."""
+    evaluate = subparsers.add_parser(
+        "eval", help="evaluate saved runs' learned prompts on a dataset (cross-dataset, other class subsets)",
+        description="Load the learned tensors saved beside result record(s) and test them on a dataset's test "
+                    "split with that dataset's class names, e.g. an ImageNet-trained CoOp on OxfordPets.")
+    evaluate.add_argument("--record", type=Path, nargs="+", required=True, help="result record JSON file(s)")
+    evaluate.add_argument("--dataset", required=True, help="dataset to evaluate on")
+    evaluate.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
+    evaluate.add_argument("--subsample", choices=("all", "base", "new"), default="all",
+                          help="class subset of the test split (default all)")
+    evaluate.add_argument("--shots", type=int, default=None, help="few-shot K defining base/new (default: the run's)")
+    evaluate.add_argument("--seed", type=int, default=None, help="few-shot seed defining base/new (default: the run's)")
+    evaluate.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
+    evaluate.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    add_progress(evaluate)
+    evaluate.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from atlas_fast.app.report import eval_result_line
+    from atlas_fast.engine import evaluate_saved
+
+    accuracies = []
+    for record in args.record:
+        result = evaluate_saved(record, args.dataset, args.data_root, args.subsample, shots=args.shots,
+                                seed=args.seed, cache_root=args.cache_root, device=args.device,
+                                progress=not args.no_progress)
+        accuracies.append(result["accuracy"])
+        print(eval_result_line(result, record))
+    if len(accuracies) > 1:
+        print(f"mean over {len(accuracies)} runs: {sum(accuracies) / len(accuracies):.2f}")
+    return 0

@@ -1,0 +1,38 @@
+"""``atlas-fast report RESULTS_DIR``: every finished run under a results folder as paper tables and plots (the
+tables themselves are :func:`atlas_fast.app.collect.report_folder`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from atlas_fast.app.collect import FORMATS, report_folder
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """``atlas-fast report RESULTS_DIR [--datasets ...] [--methods ...] [--metrics ...] [--out DIR] [--format ...]``
+    (imports nothing heavy: the report's modules are imported when it runs)."""
+    report = subparsers.add_parser(
+        "report", help="tables (Markdown, LaTeX, CSV) and plots of every finished run under a results folder",
+        description="Read every finished run record under RESULTS_DIR (<dataset>/*.json, whichever command trained "
+                    "it) and write one table per setting: rows by dataset (and an Average over datasets), method and "
+                    "variant (CoOp, + ATLaS, ...), each cell the mean ± population std over seeds; base-to-new shows "
+                    "base/new/H (H of the mean base and new), few-shot and cross-dataset the accuracy on their "
+                    "classes. Damaged records are skipped with a warning. The Markdown is printed.")
+    report.add_argument("results_dir", type=Path, help="the results folder of the runs (e.g. results)")
+    report.add_argument("--datasets", nargs="+", default=None, help="only these datasets (default: all found)")
+    report.add_argument("--methods", nargs="+", default=None,
+                        help="only these methods, by registry name (e.g. coop dept-coop; default: all found)")
+    report.add_argument("--metrics", nargs="+", default=None, choices=("base", "new", "H", "all"),
+                        help="table columns (default: base new H for base-to-new, all otherwise)")
+    report.add_argument("--out", type=Path, default=None, help="output folder (default RESULTS_DIR/report)")
+    report.add_argument("--format", nargs="+", dest="formats", choices=FORMATS, default=list(FORMATS),
+                        metavar="FORMAT", help=f"outputs to write, any of {' '.join(FORMATS)} (default: all)")
+    report.set_defaults(func=run_report_command)
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    """Write the report of ``args.results_dir`` and print its Markdown; returns the exit status (0)."""
+    print(report_folder(args.results_dir, out=args.out, datasets=args.datasets, methods=args.methods,
+                        metrics=args.metrics, formats=args.formats))
+    return 0

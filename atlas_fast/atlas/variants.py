@@ -1,0 +1,158 @@
+"""Every label variant a run can train with, and the names it is printed under.
+
+A variant is a label schedule with the soft labels it reads (:class:`LabelVariant`): the plain method (one-hot),
+ATLaS with LS / CSL / ISL / their mix (soft labels every K-th epoch; K = 1 is soft labels every epoch, the "+ LS"
+rows of Fig. 1 and the ablation), the ablation's "soft + y" rows (:class:`~atlas_fast.atlas.schedules.Joint`) and
+the Fig. 1 baselines OLS and TF-KD. :func:`atlas_variant` builds one from a setting's paper presets (K here, the
+soft-label hyper-parameters in :func:`atlas_fast.atlas.softlabels.atlas_preset`); the command line, the sweeps,
+the experiments and the report all take their variants and labels from this module.
+
+The label functions read a run's *described* schedule (``LabelSchedule.describe()``, as a record stores it) and
+soft-label kind, so a live config and a record read back from disk are named alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from atlas_fast.atlas.schedules import Atlas, Joint, LabelSchedule, OneHot, OnlineLabelSmoothing, TeacherFreeKD
+from atlas_fast.atlas.softlabels import KINDS, SoftLabelConfig, atlas_preset
+
+# The paper's ATLaS period K by setting (appendix "Implementation Details"): soft labels on every K-th epoch.
+ATLAS_PERIODS: dict[str, int] = {"base2new": 2, "few_shot": 3, "cross_dataset": 3}
+# Soft-label choices of a variant ("none": the plain method) and its schedules ("auto": ATLaS with soft labels,
+# one-hot without).
+SOFT_CHOICES = ("none",) + KINDS
+SCHEDULE_CHOICES = ("auto", "atlas", "joint", "ols", "tfkd")
+
+
+@dataclass(frozen=True)
+class SoftLabelNames:
+    """How each soft-label kind is printed. ``every_epoch``: soft labels in every epoch (Fig. 1's "+ LS", the
+    ``train`` lines' ``coop+CSL``, the "soft + y (ISL)" rows); ``alternating``: the paper's + ATLaS rows;
+    ``ablation``: the ablation table's "soft labels alone" rows; ``run``: ATLaS in the ``train`` command's lines."""
+
+    every_epoch: str
+    alternating: str
+    ablation: str
+    run: str
+
+
+SOFT_LABEL_NAMES: dict[str, SoftLabelNames] = {
+    "ls": SoftLabelNames("LS", "ATLaS", "vanilla LS", "ATLaS"),
+    "csl": SoftLabelNames("CSL", "ATLaS-CSL", "CSL", "ATLaS-CSL"),
+    "isl": SoftLabelNames("ISL", "ATLaS-ISL", "ISL", "ATLaS-ISL"),
+    "mix": SoftLabelNames("MIX", "ATLaS-Mix", "MIX", "ATLaS-mix"),
+}
+
+
+@dataclass(frozen=True)
+class LabelVariant:
+    """A method variant of a results table: its label schedule, the soft labels it reads (None for schedules that
+    read none) and its printed label (:func:`row_label` with the every-epoch names; ``baseline`` for one-hot)."""
+
+    label: str
+    schedule: LabelSchedule
+    soft_labels: SoftLabelConfig | None = None
+
+
+def atlas_period(setting: str) -> int:
+    """The paper's ATLaS period K for ``setting`` (base2new | few_shot | cross_dataset)."""
+    if setting not in ATLAS_PERIODS:
+        raise ValueError(f"No ATLaS preset for setting {setting!r}; known: {sorted(ATLAS_PERIODS)}")
+    return ATLAS_PERIODS[setting]
+
+
+def atlas_variant(setting: str, soft: str = "ls", schedule: str = "auto", *, period: int | None = None,
+                  schedule_options: Mapping[str, Any] | None = None, **soft_overrides: Any) -> LabelVariant:
+    """The variant with soft labels ``soft`` (none | ls | csl | isl | mix) under ``schedule`` (auto | atlas | joint
+    | ols | tfkd; auto = atlas with soft labels, one-hot without), from ``setting``'s paper presets.
+
+    ``period`` replaces the setting's K (ATLaS only; 1 = soft labels every epoch), ``soft_overrides`` the soft-label
+    hyper-parameters (``theta``, ``tau_c``, ``alpha``, ``delta``, ``w``, ``top_k``), ``schedule_options`` the
+    schedule's own (OLS ``alpha``; TF-KD ``a``, ``alpha``, ``tau``)."""
+    if soft not in SOFT_CHOICES:
+        raise ValueError(f"Unknown soft-label kind {soft!r}; valid: {', '.join(SOFT_CHOICES)}.")
+    if schedule not in SCHEDULE_CHOICES:
+        raise ValueError(f"Unknown label schedule {schedule!r}; valid: {', '.join(SCHEDULE_CHOICES)}.")
+    name = schedule if schedule != "auto" else ("onehot" if soft == "none" else "atlas")
+    if name in ("atlas", "joint") and soft == "none":
+        raise ValueError(f"The {name!r} schedule trains on soft labels: choose them ({', '.join(KINDS)}).")
+    if name in ("onehot", "ols", "tfkd") and soft != "none":
+        raise ValueError(f"The {name!r} schedule uses no offline soft labels; drop soft={soft!r}.")
+    if period is not None and name != "atlas":
+        raise ValueError(f"The ATLaS period K applies to the 'atlas' schedule only, not {name!r}.")
+    options = dict(schedule_options or {})
+    soft_labels = atlas_preset(setting, soft, **soft_overrides) if soft != "none" else None
+    built: LabelSchedule
+    if name == "onehot":
+        built = OneHot(**options)
+    elif name == "atlas":
+        built = Atlas(period if period is not None else atlas_period(setting), **options)
+    elif name == "joint":
+        built = Joint(**options)
+    elif name == "ols":
+        built = OnlineLabelSmoothing(**options)
+    else:
+        built = TeacherFreeKD(**options)
+    kind = soft_labels.kind if soft_labels is not None else None
+    label = row_label(built.describe(), kind, every_epoch_names=True) or "baseline"
+    return LabelVariant(label, built, soft_labels)
+
+
+def atlas_variants(setting: str, kinds: Sequence[str] = ("ls", "csl", "isl")) -> list[LabelVariant]:
+    """The rows of the paper's Table III for ``setting``: the plain method, then + ATLaS with each soft-label kind,
+    with the paper's K, θ, τ_c, α and δ for that setting."""
+    return [atlas_variant(setting, "none")] + [atlas_variant(setting, kind) for kind in kinds]
+
+
+def row_label(schedule: Mapping[str, Any], soft_kind: str | None, every_epoch_names: bool = False) -> str:
+    """A variant's row in the paper's tables, without the method: ``""`` for the plain method, ``+ ATLaS``,
+    ``+ ATLaS-CSL``, ``+ soft + y (ISL)``, ``+ OLS``, ``+ TF-KD``. The period K is not part of the name unless
+    ``every_epoch_names``: then K = 1 (soft labels every epoch) is ``+ LS`` / ``+ CSL`` / ``+ ISL``, as the
+    paper's curves name them. ``KeyError`` for a soft-label kind this version does not know."""
+    name = schedule["name"]
+    if name == "onehot":
+        return ""
+    if name == "atlas":
+        names = SOFT_LABEL_NAMES[soft_kind]  # type: ignore[index]
+        return f"+ {names.every_epoch if every_epoch_names and schedule['period'] == 1 else names.alternating}"
+    if name == "joint":
+        return f"+ soft + y ({SOFT_LABEL_NAMES[soft_kind].every_epoch})"  # type: ignore[index]
+    return {"ols": "+ OLS", "tfkd": "+ TF-KD"}.get(name, f"+ {name}")
+
+
+def row_order(schedule: Mapping[str, Any], soft_kind: str | None) -> tuple[int, int]:
+    """Where a variant's rows go in a table: the plain method, ATLaS, joint, OLS, TF-KD; within them LS, CSL, ISL,
+    mix (variants this version does not know last)."""
+    order = ("onehot", "atlas", "joint", "ols", "tfkd")
+    name = schedule["name"]
+    return (order.index(name) if name in order else 99, KINDS.index(soft_kind) if soft_kind in KINDS else 99)
+
+
+def ablation_row_label(schedule: Mapping[str, Any], soft_kind: str | None) -> str:
+    """A row of the paper's ablation table, without the method: ``""`` for the plain method, ``+ vanilla LS``
+    (soft labels alone, K = 1), ``+ vanilla LS + y`` (joint), ``+ ATLaS`` (alternating), likewise for CSL and ISL."""
+    name = schedule["name"]
+    if name == "onehot":
+        return ""
+    names = SOFT_LABEL_NAMES[soft_kind]  # type: ignore[index]
+    if name == "joint":
+        return f"+ {names.ablation} + y"
+    return f"+ {names.ablation}" if schedule["period"] == 1 else f"+ {names.alternating}"
+
+
+def run_label(method: str, schedule: Mapping[str, Any], soft_kind: str | None) -> str:
+    """A run as the ``train`` command prints it: ``coop``, ``coop+ATLaS-CSL (K=2)``, ``coop+CSL`` (K = 1),
+    ``coop+ISL+y`` (joint), ``coop+OLS``."""
+    name = schedule["name"]
+    if name == "onehot":
+        return method
+    if name == "atlas":
+        names = SOFT_LABEL_NAMES[soft_kind]  # type: ignore[index]
+        period = schedule["period"]
+        return f"{method}+{names.every_epoch}" if period == 1 else f"{method}+{names.run} (K={period})"
+    if name == "joint":
+        return f"{method}+{SOFT_LABEL_NAMES[soft_kind].every_epoch}+y"  # type: ignore[index]
+    return f"{method}+{name.upper()}"
