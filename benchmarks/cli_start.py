@@ -16,10 +16,10 @@ import subprocess
 import sys
 
 COMMANDS = {
-    "atlas-fast --help": ["-m", "atlas_fast.app.cli", "--help"],
-    "atlas-fast train --help": ["-m", "atlas_fast.app.cli", "train", "--help"],
-    "atlas-fast train (missing --data-root)": ["-m", "atlas_fast.app.cli", "train", "--dataset", "OxfordPets"],
-    "atlas-fast train --method-option typo": ["-m", "atlas_fast.app.cli", "train", "--dataset", "OxfordPets",
+    "atlas-fast --help": ["-m", "atlas_fast.cli", "--help"],
+    "atlas-fast train --help": ["-m", "atlas_fast.cli", "train", "--help"],
+    "atlas-fast train (missing --data-root)": ["-m", "atlas_fast.cli", "train", "--dataset", "OxfordPets"],
+    "atlas-fast train --method-option typo": ["-m", "atlas_fast.cli", "train", "--dataset", "OxfordPets",
                                              "--data-root", "data", "--method-option", "depth"],
     "python -c 'import torch, open_clip'": ["-c", "import torch, open_clip"],
 }

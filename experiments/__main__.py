@@ -2,6 +2,6 @@
 
 import sys
 
-from atlas_fast.app.cli import main
+from atlas_fast.cli import main
 
 sys.exit(main(["experiment", *sys.argv[1:]]))

@@ -16,17 +16,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
 
+from atlas_fast.data.datasets import ELEVEN
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.app.options import (add_download, add_method_options, add_methods, add_progress, add_seeds,
                                     add_workers, apply_download, method_options)
 from atlas_fast.errors import UsageError
-from atlas_fast.app.report import TableRow, latex_label, latex_table, markdown_table, plot_rows
+from atlas_fast.report.tables import TableRow, latex_label, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
 from atlas_fast.engine import TrainConfig
-
-# The 11 datasets of the base-to-new, few-shot and cross-dataset (target) tables, in the paper's order.
-ELEVEN = ("ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers", "Food101", "FGVCAircraft",
-          "SUN397", "DescribableTextures", "EuroSAT", "UCF101")
 
 
 def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.ArgumentParser:

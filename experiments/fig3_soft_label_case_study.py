@@ -17,7 +17,7 @@ from PIL import Image
 
 from atlas_fast.errors import UsageError
 from atlas_fast.experiments.common import publish
-from atlas_fast.app.report import plot_soft_label_case_study
+from atlas_fast.report.tables import plot_soft_label_case_study
 from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE
 

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, chunks, publish
-from atlas_fast.app.report import aggregate, plot_series
+from atlas_fast.report.tables import aggregate, plot_series
 from atlas_fast.atlas.variants import LabelVariant, atlas_variant
 from atlas_fast.sweep import grid_configs
 from atlas_fast.engine import TrainConfig

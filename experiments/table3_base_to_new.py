@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from atlas_fast.experiments.common import BASE_NEW, PAPER_METHODS, base_config, method_args, write_table
-from atlas_fast.app.report import aggregate
+from atlas_fast.report.tables import aggregate
 from atlas_fast.atlas.schedules import OneHot
 from atlas_fast.sweep import Variant, atlas_variants, grid_configs
 from atlas_fast.engine import TrainConfig

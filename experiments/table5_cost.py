@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
-from atlas_fast.app.report import variant_label
+from atlas_fast.report.tables import variant_label
 from atlas_fast.sweep import atlas_variants, grid_configs
 from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE

@@ -12,7 +12,7 @@ import argparse
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, write_table
 from atlas_fast.app.catalogue import method_names
-from atlas_fast.app.report import aggregate, method_name
+from atlas_fast.report.tables import aggregate, method_name
 from atlas_fast.atlas.variants import LabelVariant, ablation_row_label, atlas_variant
 from atlas_fast.sweep import grid_configs
 from atlas_fast.engine import TrainConfig

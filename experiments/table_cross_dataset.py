@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from atlas_fast.engine import evaluate_saved
 from atlas_fast.experiments.common import ELEVEN, PAPER_METHODS, base_config, method_args, publish
-from atlas_fast.app.report import method_name, variant_label
+from atlas_fast.report.tables import method_name, variant_label
 from atlas_fast.atlas.schedules import OneHot
 from atlas_fast.sweep import Variant, atlas_variants, grid_configs
 from atlas_fast.engine import TrainConfig

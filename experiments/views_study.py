@@ -51,7 +51,7 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    from atlas_fast.app.report import variant_label
+    from atlas_fast.report.tables import variant_label
 
     # (views, variant) -> dataset -> metric -> per-seed values
     cells: dict[tuple[str, str], dict[str, dict[str, list[float]]]] = defaultdict(

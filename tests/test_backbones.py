@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 import open_clip
 from atlas_fast.clip import backbones
 from atlas_fast.clip.backbones import BackboneConfig, WeightsUnavailableError, load_backbone, shared_backbone
-from atlas_fast.app.cli import main
+from atlas_fast.cli import main
 
 TINY = BackboneConfig("atlas-tiny", None)
 

@@ -8,7 +8,7 @@ import pytest
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import FeatureCache
-from atlas_fast.app.cli import main
+from atlas_fast.cli import main
 from atlas_fast.data import fewshot_subset, load_dataset
 from tests.layouts import make_oxford_pets
 

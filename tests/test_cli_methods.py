@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from atlas_fast.app.cli import main
+from atlas_fast.cli import main
 from atlas_fast.engine.loop import build_optimizer, lr_at_epoch
 from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.methods.base import build_method

@@ -8,7 +8,7 @@ import pytest
 
 PROBE = """
 import sys
-from atlas_fast.app.cli import main
+from atlas_fast.cli import main
 try:
     status = main({argv!r})
 except SystemExit as exc:
@@ -33,7 +33,7 @@ def test_help_and_argument_errors_do_not_import_torch(argv):
 def test_the_train_flags_offer_the_atlas_packages_variants():
     """``train``'s --atlas/--schedule choices are spelled in the command module (so parsing imports no torch): they
     must be the ATLaS package's."""
-    from atlas_fast.app.commands import train
+    from atlas_fast.cli import train
     from atlas_fast.atlas import variants
 
     assert train.SOFT_CHOICES == variants.SOFT_CHOICES and train.SCHEDULE_CHOICES == variants.SCHEDULE_CHOICES

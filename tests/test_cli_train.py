@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from atlas_fast.app.cli import main
+from atlas_fast.cli import main
 from layouts import make_imagenet, make_oxford_pets
 
 

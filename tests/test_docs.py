@@ -74,7 +74,7 @@ def atlas_fast_commands() -> list[str]:
     """Every command of the CLI, e.g. ``train`` and ``cache build`` (a group's own subcommands one by one)."""
     import argparse
 
-    from atlas_fast.app.cli import build_parser
+    from atlas_fast.cli import build_parser
 
     def subcommands(parser: argparse.ArgumentParser, prefix: str) -> list[str]:
         groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

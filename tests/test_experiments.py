@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from atlas_fast.app.report import aggregate, latex_table, markdown_table, variant_label
+from atlas_fast.report.tables import aggregate, latex_table, markdown_table, variant_label
 from atlas_fast.experiments import table3_base_to_new, table_ablation, table_cross_dataset
 from atlas_fast.experiments.common import run_experiment
 from layouts import make_imagenet, make_oxford_pets
@@ -39,7 +39,7 @@ def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     records = list((tmp_path / "results" / "OxfordPets").glob("*.json"))
     assert len(records) == 26  # (3 methods x 4 variants + zero-shot) x 2 seeds
     # `atlas-fast report` on the same folder finds the same rows and numbers in the pipeline's records
-    from atlas_fast.app.collect import report_folder
+    from atlas_fast.report.collect import report_folder
 
     report = report_folder(tmp_path / "results", out=tmp_path / "report")
     report_lines = [line for line in report.splitlines() if line.startswith("| OxfordPets | ")]
@@ -141,7 +141,7 @@ def _world_args(world, tmp_path, *extra):
 
 
 def test_experiment_list_names_a_module_for_every_table_and_figure(capsys):
-    from atlas_fast.app.cli import main
+    from atlas_fast.cli import main
     from atlas_fast.experiments import experiment_table
 
     assert main(["experiment", "--list"]) == 0
@@ -155,14 +155,14 @@ def test_experiment_list_names_a_module_for_every_table_and_figure(capsys):
 
 
 def test_unknown_experiment_is_refused_with_the_valid_names(capsys):
-    from atlas_fast.app.cli import main
+    from atlas_fast.cli import main
 
     assert main(["experiment", "table9"]) == 2
     assert re.search(r"^error: Unknown experiment 'table9'; valid: .*table3_base_to_new", capsys.readouterr().err, re.M)
 
 
 def test_dry_run_lists_the_runs_and_counts_finished_ones(world, tmp_path, capsys):
-    from atlas_fast.app.cli import main
+    from atlas_fast.cli import main
 
     args = _world_args(world, tmp_path, "--seeds", "1", "2", "--methods", "coop")
     main(["experiment", "table3_base_to_new", "--dry-run", *args])

@@ -27,7 +27,7 @@ import torch
 # Only names that existed before issue 7, so that this suite runs (and fails where it should) on the old code too.
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import CacheError, FeatureCache, MissingFeaturesError
-from atlas_fast.app.cli import main
+from atlas_fast.cli import main
 from atlas_fast.data import fewshot_subset, load_dataset
 from atlas_fast.data.datasets import DatasetFormatError, DatasetLayoutError
 from atlas_fast.engine import TrainConfig, run

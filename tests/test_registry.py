@@ -86,8 +86,8 @@ def test_a_registered_method_trains_alone_and_batched(toy_method, data):
 
 
 def test_the_command_line_report_and_world_derive_from_the_entry(toy_method, data, capsys):
-    from atlas_fast.app.cli import main
-    from atlas_fast.app.report import method_name
+    from atlas_fast.cli import main
+    from atlas_fast.report.tables import method_name
     from atlas_fast.experiments.common import world_method_options
 
     status = main(["train", "--method", "toy-shift", "--dataset", "OxfordPets", "--data-root", str(data / "data"),

@@ -9,9 +9,9 @@ import statistics
 import matplotlib.text
 import pytest
 
-from atlas_fast.app.collect import collect_records, report_folder
-from atlas_fast.app.commands.report import add_parser as add_report_command, run_report_command
-from atlas_fast.app.report import (TableRow, curves_figure, latex_table, markdown_table, plot_rows, rows_figure,
+from atlas_fast.report.collect import collect_records, report_folder
+from atlas_fast.cli.report import add_parser as add_report_command, run_report_command
+from atlas_fast.report.tables import (TableRow, curves_figure, latex_table, markdown_table, plot_rows, rows_figure,
                                    series_figure)
 from atlas_fast.engine.evaluate import harmonic_mean
 
@@ -267,7 +267,7 @@ def test_the_report_command_line_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import argparse, sys; from atlas_fast.app.commands.report import add_parser as add_report_command; "
+    code = ("import argparse, sys; from atlas_fast.cli.report import add_parser as add_report_command; "
             "p = argparse.ArgumentParser(); add_report_command(p.add_subparsers()); "
             "p.parse_args(['report', 'results']); print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from atlas_fast.app.cli import main
+from atlas_fast.cli import main
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.spec import plan_run

@@ -1,1 +1,4 @@
-"""The applications on top of the engine: the command line, the demo and the paper-ready report."""
+"""The pieces the command line and the experiment modules share: the options every command takes
+(:mod:`~atlas_fast.app.options`), the method names read without importing torch (:mod:`~atlas_fast.app.catalogue`)
+and the embedded-world demo (:mod:`~atlas_fast.app.demo`). The ``atlas-fast`` command itself is
+:mod:`atlas_fast.cli`."""

@@ -39,7 +39,7 @@ class DemoConfig:
 
 def run_demo(config: DemoConfig, progress: bool = True) -> str:
     """Run the demo grid and return the printed report (table, timings, where the files are)."""
-    from atlas_fast.app.report import aggregate, latex_table, markdown_table, plot_rows
+    from atlas_fast.report.tables import aggregate, latex_table, markdown_table, plot_rows
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.atlas.variants import atlas_variants
     from atlas_fast.sweep import run_grid
@@ -99,7 +99,7 @@ def verdict(records: Sequence[dict]) -> str:
     from collections import defaultdict
 
     from atlas_fast.engine.evaluate import harmonic_mean
-    from atlas_fast.app.report import variant_label
+    from atlas_fast.report.tables import variant_label
 
     by_variant: dict[str, dict[tuple[str, int], dict[str, float]]] = defaultdict(dict)
     for record in records:

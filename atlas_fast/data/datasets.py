@@ -484,6 +484,10 @@ _BUILTIN_SPECS = (
                 "imagenet_r"),
 )
 
+#: The 11 datasets of the papers' base-to-new, few-shot and cross-dataset (target) tables, in the papers' order.
+ELEVEN = ("ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers", "Food101", "FGVCAircraft",
+          "SUN397", "DescribableTextures", "EuroSAT", "UCF101")
+
 #: registry name -> spec; the 15 benchmarks plus datasets added with :func:`register_split_json_dataset` (read it
 #: through :func:`registered_datasets`, which first lets the installed plugins register theirs).
 DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in _BUILTIN_SPECS}

@@ -105,7 +105,7 @@ def label_variant(args: argparse.Namespace):
 def run_train(args: argparse.Namespace) -> int:
     check_methods(args.methods)  # names and syntax first: nothing heavy is imported for a typo
     options = {method: method_options(args.method_option, method) for method in args.methods}
-    from atlas_fast.app.report import train_results
+    from atlas_fast.report.tables import train_results
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
     from atlas_fast.sweep import Execution, run_configs

@@ -1,12 +1,12 @@
 """``atlas-fast report RESULTS_DIR``: every finished run under a results folder as paper tables and plots (the
-tables themselves are :func:`atlas_fast.app.collect.report_folder`)."""
+tables themselves are :func:`atlas_fast.report.collect.report_folder`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.collect import FORMATS, report_folder
+from atlas_fast.report.collect import FORMATS, report_folder
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

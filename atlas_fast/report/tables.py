@@ -7,7 +7,7 @@ accuracies (not averaged per-dataset H values). Improvements are given against t
 Outputs are made for a paper: LaTeX with booktabs rules and no vertical ones, ``mean ± std``, a ``\\label`` and the
 best value of each column in bold; figures without a baked-in title (the caption belongs to the paper), fonts of at
 least 8 pt at the saved size, bar charts from 0, line plots that say where a zoomed axis starts, written as PNG and
-PDF of the same stem. :mod:`atlas_fast.app.collect` builds the ``atlas-fast report`` tables from a results folder.
+PDF of the same stem. :mod:`atlas_fast.report.collect` builds the ``atlas-fast report`` tables from a results folder.
 """
 
 from __future__ import annotations

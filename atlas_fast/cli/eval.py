@@ -28,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from atlas_fast.app.report import eval_result_line
+    from atlas_fast.report.tables import eval_result_line
     from atlas_fast.engine import evaluate_saved
 
     accuracies = []

@@ -1,6 +1,7 @@
 """The ``atlas-fast`` command line: :func:`build_parser` adds each command group of :data:`COMMAND_GROUPS` (one
-module of :mod:`atlas_fast.app.commands` each, with ``add_parser(subparsers)`` and its ``run_*`` functions), and
-:func:`main` runs the chosen command.
+module of this package each, with ``add_parser(subparsers)`` beside the ``run_*`` functions that carry the command
+out), and :func:`main` runs the chosen command. The modules import nothing heavy at import time (torch, the engine
+and the methods are imported inside the ``run_*`` functions), so ``--help`` and argument errors stay instant.
 
 Expected errors (bad data, arguments, files, checkpoints, a full disk: :func:`atlas_fast.errors.user_errors`) print ``error: ...``
 naming the file or value and exit with status 2; ``--debug`` (anywhere on the line) shows the traceback instead."""
@@ -16,7 +17,7 @@ from typing import Sequence
 from atlas_fast.app.options import apply_download
 from atlas_fast.errors import user_errors
 
-# The command groups in the order ``--help`` lists them: modules of atlas_fast.app.commands.
+# The command groups in the order ``--help`` lists them: modules of this package.
 COMMAND_GROUPS = ("cache", "train", "eval", "demo", "experiment", "report")
 
 
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the full traceback of an error (may also be given after the command)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
-        importlib.import_module(f"atlas_fast.app.commands.{group}").add_parser(subparsers)
+        importlib.import_module(f"atlas_fast.cli.{group}").add_parser(subparsers)
     return parser
 
 

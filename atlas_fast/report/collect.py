@@ -6,7 +6,7 @@ command trained them (``train``, ``demo``, ``experiment``, the Python API). :fun
 :func:`report_folder` turns them into one table per setting (per shot count for few-shot):
 
 - rows are grouped by dataset, then method (a block of rows each, compared with its first row, the plain method),
-  then label variant (``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``...: :func:`atlas_fast.app.report.variant_label`);
+  then label variant (``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``...: :func:`atlas_fast.report.tables.variant_label`);
   records of one variant whose configurations differ otherwise (a sensitivity sweep's α, an ``--epochs``
   override, another backbone) become separate rows named by what differs, e.g. ``+ ATLaS-ISL (alpha=0.3)``, so
   they are never averaged together;
@@ -14,7 +14,7 @@ command trained them (``train``, ``demo``, ``experiment``, the Python API). :fun
   CoOp's ``parse_test_res``); an "Average" group (several datasets) averages the per-dataset means (± the mean of
   the per-dataset stds) of the variants every dataset has;
 - base-to-new shows base, new and H, where H is the harmonic mean of the *mean* base and new accuracies (the
-  papers' convention, :func:`atlas_fast.app.report.aggregate`); few-shot and cross-dataset show the accuracy on
+  papers' convention, :func:`atlas_fast.report.tables.aggregate`); few-shot and cross-dataset show the accuracy on
   their class set (``all``; cross-dataset records hold the source dataset; the targets are evaluated by
   ``atlas-fast experiment table_cross_dataset``).
 
@@ -96,7 +96,7 @@ def _signature(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _base_label(config: dict[str, Any]) -> str:
-    from atlas_fast.app.report import method_name, variant_label
+    from atlas_fast.report.tables import method_name, variant_label
 
     try:
         return variant_label(config)
@@ -172,7 +172,7 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _dataset_order(names: Sequence[str]) -> list[str]:
-    from atlas_fast.experiments.common import ELEVEN
+    from atlas_fast.data.datasets import ELEVEN
 
     paper = [d for d in ELEVEN if d in names]
     return paper + sorted(set(names) - set(paper))
@@ -181,7 +181,7 @@ def _dataset_order(names: Sequence[str]) -> list[str]:
 def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None) -> tuple[list, list[str], str]:
     """The rows of one table (the Average group first when there are several datasets), its columns and a note on
     variants left out of the average."""
-    from atlas_fast.app.report import aggregate
+    from atlas_fast.report.tables import aggregate
 
     setting = records[0]["config"]["setting"]
     wanted = list(metrics) if metrics else (["base", "new", "H"] if setting == "base2new" else ["all"])
@@ -230,7 +230,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     ``datasets``/``methods`` keep only those records; ``metrics`` replaces each table's columns (default: base, new,
     H for base-to-new, ``all`` otherwise). Cells are mean ± population std over seeds; H is that of the mean base and
     new accuracies. Raises ``ValueError`` when no finished record matches."""
-    from atlas_fast.app.report import display_label, latex_label, latex_table, markdown_table, plot_rows, plot_series
+    from atlas_fast.report.tables import display_label, latex_label, latex_table, markdown_table, plot_rows, plot_series
 
     formats = list(FORMATS if formats is None else formats)
     unknown = [f for f in formats if f not in FORMATS]
