@@ -20,7 +20,7 @@ from atlas_fast.world.benchmark import DECLINE_DATASET, SplitSizes
 @dataclass
 class DemoConfig:
     """What the demo runs. ``views``: cached augmented views per training image; None is one per epoch, the
-    reference's fresh crop every epoch (a smaller V is a speed knob whose cost the README's views study measures).
+    reference's fresh crop every epoch (a smaller V is a speed knob whose cost docs/views-study.md measures).
     ``sizes``: images per class generated for train/val/test (32 train images let the seeds draw different 16-shot
     subsets; 50 test images per class give 600 test images per 12-class half)."""
 

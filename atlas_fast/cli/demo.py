@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_seeds(demo, defaults.seeds)
     demo.add_argument("--views", type=int, default=defaults.views,
                       help="cached augmented views per training image (default: one per epoch, the faithful "
-                           "setting; fewer is faster, see the README's views study)")
+                           "setting; fewer is faster, see docs/views-study.md)")
     demo.add_argument("--epochs", type=int, default=None, help="override the CoOp recipe's 200 epochs")
     demo.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
     add_progress(demo)

@@ -52,7 +52,7 @@ class TrainConfig:
     pixels (None: up to 8 on a GPU, none on the CPU). ``data_root``, ``cache_root``, ``results_dir``, ``progress``,
     ``workers`` and ``graph_steps`` do not change the numbers and are not part of the record's name (the data are,
     by their fingerprint, see :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of
-    their bytes rather than size and mtime (slower; see the README's "What atlas_fast guarantees").
+    their bytes rather than size and mtime (slower; see docs/guarantees.md).
     """
 
     dataset: str

@@ -17,7 +17,7 @@ classes, other datasets) they are z alone.
 ATLaS: the label schedule's criterion (one-hot or soft targets per epoch) is applied to z and to the image rows of
 the head. The text rows are class prototypes T[y_i] paired with image i; with ``head_text_targets = "mirror"``
 (default) they take image i's target too, as the reference's [y; y] duplicates the label; ``"onehot"`` keeps them on
-y (see the README's protocol decisions).
+y (see docs/protocol.md, protocol decisions).
 
 DePT-MaPLe trains on pixels (MaPLe prompts the image tower): V are MaPLe's prompted image features, and at test time
 the fusion runs batch by batch over the test pixels (:meth:`DePTMaPLe.eval_pixel_logits`).

@@ -29,7 +29,7 @@ EXECUTORS = ("local", "ray", "slurm")
 # Runs trained together by default: a GPU step of one cached CoOp run is far too small to fill the device (it is
 # kernel-launch bound), so on a GPU R = 12: benchmarks/gpu_check.sh's "R-batched training" on one H200 (fp32, cached
 # CoOp + ATLaS/-CSL/-ISL x 3 seeds, ViT-B/16-shaped, 50 classes) measured 12 runs in 25.1 s one by one and 5.7 s
-# batched, 4.39x the runs/hour of R = 1 (README, "On a GPU"); its "runs/hour by R" row measures R = 1/4/12 again.
+# batched, 4.39x the runs/hour of R = 1 (docs/benchmarks.md, the H100 tables); its "runs/hour by R" row measures R = 1/4/12 again.
 # On the CPU, batching still saves the per-step Python overhead (benchmarks/sweep_speed.py). Activation memory
 # grows with R x C prompts: lower --batch-runs for ImageNet-sized class sets on a small GPU.
 DEFAULT_BATCH_RUNS = {"cuda": 12, "cpu": 4}
