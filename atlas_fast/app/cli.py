@@ -15,7 +15,7 @@ from typing import Sequence
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.collect import add_report_command
 from atlas_fast.app.options import (add_download, add_method_options, add_progress, add_seeds, add_workers,
-                                    apply_download, check_methods, method_options)
+                                    apply_download, check_methods, check_range, method_options)
 from atlas_fast.errors import UsageError, user_errors
 
 
@@ -91,6 +91,17 @@ def run_cache_build(args: argparse.Namespace) -> int:
         raise UsageError("--shots and --seeds go together (e.g. --shots 16 --seeds 1 2 3).")
     if args.views < 0:
         raise UsageError(f"--views must be >= 0, got {args.views}.")
+    from atlas_fast.data.fewshot import MAX_SEED
+    from atlas_fast.engine.config import MAX_BATCH_SIZE, MAX_VIEWS, MAX_WORKERS
+    from atlas_fast.sweep.grid import distinct
+
+    check_range("--shots", args.shots, 1)  # a K below 1 would encode the whole dataset
+    check_range("--views", args.views, 0, MAX_VIEWS)
+    check_range("--aug-seed", args.aug_seed, 0, MAX_SEED)
+    check_range("--batch-size", args.batch_size, 1, MAX_BATCH_SIZE)
+    check_range("--workers", args.workers, 0, MAX_WORKERS)
+    for seed in distinct(args.seeds or [], "--seeds"):
+        check_range("--seeds", seed, 0, MAX_SEED)
     splits = load_dataset(args.dataset, args.data_root)
     if args.shots is None:
         variants = [splits]
@@ -260,7 +271,10 @@ def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.engine import TrainConfig
     from atlas_fast.engine.evaluate import harmonic_mean
     from atlas_fast.sweep import Execution, run_configs
+    from atlas_fast.sweep.grid import distinct
 
+    distinct(args.seeds, "--seeds")  # a seed given twice would count twice in the closing mean
+    distinct(args.methods, "--methods")
     soft_labels, schedule = _label_schedule(args)
     configs = [TrainConfig(
         dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),
