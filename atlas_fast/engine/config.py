@@ -36,6 +36,7 @@ MAX_VIEWS = 10_000
 # written. A learning rate above MAX_LR is no recipe (the papers use 0.002-0.035) and overflows float32 weights long
 # before it reaches torch's limits; batch sizes and decoding workers are capped far above any machine's memory.
 MAX_LR = 1000.0
+MAX_SHOTS = 1_000_000  # images per class: more than any dataset holds (a larger K takes them all anyway)
 MAX_BATCH_SIZE = 1_000_000
 MAX_WORKERS = 1024
 
@@ -119,7 +120,7 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if isinstance(self.shots, int) and not isinstance(self.shots, bool) and self.shots < 1:
             raise ValueError(f"shots must be >= 1 (prompt tuning is few-shot), got {self.shots}.")
-        check_int("", "shots", self.shots, 1)
+        check_int("", "shots", self.shots, 1, MAX_SHOTS)
         for name in ("seed", "aug_seed"):
             value = getattr(self, name)
             if isinstance(value, int) and value < 0:

@@ -169,6 +169,8 @@ def record_problems(record: dict[str, Any]) -> list[str]:
         problems.append(f"non-finite metrics {_non_finite(metrics)[:3]}")
     elif not isinstance(metrics.get("zero_shot"), dict):
         problems.append("no 'metrics.zero_shot' references")
+    elif any(isinstance(value, dict) for name, value in metrics.items() if name != "zero_shot"):
+        problems.append("a metric that is not a number")
     data = record.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("fingerprint"), str):
         problems.append("no data fingerprint (made before records knew their data)")
