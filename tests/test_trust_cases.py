@@ -362,3 +362,35 @@ def test_a_huge_class_name_is_refused_in_a_short_line(tmp_path, capsys):
             "--results-dir", str(tmp_path / "results"), "--no-progress"]
     assert main(args) == 2
     one_error_line(capsys, "does not fit the text tower's context", "(20000 characters)", limit=500)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--dataset", "x" * 20_000], "unknown dataset 'xxxx"),
+    (["--method-option", "n_ctx=" + "7x" * 10_000], "option n_ctx takes a int"),
+    (["--method", "m" * 20_000], "unknown method"),
+])
+def test_errors_quote_a_short_prefix_of_huge_values(data, capsys, flags, fragment):
+    args = train_args(data, *flags, results="results-huge")
+    if flags[0] == "--dataset":  # replaces the one train_args gives
+        args[args.index("--dataset") + 1] = flags[1]
+        args = args[:-2]
+    assert main(args) == 2
+    one_error_line(capsys, fragment, "(20003 characters)", limit=800)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--atlas", "none", "--schedule", "tfkd", "--tfkd-tau", "1e-300"], "TF-KD temperature tau must be in"),
+    (["--batch-size", str(10**12)], "batch_size override must be a whole number"),
+    (["--workers", str(10**9)], "workers must be a whole number"),
+])
+def test_other_numeric_options_are_bounded_up_front(data, capsys, flags, fragment):
+    assert main(train_args(data, *flags, results="results-bounds")) == 2
+    one_error_line(capsys, fragment)
+    assert not (data / "results-bounds").exists()
+
+
+def test_world_image_counts_are_checked_before_anything_is_generated(tmp_path):
+    from atlas_fast.world.benchmark import SplitSizes
+
+    with pytest.raises(ValueError, match="train split must be a whole number in"):
+        SplitSizes(-1, 1, 1)

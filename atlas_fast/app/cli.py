@@ -16,7 +16,7 @@ from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.collect import add_report_command
 from atlas_fast.app.options import (add_download, add_method_options, add_progress, add_seeds, add_workers,
                                     apply_download, check_methods, check_range, method_options)
-from atlas_fast.errors import UsageError, user_errors
+from atlas_fast.errors import UsageError, shorten_values, user_errors
 
 
 def _pretrained(value: str) -> str | None:
@@ -427,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         else:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {shorten_values(str(exc))}", file=sys.stderr)
             print("(run again with --debug for the traceback)", file=sys.stderr)
         return 2
 

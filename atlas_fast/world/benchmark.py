@@ -49,6 +49,7 @@ BENCHMARK_LAYOUT = Layout(radius=(6.75, 10.75), max_shift=5.25, max_tilt=21.0, m
 STAMP_FILE = "world_stamp.json"
 MANIFEST_FILE = "world_files.json"  # every file the generator writes (besides the stamp and itself)
 LOCK_FILE = ".world_generating.lock"  # held while a process generates the folder
+MAX_IMAGES_PER_CLASS = 100_000  # per split: far beyond the demo's 32/4/50 (rendering one takes about a millisecond)
 # The pretraining captions' prefix, which is also CoOp's generic template (``atlas_fast.data.DEFAULT_TEMPLATE``; not
 # imported: ``atlas_fast.data`` imports this module to register the world datasets).
 TEMPLATE = "a photo of a {}."
@@ -155,6 +156,12 @@ class SplitSizes:
     train: int = 20
     val: int = 4
     test: int = 10
+
+    def __post_init__(self) -> None:
+        for split, count in self.items():
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_IMAGES_PER_CLASS:
+                raise ValueError(f"world images per class of the {split} split must be a whole number in "
+                                 f"[0, {MAX_IMAGES_PER_CLASS}], got {count!r}.")
 
     def items(self) -> list[tuple[str, int]]:
         return [("train", self.train), ("val", self.val), ("test", self.test)]
