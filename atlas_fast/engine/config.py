@@ -9,6 +9,7 @@ part of the run's identity.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -44,7 +45,8 @@ MAX_WORKERS = 1024
 def check_int(owner: str, name: str, value: Any, low: int, high: int | None = None) -> None:
     """Refuse ``value`` unless it is a whole number in ``[low, high]`` (``high`` None: no upper bound), naming
     ``owner.name``."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value <= high)
+    ok = (isinstance(value, numbers.Integral) and not isinstance(value, bool) and low <= value
+          and (high is None or value <= high))
     if not ok:
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{owner}{name} must be a whole number {bound}, got {short_repr(value)}.")
@@ -118,12 +120,12 @@ class TrainConfig:
             self.evaluate = self._checked_evaluate(self.evaluate)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
-        if isinstance(self.shots, int) and not isinstance(self.shots, bool) and self.shots < 1:
+        if isinstance(self.shots, numbers.Integral) and not isinstance(self.shots, bool) and self.shots < 1:
             raise ValueError(f"shots must be >= 1 (prompt tuning is few-shot), got {self.shots}.")
         check_int("", "shots", self.shots, 1, MAX_SHOTS)
         for name in ("seed", "aug_seed"):
             value = getattr(self, name)
-            if isinstance(value, int) and value < 0:
+            if isinstance(value, numbers.Integral) and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value} (Python's random draws the same few-shot subset "
                                  f"for -s as for s).")
             check_int("", name, value, 0, MAX_SEED)
