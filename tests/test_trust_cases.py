@@ -394,3 +394,9 @@ def test_world_image_counts_are_checked_before_anything_is_generated(tmp_path):
 
     with pytest.raises(ValueError, match="train split must be a whole number in"):
         SplitSizes(-1, 1, 1)
+
+
+def test_demo_refuses_a_seed_given_twice_before_generating_the_world(tmp_path, capsys):
+    assert main(["demo", "--data-root", str(tmp_path / "world"), "--seeds", "1", "1", "--no-progress"]) == 2
+    one_error_line(capsys, "--seeds lists 1 twice")
+    assert not (tmp_path / "world").exists()

@@ -483,7 +483,8 @@ def run_report_command(args: argparse.Namespace) -> int:
         problems = verify_report(args.results_dir, out=args.out)
         for problem in problems:
             print(f"verify: {problem}")
-        print(f"verify: {'FAILED, ' + str(len(problems)) + ' problem(s)' if problems else 'every seal and table cell checks out'}")
+        print(f"verify: FAILED, {len(problems)} problem(s)" if problems
+              else "verify: every seal and table cell checks out")
         return 1 if problems else 0
     print(report_folder(args.results_dir, out=args.out, datasets=args.datasets, methods=args.methods,
                         metrics=args.metrics, formats=args.formats))

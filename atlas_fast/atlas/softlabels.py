@@ -65,10 +65,14 @@ class SoftLabelConfig:
             raise ValueError(f"SoftLabelConfig.kind must be one of {KINDS}, got {self.kind!r}")
         if not 0.0 <= self.theta <= 1.0:
             raise ValueError(f"SoftLabelConfig.theta (LS smoothing) must be in [0, 1], got {self.theta}")
+        if not self.tau_c > 0.0:
+            raise ValueError(f"SoftLabelConfig.tau_c (CSL temperature) must be > 0, got {self.tau_c}")
         if not MIN_TAU_C <= self.tau_c <= MAX_TAU_C:
             raise ValueError(f"SoftLabelConfig.tau_c (CSL temperature) must be in [{MIN_TAU_C:g}, {MAX_TAU_C:g}], got "
                              f"{self.tau_c}")
-        if not 0.0 <= self.alpha <= MAX_ALPHA:
+        if not self.alpha >= 0.0:
+            raise ValueError(f"SoftLabelConfig.alpha (ISL rectification) must be >= 0, got {self.alpha}")
+        if not self.alpha <= MAX_ALPHA:
             raise ValueError(f"SoftLabelConfig.alpha (ISL rectification) must be in [0, {MAX_ALPHA:g}], got "
                              f"{self.alpha}")
         if self.delta not in DELTAS:
