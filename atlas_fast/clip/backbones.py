@@ -136,8 +136,8 @@ class Backbone:
         cut = (ids[:, length] != padding).nonzero().flatten().tolist()
         if cut:
             i = cut[0]
-            def quote(text: str) -> str:  # a huge name is quoted by its prefix: the error stays one short line
-                return repr(text) if len(text) <= 60 else f"{text[:60]!r}... ({len(text)} characters)"
+            def quote(text: str) -> str:  # a huge name is quoted by its ends: the error stays one short line
+                return repr(text) if len(text) <= 100 else f"{text[:60]!r}...{text[-20:]!r} ({len(text)} characters)"
 
             what = (f"class {quote(labels[i])}: its prompt {quote(texts[i])}" if labels is not None
                     else f"the text {quote(texts[i])}")
