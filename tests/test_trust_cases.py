@@ -9,9 +9,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import threading
 import time
 import unicodedata
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,7 +166,7 @@ def test_an_edited_metric_breaks_the_seal_and_the_run_is_redone(tmp_path, capsys
     assert str(path) in err and "seal does not match" in err and not path.exists()
 
 
-def test_a_run_record_carries_its_seal_and_provenance(data):
+def test_a_run_record_carries_its_seal_and_provenance(data, capsys):
     from atlas_fast.engine import run
     from atlas_fast.engine.seal import record_seal
 
@@ -178,6 +180,16 @@ def test_a_run_record_carries_its_seal_and_provenance(data):
     assert provenance["cuda"] == torch.version.cuda
     assert provenance["git_commit"] is None or len(provenance["git_commit"]) == 40  # None outside a checkout
     assert provenance["git_dirty"] in (None, True, False)
+    # `eval` of an edited copy is refused, naming the file
+    written["metrics"]["base"] = 100.0
+    edited = data / "edited" / Path(record["path"]).name
+    edited.parent.mkdir()
+    edited.write_text(json.dumps(written))
+    shutil.copy(record["path"].replace(".json", ".pt"), edited.parent / written["learned"])
+    capsys.readouterr()
+    assert main(["eval", "--record", str(edited), "--dataset", "OxfordPets", "--data-root", str(data / "data"),
+                 "--cache-root", str(data / "cache"), "--no-progress"]) == 2
+    one_error_line(capsys, str(edited), "seal does not match")
 
 
 def _report_records(root):
