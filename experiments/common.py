@@ -19,10 +19,11 @@ from typing import Any, Sequence
 from atlas_fast.data.datasets import ELEVEN
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.app.options import (add_download, add_method_options, add_methods, add_progress, add_seeds,
-                                    add_workers, apply_download, method_options)
+                                    add_workers, apply_download, check_range, method_options)
 from atlas_fast.errors import UsageError
 from atlas_fast.report.tables import TableRow, latex_label, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
+from atlas_fast.sweep.grid import check_gpus, distinct
 from atlas_fast.engine import TrainConfig
 
 
@@ -127,6 +128,9 @@ def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
 
 def execution_from_args(args: argparse.Namespace) -> Execution:
     """The sweep's :class:`~atlas_fast.sweep.Execution` from the execution options."""
+    check_gpus(args.gpus_per_group)
+    check_range("--ray-workers", args.ray_workers, 1)
+    check_range("--slurm-timeout-min", args.slurm_timeout_min, 1)
     if args.executor == "ray":
         options: dict[str, Any] = {"address": args.ray_address, "gpus_per_group": args.gpus_per_group or 0.0,
                                    "workers": args.ray_workers}
@@ -176,15 +180,21 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
         module_parser.error("--data-root is required (or --world to run on the embedded world)")
     if args.batch_runs is None:
         args.batch_runs = getattr(module, "BATCH_RUNS", None)  # e.g. Table V times runs trained alone
-    configs = module.plan(args)
+    for option in ("seeds", "datasets", "methods", "targets"):  # a value counted twice would weigh twice
+        if getattr(args, option, None) is not None:
+            distinct(getattr(args, option), f"--{option}")
     execution = execution_from_args(args)
+    configs = module.plan(args)
+    check_before_runs(args)  # the dry run checks exactly what the real run checks
     if args.dry_run:
+        from atlas_fast.sweep.executors import make_executor
+
+        make_executor(execution.executor, **execution.options)  # its options are checked as the real run's are
         planned = plan_sweep(configs, execution)
         device = planned[0].device.type if planned else "cpu"
         listing = describe_plan(planned, execution.runs_per_group(device))
         print(listing)
         return listing
-    check_before_runs(args)
     records = run_configs(configs, execution, progress=not args.no_progress)
     return module.report(args, records)
 

@@ -45,6 +45,10 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.atlas.softlabels import atlas_preset, compute_soft_labels
     from atlas_fast.engine.config import resolve_device
 
+    from atlas_fast.app.options import check_range
+
+    for option, value in (("--images", args.images), ("--top-k", args.top_k), ("--shots", args.shots)):
+        check_range(option, value, 1)  # before the backbone is loaded or any image encoded
     pretrained = None if args.pretrained.lower() == "none" else args.pretrained
     backbone = shared_backbone(BackboneConfig(args.model, pretrained), resolve_device(args.device))
     full = load_dataset(args.datasets[0], args.data_root)

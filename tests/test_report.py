@@ -259,7 +259,8 @@ def test_report_command_prints_the_markdown_and_exits_0(sweep, tmp_path, capsys)
     assert "## Base-to-new generalisation, 16 shots" in captured.out and "| Average | CoOp |" in captured.out
     assert "CoCoOp" not in captured.out
     assert f"written: {tmp_path / 'out' / 'report.md'}" in captured.err
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.csv", "report.md"]
+    # sources.json names the records behind report.csv's cells (what `report --verify` checks)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.csv", "report.md", "sources.json"]
     assert parser.parse_args(["report", str(sweep)]).formats == ["md", "tex", "csv", "png", "pdf"]
 
 

@@ -81,13 +81,13 @@ def test_a_record_without_a_checksum_is_used_with_a_warning(tmp_path, capsys):
     store = ResultStore(tmp_path / "results")
     path = store.save("OxfordPets", "old", _record(), {"ctx": torch.ones(3)})
     record = json.loads(path.read_text())
-    del record["learned_blake2b"]  # as written before checksums
+    del record["learned_blake2b"], record["seal"]  # as written before checksums (and seals)
     path.write_text(json.dumps(record))
     capsys.readouterr()
     assert store.find("OxfordPets", "old", "k" * 32) is not None
     assert torch.equal(load_learned(path)["ctx"], torch.ones(3))
     err = capsys.readouterr().err
-    assert "no checksum" in err and str(path.with_suffix(".pt")) in err
+    assert "no checksum" in err and str(path.with_suffix(".pt")) in err and f"{path} has no seal" in err
 
 
 def _softlabel_inputs():

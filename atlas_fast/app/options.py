@@ -32,6 +32,17 @@ def add_seeds(parser: argparse.ArgumentParser, default: Sequence[int]) -> None:
                         metavar="SEED", help=f"seed(s), e.g. --seeds 1 2 3 (default {' '.join(map(str, default))})")
 
 
+def check_range(option: str, value: float | int | None, low: float, high: float | None = None) -> None:
+    """Refuse an option's number outside ``[low, high]`` (or NaN), naming the option and quoting at most a short
+    prefix of the value: the checks the library makes later, made before anything is read or encoded."""
+    if value is None:
+        return
+    if not (low <= value and (high is None or value <= high)):  # NaN fails both comparisons
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        bound = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
+        raise UsageError(f"{option} must be {bound}, got {shown}.")
+
+
 def add_methods(parser: argparse.ArgumentParser, default: Sequence[str], learning_only: bool = False) -> None:
     """``--methods M [M ...]`` (``--method`` is the same option), checked against the registered methods."""
     names = method_names(learning_only)

@@ -196,6 +196,8 @@ class TeacherFreeKD(LabelSchedule):
             raise ValueError(f"TF-KD alpha (weight of the KL term) must be in [0, 1], got {self.alpha!r}.")
         if not (self.tau > 0 and math.isfinite(self.tau)):
             raise ValueError(f"TF-KD temperature tau must be > 0, got {self.tau!r}.")
+        if not 1e-3 <= self.tau <= 1e4:  # logits / tau must stay finite in float32 (the authors use 20-40)
+            raise ValueError(f"TF-KD temperature tau must be in [0.001, 10000], got {self.tau!r}.")
 
     def teacher(self, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
         """The teacher's distribution (B, C) before temperature."""

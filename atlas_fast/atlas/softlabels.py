@@ -40,6 +40,10 @@ Delta = Literal["wrong_only", "always"]
 KINDS = ("ls", "csl", "isl", "mix")
 DELTAS = ("wrong_only", "always")
 STORE_VERSION = 1
+# Ranges that keep the soft labels finite in float32: cos / tau_c stays below 1e4 (the paper uses 0.02-0.05; a larger
+# tau_c is already uniform), and (p + alpha y) / (1 + alpha) needs a finite alpha (the paper uses 0.1-1).
+MIN_TAU_C, MAX_TAU_C = 1e-4, 1e4
+MAX_ALPHA = 1e4
 
 
 @dataclass(frozen=True)
@@ -61,13 +65,20 @@ class SoftLabelConfig:
             raise ValueError(f"SoftLabelConfig.theta (LS smoothing) must be in [0, 1], got {self.theta}")
         if not self.tau_c > 0.0:
             raise ValueError(f"SoftLabelConfig.tau_c (CSL temperature) must be > 0, got {self.tau_c}")
+        if not MIN_TAU_C <= self.tau_c <= MAX_TAU_C:
+            raise ValueError(f"SoftLabelConfig.tau_c (CSL temperature) must be in [{MIN_TAU_C:g}, {MAX_TAU_C:g}], got "
+                             f"{self.tau_c}")
         if not self.alpha >= 0.0:
             raise ValueError(f"SoftLabelConfig.alpha (ISL rectification) must be >= 0, got {self.alpha}")
+        if not self.alpha <= MAX_ALPHA:
+            raise ValueError(f"SoftLabelConfig.alpha (ISL rectification) must be in [0, {MAX_ALPHA:g}], got "
+                             f"{self.alpha}")
         if self.delta not in DELTAS:
             raise ValueError(f"SoftLabelConfig.delta must be one of {DELTAS}, got {self.delta!r}")
         if not 0.0 <= self.w <= 1.0:
             raise ValueError(f"SoftLabelConfig.w (CSL weight of the mix) must be in [0, 1], got {self.w}")
-        if self.top_k is not None and self.top_k < 1:
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
+                                       or self.top_k < 1):
             raise ValueError(f"SoftLabelConfig.top_k must be None (all classes) or >= 1, got {self.top_k}")
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import traceback
 from typing import Sequence
 
 from atlas_fast.app.options import apply_download
-from atlas_fast.errors import user_errors
+from atlas_fast.errors import shorten_values, user_errors
 
 # The command groups in the order ``--help`` lists them: modules of this package.
 COMMAND_GROUPS = ("cache", "train", "eval", "demo", "experiment", "report")
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         else:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {shorten_values(str(exc))}", file=sys.stderr)
             print("(run again with --debug for the traceback)", file=sys.stderr)
         return 2
 

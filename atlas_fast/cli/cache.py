@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.options import add_data_and_backbone, add_workers
+from atlas_fast.app.options import add_data_and_backbone, add_workers, check_range
 from atlas_fast.errors import UsageError
 
 
@@ -66,6 +66,17 @@ def run_cache_build(args: argparse.Namespace) -> int:
         raise UsageError("--shots and --seeds go together (e.g. --shots 16 --seeds 1 2 3).")
     if args.views < 0:
         raise UsageError(f"--views must be >= 0, got {args.views}.")
+    from atlas_fast.data.fewshot import MAX_SEED
+    from atlas_fast.engine.config import MAX_BATCH_SIZE, MAX_VIEWS, MAX_WORKERS
+    from atlas_fast.sweep.grid import distinct
+
+    check_range("--shots", args.shots, 1)  # a K below 1 would encode the whole dataset
+    check_range("--views", args.views, 0, MAX_VIEWS)
+    check_range("--aug-seed", args.aug_seed, 0, MAX_SEED)
+    check_range("--batch-size", args.batch_size, 1, MAX_BATCH_SIZE)
+    check_range("--workers", args.workers, 0, MAX_WORKERS)
+    for seed in distinct(args.seeds or [], "--seeds"):
+        check_range("--seeds", seed, 0, MAX_SEED)
     splits = load_dataset(args.dataset, args.data_root)
     if args.shots is None:
         variants = [splits]

@@ -40,7 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_demo_command(args: argparse.Namespace) -> int:
     from atlas_fast.app.demo import DemoConfig, run_demo
+    from atlas_fast.sweep.grid import distinct
 
+    distinct(args.seeds, "--seeds")  # before the world is generated: a seed given twice would count twice
+    distinct(args.datasets, "--datasets")
     config = DemoConfig(data_root=args.data_root, cache_root=args.cache_root, results_dir=args.results_dir,
                         datasets=tuple(args.datasets), seeds=tuple(args.seeds), views=args.views,
                         epochs=args.epochs, device=args.device, plot=args.results_dir / "table3_base2new.png")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.report.collect import FORMATS, report_folder
+from atlas_fast.report.collect import FORMATS, report_folder, verify_report
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,11 +28,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--out", type=Path, default=None, help="output folder (default RESULTS_DIR/report)")
     report.add_argument("--format", nargs="+", dest="formats", choices=FORMATS, default=list(FORMATS),
                         metavar="FORMAT", help=f"outputs to write, any of {' '.join(FORMATS)} (default: all)")
+    report.add_argument("--verify", action="store_true",
+                        help="write nothing: check the report already written (in --out) against its records: every "
+                             "record's seal, and every table cell computed again from the records it names; exit "
+                             "status 1 on any difference")
     report.set_defaults(func=run_report_command)
 
 
 def run_report_command(args: argparse.Namespace) -> int:
-    """Write the report of ``args.results_dir`` and print its Markdown; returns the exit status (0)."""
+    """Write the report of ``args.results_dir`` and print its Markdown (0), or with ``--verify`` check the written
+    one (0 when every seal and cell checks out, else 1, listing the problems)."""
+    if args.verify:
+        problems = verify_report(args.results_dir, out=args.out)
+        for problem in problems:
+            print(f"verify: {problem}")
+        print(f"verify: FAILED, {len(problems)} problem(s)" if problems
+              else "verify: every seal and table cell checks out")
+        return 1 if problems else 0
     print(report_folder(args.results_dir, out=args.out, datasets=args.datasets, methods=args.methods,
                         metrics=args.metrics, formats=args.formats))
     return 0

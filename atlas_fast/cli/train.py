@@ -109,7 +109,10 @@ def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
     from atlas_fast.sweep import Execution, run_configs
+    from atlas_fast.sweep.grid import distinct
 
+    distinct(args.seeds, "--seeds")  # a seed given twice would count twice in the closing mean
+    distinct(args.methods, "--methods")
     variant = label_variant(args)
     configs = [TrainConfig(
         dataset=args.dataset, data_root=args.data_root, backbone=BackboneConfig(args.model, args.pretrained),

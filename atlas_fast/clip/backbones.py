@@ -137,7 +137,11 @@ class Backbone:
         cut = (ids[:, length] != padding).nonzero().flatten().tolist()
         if cut:
             i = cut[0]
-            what = f"class {labels[i]!r}: its prompt {texts[i]!r}" if labels is not None else f"the text {texts[i]!r}"
+            def quote(text: str) -> str:  # a huge name is quoted by its ends: the error stays one short line
+                return repr(text) if len(text) <= 100 else f"{text[:60]!r}...{text[-20:]!r} ({len(text)} characters)"
+
+            what = (f"class {quote(labels[i])}: its prompt {quote(texts[i])}" if labels is not None
+                    else f"the text {quote(texts[i])}")
             others = f" ({len(cut) - 1} more texts are too long as well)" if len(cut) > 1 else ""
             raise ValueError(f"{what} does not fit the text tower's context of {length} tokens{others}; the "
                              f"tokenizer would cut it silently (two long names could then be encoded identically). "
@@ -433,12 +437,14 @@ _SHARED_MAX = 2
 def shared_backbone(config: BackboneConfig, device: str | torch.device = "cpu") -> Backbone:
     """:func:`load_backbone`, memoised within the process: a sweep of many runs (or a cross-dataset evaluation of many
     records) loads and fingerprints the weights once. Keyed by the config, the device and, for a local checkpoint,
-    the file's size and modification time, so an edited file is loaded afresh. Holds at most two backbones."""
+    the file's identity and size, modification and change times, so an edited file is loaded afresh (the change
+    time moves on every write, even one that restores the size and the modification time). Holds at most two
+    backbones."""
     file_state = None
     pretrained = _expand(config.pretrained)
     if pretrained is not None and os.path.isfile(pretrained):
         stat = os.stat(pretrained)
-        file_state = (stat.st_size, stat.st_mtime_ns)
+        file_state = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     key = (config, str(torch.device(device)), file_state)
     if key not in _SHARED:
         while len(_SHARED) >= _SHARED_MAX:

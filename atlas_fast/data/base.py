@@ -6,8 +6,12 @@ Mirrors Dassl's ``Datum``/``DatasetBase``: a datum is an image path, a
 
 from __future__ import annotations
 
+import html
+import re
+import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Sequence
 
 from atlas_fast.data.templates import fill_template
 
@@ -66,3 +70,38 @@ def classnames_from(items: tuple[Datum, ...] | list[Datum]) -> tuple[str, ...]:
     for d in items:
         names[d.label] = d.classname
     return tuple(names.get(i, "") for i in range(max(names) + 1))
+
+
+def prompt_text(classname: str) -> str:
+    """What CLIP's tokenizer reads of a class name in a prompt: ``_`` becomes a space (as prompts are filled), then the
+    tokenizer's own cleaning (open_clip's ``basic_clean`` and ``whitespace_clean`` and lower case): ftfy's repair
+    with Unicode NFC, HTML entities unescaped, runs of white space made one space, no case. Two names with the same
+    prompt text get identical prompts and cannot be told apart."""
+    text = classname.replace("_", " ")
+    try:
+        import ftfy  # open_clip's tokenizer cleans with it
+
+        text = ftfy.fix_text(text)
+    except ImportError:
+        text = unicodedata.normalize("NFC", text)
+    text = html.unescape(html.unescape(text))
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def short_name(name: str, limit: int = 60) -> str:
+    """``repr(name)``, cut to its first ``limit`` characters (an error line quotes a huge name by its prefix)."""
+    text = repr(name)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(name)} characters)"
+
+
+def check_distinct_classnames(classnames: Sequence[str], source: object) -> None:
+    """Refuse class names that CLIP's tokenizer cannot tell apart (:func:`prompt_text`: 'Café' in NFC and NFD,
+    'Sea Lion' and 'sea lion', 'red  fox' and 'red fox'), naming both and ``source`` (the dataset's folder): their
+    prompts would be identical, so one of the two classes could never be predicted."""
+    seen: dict[str, tuple[int, str]] = {}
+    for label, name in enumerate(classnames):
+        first = seen.setdefault(prompt_text(name), (label, name))
+        if first[0] != label:
+            raise ValueError(f"{source}: classes {first[0]} {short_name(first[1])} and {label} {short_name(name)} are "
+                             f"the same text to CLIP's tokenizer (case, white space, '_' and Unicode normalisation "
+                             f"aside), so their prompts would be identical; rename one of them.")

@@ -30,7 +30,7 @@ from typing import Mapping, Protocol
 
 from atlas_fast.progress import progress_bar
 
-from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
+from atlas_fast.data.base import DatasetSplits, Datum, check_distinct_classnames, classnames_from
 from atlas_fast.data.templates import ATLAS_TEMPLATES, CUSTOM_TEMPLATES, DEFAULT_TEMPLATE
 
 SplitLists = tuple[list[Datum], list[Datum], list[Datum]]
@@ -453,6 +453,10 @@ class DatasetSpec:
             raise DatasetFormatError(
                 f"{self.name}: label(s) {unnamed[:5]} of {dataset_dir} have no {split} image (or an empty class "
                 f"name); labels must run 0..{len(classnames) - 1} with every class present and named.")
+        try:
+            check_distinct_classnames(classnames, f"{self.name} ({dataset_dir})")
+        except ValueError as exc:
+            raise DatasetFormatError(str(exc)) from None
         return DatasetSplits(name=self.name, dataset_dir=dataset_dir, train=tuple(train), val=tuple(val),
                              test=tuple(test), classnames=classnames, template=self.template,
                              val_is_test=self.layout.val_is_test)

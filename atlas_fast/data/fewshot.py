@@ -38,6 +38,8 @@ from atlas_fast.data.identity import items_fingerprint
 from atlas_fast.files import atomic_write, blake2b_hex
 
 MAX_VAL_SHOTS = 4
+# Seeds are 32-bit, as numpy's and Dassl's are (a larger one fails inside torch once a run seeds its generators).
+MAX_SEED = 2**32 - 1
 SUBSAMPLE_MODES = ("all", "base", "new")
 
 
@@ -70,6 +72,8 @@ def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"few-shot seed must be an integer >= 0, got {seed!r} (Python's random.Random(-s) draws "
                          f"the same subset as random.Random(s)).")
+    if seed > MAX_SEED:
+        raise ValueError(f"few-shot seed must be at most {MAX_SEED} (32 bits), got {seed}.")
     if "shots" in splits.subset or splits.subset.get("classes", "all") != "all":
         raise ValueError(f"{splits.name}: few-shot sampling must run once, on the full class set and before "
                          f"subsample_classes (as in CoOp); these splits are already a subset: {splits.subset}")
@@ -144,6 +148,11 @@ def _checksum(record: dict) -> str:
 
 
 def _lookup_keys(path: Path, split: str, keys: list, items: Sequence[Datum]) -> list[Datum]:
+    wrong = next((k for k in keys if not isinstance(k, str)), None)
+    if wrong is not None:
+        shown = repr(wrong) if len(repr(wrong)) <= 60 else repr(wrong)[:60] + "..."
+        raise ValueError(f"stored few-shot subset {path}: its '{split}' list holds {shown}, not an image path; "
+                         f"delete it to resample")
     by_key = {}
     for d in items:
         by_key.setdefault(d.key, d)

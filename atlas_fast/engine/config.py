@@ -9,6 +9,7 @@ part of the run's identity.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from atlas_fast.clip.backbones import BackboneConfig
+from atlas_fast.data.fewshot import MAX_SEED
 from atlas_fast.methods.base import RECIPE_FAMILIES, MethodConfig
 from atlas_fast.atlas.schedules import LabelSchedule, OneHot
 
@@ -31,6 +33,30 @@ PRECISIONS = ("auto", "fp32", "amp")
 # image is no protocol of the papers (they train at most 200 epochs with one fresh view each).
 MAX_EPOCHS = 10_000
 MAX_VIEWS = 10_000
+# Seeds are 32-bit (MAX_SEED), as numpy's and Dassl's are: a larger one would fail inside torch after the cache and
+# subset are written. No recipe's lr exceeds 0.035, but a huge one is how a user (and the tests) sees a run diverge
+# with a clear message; above MAX_LR, the lr times a method's lr scale (at most 1e4) no longer fits a float32 and
+# torch's optimiser fails instead. Batch sizes and decoding workers are capped far above any machine's memory.
+MAX_LR = 1e30
+MAX_SHOTS = 1_000_000  # images per class: more than any dataset holds (a larger K takes them all anyway)
+MAX_BATCH_SIZE = 1_000_000
+MAX_WORKERS = 1024
+
+
+def check_int(owner: str, name: str, value: Any, low: int, high: int | None = None) -> None:
+    """Refuse ``value`` unless it is a whole number in ``[low, high]`` (``high`` None: no upper bound), naming
+    ``owner.name``."""
+    ok = (isinstance(value, numbers.Integral) and not isinstance(value, bool) and low <= value
+          and (high is None or value <= high))
+    if not ok:
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{owner}{name} must be a whole number {bound}, got {short_repr(value)}.")
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to its first ``limit`` characters (an error line quotes a huge value by its prefix)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 @dataclass
@@ -95,23 +121,30 @@ class TrainConfig:
             self.evaluate = self._checked_evaluate(self.evaluate)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
-        if self.shots < 1:
+        if isinstance(self.shots, numbers.Integral) and not isinstance(self.shots, bool) and self.shots < 1:
             raise ValueError(f"shots must be >= 1 (prompt tuning is few-shot), got {self.shots}.")
+        check_int("", "shots", self.shots, 1, MAX_SHOTS)
         for name in ("seed", "aug_seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)} (Python's random draws the same "
-                                 f"few-shot subset for -s as for s).")
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value} (Python's random draws the same few-shot subset "
+                                 f"for -s as for s).")
+            check_int("", name, value, 0, MAX_SEED)
         if self.views is not None and not 1 <= self.views <= MAX_VIEWS:
             raise ValueError(f"views must be in [1, {MAX_VIEWS}] augmented views per training image, got "
-                             f"{self.views}.")
+                             f"{short_repr(self.views)}.")
         if self.epochs is not None and not 1 <= self.epochs <= MAX_EPOCHS:
-            raise ValueError(f"epochs override must be in [1, {MAX_EPOCHS}], got {self.epochs}.")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size override must be >= 1, got {self.batch_size}.")
+            raise ValueError(f"epochs override must be in [1, {MAX_EPOCHS}], got {short_repr(self.epochs)}.")
+        if self.batch_size is not None:
+            check_int("", "batch_size override", self.batch_size, 1, MAX_BATCH_SIZE)
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"workers must be >= 0 DataLoader processes (or None for automatic), got {self.workers}.")
-        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr override must be a finite number > 0, got {self.lr}.")
+        if self.workers is not None:
+            check_int("", "workers", self.workers, 0, MAX_WORKERS)
+        if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
+                                        and 0 < self.lr <= MAX_LR):
+            raise ValueError(f"lr override must be a finite number > 0 (at most {MAX_LR:g}), got "
+                             f"{short_repr(self.lr)}.")
         if not isinstance(self.schedule, LabelSchedule):
             raise TypeError(f"schedule must be a LabelSchedule (see atlas_fast.atlas.schedules), got {self.schedule!r}.")
         if self.schedule.needs_soft_labels and self.soft_labels is None:

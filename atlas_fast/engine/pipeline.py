@@ -207,7 +207,7 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     defined by the (few-shot) train list's labels, so they default to the run's own."""
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.cache import FeatureCache
-    from atlas_fast.engine.record import SAVED_RUN_FIELDS, load_learned, missing_fields, read_record
+    from atlas_fast.engine.record import SAVED_RUN_FIELDS, check_seal, load_learned, missing_fields, read_record
     from atlas_fast.engine.spec import load_run_data
     from atlas_fast.methods.base import method_class
 
@@ -216,6 +216,7 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     if missing:
         raise ValueError(f"{record_path} lacks {', '.join(missing)}: it is not a complete atlas_fast record, so its "
                          f"run cannot be rebuilt for evaluation.")
+    check_seal(record, record_path)
     saved = record["config"]
     torch_device = resolve_device(device)
     backbone = shared_backbone(BackboneConfig(**saved["backbone"]), torch_device)

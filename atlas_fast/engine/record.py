@@ -16,8 +16,11 @@ Record fields: ``key`` (full hash of configuration, backbone and data), ``config
 only), ``status`` ("finished"), ``config`` (the run's configuration), ``backbone`` (fingerprint, architecture,
 description), ``data`` (dataset, ``fingerprint``, counts, ``shots_used``), ``metrics`` (final: base/new/all/H, zero-shot references), ``epochs``
 (per-epoch loss, lr, soft-label flag and optional accuracies), ``timings`` (seconds per stage), ``versions``
-(python/torch/open_clip/numpy/atlas_fast), ``created`` (UTC ISO time), ``learned`` (file name of the ``.pt``) and
-``learned_blake2b`` (the checksum of its bytes, checked when it is read).
+(python/torch/open_clip/numpy/atlas_fast), ``provenance`` (code commit and dirty flag, CUDA version, device type
+and name: :func:`atlas_fast.engine.seal.provenance`), ``created`` (UTC ISO time), ``learned`` (file name of the
+``.pt``), ``learned_blake2b`` (the checksum of its bytes, checked when it is read) and ``seal`` (the checksum of every
+other field, :mod:`atlas_fast.engine.seal`). A record whose seal does not match is invalid like a damaged one; a
+record from before seals is used with a warning.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from atlas_fast.engine.seal import is_sealed, provenance, seal_problem, sealed
 from atlas_fast.files import atomic_write, blake2b_hex, check_folder_name, check_writable, file_blake2b
 
 if TYPE_CHECKING:
@@ -111,6 +115,8 @@ class ResultStore:
         if "learned_blake2b" not in record:
             print(f"warning: result record {path} has no checksum of its learned tensors (written before "
                   f"atlas_fast stored one); {learned} is used unverified.", file=sys.stderr)
+        if not is_sealed(record):
+            warn_unsealed(path)
         return record
 
     def save(self, dataset: str, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor]) -> Path:
@@ -125,10 +131,14 @@ class ResultStore:
         buffer = io.BytesIO()
         torch.save(learned, buffer)
         payload = buffer.getvalue()
+        # The record's text is made first: a value JSON cannot hold raises here, before any file is written.
+        try:
+            record = sealed({**record, "status": "finished", "learned": learned_path.name,
+                             "learned_blake2b": blake2b_hex(payload)})
+        except ValueError as exc:  # a NaN or infinity in the configuration or the per-epoch values
+            raise ValueError(f"Run {stem}: its record cannot be written as JSON ({exc}); nothing was written.") from exc
+        text = json.dumps(record, indent=2, sort_keys=False, allow_nan=False).encode()
         atomic_write(learned_path, lambda f: f.write(payload))
-        record = {**record, "status": "finished", "learned": learned_path.name,
-                  "learned_blake2b": blake2b_hex(payload)}
-        text = json.dumps(record, indent=2, sort_keys=False, default=str, allow_nan=False).encode()
         path = self.record_path(dataset, stem)
         atomic_write(path, lambda f: f.write(text))
         return path
@@ -159,11 +169,31 @@ def record_problems(record: dict[str, Any]) -> list[str]:
         problems.append(f"non-finite metrics {_non_finite(metrics)[:3]}")
     elif not isinstance(metrics.get("zero_shot"), dict):
         problems.append("no 'metrics.zero_shot' references")
+    elif any(isinstance(value, dict) for name, value in metrics.items() if name != "zero_shot"):
+        problems.append("a metric that is not a number")
     data = record.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("fingerprint"), str):
         problems.append("no data fingerprint (made before records knew their data)")
     problems += [f"no '{field}'" for field in missing_fields(record, SAVED_RUN_FIELDS)]
+    sealing = seal_problem(record)
+    if sealing:
+        problems.insert(0, sealing)
     return problems
+
+
+def warn_unsealed(path: str | Path) -> None:
+    """The warning for a record written before records were sealed: its numbers are used unverified."""
+    print(f"warning: result record {path} has no seal (written before atlas_fast sealed records); its numbers are "
+          f"used unverified.", file=sys.stderr)
+
+
+def check_seal(record: dict[str, Any], path: str | Path) -> None:
+    """Refuse a record whose seal does not match (naming the file); warn about one from before seals."""
+    problem = seal_problem(record)
+    if problem:
+        raise ValueError(f"Result record {path}: {problem}; train the run again (or restore the file).")
+    if not is_sealed(record):
+        warn_unsealed(path)
 
 
 # What evaluating a saved run reads from its record.
@@ -194,7 +224,7 @@ def build_record(spec: RunSpec, backbone: Backbone, metrics: dict[str, Any], epo
                      "architecture": backbone.architecture},
         "paths": {"data_root": str(config.data_root), "cache_root": str(config.cache_root)},
         "data": spec.data.describe(config.content_hash), "metrics": metrics, "epochs": epochs, "timings": timings,
-        "versions": package_versions(),
+        "versions": package_versions(), "provenance": provenance(spec.device),
     }
 
 

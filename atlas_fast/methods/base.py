@@ -12,6 +12,7 @@ share one batched text-encoder pass. ``R = 1`` is an ordinary single run.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
@@ -72,9 +73,34 @@ class MethodConfig:
     def __post_init__(self) -> None:
         if self.num_runs < 1:
             raise ValueError(f"{type(self).__name__}.num_runs must be >= 1, got {self.num_runs}")
+        check_finite_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# The largest weight or scale a method option may take: loss weights and lr scales beyond it are no recipe (the
+# references use at most 25) and overflow float32 losses, so a typo is refused here rather than as a divergence.
+MAX_OPTION_SCALE = 1e4
+
+
+def check_finite_fields(config: Any) -> None:
+    """Refuse a config (a dataclass) holding a float field that is NaN or infinite, naming the field: such a value
+    passes every ``>= 0`` check and only fails after the features are encoded."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{type(config).__name__}.{f.name} must be a finite number, got {value}")
+
+
+def check_scale(config: Any, name: str, low: float = 0.0, high: float = MAX_OPTION_SCALE,
+                low_open: bool = False) -> None:
+    """Refuse ``config.<name>`` outside ``[low, high]`` (``(low, high]`` with ``low_open``), naming the field."""
+    value = getattr(config, name)
+    inside = (low < value if low_open else low <= value) and value <= high
+    if not inside:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{type(config).__name__}.{name} must be in {interval}, got {value}")
 
 
 class PromptMethod(nn.Module):

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import atlas_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
+                                     check_scale,
                                      register_method)
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig, Family, Setting
@@ -62,6 +63,7 @@ class DePTHeadConfig(MethodConfig):
             raise ValueError(f"DePT head_lambda (λ) must be in [0, 1], got {self.head_lambda}")
         if not self.head_lr_scale > 0:
             raise ValueError(f"DePT head_lr_scale must be > 0, got {self.head_lr_scale}")
+        check_scale(self, "head_lr_scale", low_open=True)
         if self.head_text_targets not in HEAD_TEXT_TARGETS:
             raise ValueError(f"DePT head_text_targets must be one of {HEAD_TEXT_TARGETS}, got "
                              f"{self.head_text_targets!r}")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import atlas_template
 from atlas_fast.data.templates import check_template, fill_template
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, register_method
+from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, check_scale, register_method
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig, Family, Setting
 
 KG_COSINE_EPS = 1e-7  # torch.nn.CosineSimilarity(eps=1e-07) in the reference
@@ -42,6 +42,7 @@ class KgCoOpConfig(CoOpConfig):
                              f"other layout), got {self.class_token_position!r}")
         if not self.kg_weight >= 0:
             raise ValueError(f"KgCoOpConfig.kg_weight (W) must be >= 0, got {self.kg_weight}")
+        check_scale(self, "kg_weight")
         check_template(self.template, "KgCoOpConfig")
 
 

@@ -51,33 +51,61 @@ def _matches(value: str, wanted: Sequence[str] | None) -> bool:
     return wanted is None or value.lower() in {w.lower() for w in wanted}
 
 
+def _field_types(record: dict[str, Any]) -> list[str]:
+    """What the report's grouping and sorting need to be of the right type (a foreign record may hold anything)."""
+    config = record["config"]
+    problems = [f"config.{name} is {config[name]!r}, not a whole number" for name in ("seed", "shots")
+                if isinstance(config[name], bool) or not isinstance(config[name], int)]
+    problems += [f"config.{name} is not text" for name in ("dataset", "method", "setting")
+                 if not isinstance(config[name], str)]
+    if not isinstance(config["schedule"], dict) or not isinstance(config["schedule"].get("name"), str):
+        problems.append("config.schedule.name is not text")
+    soft = config.get("soft_labels")
+    if soft is not None and not isinstance(soft, dict):
+        problems.append("config.soft_labels is not an object")
+    return problems
+
+
 def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = None,
-                    methods: Sequence[str] | None = None) -> list[dict[str, Any]]:
+                    methods: Sequence[str] | None = None,
+                    paths: Sequence[str | Path] | None = None) -> list[dict[str, Any]]:
     """Every finished, valid record under ``results_dir`` (``<dataset>/*.json``), in file-name order, optionally
-    only those of ``datasets`` and ``methods`` (registry names such as ``coop``, ``dept-coop``; case-insensitive).
-    Each record gets ``path`` (its file). A file that cannot be read, is not finished, or lacks what the report
-    needs is skipped with a warning on stderr naming it (it is left where it is)."""
+    only those of ``datasets`` and ``methods`` (registry names such as ``coop``, ``dept-coop``; case-insensitive)
+    or only the files ``paths`` (relative to ``results_dir``, as a report's ``sources.json`` lists them). Each record
+    gets ``path`` (its file). A file that cannot be read, is not finished, fails its seal, or lacks what the report
+    needs is skipped with a warning on stderr naming it (it is left where it is); one from before seals is used
+    with a warning."""
     from atlas_fast.engine.record import missing_fields, read_record, record_problems
+    from atlas_fast.engine.seal import is_sealed
 
     root = Path(results_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"Results folder {root} does not exist (runs write <results_dir>/<dataset>/*.json).")
     records = []
-    for path in sorted(root.glob("*/*.json")):
+    unsealed: list[Path] = []
+    files = sorted(root.glob("*/*.json")) if paths is None else [root / p for p in paths]
+    for path in files:
         if not _matches(path.parent.name, datasets):  # the folder is named by the dataset
             continue
         try:
             record = read_record(path)
             problems = record_problems(record) + [f"no '{f}'" for f in missing_fields(record, _REQUIRED)]
+            problems = problems or _field_types(record)
         except ValueError as exc:
             _warn(f"skipped {path}: {str(exc).removeprefix(f'{path} is ')}")
             continue
         if problems:
             _warn(f"skipped {path}: not a valid finished record ({'; '.join(problems[:3])}).")
             continue
+        if not is_sealed(record):
+            unsealed.append(path)
         config = record["config"]
         if _matches(config["dataset"], datasets) and _matches(config["method"], methods):
             records.append({**record, "path": str(path)})
+    if unsealed:
+        others = f" and {len(unsealed) - 1} more" if len(unsealed) > 1 else ""
+        _warn(f"result record {unsealed[0]}{others} have no seal (written before atlas_fast sealed records); their "
+              f"numbers are used unverified.")
     return records
 
 
@@ -159,7 +187,7 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         c = record["config"]
         key = (record["table"], c["dataset"], c["method"], record["label"], c["seed"])
         if key in kept:
-            older, newer = sorted([kept[key], record], key=lambda r: r.get("created", ""))
+            older, newer = sorted([kept[key], record], key=lambda r: str(r.get("created", "")))
             _warn(f"two records of {c['dataset']} {record['label']} seed {c['seed']} (trained on other data or "
                   f"by another atlas_fast version?): using {newer['path']}, ignoring {older['path']}.")
             kept[key] = newer
@@ -223,13 +251,15 @@ def _table_name(setting: str, shots: int, shot_counts: int) -> str:
 
 def report_folder(results_dir: str | Path, out: str | Path | None = None, datasets: Sequence[str] | None = None,
                   methods: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
-                  formats: Sequence[str] | None = None) -> str:
+                  formats: Sequence[str] | None = None, paths: Sequence[str | Path] | None = None) -> str:
     """Tables and plots of every finished record under ``results_dir`` (see the module docstring), written to
     ``out`` (default ``<results_dir>/report/``) as ``report.md``, ``report.tex``, ``report.csv`` and
     ``<table>.png``/``.pdf`` (``formats``: any of md, tex, csv, png, pdf; default all); returns the Markdown.
     ``datasets``/``methods`` keep only those records; ``metrics`` replaces each table's columns (default: base, new,
     H for base-to-new, ``all`` otherwise). Cells are mean ± population std over seeds; H is that of the mean base and
-    new accuracies. Raises ``ValueError`` when no finished record matches."""
+    new accuracies. ``paths``: only these record files (relative to ``results_dir``). Beside the tables,
+    ``sources.json`` names every record a cell was computed from, with its seal (what :func:`verify_report`
+    checks). Raises ``ValueError`` when no finished record matches."""
     from atlas_fast.report.tables import display_label, latex_label, latex_table, markdown_table, plot_rows, plot_series
 
     formats = list(FORMATS if formats is None else formats)
@@ -238,7 +268,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         raise ValueError(f"Unknown report format(s) {unknown}; valid: {', '.join(FORMATS)}.")
     root = Path(results_dir)
     out = root / "report" if out is None else Path(out)
-    records = collect_records(root, datasets, methods)
+    records = collect_records(root, datasets, methods, paths)
     if not records:
         found = sorted(p.parent.name for p in root.glob("*/*.json"))
         raise ValueError(f"No finished result record under {root}"
@@ -319,6 +349,99 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
             plot_series(all_shots, curves, out / f"few_shot.{images[0]}", xlabel="shots per class",
                         ylabel="accuracy (%)", formats=images, log_x=True)
             written += [out / f"few_shot.{fmt}" for fmt in images]
+    if "csv" in formats:  # what `report --verify` checks the CSV's cells against
+        written.append(_write_sources(root, out, records, metrics))
     for path in written:
         print(f"written: {path}", file=sys.stderr)
     return text
+
+
+SOURCES_FILE = "sources.json"
+
+
+def _write_sources(root: Path, out: Path, records: Sequence[dict[str, Any]], metrics: Sequence[str] | None) -> Path:
+    """``<out>/sources.json``: the records the report's cells come from (paths relative to the results folder, with
+    their seals) and the ``--metrics`` it was made with, so :func:`verify_report` can make the same tables again."""
+    from atlas_fast.engine.seal import SEAL_FIELD
+
+    sources = {"results_dir": str(root), "metrics": list(metrics) if metrics else None,
+               "records": [{"path": Path(r["path"]).relative_to(root).as_posix(), "seal": r.get(SEAL_FIELD)}
+                           for r in sorted(records, key=lambda r: r["path"])]}
+    path = out / SOURCES_FILE
+    path.write_text(json.dumps(sources, indent=1) + "\n")
+    return path
+
+
+def verify_report(results_dir: str | Path, out: str | Path | None = None) -> list[str]:
+    """Check a written report against its records: every record named in ``<out>/sources.json`` (default
+    ``<results_dir>/report``) must be there, sealed, with a seal that matches its content and the one the report
+    used, and every cell of ``report.csv`` must come out the same when the tables are computed again from exactly
+    those records. Returns the problems found (empty: verified), each naming the file, row or cell."""
+    import tempfile
+
+    from atlas_fast.engine.record import read_record
+    from atlas_fast.engine.seal import SEAL_FIELD, is_sealed, seal_problem
+
+    root = Path(results_dir)
+    out = root / "report" if out is None else Path(out)
+    sources_path, table_path = out / SOURCES_FILE, out / "report.csv"
+    for needed in (sources_path, table_path):
+        if not needed.is_file():
+            raise FileNotFoundError(f"{needed} is missing: write the report first (atlas-fast report {root}, with "
+                                    f"the csv format) and verify it then.")
+    try:
+        sources = json.loads(sources_path.read_text(encoding="utf-8"))
+        listed = [(str(item["path"]), item.get("seal")) for item in sources["records"]]
+        metrics = sources.get("metrics")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{sources_path} is not a report's list of sources ({type(exc).__name__}: {exc}).") from exc
+    problems = []
+    for relative, seal in listed:
+        path = root / relative
+        if Path(relative).is_absolute() or ".." in Path(relative).parts:
+            problems.append(f"{sources_path} names {relative!r}, which is not inside {root}")
+            continue
+        try:
+            record = read_record(path)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if not is_sealed(record):
+            problems.append(f"{path} has no seal (written before atlas_fast sealed records): its numbers cannot be "
+                            f"verified")
+        elif seal_problem(record):
+            problems.append(f"{path}: {seal_problem(record)}")
+        elif record[SEAL_FIELD] != seal:
+            problems.append(f"{path} is not the record the report was made from (its seal differs from the one "
+                            f"in {sources_path})")
+    with open(table_path, newline="", encoding="utf-8") as f:
+        stored = list(csv.DictReader(f))
+    with tempfile.TemporaryDirectory() as scratch:
+        import contextlib
+        import io
+
+        with contextlib.redirect_stderr(io.StringIO()):  # its warnings are the problems listed above
+            try:
+                report_folder(root, out=scratch, metrics=metrics, formats=["csv"],
+                              paths=[relative for relative, _ in listed])
+            except ValueError as exc:
+                return problems + [f"the tables cannot be made again from the listed records ({exc})"]
+        with open(Path(scratch) / "report.csv", newline="", encoding="utf-8") as f:
+            fresh = list(csv.DictReader(f))
+    row_key = ("setting", "shots", "dataset", "method", "variant")
+    fresh_rows = {tuple(row[k] for k in row_key): row for row in fresh}
+    stored_keys = set()
+    for line, row in enumerate(stored, start=2):
+        key = tuple(row.get(k) for k in row_key)
+        stored_keys.add(key)
+        again = fresh_rows.get(key)
+        if again is None:
+            problems.append(f"{table_path}:{line}: row {' / '.join(map(str, key))} does not come out of the records")
+            continue
+        for column, value in row.items():
+            if again.get(column) != value:
+                problems.append(f"{table_path}:{line}: {' / '.join(map(str, key))} {column} is {value!r}, the "
+                                f"records give {again.get(column)!r}")
+    missing = [key for key in fresh_rows if key not in stored_keys]
+    problems += [f"{table_path} lacks the row {' / '.join(map(str, key))} that the records give" for key in missing]
+    return problems

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -22,7 +23,7 @@ from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.pipeline import split_finished
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.atlas.variants import LabelVariant
-from atlas_fast.errors import RunFailed
+from atlas_fast.errors import RunFailed, UsageError
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
 
 EXECUTORS = ("local", "ray", "slurm")
@@ -33,17 +34,43 @@ EXECUTORS = ("local", "ray", "slurm")
 # On the CPU, batching still saves the per-step Python overhead (benchmarks/sweep_speed.py). Activation memory
 # grows with R x C prompts: lower --batch-runs for ImageNet-sized class sets on a small GPU.
 DEFAULT_BATCH_RUNS = {"cuda": 12, "cpu": 4}
+MAX_GPUS_PER_GROUP = 64  # GPUs one group (a Ray task, a SLURM array task) can ask for: more than any node holds
 
 
 # The experiment modules name a table's variants ``Variant``: they are the ATLaS package's label variants.
 Variant = LabelVariant
 
 
+def distinct(values: Sequence[Any], what: str) -> list[Any]:
+    """``values`` as a list, refused (:class:`UsageError` naming ``what``) when one is given twice: a seed or grid
+    point listed twice would be counted twice in every mean over them."""
+    seen: list[Any] = []
+    for value in values:
+        if value in seen:
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            raise UsageError(f"{what} lists {shown} twice; give each once (a run counted twice would weigh twice in "
+                             f"every mean over them).")
+        seen.append(value)
+    return seen
+
+
 def grid_configs(base: TrainConfig, datasets: Sequence[str], variants: Sequence[LabelVariant],
                  seeds: Sequence[int]) -> list[TrainConfig]:
-    """Every (dataset, variant, seed) of ``base``, in that nesting order."""
+    """Every (dataset, variant, seed) of ``base``, in that nesting order; a dataset, variant (label schedule and
+    soft labels) or seed given twice is refused (:func:`distinct`)."""
+    distinct(datasets, "datasets")
+    distinct(seeds, "seeds")
+    distinct([(v.schedule, v.soft_labels) for v in variants], "variants (label schedule, soft labels)")
     return [dataclasses.replace(base, dataset=d, seed=s, schedule=v.schedule, soft_labels=v.soft_labels)
             for d in datasets for v in variants for s in seeds]
+
+
+def check_gpus(value: Any, name: str = "--gpus-per-group") -> None:
+    """Refuse a GPU count per group that is not a finite number in [0, :data:`MAX_GPUS_PER_GROUP`] (None: the
+    executor's default), naming the option."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or not 0 <= value <= MAX_GPUS_PER_GROUP):
+        raise UsageError(f"{name} must be a number of GPUs in [0, {MAX_GPUS_PER_GROUP}], got {value!r}.")
 
 
 @dataclass
@@ -61,6 +88,8 @@ class Execution:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}.")
         if self.batch_runs is not None and self.batch_runs < 1:
             raise ValueError(f"batch_runs must be >= 1 runs per group, got {self.batch_runs}.")
+        for name in ("gpus_per_group", "gpus_per_node"):
+            check_gpus(self.options.get(name), f"{name} (--gpus-per-group)")
 
     def runs_per_group(self, device_type: str) -> int:
         return self.batch_runs or DEFAULT_BATCH_RUNS.get(device_type, 1)
@@ -81,8 +110,15 @@ def plan_sweep(configs: Sequence[TrainConfig], execution: Execution | None = Non
     execution = execution or Execution()
     remote = execution.executor != "local"
     listings: dict = {}  # each dataset is listed once per sweep
-    return [plan_run(dataclasses.replace(config, device=execution.worker_device(config)), for_workers=remote,
-                     listings=listings) for config in configs]
+    specs = [plan_run(dataclasses.replace(config, device=execution.worker_device(config)), for_workers=remote,
+                      listings=listings) for config in configs]
+    first: dict[str, RunSpec] = {}
+    for spec in specs:
+        if spec.record_key in first:
+            raise UsageError(f"The sweep lists the run {spec.label} ({spec.stem}) twice: a duplicate seed or grid "
+                             f"point would count it twice in every mean; give each once.")
+        first[spec.record_key] = spec
+    return specs
 
 
 def group_key(spec: RunSpec) -> str:

@@ -49,6 +49,7 @@ BENCHMARK_LAYOUT = Layout(radius=(6.75, 10.75), max_shift=5.25, max_tilt=21.0, m
 STAMP_FILE = "world_stamp.json"
 MANIFEST_FILE = "world_files.json"  # every file the generator writes (besides the stamp and itself)
 LOCK_FILE = ".world_generating.lock"  # held while a process generates the folder
+MAX_IMAGES_PER_CLASS = 100_000  # per split: far beyond the demo's 32/4/50 (rendering one takes about a millisecond)
 # The pretraining captions' prefix, which is also CoOp's generic template (``atlas_fast.data.DEFAULT_TEMPLATE``; not
 # imported: ``atlas_fast.data`` imports this module to register the world datasets).
 TEMPLATE = "a photo of a {}."
@@ -156,6 +157,12 @@ class SplitSizes:
     val: int = 4
     test: int = 10
 
+    def __post_init__(self) -> None:
+        for split, count in self.items():
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_IMAGES_PER_CLASS:
+                raise ValueError(f"world images per class of the {split} split must be a whole number in "
+                                 f"[0, {MAX_IMAGES_PER_CLASS}], got {count!r}.")
+
     def items(self) -> list[tuple[str, int]]:
         return [("train", self.train), ("val", self.val), ("test", self.test)]
 
@@ -182,20 +189,35 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
     manifest_path = dataset_dir / MANIFEST_FILE
     if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
         return dataset_dir  # (without a lock: a complete dataset in a read-only folder is usable)
-    if not stamp_path.is_file() and not manifest_path.is_file() and dataset_dir.exists() and any(
-            p.name != LOCK_FILE for p in dataset_dir.iterdir()):
-        raise FileExistsError(
-            f"{dataset_dir} exists and holds files but no {STAMP_FILE}: it was not written by the world generator. "
-            f"Move it away or choose another data root.")
+    # A folder no generator ever locked (a generator creates the lock file before any other) and that holds files is
+    # refused without touching it. The lock file is looked for after the listing: a file a generator wrote then
+    # implies its lock file, so a generator at work is never mistaken for a stranger; under the lock, look again.
+    if dataset_dir.is_dir() and _foreign_files(dataset_dir) and not (dataset_dir / LOCK_FILE).exists():
+        _refuse_foreign(dataset_dir)
     dataset_dir.mkdir(parents=True, exist_ok=True)
     with _generation_lock(dataset_dir):  # a second process waits, then finds the dataset done
         if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
             return dataset_dir
+        if not stamp_path.is_file() and not manifest_path.is_file() and _foreign_files(dataset_dir):
+            _refuse_foreign(dataset_dir)
         if stamp_path.is_file() or manifest_path.is_file():
             # Ours, but made with other arguments (or interrupted): remove what we wrote before regenerating.
             _remove_written(dataset_dir)
         _generate(dataset, dataset_dir, sizes, seed, stamp, progress, layout)
     return dataset_dir
+
+
+def _foreign_files(dataset_dir: Path) -> list[str]:
+    """The names in ``dataset_dir`` besides the generator's lock file and the temporary files of its manifest (a
+    generator killed while writing the manifest leaves one)."""
+    return [p.name for p in dataset_dir.iterdir()
+            if p.name != LOCK_FILE and not (p.name.startswith(f".{MANIFEST_FILE}.") and p.name.endswith(".tmp"))]
+
+
+def _refuse_foreign(dataset_dir: Path) -> None:
+    raise FileExistsError(
+        f"{dataset_dir} exists and holds files but no {STAMP_FILE}: it was not written by the world generator. "
+        f"Move it away or choose another data root.")
 
 
 @contextmanager
