@@ -72,9 +72,9 @@ def test_split_option_parser(value):
        method=st.sampled_from(["coop", "kgcoop", "dept-coop", "maple", "promptsrc"]))
 def test_method_config_options(option, value, method):
     from atlas_fast.engine.spec import with_options
-    from atlas_fast.methods.base import method_entry
+    from atlas_fast.methods.base import method_class
 
-    entry = method_entry(method)
+    entry = method_class(method)
     config, _ = entry.recipe("paper", "base2new", 16, "OxfordPets")
     changed = user_error_or_result(with_options, config, {option: value})
     if changed is not None:
