@@ -38,8 +38,9 @@ FORMATS = ("md", "tex", "csv", "png", "pdf")
 SETTING_TITLES = {"base2new": "Base-to-new generalisation", "few_shot": "Few-shot classification",
                   "cross_dataset": "Cross-dataset transfer, source dataset"}
 # Config fields that never make two records different variants: the grouping keys themselves, where the run ran
-# and whether it was also evaluated after every epoch (which changes no final number).
-_NOT_A_VARIANT = ("seed", "dataset", "setting", "shots", "method", "device", "eval_every_epoch")
+# whether it was also evaluated after every epoch (which changes no final number) and on which class sets (legacy
+# records name them; a run is one run whatever was evaluated).
+_NOT_A_VARIANT = ("seed", "dataset", "setting", "shots", "method", "device", "eval_every_epoch", "evaluate")
 _REQUIRED = ("config.dataset", "config.method", "config.setting", "config.shots", "config.seed",
              "config.schedule.name")
 _SCHEDULE_ORDER = ("onehot", "atlas", "joint", "ols", "tfkd")
@@ -58,9 +59,11 @@ def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = No
                     methods: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Every finished, valid record under ``results_dir`` (``<dataset>/*.json``), in file-name order, optionally
     only those of ``datasets`` and ``methods`` (registry names such as ``coop``, ``dept-coop``; case-insensitive).
-    Each record gets ``path`` (its file). A file that cannot be read, is not finished, or lacks what the report
-    needs is skipped with a warning on stderr naming it (it is left where it is)."""
+    Each record gets ``path`` (its file); a run with several records is listed once
+    (:func:`atlas_fast.engine.run_identity.one_record_per_run`). A file that cannot be read, is not finished, or
+    lacks what the report needs is skipped with a warning on stderr naming it (it is left where it is)."""
     from atlas_fast.engine.record import missing_fields, read_record, record_problems
+    from atlas_fast.engine.run_identity import one_record_per_run
 
     root = Path(results_dir)
     if not root.is_dir():
@@ -81,7 +84,7 @@ def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = No
         config = record["config"]
         if _matches(config["dataset"], datasets) and _matches(config["method"], methods):
             records.append({**record, "path": str(path)})
-    return records
+    return one_record_per_run(records)
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
