@@ -14,6 +14,7 @@ from typing import Sequence
 
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.collect import add_report_command
+from atlas_fast.app.data_command import add_data_command
 from atlas_fast.app.options import (add_download, add_method_options, add_progress, add_seeds, add_workers,
                                     apply_download, check_methods, method_options)
 from atlas_fast.errors import UsageError, user_errors
@@ -86,11 +87,13 @@ def run_cache_build(args: argparse.Namespace) -> int:
     from atlas_fast.engine.config import resolve_device
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
+    from atlas_fast.data.check import require_layouts
 
     if (args.shots is None) != (args.seeds is None):
         raise UsageError("--shots and --seeds go together (e.g. --shots 16 --seeds 1 2 3).")
     if args.views < 0:
         raise UsageError(f"--views must be >= 0, got {args.views}.")
+    require_layouts([args.dataset], args.data_root)
     splits = load_dataset(args.dataset, args.data_root)
     if args.shots is None:
         variants = [splits]
@@ -256,6 +259,9 @@ def _run_label(method: str, soft_labels, schedule) -> str:
 def run_train(args: argparse.Namespace) -> int:
     check_methods(args.methods)  # names and syntax first: nothing heavy is imported for a typo
     options = {method: method_options(args.method_option, method) for method in args.methods}
+    from atlas_fast.data.check import require_layouts
+
+    require_layouts([args.dataset], args.data_root)  # every layout fault at once, before any work
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
     from atlas_fast.engine.evaluate import harmonic_mean
@@ -398,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_commands(subparsers)
     add_experiment_commands(subparsers)
     add_report_command(subparsers)
+    add_data_command(subparsers)
     return parser
 
 
