@@ -15,8 +15,9 @@ from typing import Sequence
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.collect import add_report_command
 from atlas_fast.app.data_command import add_data_command
-from atlas_fast.app.options import (add_download, add_method_options, add_progress, add_seeds, add_workers,
-                                    apply_download, check_methods, method_options)
+from atlas_fast.app.options import (add_download, add_method_options, add_progress, add_seeds, add_threads,
+                                    add_workers, apply_download, check_methods, command_threads, method_options,
+                                    split_threads)
 from atlas_fast.errors import UsageError, user_errors
 
 
@@ -398,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atlas-fast", description="Feature-cache-first prompt tuning of CLIP.")
     parser.add_argument("--debug", action="store_true",
                         help="print the full traceback of an error (may also be given after the command)")
+    add_threads(parser)
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_cache_commands(subparsers)
     add_train_commands(subparsers)
@@ -412,10 +414,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``atlas-fast`` console script; returns the exit status (2 for a user error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    args = build_parser().parse_args((["--debug"] if debug else []) + [a for a in argv if a != "--debug"])
+    argv, threads = split_threads(argv)
+    args = build_parser().parse_args((["--debug"] if debug else []) + threads + [a for a in argv if a != "--debug"])
     try:
-        apply_download(args)
-        return int(args.func(args) or 0)
+        with command_threads(args):
+            apply_download(args)
+            return int(args.func(args) or 0)
     except user_errors() as exc:
         if debug:
             traceback.print_exc()

@@ -41,6 +41,7 @@ from atlas_fast.engine.run_identity import evaluated_sets, identity_fields
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.engine.step import RunState
 from atlas_fast.methods.base import PromptMethod
+from atlas_fast.threads import small_step_threads
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
@@ -214,8 +215,9 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     graph_steps = use_graph_steps([s.config.graph_steps for s in specs], first.method,
                                   [s.schedule for s in states], first.device)
     clock = time.perf_counter()
-    logs = train_runs(method, states, first.recipe, first.device, first.amp,
-                      any(s.config.progress for s in specs), per_epoch_eval, graph_steps)
+    with small_step_threads(first.device.type, small_steps=method.consumes != "pixels"):
+        logs = train_runs(method, states, first.recipe, first.device, first.amp,
+                          any(s.config.progress for s in specs), per_epoch_eval, graph_steps)
     train_seconds = round(time.perf_counter() - clock, 4)
 
     records = []
