@@ -234,7 +234,7 @@ def _machine_key(limit: int) -> str:
     return f"{platform.node()}|{model or platform.processor()}|{limit} cpus|torch {torch.__version__}"
 
 
-def measure_step_seconds(threads: int, tokens: int = 512, width: int = 256, repeats: int = 5) -> float:
+def measure_step_seconds(threads: int, tokens: int = 256, width: int = 256, repeats: int = 3) -> float:
     """Median seconds of one small cached step (a two-layer MLP forward and backward over ``tokens`` x ``width``
     activations, the size of a prompt learner's step on cached features) at ``threads`` intra-op threads."""
     import torch
@@ -255,10 +255,10 @@ def measure_step_seconds(threads: int, tokens: int = 512, width: int = 256, repe
         times = []
         for _ in range(repeats):
             clock = time.perf_counter()
-            for _ in range(4):
+            for _ in range(2):
                 step()
             times.append(time.perf_counter() - clock)
-        return sorted(times)[len(times) // 2] / 4
+        return sorted(times)[len(times) // 2] / 2
     finally:
         torch.set_num_threads(previous)
 
