@@ -40,7 +40,8 @@ from atlas_fast.threads import available_cpus, command_threads
 limit = available_cpus()
 with command_threads(None):  # what the command line does without --threads
     import torch
-    print("LIMIT", limit.count, limit.source, "| TORCH", torch.get_num_threads(), "| OMP", os.environ["OMP_NUM_THREADS"])
+    print("LIMIT", limit.count, limit.source, "| TORCH", torch.get_num_threads(), "| OMP",
+          os.environ["OMP_NUM_THREADS"])
 """
 
 

@@ -233,7 +233,7 @@ def layout_findings(spec: DatasetSpec, data_root: str | Path) -> list[Finding]:
     return findings
 
 
-def _count_findings(name: str, counts: dict[str, int], dataset_dir: Path) -> list[Finding]:
+def _count_findings(name: str, counts: dict[str, int], dataset_dir: Path, split_file: bool) -> list[Finding]:
     """Counts as read against the published sizes (warnings), and empty splits (errors)."""
     findings = []
     if not counts.get("test"):
@@ -247,7 +247,8 @@ def _count_findings(name: str, counts: dict[str, int], dataset_dir: Path) -> lis
     if differ:
         text = ", ".join(f"{split} {found:,}/{expected:,}" for split, (found, expected) in differ.items())
         if "classes" in differ:
-            fix = "another class list than the papers': use the full release and CoOp's split file."
+            fix = ("another class list than the papers': use the full release"
+                   + (" and CoOp's split file." if split_file else " (every class folder)."))
         elif any(found < expected for found, expected in differ.values()):
             fix = "a partial download or extraction: extract the full archives again."
         else:
@@ -300,7 +301,7 @@ def check_dataset(name: str, data_root: str | Path, full: bool = False, sample: 
     if spec.layout.test_only:
         counts = {"classes": counts["classes"], "test": counts["test"]}
     result.counts = counts
-    result.findings += _count_findings(spec.name, counts, dataset_dir)
+    result.findings += _count_findings(spec.name, counts, dataset_dir, isinstance(spec.layout, SplitJsonLayout))
     images = sorted({d.impath for items in (splits.train, splits.val, splits.test) for d in items})
     if not full:
         images = sorted(random.Random(0).sample(images, min(sample, len(images))))
