@@ -135,13 +135,17 @@ def test_train_cache_build_and_experiment_check_every_layout_before_any_work(tmp
     common = ["--data-root", str(data), "--model", "atlas-tiny", "--pretrained", "none",
               "--cache-root", str(tmp_path / "cache")]
     assert main(["train", "--dataset", "ImageNet", *common, "--results-dir", str(tmp_path / "results")]) == 2
-    assert "ImageNet: error" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: 2 image(s) lie directly in images/val/") and "sort-imagenet-val" in err
     assert main(["cache", "build", "--dataset", "OxfordPets", *common]) == 2
-    assert "split_zhou_OxfordPets.json not found" in capsys.readouterr().err
+    split_file = data / "oxford_pets" / "split_zhou_OxfordPets.json"
+    assert capsys.readouterr().err.startswith(
+        f"error: split file split_zhou_OxfordPets.json not found: {split_file}. Fix: download split_zhou_OxfordPets.json")
     assert main(["experiment", "table3_base_to_new", "--datasets", "OxfordPets", "ImageNet", "--methods", "coop",
                  *common, "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert "(2 problem(s))" in err and "OxfordPets: error" in err and "ImageNet: error" in err
+    lines = capsys.readouterr().err.splitlines()  # the first fault, then every other one
+    assert "split_zhou_OxfordPets.json not found" in lines[0] and "lie directly in images/val/" in lines[1]
+    assert lines[1].startswith("  and: ") and "--datasets OxfordPets ImageNet" in lines[2]
     assert not (tmp_path / "cache").exists() and not (tmp_path / "results").exists()
 
 

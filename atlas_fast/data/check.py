@@ -334,16 +334,24 @@ class DataLayoutProblems(FileNotFoundError):
     """The data a command was asked to read is missing or laid out wrongly (every fault found, one line each)."""
 
 
+def _problem_text(finding: Finding) -> str:
+    """A finding as an error message: what, where, and the fix."""
+    where = f": {finding.path}" if finding.path else ""
+    return f"{finding.what.rstrip('.')}{where}." + (f" Fix: {finding.fix}" if finding.fix else "")
+
+
 def require_layouts(names: Iterable[str], data_root: str | Path) -> None:
     """The cheap part of ``data check`` for every dataset a command will read, before any work: raises
-    :class:`DataLayoutProblems` naming every fault (and how to fix it) of every dataset at once."""
+    :class:`DataLayoutProblems` whose first line is the first fault (what, which file, the fix) and whose next lines
+    name every other fault of every dataset, so one attempt shows them all."""
     problems = []
     checked = []
     for name in dict.fromkeys(names):
         spec = get_spec(name)
         checked.append(spec.name)
-        problems += [f"{spec.name}: {f.line()}" for f in layout_findings(spec, data_root)]
+        problems += [_problem_text(f) for f in layout_findings(spec, data_root)]
     if problems:
-        raise DataLayoutProblems(
-            f"the data under {data_root} is not ready ({len(problems)} problem(s)):\n  " + "\n  ".join(problems) +
-            f"\n(atlas-fast data check --data-root {data_root} --datasets {' '.join(checked)} says more)")
+        more = [f"  and: {problem}" for problem in problems[1:]]
+        raise DataLayoutProblems("\n".join([problems[0], *more,
+                                             f"  (atlas-fast data check --data-root {data_root} --datasets "
+                                             f"{' '.join(checked)} checks the counts and images too)"]))

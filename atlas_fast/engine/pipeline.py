@@ -81,8 +81,10 @@ def missing_sets(spec: RunSpec, record: dict[str, Any]) -> list[str]:
 
 
 def _record_fields(record: dict[str, Any]) -> dict[str, Any]:
-    """A read record less what :meth:`ResultStore.save` and the pipeline add (status, learned file, path)."""
-    return {k: v for k, v in record.items() if k not in ("status", "learned", "learned_blake2b", "skipped", "path")}
+    """A read record less what :meth:`ResultStore.save` and the pipeline add (status, learned file and checksum, a
+    seal where records have one, path)."""
+    return {k: v for k, v in record.items()
+            if k not in ("status", "learned", "learned_blake2b", "seal", "skipped", "path")}
 
 
 def _rewrite(spec: RunSpec, stem: str, fields: dict[str, Any], learned: dict[str, torch.Tensor]) -> dict[str, Any]:
