@@ -10,7 +10,7 @@ than two. This module
   ``cpu.cfs_quota_us`` quota (rounded up), and ``SLURM_CPUS_PER_TASK`` (the smallest wins);
 * keeps a policy (:func:`set_threads`): a fixed count, ``"auto"`` (the available CPUs, and for small cached steps
   the count a short probe measures fastest), or nothing set (torch's own default: the Python API changes nothing
-  unless asked). The command line applies ``--threads`` (default ``auto``; ``OMP_NUM_THREADS`` set by the user counts
+  unless asked, beyond capping a training loop at the CPUs it may use). The command line applies ``--threads`` (default ``auto``; ``OMP_NUM_THREADS`` set by the user counts
   as a fixed count) before torch is imported, so its workers inherit it;
 * measures (:func:`probe_threads`) a small cached step (a two-layer MLP forward and backward on a batch of tokens)
   at 1, 2, 4... threads up to the available CPUs and keeps the fastest per machine and load for a day
@@ -296,16 +296,21 @@ def probe_threads(limit: int | None = None, refresh: bool = False) -> int:
 
 @contextlib.contextmanager
 def small_step_threads(device_type: str, small_steps: bool) -> Iterator[None]:
-    """Within the block, the policy's count for training steps on ``device_type``: under ``"auto"``, the probe's
-    count for small cached steps on the CPU (restored afterwards); otherwise nothing changes (a fixed count is
-    already in force; with no policy, torch's own default is left alone)."""
-    if threads_policy() != "auto" or device_type != "cpu" or not small_steps:
+    """Within the block (a group's training loop), the thread count for its steps: under ``"auto"``, the probe's
+    count for small cached steps on the CPU; with no policy set, torch's own count, but never more than the CPUs
+    this process may use (a container's quota, a SLURM allocation); a fixed count stays. Restored afterwards."""
+    policy = threads_policy()
+    if isinstance(policy, int) or device_type != "cpu":
         yield
         return
     import torch
 
     previous = torch.get_num_threads()
-    torch.set_num_threads(probe_threads())
+    if policy == "auto":
+        count = probe_threads() if small_steps else available_cpus().count
+    else:
+        count = min(previous, available_cpus().count)
+    torch.set_num_threads(count)
     try:
         yield
     finally:

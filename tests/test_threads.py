@@ -11,7 +11,8 @@ import torch
 
 import atlas_fast
 from atlas_fast import threads
-from atlas_fast.threads import CpuLimit, available_cpus, cgroup_cpus, command_threads, set_threads
+from atlas_fast.threads import (CpuLimit, available_cpus, cgroup_cpus, command_threads, measure_step_seconds,
+                                set_threads)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -131,6 +132,14 @@ def test_small_cached_steps_use_the_probe_only_under_auto(monkeypatch):
     monkeypatch.setattr(threads, "probe_threads", lambda: 1)
     torch.set_num_threads(2)
     with threads.small_step_threads("cpu", small_steps=True):  # no policy: torch's own count stays
+        assert torch.get_num_threads() == min(2, available_cpus().count)
+    monkeypatch.setattr(threads, "available_cpus", lambda: CpuLimit(1, "cgroup cpu.max"))
+    with threads.small_step_threads("cpu", small_steps=True):  # ... but never above what the process may use
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    monkeypatch.setattr(threads, "available_cpus", available_cpus)
+    set_threads(2)
+    with threads.small_step_threads("cpu", small_steps=True):  # a fixed count stays
         assert torch.get_num_threads() == 2
     set_threads("auto")
     torch.set_num_threads(2)
@@ -138,7 +147,7 @@ def test_small_cached_steps_use_the_probe_only_under_auto(monkeypatch):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == 2
     with threads.small_step_threads("cpu", small_steps=False):  # pixel steps: the available CPUs
-        assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == available_cpus().count
 
 
 def test_the_probe_keeps_the_fastest_count_per_machine(tmp_path, monkeypatch):
@@ -150,7 +159,7 @@ def test_the_probe_keeps_the_fastest_count_per_machine(tmp_path, monkeypatch):
     assert threads.probe_threads(limit=4) == 2 and measured == [1, 2, 4]  # kept: not measured again
     assert (tmp_path / "atlas_fast" / "threads.json").is_file()
     assert threads.probe_threads(limit=1) == 1
-    monkeypatch.undo()
+    monkeypatch.setattr(threads, "measure_step_seconds", measure_step_seconds)
     assert threads.measure_step_seconds(1, tokens=8, width=8, repeats=1) > 0
 
 
@@ -167,3 +176,4 @@ def test_the_thread_count_is_not_part_of_a_run(tmp_path, monkeypatch):
     assert one["key"] == two["key"] and not two["skipped"]
     for name in ("base", "new", "all"):
         assert one["metrics"][name] == pytest.approx(two["metrics"][name], abs=1e-6)
+
