@@ -6,7 +6,8 @@ method, a registry), ``engine`` (plan -> feed -> loop -> evaluate -> record), ``
 (CLI, demo, report) and ``experiments`` (one module per paper table or figure).
 
 ``from atlas_fast import TrainConfig, run, run_group`` is the Python entry point; it is imported on first use, so
-importing the package (e.g. for the command line's ``--help``) does not import torch.
+importing the package (e.g. for the command line's ``--help``) does not import torch. ``atlas_fast.set_threads(n)``
+(or ``"auto"``) fixes the CPU threads of the process, as the command line's ``--threads`` does.
 """
 
 from typing import Any
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         import atlas_fast.engine as engine
 
         return getattr(engine, name)
+    if name == "set_threads":  # CPU threads for this process (atlas_fast.threads); imports nothing heavy
+        from atlas_fast.threads import set_threads
+
+        return set_threads
     raise AttributeError(f"module 'atlas_fast' has no attribute {name!r}")

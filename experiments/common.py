@@ -20,6 +20,7 @@ from atlas_fast.data.datasets import ELEVEN
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.app.options import (add_download, add_method_options, add_methods, add_progress, add_seeds,
                                     add_workers, apply_download, check_range, method_options)
+from atlas_fast.data.check import require_layouts
 from atlas_fast.errors import UsageError
 from atlas_fast.report.tables import TableRow, latex_label, latex_table, markdown_table, plot_rows
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
@@ -178,6 +179,7 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
         apply_world(args, module_parser, module)
     elif args.data_root is None:
         module_parser.error("--data-root is required (or --world to run on the embedded world)")
+    require_layouts([*getattr(args, "datasets", []), *(getattr(args, "targets", None) or [])], args.data_root)
     if args.batch_runs is None:
         args.batch_runs = getattr(module, "BATCH_RUNS", None)  # e.g. Table V times runs trained alone
     for option in ("seeds", "datasets", "methods", "targets"):  # a value counted twice would weigh twice

@@ -201,3 +201,49 @@ def make_class_folders(path: Path, classes: tuple[str, ...] = ("zebra", "ant", "
                 write_image(path / split / cname / f"{cname}_{i}.png", seed=seed + c_index * 1000 + s_index * 100 + i,
                             size=size)
     return path
+
+
+# --- faults of real data (atlas-fast data check) ----------------------------------------------------------------------
+
+def corrupt_image(path: Path) -> None:
+    """Replace an image's bytes by the first bytes of a JPEG and garbage: it no longer decodes."""
+    Path(path).write_bytes(b"\xff\xd8\xff\xe0" + b"not an image" * 8)
+
+
+def make_flat_imagenet_val(data_root: Path, n_classes: int = 4, n_train: int = 2, n_val: int = 2, size: int = 8,
+                           seed: int = 0) -> tuple[Path, Path]:
+    """ImageNet as the archives extract it: ``images/train/<wnid>/`` but ``images/val/ILSVRC2012_val_<8 digits>.JPEG``
+    flat, plus a synthetic ILSVRC-2012 devkit (``ILSVRC2012_devkit_t12.tar.gz``: ``data/meta.mat`` whose
+    ILSVRC2012_IDs are not in wnid order, and ``data/ILSVRC2012_validation_ground_truth.txt``). Returns (dataset
+    folder, devkit archive)."""
+    import io
+    import tarfile
+
+    from scipy.io import savemat
+
+    dataset_dir = make_imagenet(data_root, n_classes=n_classes, n_train=n_train, n_val=n_val, size=size, seed=seed)
+    val = dataset_dir / "images" / "val"
+    wnids = sorted(p.name for p in val.iterdir())
+    ids = {wnid: n_classes - i for i, wnid in enumerate(wnids)}  # ILSVRC2012_IDs in reverse wnid order
+    truth = []
+    for wnid in wnids:
+        for image in sorted((val / wnid).iterdir()):
+            truth.append(ids[wnid])
+            image.rename(val / f"ILSVRC2012_val_{len(truth):08d}.JPEG")
+        (val / wnid).rmdir()
+    synsets = np.zeros((n_classes + 1,), dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("words", "O"),
+                                                ("num_children", "O")])
+    for i, wnid in enumerate(wnids):
+        synsets[i] = (ids[wnid], wnid, f"words {i}", 0)
+    synsets[n_classes] = (n_classes + 1, "n00001740", "entity", 3)  # an inner node of the hierarchy: not a class
+    meta = io.BytesIO()
+    savemat(meta, {"synsets": synsets})
+    devkit = Path(data_root) / "ILSVRC2012_devkit_t12.tar.gz"
+    with tarfile.open(devkit, "w:gz") as archive:
+        for name, payload in (("data/meta.mat", meta.getvalue()),
+                              ("data/ILSVRC2012_validation_ground_truth.txt",
+                               "".join(f"{t}\n" for t in truth).encode())):
+            info = tarfile.TarInfo(f"ILSVRC2012_devkit_t12/{name}")
+            info.size = len(payload)
+            archive.addfile(info, io.BytesIO(payload))
+    return dataset_dir, devkit

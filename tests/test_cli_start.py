@@ -21,7 +21,8 @@ print("HEAVY", ",".join(heavy) or "-", "STATUS", status)
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["cache", "build", "--help"],
                                   ["demo", "--help"], ["report", "--help"], ["train", "--dataset", "OxfordPets"],
                                   ["train", "--dataset", "X", "--data-root", "d", "--method-option", "depth"],
-                                  ["experiment", "--list"], ["experiment", "table9"]])
+                                  ["experiment", "--list"], ["experiment", "table9"], ["data", "check", "--help"],
+                                  ["data", "sort-imagenet-val", "--help"]])
 def test_help_and_argument_errors_do_not_import_torch(argv):
     result = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
                             timeout=60)

@@ -163,7 +163,8 @@ def test_variants_that_differ_in_configuration_are_separate_rows_and_duplicates_
         write(root, record("EuroSAT", "coop", "isl", 1, {"base": 80.0, "new": new}, soft_labels__alpha=alpha))
     write(root, record("EuroSAT", "coop", "coop", 1, {"base": 80.0, "new": 50.0}), name="old")
     newer = write(root, {**record("EuroSAT", "coop", "coop", 1, {"base": 82.0, "new": 52.0},
-                                  created="2024-02-01T00:00:00"), "key": "other"}, name="new")
+                                  created="2024-02-01T00:00:00"), "key": "other",
+                          "data": {"dataset": "EuroSAT", "fingerprint": "changed data"}}, name="new")
     rows = _table(report_folder(root, out=tmp_path / "out"), "Base-to-new generalisation, 16 shots")[1:]
     assert [(row[1], row[3]) for row in rows] == [
         ("CoOp", "52.00"), ("+ ATLaS-ISL (alpha=0.1)", "70.00"), ("+ ATLaS-ISL (alpha=0.5)", "60.00")]

@@ -105,3 +105,39 @@ def apply_download(args: argparse.Namespace) -> None:
         from atlas_fast.clip.backbones import DOWNLOAD_VARIABLE
 
         os.environ[DOWNLOAD_VARIABLE] = "1"
+
+
+def add_threads(parser: argparse.ArgumentParser) -> None:
+    """``--threads N|auto``: intra-op CPU threads (:mod:`atlas_fast.threads`); taken anywhere on the line."""
+    parser.add_argument("--threads", default=None, metavar="N|auto",
+                        help="CPU threads per process (default auto: the CPUs this process may use - affinity, "
+                             "cgroup quota, SLURM_CPUS_PER_TASK - and for small cached training steps the count a "
+                             "short probe measures fastest; OMP_NUM_THREADS, if set, is kept). May also be given "
+                             "after the command")
+
+
+def split_threads(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(``argv`` without ``--threads N`` / ``--threads=N``, those words), so the option works after the command."""
+    rest, threads = [], []
+    words = iter(argv)
+    for word in words:
+        if word == "--threads":
+            threads = [word, next(words, "")]
+        elif word.startswith("--threads="):
+            threads = [word]
+        else:
+            rest.append(word)
+    return rest, threads
+
+
+def command_threads(args: argparse.Namespace):
+    """The context in which a command runs: ``--threads`` (or the default policy) applied before torch is imported,
+    so the command and the workers it starts follow it (:func:`atlas_fast.threads.command_threads`)."""
+    from atlas_fast.threads import command_threads as threads_context, parse_threads
+
+    threads = getattr(args, "threads", None)
+    try:
+        parse_threads(threads)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
+    return threads_context(threads)

@@ -14,17 +14,18 @@ import sys
 import traceback
 from typing import Sequence
 
-from atlas_fast.app.options import apply_download
+from atlas_fast.app.options import add_threads, apply_download, command_threads, split_threads
 from atlas_fast.errors import shorten_values, user_errors
 
 # The command groups in the order ``--help`` lists them: modules of this package.
-COMMAND_GROUPS = ("cache", "train", "eval", "demo", "experiment", "report")
+COMMAND_GROUPS = ("cache", "train", "eval", "demo", "experiment", "report", "data")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atlas-fast", description="Feature-cache-first prompt tuning of CLIP.")
     parser.add_argument("--debug", action="store_true",
                         help="print the full traceback of an error (may also be given after the command)")
+    add_threads(parser)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
         importlib.import_module(f"atlas_fast.cli.{group}").add_parser(subparsers)
@@ -35,10 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``atlas-fast`` console script; returns the exit status (2 for a user error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    args = build_parser().parse_args((["--debug"] if debug else []) + [a for a in argv if a != "--debug"])
+    argv, threads = split_threads(argv)
+    args = build_parser().parse_args((["--debug"] if debug else []) + threads + [a for a in argv if a != "--debug"])
     try:
-        apply_download(args)
-        return int(args.func(args) or 0)
+        with command_threads(args):
+            apply_download(args)
+            return int(args.func(args) or 0)
     except user_errors() as exc:
         if debug:
             traceback.print_exc()

@@ -68,6 +68,7 @@ def run_cache_build(args: argparse.Namespace) -> int:
         raise UsageError(f"--views must be >= 0, got {args.views}.")
     from atlas_fast.data.fewshot import MAX_SEED
     from atlas_fast.engine.config import MAX_BATCH_SIZE, MAX_VIEWS, MAX_WORKERS
+    from atlas_fast.data.check import require_layouts
     from atlas_fast.sweep.grid import distinct
 
     check_range("--shots", args.shots, 1)  # a K below 1 would encode the whole dataset
@@ -77,6 +78,7 @@ def run_cache_build(args: argparse.Namespace) -> int:
     check_range("--workers", args.workers, 0, MAX_WORKERS)
     for seed in distinct(args.seeds or [], "--seeds"):
         check_range("--seeds", seed, 0, MAX_SEED)
+    require_layouts([args.dataset], args.data_root)
     splits = load_dataset(args.dataset, args.data_root)
     if args.shots is None:
         variants = [splits]

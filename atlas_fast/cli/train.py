@@ -105,6 +105,9 @@ def label_variant(args: argparse.Namespace):
 def run_train(args: argparse.Namespace) -> int:
     check_methods(args.methods)  # names and syntax first: nothing heavy is imported for a typo
     options = {method: method_options(args.method_option, method) for method in args.methods}
+    from atlas_fast.data.check import require_layouts
+
+    require_layouts([args.dataset], args.data_root)  # every layout fault at once, before any work
     from atlas_fast.report.tables import train_results
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig

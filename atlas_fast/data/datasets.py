@@ -487,6 +487,8 @@ _BUILTIN_SPECS = (
     DatasetSpec("ImageNetR", "imagenet-rendition", WnidFolderLayout("imagenet-r"), ATLAS_TEMPLATES["ImageNetR"],
                 "imagenet_r"),
 )
+#: The 15 benchmarks' registry names in CoOp's table order (what `atlas-fast data check` looks for).
+BUILTIN_DATASETS = tuple(spec.name for spec in _BUILTIN_SPECS)
 
 #: The 11 datasets of the papers' base-to-new, few-shot and cross-dataset (target) tables, in the papers' order.
 ELEVEN = ("ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers", "Food101", "FGVCAircraft",

@@ -37,9 +37,11 @@ from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
 from atlas_fast.engine.graphs import use_graph_steps
 from atlas_fast.engine.loop import train_runs
 from atlas_fast.engine.record import ResultStore, build_record, finished_record, save_record
+from atlas_fast.engine.run_identity import evaluated_sets, identity_fields
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.engine.step import RunState
 from atlas_fast.methods.base import PromptMethod
+from atlas_fast.threads import small_step_threads
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
@@ -57,19 +59,104 @@ def run_group(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
     return run_specs([plan_run(config, listings=listings) for config in configs])
 
 
-def split_finished(specs: Sequence[RunSpec]) -> tuple[list[dict[str, Any] | None], list[int]]:
+def split_finished(specs: Sequence[RunSpec], complete: bool = True
+                   ) -> tuple[list[dict[str, Any] | None], list[int]]:
     """Each spec's finished record (None where there is none) and the indices of the runs still to train: the one
-    place where finished runs are skipped."""
-    records = [finished_record(spec) for spec in specs]
+    place where finished runs are skipped. A run is one run whatever class sets it asks for: a record evaluated on
+    more sets answers, one under the name a run had before evaluation stopped naming runs is taken over, and with
+    ``complete`` a set the record lacks is evaluated on its saved prompts (:func:`complete_record`, no retraining;
+    a dry run passes False)."""
+    records = []
+    for spec in specs:
+        record = finished_record(spec) or adopt_legacy_record(spec)
+        if record is not None and complete:
+            record = complete_record(spec, record)
+        records.append(record)
     return records, [i for i, record in enumerate(records) if record is None]
+
+
+def missing_sets(spec: RunSpec, record: dict[str, Any]) -> list[str]:
+    """The class sets ``spec`` asks for that ``record`` holds no accuracy for."""
+    return [name for name in spec.data.splits if name not in evaluated_sets(record)]
+
+
+def _record_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """A read record less what :meth:`ResultStore.save` and the pipeline add (status, learned file and checksum, a
+    seal where records have one, path)."""
+    return {k: v for k, v in record.items()
+            if k not in ("status", "learned", "learned_blake2b", "seal", "skipped", "path")}
+
+
+def _rewrite(spec: RunSpec, stem: str, fields: dict[str, Any], learned: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Write a record (atomically, through the store) and return it as a skipped run returns it."""
+    from atlas_fast.engine.record import read_record
+
+    path = ResultStore(spec.config.results_dir).save(spec.dataset, stem, fields, learned)
+    return {**read_record(path), "skipped": True, "path": str(path)}
+
+
+def adopt_legacy_record(spec: RunSpec) -> dict[str, Any] | None:
+    """The run's finished record under a name it had before evaluation stopped naming runs (the fullest one), written
+    again under the run's name (the old files stay; the report counts the run once), or None."""
+    from atlas_fast.engine.record import load_learned
+
+    store = ResultStore(spec.config.results_dir)
+    found = []
+    for stem, key in spec.legacy_stems():
+        record = store.find(spec.dataset, stem, key=key)
+        if record is not None:
+            found.append((len(evaluated_sets(record)), stem, record))
+    if not found:
+        return None
+    _, stem, record = max(found, key=lambda item: item[0])
+    learned = load_learned(store.record_path(spec.dataset, stem))
+    fields = {**_record_fields(record), "key": spec.record_key, "config_key": spec.key,
+              "config": identity_fields(record["config"]), "adopted_from": f"{stem}.json"}
+    return _rewrite(spec, spec.stem, fields, learned)
+
+
+def complete_record(spec: RunSpec, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the class sets ``spec`` asks for and it lacks evaluated on its saved learned tensors
+    (:func:`evaluate_saved`, the way a run evaluates) and written back atomically; no retraining. Unchanged when it
+    holds them all. The per-epoch accuracies of ``eval_every_epoch`` stay those of the sets evaluated then."""
+    from atlas_fast.engine.config import EVALUATION_SETS
+    from atlas_fast.engine.record import load_learned, utc_now
+
+    missing = missing_sets(spec, record)
+    if not missing:
+        return record
+    clock = time.perf_counter()
+    path = Path(record["path"])
+    results = {name: evaluate_saved(path, spec.dataset, spec.config.data_root, name,
+                                    cache_root=spec.config.cache_root, device=str(spec.device),
+                                    progress=spec.config.progress)
+               for name in missing}
+    metrics = dict(record["metrics"])
+    zero_shot = dict(metrics.pop("zero_shot"))
+    for name, result in results.items():
+        metrics[name], zero_shot[name] = result["accuracy"], result["zero_shot"]
+    others = {k: v for k, v in metrics.items() if k not in EVALUATION_SETS and k != "H"}
+    accuracies = summarize({name: metrics[name] for name in EVALUATION_SETS if name in metrics})
+    references = summarize({name: zero_shot[name] for name in EVALUATION_SETS if name in zero_shot})
+    data = dict(record["data"])
+    data["num_test"] = {**data.get("num_test", {}), **{name: r["num_test"] for name, r in results.items()}}
+    later = list(record.get("evaluated_later", [])) + [
+        {"sets": missing, "created": utc_now(), "seconds": round(time.perf_counter() - clock, 4)}]
+    fields = {**_record_fields(record), "metrics": {**accuracies, **others, "zero_shot": references}, "data": data,
+              "evaluated_later": later}
+    return _rewrite(spec, path.stem, fields, load_learned(path))
 
 
 def run_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     """Train the planned runs that have no finished record, as one group when their method batches (what a sweep's
-    worker calls: it plans nothing); returns every run's record in order."""
+    worker calls: it plans nothing); returns every run's record in order. A run asked for twice (the same record
+    name, e.g. with other evaluated sets) trains once; the others then find its record."""
     records, todo = split_finished(specs)
     if not todo:
         return records  # type: ignore[return-value]
+    first_of: dict[str, int] = {}
+    repeats = [i for i in todo if first_of.setdefault(specs[i].stem, i) != i]
+    todo = [i for i in todo if i not in repeats]
     method = specs[todo[0]].method
     if len(todo) > 1 and not method.supports_batched_runs:
         warnings.warn(f"{method.name} does not support batched runs: its runs train one by one.")
@@ -79,6 +166,8 @@ def run_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     for group in groups:
         for i, record in zip(group, train_group([specs[i] for i in group])):
             records[i] = record
+    for i in repeats:
+        records[i] = split_finished([specs[i]])[0][0]
     return records  # type: ignore[return-value]
 
 
@@ -128,8 +217,9 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     graph_steps = use_graph_steps([s.config.graph_steps for s in specs], first.method,
                                   [s.schedule for s in states], first.device)
     clock = time.perf_counter()
-    logs = train_runs(method, states, first.recipe, first.device, first.amp,
-                      any(s.config.progress for s in specs), per_epoch_eval, graph_steps)
+    with small_step_threads(first.device.type, small_steps=not method.reads_pixels):
+        logs = train_runs(method, states, first.recipe, first.device, first.amp,
+                          any(s.config.progress for s in specs), per_epoch_eval, graph_steps)
     train_seconds = round(time.perf_counter() - clock, 4)
 
     records = []

@@ -12,8 +12,6 @@ decoded and no feature is read here.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import sys
 import time
 import warnings
@@ -26,6 +24,7 @@ import torch
 from atlas_fast.clip.backbones import Backbone, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device, resolve_precision
 from atlas_fast.engine.graphs import graph_steps_refusal
+from atlas_fast.engine.run_identity import config_key, data_record_key
 from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, method_class
 
 
@@ -82,7 +81,8 @@ def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig,
                  device: torch.device) -> dict[str, Any]:
     """The JSON form of a run's configuration, with every default resolved (this is what the record hash covers);
     ``dataset`` is the registry name, so ``oxford_pets`` and ``OxfordPets`` name the same run. ``graph_steps`` is
-    not part of it (a speed knob: the replayed steps are the eager ones)."""
+    not part of it (a speed knob: the replayed steps are the eager ones), nor which class sets are evaluated
+    (``evaluate``: a run is one run whatever asked for it, see :mod:`atlas_fast.engine.run_identity`)."""
     described = {
         "dataset": dataset, "backbone": config.backbone.to_dict(), "method": config.method,
         "method_config": _as_dict(method_config), "recipe_family": config.recipe, "recipe": recipe.to_dict(),
@@ -92,21 +92,7 @@ def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig,
         "eval_every_epoch": config.eval_every_epoch, "device": device.type,
         "precision": resolve_precision(config.precision, device),
     }
-    evaluated = evaluation_subsamples(config.train_subsample, method_config, config.evaluate)
-    if evaluated != evaluation_subsamples(config.train_subsample, method_config):
-        described["evaluate"] = evaluated  # only a non-default choice names the run: older records keep their names
     return described
-
-
-def config_key(described: dict[str, Any], backbone_fingerprint: str) -> str:
-    """A stable hash of the run's described configuration and the backbone fingerprint."""
-    canonical = json.dumps({"config": described, "backbone": backbone_fingerprint}, sort_keys=True, default=str)
-    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
-
-
-def data_record_key(key: str, data_fingerprint: str) -> str:
-    """The record's full key: the configuration key (:func:`config_key`) joined with the data fingerprint."""
-    return hashlib.blake2b(f"{key}:{data_fingerprint}".encode(), digest_size=16).hexdigest()
 
 
 def record_stem(config: TrainConfig, key: str) -> str:
@@ -223,6 +209,23 @@ class RunSpec:
     @property
     def stem(self) -> str:
         return record_stem(self.config, self.record_key)
+
+    def legacy_stems(self) -> list[tuple[str, str]]:
+        """(stem, record key) of the names this run's record had before evaluation stopped naming runs: one per
+        non-default choice of evaluated class sets (a finished record under one of them is this run's)."""
+        from itertools import combinations
+
+        from atlas_fast.engine.config import EVALUATION_SETS
+
+        default = evaluation_subsamples(self.config.train_subsample, self.method_config)
+        names = []
+        for size in range(1, len(EVALUATION_SETS) + 1):
+            for sets in combinations(EVALUATION_SETS, size):
+                if self.config.train_subsample in sets and list(sets) != default:
+                    key = config_key({**self.described, "evaluate": list(sets)}, self.backbone_fingerprint)
+                    record_key = data_record_key(key, self.data.fingerprint)
+                    names.append((record_stem(self.config, record_key), record_key))
+        return names
 
     @property
     def label(self) -> str:

@@ -37,8 +37,9 @@ FORMATS = ("md", "tex", "csv", "png", "pdf")
 SETTING_TITLES = {"base2new": "Base-to-new generalisation", "few_shot": "Few-shot classification",
                   "cross_dataset": "Cross-dataset transfer, source dataset"}
 # Config fields that never make two records different variants: the grouping keys themselves, where the run ran
-# and whether it was also evaluated after every epoch (which changes no final number).
-_NOT_A_VARIANT = ("seed", "dataset", "setting", "shots", "method", "device", "eval_every_epoch")
+# whether it was also evaluated after every epoch (which changes no final number) and on which class sets (legacy
+# records name them; a run is one run whatever was evaluated).
+_NOT_A_VARIANT = ("seed", "dataset", "setting", "shots", "method", "device", "eval_every_epoch", "evaluate")
 _REQUIRED = ("config.dataset", "config.method", "config.setting", "config.shots", "config.seed",
              "config.schedule.name")
 
@@ -74,9 +75,11 @@ def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = No
     or only the files ``paths`` (relative to ``results_dir``, as a report's ``sources.json`` lists them). Each record
     gets ``path`` (its file). A file that cannot be read, is not finished, fails its seal, or lacks what the report
     needs is skipped with a warning on stderr naming it (it is left where it is); one from before seals is used
-    with a warning."""
+    with a warning. A run with several records is listed once
+    (:func:`atlas_fast.engine.run_identity.one_record_per_run`)."""
     from atlas_fast.engine.record import missing_fields, read_record, record_problems
     from atlas_fast.engine.seal import is_sealed
+    from atlas_fast.engine.run_identity import one_record_per_run
 
     root = Path(results_dir)
     if not root.is_dir():
@@ -106,7 +109,7 @@ def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = No
         others = f" and {len(unsealed) - 1} more" if len(unsealed) > 1 else ""
         _warn(f"result record {unsealed[0]}{others} have no seal (written before atlas_fast sealed records); their "
               f"numbers are used unverified.")
-    return records
+    return one_record_per_run(records)
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:

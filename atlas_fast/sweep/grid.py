@@ -140,7 +140,7 @@ def group_runs(specs: Sequence[RunSpec], batch_runs: int) -> list[list[RunSpec]]
 
 def describe_plan(specs: Sequence[RunSpec], batch_runs: int) -> str:
     """The dry-run listing: one line per run (finished or to run) and the groups the remaining runs form."""
-    finished, todo = split_finished(specs)
+    finished, todo = split_finished(specs, complete=False)
     groups = group_runs([specs[i] for i in todo], batch_runs)
     lines = [f"{'finished' if record is not None else 'to run  '}  {spec.label}  ->  {spec.dataset}/{spec.stem}"
              for spec, record in zip(specs, finished)]
