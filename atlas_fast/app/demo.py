@@ -92,13 +92,15 @@ def _zero_shot_row(records: Sequence[dict]) -> str:
 
 
 def verdict(records: Sequence[dict]) -> str:
-    """One plain sentence per ATLaS variant: does it raise or lower new-class accuracy and H against CoOp, by more
-    than the seeds' spread? (The paired per-seed differences decide, so a seed's luck is not read as an effect.)"""
-    import statistics
+    """One plain sentence per ATLaS variant: does it raise or lower new-class accuracy and H against CoOp? The paired
+    per-seed differences decide, with a 95 % t interval over them (:mod:`atlas_fast.app.stats`): "raises" or
+    "lowers" when the interval excludes 0, "no difference at 95 %" when it holds it; with one seed there is no
+    interval, and the sentence says so."""
     from collections import defaultdict
 
-    from atlas_fast.engine.evaluate import harmonic_mean
     from atlas_fast.app.report import variant_label
+    from atlas_fast.app.stats import paired_difference
+    from atlas_fast.engine.evaluate import harmonic_mean
 
     by_variant: dict[str, dict[tuple[str, int], dict[str, float]]] = defaultdict(dict)
     for record in records:
@@ -106,18 +108,25 @@ def verdict(records: Sequence[dict]) -> str:
         by_variant[variant_label(c)][(c["dataset"], c["seed"])] = {
             "new": m["new"], "H": harmonic_mean(m["base"], m["new"])}
     labels = list(by_variant)
-    baseline, sentences = labels[0], []
+    baseline, sentences, seeds = labels[0], [], set()
     for label in labels[1:]:
         pairs = [key for key in by_variant[label] if key in by_variant[baseline]]
+        seeds.add(len(pairs))
         parts = []
         for metric in ("new", "H"):
-            diffs = [by_variant[label][k][metric] - by_variant[baseline][k][metric] for k in pairs]
-            mean = statistics.fmean(diffs)
-            spread = statistics.pstdev(diffs) if len(diffs) > 1 else float("inf")
+            paired = paired_difference([by_variant[label][k][metric] for k in pairs],
+                                       [by_variant[baseline][k][metric] for k in pairs])
             name = "new-class accuracy" if metric == "new" else "H"
-            if abs(mean) <= spread:
-                parts.append(f"leaves {name} unchanged within seed noise ({mean:+.2f} ± {spread:.2f})")
+            direction = paired.direction()
+            if not paired.has_interval:
+                parts.append(f"changes {name} by {paired.mean:+.2f} on its one seed (no interval)")
+            elif direction == "no difference at 95 %":
+                parts.append(f"no difference at 95 % in {name} ({paired.cell()})")
             else:
-                parts.append(f"{'raises' if mean > 0 else 'lowers'} {name} by {abs(mean):.2f} (± {spread:.2f})")
-        sentences.append(f"{label.removeprefix('+ ')} {parts[0]} and {parts[1]}.")
-    return (f"Against {baseline} (paired by seed, mean ± std of the per-seed differences): " + " ".join(sentences))
+                parts.append(f"{direction} {name} by {abs(paired.mean):.2f} "
+                             f"[{paired.low:+.2f}, {paired.high:+.2f}]")
+        sentences.append(f"{label.removeprefix('+ ')}: {parts[0]}; {parts[1]}.")
+    count = max(seeds) if seeds else 0
+    basis = (f"paired by seed, mean difference over {count} seeds with its 95 % t interval" if count > 1 else
+             "one seed only: differences without an interval")
+    return f"Against {baseline} ({basis}): " + " ".join(sentences)
