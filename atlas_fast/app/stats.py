@@ -77,4 +77,4 @@ def interval_note(seeds: int, reference: str = "its baseline") -> str:
     if seeds <= 1:
         return f"Δ = difference to {reference} on the one seed there is: no interval"
     return (f"Δ = mean paired difference to {reference} over {seeds} seeds with a 95 % t interval "
-            f"(scipy.stats, {seeds - 1} degrees of freedom)")
+            f"(scipy.stats, {seeds - 1} degree{'s' if seeds > 2 else ''} of freedom)")
