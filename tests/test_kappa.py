@@ -159,3 +159,27 @@ def test_snapshot_epochs_are_checked(pets):
     with pytest.raises(ValueError, match="go past the run's 2 epochs"):
         plan_run(tiny_pets_config(pets, snapshot_epochs=(3,)))
     assert dataclasses.replace(tiny_pets_config(pets), snapshot_epochs=(2, 1, 2)).snapshot_epochs == (1, 2)
+
+
+def test_the_kappa_sentence_compares_the_order_of_kappa_with_the_order_of_h():
+    from atlas_fast.app.kappa_runs import kappa_sentence
+
+    def row(run, epochs, kind, kappa, seed=1):
+        return {"dataset": "W", "seed": seed, "run": run, "epochs": epochs, "kind": kind, "kappa": kappa}
+
+    def record(soft, seed, new):
+        schedule = {"name": "onehot"} if soft is None else {"name": "atlas", "period": 2}
+        return {"config": {"dataset": "W", "seed": seed, "method": "coop", "schedule": schedule,
+                           "soft_labels": None if soft is None else {"kind": soft}},
+                "metrics": {"base": 90.0, "new": new}}
+
+    rows = [row("+ ATLaS", 0, "ls", 3.0), row("+ ATLaS", 200, "ls", 4.0), row("+ ATLaS-CSL", 0, "csl", 1.0),
+            row("+ ATLaS-CSL", 200, "csl", 1.5), row("+ ATLaS-ISL", 0, "isl", 0.2), row("+ ATLaS-ISL", 200, "isl", 0.4),
+            row("+ ATLaS-ISL", 200, "isl", 0.6, seed=2)]
+    records = [record("ls", 1, 40.0), record("csl", 1, 50.0), record("isl", 1, 60.0)]
+    text = kappa_sentence(rows, records, "W")
+    assert "LS 3.00 -> 4.00, CSL 1.00 -> 1.50, ISL 0.20 -> 0.50" in text  # ISL's end: mean of seeds 1 and 2
+    assert "Lowest κ first: ISL, CSL, LS" in text and text.endswith(": the same order.")
+    records[0]["metrics"]["new"] = 70.0  # LS now reaches the highest H
+    assert kappa_sentence(rows, records, "W").endswith(": not the same order.")
+    assert kappa_sentence(rows, records, "Other") == ""
