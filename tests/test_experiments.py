@@ -68,9 +68,11 @@ def test_cross_dataset_module_has_a_block_per_method(tmp_path):
     args[args.index("OxfordPets")] = "ImageNet"
     table = run_experiment(table_cross_dataset, args + ["--seeds", "1", "--methods", "cocoop", "dept-coop", "--zero-shot",
                                              "--targets", "OxfordPets"])
-    rows = [line.split(" | ")[0] for line in table.splitlines()[2:]]
+    rows = [line.split(" | ")[0] for line in table.split("\n\n")[0].splitlines()[2:]]
     variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
     assert rows == ["| CLIP (zero-shot)", "| CoCoOp", *variants, "| DePT", *variants]
+    # one seed: each variant's paired difference to its method's plain row, without an interval
+    assert table.splitlines()[3].endswith(" (1 seed) |") and "on the one seed there is: no interval" in table
 
 
 def test_ablation_runs_for_another_method(tmp_path):
