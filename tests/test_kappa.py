@@ -183,3 +183,13 @@ def test_the_kappa_sentence_compares_the_order_of_kappa_with_the_order_of_h():
     records[0]["metrics"]["new"] = 70.0  # LS now reaches the highest H
     assert kappa_sentence(rows, records, "W").endswith(": not the same order.")
     assert kappa_sentence(rows, records, "Other") == ""
+
+
+def test_snapshot_points_follow_the_recipe_s_epochs(tmp_path):
+    from atlas_fast.app.kappa_runs import with_snapshots as at_fractions
+    from atlas_fast.engine import TrainConfig
+
+    config = TrainConfig("OxfordPets", tmp_path)  # CoOp's base-to-new recipe: 200 epochs (ImageNet: 50)
+    assert at_fractions(config, [0.05, 0.5]).snapshot_epochs == (0, 10, 100, 200)
+    assert at_fractions(TrainConfig("ImageNet", tmp_path), [0.5]).snapshot_epochs == (0, 25, 50)
+    assert at_fractions(TrainConfig("ImageNet", tmp_path, epochs=4), [0.3, 2.0]).snapshot_epochs == (0, 1, 4)
