@@ -98,3 +98,7 @@ def test_the_demo_verdict_reads_the_interval():
     assert "over 3 seeds with its 95 % t interval" in text
     one = verdict([_record("coop", 1, 90.0, 50.0), _record("isl", 1, 90.0, 60.0)])
     assert "one seed" in one and "[" not in one
+    other = [{**r, "config": {**r["config"], "dataset": "WorldSketches"}} for r in records]
+    both = verdict(records + other)  # seeds pair within a dataset: each dataset gets its own sentences
+    assert both.startswith("On WorldPhotos: Against CoOp (") and " On WorldSketches: Against CoOp (" in both
+    assert both.count("over 3 seeds") == 2

@@ -113,22 +113,26 @@ def verdict(records: Sequence[dict]) -> str:
     """One plain sentence per ATLaS variant: does it raise or lower new-class accuracy and H against CoOp? The paired
     per-seed differences decide, with a 95 % t interval over them (:mod:`atlas_fast.app.stats`): "raises" or
     "lowers" when the interval excludes 0, "no difference at 95 %" when it holds it; with one seed there is no
-    interval, and the sentence says so."""
+    interval, and the sentence says so. With several datasets each gets its own sentences (seeds pair within a
+    dataset)."""
+    datasets = list(dict.fromkeys(record["config"]["dataset"] for record in records))
+    if len(datasets) > 1:
+        return " ".join(f"On {dataset}: " + verdict([r for r in records if r["config"]["dataset"] == dataset])
+                        for dataset in datasets)
     from collections import defaultdict
 
     from atlas_fast.app.report import variant_label
     from atlas_fast.app.stats import paired_difference
     from atlas_fast.engine.evaluate import harmonic_mean
 
-    by_variant: dict[str, dict[tuple[str, int], dict[str, float]]] = defaultdict(dict)
+    by_variant: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
     for record in records:
         c, m = record["config"], record["metrics"]
-        by_variant[variant_label(c)][(c["dataset"], c["seed"])] = {
-            "new": m["new"], "H": harmonic_mean(m["base"], m["new"])}
+        by_variant[variant_label(c)][c["seed"]] = {"new": m["new"], "H": harmonic_mean(m["base"], m["new"])}
     labels = list(by_variant)
     baseline, sentences, seeds = labels[0], [], set()
     for label in labels[1:]:
-        pairs = [key for key in by_variant[label] if key in by_variant[baseline]]
+        pairs = [seed for seed in by_variant[label] if seed in by_variant[baseline]]
         seeds.add(len(pairs))
         parts = []
         for metric in ("new", "H"):

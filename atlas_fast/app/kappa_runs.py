@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from atlas_fast.atlas.softlabels import KINDS, SOFT_LABEL_NAMES, atlas_period, atlas_preset
 from atlas_fast.app.report import variant_label
+from atlas_fast.app.stats import paired_by_seed
 from atlas_fast.engine import TrainConfig
 
 INIT, END = "init", "end"
@@ -113,6 +114,13 @@ def kappa_sentence(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, A
         same = "their H ties, so there is no order to compare"
     else:
         same = "the same order" if by_kappa == by_h else "not the same order"
+    steps = [paired_by_seed(h[(dataset, own_run(a))], h[(dataset, own_run(b))]) for a, b in zip(by_h, by_h[1:])]
+    held = sum(1 for p in steps if p is not None and p.direction() == "raises")
+    if steps and all(p is not None and p.has_interval for p in steps):
+        holds = "holds" if held == 1 else "hold"
+        same += f" (of the {len(steps)} steps of the H order, {held} {holds} at 95 %, paired by seed)"
+    else:
+        same += " (one seed: the H order has no interval)"
     return (f"κ on {dataset} (Lemma 1, σ̂²/σ² at the initial context -> at the end of the soft label's own ATLaS "
             f"run, mean over seeds): {values}. Lowest κ first: {', '.join(name[k] for k in by_kappa)}; highest H "
             f"first: {', '.join(f'{name[k]} {h_mean[k]:.2f}' for k in by_h)}: {same}.")
