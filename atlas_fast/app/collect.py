@@ -277,7 +277,9 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         if not rows:
             continue
         caption = (f"{title}. Mean ± population std over seeds"
-                   + ("; H from the mean base and new accuracies" if "H" in columns else "") + ".")
+                   + ("; H from the mean base and new accuracies" if "H" in columns else "")
+                   + (f"; Δ{columns[-1]}: mean paired difference over seeds to the method's first row, 95 % t "
+                      f"interval" if any(p is not None for p in paired_differences(rows)) else "") + ".")
         latex.append(latex_table(rows, caption=caption, label=latex_label(name)))
         for row, paired in zip(rows, paired_differences(rows)):
             line = {"setting": setting, "shots": shots, "dataset": row.group, "method": row.block,
