@@ -179,9 +179,11 @@ def test_the_kappa_sentence_compares_the_order_of_kappa_with_the_order_of_h():
     records = [record("ls", 1, 40.0), record("csl", 1, 50.0), record("isl", 1, 60.0)]
     text = kappa_sentence(rows, records, "W")
     assert "LS 3.00 -> 4.00, CSL 1.00 -> 1.50, ISL 0.20 -> 0.50" in text  # ISL's end: mean of seeds 1 and 2
-    assert "Lowest κ first: ISL, CSL, LS" in text and ": the same order (one seed: the H order has no interval)." in text
+    assert "Highest H first: ISL 72.00, CSL 64.29, LS 55.38 (one seed: the H order has no interval)" in text
+    assert "at the initial context (known before training): ISL, CSL, LS (the same order)" in text
+    assert text.endswith("at the end of the runs: ISL, CSL, LS (the same order).")
     records[0]["metrics"]["new"] = 70.0  # LS now reaches the highest H
-    assert ": not the same order (" in kappa_sentence(rows, records, "W")
+    assert "(known before training): ISL, CSL, LS (not the same order)" in kappa_sentence(rows, records, "W")
     # with seeds, each step of the H order is tested paired by seed: ISL > CSL holds, CSL > LS does not
     records = [record(kind, seed, new) for seed, news in ((1, (50, 55, 60)), (2, (56, 56.5, 61)), (3, (49, 57, 62)))
                for kind, new in zip(("ls", "csl", "isl"), news)]

@@ -93,8 +93,9 @@ def h_by_run(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[in
 
 def kappa_sentence(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]], dataset: str) -> str:
     """The verdict's sentence on κ for ``dataset``: each soft label's κ at initialisation and at the end of its own
-    ATLaS run (mean over seeds), and whether ordering the soft labels by κ (lowest first: the tighter bound) gives
-    the order of their runs' H (highest first)."""
+    ATLaS run (mean over seeds), and whether ordering the soft labels by κ (lowest first: the tighter bound), at the
+    initial context (measurable before any training) and at the runs' ends, gives the order of their runs' H
+    (highest first), with how many steps of that H order hold at 95 %."""
     means = mean_over_seeds([r for r in rows if r["dataset"] == dataset])
     h = h_by_run(records)
     kinds = [k for k in KINDS if (dataset, own_run(k)) in h and any(key[3] == k for key in means)]
@@ -106,24 +107,27 @@ def kappa_sentence(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, A
         ends = [(key[2], v) for key, v in means.items() if key[1] == own_run(k) and key[3] == k]
         end[k] = max(ends)[1]
     h_mean = {k: round(statistics.fmean(h[(dataset, own_run(k))].values()), 2) for k in kinds}
-    by_kappa = sorted(kinds, key=lambda k: end[k])
     by_h = sorted(kinds, key=lambda k: -h_mean[k])
     name = {"ls": "LS", "csl": "CSL", "isl": "ISL", "mix": "mix"}
     values = ", ".join(f"{name[k]} {init[k]:.2f} -> {end[k]:.2f}" for k in kinds)
-    if len(set(h_mean.values())) < len(kinds):
-        same = "their H ties, so there is no order to compare"
-    else:
-        same = "the same order" if by_kappa == by_h else "not the same order"
+
+    def order(kappa: dict[str, float]) -> str:
+        ranked = sorted(kinds, key=lambda k: kappa[k])
+        if len(set(h_mean.values())) < len(kinds):
+            return f"{', '.join(name[k] for k in ranked)} (their H ties: no order to compare)"
+        return f"{', '.join(name[k] for k in ranked)} ({'the same order' if ranked == by_h else 'not the same order'})"
+
     steps = [paired_by_seed(h[(dataset, own_run(a))], h[(dataset, own_run(b))]) for a, b in zip(by_h, by_h[1:])]
     held = sum(1 for p in steps if p is not None and p.direction() == "raises")
     if steps and all(p is not None and p.has_interval for p in steps):
         holds = "holds" if held == 1 else "hold"
-        same += f" (of the {len(steps)} steps of the H order, {held} {holds} at 95 %, paired by seed)"
+        support = f"of the {len(steps)} steps of the H order, {held} {holds} at 95 %, paired by seed"
     else:
-        same += " (one seed: the H order has no interval)"
+        support = "one seed: the H order has no interval"
     return (f"κ on {dataset} (Lemma 1, σ̂²/σ² at the initial context -> at the end of the soft label's own ATLaS "
-            f"run, mean over seeds): {values}. Lowest κ first: {', '.join(name[k] for k in by_kappa)}; highest H "
-            f"first: {', '.join(f'{name[k]} {h_mean[k]:.2f}' for k in by_h)}: {same}.")
+            f"run, mean over seeds): {values}. Highest H first: "
+            f"{', '.join(f'{name[k]} {h_mean[k]:.2f}' for k in by_h)} ({support}); lowest κ first, at the initial "
+            f"context (known before training): {order(init)}; at the end of the runs: {order(end)}.")
 
 
 def with_snapshots(config: TrainConfig, fractions: Sequence[float]) -> TrainConfig:
