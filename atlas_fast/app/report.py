@@ -485,9 +485,10 @@ def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str
 
 
 def series_figure(xs: Sequence[float], series: dict[str, Sequence[float]], xlabel: str,
-                  ylabel: str = "accuracy (%)", title: str | None = None, log_x: bool = False):
+                  ylabel: str = "accuracy (%)", title: str | None = None, log_x: bool = False, log_y: bool = False):
     """Line plot of several named series over the same x values (ticks at those values; ``log_x``: a log2 x axis,
-    for shot counts); the y axis is zoomed to the data and its label says where it starts."""
+    for shot counts); the y axis is zoomed to the data and its label says where it starts (``log_y``: a log10 y axis
+    instead, for ratios spanning decades)."""
     with _pyplot().rc_context(PLOT_STYLE):
         fig, ax = _new_figure((3.6, 2.8))
         for name, ys in series.items():
@@ -498,7 +499,11 @@ def series_figure(xs: Sequence[float], series: dict[str, Sequence[float]], xlabe
             ax.set_xticks(list(xs), [f"{x:g}" for x in xs])
             ax.minorticks_off()
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(_zoomed_label(ax, ylabel))
+        if log_y:
+            ax.set_yscale("log")
+            ax.set_ylabel(ylabel)
+        else:
+            ax.set_ylabel(_zoomed_label(ax, ylabel))
         if title:
             ax.set_title(title)
         ax.legend()
@@ -507,9 +512,9 @@ def series_figure(xs: Sequence[float], series: dict[str, Sequence[float]], xlabe
 
 def plot_series(xs: Sequence[float], series: dict[str, Sequence[float]], path: str | Path, xlabel: str,
                 ylabel: str = "accuracy (%)", title: str | None = None, formats: Sequence[str] | None = None,
-                log_x: bool = False) -> Path:
+                log_x: bool = False, log_y: bool = False) -> Path:
     """:func:`series_figure` (few-shot curves, sensitivity sweeps) saved as ``path`` and a PDF."""
-    return _save(series_figure(xs, series, xlabel, ylabel, title, log_x), path, formats)
+    return _save(series_figure(xs, series, xlabel, ylabel, title, log_x, log_y), path, formats)
 
 
 def plot_soft_label_case_study(images: Sequence[Any], titles: Sequence[str], rows: dict[str, Any],

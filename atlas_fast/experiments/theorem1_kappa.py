@@ -115,7 +115,7 @@ def _plot(rows: list[dict], dataset: str, path: Path) -> None:
             values = [kappa.get((dataset, run, e, kind)) for e in epochs]
             if all(v is not None for v in values):
                 series[f"{NAMES[kind]}, {tag}"] = values
-    plot_series(epochs, series, path, xlabel="epochs trained", ylabel="κ = σ̂²/σ²")
+    plot_series(epochs, series, path, xlabel="epochs trained", ylabel="κ = σ̂²/σ² (log scale)", log_y=True)
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:
