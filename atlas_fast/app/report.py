@@ -403,6 +403,11 @@ def _save(fig, path: str | Path, formats: Sequence[str] | None = None) -> Path:
     return path
 
 
+def save_figure(fig, path: str | Path, formats: Sequence[str] | None = None) -> Path:
+    """Save a figure made here (and adjusted by the caller) as ``path`` and a PDF of the same stem, then free it."""
+    return _save(fig, path, formats)
+
+
 def _zoomed_label(ax, label: str) -> str:
     """A line plot's y label that says where its axis starts when it does not start at 0."""
     low, high = ax.get_ylim()

@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from atlas_fast.app.kappa_runs import h_by_run, kappa_sentence, mean_over_seeds, own_run, run_kappa, with_snapshots
-from atlas_fast.app.report import plot_series
+from atlas_fast.app.report import save_figure, series_figure
 from atlas_fast.app.stats import interval_note, paired_by_seed
 from atlas_fast.atlas.softlabels import KINDS
 from atlas_fast.engine import TrainConfig
@@ -115,7 +115,10 @@ def _plot(rows: list[dict], dataset: str, path: Path) -> None:
             values = [kappa.get((dataset, run, e, kind)) for e in epochs]
             if all(v is not None for v in values):
                 series[f"{NAMES[kind]}, {tag}"] = values
-    plot_series(epochs, series, path, xlabel="epochs trained", ylabel="κ = σ̂²/σ² (log scale)", log_y=True)
+    fig = series_figure(epochs, series, xlabel="epochs trained", ylabel="κ = σ̂²/σ² (log scale)", log_y=True)
+    fig.set_size_inches(6.2, 2.8)
+    fig.axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # off the curves
+    save_figure(fig, path)
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:
