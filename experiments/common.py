@@ -22,7 +22,7 @@ from atlas_fast.app.options import (add_download, add_method_options, add_method
                                     add_workers, apply_download, check_range, method_options)
 from atlas_fast.data.check import require_layouts
 from atlas_fast.errors import UsageError
-from atlas_fast.report.tables import TableRow, latex_label, latex_table, markdown_table, plot_rows
+from atlas_fast.report.tables import TableRow, latex_label, latex_table, markdown_table, plot_rows, write_csv
 from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
 from atlas_fast.sweep.grid import check_gpus, distinct
 from atlas_fast.engine import TrainConfig
@@ -234,9 +234,10 @@ def publish(out: str | Path, name: str, text: str) -> str:
 
 
 def write_table(rows: Sequence[TableRow], name: str, title: str, out: str | Path) -> str:
-    """Write ``<out>/<name>.{md,tex,png,pdf}`` (Markdown, booktabs LaTeX labelled ``tab:<name>``, bar plot as PNG and
-    PDF), print and return the Markdown. ``title`` heads the Markdown and is the LaTeX caption; the plot has none
-    (its caption belongs to the paper)."""
+    """Write ``<out>/<name>.{md,tex,csv,png,pdf}`` (Markdown, booktabs LaTeX labelled ``tab:<name>``, CSV with the
+    paired differences' intervals, bar plot as PNG and PDF), print and return the Markdown. ``title`` heads the
+    Markdown and is the LaTeX caption; the plot has none (its caption belongs to the paper)."""
     write_text(out, f"{name}.tex", latex_table(rows, caption=title, label=latex_label(name)))
+    write_csv(rows, Path(out) / f"{name}.csv")
     plot_rows(rows, Path(out) / f"{name}.png")
     return publish(out, f"{name}.md", markdown_table(rows, title))

@@ -13,7 +13,7 @@ import argparse
 
 from atlas_fast.experiments import table3_base_to_new
 from atlas_fast.experiments.common import PAPER_METHODS, method_args, publish, write_text
-from atlas_fast.report.tables import aggregate, latex_label, latex_table, markdown_table
+from atlas_fast.report.tables import aggregate, csv_lines, latex_label, latex_table, markdown_table
 
 PAPER = "Appendix Tables A1-A3 (per dataset)"
 plan = table3_base_to_new.plan
@@ -28,9 +28,24 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     average, title = aggregate(records, by_method=True), f"Average over {len(args.datasets)} datasets"
     sections = [markdown_table(average, title)]
     latex = [latex_table(average, caption=title, label="tab:table-a-average")]
+    lines = [{"dataset": "Average", **line} for line in csv_lines(average)]
     for dataset in dict.fromkeys(r["config"]["dataset"] for r in records):
         rows = aggregate([r for r in records if r["config"]["dataset"] == dataset], by_method=True)
         sections.append(markdown_table(rows, dataset))
         latex.append(latex_table(rows, caption=dataset, label=latex_label(f"table-a-{dataset}")))
+        lines += [{"dataset": dataset, **line} for line in csv_lines(rows)]
     write_text(args.out, "table_a_per_dataset.tex", "\n\n".join(latex))
+    write_text(args.out, "table_a_per_dataset.csv", _csv_text(lines))
     return publish(args.out, "table_a_per_dataset.md", "\n\n".join(sections))
+
+
+def _csv_text(lines: list[dict]) -> str:
+    """The rows of every table as CSV text (one header: every table has the same columns)."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(lines[0]) if lines else ["dataset"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(lines)
+    return buffer.getvalue().rstrip("\n")

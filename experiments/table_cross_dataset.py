@@ -19,6 +19,7 @@ from collections import defaultdict
 from atlas_fast.engine import evaluate_saved
 from atlas_fast.experiments.common import ELEVEN, PAPER_METHODS, base_config, method_args, publish
 from atlas_fast.report.tables import method_name, variant_label
+from atlas_fast.report.stats import interval_note, paired_by_seed
 from atlas_fast.atlas.schedules import OneHot
 from atlas_fast.sweep import Variant, atlas_variants, grid_configs
 from atlas_fast.engine import TrainConfig
@@ -45,19 +46,33 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    target_means: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)  # row -> seed -> mean over targets
     for record in records:
         method = record["config"]["method"]
         row = (method_name(method), variant_label(record["config"]))
         cells[row]["source"].append(record["metrics"]["all"])
+        accuracies = []
         for target in args.targets:
             result = evaluate_saved(record["path"], target, args.data_root, cache_root=args.cache_root,
                                      device=args.device, progress=False)
             # zero-shot CLIP on a target uses the target's own template, not the source's
-            cells[row][target].append(result["zero_shot"] if method == "zsclip" else result["accuracy"])
+            accuracies.append(result["zero_shot"] if method == "zsclip" else result["accuracy"])
+            cells[row][target].append(accuracies[-1])
+        if accuracies:
+            target_means[row][record["config"]["seed"]] = statistics.fmean(accuracies)
     columns = ["source"] + list(args.targets)
-    lines = ["| Method | " + " | ".join(columns) + " | target mean |", "|---|" + "---:|" * (len(columns) + 1)]
-    for (_, label), per_column in cells.items():
+    lines = ["| Method | " + " | ".join(columns) + " | target mean | Δ target mean (95 % CI) |",
+             "|---|" + "---:|" * (len(columns) + 2)]
+    seeds = 0
+    for (block, label), per_column in cells.items():
         means = [statistics.fmean(per_column[c]) for c in columns]
+        baseline = (block, block)  # a method's plain row is named after the method
+        paired = (paired_by_seed(target_means[(block, label)], target_means[baseline])
+                  if label != block and baseline in target_means else None)
+        seeds = max(seeds, paired.seeds if paired else 0)
         lines.append(f"| {label} | " + " | ".join(f"{m:.2f}" for m in means)
-                     + f" | {statistics.fmean(means[1:]) if len(means) > 1 else float('nan'):.2f} |")
+                     + f" | {statistics.fmean(means[1:]) if len(means) > 1 else float('nan'):.2f} | "
+                     + (paired.cell() if paired else "") + " |")
+    if seeds:
+        lines += ["", interval_note(seeds, "the method's plain row") + "."]
     return publish(args.out, "table_cross_dataset.md", "\n".join(lines))

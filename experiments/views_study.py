@@ -52,6 +52,7 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.report.tables import variant_label
+    from atlas_fast.report.stats import interval_note, paired_by_seed
 
     # (views, variant) -> dataset -> metric -> per-seed values
     cells: dict[tuple[str, str], dict[str, dict[str, list[float]]]] = defaultdict(
@@ -60,22 +61,33 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
         key = (_views_label(record), variant_label(record["config"]))
         for metric in ("base", "new"):
             cells[key][record["config"]["dataset"]][metric].append(record["metrics"][metric])
+        cells[key][record["config"]["dataset"]]["seed"].append(record["config"]["seed"])
     lines = [f"**Cached views per image (V) vs one fresh view per epoch: base-to-new, {', '.join(args.datasets)}, "
              f"mean ± std over seeds {', '.join(map(str, args.seeds))}**", ""]
     for dataset in args.datasets:
-        lines += [f"*{dataset}*", "", "| V | Method | base | new | H | H vs V = epochs |",
-                  "|---|---|---:|---:|---:|---:|"]
+        lines += [f"*{dataset}*", "", "| V | Method | base | new | H | H vs V = epochs | ΔH paired (95 % CI) |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
         h_at: dict[tuple[str, str], float] = {}
+        h_by_seed: dict[tuple[str, str], dict[int, float]] = {}
         rows = []
         for (views, label), per_dataset in cells.items():
             base, new = per_dataset[dataset]["base"], per_dataset[dataset]["new"]
             hs = [harmonic_mean(b, n) for b, n in zip(base, new)]
             h_at[(views, label)] = statistics.fmean(hs)
+            h_by_seed[(views, label)] = dict(zip(per_dataset[dataset]["seed"], hs))
             rows.append((views, label, base, new, hs))
+        seeds = 0
         for views, label, base, new, hs in rows:
             ref = next((h for (v, name), h in h_at.items() if name == label and v.startswith("epochs")), None)
             change = f"{statistics.fmean(hs) - ref:+.2f}" if ref is not None and not views.startswith("epochs") else ""
-            lines.append(f"| {views} | {label} | {_mean_std(base)} | {_mean_std(new)} | {_mean_std(hs)} | {change} |")
+            ref_key = next((k for k in h_by_seed if k[1] == label and k[0].startswith("epochs")), None)
+            paired = (paired_by_seed(h_by_seed[(views, label)], h_by_seed[ref_key])
+                      if change and ref_key is not None else None)
+            seeds = max(seeds, paired.seeds if paired else 0)
+            lines.append(f"| {views} | {label} | {_mean_std(base)} | {_mean_std(new)} | {_mean_std(hs)} | {change} | "
+                         + (paired.cell() if paired else "") + " |")
+        if seeds:
+            lines += ["", interval_note(seeds, "the same variant with one view per epoch") + "."]
         lines.append("")
     return publish(args.out, "views_study.md", "\n".join(lines).rstrip())
 

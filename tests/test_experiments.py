@@ -30,8 +30,12 @@ def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     assert [line.split(" | ")[0] for line in lines[1:]] == [
         "| CLIP (zero-shot)", "| CoOp", *variants, "| CoCoOp", *variants, "| DePT", *variants]
     # each block's changes are measured against its own baseline row
-    h = {i: float(line.split(" | ")[-1].split()[0]) for i, line in enumerate(lines[1:])}
+    h = {i: float(line.split(" | ")[-2].split()[0]) for i, line in enumerate(lines[1:])}
     assert f"({h[6] - h[5]:+.2f})" in lines[7] and f"({h[10] - h[9]:+.2f})" in lines[11]
+    # and paired by seed (2 seeds here): the mean per-seed difference with its 95 % interval, none for a baseline
+    assert lines[0].endswith("| ΔH (95 % CI) |") and lines[2].endswith("|  |")
+    assert lines[7].split(" | ")[-1].count("[") == 1 and "over 2 seeds with a 95 % t interval" in table
+    assert (tmp_path / "out" / "table3_base_to_new.csv").read_text().startswith("group,method,variant,seeds")
     for suffix in ("md", "tex", "png", "pdf"):
         assert (tmp_path / "out" / f"table3_base_to_new.{suffix}").stat().st_size > 0
     tex = (tmp_path / "out" / "table3_base_to_new.tex").read_text()
@@ -64,9 +68,11 @@ def test_cross_dataset_module_has_a_block_per_method(tmp_path):
     args[args.index("OxfordPets")] = "ImageNet"
     table = run_experiment(table_cross_dataset, args + ["--seeds", "1", "--methods", "cocoop", "dept-coop", "--zero-shot",
                                              "--targets", "OxfordPets"])
-    rows = [line.split(" | ")[0] for line in table.splitlines()[2:]]
+    rows = [line.split(" | ")[0] for line in table.split("\n\n")[0].splitlines()[2:]]
     variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
     assert rows == ["| CLIP (zero-shot)", "| CoCoOp", *variants, "| DePT", *variants]
+    # one seed: each variant's paired difference to its method's plain row, without an interval
+    assert table.splitlines()[4].endswith(" (1 seed) |") and "on the one seed there is: no interval" in table
 
 
 def test_ablation_runs_for_another_method(tmp_path):
@@ -245,6 +251,7 @@ WORLD_MODULE_ARGS = {
     "table_a_per_dataset": ["--methods", "coop", "--datasets", "WorldPhotos", "WorldSymbols"],
     "table_ablation": [],
     "table_cross_dataset": ["--methods", "coop", "--zero-shot"],
+    "theorem1_kappa": ["--datasets", "WorldSketches", "--snapshot-fractions", "0.5"],
     "views_study": ["--view-counts", "1", "0"],
 }
 

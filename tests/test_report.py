@@ -13,6 +13,7 @@ from atlas_fast.report.collect import collect_records, report_folder
 from atlas_fast.cli.report import add_parser as add_report_command, run_report_command
 from atlas_fast.report.tables import (TableRow, curves_figure, latex_table, markdown_table, plot_rows, rows_figure,
                                    series_figure)
+from atlas_fast.report.stats import paired_difference
 from atlas_fast.engine.evaluate import harmonic_mean
 
 SCHEDULES = {"coop": ({"name": "onehot"}, None), "atlas": ({"name": "atlas", "period": 2}, "ls"),
@@ -98,7 +99,7 @@ def _mean_std(values):
 def test_rows_are_grouped_by_dataset_method_and_variant_with_mean_and_population_std(sweep, tmp_path):
     markdown = report_folder(sweep, out=tmp_path / "out")
     table = _table(markdown, "Base-to-new generalisation, 16 shots")
-    assert table[0] == ["Dataset", "Method", "base", "new", "H"]
+    assert table[0] == ["Dataset", "Method", "base", "new", "H", "ΔH (95 % CI)"]
     assert [row[:2] for row in table[1:]] == [
         [group, label] for group in ("Average", "OxfordPets", "EuroSAT")
         for label in ("CoOp", "+ ATLaS", "CoCoOp", "+ ATLaS")]  # paper's dataset order, plain method first
@@ -114,17 +115,22 @@ def test_rows_are_grouped_by_dataset_method_and_variant_with_mean_and_population
     # + ATLaS's change in H is measured against its own method's plain row
     atlas = cells[("OxfordPets", 5)]
     assert atlas[4].endswith(f"({float(atlas[4].split()[0]) - h:+.2f})")
+    # ... and, paired by seed, as the mean of the per-seed H differences with its 95 % t interval
+    per_seed_h = {v: [harmonic_mean(b, n) for b, n in SWEEP[("OxfordPets", "coop", v)]] for v in ("coop", "atlas")}
+    assert atlas[5] == paired_difference(per_seed_h["atlas"], per_seed_h["coop"]).cell() and pets_coop[5] == ""
+    assert "over 3 seeds with a 95 % t interval" in markdown
     # the Average averages the per-dataset means; its H is that of the averaged base and new
     means = {d: [statistics.fmean(v[i] for v in SWEEP[(d, "coop", "coop")]) for i in (0, 1)]
              for d in ("OxfordPets", "EuroSAT")}
     base, new = (statistics.fmean(means[d][i] for d in means) for i in (0, 1))
     average = cells[("Average", 0)]
-    assert [cell.split(" ±")[0] for cell in average[2:]] == [f"{base:.2f}", f"{new:.2f}",
+    assert [cell.split(" ±")[0] for cell in average[2:5]] == [f"{base:.2f}", f"{new:.2f}",
                                                              f"{harmonic_mean(base, new):.2f}"]
     # few-shot tables per shot count and the cross-dataset table show the class set's accuracy
     four = _table(markdown, "Few-shot classification, 4 shots")
-    assert four == [["Dataset", "Method", "all"], ["EuroSAT", "CoOp", _mean_std([60.0, 64.0])],
-                    ["EuroSAT", "+ ATLaS-ISL", f"{_mean_std([63.0, 66.0])} (+2.50)"]]
+    # paired differences 3 and 2: mean 2.5, s = 0.7071, t(0.975, 1) = 12.706 -> half-width 6.353
+    assert four == [["Dataset", "Method", "all", "Δall (95 % CI)"], ["EuroSAT", "CoOp", _mean_std([60.0, 64.0]), ""],
+                    ["EuroSAT", "+ ATLaS-ISL", f"{_mean_std([63.0, 66.0])} (+2.50)", "+2.50 [-3.85, +8.85]"]]
     assert _table(markdown, "Cross-dataset transfer, source dataset, 16 shots")[1] == [
         "ImageNet", "CoOp", _mean_std([71.0, 72.0])]
     assert (tmp_path / "out" / "report.md").read_text().strip() == markdown.strip()
@@ -177,7 +183,11 @@ def test_csv_latex_and_plots_are_written(sweep, tmp_path):
     with open(out / "report.csv") as f:
         lines = list(csv.DictReader(f))
     assert list(lines[0]) == ["setting", "shots", "dataset", "method", "variant", "seeds", "datasets", "base",
-                              "base_std", "new", "new_std", "H", "H_std", "all", "all_std"]
+                              "base_std", "new", "new_std", "H", "H_std", "all", "all_std", "paired_metric",
+                              "paired_diff", "ci95_low", "ci95_high", "paired_seeds"]
+    four_isl = next(line for line in lines if line["shots"] == "4" and line["variant"] == "+ ATLaS-ISL")
+    assert (four_isl["paired_metric"], four_isl["paired_diff"], four_isl["paired_seeds"]) == ("all", "2.5000", "2")
+    assert float(four_isl["ci95_low"]) == pytest.approx(2.5 - 6.3531, abs=1e-3)
     pets = next(line for line in lines if line["dataset"] == "OxfordPets" and line["variant"] == "CoOp")
     bases = [b for b, _ in SWEEP[("OxfordPets", "coop", "coop")]]
     assert (pets["method"], pets["seeds"], pets["setting"]) == ("CoOp", "3", "base2new")

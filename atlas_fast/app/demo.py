@@ -3,7 +3,9 @@
 It generates the world benchmark (or reuses it), loads the shipped ``atlas-world`` CLIP, builds the feature cache,
 and trains CoOp, + ATLaS, + ATLaS-CSL and + ATLaS-ISL on the base classes (16 shots, the paper's CoOp recipe and
 ATLaS presets, one fresh augmented view per epoch as the reference trains, seeds 1-3), then prints a table shaped
-like Table III with a zero-shot row and a plain sentence on whether ATLaS helped here, and saves a plot. Every stage
+like Table III with a zero-shot row and a plain sentence on whether ATLaS helped here (paired by seed, with a 95 %
+interval; with ``kappa``, also κ of Theorem 1 for each soft label at the start and end of its run), and saves a
+plot. Every stage
 goes through the same loaders, cache and trainer as a real dataset; finished runs are reused on a second call.
 """
 
@@ -35,6 +37,7 @@ class DemoConfig:
     epochs: int | None = None
     device: str = "auto"
     plot: Path = field(default_factory=lambda: Path("results/demo/table3_base2new.png"))
+    kappa: bool = False  # also measure κ of Theorem 1 (atlas_fast.app.kappa_runs) at each run's start and end
 
 
 def run_demo(config: DemoConfig, progress: bool = True) -> str:
@@ -70,13 +73,28 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
              f"cached views per image: {views})")
     plot = plot_rows(rows, config.plot)
     seconds = time.perf_counter() - start
-    lines = [markdown_table(rows, title), "", zs, "", verdict(records), "", f"Plot: {plot}",
+    judged = verdict(records)
+    if config.kappa:
+        judged += "".join(f" {sentence}" for sentence in kappa_sentences(base, config, variants, records))
+    lines = [markdown_table(rows, title), "", zs, "", judged, "", f"Plot: {plot}",
              f"LaTeX: {config.results_dir / 'table3_base2new.tex'}",
              f"Records: {config.results_dir}/<dataset>/*.json   Total time: {seconds:.0f} s"]
     (config.results_dir / "table3_base2new.tex").write_text(latex_table(rows, caption=title) + "\n")
     report = "\n".join(lines)
     (config.results_dir / "table3_base2new.md").write_text(report + "\n")
     return report
+
+
+def kappa_sentences(base, config: DemoConfig, variants, records: Sequence[dict]) -> list[str]:
+    """The verdict's sentences on κ of Theorem 1: each soft label's κ at the initial context and at the end of its
+    own ATLaS run, per dataset, against the order of the runs' H (:func:`atlas_fast.app.kappa_runs.kappa_sentence`)."""
+    from atlas_fast.app.kappa_runs import kappa_sentence, run_kappa
+    from atlas_fast.sweep import grid_configs
+
+    configs = grid_configs(base, config.datasets, variants, config.seeds)  # run_grid's order: the records' order
+    listings: dict = {}
+    rows = [row for c, record in zip(configs, records) for row in run_kappa(c, record, ("ls", "csl", "isl"), listings)]
+    return [s for s in (kappa_sentence(rows, records, dataset) for dataset in config.datasets) if s]
 
 
 def _zero_shot_row(records: Sequence[dict]) -> str:
@@ -93,32 +111,45 @@ def _zero_shot_row(records: Sequence[dict]) -> str:
 
 
 def verdict(records: Sequence[dict]) -> str:
-    """One plain sentence per ATLaS variant: does it raise or lower new-class accuracy and H against CoOp, by more
-    than the seeds' spread? (The paired per-seed differences decide, so a seed's luck is not read as an effect.)"""
-    import statistics
+    """One plain sentence per ATLaS variant: does it raise or lower new-class accuracy and H against CoOp? The paired
+    per-seed differences decide, with a 95 % t interval over them (:mod:`atlas_fast.report.stats`): "raises" or
+    "lowers" when the interval excludes 0, "no difference at 95 %" when it holds it; with one seed there is no
+    interval, and the sentence says so. With several datasets each gets its own sentences (seeds pair within a
+    dataset)."""
+    datasets = list(dict.fromkeys(record["config"]["dataset"] for record in records))
+    if len(datasets) > 1:
+        return " ".join(f"On {dataset}: " + verdict([r for r in records if r["config"]["dataset"] == dataset])
+                        for dataset in datasets)
     from collections import defaultdict
 
     from atlas_fast.engine.evaluate import harmonic_mean
+    from atlas_fast.report.stats import paired_difference
     from atlas_fast.report.tables import variant_label
 
-    by_variant: dict[str, dict[tuple[str, int], dict[str, float]]] = defaultdict(dict)
+    by_variant: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
     for record in records:
         c, m = record["config"], record["metrics"]
-        by_variant[variant_label(c)][(c["dataset"], c["seed"])] = {
-            "new": m["new"], "H": harmonic_mean(m["base"], m["new"])}
+        by_variant[variant_label(c)][c["seed"]] = {"new": m["new"], "H": harmonic_mean(m["base"], m["new"])}
     labels = list(by_variant)
-    baseline, sentences = labels[0], []
+    baseline, sentences, seeds = labels[0], [], set()
     for label in labels[1:]:
-        pairs = [key for key in by_variant[label] if key in by_variant[baseline]]
+        pairs = [seed for seed in by_variant[label] if seed in by_variant[baseline]]
+        seeds.add(len(pairs))
         parts = []
         for metric in ("new", "H"):
-            diffs = [by_variant[label][k][metric] - by_variant[baseline][k][metric] for k in pairs]
-            mean = statistics.fmean(diffs)
-            spread = statistics.pstdev(diffs) if len(diffs) > 1 else float("inf")
+            paired = paired_difference([by_variant[label][k][metric] for k in pairs],
+                                       [by_variant[baseline][k][metric] for k in pairs])
             name = "new-class accuracy" if metric == "new" else "H"
-            if abs(mean) <= spread:
-                parts.append(f"leaves {name} unchanged within seed noise ({mean:+.2f} ± {spread:.2f})")
+            direction = paired.direction()
+            if not paired.has_interval:
+                parts.append(f"changes {name} by {paired.mean:+.2f} on its one seed (no interval)")
+            elif direction == "no difference at 95 %":
+                parts.append(f"no difference at 95 % in {name} ({paired.cell()})")
             else:
-                parts.append(f"{'raises' if mean > 0 else 'lowers'} {name} by {abs(mean):.2f} (± {spread:.2f})")
-        sentences.append(f"{label.removeprefix('+ ')} {parts[0]} and {parts[1]}.")
-    return (f"Against {baseline} (paired by seed, mean ± std of the per-seed differences): " + " ".join(sentences))
+                parts.append(f"{direction} {name} by {abs(paired.mean):.2f} "
+                             f"[{paired.low:+.2f}, {paired.high:+.2f}]")
+        sentences.append(f"{label.removeprefix('+ ')}: {parts[0]}; {parts[1]}.")
+    count = max(seeds) if seeds else 0
+    basis = (f"paired by seed, mean difference over {count} seeds with its 95 % t interval" if count > 1 else
+             "one seed only: differences without an interval")
+    return f"Against {baseline} ({basis}): " + " ".join(sentences)

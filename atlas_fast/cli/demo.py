@@ -34,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                            "setting; fewer is faster, see docs/views-study.md)")
     demo.add_argument("--epochs", type=int, default=None, help="override the CoOp recipe's 200 epochs")
     demo.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    demo.add_argument("--kappa", action="store_true", help="also measure κ of Theorem 1 for each soft label")
     add_progress(demo)
     demo.set_defaults(func=run_demo_command)
 
@@ -46,6 +47,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     distinct(args.datasets, "--datasets")
     config = DemoConfig(data_root=args.data_root, cache_root=args.cache_root, results_dir=args.results_dir,
                         datasets=tuple(args.datasets), seeds=tuple(args.seeds), views=args.views,
-                        epochs=args.epochs, device=args.device, plot=args.results_dir / "table3_base2new.png")
+                        epochs=args.epochs, device=args.device, plot=args.results_dir / "table3_base2new.png",
+                        kappa=args.kappa)
     print(run_demo(config, progress=not args.no_progress))
     return 0

@@ -75,7 +75,10 @@ class TrainConfig:
     :mod:`atlas_fast.engine.graphs`): None (default) wherever a graph can replay the step (CUDA, a method on cached
     features, a label schedule without per-step host statistics), True to require it (refused elsewhere), False
     for eager steps. ``workers`` are the DataLoader decoding processes of the methods that train on
-    pixels (None: up to 8 on a GPU, none on the CPU). ``data_root``, ``cache_root``, ``results_dir``, ``progress``,
+    pixels (None: up to 8 on a GPU, none on the CPU). ``snapshot_epochs`` (off by default) also saves the learned
+    tensors after each of these numbers of finished epochs (0 = the initialisation) beside the final ones, for
+    analyses along a run (:func:`atlas_fast.engine.record.split_snapshots`); it names the run only when set.
+    ``data_root``, ``cache_root``, ``results_dir``, ``progress``,
     ``workers`` and ``graph_steps`` do not change the numbers and are not part of the record's name (the data are,
     by their fingerprint, see :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of
     their bytes rather than size and mtime (slower; see docs/guarantees.md).
@@ -102,6 +105,7 @@ class TrainConfig:
     eval_every_epoch: bool = False
     evaluate: tuple[str, ...] | None = None
     graph_steps: bool | None = None
+    snapshot_epochs: tuple[int, ...] = ()
     device: str = "auto"
     precision: Literal["auto", "fp32", "amp"] = "auto"
     cache_root: str | Path = "cache"
@@ -119,6 +123,10 @@ class TrainConfig:
             raise ValueError(f"subsample must be 'all', 'base', 'new' or None, got {self.subsample!r}.")
         if self.evaluate is not None:
             self.evaluate = self._checked_evaluate(self.evaluate)
+        if any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in self.snapshot_epochs):
+            raise ValueError(f"snapshot_epochs lists numbers of finished epochs (0 = the initialisation), each an "
+                             f"integer >= 0; got {self.snapshot_epochs!r}.")
+        self.snapshot_epochs = tuple(sorted(set(self.snapshot_epochs)))
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if isinstance(self.shots, numbers.Integral) and not isinstance(self.shots, bool) and self.shots < 1:

@@ -36,7 +36,7 @@ from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize,
 from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
 from atlas_fast.engine.graphs import use_graph_steps
 from atlas_fast.engine.loop import train_runs
-from atlas_fast.engine.record import ResultStore, build_record, finished_record, save_record
+from atlas_fast.engine.record import ResultStore, build_record, finished_record, save_record, with_snapshots
 from atlas_fast.engine.run_identity import evaluated_sets, identity_fields
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.engine.step import RunState
@@ -200,10 +200,15 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
         input_seconds.append(round(time.perf_counter() - clock, 4))
 
     method, singles = build_group_method(specs, backbone, classnames)
+    snapshots: list[dict[int, dict[str, torch.Tensor]]] = [
+        {0: single.state_for_checkpoint()} if 0 in spec.config.snapshot_epochs else {}
+        for spec, single in zip(specs, singles)]
 
     def per_epoch_eval(epoch: int) -> list[dict[str, Any]]:
         rows = []
         for r, spec in enumerate(specs):
+            if epoch + 1 in spec.config.snapshot_epochs:
+                snapshots[r][epoch + 1] = run_view(method, singles, r).state_for_checkpoint()
             if not spec.config.eval_every_epoch:
                 rows.append({})
                 continue
@@ -237,7 +242,8 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
                    "seconds_per_epoch": train_seconds / spec.recipe.epochs, "batch_runs": len(specs),
                    "group_total": round(time.perf_counter() - start, 4)}
         record = build_record(spec, backbone, metrics, log, timings)
-        records.append(save_record(spec, record, view.state_for_checkpoint()))
+        learned = view.state_for_checkpoint()
+        records.append(save_record(spec, record, with_snapshots(learned, snapshots[r]) if snapshots[r] else learned))
     return records
 
 
@@ -297,7 +303,8 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     defined by the (few-shot) train list's labels, so they default to the run's own."""
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.cache import FeatureCache
-    from atlas_fast.engine.record import SAVED_RUN_FIELDS, check_seal, load_learned, missing_fields, read_record
+    from atlas_fast.engine.record import (SAVED_RUN_FIELDS, check_seal, load_learned, missing_fields, read_record,
+                                          split_snapshots)
     from atlas_fast.engine.spec import load_run_data
     from atlas_fast.methods.base import method_class
 
@@ -327,7 +334,7 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     trained_on = record.get("data", {}).get("classnames") or split.classnames
     method = entry.build(backbone, trained_on, saved_method_config(entry, saved["method_config"]))
     method = method.to(torch_device)
-    method.load_checkpoint_state(load_learned(record_path))
+    method.load_checkpoint_state(split_snapshots(load_learned(record_path))[0])
     amp = saved.get("precision") == "amp" and torch_device.type == "cuda"
     accuracy = evaluate_method(method, [eval_set], amp, progress)[subsample][0]
     return {"dataset": data.dataset, "subsample": subsample, "accuracy": accuracy,

@@ -259,6 +259,32 @@ def read_record(path: str | Path) -> dict[str, Any]:
     return record
 
 
+# Learned tensors saved along a run (TrainConfig.snapshot_epochs) sit beside the final ones in the same file, named
+# ``snapshot.<finished epochs>.<tensor name>``.
+SNAPSHOT_PREFIX = "snapshot."
+
+
+def with_snapshots(final: dict[str, torch.Tensor], snapshots: dict[int, dict[str, torch.Tensor]]
+                   ) -> dict[str, torch.Tensor]:
+    """One state to save: the final tensors and each snapshot's under ``snapshot.<epochs>.<name>``."""
+    return {**final, **{f"{SNAPSHOT_PREFIX}{epochs}.{name}": tensor for epochs, state in snapshots.items()
+                        for name, tensor in state.items()}}
+
+
+def split_snapshots(learned: dict[str, torch.Tensor]
+                    ) -> tuple[dict[str, torch.Tensor], dict[int, dict[str, torch.Tensor]]]:
+    """The final learned tensors and the snapshots by number of finished epochs (see :func:`with_snapshots`)."""
+    final: dict[str, torch.Tensor] = {}
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
+    for key, tensor in learned.items():
+        if key.startswith(SNAPSHOT_PREFIX):
+            epochs, name = key[len(SNAPSHOT_PREFIX):].split(".", 1)
+            snapshots.setdefault(int(epochs), {})[name] = tensor
+        else:
+            final[key] = tensor
+    return final, dict(sorted(snapshots.items()))
+
+
 def load_learned(record_path: str | Path) -> dict[str, torch.Tensor]:
     """The learned tensors saved beside a record, checked against the record's ``learned_blake2b`` (a record
     written before checksums is loaded with a warning that the tensors are unverified)."""

@@ -92,6 +92,8 @@ def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig,
         "eval_every_epoch": config.eval_every_epoch, "device": device.type,
         "precision": resolve_precision(config.precision, device),
     }
+    if config.snapshot_epochs:  # the learned file holds more: such a run is another record (and only then)
+        described["snapshot_epochs"] = list(config.snapshot_epochs)
     return described
 
 
@@ -300,6 +302,8 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
         warnings.warn(f"{config.method} on {dataset}: {recipe.epochs} epoch(s) with {recipe.warmup_epochs} warmup "
                       f"epoch(s) at lr {recipe.warmup_lr:g} leave no epoch at the recipe's lr {recipe.lr:g}: the "
                       f"prompts barely move. Train at least {recipe.warmup_epochs + 1} epochs.", stacklevel=2)
+    if config.snapshot_epochs and config.snapshot_epochs[-1] > recipe.epochs:
+        raise ValueError(f"snapshot_epochs {list(config.snapshot_epochs)} go past the run's {recipe.epochs} epochs.")
     data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config, config.evaluate),
                          listings=listings)
     if data.shots_used["min"] < config.shots:

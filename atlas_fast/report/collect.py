@@ -19,7 +19,8 @@ command trained them (``train``, ``demo``, ``experiment``, the Python API). :fun
   ``atlas-fast experiment table_cross_dataset``).
 
 Outputs in ``out`` (default ``<results_dir>/report/``): ``report.md``, ``report.tex`` (booktabs, one labelled table
-each), ``report.csv`` (one line per row, every metric's mean and std) and per table a plot ``<table>.png`` /
+each), ``report.csv`` (one line per row, every metric's mean and std, the last metric's mean paired difference to the
+block's first row with its 95 % interval) and per table a plot ``<table>.png`` /
 ``<table>.pdf`` (bars of the Average or single-dataset rows; few-shot over several shot counts: accuracy against
 shots). This module imports neither torch nor the engine until a report is made, so the command line stays quick.
 """
@@ -263,7 +264,8 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     new accuracies. ``paths``: only these record files (relative to ``results_dir``). Beside the tables,
     ``sources.json`` names every record a cell was computed from, with its seal (what :func:`verify_report`
     checks). Raises ``ValueError`` when no finished record matches."""
-    from atlas_fast.report.tables import display_label, latex_label, latex_table, markdown_table, plot_rows, plot_series
+    from atlas_fast.report.tables import (display_label, latex_label, latex_table, markdown_table, paired_csv_fields,
+                                          paired_differences, plot_rows, plot_series)
 
     formats = list(FORMATS if formats is None else formats)
     unknown = [f for f in formats if f not in FORMATS]
@@ -305,15 +307,18 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         if not rows:
             continue
         caption = (f"{title}. Mean ± population std over seeds"
-                   + ("; H from the mean base and new accuracies" if "H" in columns else "") + ".")
+                   + ("; H from the mean base and new accuracies" if "H" in columns else "")
+                   + (f"; Δ{columns[-1]}: mean paired difference over seeds to the method's first row, 95 % t "
+                      f"interval" if any(p is not None for p in paired_differences(rows)) else "") + ".")
         latex.append(latex_table(rows, caption=caption, label=latex_label(name)))
-        for row in rows:
+        for row, paired in zip(rows, paired_differences(rows)):
             line = {"setting": setting, "shots": shots, "dataset": row.group, "method": row.block,
                     "variant": row.label, "seeds": row.seeds, "datasets": len(row.datasets)}
             for metric in ("base", "new", "H", "all"):
                 line[metric] = f"{row.metrics[metric]:.4f}" if metric in row.metrics else ""
                 line[f"{metric}_std"] = (f"{row.spread[metric]:.4f}" if metric in row.spread and metric != "H"
                                          else "")
+            line.update(paired_csv_fields(paired, columns[-1]))  # the table's last column (H or all)
             csv_lines.append(line)
         groups = list(dict.fromkeys(row.group for row in rows))
         if len(groups) > 1 and groups[0] != "Average":

@@ -2,7 +2,9 @@
 
 Aggregation follows the papers' convention (``docs/protocol.md``, section Evaluation): per dataset the accuracies are
 averaged over seeds; the "average over datasets" row averages those means; H is computed from the averaged base and new
-accuracies (not averaged per-dataset H values). Improvements are given against the row marked as the baseline.
+accuracies (not averaged per-dataset H values). Improvements are given against the row marked as the baseline, and,
+where the rows come from records, as the mean paired difference over seeds with a 95 % t interval
+(:mod:`atlas_fast.report.stats`) in a column of its own (Markdown, LaTeX and CSV).
 
 Outputs are made for a paper: LaTeX with booktabs rules and no vertical ones, ``mean ± std``, a ``\\label`` and the
 best value of each column in bold; figures without a baked-in title (the caption belongs to the paper), fonts of at
@@ -22,6 +24,7 @@ from typing import Any, Iterable, Sequence
 
 from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.atlas.variants import row_label, run_label
+from atlas_fast.report.stats import PairedDifference, interval_note, paired_by_seed
 
 
 def method_name(method: str) -> str:
@@ -97,6 +100,8 @@ class TableRow:
     datasets: tuple[str, ...] = ()
     block: str = ""  # rows of one method share a block; each block's first row is its baseline
     group: str = ""  # rows of one dataset (or "Average") share a group; blocks are compared within their group
+    # metric -> seed -> value (mean over the row's datasets; H from that seed's base and new): what pairs rows by seed
+    per_seed: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base", "new"),
@@ -116,11 +121,13 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
                 rows.append(row)
         return rows
     groups: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    seed_values: dict[str, dict[str, dict[int, dict[str, float]]]] = defaultdict(lambda: defaultdict(dict))
     for record in records:
         variant = label(record["config"])
         dataset = record["config"]["dataset"]
         for name in metrics:
             groups[variant][dataset][name].append(float(record["metrics"][name]))
+        seed_values[variant][dataset][record["config"]["seed"]] = {m: float(record["metrics"][m]) for m in metrics}
     rows = []
     for variant, per_dataset in groups.items():
         means = {m: statistics.fmean(statistics.fmean(d[m]) for d in per_dataset.values()) for m in metrics}
@@ -128,8 +135,19 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
         if "base" in means and "new" in means:
             means["H"] = harmonic_mean(means["base"], means["new"])
         seeds = min(len(next(iter(d.values()))) for d in per_dataset.values())
-        rows.append(TableRow(variant, means, spread, seeds, tuple(per_dataset)))
+        rows.append(TableRow(variant, means, spread, seeds, tuple(per_dataset),
+                             per_seed=_per_seed_means(seed_values[variant], metrics)))
     return rows
+
+
+def _per_seed_means(per_dataset: dict[str, dict[int, dict[str, float]]], metrics: Sequence[str]
+                    ) -> dict[str, dict[int, float]]:
+    """Metric -> seed -> mean over the datasets, for the seeds every dataset has; H from the seed's base and new."""
+    seeds = sorted(set.intersection(*(set(d) for d in per_dataset.values())))
+    values = {m: {s: statistics.fmean(d[s][m] for d in per_dataset.values()) for s in seeds} for m in metrics}
+    if "base" in values and "new" in values:
+        values["H"] = {s: harmonic_mean(values["base"][s], values["new"][s]) for s in seeds}
+    return values
 
 
 def _columns(rows: Sequence[TableRow]) -> list[str]:
@@ -180,6 +198,38 @@ def _seed_note(rows: Sequence[TableRow]) -> str:
     return f"{low} seed(s)" if low == high else f"{low} to {high} seeds (rows differ)"
 
 
+def paired_differences(rows: Sequence[TableRow], baseline: int = 0, metric: str | None = None
+                       ) -> list[PairedDifference | None]:
+    """Per row, the mean paired difference (over the seeds both rows have) of ``metric`` (default: the last column,
+    the one whose change the tables print) against the row it is compared with, and its 95 % t interval; None for a
+    baseline row and for rows without per-seed values (:mod:`atlas_fast.report.stats`)."""
+    cols = _columns(rows)
+    metric = metric or (cols[-1] if cols else "")
+    out: list[PairedDifference | None] = []
+    for row, ref in zip(rows, _references(rows, baseline)):
+        if ref is None or metric not in row.per_seed or metric not in rows[ref].per_seed:
+            out.append(None)
+        else:
+            out.append(paired_by_seed(row.per_seed[metric], rows[ref].per_seed[metric]))
+    return out
+
+
+def _paired_column(rows: Sequence[TableRow], baseline: int) -> tuple[str, list[PairedDifference | None], str]:
+    """The paired-difference column of a table (header, cells, note), or ``("", [], "")`` when no row has one."""
+    cols = _columns(rows)
+    paired = paired_differences(rows, baseline)
+    present = [p for p in paired if p is not None]
+    if not present:
+        return "", [], ""
+    low, high = min(p.seeds for p in present), max(p.seeds for p in present)
+    seeds = f"{low}" if low == high else f"{low} to {high}"
+    grouped = any(row.group or row.block for row in rows)
+    note = interval_note(high, "the first row of the method's block" if grouped else "the baseline row")
+    if low != high:
+        note += f" (rows rest on {seeds} seeds)"
+    return f"Δ{cols[-1]} (95 % CI)", paired, note
+
+
 def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0) -> str:
     """A Markdown table; the last metric column carries the change against ``rows[baseline]`` (or the first row of
     the row's block) in parentheses. Rows with a ``group`` get a first column naming it (e.g. the dataset)."""
@@ -187,10 +237,12 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
         return "(no results)"
     cols = _columns(rows)
     grouped = any(row.group for row in rows)
+    paired_head, paired, paired_note = _paired_column(rows, baseline)
+    heads = cols + ([paired_head] if paired_head else [])
     lines = [f"**{title}**", ""] if title else []
-    lines.append(("| Dataset " if grouped else "") + "| Method | " + " | ".join(cols) + " |")
-    lines.append(("|---" if grouped else "") + "|---|" + "---:|" * len(cols))
-    for row, ref in zip(rows, _references(rows, baseline)):
+    lines.append(("| Dataset " if grouped else "") + "| Method | " + " | ".join(heads) + " |")
+    lines.append(("|---" if grouped else "") + "|---|" + "---:|" * len(heads))
+    for i, (row, ref) in enumerate(zip(rows, _references(rows, baseline))):
         cells = []
         for c in cols:
             cell = f"{row.metrics[c]:.2f}"
@@ -199,6 +251,8 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
             if c == cols[-1] and ref is not None:
                 cell += f" ({row.metrics[c] - rows[ref].metrics[c]:+.2f})"
             cells.append(cell)
+        if paired_head:
+            cells.append(paired[i].cell() if paired[i] is not None else "")
         lines.append((f"| {row.group} " if grouped else "") + f"| {row.label} | " + " | ".join(cells) + " |")
     datasets = sorted({d for r in rows for d in r.datasets})
     notes = [f"Mean over {_seed_note(rows)} per dataset"
@@ -211,6 +265,8 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
         notes.append("H from the mean base and new accuracies")
     if grouped and any(ref is not None for ref in _references(rows, baseline)):
         notes.append("(change) against the first row of the method's block")
+    if paired_note:
+        notes.append(paired_note)
     lines += ["", "; ".join(notes) + "."]
     return "\n".join(lines)
 
@@ -240,6 +296,7 @@ def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, 
     cols = _columns(rows)
     grouped = any(row.group for row in rows)
     best = best_cells(rows)
+    paired_head, paired, _ = _paired_column(rows, baseline)
     body = []
     previous: tuple[str, str] | None = None
     for i, (row, ref) in enumerate(zip(rows, _references(rows, baseline))):
@@ -252,23 +309,79 @@ def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, 
             if c == cols[-1] and ref is not None:
                 cell += rf" {{\scriptsize({row.metrics[c] - rows[ref].metrics[c]:+.2f})}}"
             cells.append(cell)
+        if paired_head:
+            cells.append(_latex_paired(paired[i]))
         key = (row.group, row.block)
         first_of_group = previous is None or key[0] != previous[0]
         if previous is not None and key != previous:
-            body.append(r"    \midrule" if first_of_group or not grouped else rf"    \cmidrule{{2-{len(cols) + 2}}}")
+            width = len(cols) + 2 + (1 if paired_head else 0)
+            body.append(r"    \midrule" if first_of_group or not grouped else rf"    \cmidrule{{2-{width}}}")
         elif previous is not None and ref is None:  # a new baseline row inside an ungrouped, unblocked table
             body.append(r"    \midrule")
         previous = key
         lead = (latex_escape(row.group) if first_of_group else "") + " & " if grouped else ""
         body.append(f"    {lead}{latex_escape(row.label)} & " + " & ".join(cells) + r" \\")
-    head = ("Dataset & " if grouped else "") + "Method & " + " & ".join(latex_escape(c) for c in cols) + r" \\"
+    heads = cols + ([paired_head] if paired_head else [])
+    head = ("Dataset & " if grouped else "") + "Method & " + " & ".join(latex_escape(c) for c in heads) + r" \\"
     return "\n".join([
         r"% Requires \usepackage{booktabs} in the preamble.",
         r"\begin{table}[t]", r"  \centering", f"  \\caption{{{latex_escape(caption)}}}",
         f"  \\label{{{label if label and label.startswith('tab:') else latex_label(label or caption)}}}",
-        r"  \begin{tabular}{" + ("ll" if grouped else "l") + "c" * len(cols) + "}", r"    \toprule",
+        r"  \begin{tabular}{" + ("ll" if grouped else "l") + "c" * len(heads) + "}", r"    \toprule",
         f"    {head}", r"    \midrule", *body, r"    \bottomrule",
         r"  \end{tabular}", r"\end{table}"])
+
+
+def _latex_paired(paired: PairedDifference | None) -> str:
+    """A paired-difference cell: ``+1.23 {\\scriptsize[+0.40, +2.06]}`` (empty for a baseline row)."""
+    if paired is None:
+        return ""
+    if not paired.has_interval:
+        return rf"{paired.mean:+.2f} {{\scriptsize(1 seed)}}"
+    return rf"{paired.mean:+.2f} {{\scriptsize[{paired.low:+.2f}, {paired.high:+.2f}]}}"
+
+
+CSV_FIELDS = ("group", "method", "variant", "seeds", "datasets")
+
+
+def csv_lines(rows: Sequence[TableRow], baseline: int = 0) -> list[dict[str, Any]]:
+    """One dict per row for a CSV file: every metric's mean and std over seeds, and the last metric's mean paired
+    difference to the row it is compared with, its 95 % interval and the seeds it rests on (empty where none)."""
+    cols = _columns(rows)
+    lines = []
+    for row, paired in zip(rows, paired_differences(rows, baseline)):
+        line: dict[str, Any] = {"group": row.group, "method": row.block, "variant": row.label, "seeds": row.seeds,
+                                "datasets": len(row.datasets)}
+        for c in cols:
+            line[c] = f"{row.metrics[c]:.4f}"
+            line[f"{c}_std"] = f"{row.spread[c]:.4f}" if c in row.spread else ""
+        line.update(paired_csv_fields(paired, cols[-1] if cols else ""))
+        lines.append(line)
+    return lines
+
+
+def paired_csv_fields(paired: PairedDifference | None, metric: str) -> dict[str, str]:
+    """The CSV columns of a paired difference of ``metric``: which metric, the mean difference, its 95 % interval and
+    the seeds it rests on (empty for a baseline row; no interval with one seed)."""
+    if paired is None:
+        return {"paired_metric": "", "paired_diff": "", "ci95_low": "", "ci95_high": "", "paired_seeds": ""}
+    return {"paired_metric": metric, "paired_diff": f"{paired.mean:.4f}",
+            "ci95_low": f"{paired.low:.4f}" if paired.has_interval else "",
+            "ci95_high": f"{paired.high:.4f}" if paired.has_interval else "", "paired_seeds": str(paired.seeds)}
+
+
+def write_csv(rows: Sequence[TableRow], path: str | Path, baseline: int = 0) -> Path:
+    """:func:`csv_lines` written to ``path``."""
+    import csv
+
+    lines = csv_lines(rows, baseline)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(lines[0]) if lines else list(CSV_FIELDS))
+        writer.writeheader()
+        writer.writerows(lines)
+    return path
 
 
 # Paper figures: no baked-in title (the caption goes in the paper), every font at least 8 pt at the saved size.
@@ -316,6 +429,11 @@ def _save(fig, path: str | Path, formats: Sequence[str] | None = None) -> Path:
             fig.savefig(path.with_suffix(f".{fmt}"), dpi=200)
     plt.close(fig)
     return path
+
+
+def save_figure(fig, path: str | Path, formats: Sequence[str] | None = None) -> Path:
+    """Save a figure made here (and adjusted by the caller) as ``path`` and a PDF of the same stem, then free it."""
+    return _save(fig, path, formats)
 
 
 def _zoomed_label(ax, label: str) -> str:
@@ -400,9 +518,10 @@ def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str
 
 
 def series_figure(xs: Sequence[float], series: dict[str, Sequence[float]], xlabel: str,
-                  ylabel: str = "accuracy (%)", title: str | None = None, log_x: bool = False):
+                  ylabel: str = "accuracy (%)", title: str | None = None, log_x: bool = False, log_y: bool = False):
     """Line plot of several named series over the same x values (ticks at those values; ``log_x``: a log2 x axis,
-    for shot counts); the y axis is zoomed to the data and its label says where it starts."""
+    for shot counts); the y axis is zoomed to the data and its label says where it starts (``log_y``: a log10 y axis
+    instead, for ratios spanning decades)."""
     with _pyplot().rc_context(PLOT_STYLE):
         fig, ax = _new_figure((3.6, 2.8))
         for name, ys in series.items():
@@ -413,7 +532,11 @@ def series_figure(xs: Sequence[float], series: dict[str, Sequence[float]], xlabe
             ax.set_xticks(list(xs), [f"{x:g}" for x in xs])
             ax.minorticks_off()
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(_zoomed_label(ax, ylabel))
+        if log_y:
+            ax.set_yscale("log")
+            ax.set_ylabel(ylabel)
+        else:
+            ax.set_ylabel(_zoomed_label(ax, ylabel))
         if title:
             ax.set_title(title)
         ax.legend()
@@ -422,9 +545,9 @@ def series_figure(xs: Sequence[float], series: dict[str, Sequence[float]], xlabe
 
 def plot_series(xs: Sequence[float], series: dict[str, Sequence[float]], path: str | Path, xlabel: str,
                 ylabel: str = "accuracy (%)", title: str | None = None, formats: Sequence[str] | None = None,
-                log_x: bool = False) -> Path:
+                log_x: bool = False, log_y: bool = False) -> Path:
     """:func:`series_figure` (few-shot curves, sensitivity sweeps) saved as ``path`` and a PDF."""
-    return _save(series_figure(xs, series, xlabel, ylabel, title, log_x), path, formats)
+    return _save(series_figure(xs, series, xlabel, ylabel, title, log_x, log_y), path, formats)
 
 
 def plot_soft_label_case_study(images: Sequence[Any], titles: Sequence[str], rows: dict[str, Any],

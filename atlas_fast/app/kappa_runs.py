@@ -1,0 +1,142 @@
+"""κ of Theorem 1 measured on finished runs: a run's training items and soft labels from the feature cache, its
+learned tensors at the saved points (initialisation, snapshots, end), and :func:`atlas_fast.atlas.kappa.measure_kappa`
+at each; plus the tables and sentences the experiment ``theorem1_kappa`` and the demo print from them.
+
+The expectation is over the run's few-shot training items, each with its un-augmented cached view 0 (the view ISL's
+soft labels are computed on); the soft labels are the ones a run of each kind trains on, with the run's own
+hyper-parameters where the run used that kind and the setting's preset otherwise (``docs/theorem1-kappa.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from atlas_fast.atlas.softlabels import KINDS, atlas_preset
+from atlas_fast.atlas.variants import SOFT_LABEL_NAMES, atlas_period
+from atlas_fast.report.tables import variant_label
+from atlas_fast.report.stats import paired_by_seed
+from atlas_fast.engine import TrainConfig
+
+INIT, END = "init", "end"
+
+
+def run_kappa(config: TrainConfig, record: dict[str, Any], kinds: Sequence[str] = KINDS,
+              listings: dict | None = None) -> list[dict[str, Any]]:
+    """κ of each soft label in ``kinds`` at every saved point of the finished run ``record`` of ``config``: its
+    initialisation (re-made from the seed when no snapshot holds it), its snapshots and its final tensors. One row
+    per (point, kind): dataset, seed, the run's variant, ``epochs`` (finished epochs at that point) and the fields of
+    :class:`~atlas_fast.atlas.kappa.KappaMeasure`."""
+    import torch
+
+    from atlas_fast.atlas.kappa import measure_kappa
+    from atlas_fast.atlas.softlabels import compute_soft_labels
+    from atlas_fast.cache import FeatureCache
+    from atlas_fast.engine.record import load_learned, split_snapshots
+    from atlas_fast.engine.spec import plan_run
+
+    spec = plan_run(config, listings=listings)
+    backbone = spec.backbone()
+    split = spec.data.train_split
+    cache = FeatureCache(spec.config.cache_root, content_hash=spec.config.content_hash)
+    features = cache.load(backbone, spec.dataset, split.train, views=[0], aug_seed=spec.config.aug_seed)[:, 0]
+    labels = torch.tensor([d.label for d in split.train])
+    soft = {}
+    for kind in kinds:
+        own = spec.config.soft_labels
+        soft_config = own if own is not None and own.kind == kind else atlas_preset(spec.config.setting, kind)
+        rows = compute_soft_labels(soft_config, backbone, split, features,
+                                   store_dir=Path(spec.config.cache_root) / "softlabels")
+        soft[kind] = (rows, soft_config.theta)
+    period = getattr(spec.config.schedule, "period", None) or atlas_period(spec.config.setting)
+    final, snapshots = split_snapshots(load_learned(record["path"]))
+    entry = spec.method
+    torch.manual_seed(spec.config.seed)  # the run's own initialisation (engine.pipeline.build_group_method)
+    method = entry.build(backbone, split.classnames, spec.method_config).to(spec.device)
+    points = {0: method.state_for_checkpoint(), **snapshots, spec.recipe.epochs: final}
+    label = variant_label(record["config"])
+    rows = []
+    for epochs, state in sorted(points.items()):
+        method.load_checkpoint_state(state)
+        for measure in measure_kappa(method, features, labels, soft, period):
+            rows.append({"dataset": spec.dataset, "seed": spec.config.seed, "run": label, "epochs": epochs,
+                         "point": INIT if epochs == 0 else END if epochs == spec.recipe.epochs else str(epochs),
+                         **measure.to_dict()})
+    return rows
+
+
+def own_run(kind: str) -> str:
+    """The label of the ATLaS run that trains on soft label ``kind`` (``+ ATLaS-CSL``)."""
+    return f"+ {SOFT_LABEL_NAMES[kind].alternating}"
+
+
+def mean_over_seeds(rows: Sequence[dict[str, Any]], field: str = "kappa") -> dict[tuple, float]:
+    """``field`` averaged over seeds per (dataset, run, epochs, kind)."""
+    values: dict[tuple, list[float]] = defaultdict(list)
+    for row in rows:
+        values[(row["dataset"], row["run"], row["epochs"], row["kind"])].append(float(row[field]))
+    return {key: statistics.fmean(v) for key, v in values.items()}
+
+
+def h_by_run(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[int, float]]:
+    """H of each run per seed, by (dataset, variant label)."""
+    from atlas_fast.engine.evaluate import harmonic_mean
+
+    out: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for record in records:
+        c, m = record["config"], record["metrics"]
+        out[(c["dataset"], variant_label(c))][c["seed"]] = harmonic_mean(m["base"], m["new"])
+    return out
+
+
+def kappa_sentence(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]], dataset: str) -> str:
+    """The verdict's sentence on κ for ``dataset``: each soft label's κ at initialisation and at the end of its own
+    ATLaS run (mean over seeds), and whether ordering the soft labels by κ (lowest first: the tighter bound), at the
+    initial context (measurable before any training) and at the runs' ends, gives the order of their runs' H
+    (highest first), with how many steps of that H order hold at 95 %."""
+    means = mean_over_seeds([r for r in rows if r["dataset"] == dataset])
+    h = h_by_run(records)
+    kinds = [k for k in KINDS if (dataset, own_run(k)) in h and any(key[3] == k for key in means)]
+    if not kinds:
+        return ""
+    init = {k: next(v for key, v in means.items() if key[2] == 0 and key[3] == k) for k in kinds}
+    end = {}
+    for k in kinds:
+        ends = [(key[2], v) for key, v in means.items() if key[1] == own_run(k) and key[3] == k]
+        end[k] = max(ends)[1]
+    h_mean = {k: round(statistics.fmean(h[(dataset, own_run(k))].values()), 2) for k in kinds}
+    by_h = sorted(kinds, key=lambda k: -h_mean[k])
+    name = {"ls": "LS", "csl": "CSL", "isl": "ISL", "mix": "mix"}
+    values = ", ".join(f"{name[k]} {init[k]:.2f} -> {end[k]:.2f}" for k in kinds)
+
+    def order(kappa: dict[str, float]) -> str:
+        ranked = sorted(kinds, key=lambda k: kappa[k])
+        if len(set(h_mean.values())) < len(kinds):
+            return f"{', '.join(name[k] for k in ranked)} (their H ties: no order to compare)"
+        return f"{', '.join(name[k] for k in ranked)} ({'the same order' if ranked == by_h else 'not the same order'})"
+
+    steps = [paired_by_seed(h[(dataset, own_run(a))], h[(dataset, own_run(b))]) for a, b in zip(by_h, by_h[1:])]
+    held = sum(1 for p in steps if p is not None and p.direction() == "raises")
+    if steps and all(p is not None and p.has_interval for p in steps):
+        holds = "holds" if held == 1 else "hold"
+        support = f"of the {len(steps)} steps of the H order, {held} {holds} at 95 %, paired by seed"
+    else:
+        support = "one seed: the H order has no interval"
+    return (f"κ on {dataset} (Lemma 1, σ̂²/σ² at the initial context -> at the end of the soft label's own ATLaS "
+            f"run, mean over seeds): {values}. Highest H first: "
+            f"{', '.join(f'{name[k]} {h_mean[k]:.2f}' for k in by_h)} ({support}); lowest κ first, at the initial "
+            f"context (known before training): {order(init)}; at the end of the runs: {order(end)}.")
+
+
+def with_snapshots(config: TrainConfig, fractions: Sequence[float]) -> TrainConfig:
+    """``config`` saving its learned tensors at these fractions of its recipe's epochs (and at 0 and the end)."""
+    from atlas_fast.methods.base import method_class
+    from atlas_fast.data.datasets import get_spec
+
+    epochs = config.epochs or method_class(config.method).recipe(
+        config.recipe, config.setting, config.shots, get_spec(config.dataset).name)[1].epochs
+    points = {0, epochs} | {min(epochs, max(0, round(epochs * f))) for f in fractions}
+    return dataclasses.replace(config, snapshot_epochs=tuple(sorted(points)))
