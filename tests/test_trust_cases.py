@@ -24,6 +24,7 @@ from atlas_fast.data import fewshot_subset, load_dataset
 from atlas_fast.data.datasets import DatasetFormatError
 from atlas_fast.engine import TrainConfig
 from atlas_fast.engine.record import ResultStore
+from helpers import small_pets
 from layouts import make_oxford_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,9 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trust")
-    make_oxford_pets(root / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
-    return root
+    return small_pets(tmp_path_factory, "trust")
 
 
 def one_error_line(capsys, *fragments: str, limit: int = 600) -> str:
