@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -74,7 +74,9 @@ class RunState:
 def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimRecipe, device: torch.device,
                amp: bool, progress: bool = True,
                on_epoch_end: Callable[[int], list[dict[str, Any]]] | None = None,
-               graph_steps: bool = False) -> list[list[dict[str, Any]]]:
+               graph_steps: bool = False,
+               retire_runs: Callable[[int, list[list[dict[str, Any]]]], Iterable[int]] | None = None
+               ) -> list[list[dict[str, Any]]]:
     """Train the R = ``len(runs)`` runs held by ``method`` (``method.num_runs == R``) in place; returns each run's
     epoch log (mean loss, lr, soft-label flag, seconds, + the callback's fields for that run).
 
@@ -92,6 +94,11 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     drawn on the CPU and moved once per epoch (:class:`~atlas_fast.engine.feed.CachedViews` indexes its
     device-resident views there). ``graph_steps`` (CUDA): full-size steps replay a CUDA graph of their forward, loss
     and backward (:class:`~atlas_fast.engine.graphs.StepGraphs`); each epoch's log then counts them.
+
+    ``retire_runs(epoch, logs)`` (e.g. a hyper-parameter search's pruner) is asked after each epoch's log and names
+    runs to stop training: from the next epoch on a retired run sits out every step as a run whose epoch is over does
+    (its tensors and optimiser state untouched, so the other runs train exactly as they would without it) and gets
+    no more log entries; the loop ends when every run is retired. None (the default) retires nothing.
     """
     num_runs = len(runs)
     if method.num_runs != num_runs:
@@ -112,6 +119,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         run.schedule.reset(len(method.classnames))
     method.train()
     logs: list[list[dict[str, Any]]] = [[] for _ in runs]
+    retired: set[int] = set()
     name = method.name + (f" x{num_runs}" if num_runs > 1 else "")
     bar = progress_bar(range(recipe.epochs), desc=f"train {name}", enabled=progress, leave=False)
     for epoch in bar:
@@ -120,7 +128,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         if graphs is not None:
             graphs.start_epoch()
         streams = [run.train_inputs.batches(epoch, torch.randperm(len(run.labels), generator=run.generator),
-                                            recipe.batch_size) for run in runs]
+                                            recipe.batch_size) if r not in retired else iter(())
+                   for r, run in enumerate(runs)]
         totals = torch.zeros(num_runs, device=device)  # summed on the device: no host sync per step
         while True:
             batches = [next(stream, None) for stream in streams]
@@ -152,9 +161,15 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         extra = on_epoch_end(epoch) if on_epoch_end is not None else [{} for _ in runs]
         graphed = {"graphed_steps": graphs.end_epoch()} if graphs is not None else {}
         for r, run in enumerate(runs):
-            logs[r].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[r],
-                            "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds, **extra[r], **graphed})
+            if r not in retired:
+                logs[r].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[r],
+                                "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds, **extra[r],
+                                **graphed})
         bar.set_postfix(loss=f"{sum(epoch_losses) / num_runs:.4f}", lr=f"{lr:.2e}")
+        if retire_runs is not None:
+            retired.update(retire_runs(epoch, logs))
+            if len(retired) == num_runs:
+                break
     method.finish_training()
     method.eval()
     return logs
