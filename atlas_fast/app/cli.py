@@ -14,6 +14,7 @@ from typing import Sequence
 
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.collect import add_report_command
+from atlas_fast.app.search_command import add_search_command
 from atlas_fast.app.options import (add_download, add_method_options, add_progress, add_seeds, add_workers,
                                     apply_download, check_methods, method_options)
 from atlas_fast.errors import UsageError, user_errors
@@ -398,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_commands(subparsers)
     add_experiment_commands(subparsers)
     add_report_command(subparsers)
+    add_search_command(subparsers)
     return parser
 
 

@@ -188,8 +188,9 @@ def check_space(space: Mapping[str, Param], base, method_config, dataset: str) -
 
 def _check_param(name: str, param: Param) -> None:
     if isinstance(param, Choice):
-        if not param.values:
-            raise UsageError(f"parameter {name}: the choice is empty.")
+        if len(param.values) < 2:
+            raise UsageError(f"parameter {name}: the choice {param.describe()} is empty or has one value (fix a "
+                             f"value in the base config instead).")
         if len(set(map(repr, param.values))) != len(param.values):
             raise UsageError(f"parameter {name}: the choice {param.describe()} repeats a value.")
         bad = [v for v in param.values if not isinstance(v, (bool, int, float, str))]

@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import socket
 import sqlite3
 import sys
 import threading
@@ -42,6 +44,8 @@ SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("hyperband", "halving", "median", "none")
 DEFINITION_ATTR = "atlas_fast:definition"  # the study's definition, stored as a study user attribute
 HEARTBEAT_ATTR = "atlas_fast:heartbeat"  # a trial system attribute: time.time() of its owner's last sign of life
+# Who trained a trial (a trial user attribute), to tell the processes of a shared study apart.
+PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # Trials a GPU batch asks at once: its runs fill one group of the sweep's default size (atlas_fast.sweep.grid).
 GPU_GROUP_RUNS = 12
 
@@ -374,11 +378,13 @@ def run_study(search: SearchConfig, progress: bool = True):
             work.reported[step] = value
         if trial.should_prune():
             trial.set_user_attr("epochs", work.epochs)
+            trial.set_user_attr("process", PROCESS)
             study.tell(trial, state=TrialState.PRUNED)
             _say(progress, f"trial {trial.number}: pruned at step {step} ({search.objective} {value:.2f})")
             return True
         return False
 
+    _wait_for_verdicts(study, search)
     with Heartbeat(storage, search.heartbeat_seconds) as heartbeat:
         while True:
             works = _take_over(study, storage, study_id, search, heartbeat, batch, progress)
@@ -400,6 +406,7 @@ def run_study(search: SearchConfig, progress: bool = True):
                 if work.pruned:
                     continue
                 trial.set_user_attr("epochs", work.epochs)
+                trial.set_user_attr("process", PROCESS)
                 if work.error is not None:
                     trial.set_user_attr("error", work.error)
                     study.tell(trial, state=TrialState.FAIL)
@@ -410,6 +417,31 @@ def run_study(search: SearchConfig, progress: bool = True):
                 _say(progress, f"trial {trial.number}: {search.objective} {value:.2f}  {trial.params}")
             heartbeat.track([])
     return study
+
+
+def _heartbeat_of(frozen) -> float:
+    """When a running trial's process last showed life (its start, before the first beat)."""
+    start = frozen.datetime_start.timestamp() if frozen.datetime_start else time.time()
+    return float(frozen.system_attrs.get(HEARTBEAT_ATTR, start))
+
+
+def _wait_for_verdicts(study, search: SearchConfig) -> None:
+    """Before asking anything, tell the running trials of live processes (their heartbeat moves) from those of dead
+    ones (silent for the grace period), so that a resumed study trains its interrupted trials first, in order, as
+    the uninterrupted study did; waits at most the grace period."""
+    from optuna.trial import TrialState
+
+    first_seen: dict[int, float] = {}
+    while True:
+        undecided = []
+        for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            beat = _heartbeat_of(frozen)
+            seen = first_seen.setdefault(frozen.number, beat)
+            if beat == seen and time.time() - beat < search.grace_seconds:
+                undecided.append(frozen.number)
+        if not undecided:
+            return
+        time.sleep(min(search.heartbeat_seconds / 2, 1.0))
 
 
 def _default_batch(search: SearchConfig) -> int:
@@ -440,8 +472,7 @@ def _take_over(study, storage, study_id: int, search: SearchConfig, heartbeat: H
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if len(works) >= limit:
             break
-        last = frozen.system_attrs.get(HEARTBEAT_ATTR, frozen.datetime_start.timestamp()
-                                       if frozen.datetime_start else now)
+        last = _heartbeat_of(frozen)
         if now - last < search.grace_seconds:
             continue
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)

@@ -117,18 +117,16 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], objective
     graph_steps = use_graph_steps([s.config.graph_steps for s in flat], first.method, [s.schedule for s in states],
                                   first.device)
     retired: set[int] = set()
-    epochs = [0] * len(flat)
 
     def retire_runs(epoch: int, logs) -> set[int]:
         live_runs = [r for r in range(len(flat)) if r not in retired]
-        for r in live_runs:
-            epochs[r] += 1
         values = _validation_objectives(method, inputs, live_runs, first.amp, objective)
         stop = set()
         for w, work in enumerate(works):
             runs = [r for r in live_runs if owner[r] == w]
             if not runs:
                 continue
+            work.epochs += len(runs)  # this epoch, counted before the pruner is asked (a pruned trial's cost)
             value = sum(values[r] for r in runs) / len(runs)
             if on_report(work, work.offset + epoch, value):
                 work.pruned = True
@@ -140,8 +138,6 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], objective
 
     train_runs(method, states, first.recipe, first.device, first.amp, any(s.config.progress for s in flat),
                None, graph_steps, retire_runs)
-    for r, count in enumerate(epochs):
-        works[owner[r]].epochs += count
 
 
 def _validation_objectives(method, inputs: list[RunInputs], runs: list[int], amp: bool,
