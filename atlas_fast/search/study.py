@@ -129,7 +129,7 @@ class SearchConfig:
                 "lr": base.lr, "views": base.views, "aug_seed": base.aug_seed, "precision": base.precision,
                 "space": describe_space(self.space), "datasets": list(self.datasets), "seeds": list(self.seeds),
                 "objective": self.objective, "sampler": self.sampler, "pruner": self.pruner,
-                "sampler_seed": self.sampler_seed, "n_trials": self.n_trials}
+                "sampler_seed": self.sampler_seed}
 
     def name(self) -> str:
         if self.study_name:
@@ -274,10 +274,22 @@ def make_sampler(search: SearchConfig, number: int):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if search.sampler == "grid":
-            return optuna.samplers.GridSampler(grid_values(search.space), seed=seed)
+            # one seed for every trial: it orders the grid, which must stay the same from trial to trial
+            return _grid_sampler(optuna)(grid_values(search.space), seed=search.sampler_seed)
         if search.sampler == "random":
             return optuna.samplers.RandomSampler(seed=seed)
         return optuna.samplers.TPESampler(seed=seed, constant_liar=(search.batch_trials or 1) > 1)
+
+
+def _grid_sampler(optuna):
+    """Optuna's grid sampler without its stop at the last grid point: that stop works only inside
+    ``study.optimize``, and here the study ends when it holds ``n_trials`` trials (the grid's size)."""
+
+    class StudyGrid(optuna.samplers.GridSampler):
+        def after_trial(self, study, trial, state, values) -> None:
+            pass
+
+    return StudyGrid
 
 
 def make_pruner(search: SearchConfig, max_steps: int):
@@ -348,12 +360,15 @@ class Heartbeat:
 def run_study(search: SearchConfig, progress: bool = True):
     """Run (or resume, or join) the study until it holds ``n_trials`` finished trials; returns the optuna study.
     Everything is checked before the storage is touched."""
-    import optuna
-    from optuna.trial import TrialState
 
     from atlas_fast.search.trials import TrialWork, mean, train_batch
 
     max_steps = preflight(search)
+    try:
+        import optuna
+    except ImportError:
+        raise UsageError("a search needs Optuna: pip install 'atlas_fast[search]'.") from None
+    from optuna.trial import TrialState
     storage = open_storage(search)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = search.name()
