@@ -54,8 +54,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "sensitivity figure's 10 values)")
     p.add_argument("--periods", type=int, nargs="+", default=GRIDS["K"][1], help="grid of K (default 1-5)")
     p.add_argument("--trials", type=int, default=40, help="trials of the search (default 40)")
-    p.add_argument("--batch-runs", type=int, default=None, help="grid points trained together (default: the "
-                   "device's search default)")
+    p.add_argument("--batch-runs", type=int, default=None, help="grid points trained together (default: a "
+                   "sweep's, 12 on a GPU and 4 on the CPU)")
+    p.add_argument("--search-batch", type=int, default=None,
+                   help="trials of the search trained together (default: the search's, 1 on the CPU)")
     p.add_argument("--seed", type=int, default=1, help="few-shot seed (default 1)")
     p.add_argument("--sampler-seed", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -119,13 +121,16 @@ def main(argv=None) -> int:
                         {"alpha": uniform(0.1, 1.0)}, n_trials=1, pruner="none", study_name="warm", **common)
     run_study(warm, progress=False)
 
+    from atlas_fast.sweep import DEFAULT_BATCH_RUNS
+
+    batch_runs = args.batch_runs or DEFAULT_BATCH_RUNS.get(resolve_device(base.device).type, 1)
     grid = SearchConfig(base, grid_space, n_trials=points, sampler="grid", pruner="none",
-                        sampler_seed=args.sampler_seed, batch_trials=args.batch_runs, study_name="grid", **common)
+                        sampler_seed=args.sampler_seed, batch_trials=batch_runs, study_name="grid", **common)
     grid_study, grid_seconds = timed_study(grid)
     search_space = {"alpha": uniform(min(args.alphas), max(args.alphas)),
                     "K": integers(min(args.periods), max(args.periods))}
     search = SearchConfig(base, search_space, n_trials=args.trials, sampler="tpe", pruner="hyperband",
-                          sampler_seed=args.sampler_seed, study_name="search", **common)
+                          sampler_seed=args.sampler_seed, batch_trials=args.search_batch, study_name="search", **common)
     search_study, search_seconds = timed_study(search)
 
     epochs = _epochs(base)
@@ -141,9 +146,9 @@ def main(argv=None) -> int:
         "",
         "| | trials | pruned | epochs spent | seconds | best validation H | best values |",
         "|---|---:|---:|---:|---:|---:|---|",
-        f"| grid ({len(args.alphas)} α x {len(args.periods)} K) | {points} | 0 | {grid_epochs} | {grid_seconds:.1f} | "
+        f"| grid ({len(args.alphas)} α x {len(args.periods)} K, {batch_runs} runs a group) | {points} | 0 | {grid_epochs} | {grid_seconds:.1f} | "
         f"{grid_best:.2f} | {_values(grid_study.best_params)} |",
-        f"| search (TPE + Hyperband) | {args.trials} | {pruned} | {search_epochs} | {search_seconds:.1f} | "
+        f"| search (TPE + Hyperband, {search.batch_trials or 'default'} trial(s) a batch) | {args.trials} | {pruned} | {search_epochs} | {search_seconds:.1f} | "
         f"{search_best:.2f} | {_values(search_study.best_params)} |",
         "",
         f"search vs grid: {search_best - grid_best:+.2f} points of validation H with "

@@ -30,7 +30,7 @@ from atlas_fast.engine.loop import RunState, train_runs
 from atlas_fast.engine.pipeline import build_group_method
 from atlas_fast.engine.record import load_learned
 from atlas_fast.engine.spec import plan_run
-from atlas_fast.search import SearchConfig, choice, log_uniform, run_search, run_study, uniform
+from atlas_fast.search import SearchConfig, log_uniform, run_search, run_study, uniform
 from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
 
 pytestmark = pytest.mark.usefixtures("one_thread")

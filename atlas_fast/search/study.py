@@ -26,9 +26,7 @@ import hashlib
 import json
 import os
 import socket
-import sqlite3
 import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -42,8 +40,6 @@ from atlas_fast.search.space import Choice, Param, Range, apply_values, check_sp
 OBJECTIVES = ("accuracy", "base", "new", "H", "all")
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("hyperband", "halving", "median", "none")
-DEFINITION_ATTR = "atlas_fast:definition"  # the study's definition, stored as a study user attribute
-HEARTBEAT_ATTR = "atlas_fast:heartbeat"  # a trial system attribute: time.time() of its owner's last sign of life
 # Who trained a trial (a trial user attribute), to tell the processes of a shared study apart.
 PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # Trials a GPU batch asks at once: its runs fill one group of the sweep's default size (atlas_fast.sweep.grid).
@@ -196,74 +192,6 @@ def preflight(search: SearchConfig) -> int:
     return epochs
 
 
-def open_storage(search: SearchConfig):
-    """The study's storage, refused with one clear line if it is not an Optuna storage, is locked, or holds a study
-    of another definition under the same name; nothing in it is changed before these checks pass."""
-    import optuna
-    import sqlalchemy.exc
-
-    url = search.storage_url()
-    if url.startswith("sqlite:///"):
-        _check_sqlite_file(Path(url[len("sqlite:///"):]), search.lock_timeout)
-    try:
-        storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url, search.lock_timeout)) \
-            if url.split(":", 1)[0].split("+")[0] in ("sqlite", "mysql", "postgresql") else \
-            optuna.storages.get_storage(url)
-    except sqlalchemy.exc.OperationalError as exc:
-        raise UsageError(f"storage {url}: {_sql_reason(exc)}") from None
-    except (sqlalchemy.exc.DatabaseError, RuntimeError) as exc:
-        raise UsageError(f"storage {url} is not an Optuna study storage ({str(exc).splitlines()[0]}).") from None
-    name = search.name()
-    try:
-        stored = {summary.study_name: summary for summary in optuna.study.get_all_study_summaries(storage)}
-    except sqlalchemy.exc.OperationalError as exc:
-        raise UsageError(f"storage {url}: {_sql_reason(exc)}") from None
-    if name in stored:
-        found = stored[name].user_attrs.get(DEFINITION_ATTR)
-        if found is None:
-            raise UsageError(f"storage {url} holds a study {name!r} that atlas_fast did not create; choose another "
-                             f"--study-name.")
-        if json.loads(json.dumps(search.definition(), default=str)) != found:
-            different = sorted(k for k in set(found) | set(search.definition())
-                               if json.dumps(found.get(k), default=str, sort_keys=True)
-                               != json.dumps(search.definition().get(k), default=str, sort_keys=True))
-            raise UsageError(f"storage {url} holds another study named {name!r} (it differs in "
-                             f"{', '.join(different)}); give this one another --study-name, or repeat that study's "
-                             f"options to resume it.")
-    return storage
-
-
-def _engine_kwargs(url: str, timeout: float) -> dict[str, Any]:
-    return {"connect_args": {"timeout": timeout}} if url.startswith("sqlite") else {}
-
-
-def _sql_reason(exc: Exception) -> str:
-    text = str(getattr(exc, "orig", exc))
-    if "locked" in text:
-        return "the database is locked by another process (held longer than the lock timeout); wait or free it."
-    return text.splitlines()[0]
-
-
-def _check_sqlite_file(path: Path, timeout: float) -> None:
-    """An existing SQLite file must be an Optuna storage (or empty) and not held locked by another process."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout) as db:
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc):
-            raise UsageError(f"storage {path}: the database is locked by another process (held longer than the lock "
-                             f"timeout, {timeout:g} s); wait or free it.") from None
-        raise UsageError(f"storage {path} cannot be read as SQLite ({exc}).") from None
-    except sqlite3.DatabaseError as exc:
-        raise UsageError(f"storage {path} is not an SQLite database ({exc}); give another --storage.") from None
-    if tables and not {"studies", "trials", "version_info"} <= tables:
-        raise UsageError(f"storage {path} is an SQLite database of something else (tables: "
-                         f"{', '.join(sorted(tables)[:5])}); give another --storage.")
-
-
 def make_sampler(search: SearchConfig, number: int):
     """The sampler of trial ``number``, seeded from ``sampler_seed`` and the number (so a resumed study draws what
     an uninterrupted one would)."""
@@ -318,45 +246,6 @@ def suggest(trial, space: Mapping[str, Param]) -> dict[str, Any]:
     return values
 
 
-class Heartbeat:
-    """Writes the time into each live trial of this process every ``interval`` seconds, so that other processes
-    know it is alive (and take a trial over once its owner has been silent for the grace period)."""
-
-    def __init__(self, storage, interval: float) -> None:
-        self.storage, self.interval = storage, interval
-        self.trial_ids: set[int] = set()
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="atlas-fast-search-heartbeat", daemon=True)
-
-    def beat(self, trial_id: int) -> None:
-        self.storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
-
-    def track(self, trial_ids: Sequence[int]) -> None:
-        with self.lock:
-            self.trial_ids = set(trial_ids)
-        for trial_id in trial_ids:
-            self.beat(trial_id)
-
-    def _run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            with self.lock:
-                ids = list(self.trial_ids)
-            for trial_id in ids:
-                try:
-                    self.beat(trial_id)
-                except Exception:  # a finished trial, a busy database: the next beat tries again
-                    pass
-
-    def __enter__(self) -> "Heartbeat":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stopped.set()
-        self.thread.join()
-
-
 def run_study(search: SearchConfig, progress: bool = True):
     """Run (or resume, or join) the study until it holds ``n_trials`` finished trials; returns the optuna study.
     Everything is checked before the storage is touched."""
@@ -369,7 +258,10 @@ def run_study(search: SearchConfig, progress: bool = True):
     except ImportError:
         raise UsageError("a search needs Optuna: pip install 'atlas_fast[search]'.") from None
     from optuna.trial import TrialState
-    storage = open_storage(search)
+
+    from atlas_fast.search.storage import DEFINITION_ATTR, Heartbeat, dead_trials, open_storage, wait_for_verdicts
+
+    storage = open_storage(search.storage_url(), search.name(), search.definition(), search.lock_timeout)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = search.name()
     study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True,
@@ -394,15 +286,19 @@ def run_study(search: SearchConfig, progress: bool = True):
         if trial.should_prune():
             trial.set_user_attr("epochs", work.epochs)
             trial.set_user_attr("process", PROCESS)
-            study.tell(trial, state=TrialState.PRUNED)
-            _say(progress, f"trial {trial.number}: pruned at step {step} ({search.objective} {value:.2f})")
+            if _tell(study, trial, progress, state=TrialState.PRUNED):
+                _say(progress, f"trial {trial.number}: pruned at step {step} ({search.objective} {value:.2f})")
             return True
         return False
 
-    _wait_for_verdicts(study, search)
+    wait_for_verdicts(study, search.heartbeat_seconds, search.grace_seconds)
     with Heartbeat(storage, search.heartbeat_seconds) as heartbeat:
         while True:
-            works = _take_over(study, storage, study_id, search, heartbeat, batch, progress)
+            works = []
+            for trial, silent, reported in dead_trials(study, storage, study_id, search.grace_seconds, heartbeat,
+                                                       batch):
+                _say(progress, f"trial {trial.number}: its process stopped {silent:.0f} s ago; training it again")
+                works.append(_work(search, trial, reported))
             while len(works) < batch and len(study.get_trials(deepcopy=False)) < search.n_trials:
                 study.sampler = make_sampler(search, len(study.get_trials(deepcopy=False)))
                 trial = study.ask()
@@ -424,39 +320,14 @@ def run_study(search: SearchConfig, progress: bool = True):
                 trial.set_user_attr("process", PROCESS)
                 if work.error is not None:
                     trial.set_user_attr("error", work.error)
-                    study.tell(trial, state=TrialState.FAIL)
-                    _say(progress, f"trial {trial.number}: failed ({work.error.splitlines()[0]})")
+                    if _tell(study, trial, progress, state=TrialState.FAIL):
+                        _say(progress, f"trial {trial.number}: failed ({work.error.splitlines()[0]})")
                     continue
                 value = mean(work.finals)
-                study.tell(trial, value)
-                _say(progress, f"trial {trial.number}: {search.objective} {value:.2f}  {trial.params}")
+                if _tell(study, trial, progress, values=value):
+                    _say(progress, f"trial {trial.number}: {search.objective} {value:.2f}  {trial.params}")
             heartbeat.track([])
     return study
-
-
-def _heartbeat_of(frozen) -> float:
-    """When a running trial's process last showed life (its start, before the first beat)."""
-    start = frozen.datetime_start.timestamp() if frozen.datetime_start else time.time()
-    return float(frozen.system_attrs.get(HEARTBEAT_ATTR, start))
-
-
-def _wait_for_verdicts(study, search: SearchConfig) -> None:
-    """Before asking anything, tell the running trials of live processes (their heartbeat moves) from those of dead
-    ones (silent for the grace period), so that a resumed study trains its interrupted trials first, in order, as
-    the uninterrupted study did; waits at most the grace period."""
-    from optuna.trial import TrialState
-
-    first_seen: dict[int, float] = {}
-    while True:
-        undecided = []
-        for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            beat = _heartbeat_of(frozen)
-            seen = first_seen.setdefault(frozen.number, beat)
-            if beat == seen and time.time() - beat < search.grace_seconds:
-                undecided.append(frozen.number)
-        if not undecided:
-            return
-        time.sleep(min(search.heartbeat_seconds / 2, 1.0))
 
 
 def _default_batch(search: SearchConfig) -> int:
@@ -475,27 +346,17 @@ def _work(search: SearchConfig, trial, reported: dict[int, float]):
     return TrialWork(trial, configs, dict(reported))
 
 
-def _take_over(study, storage, study_id: int, search: SearchConfig, heartbeat: Heartbeat, limit: int,
-               progress: bool) -> list:
-    """Trials left running by a process that died (no heartbeat for the grace period), claimed by this one and
-    trained again from their start under their own numbers and values."""
+def _tell(study, trial, progress: bool, **result) -> bool:
+    """Tell the study a trial's end; False when another process had already told it (it took the trial over while
+    this process was silent past the grace period: both trained the same trial, it is counted once)."""
     import optuna
-    from optuna.trial import TrialState
 
-    now = time.time()
-    works = []
-    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if len(works) >= limit:
-            break
-        last = _heartbeat_of(frozen)
-        if now - last < search.grace_seconds:
-            continue
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
-        heartbeat.beat(trial_id)  # claimed: other processes now see it alive
-        trial = optuna.trial.Trial(study, trial_id)
-        _say(progress, f"trial {frozen.number}: its process stopped {now - last:.0f} s ago; training it again")
-        works.append(_work(search, trial, frozen.intermediate_values))
-    return works
+    try:
+        study.tell(trial, **result)
+        return True
+    except optuna.exceptions.UpdateFinishedTrialError:
+        _say(progress, f"trial {trial.number}: already finished by another process")
+        return False
 
 
 def _say(enabled: bool, text: str) -> None:
