@@ -186,6 +186,19 @@ def test_batched_trials_equal_trials_trained_one_by_one_and_pruning_leaves_survi
             assert p.value == pytest.approx(a.value, abs=1e-4)
 
 
+def test_a_method_that_does_not_batch_trains_each_run_of_a_trial_alone(world):
+    """KgCoOp trains runs one by one: a trial of two seeds reports a step per epoch of each seed, in turn, and its
+    value is the mean of the two runs' final values."""
+    search = search_config(world, "kgcoop", base=base_config(world, "kgcoop", method="kgcoop", method_options=None),
+                           seeds=(1, 2), n_trials=2, batch_trials=2, pruner="none", sampler="random")
+    study = run_study(search, progress=False)
+    for trial in study.trials:
+        steps = trial.intermediate_values
+        assert trial.state.name == "COMPLETE" and sorted(steps) == list(range(2 * EPOCHS))
+        assert trial.value == pytest.approx((steps[EPOCHS - 1] + steps[2 * EPOCHS - 1]) / 2)
+        assert trial.user_attrs["epochs"] == 2 * EPOCHS
+
+
 def test_the_stored_study_opens_through_optunas_api(world):
     search = search_config(world, "open", n_trials=3, pruner="none")
     run_study(search, progress=False)

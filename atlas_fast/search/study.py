@@ -332,8 +332,9 @@ def run_study(search: SearchConfig, progress: bool = True):
 
 def _default_batch(search: SearchConfig) -> int:
     from atlas_fast.engine.config import resolve_device
+    from atlas_fast.methods.base import method_entry
 
-    if resolve_device(search.base.device).type == "cuda":
+    if resolve_device(search.base.device).type == "cuda" and method_entry(search.base.method).batches:
         return max(1, GPU_GROUP_RUNS // len(search.seeds))
     return 1
 

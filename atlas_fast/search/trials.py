@@ -6,8 +6,9 @@ knobs, seeds or shots train as one module) and trained by the engine's loop. Aft
 ``retire_runs`` hook evaluates each live run on the **validation** split from the feature cache (one text pass per
 class set for the whole group), reports each trial's objective (mean over its seeds) to the study at step
 ``epochs of earlier datasets + epoch`` and retires the runs of the trials the pruner stops: they sit out the rest of
-the group's epochs, leaving the others' learned tensors as they would have been without them. No test image is read
-and no record is written: a trial is not a result.
+the group's epochs, leaving the others' learned tensors as they would have been without them. A method that does not
+batch (KgCoOp, DePT) trains each run alone, its seeds one after the other like datasets (a step per epoch of each).
+No test image is read and no record is written: a trial is not a result.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def check_validation(spec: RunSpec) -> None:
 def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], objective: str,
                 on_report: Callable[[TrialWork, int, float], bool], listings: dict | None = None) -> None:
     """Train the trials of ``works`` dataset by dataset. ``on_report(work, step, value)`` records a trial's value
-    at ``step`` and says whether to stop it (the pruner's word); the caller tells the study each trial's end."""
+    at ``step`` and says whether to stop it (the pruner's word); the caller tells the study each trial's end. A
+    trial's ``finals`` get its objective after the last epoch of each dataset (mean over seeds) or, for a method
+    that does not batch, of each run."""
     listings = {} if listings is None else listings
     for dataset in datasets:
         live = [work for work in works if work.live]
@@ -76,13 +79,21 @@ def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], objective: 
         for work in live:
             for spec in specs[id(work)]:
                 check_validation(spec)
-        groups: dict[str, list[TrialWork]] = {}
-        for work in live:
-            groups.setdefault(group_key(specs[id(work)][0]), []).append(work)
-        for members in groups.values():
-            _train_group(members, [specs[id(work)] for work in members], objective, on_report)
-        for work in live:
-            work.offset += specs[id(work)][0].recipe.epochs
+        if specs[id(live[0])][0].method.batches:
+            groups: dict[str, list[TrialWork]] = {}
+            for work in live:
+                groups.setdefault(group_key(specs[id(work)][0]), []).append(work)
+            for members in groups.values():
+                _train_group(members, [specs[id(work)] for work in members], objective, on_report)
+            for work in live:
+                work.offset += specs[id(work)][0].recipe.epochs
+            continue
+        # a method that does not batch trains each run alone: its seeds follow one another like datasets
+        for s in range(len(specs[id(live[0])])):
+            for work in live:
+                if work.live:
+                    _train_group([work], [[specs[id(work)][s]]], objective, on_report)
+                    work.offset += specs[id(work)][s].recipe.epochs
 
 
 def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], objective: str,
