@@ -28,12 +28,15 @@ def open_storage(url: str, name: str, definition: dict[str, Any], lock_timeout: 
     import optuna
     import sqlalchemy.exc
 
-    if url.startswith("sqlite:///"):
+    sqlite = url.startswith("sqlite:///")
+    if sqlite:
         _check_sqlite_file(Path(url[len("sqlite:///"):]), lock_timeout)
     try:
         storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url, lock_timeout)) \
             if url.split(":", 1)[0].split("+")[0] in ("sqlite", "mysql", "postgresql") else \
             optuna.storages.get_storage(url)
+        if sqlite:
+            _fast_commits(storage.engine)
     except sqlalchemy.exc.OperationalError as exc:
         raise UsageError(f"storage {url}: {_sql_reason(exc)}") from None
     except (sqlalchemy.exc.DatabaseError, RuntimeError) as exc:
@@ -67,14 +70,39 @@ def _sql_reason(exc: Exception) -> str:
     return text.splitlines()[0]
 
 
+def _fast_commits(engine) -> None:
+    """Write-ahead logging with ``synchronous=NORMAL``: a commit no longer waits for the disk, which made a tenth of a
+    small trial's time; a killed process loses nothing committed (only a power cut may lose the last commits), and
+    readers (a dashboard, another process) do not block writers. The journal mode stays with the file; the
+    synchronous setting is per connection, so the pool is emptied to reopen them with it."""
+    import sqlalchemy
+
+    def on_connect(connection, _record) -> None:
+        connection.execute("PRAGMA synchronous=NORMAL")
+
+    sqlalchemy.event.listen(engine, "connect", on_connect)
+    engine.dispose()
+    with engine.connect() as connection:
+        connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+
+
 def _check_sqlite_file(path: Path, timeout: float) -> None:
-    """An existing SQLite file must be an Optuna storage (or empty) and not held locked by another process."""
+    """An existing SQLite file must be an Optuna storage (or empty) and not held locked by another process (its
+    write lock is taken and given back at once, within ``timeout``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.stat().st_size == 0:
         return
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout) as db:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        db.close()
+        if tables:
+            db = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("ROLLBACK")
+            finally:
+                db.close()
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc):
             raise UsageError(f"storage {path}: the database is locked by another process (held longer than the lock "

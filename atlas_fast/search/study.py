@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import socket
 import sys
@@ -31,7 +32,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.errors import UsageError
@@ -189,6 +190,8 @@ def preflight(search: SearchConfig) -> int:
     if "epochs" in search.space:
         high = search.space["epochs"]
         epochs = int(max(high.values) if isinstance(high, Choice) else high.high) * len(search.datasets)
+    if not spec.method.batches:  # its seeds train one after the other, a step per epoch of each
+        epochs *= len(search.seeds)
     return epochs
 
 
@@ -232,6 +235,17 @@ def make_pruner(search: SearchConfig, max_steps: int):
     return optuna.pruners.NopPruner()
 
 
+def pruner_steps(search: SearchConfig) -> Callable[[int], bool]:
+    """The steps at which the pruner can stop a trial, where the validation split is evaluated (besides each
+    dataset's last epoch): every step for the median pruner, the rungs 1, 3, 9, 27, ... for successive halving and
+    Hyperband (min resource 1, reduction factor 3), none without pruning."""
+    if search.pruner == "median":
+        return lambda step: True
+    if search.pruner == "none":
+        return lambda step: False
+    return lambda step: step >= 1 and 3 ** round(math.log(step, 3)) == step
+
+
 def suggest(trial, space: Mapping[str, Param]) -> dict[str, Any]:
     """The trial's values of every parameter (stored values for a trial taken over)."""
     values = {}
@@ -250,7 +264,7 @@ def run_study(search: SearchConfig, progress: bool = True):
     """Run (or resume, or join) the study until it holds ``n_trials`` finished trials; returns the optuna study.
     Everything is checked before the storage is touched."""
 
-    from atlas_fast.search.trials import TrialWork, mean, train_batch
+    from atlas_fast.search.trials import Reporter, TrialWork, mean, train_batch
 
     max_steps = preflight(search)
     try:
@@ -292,41 +306,48 @@ def run_study(search: SearchConfig, progress: bool = True):
         return False
 
     wait_for_verdicts(study, search.heartbeat_seconds, search.grace_seconds)
-    with Heartbeat(storage, search.heartbeat_seconds) as heartbeat:
-        while True:
-            works = []
-            for trial, silent, reported in dead_trials(study, storage, study_id, search.grace_seconds, heartbeat,
-                                                       batch):
-                _say(progress, f"trial {trial.number}: its process stopped {silent:.0f} s ago; training it again")
-                works.append(_work(search, trial, reported))
-            while len(works) < batch and len(study.get_trials(deepcopy=False)) < search.n_trials:
-                study.sampler = make_sampler(search, len(study.get_trials(deepcopy=False)))
-                trial = study.ask()
-                heartbeat.beat(trial_id(trial))
-                works.append(_work(search, trial, {}))
-            if not works:
-                running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if not running:
-                    break
-                time.sleep(min(search.heartbeat_seconds, 5.0))  # others' trials: wait for them, or their death
-                continue
-            heartbeat.track([trial_id(work.trial) for work in works])
-            train_batch(works, search.datasets, search.objective_set, on_report, listings)
-            for work in works:
-                trial = work.trial
-                if work.pruned:
+    import sqlalchemy.exc
+
+    try:
+        with Heartbeat(storage, search.heartbeat_seconds) as heartbeat:
+            while True:
+                works = []
+                for trial, silent, reported in dead_trials(study, storage, study_id, search.grace_seconds, heartbeat,
+                                                           batch):
+                    _say(progress, f"trial {trial.number}: its process stopped {silent:.0f} s ago; training it again")
+                    works.append(_work(search, trial, reported))
+                while len(works) < batch and len(study.get_trials(deepcopy=False)) < search.n_trials:
+                    study.sampler = make_sampler(search, len(study.get_trials(deepcopy=False)))
+                    trial = study.ask()
+                    heartbeat.beat(trial_id(trial))
+                    works.append(_work(search, trial, {}))
+                if not works:
+                    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if not running:
+                        break
+                    time.sleep(min(search.heartbeat_seconds, 5.0))  # others' trials: wait for them, or their death
                     continue
-                trial.set_user_attr("epochs", work.epochs)
-                trial.set_user_attr("process", PROCESS)
-                if work.error is not None:
-                    trial.set_user_attr("error", work.error)
-                    if _tell(study, trial, progress, state=TrialState.FAIL):
-                        _say(progress, f"trial {trial.number}: failed ({work.error.splitlines()[0]})")
-                    continue
-                value = mean(work.finals)
-                if _tell(study, trial, progress, values=value):
-                    _say(progress, f"trial {trial.number}: {search.objective} {value:.2f}  {trial.params}")
-            heartbeat.track([])
+                heartbeat.track([trial_id(work.trial) for work in works])
+                train_batch(works, search.datasets, Reporter(search.objective_set, on_report, pruner_steps(search)),
+                            listings)
+                for work in works:
+                    trial = work.trial
+                    if work.pruned:
+                        continue
+                    trial.set_user_attr("epochs", work.epochs)
+                    trial.set_user_attr("process", PROCESS)
+                    if work.error is not None:
+                        trial.set_user_attr("error", work.error)
+                        if _tell(study, trial, progress, state=TrialState.FAIL):
+                            _say(progress, f"trial {trial.number}: failed ({work.error.splitlines()[0]})")
+                        continue
+                    value = mean(work.finals)
+                    if _tell(study, trial, progress, values=value):
+                        _say(progress, f"trial {trial.number}: {search.objective} {value:.2f}  {trial.params}")
+                heartbeat.track([])
+    except sqlalchemy.exc.OperationalError as exc:  # e.g. locked past the timeout by another process
+        raise UsageError(f"storage {search.storage_url()}: {str(getattr(exc, 'orig', exc)).splitlines()[0]}; "
+                         f"the trials in flight are taken over when the study runs again.") from None
     return study
 
 

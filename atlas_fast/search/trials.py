@@ -29,6 +29,17 @@ from atlas_fast.sweep.grid import group_key
 
 
 @dataclass
+class Reporter:
+    """How trials report: ``objective`` (a validation class set, or H), ``report(work, step, value)`` (records a
+    trial's value at ``step``, says whether to stop it) and ``at(step)`` (whether the pruner can act at a step: the
+    validation split is only evaluated there and after a dataset's last epoch)."""
+
+    objective: str
+    report: Callable[["TrialWork", int, float], bool]
+    at: Callable[[int], bool] = lambda step: True
+
+
+@dataclass
 class TrialWork:
     """One trial in flight: its optuna trial, its configuration per dataset, what it reported, what it cost."""
 
@@ -63,10 +74,10 @@ def check_validation(spec: RunSpec) -> None:
                              f"a search selects on the validation split, so the dataset needs one.")
 
 
-def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], objective: str,
-                on_report: Callable[[TrialWork, int, float], bool], listings: dict | None = None) -> None:
-    """Train the trials of ``works`` dataset by dataset. ``on_report(work, step, value)`` records a trial's value
-    at ``step`` and says whether to stop it (the pruner's word); the caller tells the study each trial's end. A
+def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], reporter: Reporter,
+                listings: dict | None = None) -> None:
+    """Train the trials of ``works`` dataset by dataset, reporting through ``reporter``; the caller tells the study
+    each trial's end. A
     trial's ``finals`` get its objective after the last epoch of each dataset (mean over seeds) or, for a method
     that does not batch, of each run."""
     listings = {} if listings is None else listings
@@ -84,7 +95,7 @@ def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], objective: 
             for work in live:
                 groups.setdefault(group_key(specs[id(work)][0]), []).append(work)
             for members in groups.values():
-                _train_group(members, [specs[id(work)] for work in members], objective, on_report)
+                _train_group(members, [specs[id(work)] for work in members], reporter)
             for work in live:
                 work.offset += specs[id(work)][0].recipe.epochs
             continue
@@ -92,27 +103,25 @@ def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], objective: 
         for s in range(len(specs[id(live[0])])):
             for work in live:
                 if work.live:
-                    _train_group([work], [[specs[id(work)][s]]], objective, on_report)
+                    _train_group([work], [[specs[id(work)][s]]], reporter)
                     work.offset += specs[id(work)][s].recipe.epochs
 
 
-def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], objective: str,
-                 on_report: Callable[[TrialWork, int, float], bool]) -> None:
+def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: Reporter) -> None:
     """Train the runs of ``works`` as one group; a group that diverges is retried trial by trial, so that only the
     trial whose run diverged fails."""
     try:
-        _train_runs_of(works, specs, objective, on_report)
+        _train_runs_of(works, specs, reporter)
     except FloatingPointError as exc:
         if len(works) == 1:
             works[0].error = str(exc)
             return
         for work, trial_specs in zip(works, specs):
             if work.live:
-                _train_group([work], [trial_specs], objective, on_report)
+                _train_group([work], [trial_specs], reporter)
 
 
-def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], objective: str,
-                   on_report: Callable[[TrialWork, int, float], bool]) -> None:
+def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter: Reporter) -> None:
     flat = [spec for trial_specs in specs for spec in trial_specs]
     owner = [w for w, trial_specs in enumerate(specs) for _ in trial_specs]
     first = flat[0]
@@ -129,20 +138,26 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], objective
                                   first.device)
     retired: set[int] = set()
 
+    last = first.recipe.epochs - 1
+    step_of = works[0].offset  # the runs of a group share their recipe and the trials their earlier datasets
+
     def retire_runs(epoch: int, logs) -> set[int]:
         live_runs = [r for r in range(len(flat)) if r not in retired]
-        values = _validation_objectives(method, inputs, live_runs, first.amp, objective)
+        for r in live_runs:
+            works[owner[r]].epochs += 1  # counted before the pruner is asked: a pruned trial's cost
+        if epoch != last and not reporter.at(step_of + epoch):
+            return set()
+        values = _validation_objectives(method, inputs, live_runs, first.amp, reporter.objective)
         stop = set()
         for w, work in enumerate(works):
             runs = [r for r in live_runs if owner[r] == w]
             if not runs:
                 continue
-            work.epochs += len(runs)  # this epoch, counted before the pruner is asked (a pruned trial's cost)
             value = sum(values[r] for r in runs) / len(runs)
-            if on_report(work, work.offset + epoch, value):
+            if reporter.report(work, work.offset + epoch, value):
                 work.pruned = True
                 stop.update(runs)
-            elif epoch == flat[runs[0]].recipe.epochs - 1:
+            elif epoch == last:
                 work.finals.append(value)
         retired.update(stop)
         return stop
