@@ -4,8 +4,8 @@ validation H.
 * **grid**: every point of the sensitivity figure's ranges that ISL reads, α ∈ {0.1, ..., 1.0} x K ∈ {1, ..., 5}
   (atlas_fast/experiments/fig_sensitivity.py; θ and τ_c change only LS and CSL soft labels, so an ISL grid over them
   would repeat each point), every point trained to the end (an Optuna grid sampler, no pruning);
-* **search**: TPE over the same ranges (α continuous, K integer) with Hyperband pruning from the per-epoch
-  validation H, ``--trials`` trials.
+* **search**: TPE over the same ranges (α continuous, K integer) with Hyperband pruning (``--pruner``) from the
+  validation H of its rung epochs, ``--trials`` trials.
 
 Both run through :func:`atlas_fast.search.run_study` on one feature cache, built beforehand (not timed), so both read
 the same cached features and count epochs the same way (the epochs a trial trained, summed). Printed: the best
@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=40, help="trials of the search (default 40)")
     p.add_argument("--batch-runs", type=int, default=None, help="grid points trained together (default: a "
                    "sweep's, 12 on a GPU and 4 on the CPU)")
+    p.add_argument("--pruner", choices=("hyperband", "halving", "median"), default="hyperband",
+                   help="the search's pruner (default hyperband, the search's default)")
     p.add_argument("--search-batch", type=int, default=None,
                    help="trials of the search trained together (default: the search's, 1 on the CPU)")
     p.add_argument("--seed", type=int, default=1, help="few-shot seed (default 1)")
@@ -129,7 +131,7 @@ def main(argv=None) -> int:
     grid_study, grid_seconds = timed_study(grid)
     search_space = {"alpha": uniform(min(args.alphas), max(args.alphas)),
                     "K": integers(min(args.periods), max(args.periods))}
-    search = SearchConfig(base, search_space, n_trials=args.trials, sampler="tpe", pruner="hyperband",
+    search = SearchConfig(base, search_space, n_trials=args.trials, sampler="tpe", pruner=args.pruner,
                           sampler_seed=args.sampler_seed, batch_trials=args.search_batch, study_name="search", **common)
     search_study, search_seconds = timed_study(search)
 
@@ -141,15 +143,17 @@ def main(argv=None) -> int:
     per_run = grid_seconds / points
     per_trial = search_seconds / args.trials
     lines = [
-        f"CoOp + ATLaS-ISL on {DATASET} (base-to-new, 16 shots, seed {args.seed}, {epochs} epochs, "
-        f"device {resolve_device(base.device).type}, {torch.get_num_threads()} thread(s)), selected on validation H; cache built beforehand",
+        f"CoOp + ATLaS-ISL on {DATASET} (base-to-new, 16 shots, seed {args.seed}, {epochs} epochs, device "
+        f"{resolve_device(base.device).type}, {torch.get_num_threads()} thread(s)), selected on validation H; cache "
+        f"built beforehand",
         "",
         "| | trials | pruned | epochs spent | seconds | best validation H | best values |",
         "|---|---:|---:|---:|---:|---:|---|",
-        f"| grid ({len(args.alphas)} α x {len(args.periods)} K, {batch_runs} runs a group) | {points} | 0 | {grid_epochs} | {grid_seconds:.1f} | "
-        f"{grid_best:.2f} | {_values(grid_study.best_params)} |",
-        f"| search (TPE + Hyperband, {search.batch_trials or 'default'} trial(s) a batch) | {args.trials} | {pruned} | {search_epochs} | {search_seconds:.1f} | "
-        f"{search_best:.2f} | {_values(search_study.best_params)} |",
+        f"| grid ({len(args.alphas)} α x {len(args.periods)} K, {batch_runs} runs a group) | {points} | 0 | "
+        f"{grid_epochs} | {grid_seconds:.1f} | {grid_best:.2f} | {_values(grid_study.best_params)} |",
+        f"| search (TPE + {args.pruner}, {search.batch_trials or 'default'} trial(s) a batch) | {args.trials} | "
+        f"{pruned} | {search_epochs} | {search_seconds:.1f} | {search_best:.2f} | "
+        f"{_values(search_study.best_params)} |",
         "",
         f"search vs grid: {search_best - grid_best:+.2f} points of validation H with "
         f"{100 * search_epochs / grid_epochs:.1f} % of the grid's epochs -> target (within 0.5 points, at most 20 %): "
@@ -160,7 +164,8 @@ def main(argv=None) -> int:
         + ("met" if 200 * per_trial <= 40 * per_run else "NOT met"),
     ]
     plot = args.out / "search_speed.png"
-    plot_curves({f"grid ({points} points)": grid_curve, f"search ({args.trials} trials)": search_curve}, plot)
+    plot_curves({f"grid ({points} points)": grid_curve, f"search ({args.trials} trials, {args.pruner})": search_curve},
+                plot)
     lines.append(f"best-so-far vs epochs spent: {plot}")
     text = "\n".join(lines)
     (args.out / "search_speed.md").write_text(text + "\n", encoding="utf-8")

@@ -70,9 +70,11 @@ def trials_by_number(study) -> dict[int, tuple]:
 
 # --- the engine hook --------------------------------------------------------------------------------------------
 
-def test_a_retired_run_leaves_the_other_runs_of_its_group_as_if_trained_without_it(world):
+@pytest.mark.parametrize("regroup", [False, True], ids=["sits-out", "regrouped"])
+def test_a_retired_run_leaves_the_other_runs_of_its_group_as_if_trained_without_it(world, regroup):
     """Run 1 of a group of three is retired after epoch 1; runs 0 and 2 end with the learned tensors (and epoch
-    losses) of the same runs trained alone, and run 1 stops logging."""
+    losses) of the same runs trained alone, and run 1 stops logging. It either sits out the remaining steps in the
+    module or (``regroup``) the loop goes on with a module of the two survivors, their optimiser state carried."""
     configs = [base_config(world, "hook", seed=1),
                base_config(world, "hook", seed=2, soft_labels=atlas_preset("base2new", "csl")),
                base_config(world, "hook", seed=3, schedule=Atlas(1))]
@@ -88,17 +90,33 @@ def test_a_retired_run_leaves_the_other_runs_of_its_group_as_if_trained_without_
         asked.append(epoch)
         return {1} if epoch == 1 else set()
 
-    logs = train_runs(method, states, specs[0].recipe, specs[0].device, False, False, None, False, retire)
+    modules = []
+
+    def smaller(module, keep):
+        state = module.state_for_checkpoint()
+        config = dataclasses.replace(specs[0].method_config, num_runs=len(keep))
+        module = specs[0].method.build(backbone, specs[0].data.train_split.classnames, config)
+        module.load_checkpoint_state({name: tensor[keep] for name, tensor in state.items()})
+        modules.append((module, keep))
+        return module
+
+    logs = train_runs(method, states, specs[0].recipe, specs[0].device, False, False, None, False, retire,
+                      smaller if regroup else None)
     assert asked == list(range(EPOCHS)) and [len(log) for log in logs] == [EPOCHS, 2, EPOCHS]
-    learned = method.state_for_checkpoint()
+    if regroup:
+        ((trained, keep),) = modules
+        assert keep == [0, 2] and trained.num_runs == 2
+        learned = {name: tensor[[0, 0, 1]] for name, tensor in trained.state_for_checkpoint().items()}
+    else:
+        learned = method.state_for_checkpoint()
     for r in (0, 2):
         alone = run(dataclasses.replace(configs[r], results_dir=world / "hook-alone"))
         for name, tensor in load_learned(alone["path"]).items():
             torch.testing.assert_close(learned[name][r:r + 1], tensor, atol=1e-5, rtol=1.3e-6)
         assert [e["loss"] for e in logs[r]] == pytest.approx([e["loss"] for e in alone["epochs"]], abs=1e-5)
-    # the retired run kept the tensors it had after epoch 1: it moved, then stopped
-    initial = singles[1].state_for_checkpoint()
-    assert any(not torch.equal(learned[n][1:2], initial[n]) for n in initial)
+    if not regroup:  # the retired run kept the tensors it had after epoch 1: it moved, then stopped
+        initial = singles[1].state_for_checkpoint()
+        assert any(not torch.equal(learned[n][1:2], initial[n]) for n in initial)
 
 
 def test_every_run_retired_ends_the_loop(world):

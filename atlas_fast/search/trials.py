@@ -129,7 +129,7 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
     backbone = first.backbone()
     shared: dict = {}
     inputs: list[RunInputs] = [prepare_inputs(spec, backbone, shared, evaluate_on="val") for spec in flat]
-    method, singles = build_group_method(flat, backbone, first.data.train_split.classnames)
+    method, _ = build_group_method(flat, backbone, first.data.train_split.classnames)
     states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
                        first.device) for s, i in zip(flat, inputs)]
     from atlas_fast.engine.graphs import use_graph_steps
@@ -137,9 +137,9 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
     graph_steps = use_graph_steps([s.config.graph_steps for s in flat], first.method, [s.schedule for s in states],
                                   first.device)
     retired: set[int] = set()
-
     last = first.recipe.epochs - 1
     step_of = works[0].offset  # the runs of a group share their recipe and the trials their earlier datasets
+    current = {"method": method, "slots": list(range(len(flat)))}  # the module training now, its runs by position
 
     def retire_runs(epoch: int, logs) -> set[int]:
         live_runs = [r for r in range(len(flat)) if r not in retired]
@@ -147,7 +147,8 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
             works[owner[r]].epochs += 1  # counted before the pruner is asked: a pruned trial's cost
         if epoch != last and not reporter.at(step_of + epoch):
             return set()
-        values = _validation_objectives(method, inputs, live_runs, first.amp, reporter.objective)
+        values = _validation_objectives(current["method"], current["slots"], inputs, live_runs, first.amp,
+                                        reporter.objective)
         stop = set()
         for w, work in enumerate(works):
             runs = [r for r in live_runs if owner[r] == w]
@@ -162,22 +163,34 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
         retired.update(stop)
         return stop
 
+    def regroup(module, keep: list[int]):
+        """The survivors as a smaller module: pruned trials stop costing steps."""
+        state = module.state_for_checkpoint()
+        config = dataclasses.replace(first.method_config, num_runs=len(keep))
+        smaller = first.method.build(backbone, first.data.train_split.classnames, config).to(first.device)
+        smaller.load_checkpoint_state({name: tensor[keep] for name, tensor in state.items()})
+        current["method"], current["slots"] = smaller, [current["slots"][p] for p in keep]
+        return smaller
+
     train_runs(method, states, first.recipe, first.device, first.amp, any(s.config.progress for s in flat),
-               None, graph_steps, retire_runs)
+               None, graph_steps, retire_runs, regroup if first.method.batches else None)
 
 
-def _validation_objectives(method, inputs: list[RunInputs], runs: list[int], amp: bool,
+def _validation_objectives(method, slots: list[int], inputs: list[RunInputs], runs: list[int], amp: bool,
                            objective: str) -> dict[int, float]:
-    """Each live run's objective on its validation sets. Runs of one seed share their sets, so the group's module is
-    evaluated once per distinct set list (every run's accuracy comes out of one text pass per class set)."""
+    """Each live run's objective on its validation sets (``slots``: the run at each position of ``method``). Runs of
+    one seed share their sets, so the module is evaluated once per distinct set list: every run's accuracy comes out
+    of one text pass per class set."""
     by_sets: dict[tuple[int, ...], list[int]] = {}
     for r in runs:
         by_sets.setdefault(tuple(id(s) for s in inputs[r].eval_sets), []).append(r)
+    position = {run: p for p, run in enumerate(slots)}
     values = {}
     for members in by_sets.values():
         accuracies = evaluate_method(method, inputs[members[0]].eval_sets, amp)
         for r in members:
-            values[r] = objective_value({name: per_run[r] for name, per_run in accuracies.items()}, objective)
+            values[r] = objective_value({name: per_run[position[r]] for name, per_run in accuracies.items()},
+                                        objective)
     return values
 
 
