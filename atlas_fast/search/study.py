@@ -7,8 +7,8 @@ validation split, stored where several processes can share and resume it.
 * **Objective**: ``accuracy`` (default: the accuracy of the classes the run trains on), ``base``, ``new``, ``H`` or
   ``all``, on the few-shot **validation** split; a trial's value is the mean over its datasets and seeds. The test
   split is never read during the study.
-* **Pruning**: every epoch's validation objective is reported to the pruner (Hyperband by default), and a trial it
-  stops sits out the rest of its group's epochs.
+* **Pruning**: the validation objective is reported to the pruner (Hyperband by default) at the epochs where it can
+  act; a trial it stops leaves its group, which trains on with the survivors.
 * **Batched trials**: ``batch_trials`` (R) trials are asked at once and their runs train as one module where they
   can (a GPU's default: 12 runs a group; the CPU's: one trial at a time), then their results are told.
 * **Storage**: any URL Optuna supports; by default ``sqlite:///<results_dir>/search/<study>/study.db``. The study's

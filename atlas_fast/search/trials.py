@@ -1,14 +1,14 @@
-"""Train a batch of trials on the validation split, with per-epoch pruning.
+"""Train a batch of trials on the validation split, with pruning.
 
 Each trial is one run per (dataset, seed) of its configuration. For each dataset in turn the live trials' runs are
 planned, grouped as a sweep groups them (:func:`atlas_fast.sweep.grid.group_key`: trials that differ only in ATLaS
-knobs, seeds or shots train as one module) and trained by the engine's loop. After every epoch the loop's
-``retire_runs`` hook evaluates each live run on the **validation** split from the feature cache (one text pass per
-class set for the whole group), reports each trial's objective (mean over its seeds) to the study at step
-``epochs of earlier datasets + epoch`` and retires the runs of the trials the pruner stops: they sit out the rest of
-the group's epochs, leaving the others' learned tensors as they would have been without them. A method that does not
-batch (KgCoOp, DePT) trains each run alone, its seeds one after the other like datasets (a step per epoch of each).
-No test image is read and no record is written: a trial is not a result.
+knobs, seeds or shots train as one module) and trained by the engine's loop. After each epoch at which the pruner can
+act (and each dataset's last) the loop's ``retire_runs`` hook evaluates every live run on the **validation** split
+from the feature cache (one text pass per class set for the whole group), reports each trial's objective (mean over
+its seeds) to the study at step ``epochs of earlier datasets + epoch`` and retires the runs of the trials the pruner
+stops; the loop's ``regroup`` hook then continues with a module of the survivors, whose learned tensors are what they
+would have been without the pruned trials. A method that does not batch (KgCoOp, DePT) trains each run alone, its
+seeds one after the other like datasets. No test image is read and no record is written: a trial is not a result.
 """
 
 from __future__ import annotations
