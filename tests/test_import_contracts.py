@@ -16,7 +16,7 @@ LAYERS = (
     "cli",
     "experiments",
     "app",
-    "report",
+    "report | search",
     "sweep | world",
     "engine",
     "methods",

@@ -18,7 +18,7 @@ from atlas_fast.app.options import add_threads, apply_download, command_threads,
 from atlas_fast.errors import shorten_values, user_errors
 
 # The command groups in the order ``--help`` lists them: modules of this package.
-COMMAND_GROUPS = ("cache", "train", "eval", "demo", "experiment", "report", "data")
+COMMAND_GROUPS = ("cache", "train", "eval", "demo", "experiment", "report", "data", "search")
 
 
 def build_parser() -> argparse.ArgumentParser:

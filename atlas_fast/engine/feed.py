@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator, Literal, NamedTuple
 
 import torch
 from atlas_fast.progress import progress_bar
@@ -31,6 +31,8 @@ PRELOAD_BYTES = 1 << 30
 # epoch then indexes them there, with no copy from the host (16 shots x 1,000 ImageNet classes x 512 floats x 50
 # views is 1.6 GB; the base-to-new sets of the 11 datasets with one view per epoch stay far below it).
 DEVICE_RESIDENT_BYTES = 2 << 30
+# The split an evaluation set is read from: the test split for a run's record, the validation split for a search.
+EvaluationSplit = Literal["test", "val"]
 
 
 class EpochTensorInputs:
@@ -123,21 +125,25 @@ class RunInputs:
 
 
 def evaluation_set(name: str, split, backbone: Backbone, cache: FeatureCache, method: type[PromptMethod],
-                   workers: int | None = None, device: torch.device | str = "cpu") -> EvalSet:
-    """The test split of ``split`` as an evaluation problem: its cached test features (view 0, already built) and,
-    for a method that reads pixels, the same images as pixels."""
-    features = cache.load(backbone, split.name, split.test, views=[0])[:, 0]
-    images = ImageViews(split.test, backbone, workers=workers, device=device) if method.reads_pixels else None
-    return EvalSet(name, split.classnames, features, torch.tensor([d.label for d in split.test]), images)
+                   workers: int | None = None, device: torch.device | str = "cpu",
+                   items: EvaluationSplit = "test") -> EvalSet:
+    """The test split (or, with ``items="val"``, the validation split) of ``split`` as an evaluation problem: its
+    cached features (view 0, already built) and, for a method that reads pixels, the same images as pixels."""
+    data = getattr(split, items)
+    features = cache.load(backbone, split.name, data, views=[0])[:, 0]
+    images = ImageViews(data, backbone, workers=workers, device=device) if method.reads_pixels else None
+    return EvalSet(name, split.classnames, features, torch.tensor([d.label for d in data]), images)
 
 
-def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None) -> RunInputs:
+def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None,
+                   evaluate_on: EvaluationSplit = "test") -> RunInputs:
     """Build what the feature cache lacks for the run's data (train views 0..V, test view 0; pixel methods: train
     view 0 and, for PromptSRC, 1..V), read the evaluation features and compute the soft labels once.
 
     ``shared``: one dict for the runs of a group (same dataset, backbone and method), so the test images are
     checked against the cache and each evaluation set is read once per group rather than once per run (the test
-    split does not depend on the seed)."""
+    split does not depend on the seed). ``evaluate_on="val"`` (a hyper-parameter search) builds and reads the
+    few-shot validation split in place of the test split, which is then never touched."""
     config, data, method = spec.config, spec.data, spec.method
     shared = {} if shared is None else shared
     train_split = data.train_split
@@ -146,15 +152,18 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
     train_views = 0 if method.reads_pixels and not method.reads_frozen_features else spec.views
     cache.build(backbone, data.dataset, train_split.train, num_views=train_views, aug_seed=config.aug_seed,
                 progress=config.progress)
-    test_key = ("test", data.dataset, tuple(d.impath for d in data.fewshot.test))
+    evaluated = getattr(data.fewshot, evaluate_on)
+    test_key = (evaluate_on, data.dataset, tuple(d.impath for d in evaluated))
     if test_key not in shared:
-        cache.build(backbone, data.dataset, data.fewshot.test, num_views=0, progress=config.progress)
+        cache.build(backbone, data.dataset, evaluated, num_views=0, progress=config.progress)
         shared[test_key] = True
     eval_sets = []
     for name, split in data.splits.items():
-        key = ("eval", data.dataset, name, tuple(split.classnames), tuple(d.impath for d in split.test))
+        key = ("eval", evaluate_on, data.dataset, name, tuple(split.classnames),
+               tuple(d.impath for d in getattr(split, evaluate_on)))
         if key not in shared:
-            shared[key] = evaluation_set(name, split, backbone, cache, method, config.workers, spec.device)
+            shared[key] = evaluation_set(name, split, backbone, cache, method, config.workers, spec.device,
+                                         evaluate_on)
         eval_sets.append(shared[key])
     labels = torch.tensor([d.label for d in train_split.train])
     soft_rows = None

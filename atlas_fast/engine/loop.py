@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -59,7 +59,10 @@ def set_epoch_lr(optimizer: torch.optim.Optimizer, recipe: OptimRecipe, epoch: i
 def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimRecipe, device: torch.device,
                amp: bool, progress: bool = True,
                on_epoch_end: Callable[[int], list[dict[str, Any]]] | None = None,
-               graph_steps: bool = False) -> list[list[dict[str, Any]]]:
+               graph_steps: bool = False,
+               retire_runs: Callable[[int, list[list[dict[str, Any]]]], Iterable[int]] | None = None,
+               regroup: Callable[[PromptMethod, list[int]], PromptMethod] | None = None
+               ) -> list[list[dict[str, Any]]]:
     """Train the R = ``len(runs)`` runs held by ``method`` (``method.num_runs == R``) in place; returns each run's
     epoch log (mean loss, lr, soft-label flag, seconds, + the callback's fields for that run).
 
@@ -77,6 +80,14 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     drawn on the CPU and moved once per epoch (:class:`~atlas_fast.engine.feed.CachedViews` indexes its
     device-resident views there). ``graph_steps`` (CUDA): full-size steps replay a CUDA graph of their forward, loss
     and backward (:class:`~atlas_fast.engine.graphs.StepGraphs`); each epoch's log then counts them.
+
+    ``retire_runs(epoch, logs)`` (e.g. a hyper-parameter search's pruner) is asked after each epoch's log and names
+    runs to stop training: from the next epoch on a retired run sits out every step as a run whose epoch is over does
+    (its tensors and optimiser state untouched, so the other runs train exactly as they would without it) and gets
+    no more log entries; the loop ends when every run is retired. None (the default) retires nothing. With
+    ``regroup(method, keep)`` (a module of the runs at positions ``keep`` of ``method``, holding their current
+    learned tensors), the loop goes on with that smaller module instead, carrying the kept runs' optimiser state
+    over, so retired runs stop costing steps; the caller's ``method`` then no longer trains.
     """
     num_runs = len(runs)
     if method.num_runs != num_runs:
@@ -95,6 +106,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         run.schedule.reset(len(method.classnames))
     method.train()
     logs: list[list[dict[str, Any]]] = [[] for _ in runs]
+    retired: set[int] = set()
+    slots = list(range(num_runs))  # the run (index into ``logs``) at each position of the module
     name = method.name + (f" x{num_runs}" if num_runs > 1 else "")
     bar = progress_bar(range(recipe.epochs), desc=f"train {name}", enabled=progress, leave=False)
     for epoch in bar:
@@ -103,14 +116,15 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         if graphs is not None:
             graphs.start_epoch()
         streams = [run.train_inputs.batches(epoch, torch.randperm(len(run.labels), generator=run.generator),
-                                            recipe.batch_size) for run in runs]
-        totals = torch.zeros(num_runs, device=device)  # summed on the device: no host sync per step
+                                            recipe.batch_size) if slots[r] not in retired else iter(())
+                   for r, run in enumerate(runs)]
+        totals = torch.zeros(len(runs), device=device)  # summed on the device: no host sync per step
         while True:
             batches = [next(stream, None) for stream in streams]
             if all(batch is None for batch in batches):
                 break
             inputs, labels, targets, sizes = step_batch(batches, runs, device)
-            idle = [r for r in range(num_runs) if sizes[r] == 0]
+            idle = [r for r in range(len(runs)) if sizes[r] == 0]
             saved = _save_run_slices(optimizer, idle)
             key = graphs.key(epoch, sizes) if graphs is not None else None
             if key is None:
@@ -121,7 +135,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
             scaler.step(optimizer)
             scaler.update()
             _restore_run_slices(optimizer, idle, saved)
-            if num_runs == 1:  # a lone run logs its whole loss, auxiliary terms (KgCoOp, DePT, PromptSRC) included
+            if len(runs) == 1:  # a lone run logs its whole loss, auxiliary terms (KgCoOp, DePT, PromptSRC) included
                 totals[0] += loss.detach().float() * sizes[0]
             else:  # a method that batches has no terms beyond its runs' criterion losses
                 for r, value in losses.items():
@@ -132,15 +146,45 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         epoch_losses = [total / len(run.labels) for total, run in zip(totals.tolist(), runs)]
         _check_finite(method, epoch_losses, epoch, lr, recipe)
         seconds = time.perf_counter() - start
-        extra = on_epoch_end(epoch) if on_epoch_end is not None else [{} for _ in runs]
+        extra = on_epoch_end(epoch) if on_epoch_end is not None else [{} for _ in range(num_runs)]
         graphed = {"graphed_steps": graphs.end_epoch()} if graphs is not None else {}
         for r, run in enumerate(runs):
-            logs[r].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[r],
-                            "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds, **extra[r], **graphed})
-        bar.set_postfix(loss=f"{sum(epoch_losses) / num_runs:.4f}", lr=f"{lr:.2e}")
+            if slots[r] not in retired:
+                logs[slots[r]].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[r],
+                                       "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds,
+                                       **extra[slots[r]], **graphed})
+        bar.set_postfix(loss=f"{sum(epoch_losses) / len(runs):.4f}", lr=f"{lr:.2e}")
+        if retire_runs is not None:
+            retired.update(retire_runs(epoch, logs))
+            if len(retired) == num_runs:
+                break
+            keep = [r for r in range(len(runs)) if slots[r] not in retired]
+            if regroup is not None and len(keep) < len(runs):
+                method, optimizer = _regrouped(regroup, method, optimizer, recipe, keep)
+                runs, slots = [runs[r] for r in keep], [slots[r] for r in keep]
+                if graphs is not None:
+                    graphs = StepGraphs(method, runs, optimizer, scaler, recipe.batch_size, amp)
     method.finish_training()
     method.eval()
     return logs
+
+
+def _regrouped(regroup: Callable[[PromptMethod, list[int]], PromptMethod], method: PromptMethod,
+               optimizer: torch.optim.Optimizer, recipe: OptimRecipe, keep: list[int]
+               ) -> tuple[PromptMethod, torch.optim.Optimizer]:
+    """The module of the runs at positions ``keep`` (from ``regroup``) and an optimiser over it whose state is the
+    kept runs' slices of ``optimizer``'s (parameters matched by position in the method's parameter groups)."""
+    smaller = regroup(method, keep)
+    if smaller.num_runs != len(keep):
+        raise ValueError(f"regroup returned a module of {smaller.num_runs} runs for {len(keep)} kept runs.")
+    carried = build_optimizer(smaller, recipe)
+    for old_group, new_group in zip(optimizer.param_groups, carried.param_groups):
+        for old, new in zip(old_group["params"], new_group["params"]):
+            state = optimizer.state.get(old, {})
+            carried.state[new] = {k: v[keep].clone() if torch.is_tensor(v) and v.shape == old.shape else v
+                                  for k, v in state.items()}
+    smaller.train()
+    return smaller, carried
 
 
 def _check_finite(method: PromptMethod, epoch_losses: list[float], epoch: int, lr: float,

@@ -1,0 +1,390 @@
+"""A hyper-parameter search: an Optuna study over a run's fields, ATLaS knobs and method options, selected on the
+validation split, stored where several processes can share and resume it.
+
+    from atlas_fast.search import SearchConfig, integers, run_search, uniform
+    result = run_search(SearchConfig(base, {"alpha": uniform(0.1, 1.0), "K": integers(1, 5)}, objective="H"))
+
+* **Objective**: ``accuracy`` (default: the accuracy of the classes the run trains on), ``base``, ``new``, ``H`` or
+  ``all``, on the few-shot **validation** split; a trial's value is the mean over its datasets and seeds. The test
+  split is never read during the study.
+* **Pruning**: the validation objective is reported to the pruner (Hyperband by default) at the epochs where it can
+  act; a trial it stops leaves its group, which trains on with the survivors.
+* **Batched trials**: ``batch_trials`` (R) trials are asked at once and their runs train as one module where they
+  can (a GPU's default: 12 runs a group; the CPU's: one trial at a time), then their results are told.
+* **Storage**: any URL Optuna supports; by default ``sqlite:///<results_dir>/search/<study>/study.db``. The study's
+  definition is stored with it, so the same command resumes it and another definition under the same name is
+  refused. A trial whose process died (no heartbeat for ``grace_seconds``) is taken over and trained again from
+  its start by the next process that finds it, under its own number: no trial is counted twice.
+* **Determinism**: the sampler is re-seeded from ``sampler_seed`` and the trial's number at every ask, so a study
+  resumed after ``kill -9`` ends as the uninterrupted one would (CPU; one process).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import socket
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from atlas_fast.engine.config import TrainConfig
+from atlas_fast.errors import UsageError
+from atlas_fast.search.space import Choice, Param, Range, apply_values, check_space, describe_space, grid_values
+
+OBJECTIVES = ("accuracy", "base", "new", "H", "all")
+SAMPLERS = ("tpe", "random", "grid")
+PRUNERS = ("hyperband", "halving", "median", "none")
+# Who trained a trial (a trial user attribute), to tell the processes of a shared study apart.
+PROCESS = f"{socket.gethostname()}:{os.getpid()}"
+# Trials a GPU batch asks at once: its runs fill one group of the sweep's default size (atlas_fast.sweep.grid).
+GPU_GROUP_RUNS = 12
+
+
+@dataclass
+class SearchConfig:
+    """A study: ``base`` (the run every trial starts from: method, setting, shots, soft labels, paths) and
+    ``space`` (name -> :class:`~atlas_fast.search.space.Range` / :class:`~atlas_fast.search.space.Choice`), trained on
+    ``datasets`` (default: the base's) x ``seeds`` and selected on ``objective`` over the validation split.
+
+    ``n_trials`` is the size of the study (trials of every state, whichever process ran them); ``sampler`` tpe,
+    random or grid (every point of a space of choices/integers/stepped ranges); ``pruner`` hyperband, halving
+    (successive halving), median or none. ``storage``: an Optuna storage URL (None: SQLite beside the results);
+    ``study_name`` (None: derived from the definition). ``batch_trials``: trials asked and trained together (None:
+    12 runs' worth on a GPU, 1 on the CPU). ``final_seeds``: the seeds the best configuration is retrained with and
+    tested on after the study (None: ``seeds``); ``finalize=False`` leaves that to another process."""
+
+    base: TrainConfig
+    space: Mapping[str, Param]
+    datasets: Sequence[str] | None = None
+    seeds: Sequence[int] = (1,)
+    objective: str = "accuracy"
+    n_trials: int = 50
+    sampler: str = "tpe"
+    pruner: str = "hyperband"
+    sampler_seed: int = 0
+    storage: str | None = None
+    study_name: str | None = None
+    batch_trials: int | None = None
+    final_seeds: Sequence[int] | None = None
+    finalize: bool = True
+    heartbeat_seconds: float = 20.0
+    grace_seconds: float = 120.0
+    lock_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        self.space = dict(self.space)
+        self.datasets = tuple(self.datasets or (self.base.dataset,))
+        self.seeds = tuple(self.seeds)
+        if not self.seeds:
+            raise UsageError("a search needs at least one seed.")
+        if self.objective not in OBJECTIVES:
+            raise UsageError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}.")
+        if self.sampler not in SAMPLERS:
+            raise UsageError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}.")
+        if self.pruner not in PRUNERS:
+            raise UsageError(f"pruner must be one of {', '.join(PRUNERS)}, got {self.pruner!r}.")
+        if self.n_trials < 1:
+            raise UsageError(f"n_trials must be >= 1, got {self.n_trials}.")
+        if self.batch_trials is not None and self.batch_trials < 1:
+            raise UsageError(f"batch_trials must be >= 1, got {self.batch_trials}.")
+        if not 0 < self.heartbeat_seconds < self.grace_seconds:
+            raise UsageError(f"heartbeat_seconds ({self.heartbeat_seconds}) must be > 0 and below grace_seconds "
+                             f"({self.grace_seconds}): a live trial must never look dead.")
+
+    @property
+    def evaluate(self) -> tuple[str, ...]:
+        """The class sets a trial is evaluated on: those the objective reads, and the training set."""
+        train = self.base.train_subsample
+        needed = {"accuracy": (), "base": ("base",), "new": ("new",), "H": ("base", "new"), "all": ("all",)}
+        return tuple(dict.fromkeys((train,) + needed[self.objective]))
+
+    @property
+    def objective_set(self) -> str:
+        return self.base.train_subsample if self.objective == "accuracy" else self.objective
+
+    def trial_config(self, values: Mapping[str, Any], dataset: str, seed: int) -> TrainConfig:
+        """The run of a trial with ``values`` on ``dataset`` with ``seed`` (no record is written for it)."""
+        config = apply_values(self.base, values)
+        return dataclasses.replace(config, dataset=dataset, seed=seed, evaluate=self.evaluate,
+                                   eval_every_epoch=False)
+
+    def definition(self) -> dict[str, Any]:
+        """What makes two studies the same: everything that changes a trial's value or the sampler's choices."""
+        base = self.base
+        return {"method": base.method, "setting": base.setting, "recipe": base.recipe, "shots": base.shots,
+                "backbone": base.backbone.to_dict(), "data_root": str(Path(base.data_root).expanduser().absolute()),
+                "subsample": base.train_subsample, "schedule": base.schedule.describe(),
+                "soft_labels": base.soft_labels.to_dict() if base.soft_labels is not None else None,
+                "method_options": base.method_options, "epochs": base.epochs, "batch_size": base.batch_size,
+                "lr": base.lr, "views": base.views, "aug_seed": base.aug_seed, "precision": base.precision,
+                "space": describe_space(self.space), "datasets": list(self.datasets), "seeds": list(self.seeds),
+                "objective": self.objective, "sampler": self.sampler, "pruner": self.pruner,
+                "sampler_seed": self.sampler_seed}
+
+    def name(self) -> str:
+        if self.study_name:
+            return self.study_name
+        digest = hashlib.blake2b(json.dumps(self.definition(), sort_keys=True, default=str).encode(),
+                                 digest_size=6).hexdigest()
+        return f"{self.base.method}-{'+'.join(self.datasets)}-{self.objective}-{digest}"
+
+    def folder(self) -> Path:
+        """Where the study's outputs (and its default SQLite storage) live."""
+        return Path(self.base.results_dir).expanduser() / "search" / self.name()
+
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{(self.folder() / 'study.db').absolute()}"
+
+
+@dataclass
+class SearchResult:
+    """What a finished study gives: its best trial's values, value and configuration, the files written and, when
+    the best configuration was retrained, the test records."""
+
+    study_name: str
+    storage: str
+    best_params: dict[str, Any]
+    best_value: float
+    best_config: TrainConfig
+    command: str
+    files: dict[str, Path] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    trials: int = 0
+    epochs: int = 0
+
+
+def preflight(search: SearchConfig) -> int:
+    """Everything checked before the storage is opened or anything trained: the space, the objective, the datasets'
+    validation splits (by planning the base run of every dataset and seed: lists data, reads no feature). Returns
+    the epochs of one trial over all its datasets (the pruners' resource)."""
+    from atlas_fast.engine.spec import evaluation_subsamples, plan_run, resolve_recipe
+    from atlas_fast.search.trials import check_validation
+
+    base = search.base
+    method_config, recipe = resolve_recipe(base, search.datasets[0])
+    check_space(search.space, base, method_config, search.datasets[0])
+    if search.objective in ("base", "new", "H") and base.setting != "base2new":
+        raise UsageError(f"objective {search.objective!r} is not defined in the {base.setting} setting: its runs "
+                         f"train and are evaluated on {base.train_subsample!r} classes, with no base/new split; "
+                         f"valid: accuracy, all.")
+    defined = evaluation_subsamples(base.train_subsample, method_config, search.evaluate)
+    if not set(search.evaluate) <= set(defined):
+        raise UsageError(f"objective {search.objective!r}: {base.method} with class-specific context is evaluated "
+                         f"on its training classes only; use objective accuracy.")
+    if search.sampler == "grid":
+        grid_values(search.space)
+    listings: dict = {}
+    epochs = 0
+    for dataset in search.datasets:
+        for seed in search.seeds:
+            spec = plan_run(search.trial_config({}, dataset, seed), listings=listings)
+            check_validation(spec)
+        epochs += spec.recipe.epochs
+    if "epochs" in search.space:
+        high = search.space["epochs"]
+        epochs = int(max(high.values) if isinstance(high, Choice) else high.high) * len(search.datasets)
+    if not spec.method.supports_batched_runs:  # its seeds train one after the other, a step per epoch of each
+        epochs *= len(search.seeds)
+    return epochs
+
+
+def make_sampler(search: SearchConfig, number: int):
+    """The sampler of trial ``number``, seeded from ``sampler_seed`` and the number (so a resumed study draws what
+    an uninterrupted one would)."""
+    import numpy as np
+    import optuna
+
+    seed = int(np.random.SeedSequence([search.sampler_seed, number]).generate_state(1)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if search.sampler == "grid":
+            # one seed for every trial: it orders the grid, which must stay the same from trial to trial
+            return _grid_sampler(optuna)(grid_values(search.space), seed=search.sampler_seed)
+        if search.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=(search.batch_trials or 1) > 1)
+
+
+def _grid_sampler(optuna):
+    """Optuna's grid sampler without its stop at the last grid point: that stop works only inside
+    ``study.optimize``, and here the study ends when it holds ``n_trials`` trials (the grid's size)."""
+
+    class StudyGrid(optuna.samplers.GridSampler):
+        def after_trial(self, study, trial, state, values) -> None:
+            pass
+
+    return StudyGrid
+
+
+def make_pruner(search: SearchConfig, max_steps: int):
+    import optuna
+
+    if search.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(max_steps, 1), reduction_factor=3)
+    if search.pruner == "halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
+    if search.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)
+    return optuna.pruners.NopPruner()
+
+
+def pruner_steps(search: SearchConfig) -> Callable[[int], bool]:
+    """The steps at which the pruner can stop a trial, where the validation split is evaluated (besides each
+    dataset's last epoch): every step for the median pruner, the rungs 1, 3, 9, 27, ... for successive halving and
+    Hyperband (min resource 1, reduction factor 3), none without pruning."""
+    if search.pruner == "median":
+        return lambda step: True
+    if search.pruner == "none":
+        return lambda step: False
+    return lambda step: step >= 1 and 3 ** round(math.log(step, 3)) == step
+
+
+def suggest(trial, space: Mapping[str, Param]) -> dict[str, Any]:
+    """The trial's values of every parameter (stored values for a trial taken over)."""
+    values = {}
+    for name, param in space.items():
+        if isinstance(param, Choice):
+            values[name] = trial.suggest_categorical(name, list(param.values))
+        elif param.integer:
+            values[name] = trial.suggest_int(name, int(param.low), int(param.high), log=param.log,
+                                             step=int(param.step or 1))
+        else:
+            values[name] = trial.suggest_float(name, param.low, param.high, log=param.log, step=param.step)
+    return values
+
+
+def run_study(search: SearchConfig, progress: bool = True):
+    """Run (or resume, or join) the study until it holds ``n_trials`` finished trials; returns the optuna study.
+    Everything is checked before the storage is touched."""
+
+    from atlas_fast.search.trials import Reporter, TrialWork, mean, train_batch
+
+    max_steps = preflight(search)
+    try:
+        import optuna
+    except ImportError:
+        raise UsageError("a search needs Optuna: pip install 'atlas_fast[search]'.") from None
+    from optuna.trial import TrialState
+
+    from atlas_fast.search.storage import DEFINITION_ATTR, Heartbeat, dead_trials, open_storage, wait_for_verdicts
+
+    storage = open_storage(search.storage_url(), search.name(), search.definition(), search.lock_timeout)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = search.name()
+    study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True,
+                                pruner=make_pruner(search, max_steps))
+    if DEFINITION_ATTR not in study.user_attrs:
+        study.set_user_attr(DEFINITION_ATTR, json.loads(json.dumps(search.definition(), default=str)))
+    study_id = storage.get_study_id_from_name(name)
+    batch = search.batch_trials or _default_batch(search)
+    listings: dict = {}
+
+    def trial_id(trial) -> int:
+        return storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+
+    def on_report(work: TrialWork, step: int, value: float) -> bool:
+        trial = work.trial
+        last = max(work.reported, default=-1)
+        if step < last:  # a trial taken over: this step was reported, and passed, before its process died
+            return False
+        if step not in work.reported:
+            trial.report(value, step)
+            work.reported[step] = value
+        if trial.should_prune():
+            trial.set_user_attr("epochs", work.epochs)
+            trial.set_user_attr("process", PROCESS)
+            if _tell(study, trial, progress, state=TrialState.PRUNED):
+                _say(progress, f"trial {trial.number}: pruned at step {step} ({search.objective} {value:.2f})")
+            return True
+        return False
+
+    wait_for_verdicts(study, search.heartbeat_seconds, search.grace_seconds)
+    import sqlalchemy.exc
+
+    try:
+        with Heartbeat(storage, search.heartbeat_seconds) as heartbeat:
+            while True:
+                works = []
+                for trial, silent, reported in dead_trials(study, storage, study_id, search.grace_seconds, heartbeat,
+                                                           batch):
+                    _say(progress, f"trial {trial.number}: its process stopped {silent:.0f} s ago; training it again")
+                    works.append(_work(search, trial, reported))
+                while len(works) < batch and len(study.get_trials(deepcopy=False)) < search.n_trials:
+                    study.sampler = make_sampler(search, len(study.get_trials(deepcopy=False)))
+                    trial = study.ask()
+                    heartbeat.beat(trial_id(trial))
+                    works.append(_work(search, trial, {}))
+                if not works:
+                    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if not running:
+                        break
+                    time.sleep(min(search.heartbeat_seconds, 5.0))  # others' trials: wait for them, or their death
+                    continue
+                heartbeat.track([trial_id(work.trial) for work in works])
+                train_batch(works, search.datasets, Reporter(search.objective_set, on_report, pruner_steps(search)),
+                            listings)
+                for work in works:
+                    trial = work.trial
+                    if work.pruned:
+                        continue
+                    trial.set_user_attr("epochs", work.epochs)
+                    trial.set_user_attr("process", PROCESS)
+                    if work.error is not None:
+                        trial.set_user_attr("error", work.error)
+                        if _tell(study, trial, progress, state=TrialState.FAIL):
+                            _say(progress, f"trial {trial.number}: failed ({work.error.splitlines()[0]})")
+                        continue
+                    value = mean(work.finals)
+                    if _tell(study, trial, progress, values=value):
+                        _say(progress, f"trial {trial.number}: {search.objective} {value:.2f}  {trial.params}")
+                heartbeat.track([])
+    except sqlalchemy.exc.OperationalError as exc:  # e.g. locked past the timeout by another process
+        raise UsageError(f"storage {search.storage_url()}: {str(getattr(exc, 'orig', exc)).splitlines()[0]}; "
+                         f"the trials in flight are taken over when the study runs again.") from None
+    return study
+
+
+def _default_batch(search: SearchConfig) -> int:
+    from atlas_fast.engine.config import resolve_device
+    from atlas_fast.methods.base import method_class
+
+    if resolve_device(search.base.device).type == "cuda" and method_class(search.base.method).supports_batched_runs:
+        return max(1, GPU_GROUP_RUNS // len(search.seeds))
+    return 1
+
+
+def _work(search: SearchConfig, trial, reported: dict[int, float]):
+    from atlas_fast.search.trials import TrialWork
+
+    values = suggest(trial, search.space)
+    configs = {d: [search.trial_config(values, d, seed) for seed in search.seeds] for d in search.datasets}
+    return TrialWork(trial, configs, dict(reported))
+
+
+def _tell(study, trial, progress: bool, **result) -> bool:
+    """Tell the study a trial's end; False when another process had already told it (it took the trial over while
+    this process was silent past the grace period: both trained the same trial, it is counted once)."""
+    import optuna
+
+    try:
+        study.tell(trial, **result)
+        return True
+    except optuna.exceptions.UpdateFinishedTrialError:
+        _say(progress, f"trial {trial.number}: already finished by another process")
+        return False
+
+
+def _say(enabled: bool, text: str) -> None:
+    if enabled:
+        print(f"[search] {text}", file=sys.stderr, flush=True)
+
+
+__all__ = ["OBJECTIVES", "PRUNERS", "SAMPLERS", "SearchConfig", "SearchResult", "Range", "Choice", "preflight",
+           "run_study"]

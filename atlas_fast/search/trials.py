@@ -1,0 +1,198 @@
+"""Train a batch of trials on the validation split, with pruning.
+
+Each trial is one run per (dataset, seed) of its configuration. For each dataset in turn the live trials' runs are
+planned, grouped as a sweep groups them (:func:`atlas_fast.sweep.grid.group_key`: trials that differ only in ATLaS
+knobs, seeds or shots train as one module) and trained by the engine's loop. After each epoch at which the pruner can
+act (and each dataset's last) the loop's ``retire_runs`` hook evaluates every live run on the **validation** split
+from the feature cache (one text pass per class set for the whole group), reports each trial's objective (mean over
+its seeds) to the study at step ``epochs of earlier datasets + epoch`` and retires the runs of the trials the pruner
+stops; the loop's ``regroup`` hook then continues with a module of the survivors, whose learned tensors are what they
+would have been without the pruned trials. A method that does not batch (KgCoOp, DePT) trains each run alone, its
+seeds one after the other like datasets. No test image is read and no record is written: a trial is not a result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from atlas_fast.engine.config import TrainConfig
+from atlas_fast.engine.evaluate import evaluate_method, summarize
+from atlas_fast.engine.feed import RunInputs, prepare_inputs
+from atlas_fast.engine.loop import RunState, train_runs
+from atlas_fast.engine.pipeline import build_group_method, shared_fields
+from atlas_fast.engine.spec import RunSpec, plan_run
+from atlas_fast.errors import UsageError
+from atlas_fast.sweep.grid import group_key
+
+
+@dataclass
+class Reporter:
+    """How trials report: ``objective`` (a validation class set, or H), ``report(work, step, value)`` (records a
+    trial's value at ``step``, says whether to stop it) and ``at(step)`` (whether the pruner can act at a step: the
+    validation split is only evaluated there and after a dataset's last epoch)."""
+
+    objective: str
+    report: Callable[["TrialWork", int, float], bool]
+    at: Callable[[int], bool] = lambda step: True
+
+
+@dataclass
+class TrialWork:
+    """One trial in flight: its optuna trial, its configuration per dataset, what it reported, what it cost."""
+
+    trial: Any  # optuna.trial.Trial
+    configs: dict[str, list[TrainConfig]]  # dataset -> one config per seed
+    reported: dict[int, float] = field(default_factory=dict)  # step -> value (restored for an adopted trial)
+    finals: list[float] = field(default_factory=list)  # per dataset: the objective after its last epoch
+    epochs: int = 0  # epochs trained, summed over the trial's runs
+    offset: int = 0  # steps of the datasets already trained
+    pruned: bool = False
+    error: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return not self.pruned and self.error is None
+
+
+def objective_value(metrics: dict[str, float], objective: str) -> float:
+    """The objective from one run's accuracies on the validation class sets (H added when base and new are there)."""
+    return summarize(metrics)[objective]
+
+
+def check_validation(spec: RunSpec) -> None:
+    """A search needs a validation split distinct from the test split for every evaluated class set."""
+    data = spec.data
+    if data.fewshot.val_is_test:
+        raise UsageError(f"{data.dataset}: its validation list is its test list (as CoOp's ImageNet), so a search on "
+                         f"it would select on test accuracy; search on another dataset.")
+    for name, split in data.splits.items():
+        if not split.val:
+            raise UsageError(f"{data.dataset} ({data.dataset_dir}): no validation images for the {name!r} classes; "
+                             f"a search selects on the validation split, so the dataset needs one.")
+
+
+def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], reporter: Reporter,
+                listings: dict | None = None) -> None:
+    """Train the trials of ``works`` dataset by dataset, reporting through ``reporter``; the caller tells the study
+    each trial's end. A
+    trial's ``finals`` get its objective after the last epoch of each dataset (mean over seeds) or, for a method
+    that does not batch, of each run."""
+    listings = {} if listings is None else listings
+    for dataset in datasets:
+        live = [work for work in works if work.live]
+        if not live:
+            return
+        specs = {id(work): [plan_run(config, listings=listings) for config in work.configs[dataset]]
+                 for work in live}
+        for work in live:
+            for spec in specs[id(work)]:
+                check_validation(spec)
+        if specs[id(live[0])][0].method.supports_batched_runs:
+            groups: dict[str, list[TrialWork]] = {}
+            for work in live:
+                groups.setdefault(group_key(specs[id(work)][0]), []).append(work)
+            for members in groups.values():
+                _train_group(members, [specs[id(work)] for work in members], reporter)
+            for work in live:
+                work.offset += specs[id(work)][0].recipe.epochs
+            continue
+        # a method that does not batch trains each run alone: its seeds follow one another like datasets
+        for s in range(len(specs[id(live[0])])):
+            for work in live:
+                if work.live:
+                    _train_group([work], [[specs[id(work)][s]]], reporter)
+                    work.offset += specs[id(work)][s].recipe.epochs
+
+
+def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: Reporter) -> None:
+    """Train the runs of ``works`` as one group; a group that diverges is retried trial by trial, so that only the
+    trial whose run diverged fails."""
+    try:
+        _train_runs_of(works, specs, reporter)
+    except FloatingPointError as exc:
+        if len(works) == 1:
+            works[0].error = str(exc)
+            return
+        for work, trial_specs in zip(works, specs):
+            if work.live:
+                _train_group([work], [trial_specs], reporter)
+
+
+def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter: Reporter) -> None:
+    flat = [spec for trial_specs in specs for spec in trial_specs]
+    owner = [w for w, trial_specs in enumerate(specs) for _ in trial_specs]
+    first = flat[0]
+    assert all(shared_fields(spec) == shared_fields(first) for spec in flat)
+    backbone = first.backbone()
+    shared: dict = {}
+    inputs: list[RunInputs] = [prepare_inputs(spec, backbone, shared, evaluate_on="val") for spec in flat]
+    method, _ = build_group_method(flat, backbone, first.data.train_split.classnames)
+    states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
+                       first.device) for s, i in zip(flat, inputs)]
+    from atlas_fast.engine.graphs import use_graph_steps
+
+    graph_steps = use_graph_steps([s.config.graph_steps for s in flat], first.method, [s.schedule for s in states],
+                                  first.device)
+    retired: set[int] = set()
+    last = first.recipe.epochs - 1
+    step_of = works[0].offset  # the runs of a group share their recipe and the trials their earlier datasets
+    current = {"method": method, "slots": list(range(len(flat)))}  # the module training now, its runs by position
+
+    def retire_runs(epoch: int, logs) -> set[int]:
+        live_runs = [r for r in range(len(flat)) if r not in retired]
+        for r in live_runs:
+            works[owner[r]].epochs += 1  # counted before the pruner is asked: a pruned trial's cost
+        if epoch != last and not reporter.at(step_of + epoch):
+            return set()
+        values = _validation_objectives(current["method"], current["slots"], inputs, live_runs, first.amp,
+                                        reporter.objective)
+        stop = set()
+        for w, work in enumerate(works):
+            runs = [r for r in live_runs if owner[r] == w]
+            if not runs:
+                continue
+            value = sum(values[r] for r in runs) / len(runs)
+            if reporter.report(work, work.offset + epoch, value):
+                work.pruned = True
+                stop.update(runs)
+            elif epoch == last:
+                work.finals.append(value)
+        retired.update(stop)
+        return stop
+
+    def regroup(module, keep: list[int]):
+        """The survivors as a smaller module: pruned trials stop costing steps."""
+        state = module.state_for_checkpoint()
+        config = dataclasses.replace(first.method_config, num_runs=len(keep))
+        smaller = first.method.build(backbone, first.data.train_split.classnames, config).to(first.device)
+        smaller.load_checkpoint_state({name: tensor[keep] for name, tensor in state.items()})
+        current["method"], current["slots"] = smaller, [current["slots"][p] for p in keep]
+        return smaller
+
+    train_runs(method, states, first.recipe, first.device, first.amp, any(s.config.progress for s in flat),
+               None, graph_steps, retire_runs, regroup if first.method.supports_batched_runs else None)
+
+
+def _validation_objectives(method, slots: list[int], inputs: list[RunInputs], runs: list[int], amp: bool,
+                           objective: str) -> dict[int, float]:
+    """Each live run's objective on its validation sets (``slots``: the run at each position of ``method``). Runs of
+    one seed share their sets, so the module is evaluated once per distinct set list: every run's accuracy comes out
+    of one text pass per class set."""
+    by_sets: dict[tuple[int, ...], list[int]] = {}
+    for r in runs:
+        by_sets.setdefault(tuple(id(s) for s in inputs[r].eval_sets), []).append(r)
+    position = {run: p for p, run in enumerate(slots)}
+    values = {}
+    for members in by_sets.values():
+        accuracies = evaluate_method(method, inputs[members[0]].eval_sets, amp)
+        for r in members:
+            values[r] = objective_value({name: per_run[position[r]] for name, per_run in accuracies.items()},
+                                        objective)
+    return values
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
