@@ -32,8 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atlas_fast.atlas.schedules import Atlas  # noqa: E402
-from atlas_fast.atlas.softlabels import atlas_period, atlas_preset  # noqa: E402
+from atlas_fast.atlas.variants import atlas_variant  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig  # noqa: E402
 from atlas_fast.engine import TrainConfig  # noqa: E402
 from atlas_fast.experiments.fig_sensitivity import GRIDS  # noqa: E402
@@ -41,6 +40,7 @@ from atlas_fast.search import SearchConfig, choice, integers, run_study, uniform
 from atlas_fast.search.outputs import best_so_far  # noqa: E402
 
 DATASET = "WorldPhotos"
+ISL = atlas_variant("base2new", "isl")  # CoOp + ATLaS-ISL with the paper's base-to-new presets
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,8 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def base_config(args: argparse.Namespace, results: Path) -> TrainConfig:
     config = TrainConfig(DATASET, args.data_root, backbone=BackboneConfig("atlas-world", "atlas-world"), shots=16,
-                         seed=args.seed, schedule=Atlas(atlas_period("base2new")),
-                         soft_labels=atlas_preset("base2new", "isl"), epochs=args.epochs, device=args.device,
+                         seed=args.seed, schedule=ISL.schedule, soft_labels=ISL.soft_labels, epochs=args.epochs, device=args.device,
                          cache_root=args.cache_root, results_dir=results, progress=False)
     return config
 

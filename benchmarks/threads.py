@@ -27,14 +27,14 @@ BUSY_LOOP = "while True:\n    pass\n"
 
 
 def _configs(data: Path, cache: Path, results: Path, epochs: int, shots: int):
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
+    from atlas_fast.atlas.variants import atlas_variant
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
 
+    csl = atlas_variant("base2new", "csl")
     return [TrainConfig("OxfordPets", data, backbone=BackboneConfig("atlas-world", "atlas-world"), method="coop",
-                        shots=shots, seed=seed, epochs=epochs, views=2, soft_labels=atlas_preset("base2new", "csl"),
-                        schedule=Atlas(atlas_period("base2new")), device="cpu", cache_root=cache,
+                        shots=shots, seed=seed, epochs=epochs, views=2, soft_labels=csl.soft_labels,
+                        schedule=csl.schedule, device="cpu", cache_root=cache,
                         results_dir=results, progress=False)
             for seed in (1, 2, 3, 4)]
 

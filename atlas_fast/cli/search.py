@@ -79,18 +79,17 @@ def run_search_command(args: argparse.Namespace) -> int:
     check_methods([args.method], learning_only=True)
     space = dict(parse_param(text) for text in args.param)  # syntax first: nothing heavy imported for a typo
     options = method_options(args.method_option, args.method)
-    from atlas_fast.atlas.schedules import Atlas, OneHot
-    from atlas_fast.atlas.softlabels import atlas_period, atlas_preset
+    from atlas_fast.atlas.variants import atlas_variant
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
     from atlas_fast.search import SearchConfig, run_search
 
-    soft = None if args.atlas == "none" else atlas_preset(args.setting, args.atlas)
+    variant = atlas_variant(args.setting, args.atlas)
     pretrained = None if args.pretrained.lower() in ("none", "random", "") else args.pretrained
     base = TrainConfig(dataset=args.datasets[0], data_root=args.data_root,
                        backbone=BackboneConfig(args.model, pretrained), method=args.method, method_options=options,
                        recipe=args.recipe, setting=args.setting, shots=args.shots, seed=args.seeds[0],
-                       soft_labels=soft, schedule=Atlas(atlas_period(args.setting)) if soft else OneHot(),
+                       soft_labels=variant.soft_labels, schedule=variant.schedule,
                        views=args.views, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                        device=args.device, precision=args.precision, cache_root=args.cache_root,
                        results_dir=args.results_dir, progress=not args.no_progress)
