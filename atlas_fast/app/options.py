@@ -15,15 +15,62 @@ def _pretrained(value: str) -> str | None:
     return None if value.lower() in ("none", "random", "") else value
 
 
+# The backbone --model/--pretrained stand for when neither is given: the paper's CLIP, or for the embedded world's
+# datasets the world's own CLIP (model_configs/atlas-world.json with its shipped checkpoint), as demo and --world use.
+DEFAULT_BACKBONE = ("ViT-B-16", "openai")
+WORLD_BACKBONE = ("atlas-world", "atlas-world")
+
+
+def dataset_name(value: str) -> str:
+    """argparse ``type`` of ``--dataset``: a registry name is checked as it is parsed, so a typo is named even when
+    other required options are missing (``folder:`` / ``split:`` datasets are checked when they are read)."""
+    if ":" not in value:
+        from atlas_fast.data.datasets import get_spec  # no torch
+
+        try:
+            get_spec(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def add_data_and_backbone(parser: argparse.ArgumentParser) -> None:
-    """--dataset, --data-root, --model, --pretrained, --download: the options every data-reading command takes."""
-    parser.add_argument("--dataset", required=True, help="dataset registry name, e.g. OxfordPets")
+    """--dataset, --data-root, --model, --pretrained, --download: the options every data-reading command takes
+    (left unset, --model/--pretrained are filled in by :func:`resolve_backbone`)."""
+    parser.add_argument("--dataset", required=True, type=dataset_name, help="dataset registry name, e.g. OxfordPets")
     parser.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
-    parser.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
-    parser.add_argument("--pretrained", type=_pretrained, default="openai",
+    parser.add_argument("--model", default=None,
+                        help="open_clip model name (default ViT-B-16; atlas-world for the World* datasets)")
+    parser.add_argument("--pretrained", type=_pretrained, default=argparse.SUPPRESS,
                         help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt), or 'none' for "
-                             "random weights (default openai)")
+                             "random weights (default openai; atlas-world, the shipped checkpoint, for the World* "
+                             "datasets)")
     add_download(parser)
+
+
+def is_world_dataset(name: str) -> bool:
+    """Whether ``name`` (any spelling the registry takes) is one of the embedded world's datasets."""
+    from atlas_fast.data.datasets import find_spec
+    from atlas_fast.world.benchmark import WORLD_BY_NAME  # no torch
+
+    spec = find_spec(name) if ":" not in name else None
+    return spec is not None and spec.name in WORLD_BY_NAME
+
+
+def resolve_backbone(args: argparse.Namespace) -> bool:
+    """Fill in ``--model``/``--pretrained`` the user left unset (commands with :func:`add_data_and_backbone`): the
+    world's datasets imply the world's CLIP, any other the paper's; a given ``--model atlas-world`` implies its
+    shipped checkpoint. Returns whether the world's backbone was implied (not given)."""
+    if not hasattr(args, "model"):
+        return False
+    model_given, pretrained_given = args.model is not None, hasattr(args, "pretrained")
+    world = not (model_given or pretrained_given) and is_world_dataset(args.dataset)
+    default_model, default_pretrained = WORLD_BACKBONE if world else DEFAULT_BACKBONE
+    if not model_given:
+        args.model = default_model
+    if not pretrained_given:
+        args.pretrained = WORLD_BACKBONE[1] if args.model == WORLD_BACKBONE[0] else default_pretrained
+    return world
 
 
 def add_seeds(parser: argparse.ArgumentParser, default: Sequence[int]) -> None:
@@ -43,10 +90,25 @@ def check_range(option: str, value: float | int | None, low: float, high: float 
         raise UsageError(f"{option} must be {bound}, got {shown}.")
 
 
+def method_name(learning_only: bool = False):
+    """argparse ``type`` of ``--methods``: an unknown name is refused as it is parsed (so a typo is named even when
+    other required options are missing), from the method files' declarations, importing no torch."""
+    def check(value: str) -> str:
+        try:
+            check_methods([value], learning_only)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
+        return value
+
+    check.__name__ = "method"  # argparse's fallback wording: "invalid method value"
+    return check
+
+
 def add_methods(parser: argparse.ArgumentParser, default: Sequence[str], learning_only: bool = False) -> None:
     """``--methods M [M ...]`` (``--method`` is the same option), checked against the registered methods."""
     names = method_names(learning_only)
     parser.add_argument("--methods", "--method", dest="methods", nargs="+", default=list(default), metavar="METHOD",
+                        type=method_name(learning_only),
                         help=f"method(s): {', '.join(names)} (default {' '.join(default)})")
 
 

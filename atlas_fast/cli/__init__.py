@@ -4,7 +4,9 @@ out), and :func:`main` runs the chosen command. The modules import nothing heavy
 and the methods are imported inside the ``run_*`` functions), so ``--help`` and argument errors stay instant.
 
 Expected errors (bad data, arguments, files, checkpoints, a full disk: :func:`atlas_fast.errors.user_errors`) print ``error: ...``
-naming the file or value and exit with status 2; ``--debug`` (anywhere on the line) shows the traceback instead."""
+naming the file or value and exit with status 2; ``--debug`` (anywhere on the line) shows the traceback instead.
+Argument errors are argparse's one line (where the options are listed, not the whole usage) and warnings one
+``warning: ...`` line each, without the source line that raised them."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import argparse
 import importlib
 import sys
 import traceback
+import warnings
 from typing import Sequence
 
 from atlas_fast.app.options import add_threads, apply_download, command_threads, split_threads
@@ -21,8 +24,21 @@ from atlas_fast.errors import shorten_values, user_errors
 COMMAND_GROUPS = ("cache", "train", "eval", "demo", "experiment", "report", "data", "search")
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser (every command's, as subparsers take their parent's class) refusing bad arguments in one
+    line and a pointer to ``--help``, not the whole usage (22 lines for ``train``) above the line that matters."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the options)\n")
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` of a command: ``warning: <message>``, without the file, line and source text."""
+    print(f"warning: {message}", file=file or sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="atlas-fast", description="Feature-cache-first prompt tuning of CLIP.")
+    parser = CommandParser(prog="atlas-fast", description="Feature-cache-first prompt tuning of CLIP.")
     parser.add_argument("--debug", action="store_true",
                         help="print the full traceback of an error (may also be given after the command)")
     add_threads(parser)
@@ -39,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv, threads = split_threads(argv)
     args = build_parser().parse_args((["--debug"] if debug else []) + threads + [a for a in argv if a != "--debug"])
     try:
-        with command_threads(args):
+        with command_threads(args), warnings.catch_warnings():
+            warnings.showwarning = show_warning
             apply_download(args)
             return int(args.func(args) or 0)
     except user_errors() as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.options import add_data_and_backbone, add_workers, check_range
+from atlas_fast.app.options import add_data_and_backbone, add_workers, check_range, resolve_backbone
 from atlas_fast.errors import UsageError
 
 
@@ -79,6 +79,7 @@ def run_cache_build(args: argparse.Namespace) -> int:
     for seed in distinct(args.seeds or [], "--seeds"):
         check_range("--seeds", seed, 0, MAX_SEED)
     require_layouts([args.dataset], args.data_root)
+    resolve_backbone(args)  # a World* dataset without --model/--pretrained: the world's CLIP
     splits = load_dataset(args.dataset, args.data_root)
     if args.shots is None:
         variants = [splits]

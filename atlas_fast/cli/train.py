@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.options import (add_data_and_backbone, add_method_options, add_progress, add_seeds, add_workers,
-                                    check_methods, method_options)
+                                    check_methods, method_name, method_options, resolve_backbone)
 from atlas_fast.errors import UsageError
 
 # --atlas and --schedule choices (the ATLaS package's, atlas_fast.atlas.variants, spelled here so that parsing
@@ -27,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "the output.")
     add_data_and_backbone(train)
     train.add_argument("--methods", "--method", dest="methods", nargs="+", default=["coop"], metavar="METHOD",
-                       help=f"prompt method(s): {', '.join(method_names())} (default coop); dept-* = DePT's head "
+                       type=method_name(), help=f"prompt method(s): {', '.join(method_names())} (default coop); dept-* = DePT's head "
                             "on coop/cocoop/kgcoop/maple, zsclip = zero-shot CLIP (nothing trained); ivlp, maple, "
                             "promptsrc, dept-maple prompt the image encoder and train on pixels")
     train.add_argument("--recipe", choices=("paper", "original"), default="paper",
@@ -108,6 +109,11 @@ def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.data.check import require_layouts
 
     require_layouts([args.dataset], args.data_root)  # every layout fault at once, before any work
+    if resolve_backbone(args):  # a World* dataset without --model/--pretrained: the world's CLIP and its depths
+        from atlas_fast.experiments.common import world_method_options
+
+        options = {method: method_options(world_method_options() + args.method_option, method)
+                   for method in args.methods}
     from atlas_fast.report.tables import train_results
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
@@ -128,6 +134,13 @@ def run_train(args: argparse.Namespace) -> int:
         cache_root=args.cache_root, results_dir=args.results_dir, progress=not args.no_progress,
         content_hash=args.content_hash, workers=args.workers)
         for method in args.methods for seed in args.seeds]
+    if args.batch_runs is not None and args.batch_runs > 1 and len(args.seeds) > 1:  # asked for, so say so
+        from atlas_fast.methods.base import method_class
+
+        for method in args.methods:
+            if not method_class(method).supports_batched_runs:
+                warnings.warn(f"{method} does not support batched runs: --batch-runs {args.batch_runs} trains its "
+                              "seeds one by one.")
     records = run_configs(configs, Execution("local", args.batch_runs), progress=not args.no_progress)
     print(train_results(args.dataset, args.methods, args.seeds, records))
     return 0

@@ -54,9 +54,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
 
 def run_group(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
-    """Plan every config once, then train (or reuse) the runs as one group; records in the order of ``configs``."""
+    """Plan every config once, then train (or reuse) the runs as one group; records in the order of ``configs`` (a
+    method that cannot batch trains them one by one, with a warning: the caller asked for a group)."""
     listings: dict = {}
-    return run_specs([plan_run(config, listings=listings) for config in configs])
+    return run_specs([plan_run(config, listings=listings) for config in configs], warn_unbatched=True)
 
 
 def split_finished(specs: Sequence[RunSpec], complete: bool = True
@@ -147,10 +148,11 @@ def complete_record(spec: RunSpec, record: dict[str, Any]) -> dict[str, Any]:
     return _rewrite(spec, path.stem, fields, load_learned(path))
 
 
-def run_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
-    """Train the planned runs that have no finished record, as one group when their method batches (what a sweep's
-    worker calls: it plans nothing); returns every run's record in order. A run asked for twice (the same record
-    name, e.g. with other evaluated sets) trains once; the others then find its record."""
+def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False) -> list[dict[str, Any]]:
+    """Train the planned runs that have no finished record, as one group when their method batches, else one by one
+    (what a sweep's worker calls: it plans nothing; ``warn_unbatched`` warns of the latter, for callers that asked
+    for the group themselves, not for a sweep's default grouping); returns every run's record in order. A run asked
+    for twice (the same record name, e.g. with other evaluated sets) trains once; the others then find its record."""
     records, todo = split_finished(specs)
     if not todo:
         return records  # type: ignore[return-value]
@@ -159,7 +161,8 @@ def run_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     todo = [i for i in todo if i not in repeats]
     method = specs[todo[0]].method
     if len(todo) > 1 and not method.supports_batched_runs:
-        warnings.warn(f"{method.name} does not support batched runs: its runs train one by one.")
+        if warn_unbatched:
+            warnings.warn(f"{method.name} does not support batched runs: its runs train one by one.")
         groups = [[i] for i in todo]
     else:
         groups = [todo]
