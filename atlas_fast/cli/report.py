@@ -4,9 +4,17 @@ tables themselves are :func:`atlas_fast.report.collect.report_folder`)."""
 from __future__ import annotations
 
 import argparse
+import json
+from collections import deque
 from pathlib import Path
 
+from atlas_fast.errors import UsageError
 from atlas_fast.report.collect import FORMATS, report_folder, verify_report
+
+# How far the search for the nearest folder with records looks: folders below the one given (or beside it), and at
+# most this many folders in all, so a refusal stays instant wherever it is run.
+NEAREST_DEPTH = 3
+NEAREST_VISITS = 500
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +53,56 @@ def run_report_command(args: argparse.Namespace) -> int:
         print(f"verify: FAILED, {len(problems)} problem(s)" if problems
               else "verify: every seal and table cell checks out")
         return 1 if problems else 0
+    require_records(args.results_dir)
     print(report_folder(args.results_dir, out=args.out, datasets=args.datasets, methods=args.methods,
                         metrics=args.metrics, formats=args.formats))
     return 0
+
+
+def _is_record(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "config" in data and "metrics" in data
+
+
+def has_records(folder: Path) -> bool:
+    """Whether ``folder`` holds a run record (``<dataset>/*.json`` with a config and metrics; the report checks the
+    rest): the cheap test made before the report's modules are imported."""
+    try:
+        return any(_is_record(path) for path in sorted(folder.glob("*/*.json"))[:20])
+    except OSError:
+        return False
+
+
+def nearest_records_folder(folder: Path) -> Path | None:
+    """The closest folder with records below ``folder`` or, failing that, below its parent (e.g. ``results/demo``
+    for ``results``, which the demo writes into): breadth first, so the shallowest wins; None if there is none."""
+    for start in ([folder] if folder.is_dir() else []) + ([folder.parent] if folder.parent.is_dir() else []):
+        queue, visits = deque([(start, 0)]), 0
+        while queue and visits < NEAREST_VISITS:
+            current, depth = queue.popleft()
+            visits += 1
+            if current != start and has_records(current):
+                return current
+            if depth < NEAREST_DEPTH:
+                try:
+                    children = sorted(p for p in current.iterdir() if p.is_dir() and not p.name.startswith("."))
+                except OSError:
+                    continue
+                queue.extend((child, depth + 1) for child in children if child != folder or start == folder)
+    return None
+
+
+def require_records(results_dir: Path) -> None:
+    """Refuse a results folder that is missing or holds no record, at once (before torch is imported) and naming
+    the nearest folder that has records, with the command that reports it."""
+    if results_dir.is_dir() and has_records(results_dir):
+        return
+    what = (f"Results folder {results_dir} does not exist" if not results_dir.exists()
+            else f"No finished result record under {results_dir}")
+    nearest = nearest_records_folder(results_dir)
+    hint = (f"; the nearest folder with records is {nearest}: atlas-fast report {nearest}" if nearest is not None
+            else "; no folder near it has any")
+    raise UsageError(f"{what} (records are <results_dir>/<dataset>/*.json){hint}.")
