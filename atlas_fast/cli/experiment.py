@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import textwrap
+from pathlib import Path
 
 from atlas_fast.errors import UsageError
+
+LIST_WIDTH = 100  # columns of ``--list``: each summary is wrapped to them, never cut
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,14 +31,33 @@ def run_experiment_command(args: argparse.Namespace) -> int:
     if args.name is not None and args.name not in experiment_names():  # before torch is imported
         raise UsageError(f"Unknown experiment {args.name!r}; valid: {', '.join(experiment_names())}.")
     if args.list or args.name is None:
-        rows = experiment_table()
-        width = max(len(name) for name, _, _ in rows)
-        for name, paper, what in rows:
-            item = paper.split(" (")[0]
-            what = what[len(item) + 2:] if what.startswith(item + ": ") else what  # no "Fig. 1: Fig. 1: ..."
-            print(f"{name:<{width}}  {paper:<32}  {what}")
+        print(experiment_listing(experiment_table()))
         return 0 if args.list else 2
     from atlas_fast.experiments.common import run_experiment
 
     run_experiment(load_experiment(args.name), args.options)
     return 0
+
+
+def summary(name: str) -> str:
+    """The first paragraph of experiment ``name``'s docstring on one line (what it shows, whole sentences), read
+    from its source without importing it."""
+    import atlas_fast.experiments as experiments
+
+    tree = ast.parse(Path(experiments.__path__[0], f"{name}.py").read_text(encoding="utf-8"))
+    return " ".join((ast.get_docstring(tree) or "").strip().split("\n\n")[0].split())
+
+
+def experiment_listing(rows: list[tuple[str, str, str]]) -> str:
+    """``--list``: each experiment's name and paper item, then its summary wrapped below them (the summary without
+    the item it starts with: no "Fig. 1: Fig. 1: ...")."""
+    lines = []
+    width = max(len(name) for name, _, _ in rows)
+    for name, paper, _ in rows:
+        what = summary(name)
+        item = paper.split(" (")[0]
+        what = what[len(item) + 2:] if what.startswith(item + ": ") else what
+        lines.append(f"{name:<{width}}  {paper}")
+        lines.extend(textwrap.wrap(what, LIST_WIDTH, initial_indent="    ", subsequent_indent="    ",
+                                   break_on_hyphens=False))
+    return "\n".join(lines)
