@@ -17,6 +17,7 @@ import traceback
 import warnings
 from typing import Sequence
 
+from atlas_fast.app.torch_pair import check_torch_pair
 from atlas_fast.app.options import add_threads, apply_download, command_threads, split_threads
 from atlas_fast.errors import shorten_values, user_errors
 
@@ -57,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with command_threads(args), warnings.catch_warnings():
             warnings.showwarning = show_warning
+            check_torch_pair()  # from the installed metadata, before a mismatched torchvision fails to import
             apply_download(args)
             return int(args.func(args) or 0)
     except user_errors() as exc:
