@@ -1,5 +1,6 @@
-"""How long the command line takes to answer ``--help`` and to refuse a bad argument, beside the cost of importing
-torch (what every answer cost before the CLI stopped importing it), measured side by side in one run.
+"""How long the command line takes to answer ``--help`` and to refuse a bad argument or name (method, dataset,
+experiment, results folder), beside the cost of importing torch (what every answer cost before the CLI stopped
+importing it), measured side by side in one run.
 
     python benchmarks/cli_start.py [--repeats 5]
 
@@ -21,6 +22,14 @@ COMMANDS = {
     "atlas-fast train (missing --data-root)": ["-m", "atlas_fast.cli", "train", "--dataset", "OxfordPets"],
     "atlas-fast train --method-option typo": ["-m", "atlas_fast.cli", "train", "--dataset", "OxfordPets",
                                              "--data-root", "data", "--method-option", "depth"],
+    "atlas-fast train --method typo (no --dataset)": ["-m", "atlas_fast.cli", "train", "--method", "coopp"],
+    "atlas-fast train --method typo --dataset --data-root": ["-m", "atlas_fast.cli", "train", "--method", "coopp",
+                                                             "--dataset", "OxfordPets", "--data-root", "data"],
+    "atlas-fast train --dataset typo": ["-m", "atlas_fast.cli", "train", "--dataset", "OxfordPetz"],
+    "atlas-fast experiment (unknown name)": ["-m", "atlas_fast.cli", "experiment", "table9"],
+    "atlas-fast experiment --list": ["-m", "atlas_fast.cli", "experiment", "--list"],
+    "atlas-fast experiment NAME --help": ["-m", "atlas_fast.cli", "experiment", "table3_base_to_new", "--help"],
+    "atlas-fast report (missing folder)": ["-m", "atlas_fast.cli", "report", "no-such-results-folder"],
     "python -c 'import torch, open_clip'": ["-c", "import torch, open_clip"],
 }
 

@@ -40,11 +40,12 @@ def add_data_and_backbone(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, type=dataset_name, help="dataset registry name, e.g. OxfordPets")
     parser.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
     parser.add_argument("--model", default=None,
-                        help="open_clip model name (default ViT-B-16; atlas-world for the World* datasets)")
+                        help="open_clip model name (default ViT-B-16; for the World* datasets the world's own CLIP, "
+                             "atlas-world)")
     parser.add_argument("--pretrained", type=_pretrained, default=argparse.SUPPRESS,
                         help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt), or 'none' for "
-                             "random weights (default openai; atlas-world, the shipped checkpoint, for the World* "
-                             "datasets)")
+                             "random weights (default openai; for --model atlas-world its shipped checkpoint, "
+                             "atlas-world)")
     add_download(parser)
 
 
@@ -57,20 +58,14 @@ def is_world_dataset(name: str) -> bool:
     return spec is not None and spec.name in WORLD_BY_NAME
 
 
-def resolve_backbone(args: argparse.Namespace) -> bool:
-    """Fill in ``--model``/``--pretrained`` the user left unset (commands with :func:`add_data_and_backbone`): the
-    world's datasets imply the world's CLIP, any other the paper's; a given ``--model atlas-world`` implies its
-    shipped checkpoint. Returns whether the world's backbone was implied (not given)."""
-    if not hasattr(args, "model"):
-        return False
-    model_given, pretrained_given = args.model is not None, hasattr(args, "pretrained")
-    world = not (model_given or pretrained_given) and is_world_dataset(args.dataset)
-    default_model, default_pretrained = WORLD_BACKBONE if world else DEFAULT_BACKBONE
-    if not model_given:
-        args.model = default_model
-    if not pretrained_given:
-        args.pretrained = WORLD_BACKBONE[1] if args.model == WORLD_BACKBONE[0] else default_pretrained
-    return world
+def resolve_backbone(args: argparse.Namespace) -> None:
+    """Fill in ``--model``/``--pretrained`` the user left unset (commands with :func:`add_data_and_backbone`): a
+    World* dataset implies the world's model, any other the paper's ViT-B-16; the world's model implies its shipped
+    checkpoint, any other openai's weights."""
+    if args.model is None:
+        args.model = WORLD_BACKBONE[0] if is_world_dataset(args.dataset) else DEFAULT_BACKBONE[0]
+    if not hasattr(args, "pretrained"):
+        args.pretrained = WORLD_BACKBONE[1] if args.model == WORLD_BACKBONE[0] else DEFAULT_BACKBONE[1]
 
 
 def add_seeds(parser: argparse.ArgumentParser, default: Sequence[int]) -> None:

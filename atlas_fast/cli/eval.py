@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.options import add_progress
+from atlas_fast.app.options import add_progress, dataset_name
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Load the learned tensors saved beside result record(s) and test them on a dataset's test "
                     "split with that dataset's class names, e.g. an ImageNet-trained CoOp on OxfordPets.")
     evaluate.add_argument("--record", type=Path, nargs="+", required=True, help="result record JSON file(s)")
-    evaluate.add_argument("--dataset", required=True, help="dataset to evaluate on")
+    evaluate.add_argument("--dataset", required=True, type=dataset_name, help="dataset to evaluate on")
     evaluate.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
     evaluate.add_argument("--subsample", choices=("all", "base", "new"), default="all",
                           help="class subset of the test split (default all)")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.app.options import (add_data_and_backbone, add_method_options, add_progress, add_seeds, add_workers,
-                                    check_methods, method_name, method_options, resolve_backbone)
+                                    check_methods, method_name, method_options, resolve_backbone,
+                                    WORLD_BACKBONE)
 from atlas_fast.errors import UsageError
 
 # --atlas and --schedule choices (the ATLaS package's, atlas_fast.atlas.variants, spelled here so that parsing
@@ -109,7 +110,10 @@ def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.data.check import require_layouts
 
     require_layouts([args.dataset], args.data_root)  # every layout fault at once, before any work
-    if resolve_backbone(args):  # a World* dataset without --model/--pretrained: the world's CLIP and its depths
+    implied = args.model is None
+    resolve_backbone(args)  # a World* dataset without --model implies the world's CLIP
+    if implied and args.model == WORLD_BACKBONE[0]:  # its towers are shallower than the recipes' prompt depths (as
+        # with experiments' --world; a --model given by hand keeps its --method-option as given)
         from atlas_fast.experiments.common import world_method_options
 
         options = {method: method_options(world_method_options() + args.method_option, method)

@@ -1,0 +1,147 @@
+"""The command line's stumbles answered directly: a method or dataset typo is named even when other required options
+are missing, in a line or two without the usage; ``report`` on a folder without records names the nearest folder
+that has them; the world's datasets imply the world's CLIP; warnings are one line without source, and none for a
+default the user did not choose; ``experiment --list`` prints whole summaries; a mismatched torch/torchvision pair
+is one error line. That these refusals import no torch is checked in tests/test_cli_start.py."""
+
+import argparse
+import json
+import warnings
+
+import pytest
+
+from atlas_fast.cli import build_parser, main
+from layouts import make_oxford_pets
+
+
+def _refusal(argv, capsys) -> list[str]:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def test_a_method_typo_is_named_without_the_other_required_options(capsys):
+    lines = _refusal(["train", "--method", "coopp"], capsys)
+    assert len(lines) == 2, lines  # the error and where the options are listed: not 22 lines of usage
+    assert "unknown method 'coopp'" in lines[0] and "coop, " in lines[0] and "--dataset" not in lines[0]
+
+
+def test_a_dataset_typo_is_named_without_the_data_root(capsys):
+    lines = _refusal(["train", "--dataset", "OxfordPetz"], capsys)
+    assert len(lines) == 2 and "unknown dataset 'OxfordPetz'" in lines[0] and "OxfordPets" in lines[0]
+
+
+def test_eval_names_a_dataset_typo_as_parsed(capsys):
+    lines = _refusal(["eval", "--dataset", "NoSuchSet"], capsys)
+    assert "unknown dataset 'NoSuchSet'" in lines[0]
+
+
+def _record(folder, name="coop-seed1.json"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps({"config": {"dataset": "WorldPhotos"}, "metrics": {}}))
+
+
+def test_report_on_a_folder_without_records_names_the_nearest_one(tmp_path, capsys):
+    _record(tmp_path / "results" / "demo" / "WorldPhotos")  # where the demo writes
+    (tmp_path / "results" / "demo" / "report").mkdir()
+    assert main(["report", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert f"No finished result record under {tmp_path / 'results'}" in err
+    assert f"nearest folder with records is {tmp_path / 'results' / 'demo'}" in err
+    assert f"atlas-fast report {tmp_path / 'results' / 'demo'}" in err
+
+
+def test_report_on_a_missing_folder_names_a_folder_beside_it(tmp_path, capsys):
+    _record(tmp_path / "runs" / "OxfordPets")
+    assert main(["report", str(tmp_path / "reslts")]) == 2
+    err = capsys.readouterr().err
+    assert "reslts does not exist" in err and f"is {tmp_path / 'runs'}:" in err
+
+
+def test_report_with_nothing_near_says_so(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "no folder near it has any" in capsys.readouterr().err
+
+
+def _backbone(argv):
+    from atlas_fast.app.options import resolve_backbone
+
+    args = build_parser().parse_args(argv)
+    resolve_backbone(args)
+    return args.model, args.pretrained
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ([], ("atlas-world", "atlas-world")),
+    (["--pretrained", "none"], ("atlas-world", None)),
+    (["--model", "ViT-B-32"], ("ViT-B-32", "openai")),
+    (["--model", "atlas-world", "--pretrained", "my.safetensors"], ("atlas-world", "my.safetensors"))])
+def test_world_datasets_imply_the_worlds_clip_unless_one_is_given(extra, expected):
+    assert _backbone(["train", "--dataset", "WorldPhotos", "--data-root", "d", *extra]) == expected
+    assert _backbone(["cache", "build", "--dataset", "worldsketches", "--data-root", "d", *extra]) == expected
+
+
+def test_other_datasets_keep_the_papers_clip():
+    assert _backbone(["train", "--dataset", "OxfordPets", "--data-root", "d"]) == ("ViT-B-16", "openai")
+    assert _backbone(["train", "--dataset", "OxfordPets", "--data-root", "d", "--model", "atlas-world"]) == (
+        "atlas-world", "atlas-world")
+
+
+def test_a_warning_is_one_line_without_its_source(monkeypatch, capsys):
+    def warns(args: argparse.Namespace) -> int:
+        warnings.warn("the folder looks odd")
+        return 0
+
+    monkeypatch.setattr("atlas_fast.cli.report.run_report_command", warns)
+    assert main(["report", "anything"]) == 0
+    assert capsys.readouterr().err == "warning: the folder looks odd\n"
+    assert warnings.showwarning.__name__ != "show_warning"  # restored after the command
+
+
+def test_no_unbatched_warning_unless_batching_was_asked_for(tmp_path, capsys):
+    make_oxford_pets(tmp_path / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
+    argv = ["train", "--dataset", "OxfordPets", "--data-root", str(tmp_path / "data"), "--model", "atlas-tiny",
+            "--pretrained", "none", "--methods", "kgcoop", "--seeds", "1", "2", "--epochs", "1", "--batch-size", "4",
+            "--device", "cpu", "--no-progress", "--cache-root", str(tmp_path / "cache"),
+            "--results-dir", str(tmp_path / "results")]
+    assert main(argv + ["--threads", "1"]) == 0
+    assert "batched" not in capsys.readouterr().err  # the default grouping is not the user's choice
+    assert main(argv + ["--threads", "1", "--batch-runs", "2"]) == 0  # finished runs: only the warning is new
+    warned = [line for line in capsys.readouterr().err.splitlines() if "batched" in line]
+    assert warned == ["warning: kgcoop does not support batched runs: --batch-runs 2 trains its seeds one by one."]
+
+
+def test_experiment_list_prints_whole_summaries(capsys):
+    from atlas_fast.cli.experiment import summary
+    from atlas_fast.experiments import experiment_names
+
+    assert main(["experiment", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 100 for line in lines if line.startswith("    "))  # wrapped, never cut
+    joined = " ".join(line.strip() for line in lines)
+    for name in experiment_names():
+        what = summary(name)
+        assert what.endswith("."), (name, what)  # a whole sentence, not a docstring's first line
+        assert what.split(": ", 1)[-1] in joined, name
+
+
+@pytest.mark.parametrize("torch_version, vision_version, wanted", [
+    ("2.14.1", "0.29.1", None), ("2.0.1", "0.15.2", None), ("2.14.1+cpu", "0.29.0+cpu", None),
+    ("2.14.1+cpu", "0.28.0+cpu", "0.29"), ("2.13.0", "0.29.1", "0.28"), ("1.13.1", "0.14.1", None)])
+def test_a_torch_pair_matches_by_the_release_rule(torch_version, vision_version, wanted):
+    from atlas_fast.app.torch_pair import pair_problem
+
+    problem = pair_problem(torch_version, vision_version)
+    if wanted is None:
+        assert problem is None
+    else:
+        assert torch_version in problem and vision_version in problem and f'"torchvision=={wanted}.*"' in problem
+        assert ("--index-url" in problem) == ("+cpu" in torch_version)
+
+
+def test_a_mismatched_torch_pair_is_one_error_line(monkeypatch, capsys):
+    monkeypatch.setattr("atlas_fast.app.torch_pair.installed_pair", lambda: ("2.14.1", "0.28.0"))
+    assert main(["experiment", "--list"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "torch 2.14.1 and torchvision 0.28.0 do not match" in errors[0]
