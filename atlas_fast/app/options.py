@@ -21,6 +21,12 @@ DEFAULT_BACKBONE = ("ViT-B-16", "openai")
 WORLD_BACKBONE = ("atlas-world", "atlas-world")
 
 
+class UnknownName(LookupError):
+    """A method or dataset name that does not exist, found while the command line is parsed. Not a ValueError, which
+    argparse would turn into its usage: it reaches :func:`atlas_fast.cli.main`, which reports it as one ``error:``
+    line like every other bad value (before the other arguments are checked, so a typo is named first)."""
+
+
 def dataset_name(value: str) -> str:
     """argparse ``type`` of ``--dataset``: a registry name is checked as it is parsed, so a typo is named even when
     other required options are missing (``folder:`` / ``split:`` datasets are checked when they are read)."""
@@ -30,7 +36,7 @@ def dataset_name(value: str) -> str:
         try:
             get_spec(value)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            raise UnknownName(str(exc)) from None
     return value
 
 
@@ -92,10 +98,9 @@ def method_name(learning_only: bool = False):
         try:
             check_methods([value], learning_only)
         except UsageError as exc:
-            raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
+            raise UnknownName(str(exc)) from None
         return value
 
-    check.__name__ = "method"  # argparse's fallback wording: "invalid method value"
     return check
 
 

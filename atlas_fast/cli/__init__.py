@@ -18,7 +18,7 @@ import warnings
 from typing import Sequence
 
 from atlas_fast.app.torch_pair import check_torch_pair
-from atlas_fast.app.options import add_threads, apply_download, command_threads, split_threads
+from atlas_fast.app.options import UnknownName, add_threads, apply_download, command_threads, split_threads
 from atlas_fast.errors import shorten_values, user_errors
 
 # The command groups in the order ``--help`` lists them: modules of this package.
@@ -30,18 +30,26 @@ class CommandParser(argparse.ArgumentParser):
     line and a pointer to ``--help``, not the whole usage (22 lines for ``train``) above the line that matters."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the options)\n")
+        self.exit(2, f"{self.prog}: error: {shorten_values(message)}\n(`{self.prog} --help` lists the options)\n")
+
+
+# A library's notices of its own API changes (torch's "torch.jit.load is deprecated"): addressed to developers, so a
+# command shows them only with --debug.
+DEVELOPER_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
 
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """``warnings.showwarning`` of a command: ``warning: <message>``, without the file, line and source text."""
-    print(f"warning: {message}", file=file or sys.stderr)
+    """``warnings.showwarning`` of a command: ``warning: <message>``, without the file, line and source text (and
+    without the developers' warnings of :data:`DEVELOPER_WARNINGS`)."""
+    if not issubclass(category, DEVELOPER_WARNINGS):
+        print(f"warning: {message}", file=file or sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="atlas-fast", description="Feature-cache-first prompt tuning of CLIP.")
     parser.add_argument("--debug", action="store_true",
-                        help="print the full traceback of an error (may also be given after the command)")
+                        help="print the full traceback of an error, and warnings with their source and the libraries' "
+                             "deprecation notices (may also be given after the command)")
     add_threads(parser)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
@@ -54,14 +62,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv, threads = split_threads(argv)
-    args = build_parser().parse_args((["--debug"] if debug else []) + threads + [a for a in argv if a != "--debug"])
     try:
+        args = build_parser().parse_args((["--debug"] if debug else []) + threads + [a for a in argv if a != "--debug"])
         with command_threads(args), warnings.catch_warnings():
-            warnings.showwarning = show_warning
+            if not debug:  # --debug keeps Python's own lines, with where each warning came from
+                warnings.showwarning = show_warning
             check_torch_pair()  # from the installed metadata, before a mismatched torchvision fails to import
             apply_download(args)
             return int(args.func(args) or 0)
-    except user_errors() as exc:
+    except (*user_errors(), UnknownName) as exc:
         if debug:
             traceback.print_exc()
         else:
