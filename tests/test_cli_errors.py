@@ -25,6 +25,11 @@ def test_a_method_typo_is_named_without_the_other_required_options(capsys):
     assert lines[0].startswith("error: unknown method 'coopp'") and "coop, " in lines[0] and "--dataset" not in lines[0]
 
 
+def test_search_names_a_method_typo_without_the_other_required_options(capsys):
+    lines = _refusal(["search", "--method", "coopp"], capsys)
+    assert len(lines) == 2 and lines[0].startswith("error: unknown method 'coopp'")
+
+
 def test_a_dataset_typo_is_named_without_the_data_root(capsys):
     lines = _refusal(["train", "--dataset", "OxfordPetz"], capsys)
     assert len(lines) == 2 and lines[0].startswith("error: unknown dataset 'OxfordPetz'") and "OxfordPets" in lines[0]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.options import add_method_options, add_progress, add_seeds, check_methods, method_options
+from atlas_fast.app.options import (add_method_options, add_progress, add_seeds, check_methods, method_name,
+                                    method_options)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
     search.add_argument("--pretrained", default="openai",
                         help="open_clip tag, checkpoint file, or 'none' for random weights (default openai)")
-    search.add_argument("--method", default="coop", help="the prompt method (default coop)")
+    search.add_argument("--method", default="coop", type=method_name(learning_only=True),
+                        help="the prompt method (default coop)")
     search.add_argument("--recipe", choices=("paper", "original"), default="paper")
     search.add_argument("--setting", choices=("base2new", "few_shot", "cross_dataset"), default="base2new")
     search.add_argument("--shots", type=int, default=16, help="training images per class (default 16)")
