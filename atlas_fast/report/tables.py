@@ -61,8 +61,8 @@ def run_name(config: dict[str, Any]) -> str:
 
 def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], records: Sequence[dict[str, Any]]) -> str:
     """What ``atlas-fast train`` prints: a line per run (its metrics, zero-shot CLIP's and the record's path), then a
-    Markdown table of the mean ± population std over seeds per method (H of the mean base and new, as the papers'
-    tables, without ±)."""
+    Markdown table of the mean ± population std over seeds per method (± with several seeds; H of the mean base and
+    new, as the papers' tables, without ±)."""
     lines, table = [], []
     for method in methods:
         runs = [r for r in records if r["config"]["method"] == method]
@@ -82,7 +82,8 @@ def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], re
         for c in columns:
             if c != "H":
                 values = [float(m[c]) for m in rows]
-                cells[c] = f"{statistics.fmean(values):.2f} ± {statistics.pstdev(values):.2f}"
+                cells[c] = f"{statistics.fmean(values):.2f}" + (f" ± {statistics.pstdev(values):.2f}"
+                                                                 if len(values) > 1 else "")  # as markdown_table
         if "base" in columns:  # H of the mean accuracies, as the papers' tables do
             mean = {c: statistics.fmean(float(m[c]) for m in rows) for c in ("base", "new")}
             cells["H"] = f"{harmonic_mean(mean['base'], mean['new']):.2f}"
