@@ -101,7 +101,8 @@ def test_train_pixel_methods_from_the_command_line(root, capsys, method, options
         args = train_args(root, "--method", method, "--workers", "0", "--method-option", *options, *flags)
         assert main(args) == 0
         out = capsys.readouterr().out
-        assert re.search(rf"OxfordPets {re.escape(label)}{DEVIATIONS} seed 1: base {NUMBER}  new {NUMBER}  H {NUMBER}", out), out
+        line = rf"OxfordPets {re.escape(label)}{DEVIATIONS} seed 1: base {NUMBER}  new {NUMBER}  H {NUMBER}"
+        assert re.search(line, out), out
 
 
 def test_method_options_are_checked(root, capsys):

@@ -46,7 +46,8 @@ def test_a_mixed_method_sweep_without_plain_rows_names_each_rows_method(mixed_sw
     root, _ = mixed_sweep
     markdown = report_folder(root / "results", out=tmp_path / "report", formats=["md", "tex", "csv"])
     names = [row[1] for row in _table_rows(markdown)[1:]]
-    assert len(names) == 2 and names[0].startswith("KgCoOp + ATLaS-ISL [") and names[1].startswith("MaPLe + ATLaS-ISL [")
+    assert len(names) == 2
+    assert names[0].startswith("KgCoOp + ATLaS-ISL [") and names[1].startswith("MaPLe + ATLaS-ISL [")
     tex = (tmp_path / "report" / "report.tex").read_text()
     assert "KgCoOp + ATLaS-ISL" in tex and "MaPLe + ATLaS-ISL" in tex
     assert not re.search(r"^\s*\+ ATLaS", tex, re.M)  # no row begins without its method

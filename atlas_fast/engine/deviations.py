@@ -70,8 +70,9 @@ def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
             if name in preset and name in soft and soft[name] != preset[name]:
                 found[f"soft_labels.{name}"] = soft[name]
     schedule = config.get("schedule") or {}
-    if schedule.get("name") == "atlas" and setting in ATLAS_PERIODS and schedule.get("period") != ATLAS_PERIODS[setting]:
-        found["schedule.period"] = schedule.get("period")
+    if schedule.get("name") == "atlas" and setting in ATLAS_PERIODS:
+        if schedule.get("period") != ATLAS_PERIODS[setting]:
+            found["schedule.period"] = schedule.get("period")
     recipe, own = config.get("recipe") or {}, _recipe(config)
     if own is not None:
         for name in ("epochs", "batch_size", "lr"):

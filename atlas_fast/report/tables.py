@@ -91,7 +91,8 @@ def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], re
     seed_list = ",".join(str(s) for s in seeds)
     for i, (label, columns, cells) in enumerate(table):
         if i == 0 or columns != table[i - 1][1]:
-            lines += ["", f"| dataset | method | seeds | {' | '.join(columns)} |", "|---|---|---|" + "---:|" * len(columns)]
+            lines += ["", f"| dataset | method | seeds | {' | '.join(columns)} |",
+                      "|---|---|---|" + "---:|" * len(columns)]
         lines.append(f"| {dataset} | {label} | {seed_list} | {' | '.join(cells[c] for c in columns)} |")
     lines += ["", "Mean ± population std over seeds" + ("; H from the mean base and new accuracies" if any(
         "H" in columns for _, columns, _ in table) else "") + ("; [...]: what the run changes from its method's "
