@@ -188,7 +188,7 @@ def test_variants_that_differ_in_configuration_are_separate_rows_and_duplicates_
                           "data": {"dataset": "EuroSAT", "fingerprint": "changed data"}}, name="new")
     rows = _table(report_folder(root, out=tmp_path / "out"), "Base-to-new generalisation, 16 shots")[1:]
     assert [(row[1], row[3]) for row in rows] == [
-        ("CoOp", "52.00"), ("+ ATLaS-ISL (alpha=0.1)", "70.00"), ("+ ATLaS-ISL (alpha=0.5)", "60.00")]
+        ("CoOp", "52.00"), ("+ ATLaS-ISL (α=0.1)", "70.00"), ("+ ATLaS-ISL (α=0.5)", "60.00")]
     assert f"using {newer}" in capsys.readouterr().err
 
 

@@ -87,7 +87,8 @@ def test_theta_is_in_run_lines_dry_run_lines_and_the_train_summary(mixed_sweep):
     from atlas_fast.sweep.grid import plan_sweep
 
     root, _ = mixed_sweep
-    configs = [isl_config(root, "kgcoop", soft={"theta": theta}, epochs=3) for theta in (0.1, 0.3)]
+    configs = [isl_config(root, "kgcoop", soft={"theta": theta}, epochs=3, results_dir=root / "theta")
+               for theta in (0.1, 0.3)]  # results of their own: the report tests read the mixed sweep's folder
     labels = [plan_run(config).label for config in configs]
     assert labels[0] == "OxfordPets kgcoop+ATLaS-ISL (K=2) [epochs=3, batch=3, lr=0.05, shots=4, views=1, " \
                         "backbone=atlas-tiny] seed 1"

@@ -8,7 +8,7 @@ command trained them (``train``, ``demo``, ``experiment``, the Python API). :fun
 - rows are grouped by dataset, then method (a block of rows each, compared with its first row, the plain method),
   then label variant (``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``...: :func:`atlas_fast.report.tables.variant_label`);
   records of one variant whose configurations differ otherwise (a sensitivity sweep's α, an ``--epochs``
-  override, another backbone) become separate rows named by what differs, e.g. ``+ ATLaS-ISL (alpha=0.3)``, so
+  override, another backbone) become separate rows named by what differs, e.g. ``+ ATLaS-ISL (α=0.3)``, so
   they are never averaged together; a block without a plain-method row names the method in each row
   (``KgCoOp + ATLaS-ISL``), and whatever else a row's runs change from the method's recipe or the paper's presets
   follows in brackets (``[epochs=2, θ=0.3]``, :func:`atlas_fast.engine.deviations.run_deviations`);
@@ -139,9 +139,13 @@ def _base_label(config: dict[str, Any]) -> str:
 
 
 def _short_names(keys: Sequence[str]) -> dict[str, str]:
-    """``soft_labels.alpha`` -> ``alpha`` unless two keys end alike (then the full dotted name)."""
+    """``soft_labels.alpha`` -> ``α``, ``recipe.epochs`` -> ``epochs`` (as the deviation marks print them,
+    :data:`atlas_fast.engine.deviations.PRINTED_NAMES`); other keys by their last part unless two end alike (then
+    the full dotted name)."""
+    from atlas_fast.engine.deviations import PRINTED_NAMES
+
     ends = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: (e if ends.count(e) == 1 else k) for k, e in zip(keys, ends)}
+    return {k: PRINTED_NAMES.get(k, e if ends.count(e) == 1 else k) for k, e in zip(keys, ends)}
 
 
 def _value_text(value: Any) -> str:
