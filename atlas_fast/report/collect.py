@@ -307,8 +307,8 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
                 f"{len(records)} finished run(s): {len(used_datasets)} dataset(s), "
                 f"method(s) {', '.join(used_methods)}."]
     if any(" [" in r["label"] for r in records):
-        markdown.append("[...] after a row's name: what its runs change from the method's recipe or the paper's "
-                        "presets (θ, τ_c, α, δ, K, epochs, batch, lr, shots, views, backbone).")
+        markdown += ["", "[...] after a row's name: what its runs change from the method's recipe or the paper's "
+                        "presets (θ, τ_c, α, δ, K, epochs, batch, lr, shots, views, backbone)."]
     latex: list[str] = []
     csv_lines: list[dict[str, Any]] = []
     plots: list[tuple[str, Any]] = []
