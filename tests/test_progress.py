@@ -29,7 +29,8 @@ def test_a_log_gets_one_line_per_run_and_no_bars(data, capsys):
     assert "2 run(s): 0 finished, 2 to train in 2 group(s) (local)" in err
     for i, record in enumerate(records, 1):
         metrics = record["metrics"]
-        assert (f"[{i}/2] OxfordPets coop onehot - seed {i}: base {metrics['base']:.2f}  new {metrics['new']:.2f}  "
+        assert (f"[{i}/2] OxfordPets coop [epochs=2, shots=2, backbone=atlas-tiny] seed {i}: "
+                f"base {metrics['base']:.2f}  new {metrics['new']:.2f}  "
                 f"H {metrics['H']:.2f}") in err
     assert "cache: encoded" in err and "img/s" in err  # the cache build's rate, once
     assert "\r" not in err  # no redrawn bars in a file

@@ -122,7 +122,9 @@ def test_a_legacy_record_is_taken_over_and_the_report_lists_the_run_once(pets, m
     records = collect_records(results)
     assert len(list((results / "OxfordPets").glob("*.json"))) == 2 and len(records) == 1
     assert "all" in records[0]["metrics"]
-    assert [r["label"] for r in label_records(records)] == ["CoOp"]
+    # (the tiny run's own changes from CoOp's recipe are marked, tests/test_report_labels.py)
+    assert [r["label"] for r in label_records(records)] == [
+        "CoOp [epochs=2, batch=3, lr=0.05, shots=4, views=1, backbone=atlas-tiny]"]
     assert "two records" not in capsys.readouterr().err
 
 

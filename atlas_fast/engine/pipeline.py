@@ -36,7 +36,8 @@ from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize,
 from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
 from atlas_fast.engine.graphs import use_graph_steps
 from atlas_fast.engine.loop import train_runs
-from atlas_fast.engine.record import ResultStore, build_record, finished_record, save_record, with_snapshots
+from atlas_fast.engine.record import (ResultStore, RunRecord, build_record, finished_record, save_record,
+                                      with_snapshots)
 from atlas_fast.engine.run_identity import evaluated_sets, identity_fields
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.engine.step import RunState
@@ -49,15 +50,17 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
     Returns the record (see :mod:`atlas_fast.engine.record`); ``record["metrics"]`` holds base/new/H
     (base-to-new) or all (few-shot, cross-dataset), each in percent, and ``zero_shot`` references with the dataset's
-    CLIP template."""
+    CLIP template. It is a dict whose printed form rounds floats to 6 significant digits (:class:`RunRecord`)."""
     return run_group([config])[0]
 
 
 def run_group(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
-    """Plan every config once, then train (or reuse) the runs as one group; records in the order of ``configs`` (a
-    method that cannot batch trains them one by one, with a warning: the caller asked for a group)."""
+    """Plan every config once, then train (or reuse) the runs as one group; records (:class:`RunRecord`) in the
+    order of ``configs`` (a method that cannot batch trains them one by one, with a warning: the caller asked for a
+    group)."""
     listings: dict = {}
-    return run_specs([plan_run(config, listings=listings) for config in configs], warn_unbatched=True)
+    specs = [plan_run(config, listings=listings) for config in configs]
+    return [RunRecord(record) for record in run_specs(specs, warn_unbatched=True)]
 
 
 def split_finished(specs: Sequence[RunSpec], complete: bool = True

@@ -228,6 +228,28 @@ def build_record(spec: RunSpec, backbone: Backbone, metrics: dict[str, Any], epo
     }
 
 
+def _rounded(value: Any) -> Any:
+    """``value`` with every float at 6 significant digits (lists and dicts inside it too)."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rounded(item) for item in value)
+    return value
+
+
+class RunRecord(dict):
+    """A record as the Python API returns it: the plain dict of the stored record (values unchanged: metrics of
+    float32 accuracies such as 67.66666412353516 compare equal to the file's), printed with its floats at 6
+    significant digits (67.6667), so ``print(record)`` shows no float32 noise."""
+
+    def __repr__(self) -> str:
+        return repr(_rounded(dict(self)))
+
+    __str__ = __repr__
+
+
 def finished_record(spec: RunSpec) -> dict[str, Any] | None:
     """The finished record of an identical earlier run on the same data, marked ``skipped``, or None."""
     store = ResultStore(spec.config.results_dir)

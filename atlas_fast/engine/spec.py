@@ -231,8 +231,15 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        soft = self.config.soft_labels.kind if self.config.soft_labels is not None else "-"
-        return f"{self.dataset} {self.config.method} {self.config.schedule.name} {soft} seed {self.config.seed}"
+        """``OxfordPets coop+ATLaS-ISL (K=2) [θ=0.3, epochs=2] seed 1``: the run as its progress and dry-run lines
+        name it, with what it changes from the recipe and the paper's presets."""
+        from atlas_fast.atlas.variants import run_label
+        from atlas_fast.engine.deviations import deviation_note
+
+        soft = self.config.soft_labels.kind if self.config.soft_labels is not None else None
+        name = run_label(self.config.method, self.described["schedule"], soft)
+        note = deviation_note(self.described, leave_out={"schedule.period"})  # run_label names K
+        return f"{self.dataset} {name}{note} seed {self.config.seed}"
 
     def backbone(self) -> Backbone:
         """The frozen CLIP on the run's device (loaded once per process); weights other than the ones the run was

@@ -8,8 +8,10 @@ command trained them (``train``, ``demo``, ``experiment``, the Python API). :fun
 - rows are grouped by dataset, then method (a block of rows each, compared with its first row, the plain method),
   then label variant (``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``...: :func:`atlas_fast.report.tables.variant_label`);
   records of one variant whose configurations differ otherwise (a sensitivity sweep's α, an ``--epochs``
-  override, another backbone) become separate rows named by what differs, e.g. ``+ ATLaS-ISL (alpha=0.3)``, so
-  they are never averaged together;
+  override, another backbone) become separate rows named by what differs, e.g. ``+ ATLaS-ISL (α=0.3)``, so
+  they are never averaged together; a block without a plain-method row names the method in each row
+  (``KgCoOp + ATLaS-ISL``), and whatever else a row's runs change from the method's recipe or the paper's presets
+  follows in brackets (``[epochs=2, θ=0.3]``, :func:`atlas_fast.engine.deviations.run_deviations`);
 - each cell is the mean over seeds ± the *population* standard deviation over seeds (``statistics.pstdev``, as
   CoOp's ``parse_test_res``); an "Average" group (several datasets) averages the per-dataset means (± the mean of
   the per-dataset stds) of the variants every dataset has;
@@ -137,9 +139,13 @@ def _base_label(config: dict[str, Any]) -> str:
 
 
 def _short_names(keys: Sequence[str]) -> dict[str, str]:
-    """``soft_labels.alpha`` -> ``alpha`` unless two keys end alike (then the full dotted name)."""
+    """``soft_labels.alpha`` -> ``α``, ``recipe.epochs`` -> ``epochs`` (as the deviation marks print them,
+    :data:`atlas_fast.engine.deviations.PRINTED_NAMES`); other keys by their last part unless two end alike (then
+    the full dotted name)."""
+    from atlas_fast.engine.deviations import PRINTED_NAMES
+
     ends = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: (e if ends.count(e) == 1 else k) for k, e in zip(keys, ends)}
+    return {k: PRINTED_NAMES.get(k, e if ends.count(e) == 1 else k) for k, e in zip(keys, ends)}
 
 
 def _value_text(value: Any) -> str:
@@ -155,14 +161,21 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     (zero-shot CLIP first, then the registry's order), the plain method first in its block, then the ATLaS
     variants; one record per seed and row (of two, the newer one is kept, with a warning naming both files)."""
     from atlas_fast.atlas.variants import row_order
+    from atlas_fast.engine.deviations import deviation_note
     from atlas_fast.methods import METHODS
+    from atlas_fast.report.tables import method_name
 
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    with_plain = set()  # (table, method) blocks that have a plain-method row to name the block
     for record in records:
         c = record["config"]
         groups[((c["setting"], c["shots"]), c["method"], _base_label(c))].append(record)
+        if c["schedule"]["name"] == "onehot":
+            with_plain.add(((c["setting"], c["shots"]), c["method"]))
     labelled = []
     for (table, method, base), members in groups.items():
+        if (table, method) not in with_plain and base.startswith("+"):
+            base = f"{method_name(method)} {base}"  # no "CoOp" row above it says whose "+ ATLaS" this is
         per_dataset: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for record in members:
             per_dataset[record["config"]["dataset"]].append(_signature(record["config"]))
@@ -173,8 +186,8 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             signature = _signature(record["config"])
             values = [signature.get(k) for k in varying]
             suffix = ", ".join(f"{names[k]}={_value_text(v)}" for k, v in zip(varying, values))
-            labelled.append({**record, "table": table, "label": f"{base} ({suffix})" if suffix else base,
-                             "_values": values})
+            label = (f"{base} ({suffix})" if suffix else base) + deviation_note(record["config"], leave_out=varying)
+            labelled.append({**record, "table": table, "label": label, "_values": values})
 
     registry = ["zsclip"] + [m for m in METHODS if m != "zsclip"]
 
@@ -293,6 +306,9 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     markdown = [f"# Results under {root}", "",
                 f"{len(records)} finished run(s): {len(used_datasets)} dataset(s), "
                 f"method(s) {', '.join(used_methods)}."]
+    if any(" [" in r["label"] for r in records):
+        markdown += ["", "[...] after a row's name: what its runs change from the method's recipe or the paper's "
+                        "presets (θ, τ_c, α, δ, K, epochs, batch, lr, shots, views, backbone)."]
     latex: list[str] = []
     csv_lines: list[dict[str, Any]] = []
     plots: list[tuple[str, Any]] = []

@@ -49,14 +49,24 @@ def strategy_label(config: dict[str, Any]) -> str:
     return row_label(config["schedule"], soft, every_epoch_names=True) or method_name(config["method"])
 
 
+def run_name(config: dict[str, Any]) -> str:
+    """A run as the ``train`` command's lines and summary name it: :func:`~atlas_fast.atlas.variants.run_label`
+    (``coop+ATLaS-ISL (K=2)``) and what the run changes from the recipe and the paper's presets
+    (:func:`~atlas_fast.engine.deviations.deviation_note`, e.g. `` [θ=0.3, epochs=2]``)."""
+    from atlas_fast.engine.deviations import deviation_note
+
+    label = run_label(config["method"], config["schedule"], (config.get("soft_labels") or {}).get("kind"))
+    return label + deviation_note(config, leave_out={"schedule.period"})  # run_label names K
+
+
 def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], records: Sequence[dict[str, Any]]) -> str:
     """What ``atlas-fast train`` prints: a line per run (its metrics, zero-shot CLIP's and the record's path), then a
-    table of the means over seeds per method (H of the mean base and new, as the papers' tables)."""
+    Markdown table of the mean ± population std over seeds per method (± with several seeds; H of the mean base and
+    new, as the papers' tables, without ±)."""
     lines, table = [], []
     for method in methods:
         runs = [r for r in records if r["config"]["method"] == method]
-        config = runs[0]["config"]
-        label = run_label(method, config["schedule"], (config.get("soft_labels") or {}).get("kind"))
+        label = run_name(runs[0]["config"])
         rows, columns = [], ()
         for seed, record in zip(seeds, runs):
             metrics = record["metrics"]
@@ -68,15 +78,25 @@ def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], re
             lines.append(f"{dataset} {label} seed {seed}: {values}  | zero-shot CLIP: {zero_shot}{note}\n"
                          f"  record: {record['path']}")
             rows.append(metrics)
-        means = {c: sum(m[c] for m in rows) / len(rows) for c in columns}
-        if "base" in means:  # H of the mean accuracies, as the papers' tables do
-            means["H"] = harmonic_mean(means["base"], means["new"])
-        table.append((label, columns, means))
+        cells = {}
+        for c in columns:
+            if c != "H":
+                values = [float(m[c]) for m in rows]
+                cells[c] = f"{statistics.fmean(values):.2f}" + (f" ± {statistics.pstdev(values):.2f}"
+                                                                 if len(values) > 1 else "")  # as markdown_table
+        if "base" in columns:  # H of the mean accuracies, as the papers' tables do
+            mean = {c: statistics.fmean(float(m[c]) for m in rows) for c in ("base", "new")}
+            cells["H"] = f"{harmonic_mean(mean['base'], mean['new']):.2f}"
+        table.append((label, columns, cells))
     seed_list = ",".join(str(s) for s in seeds)
-    for i, (label, columns, means) in enumerate(table):
+    for i, (label, columns, cells) in enumerate(table):
         if i == 0 or columns != table[i - 1][1]:
-            lines.append(f"| dataset | method | seeds | {' | '.join(columns)} |")
-        lines.append(f"| {dataset} | {label} | {seed_list} | {' | '.join(f'{means[c]:.2f}' for c in columns)} |")
+            lines += ["", f"| dataset | method | seeds | {' | '.join(columns)} |",
+                      "|---|---|---|" + "---:|" * len(columns)]
+        lines.append(f"| {dataset} | {label} | {seed_list} | {' | '.join(cells[c] for c in columns)} |")
+    lines += ["", "Mean ± population std over seeds" + ("; H from the mean base and new accuracies" if any(
+        "H" in columns for _, columns, _ in table) else "") + ("; [...]: what the run changes from its method's "
+              "recipe and the paper's presets" if any(" [" in label for label, _, _ in table) else "") + "."]
     return "\n".join(lines)
 
 

@@ -1,0 +1,95 @@
+"""What a run's configuration changes from its method's recipe and the paper's presets, as every printed label
+shows it: ``[θ=0.3, epochs=2, views=1, backbone=atlas-tiny]``.
+
+A label such as ``coop+ATLaS-ISL (K=2)`` or ``+ ATLaS-ISL`` names a variant, not the numbers it ran with; a run at
+θ = 0.3, shortened to 2 epochs or on another backbone must not read like the paper's. :func:`run_deviations` compares
+a run's *described* configuration (``RunSpec.described``, which a record stores as ``config``) with
+
+- the paper's soft-label presets for its setting and kind (θ, τ_c, α, δ, w, top-k:
+  :func:`atlas_fast.atlas.softlabels.atlas_preset`) and the setting's ATLaS period K;
+- the method's recipe for the setting, shots and dataset (epochs, batch size, lr), and views = epochs;
+- the paper's 16 shots (base-to-new and cross-dataset; few-shot tables are per shot count) and its backbone.
+
+Only printed text uses it: names, keys and metrics of runs are unchanged. The keys are the record's dotted config
+fields (``soft_labels.theta``, ``recipe.epochs``, ``schedule.period``...), so a report that already names a field
+in its row (a sweep over α) can leave it out here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Collection, Mapping
+
+# The paper's shots in the settings whose tables are not per shot count, and its backbone.
+PAPER_SHOTS = 16
+PAPER_BACKBONE = "ViT-B-16"
+# How a field is printed (the soft labels' Greek letters as in the paper).
+PRINTED_NAMES = {"soft_labels.theta": "θ", "soft_labels.tau_c": "τ_c", "soft_labels.alpha": "α",
+                 "soft_labels.delta": "δ", "soft_labels.w": "w", "soft_labels.top_k": "top_k", "schedule.period": "K",
+                 "recipe.epochs": "epochs", "recipe.batch_size": "batch", "recipe.lr": "lr", "shots": "shots",
+                 "views": "views", "backbone.model": "backbone"}
+
+
+def _text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _recipe(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The method's own recipe for the run's family, setting, shots and dataset (None when there is none)."""
+    from atlas_fast.methods.base import METHODS, MissingRecipe
+
+    entry = METHODS.get(config.get("method", ""))
+    if entry is None:
+        return None
+    try:
+        _, recipe = entry.recipe(config.get("recipe_family", "paper"), config["setting"], config["shots"],
+                                 config["dataset"])
+    except (MissingRecipe, KeyError, ValueError, TypeError):
+        return None
+    return dataclasses.asdict(recipe)
+
+
+def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
+    """Dotted config field -> printed ``name=value`` for every field of ``config`` (a record's ``config``) that
+    differs from its method's recipe or the paper's presets, in the order θ, τ_c, α, δ, w, top_k, K, epochs, batch,
+    lr, shots, views, backbone. Fields a record lacks (older records) are not compared."""
+    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.variants import ATLAS_PERIODS
+
+    import atlas_fast.methods  # noqa: F401  (registers the methods)
+
+    found: dict[str, Any] = {}
+    setting = config.get("setting")
+    soft = config.get("soft_labels")
+    if isinstance(soft, Mapping) and setting in ATLAS_PERIODS:
+        try:
+            preset = dataclasses.asdict(atlas_preset(setting, soft["kind"]))
+        except (KeyError, ValueError, TypeError):
+            preset = {}
+        for name in ("theta", "tau_c", "alpha", "delta", "w", "top_k"):
+            if name in preset and name in soft and soft[name] != preset[name]:
+                found[f"soft_labels.{name}"] = soft[name]
+    schedule = config.get("schedule") or {}
+    if schedule.get("name") == "atlas" and setting in ATLAS_PERIODS:
+        if schedule.get("period") != ATLAS_PERIODS[setting]:
+            found["schedule.period"] = schedule.get("period")
+    recipe, own = config.get("recipe") or {}, _recipe(config)
+    if own is not None:
+        for name in ("epochs", "batch_size", "lr"):
+            if name in recipe and recipe[name] != own[name]:
+                found[f"recipe.{name}"] = recipe[name]
+    if setting in ("base2new", "cross_dataset") and config.get("shots") not in (None, PAPER_SHOTS):
+        found["shots"] = config["shots"]
+    if "views" in config and "epochs" in recipe and config["views"] != recipe["epochs"]:
+        found["views"] = config["views"]
+    model = (config.get("backbone") or {}).get("model")
+    if model is not None and model != PAPER_BACKBONE:
+        found["backbone.model"] = model
+    return {key: f"{PRINTED_NAMES[key]}={_text(value)}" for key, value in found.items()}
+
+
+def deviation_note(config: Mapping[str, Any], leave_out: Collection[str] = ()) -> str:
+    """`` [θ=0.3, epochs=2]``: :func:`run_deviations` as a label's suffix (empty when the run follows the recipe
+    and presets), without the fields ``leave_out`` (ones the label already names)."""
+    items = [text for key, text in run_deviations(config).items() if key not in leave_out]
+    return f" [{', '.join(items)}]" if items else ""

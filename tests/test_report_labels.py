@@ -1,0 +1,136 @@
+"""Printed labels say what a run is: the method of every report row, what a run changes from its recipe and the
+paper's presets (θ, K, epochs, shots, views, backbone...) in run lines, dry runs, ``train``'s summary and the report,
+``train``'s summary as a valid Markdown table with ±, and API records printed without float32 noise."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from helpers import small_pets, tiny_pets_config
+
+from atlas_fast.atlas.variants import atlas_variant
+from atlas_fast.engine.deviations import deviation_note, run_deviations
+
+
+@pytest.fixture(scope="module")
+def pets(tmp_path_factory):
+    return small_pets(tmp_path_factory, "labels")
+
+
+def isl_config(root, method, **changes):
+    variant = atlas_variant("base2new", "isl", **changes.pop("soft", {}))
+    options = {"depth": 2} if method == "maple" else None  # MaPLe's 9 prompt layers exceed the tiny towers
+    return tiny_pets_config(root, method=method, method_options=options, soft_labels=variant.soft_labels,
+                            schedule=variant.schedule, **changes)
+
+
+@pytest.fixture(scope="module")
+def mixed_sweep(pets):
+    """KgCoOp + ATLaS-ISL and MaPLe + ATLaS-ISL, no plain-method run: the sweep whose report lost the method."""
+    from atlas_fast.sweep import run_configs
+
+    records = run_configs([isl_config(pets, "kgcoop"), isl_config(pets, "maple")], progress=False)
+    return pets, records
+
+
+def _table_rows(markdown):
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in markdown.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+
+
+def test_a_mixed_method_sweep_without_plain_rows_names_each_rows_method(mixed_sweep, tmp_path):
+    from atlas_fast.report.collect import report_folder
+
+    root, _ = mixed_sweep
+    markdown = report_folder(root / "results", out=tmp_path / "report", formats=["md", "tex", "csv"])
+    names = [row[1] for row in _table_rows(markdown)[1:]]
+    assert len(names) == 2
+    assert names[0].startswith("KgCoOp + ATLaS-ISL [") and names[1].startswith("MaPLe + ATLaS-ISL [")
+    tex = (tmp_path / "report" / "report.tex").read_text()
+    assert "KgCoOp + ATLaS-ISL" in tex and "MaPLe + ATLaS-ISL" in tex
+    assert not re.search(r"^\s*\+ ATLaS", tex, re.M)  # no row begins without its method
+    assert "what its runs change from the method's recipe" in markdown
+
+
+def test_report_rows_mark_what_differs_from_the_recipe_and_presets(mixed_sweep, tmp_path):
+    from atlas_fast.report.collect import report_folder
+
+    root, _ = mixed_sweep
+    markdown = report_folder(root / "results", out=tmp_path / "report", formats=["md"])
+    kgcoop = _table_rows(markdown)[1][1]
+    # the tiny runs are shortened to 2 epochs, 1 view, batch 3, lr 0.05, 4 shots, on the tiny backbone; θ and K are
+    # the paper's, so they are not marked
+    assert kgcoop == "KgCoOp + ATLaS-ISL [epochs=2, batch=3, lr=0.05, shots=4, views=1, backbone=atlas-tiny]"
+
+
+def test_deviations_compare_with_the_methods_recipe_and_the_papers_presets(mixed_sweep):
+    _, records = mixed_sweep
+    config = json.loads(json.dumps(records[0]["config"]))
+    recipe = {"epochs": 100, "batch_size": 128, "lr": 0.002}  # KgCoOp's base-to-new recipe ...
+    full = {**config, "recipe": {**config["recipe"], **recipe}, "views": 100, "shots": 16,
+            "backbone": {**config["backbone"], "model": "ViT-B-16"}}  # ... with the paper's shots and backbone
+    assert run_deviations(full) == {}
+    shortened = {**full, "recipe": {**full["recipe"], "epochs": 10}, "views": 10}
+    assert run_deviations(shortened) == {"recipe.epochs": "epochs=10"}
+    other = {**full, "soft_labels": {**full["soft_labels"], "theta": 0.3, "alpha": 0.5},
+             "schedule": {"name": "atlas", "period": 1}}
+    assert deviation_note(other) == " [θ=0.3, α=0.5, K=1]"
+    assert deviation_note(other, leave_out={"soft_labels.alpha"}) == " [θ=0.3, K=1]"
+
+
+def test_theta_is_in_run_lines_dry_run_lines_and_the_train_summary(mixed_sweep):
+    from atlas_fast.engine import plan_run
+    from atlas_fast.report.tables import train_results
+    from atlas_fast.sweep import describe_plan, run_configs
+    from atlas_fast.sweep.grid import plan_sweep
+
+    root, _ = mixed_sweep
+    configs = [isl_config(root, "kgcoop", soft={"theta": theta}, epochs=3, results_dir=root / "theta")
+               for theta in (0.1, 0.3)]  # results of their own: the report tests read the mixed sweep's folder
+    labels = [plan_run(config).label for config in configs]
+    assert labels[0] == "OxfordPets kgcoop+ATLaS-ISL (K=2) [epochs=3, batch=3, lr=0.05, shots=4, views=1, " \
+                        "backbone=atlas-tiny] seed 1"
+    assert labels[1] == labels[0].replace("[epochs", "[θ=0.3, epochs")
+    dry = describe_plan(plan_sweep(configs), 4)
+    assert "to run    OxfordPets kgcoop+ATLaS-ISL (K=2) [θ=0.3, epochs=3" in dry
+    records = run_configs(configs[1:], progress=False)
+    summary = train_results("OxfordPets", ["kgcoop"], [1], records)
+    assert "OxfordPets kgcoop+ATLaS-ISL (K=2) [θ=0.3, epochs=3" in summary.splitlines()[0]
+    assert "| OxfordPets | kgcoop+ATLaS-ISL (K=2) [θ=0.3, epochs=3" in summary
+
+
+def test_train_summary_is_a_markdown_table_with_mean_and_std(mixed_sweep):
+    from atlas_fast.report.tables import train_results
+
+    _, records = mixed_sweep
+    two_seeds = [records[0], {**records[0], "metrics": {**records[0]["metrics"], "base": 75.0, "new": 25.0}}]
+    summary = train_results("OxfordPets", ["kgcoop"], [1, 2], two_seeds)
+    lines = summary.splitlines()
+    head = lines.index("| dataset | method | seeds | base | new | H |")
+    assert lines[head - 1] == "" and lines[head + 1] == "|---|---|---|---:|---:|---:|"
+    row = [cell.strip() for cell in lines[head + 2].strip("|").split("|")]
+    base = [records[0]["metrics"]["base"], 75.0]
+    new = [records[0]["metrics"]["new"], 25.0]
+    assert row[2] == "1,2" and row[3] == f"{np.mean(base):.2f} ± {np.std(base):.2f}"
+    assert row[4] == f"{np.mean(new):.2f} ± {np.std(new):.2f}"
+    mean_base, mean_new = np.mean(base), np.mean(new)
+    assert row[5] == f"{2 * mean_base * mean_new / (mean_base + mean_new):.2f}"  # H of the means, no ±
+    assert "Mean ± population std over seeds" in lines[-1]
+
+
+def test_api_records_print_without_float32_noise(pets):
+    import atlas_fast
+    from atlas_fast.engine.record import RunRecord, read_record
+
+    record = atlas_fast.run(tiny_pets_config(pets, epochs=2))
+    assert isinstance(record, RunRecord) and isinstance(record, dict)
+    assert record["metrics"] == read_record(record["path"])["metrics"]  # the values are the stored ones
+    noisy = float(np.float32(100 * 203 / 300))
+    assert repr(noisy) == "67.66666412353516"
+    printed = repr(RunRecord({**record, "metrics": {**record["metrics"], "base": noisy}}))
+    assert "'base': 67.6667" in printed and "67.66666412353516" not in printed
+    assert str(record) == repr(record)
+    decimals = re.findall(r"\d+\.\d+", str(record))
+    assert decimals and all(len(d.replace(".", "").lstrip("0")) <= 6 for d in decimals)  # 6 significant digits
