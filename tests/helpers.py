@@ -60,6 +60,17 @@ def small_pets(tmp_path_factory, name: str):
     return root
 
 
+def eight_class_pets(tmp_path_factory, name: str):
+    """A fresh folder ``<name>N/`` holding an 8-class synthetic OxfordPets (4 train / 2 val / 3 test images each,
+    36 px, under ``data/``): enough classes for a 4/4 base/new split; the record names pinned in the tests that use
+    it depend on these sizes."""
+    from layouts import make_oxford_pets
+
+    root = tmp_path_factory.mktemp(name)
+    make_oxford_pets(root / "data", n_classes=8, n_train=4, n_val=2, n_test=3, size=36)
+    return root
+
+
 def tiny_pets_config(root, **changes):
     """A TrainConfig for the tiny random CLIP on the synthetic OxfordPets written under ``root / "data"`` (4 shots,
     2 epochs, 1 cached view, batch 3, lr 0.05, no progress); ``changes`` replace any field."""

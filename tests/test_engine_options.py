@@ -11,8 +11,7 @@ from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.spec import evaluation_subsamples, plan_run
 from atlas_fast.methods.base import method_class
-from helpers import tiny_pets_config
-from layouts import make_oxford_pets
+from helpers import eight_class_pets, tiny_pets_config
 
 TINY = BackboneConfig("atlas-tiny", None)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -20,9 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def pets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pets")
-    make_oxford_pets(root / "data", n_classes=8, n_train=4, n_val=2, n_test=3, size=36)
-    return root
+    return eight_class_pets(tmp_path_factory, "pets")
 
 
 tiny_config = tiny_pets_config

@@ -11,17 +11,14 @@ from atlas_fast.engine import pipeline, run, run_group
 from atlas_fast.engine.record import ResultStore, read_record
 from atlas_fast.engine.run_identity import one_record_per_run, record_identity
 from atlas_fast.engine.spec import plan_run
-from helpers import tiny_pets_config
-from layouts import make_oxford_pets
+from helpers import eight_class_pets, tiny_pets_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def pets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pets")
-    make_oxford_pets(root / "data", n_classes=8, n_train=4, n_val=2, n_test=3, size=36)
-    return root
+    return eight_class_pets(tmp_path_factory, "pets")
 
 
 def config(root, results="results", **changes):
