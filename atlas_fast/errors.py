@@ -22,6 +22,13 @@ class RunFailed(ValueError):
     """A user error raised in a sweep's worker (Ray task, SLURM job), carried back as its message alone."""
 
 
+def short_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to its first ``limit`` characters with its length: how an error line quotes a value
+    that may be huge (a 20,000-character class name, a pasted option)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def shorten_values(message: str, limit: int = LONGEST_QUOTED) -> str:
     """``message`` with every run of more than ``limit`` non-blank characters cut to its first 60 and last 3
     characters and its length, so an error line that quotes a huge value stays short (paths and names of ordinary

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from atlas_fast.data.datasets import ELEVEN
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.app.options import (add_download, add_method_options, add_methods, add_progress, add_seeds,
-                                    add_workers, apply_download, check_range, method_options)
+                                    add_workers, apply_download, check_range, method_options, WORLD_BACKBONE)
 from atlas_fast.data.check import require_layouts
 from atlas_fast.errors import UsageError
 from atlas_fast.report.tables import TableRow, latex_label, latex_table, markdown_table, plot_rows, write_csv
@@ -97,7 +97,7 @@ def apply_world(args: argparse.Namespace, parser: argparse.ArgumentParser, modul
         args.data_root = WORLD_DATA_ROOT
     default = parser.get_default
     if (args.model, args.pretrained) == (default("model"), default("pretrained")):
-        args.model, args.pretrained = "atlas-world", "atlas-world"
+        args.model, args.pretrained = WORLD_BACKBONE
     for option, value in {"datasets": list(BASE_TO_NEW), **getattr(module, "WORLD_DEFAULTS", {})}.items():
         if getattr(args, option) == default(option):
             setattr(args, option, list(value))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from atlas_fast.app.options import WORLD_BACKBONE
 from atlas_fast.world.benchmark import DECLINE_DATASET, SplitSizes
 
 
@@ -56,7 +57,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
     stage(f"demo 1/3: the world benchmark ({', '.join(config.datasets)}) under {config.data_root}")
     generate_benchmark(config.data_root, config.datasets, sizes=config.sizes, progress=progress)
     base = TrainConfig(dataset=config.datasets[0], data_root=config.data_root,
-                       backbone=BackboneConfig("atlas-world", "atlas-world"), method="coop", recipe="paper",
+                       backbone=BackboneConfig(*WORLD_BACKBONE), method="coop", recipe="paper",
                        setting="base2new", shots=config.shots, views=config.views, epochs=config.epochs,
                        device=config.device, cache_root=config.cache_root, results_dir=config.results_dir,
                        progress=False)

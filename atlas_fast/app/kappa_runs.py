@@ -133,10 +133,9 @@ def kappa_sentence(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, A
 
 def with_snapshots(config: TrainConfig, fractions: Sequence[float]) -> TrainConfig:
     """``config`` saving its learned tensors at these fractions of its recipe's epochs (and at 0 and the end)."""
-    from atlas_fast.methods.base import method_class
     from atlas_fast.data.datasets import get_spec
+    from atlas_fast.engine.spec import resolve_recipe
 
-    epochs = config.epochs or method_class(config.method).recipe(
-        config.recipe, config.setting, config.shots, get_spec(config.dataset).name)[1].epochs
+    epochs = resolve_recipe(config, get_spec(config.dataset).name)[1].epochs  # the recipe's, or the override
     points = {0, epochs} | {min(epochs, max(0, round(epochs * f))) for f in fractions}
     return dataclasses.replace(config, snapshot_epochs=tuple(sorted(points)))

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Sequence
 
 from atlas_fast.app.catalogue import method_names
-from atlas_fast.errors import UsageError
+from atlas_fast.errors import UsageError, short_repr
 
 
-def _pretrained(value: str) -> str | None:
+def pretrained_tag(value: str) -> str | None:
+    """``--pretrained``: an open_clip tag or checkpoint file; 'none' (or 'random', '') means random weights."""
     return None if value.lower() in ("none", "random", "") else value
 
 
@@ -48,7 +49,7 @@ def add_data_and_backbone(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="open_clip model name (default ViT-B-16; for the World* datasets the world's own CLIP, "
                              "atlas-world)")
-    parser.add_argument("--pretrained", type=_pretrained, default=argparse.SUPPRESS,
+    parser.add_argument("--pretrained", type=pretrained_tag, default=argparse.SUPPRESS,
                         help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt), or 'none' for "
                              "random weights (default openai; for --model atlas-world its shipped checkpoint, "
                              "atlas-world)")
@@ -86,9 +87,8 @@ def check_range(option: str, value: float | int | None, low: float, high: float 
     if value is None:
         return
     if not (low <= value and (high is None or value <= high)):  # NaN fails both comparisons
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
         bound = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
-        raise UsageError(f"{option} must be {bound}, got {shown}.")
+        raise UsageError(f"{option} must be {bound}, got {short_repr(value)}.")
 
 
 def method_name(learning_only: bool = False):

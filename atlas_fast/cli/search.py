@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from atlas_fast.app.options import (add_method_options, add_progress, add_seeds, check_methods, method_name,
-                                    method_options)
+                                    method_options, pretrained_tag)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="dataset(s) a trial trains on (its value is the mean over them and the seeds)")
     search.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
     search.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
-    search.add_argument("--pretrained", default="openai",
+    search.add_argument("--pretrained", type=pretrained_tag, default="openai",
                         help="open_clip tag, checkpoint file, or 'none' for random weights (default openai)")
     search.add_argument("--method", default="coop", type=method_name(learning_only=True),
                         help="the prompt method (default coop)")
@@ -87,9 +87,8 @@ def run_search_command(args: argparse.Namespace) -> int:
     from atlas_fast.search import SearchConfig, run_search
 
     variant = atlas_variant(args.setting, args.atlas)
-    pretrained = None if args.pretrained.lower() in ("none", "random", "") else args.pretrained
     base = TrainConfig(dataset=args.datasets[0], data_root=args.data_root,
-                       backbone=BackboneConfig(args.model, pretrained), method=args.method, method_options=options,
+                       backbone=BackboneConfig(args.model, args.pretrained), method=args.method, method_options=options,
                        recipe=args.recipe, setting=args.setting, shots=args.shots, seed=args.seeds[0],
                        soft_labels=variant.soft_labels, schedule=variant.schedule,
                        views=args.views, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from atlas_fast.data.templates import fill_template
+from atlas_fast.errors import short_repr
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,6 @@ def prompt_text(classname: str) -> str:
     return re.sub(r"\s+", " ", text).strip().lower()
 
 
-def short_name(name: str, limit: int = 60) -> str:
-    """``repr(name)``, cut to its first ``limit`` characters (an error line quotes a huge name by its prefix)."""
-    text = repr(name)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(name)} characters)"
-
-
 def check_distinct_classnames(classnames: Sequence[str], source: object) -> None:
     """Refuse class names that CLIP's tokenizer cannot tell apart (:func:`prompt_text`: 'Café' in NFC and NFD,
     'Sea Lion' and 'sea lion', 'red  fox' and 'red fox'), naming both and ``source`` (the dataset's folder): their
@@ -102,6 +97,6 @@ def check_distinct_classnames(classnames: Sequence[str], source: object) -> None
     for label, name in enumerate(classnames):
         first = seen.setdefault(prompt_text(name), (label, name))
         if first[0] != label:
-            raise ValueError(f"{source}: classes {first[0]} {short_name(first[1])} and {label} {short_name(name)} are "
+            raise ValueError(f"{source}: classes {first[0]} {short_repr(first[1])} and {label} {short_repr(name)} are "
                              f"the same text to CLIP's tokenizer (case, white space, '_' and Unicode normalisation "
                              f"aside), so their prompts would be identical; rename one of them.")

@@ -18,6 +18,7 @@ import torch
 
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.data.fewshot import MAX_SEED
+from atlas_fast.errors import short_repr
 from atlas_fast.methods.base import RECIPE_FAMILIES, MethodConfig
 from atlas_fast.atlas.schedules import LabelSchedule, OneHot
 
@@ -51,12 +52,6 @@ def check_int(owner: str, name: str, value: Any, low: int, high: int | None = No
     if not ok:
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{owner}{name} must be a whole number {bound}, got {short_repr(value)}.")
-
-
-def short_repr(value: Any, limit: int = 60) -> str:
-    """``repr(value)``, cut to its first ``limit`` characters (an error line quotes a huge value by its prefix)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 @dataclass

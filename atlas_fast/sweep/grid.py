@@ -23,7 +23,7 @@ from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.pipeline import split_finished
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.atlas.variants import LabelVariant
-from atlas_fast.errors import RunFailed, UsageError
+from atlas_fast.errors import RunFailed, UsageError, short_repr
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
 
 EXECUTORS = ("local", "ray", "slurm")
@@ -47,8 +47,7 @@ def distinct(values: Sequence[Any], what: str) -> list[Any]:
     seen: list[Any] = []
     for value in values:
         if value in seen:
-            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-            raise UsageError(f"{what} lists {shown} twice; give each once (a run counted twice would weigh twice in "
+            raise UsageError(f"{what} lists {short_repr(value)} twice; give each once (a run counted twice would weigh twice in "
                              f"every mean over them).")
         seen.append(value)
     return seen
