@@ -29,6 +29,10 @@ COMMANDS = {
     "atlas-fast experiment (unknown name)": ["-m", "atlas_fast.cli", "experiment", "table9"],
     "atlas-fast experiment --list": ["-m", "atlas_fast.cli", "experiment", "--list"],
     "atlas-fast experiment NAME --help": ["-m", "atlas_fast.cli", "experiment", "table3_base_to_new", "--help"],
+    "python -m atlas_fast.experiments NAME --help": ["-m", "atlas_fast.experiments", "fig_sensitivity", "--help"],
+    "atlas-fast experiment NAME --methods typo": ["-m", "atlas_fast.cli", "experiment", "table_cross_dataset",
+                                                  "--methods", "coopp"],
+    "atlas-fast experiment NAME (missing --data-root)": ["-m", "atlas_fast.cli", "experiment", "table3_base_to_new"],
     "atlas-fast report (missing folder)": ["-m", "atlas_fast.cli", "report", "no-such-results-folder"],
     "python -c 'import torch, open_clip'": ["-c", "import torch, open_clip"],
 }

@@ -14,18 +14,24 @@ import argparse
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from atlas_fast.data.datasets import ELEVEN
-from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.app.options import (add_download, add_method_options, add_methods, add_progress, add_seeds,
                                     add_workers, apply_download, check_range, method_options, WORLD_BACKBONE)
 from atlas_fast.data.check import require_layouts
 from atlas_fast.errors import UsageError
-from atlas_fast.report.tables import TableRow, latex_label, latex_table, markdown_table, plot_rows, write_csv
-from atlas_fast.sweep import EXECUTORS, Execution, describe_plan, plan_sweep, run_configs
-from atlas_fast.sweep.grid import check_gpus, distinct
-from atlas_fast.engine import TrainConfig
+
+# The engine, the sweep and the tables (torch) are imported where runs are planned, trained and reported, so that an
+# experiment's --help and argument errors answer at once (tests/test_cli_start.py).
+if TYPE_CHECKING:
+    from atlas_fast.engine import TrainConfig
+    from atlas_fast.report.tables import TableRow
+    from atlas_fast.sweep import Execution
+
+# --executor's choices: atlas_fast.sweep's EXECUTORS, spelled here so that parsing imports no torch (a test checks
+# that the two agree).
+EXECUTORS = ("local", "ray", "slurm")
 
 
 def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.ArgumentParser:
@@ -129,6 +135,9 @@ def method_args(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
 
 def execution_from_args(args: argparse.Namespace) -> Execution:
     """The sweep's :class:`~atlas_fast.sweep.Execution` from the execution options."""
+    from atlas_fast.sweep import Execution
+    from atlas_fast.sweep.grid import check_gpus
+
     check_gpus(args.gpus_per_group)
     check_range("--ray-workers", args.ray_workers, 1)
     check_range("--slurm-timeout-min", args.slurm_timeout_min, 1)
@@ -148,6 +157,9 @@ def execution_from_args(args: argparse.Namespace) -> Execution:
 
 def base_config(args: argparse.Namespace, setting: str, shots: int = 16, **changes: Any) -> TrainConfig:
     """The run every row of a table starts from; rows replace the schedule, soft labels, dataset and seed."""
+    from atlas_fast.clip.backbones import BackboneConfig
+    from atlas_fast.engine import TrainConfig
+
     pretrained = None if args.pretrained.lower() == "none" else args.pretrained
     if "method" in changes and "method_options" not in changes:
         changes["method_options"] = method_options(getattr(args, "method_option", []), changes["method"])
@@ -180,6 +192,9 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
     elif args.data_root is None:
         module_parser.error("--data-root is required (or --world to run on the embedded world)")
     require_layouts([*getattr(args, "datasets", []), *(getattr(args, "targets", None) or [])], args.data_root)
+    from atlas_fast.sweep import describe_plan, plan_sweep, run_configs
+    from atlas_fast.sweep.grid import distinct
+
     if args.batch_runs is None:
         args.batch_runs = getattr(module, "BATCH_RUNS", None)  # e.g. Table V times runs trained alone
     for option in ("seeds", "datasets", "methods", "targets"):  # a value counted twice would weigh twice
@@ -237,6 +252,8 @@ def write_table(rows: Sequence[TableRow], name: str, title: str, out: str | Path
     """Write ``<out>/<name>.{md,tex,csv,png,pdf}`` (Markdown, booktabs LaTeX labelled ``tab:<name>``, CSV with the
     paired differences' intervals, bar plot as PNG and PDF), print and return the Markdown. ``title`` heads the
     Markdown and is the LaTeX caption; the plot has none (its caption belongs to the paper)."""
+    from atlas_fast.report.tables import latex_label, latex_table, markdown_table, plot_rows, write_csv
+
     write_text(out, f"{name}.tex", latex_table(rows, caption=title, label=latex_label(name)))
     write_csv(rows, Path(out) / f"{name}.csv")
     plot_rows(rows, Path(out) / f"{name}.png")

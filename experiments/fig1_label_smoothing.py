@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.report.tables import epoch_curves, plot_curves, strategy_label
-from atlas_fast.atlas.variants import LabelVariant, atlas_variant
-from atlas_fast.sweep import grid_configs
-from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE
+
+if TYPE_CHECKING:
+    from atlas_fast.atlas.variants import LabelVariant
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Fig. 1"
 DATASETS = ("ImageNet",)
@@ -25,12 +27,16 @@ WORLD_DEFAULTS = {"datasets": [CROSS_SOURCE]}  # --world: the world's ImageNet
 
 
 def variants() -> list[LabelVariant]:
+    from atlas_fast.atlas.variants import atlas_variant
+
     return [atlas_variant("base2new", "none"), atlas_variant("base2new", "ls", period=1),
             atlas_variant("base2new", "none", "tfkd"), atlas_variant("base2new", "none", "ols"),
             atlas_variant("base2new", "ls")]
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.sweep import grid_configs
+
     return grid_configs(base_config(args, "base2new", eval_every_epoch=True, evaluate=BASE_NEW), args.datasets,
                         variants(), args.seeds)
 

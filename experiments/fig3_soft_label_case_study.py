@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from PIL import Image
+from typing import TYPE_CHECKING
 
 from atlas_fast.errors import UsageError
 from atlas_fast.experiments.common import publish
 from atlas_fast.report.tables import plot_soft_label_case_study
-from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE
+
+if TYPE_CHECKING:
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Fig. 3 (soft-label case study)"
 DATASETS = ("ImageNet",)
@@ -39,6 +40,8 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
+    from PIL import Image
+
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes

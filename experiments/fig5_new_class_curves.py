@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.experiments.fig1_label_smoothing import curve_table
 from atlas_fast.report.tables import epoch_curves, plot_curves, strategy_label
-from atlas_fast.atlas.variants import LabelVariant, atlas_variant
-from atlas_fast.sweep import grid_configs
-from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import DECLINE_DATASET
+
+if TYPE_CHECKING:
+    from atlas_fast.atlas.variants import LabelVariant
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Fig. 5 (SUN397 new-class curves)"
 DATASETS = ("SUN397",)
@@ -26,6 +28,8 @@ PANELS = [["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"], ["CoOp"
 
 
 def variants() -> list[LabelVariant]:
+    from atlas_fast.atlas.variants import atlas_variant
+
     rows = [atlas_variant("base2new", "none")]
     for kind in ("ls", "csl", "isl"):
         rows += [atlas_variant("base2new", kind, period=1), atlas_variant("base2new", kind)]
@@ -33,6 +37,8 @@ def variants() -> list[LabelVariant]:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.sweep import grid_configs
+
     return grid_configs(base_config(args, "base2new", eval_every_epoch=True, evaluate=BASE_NEW), args.datasets,
                         variants(), args.seeds)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import base_config, chunks, publish
 from atlas_fast.report.tables import aggregate, plot_series
-from atlas_fast.sweep import atlas_variants, grid_configs
-from atlas_fast.engine import TrainConfig
+if TYPE_CHECKING:
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Fig. 4 (few-shot)"
 SHOTS = (1, 2, 4, 8, 16)
@@ -24,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.sweep import atlas_variants, grid_configs
+
     return [config for shots in args.shots for config in grid_configs(
         base_config(args, "few_shot", shots=shots), args.datasets, atlas_variants("few_shot"), args.seeds)]
 

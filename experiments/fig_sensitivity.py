@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, chunks, publish
 from atlas_fast.report.tables import aggregate, plot_series
-from atlas_fast.atlas.variants import LabelVariant, atlas_variant
-from atlas_fast.sweep import grid_configs
-from atlas_fast.engine import TrainConfig
+if TYPE_CHECKING:
+    from atlas_fast.atlas.variants import LabelVariant
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Fig. 6, Figs. A1-A2 (sensitivity)"
 # parameter -> (soft-label kind, values as the paper sweeps them)
@@ -28,6 +29,8 @@ GRIDS = {
 
 
 def variant(param: str, value: float) -> LabelVariant:
+    from atlas_fast.atlas.variants import atlas_variant
+
     kind, _ = GRIDS[param]
     overrides = {"theta": {"theta": value}, "inv_tau_c": {"tau_c": 1.0 / value}, "alpha": {"alpha": value},
                  "K": {"period": int(value)}, "w": {"w": value}}[param]
@@ -44,6 +47,8 @@ def _values(args: argparse.Namespace) -> list[float]:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.sweep import grid_configs
+
     base = base_config(args, "base2new", evaluate=BASE_NEW)
     return [config for value in _values(args)
             for config in grid_configs(base, args.datasets, [variant(args.param, value)], args.seeds)]

@@ -12,12 +12,12 @@ and reports base, new and H averaged as the paper does, one block per method (``
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, PAPER_METHODS, base_config, method_args, write_table
 from atlas_fast.report.tables import aggregate
-from atlas_fast.atlas.schedules import OneHot
-from atlas_fast.sweep import Variant, atlas_variants, grid_configs
-from atlas_fast.engine import TrainConfig
+if TYPE_CHECKING:
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Table III"
 
@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.sweep import Variant, atlas_variants, grid_configs
+
     configs = []
     if args.zero_shot:
         configs += grid_configs(base_config(args, "base2new", method="zsclip", evaluate=BASE_NEW), args.datasets,

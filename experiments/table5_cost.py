@@ -17,14 +17,14 @@ import platform
 import statistics
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.report.tables import variant_label
-from atlas_fast.sweep import atlas_variants, grid_configs
-from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE
+
+if TYPE_CHECKING:
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Table V (computational cost)"
 DATASETS = ("ImageNet",)
@@ -33,12 +33,16 @@ BATCH_RUNS = 1
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.sweep import atlas_variants, grid_configs
+
     return grid_configs(base_config(args, "base2new", evaluate=BASE_NEW), args.datasets, atlas_variants("base2new"),
                         args.seeds)
 
 
 def soft_label_seconds(record: dict, args: argparse.Namespace) -> float:
     """Generate the record's soft labels again (no store) and return the seconds it took."""
+    import torch
+
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
@@ -74,6 +78,8 @@ def inference_ms_per_image(record: dict, args: argparse.Namespace) -> float:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
+    import torch
+
     rows: dict[str, dict[str, list[float]]] = {}
     for record in records:
         row = rows.setdefault(variant_label(record["config"]), {"train": [], "soft": [], "infer": [], "H": []})

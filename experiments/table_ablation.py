@@ -9,13 +9,14 @@ The paper ablates CoOp only; ``--method`` runs the same rows for another text-si
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, write_table
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.report.tables import aggregate, method_name
-from atlas_fast.atlas.variants import LabelVariant, ablation_row_label, atlas_variant
-from atlas_fast.sweep import grid_configs
-from atlas_fast.engine import TrainConfig
+if TYPE_CHECKING:
+    from atlas_fast.atlas.variants import LabelVariant
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Table IV (ablation)"
 KINDS = ("ls", "csl", "isl")
@@ -23,11 +24,15 @@ KINDS = ("ls", "csl", "isl")
 
 def ablation_label(config: dict) -> str:
     """Row names of the paper's ablation table (K = 1 is 'soft labels alone')."""
+    from atlas_fast.atlas.variants import ablation_row_label
+
     soft = (config.get("soft_labels") or {}).get("kind")
     return ablation_row_label(config["schedule"], soft) or f"{method_name(config['method'])} (baseline)"
 
 
 def variants() -> list[LabelVariant]:
+    from atlas_fast.atlas.variants import atlas_variant
+
     rows = [atlas_variant("base2new", "none")]
     for kind in KINDS:
         rows += [atlas_variant("base2new", kind, period=1), atlas_variant("base2new", kind, "joint"),
@@ -41,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.sweep import grid_configs
+
     return grid_configs(base_config(args, "base2new", method=args.method, evaluate=BASE_NEW), args.datasets,
                         variants(), args.seeds)
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-from atlas_fast.engine import evaluate_saved
 from atlas_fast.experiments.common import ELEVEN, PAPER_METHODS, base_config, method_args, publish
 from atlas_fast.report.tables import method_name, variant_label
 from atlas_fast.report.stats import interval_note, paired_by_seed
-from atlas_fast.atlas.schedules import OneHot
-from atlas_fast.sweep import Variant, atlas_variants, grid_configs
-from atlas_fast.engine import TrainConfig
 from atlas_fast.world.benchmark import CROSS_SOURCE, CROSS_TARGETS, DG_TARGETS
+
+if TYPE_CHECKING:
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Tables I and II"
 DATASETS = ("ImageNet",)
@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.sweep import Variant, atlas_variants, grid_configs
+
     grids = [("zsclip", [Variant("zero-shot", OneHot())])] if args.zero_shot else []
     grids += [(method, atlas_variants("cross_dataset")) for method in args.methods]
     return [config for method, variants in grids for config in grid_configs(
@@ -45,6 +48,8 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
+    from atlas_fast.engine import evaluate_saved
+
     cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     target_means: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)  # row -> seed -> mean over targets
     for record in records:

@@ -19,19 +19,22 @@ import csv
 import dataclasses
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from atlas_fast.app.kappa_runs import h_by_run, kappa_sentence, mean_over_seeds, own_run, run_kappa, with_snapshots
 from atlas_fast.report.tables import save_figure, series_figure
 from atlas_fast.report.stats import interval_note, paired_by_seed
-from atlas_fast.atlas.softlabels import KINDS
-from atlas_fast.engine import TrainConfig
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
-from atlas_fast.sweep import atlas_variants, grid_configs
+
+if TYPE_CHECKING:
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "Theorem 1 and Lemma 1 (κ, measured; not in the paper)"
 DATASETS = ("ImageNet",)
 WORLD_DEFAULTS = {"datasets": ["WorldPhotos", "WorldSketches"]}
 NAMES = {"ls": "LS", "csl": "CSL", "isl": "ISL", "mix": "mix"}
+# The soft-label kinds (atlas_fast.atlas.softlabels.KINDS, spelled here so that --help imports no torch; a test checks
+# that the two agree).
+KINDS = tuple(NAMES)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.app.kappa_runs import with_snapshots
+    from atlas_fast.sweep import atlas_variants, grid_configs
+
     configs = []
     for dataset in args.datasets:
         base = dataclasses.replace(base_config(args, "base2new", method="coop", evaluate=BASE_NEW), dataset=dataset)
@@ -53,6 +59,8 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
+    from atlas_fast.app.kappa_runs import kappa_sentence, run_kappa
+
     configs = plan(args)
     listings: dict = {}
     rows = [row for config, record in zip(configs, records)
@@ -72,6 +80,8 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
 def dataset_table(rows: list[dict], records: list[dict], dataset: str) -> str:
     """Markdown: per soft label, κ at the initial context, along and at the end of its own ATLaS run (at CoOp's
     end for the mix, which has no run here), the bounds' variance factors there, and that run's H against CoOp."""
+    from atlas_fast.app.kappa_runs import h_by_run, mean_over_seeds, own_run
+
     kappa = mean_over_seeds([r for r in rows if r["dataset"] == dataset])
     factors = {field: mean_over_seeds([r for r in rows if r["dataset"] == dataset], field)
                for field in ("theta", "kappa_target", "atlas_factor", "ls_factor")}
@@ -107,6 +117,8 @@ def dataset_table(rows: list[dict], records: list[dict], dataset: str) -> str:
 
 def _plot(rows: list[dict], dataset: str, path: Path) -> None:
     """κ along each soft label's own ATLaS run (and along CoOp's run), mean over seeds."""
+    from atlas_fast.app.kappa_runs import mean_over_seeds, own_run
+
     kappa = mean_over_seeds([r for r in rows if r["dataset"] == dataset])
     epochs = sorted({key[2] for key in kappa})
     series = {}

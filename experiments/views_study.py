@@ -17,12 +17,12 @@ import argparse
 import dataclasses
 import statistics
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.errors import UsageError
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
-from atlas_fast.sweep import atlas_variants, grid_configs
-from atlas_fast.engine import TrainConfig
+if TYPE_CHECKING:
+    from atlas_fast.engine import TrainConfig
 
 PAPER = "views study (atlas_fast: cached views vs a fresh crop per epoch)"
 VIEW_COUNTS = (1, 5, 20, 0)  # 0: one view per epoch (the faithful setting)
@@ -42,6 +42,8 @@ def _views_label(record: dict) -> str:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    from atlas_fast.sweep import atlas_variants, grid_configs
+
     if any(v < 0 for v in args.view_counts):
         raise UsageError(f"--view-counts must be >= 0 (0: one view per epoch), got {args.view_counts}")
     base = base_config(args, "base2new", method="coop", evaluate=BASE_NEW)
@@ -51,6 +53,7 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
+    from atlas_fast.engine.evaluate import harmonic_mean
     from atlas_fast.report.tables import variant_label
     from atlas_fast.report.stats import interval_note, paired_by_seed
 

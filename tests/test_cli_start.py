@@ -1,5 +1,5 @@
-"""The command line starts without torch: ``--help`` of every command and argument errors import neither torch nor
-open_clip (benchmarks/cli_start.py times it)."""
+"""The command line starts without torch: ``--help`` of every command (every experiment module's included) and
+argument errors import neither torch nor open_clip (benchmarks/cli_start.py times it)."""
 
 import subprocess
 import sys
@@ -25,13 +25,61 @@ print("HEAVY", ",".join(heavy) or "-", "STATUS", status)
                                   ["data", "sort-imagenet-val", "--help"],
                                   ["train", "--method", "coopp"], ["train", "--dataset", "OxfordPetz"],
                                   ["train", "--method", "coopp", "--dataset", "OxfordPets", "--data-root", "d"],
-                                  ["report", "/nonexistent/results"], ["experiment", "no_such_experiment"]])
+                                  ["report", "/nonexistent/results"], ["experiment", "no_such_experiment"],
+                                  ["experiment", "table_cross_dataset", "--methods", "coopp"],
+                                  ["experiment", "table3_base_to_new"],
+                                  ["experiment", "fig_sensitivity", "--param", "alpha", "--data-root", "/nonexistent"],
+                                  ["experiment", "theorem1_kappa", "--kinds", "xx", "--world"]])
 def test_help_and_argument_errors_do_not_import_torch(argv):
     result = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
                             timeout=60)
     line = [l for l in result.stdout.splitlines() if l.startswith("HEAVY")]
     assert line and line[0].startswith("HEAVY - STATUS"), (result.stdout[-500:], result.stderr[-2000:])
     assert line[0].split()[-1] in ("0", "2"), line
+
+
+EVERY_EXPERIMENT_HELP = """
+import contextlib, io, sys
+from atlas_fast.cli import main
+from atlas_fast.experiments import experiment_names
+for name in experiment_names():
+    with contextlib.redirect_stdout(io.StringIO()) as shown:
+        try:
+            status = main(["experiment", name, "--help"])
+        except SystemExit as exc:
+            status = exc.code
+    heavy = sorted(m for m in ("torch", "open_clip", "h5py", "faiss") if m in sys.modules)
+    print("HELP", name, ",".join(heavy) or "-", status, "usage: atlas-fast experiment " + name in shown.getvalue())
+"""
+
+
+def test_every_experiments_help_does_not_import_torch():
+    """``atlas-fast experiment NAME --help`` of every experiment module (one process, checked after each)."""
+    from atlas_fast.experiments import experiment_names
+
+    result = subprocess.run([sys.executable, "-c", EVERY_EXPERIMENT_HELP], capture_output=True, text=True, timeout=120)
+    lines = [line.split() for line in result.stdout.splitlines() if line.startswith("HELP")]
+    assert [line[1] for line in lines] == experiment_names(), (result.stdout[-1000:], result.stderr[-2000:])
+    assert all(line[2:] == ["-", "0", "True"] for line in lines), lines
+
+
+def test_python_m_experiments_help_does_not_import_torch():
+    probe = ("import runpy, sys\nsys.argv = ['x', 'fig_sensitivity', '--help']\ntry:\n"
+             "    runpy.run_module('atlas_fast.experiments', run_name='__main__')\nexcept SystemExit as exc:\n"
+             "    status = exc.code\nheavy = sorted(m for m in ('torch', 'open_clip', 'h5py', 'faiss') if m in sys.modules)\n"
+             "print('HEAVY', ','.join(heavy) or '-', 'STATUS', status)\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "--param" in result.stdout and "HEAVY - STATUS 0" in result.stdout, (result.stdout[-500:],
+                                                                              result.stderr[-2000:])
+
+
+def test_the_experiments_choices_are_the_packages():
+    """Choices spelled in the experiment modules so that parsing imports no torch must be the packages' own."""
+    from atlas_fast.atlas.softlabels import KINDS
+    from atlas_fast.experiments import common, theorem1_kappa
+    from atlas_fast.sweep import EXECUTORS
+
+    assert common.EXECUTORS == EXECUTORS and theorem1_kappa.KINDS == KINDS
 
 
 def test_the_train_flags_offer_the_atlas_packages_variants():

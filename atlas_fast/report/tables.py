@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from atlas_fast.engine.evaluate import harmonic_mean
-from atlas_fast.atlas.variants import row_label, run_label
 from atlas_fast.report.stats import PairedDifference, interval_note, paired_by_seed
+
+# The engine and the ATLaS package (torch) are imported by the functions that need them, so that importing this
+# module (as the experiment modules do to build their command line) stays light.
 
 
 def method_name(method: str) -> str:
@@ -38,6 +39,8 @@ def method_name(method: str) -> str:
 def variant_label(config: dict[str, Any]) -> str:
     """How the paper names a run's variant: ``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``, ``+ soft + y (ISL)``, ``+ OLS``...
     (the period K is not part of the name: pass another ``label`` function to tables that vary it)."""
+    from atlas_fast.atlas.variants import row_label
+
     soft = (config.get("soft_labels") or {}).get("kind")
     return row_label(config["schedule"], soft) or method_name(config["method"])
 
@@ -45,6 +48,8 @@ def variant_label(config: dict[str, Any]) -> str:
 def strategy_label(config: dict[str, Any]) -> str:
     """Names of the label-smoothing strategies compared in the paper's curves (Fig. 1, the SUN397 figure): soft
     labels every epoch (ATLaS period K = 1) are ``+ LS`` / ``+ CSL`` / ``+ ISL``, alternating ones ``+ ATLaS...``."""
+    from atlas_fast.atlas.variants import row_label
+
     soft = (config.get("soft_labels") or {}).get("kind")
     return row_label(config["schedule"], soft, every_epoch_names=True) or method_name(config["method"])
 
@@ -53,6 +58,7 @@ def run_name(config: dict[str, Any]) -> str:
     """A run as the ``train`` command's lines and summary name it: :func:`~atlas_fast.atlas.variants.run_label`
     (``coop+ATLaS-ISL (K=2)``) and what the run changes from the recipe and the paper's presets
     (:func:`~atlas_fast.engine.deviations.deviation_note`, e.g. `` [θ=0.3, epochs=2]``)."""
+    from atlas_fast.atlas.variants import run_label
     from atlas_fast.engine.deviations import deviation_note
 
     label = run_label(config["method"], config["schedule"], (config.get("soft_labels") or {}).get("kind"))
@@ -63,6 +69,8 @@ def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], re
     """What ``atlas-fast train`` prints: a line per run (its metrics, zero-shot CLIP's and the record's path), then a
     Markdown table of the mean ± population std over seeds per method (± with several seeds; H of the mean base and
     new, as the papers' tables, without ±)."""
+    from atlas_fast.engine.evaluate import harmonic_mean
+
     lines, table = [], []
     for method in methods:
         runs = [r for r in records if r["config"]["method"] == method]
@@ -130,6 +138,8 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
     present. ``spread`` is the population std over seeds (CoOp's ``parse_test_res``), averaged over datasets.
     With ``by_method`` each method's records form a block of rows (the paper's Table III: CoOp, + ATLaS, ...,
     CoCoOp, + ATLaS, ...), compared with that block's first row."""
+    from atlas_fast.engine.evaluate import harmonic_mean
+
     if by_method:
         per_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for record in records:
@@ -163,6 +173,8 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
 def _per_seed_means(per_dataset: dict[str, dict[int, dict[str, float]]], metrics: Sequence[str]
                     ) -> dict[str, dict[int, float]]:
     """Metric -> seed -> mean over the datasets, for the seeds every dataset has; H from the seed's base and new."""
+    from atlas_fast.engine.evaluate import harmonic_mean
+
     seeds = sorted(set.intersection(*(set(d) for d in per_dataset.values())))
     values = {m: {s: statistics.fmean(d[s][m] for d in per_dataset.values()) for s in seeds} for m in metrics}
     if "base" in values and "new" in values:
