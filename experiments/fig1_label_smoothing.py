@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
-from atlas_fast.report.tables import epoch_curves, plot_curves, strategy_label
+from atlas_fast.report.tables import deviation_marks, deviation_sentences, epoch_curves, plot_curves, strategy_label
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 if TYPE_CHECKING:
@@ -41,16 +41,23 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
                         variants(), args.seeds)
 
 
-def curve_table(curves: dict[str, list[float]], metric: str) -> str:
-    """Final and best accuracy (and the best epoch) of each curve."""
+def curve_table(records: list[dict], metric: str) -> str:
+    """Final and best accuracy (and the best epoch) of each strategy's curve (mean over seeds), marked with what its
+    runs change from the recipe and the paper's presets (K = 1 is in the name: ``+ LS`` is LS every epoch)."""
+    curves = epoch_curves(records, metric, strategy_label)
+    runs: dict[str, list[dict]] = {}
+    for record in records:
+        runs.setdefault(strategy_label(record["config"]), []).append(record)
+    table_note, marks = deviation_marks(runs, leave_out={"schedule.period"})
     lines = [f"| Method | final {metric} | best {metric} | best epoch |", "|---|---:|---:|---:|"]
     for name, values in curves.items():
         best = max(range(len(values)), key=values.__getitem__)
-        lines.append(f"| {name} | {values[-1]:.2f} | {values[best]:.2f} | {best + 1} |")
-    return "\n".join(lines)
+        lines.append(f"| {name}{marks[name]} | {values[-1]:.2f} | {values[best]:.2f} | {best + 1} |")
+    sentences = deviation_sentences(table_note, marks.values(), in_title=False)
+    return "\n".join(lines + (["", "; ".join(sentences) + "."] if sentences else []))
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    table = curve_table(epoch_curves(records, "new", strategy_label), "new")
+    table = curve_table(records, "new")
     plot_curves(records, Path(args.out) / "fig1_label_smoothing.png", "new", strategy_label)
     return publish(args.out, "fig1_label_smoothing.md", table)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.experiments.fig1_label_smoothing import curve_table
-from atlas_fast.report.tables import epoch_curves, plot_curves, strategy_label
+from atlas_fast.report.tables import plot_curves, strategy_label
 from atlas_fast.world.benchmark import DECLINE_DATASET
 
 if TYPE_CHECKING:
@@ -44,6 +44,6 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    table = curve_table(epoch_curves(records, "new", strategy_label), "new")
+    table = curve_table(records, "new")
     plot_curves(records, Path(args.out) / "fig5_new_class_curves.png", "new", strategy_label, panels=PANELS)
     return publish(args.out, "fig5_new_class_curves.md", table)

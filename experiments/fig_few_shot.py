@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import base_config, chunks, publish
-from atlas_fast.report.tables import aggregate, plot_series
+from atlas_fast.report.tables import aggregate, deviation_marks, deviation_sentences, plot_series, variant_label
+
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
 
@@ -36,10 +37,16 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     for block in chunks(records, len(records) // len(args.shots)):
         for row in aggregate(block, metrics=("all",)):
             curves.setdefault(row.label, []).append(row.metrics["all"])
+    runs: dict[str, list[dict]] = {}
+    for record in records:
+        runs.setdefault(variant_label(record["config"]), []).append(record)
+    table_note, marks = deviation_marks(runs)
     lines = ["| Method | " + " | ".join(f"{k}-shot" for k in args.shots) + " |",
              "|---|" + "---:|" * len(args.shots)]
-    lines += [f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |" for name, values in curves.items()]
-    table = "\n".join(lines)
+    lines += [f"| {name}{marks[name]} | " + " | ".join(f"{v:.2f}" for v in values) + " |"
+              for name, values in curves.items()]
+    sentences = deviation_sentences(table_note, marks.values(), in_title=False)
+    table = "\n".join(lines + (["", "; ".join(sentences) + "."] if sentences else []))
     plot_series(args.shots, curves, Path(args.out) / "fig_few_shot.png", xlabel="shots per class",
                 ylabel=f"accuracy (%), mean of {len(args.datasets)} datasets", log_x=True)
     return publish(args.out, "fig_few_shot.md", table)

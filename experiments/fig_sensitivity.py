@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, chunks, publish
-from atlas_fast.report.tables import aggregate, plot_series
+from atlas_fast.report.tables import aggregate, deviation_marks, deviation_sentences, plot_series
+
 if TYPE_CHECKING:
     from atlas_fast.atlas.variants import LabelVariant
     from atlas_fast.engine import TrainConfig
@@ -26,6 +27,9 @@ GRIDS = {
     "K": ("isl", [1, 2, 3, 4, 5]),
     "w": ("mix", [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]),
 }
+# the config field each parameter sweeps: the table names it in its first column, so its marks leave it out
+SWEPT_FIELDS = {"theta": "soft_labels.theta", "inv_tau_c": "soft_labels.tau_c", "alpha": "soft_labels.alpha",
+                "K": "schedule.period", "w": "soft_labels.w"}
 
 
 def variant(param: str, value: float) -> LabelVariant:
@@ -57,13 +61,17 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     values = _values(args)
     curves: dict[str, list[float]] = {"base": [], "new": [], "H": []}
-    for block in chunks(records, len(records) // len(values)):
+    blocks = chunks(records, len(records) // len(values))
+    for block in blocks:
         (row,) = aggregate(block)
         for metric in curves:
             curves[metric].append(row.metrics[metric])
+    table_note, marks = deviation_marks(dict(enumerate(blocks)), leave_out={SWEPT_FIELDS[args.param]})
     lines = [f"| {args.param} | base | new | H |", "|---:|---:|---:|---:|"]
-    lines += [f"| {v:g} | {b:.2f} | {n:.2f} | {h:.2f} |" for v, b, n, h in zip(values, *curves.values())]
-    table = "\n".join(lines)
+    lines += [f"| {v:g}{marks[i]} | {b:.2f} | {n:.2f} | {h:.2f} |"
+              for i, (v, b, n, h) in enumerate(zip(values, *curves.values()))]
+    sentences = deviation_sentences(table_note, marks.values(), in_title=False)
+    table = "\n".join(lines + (["", "; ".join(sentences) + "."] if sentences else []))
     plot_series(values, curves, Path(args.out) / f"fig_sensitivity_{args.param}.png",
                 xlabel=f"{args.param} ({GRIDS[args.param][0].upper()})", ylabel="accuracy (%)")
     return publish(args.out, f"fig_sensitivity_{args.param}.md", table)

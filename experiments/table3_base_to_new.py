@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, PAPER_METHODS, base_config, method_args, write_table
 from atlas_fast.report.tables import aggregate
+
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
-from atlas_fast.report.tables import variant_label
+from atlas_fast.report.tables import deviation_marks, deviation_sentences, variant_label
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 if TYPE_CHECKING:
@@ -81,7 +81,9 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     import torch
 
     rows: dict[str, dict[str, list[float]]] = {}
+    runs: dict[str, list[dict]] = {}
     for record in records:
+        runs.setdefault(variant_label(record["config"]), []).append(record)
         row = rows.setdefault(variant_label(record["config"]), {"train": [], "soft": [], "infer": [], "H": []})
         timings = record["timings"]
         row["train"].append(timings["train"] / timings.get("batch_runs", 1))
@@ -95,10 +97,13 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
              f"{len(args.seeds)} seed(s)", "",
              "| Method | train s/run | soft labels s | % of training | infer ms/image | H (or all) |",
              "|---|---:|---:|---:|---:|---:|"]
+    table_note, marks = deviation_marks(runs)
+    lines[0] += table_note
     for label, row in rows.items():
         train = statistics.fmean(row["train"])
         soft = row["soft"][0] if row["soft"] else 0.0
-        lines.append(f"| {label} | {train:.2f} | {soft:.3f} | {100 * soft / train:.2f} | "
+        lines.append(f"| {label}{marks[label]} | {train:.2f} | {soft:.3f} | {100 * soft / train:.2f} | "
                      f"{row['infer'][0]:.3f} | {statistics.fmean(row['H']):.2f} |")
-    table = "\n".join(lines)
+    sentences = deviation_sentences(table_note, marks.values(), in_title=False)
+    table = "\n".join(lines + (["", "; ".join(sentences) + "."] if sentences else []))
     return publish(args.out, "table5_cost.md", table)

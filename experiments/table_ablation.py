@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from atlas_fast.experiments.common import BASE_NEW, base_config, write_table
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.report.tables import aggregate, method_name
+
 if TYPE_CHECKING:
     from atlas_fast.atlas.variants import LabelVariant
     from atlas_fast.engine import TrainConfig
@@ -55,4 +56,5 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     title = (f"Ablation of soft labels and alternation ({method_name(args.method)}, base-to-new, "
              f"{len(args.datasets)} datasets)")
-    return write_table(aggregate(records, label=ablation_label), "table_ablation", title, args.out)
+    rows = aggregate(records, label=ablation_label, leave_out={"schedule.period"})  # K = 1 is named in the rows
+    return write_table(rows, "table_ablation", title, args.out)

@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import ELEVEN, PAPER_METHODS, base_config, method_args, publish
-from atlas_fast.report.tables import method_name, variant_label
+from atlas_fast.report.tables import deviation_marks, deviation_sentences, method_name, variant_label
 from atlas_fast.report.stats import interval_note, paired_by_seed
 from atlas_fast.world.benchmark import CROSS_SOURCE, CROSS_TARGETS, DG_TARGETS
 
@@ -52,9 +52,11 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
 
     cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     target_means: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)  # row -> seed -> mean over targets
+    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
         method = record["config"]["method"]
         row = (method_name(method), variant_label(record["config"]))
+        runs[row].append(record)
         cells[row]["source"].append(record["metrics"]["all"])
         accuracies = []
         for target in args.targets:
@@ -69,15 +71,18 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     lines = ["| Method | " + " | ".join(columns) + " | target mean | Δ target mean (95 % CI) |",
              "|---|" + "---:|" * (len(columns) + 2)]
     seeds = 0
+    table_note, marks = deviation_marks(runs)
     for (block, label), per_column in cells.items():
         means = [statistics.fmean(per_column[c]) for c in columns]
         baseline = (block, block)  # a method's plain row is named after the method
         paired = (paired_by_seed(target_means[(block, label)], target_means[baseline])
                   if label != block and baseline in target_means else None)
         seeds = max(seeds, paired.seeds if paired else 0)
-        lines.append(f"| {label} | " + " | ".join(f"{m:.2f}" for m in means)
+        lines.append(f"| {label}{marks[(block, label)]} | " + " | ".join(f"{m:.2f}" for m in means)
                      + f" | {statistics.fmean(means[1:]) if len(means) > 1 else float('nan'):.2f} | "
                      + (paired.cell() if paired else "") + " |")
-    if seeds:
-        lines += ["", interval_note(seeds, "the method's plain row") + "."]
+    notes = ([interval_note(seeds, "the method's plain row")] if seeds else []) + deviation_sentences(
+        table_note, marks.values(), in_title=False)
+    if notes:
+        lines += ["", "; ".join(notes) + "."]
     return publish(args.out, "table_cross_dataset.md", "\n".join(lines))

@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from atlas_fast.report.tables import save_figure, series_figure
+from atlas_fast.report.tables import deviation_marks, deviation_sentences, save_figure, series_figure, variant_label
 from atlas_fast.report.stats import interval_note, paired_by_seed
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 
@@ -91,6 +91,11 @@ def dataset_table(rows: list[dict], records: list[dict], dataset: str) -> str:
     head = (["Soft label", "run", "θ"] + [("κ init" if e == 0 else f"κ @{e}") for e in epochs]
             + ["κ of y_LS (end)", "ATLaS 1−θ/K+θκ/K", "LS 1−θ+θκ", "H of the run", "ΔH vs CoOp (95 % CI)"])
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    runs: dict[str, list[dict]] = {}
+    for record in records:
+        if record["config"]["dataset"] == dataset:
+            runs.setdefault(variant_label(record["config"]), []).append(record)
+    table_note, marks = deviation_marks(runs)
     coop = h.get((dataset, "CoOp"), {})
     for kind in sorted({key[3] for key in kappa}, key=list(KINDS).index):
         run = own_run(kind) if any(key[1] == own_run(kind) for key in kappa) else "CoOp"
@@ -98,7 +103,7 @@ def dataset_table(rows: list[dict], records: list[dict], dataset: str) -> str:
         end = (dataset, run, epochs[-1], kind)
         h_run = h.get((dataset, run), {})
         paired = paired_by_seed(h_run, coop) if run != "CoOp" else None
-        lines.append("| " + " | ".join([NAMES[kind], run, f"{factors['theta'][end]:g}", *cells,
+        lines.append("| " + " | ".join([NAMES[kind], run + marks.get(run, ""), f"{factors['theta'][end]:g}", *cells,
                                         f"{factors['kappa_target'][end]:.3f}", f"{factors['atlas_factor'][end]:.3f}",
                                         f"{factors['ls_factor'][end]:.3f}",
                                         f"{statistics.fmean(h_run.values()):.2f}" if h_run else "",
@@ -110,8 +115,8 @@ def dataset_table(rows: list[dict], records: list[dict], dataset: str) -> str:
              "and mix (they replace the smoothing epoch's target, so ŷ is the soft label itself)",
              "factors at the run's end",
              f"at CoOp's final context: {', '.join(coop_end)}" if coop_end else "",
-             interval_note(len(seeds), "CoOp")]
-    title = f"**κ of Theorem 1 on {dataset} (CoOp, base-to-new, the paper's presets)**"
+             interval_note(len(seeds), "CoOp"), *deviation_sentences(table_note, marks.values())]
+    title = f"**κ of Theorem 1 on {dataset} (CoOp, base-to-new, the paper's presets){table_note}**"
     return "\n".join([title, "", *lines, "", "; ".join(n for n in notes if n) + "."])
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.errors import UsageError
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
+
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
 
@@ -54,19 +55,22 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.engine.evaluate import harmonic_mean
-    from atlas_fast.report.tables import variant_label
+    from atlas_fast.report.tables import deviation_marks, deviation_sentences, variant_label
     from atlas_fast.report.stats import interval_note, paired_by_seed
 
     # (views, variant) -> dataset -> metric -> per-seed values
     cells: dict[tuple[str, str], dict[str, dict[str, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
+    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
         key = (_views_label(record), variant_label(record["config"]))
+        runs[key].append(record)
         for metric in ("base", "new"):
             cells[key][record["config"]["dataset"]][metric].append(record["metrics"][metric])
         cells[key][record["config"]["dataset"]]["seed"].append(record["config"]["seed"])
+    table_note, marks = deviation_marks(runs, leave_out={"views"})  # V is the table's first column
     lines = [f"**Cached views per image (V) vs one fresh view per epoch: base-to-new, {', '.join(args.datasets)}, "
-             f"mean ± std over seeds {', '.join(map(str, args.seeds))}**", ""]
+             f"mean ± std over seeds {', '.join(map(str, args.seeds))}{table_note}**", ""]
     for dataset in args.datasets:
         lines += [f"*{dataset}*", "", "| V | Method | base | new | H | H vs V = epochs | ΔH paired (95 % CI) |",
                   "|---|---|---:|---:|---:|---:|---:|"]
@@ -87,11 +91,15 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
             paired = (paired_by_seed(h_by_seed[(views, label)], h_by_seed[ref_key])
                       if change and ref_key is not None else None)
             seeds = max(seeds, paired.seeds if paired else 0)
-            lines.append(f"| {views} | {label} | {_mean_std(base)} | {_mean_std(new)} | {_mean_std(hs)} | {change} | "
+            lines.append(f"| {views} | {label}{marks[(views, label)]} | {_mean_std(base)} | {_mean_std(new)} | "
+                         f"{_mean_std(hs)} | {change} | "
                          + (paired.cell() if paired else "") + " |")
         if seeds:
             lines += ["", interval_note(seeds, "the same variant with one view per epoch") + "."]
         lines.append("")
+    sentences = deviation_sentences(table_note, marks.values())
+    if sentences:
+        lines.append("; ".join(sentences) + ".")
     return publish(args.out, "views_study.md", "\n".join(lines).rstrip())
 
 

@@ -54,6 +54,75 @@ def test_table3_module_writes_markdown_latex_and_plot(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in records} == before
 
 
+def _at_the_recipe(record, **soft):
+    """The record as if its run had followed its method's recipe and the paper's presets (views = epochs, 16 shots,
+    ViT-B/16), with the soft-label values ``soft`` changed."""
+    import dataclasses
+
+    from atlas_fast.methods import METHODS
+
+    c = record["config"]
+    _, recipe = METHODS[c["method"]].recipe(c["recipe_family"], c["setting"], c["shots"], c["dataset"])
+    config = {**c, "recipe": dataclasses.asdict(recipe), "views": recipe.epochs,
+              "backbone": {**c["backbone"], "model": "ViT-B-16"}}
+    if soft:
+        config["soft_labels"] = {**c["soft_labels"], **soft}
+    return {**record, "config": config}
+
+
+def test_experiment_tables_mark_what_their_runs_change_from_the_recipe(tmp_path):
+    """Table III of runs shortened to 2 epochs on the tiny backbone says so after its title (Markdown, LaTeX caption)
+    and in every CSV line, in the words of ``atlas-fast report``; a row whose runs change more (θ) is marked after its
+    name; runs at the recipe and the paper's presets are not marked at all."""
+    import csv
+
+    from atlas_fast.experiments.common import build_parser
+    from atlas_fast.sweep import run_configs
+
+    data_root = tmp_path / "data"
+    make_oxford_pets(data_root, n_classes=4, n_train=4, n_val=2, n_test=3, size=32)
+    argv = ["--data-root", str(data_root), "--datasets", "OxfordPets", "--model", "atlas-tiny", "--pretrained", "none",
+            "--seeds", "1", "--epochs", "2", "--cache-root", str(tmp_path / "cache"), "--results-dir",
+            str(tmp_path / "results"), "--out", str(tmp_path / "out"), "--methods", "coop"]
+    table = run_experiment(table3_base_to_new, argv)
+    out = tmp_path / "out"
+
+    def outputs():
+        tex = (out / "table3_base_to_new.tex").read_text()
+        caption = next(line for line in tex.splitlines() if r"\caption" in line)
+        with open(out / "table3_base_to_new.csv", newline="") as f:
+            variants = [line["variant"] for line in csv.DictReader(f)]
+        return (out / "table3_base_to_new.md").read_text(), tex, caption, variants
+
+    shortened = " [epochs=2, backbone=atlas-tiny]"
+    markdown, tex, caption, variants = outputs()
+    assert markdown == table + "\n"
+    assert markdown.startswith(f"**Base-to-new with ATLaS (mean over 1 datasets, 1 seeds){shortened}**")
+    assert ("[...] after the title: what every run of the table changes from its method's recipe or the paper's "
+            "presets.") in markdown
+    assert f"1 seeds).{shortened}: what every run of the table changes from its method's recipe" in caption
+    assert variants == [f"{name}{shortened}" for name in ("CoOp", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL")]
+
+    args = build_parser(table3_base_to_new).parse_args(argv)
+    records = run_configs(table3_base_to_new.plan(args), progress=False)  # finished: read back, in plan order
+    assert all(r.get("skipped") for r in records)
+    at_recipe = [_at_the_recipe(r) for r in records]
+    markdown = table3_base_to_new.report(args, at_recipe)
+    _, tex, caption, variants = outputs()
+    assert "[" not in markdown.splitlines()[0] and "recipe or the paper's presets" not in markdown
+    assert "[" not in caption and "recipe or the paper's presets" not in tex
+    assert variants == ["CoOp", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL"]
+
+    theta = [_at_the_recipe(r, theta=0.3) if r["config"]["soft_labels"] and r["config"]["soft_labels"]["kind"] == "isl"
+             else r for r in at_recipe]
+    markdown = table3_base_to_new.report(args, theta)
+    _, tex, caption, variants = outputs()
+    assert "| + ATLaS-ISL [θ=0.3] | " in markdown and "| + ATLaS-CSL | " in markdown
+    assert "[...] after a row's name: what its runs change from the method's recipe or the paper's presets" in markdown
+    assert r"+ ATLaS-ISL [$\theta$=0.3] &" in tex and "after a row's name" in caption
+    assert variants[-1] == "+ ATLaS-ISL [θ=0.3]" and variants[:3] == ["CoOp", "+ ATLaS", "+ ATLaS-CSL"]
+
+
 def test_ablation_rows_are_named_like_the_paper():
     assert [table_ablation.ablation_label(_config(v)) for v in table_ablation.variants()] == [
         "CoOp (baseline)", "+ vanilla LS", "+ vanilla LS + y", "+ ATLaS", "+ CSL", "+ CSL + y", "+ ATLaS-CSL",
@@ -123,7 +192,7 @@ def test_table3_has_ivlp_and_maple_blocks_and_the_appendix_a_promptsrc_block(tmp
     variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
     assert rows == ["| IVLP", *variants, "| MaPLe", *variants]
     table = run_experiment(table_a_per_dataset, args + ["--methods", "maple", "promptsrc", *options])
-    average = table.split("\n\n**OxfordPets**")[0]
+    average = table.split("\n\n**OxfordPets")[0]  # the title goes on with what every run changes
     rows = [line.split(" | ")[0] for line in average.splitlines() if line.startswith("| ")][1:]
     assert rows == ["| MaPLe", *variants, "| PromptSRC", *variants]
 
@@ -184,11 +253,11 @@ def test_fig1_and_new_class_curves_plot_per_epoch_new_accuracy(world, tmp_path):
     from atlas_fast.experiments import fig1_label_smoothing, fig5_new_class_curves
 
     table = run_experiment(fig1_label_smoothing, _world_args(world, tmp_path))
-    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:] if line.startswith("| ")] == [
         "| CoOp", "| + LS", "| + TF-KD", "| + OLS", "| + ATLaS"]
     assert (tmp_path / "out" / "fig1_label_smoothing.png").stat().st_size > 0
     table = run_experiment(fig5_new_class_curves, _world_args(world, tmp_path))
-    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:] if line.startswith("| ")] == [
         "| CoOp", "| + LS", "| + ATLaS", "| + CSL", "| + ATLaS-CSL", "| + ISL", "| + ATLaS-ISL"]
     assert (tmp_path / "out" / "fig5_new_class_curves.png").stat().st_size > 0
     records = list((tmp_path / "results" / "WorldSketches").glob("*.json"))
@@ -220,7 +289,7 @@ def test_per_dataset_tables_follow_the_average(world, tmp_path):
     from atlas_fast.experiments import table_a_per_dataset
 
     text = run_experiment(table_a_per_dataset, _world_args(world, tmp_path, "--methods", "coop", "cocoop"))
-    assert text.index("**Average over 1 datasets**") < text.index("**WorldSketches**")
+    assert text.index("**Average over 1 datasets") < text.index("**WorldSketches")
     assert (tmp_path / "out" / "table_a_per_dataset.tex").stat().st_size > 0
 
 
@@ -290,3 +359,7 @@ def test_every_experiment_module_runs_on_the_world(name, world_flag_root, tmp_pa
         assert "| CSL |" in text and "| ISL |" in text and not records
     else:
         assert records and all("atlas-world" in p.read_text() for p in records)
+        # every table says that its runs are shortened to 2 epochs (after its title or its rows' names) and explains
+        assert "epochs=2" in text and "recipe or the paper's presets" in text
+    if name in ("fig_sensitivity", "views_study"):  # what the table sweeps (K, V) is its first column, not a mark
+        assert ("K=" if name == "fig_sensitivity" else "views=") not in text

@@ -12,13 +12,16 @@ a run's *described* configuration (``RunSpec.described``, which a record stores 
 
 Only printed text uses it: names, keys and metrics of runs are unchanged. The keys are the record's dotted config
 fields (``soft_labels.theta``, ``recipe.epochs``, ``schedule.period``...), so a report that already names a field
-in its row (a sweep over α) can leave it out here.
+in its row (a sweep over α) can leave it out here. ``atlas-fast report`` marks each row's name
+(:func:`deviation_note`); the experiment modules' tables mark what all their rows change alike once, after the
+title, and the rest after each row's name (:func:`table_marks`); :func:`deviation_legend` is the sentence below
+both.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 # The paper's shots in the settings whose tables are not per shot count, and its backbone.
 PAPER_SHOTS = 16
@@ -88,8 +91,43 @@ def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
     return {key: f"{PRINTED_NAMES[key]}={_text(value)}" for key, value in found.items()}
 
 
+def _note(items: Iterable[str]) -> str:
+    items = list(items)
+    return f" [{', '.join(items)}]" if items else ""
+
+
 def deviation_note(config: Mapping[str, Any], leave_out: Collection[str] = ()) -> str:
     """`` [θ=0.3, epochs=2]``: :func:`run_deviations` as a label's suffix (empty when the run follows the recipe
     and presets), without the fields ``leave_out`` (ones the label already names)."""
-    items = [text for key, text in run_deviations(config).items() if key not in leave_out]
-    return f" [{', '.join(items)}]" if items else ""
+    return _note(text for key, text in run_deviations(config).items() if key not in leave_out)
+
+
+Deviations = tuple[tuple[str, str], ...]  # (dotted field, printed ``name=value``) pairs, each once
+
+
+def runs_deviations(configs: Iterable[Mapping[str, Any]], leave_out: Collection[str] = ()) -> Deviations:
+    """What the runs of one table row change (:func:`run_deviations` of each, first seen first; a field whose runs
+    differ, e.g. per-dataset recipes, is listed with each value), without the fields ``leave_out``."""
+    found: dict[tuple[str, str], None] = {}
+    for config in configs:
+        found.update({(key, text): None for key, text in run_deviations(config).items() if key not in leave_out})
+    return tuple(found)
+
+
+def table_marks(rows: Sequence[Deviations]) -> tuple[str, list[str]]:
+    """The marks of a table whose rows' runs change ``rows`` (:func:`runs_deviations` per row): what every row
+    changes alike, once for the table (`` [epochs=2, backbone=atlas-tiny]``, for its title), and per row the rest
+    as the suffix of its name (`` [θ=0.3]``); both empty where nothing differs from the recipes and presets."""
+    shared = [item for item in rows[0] if all(item in row for row in rows[1:])] if rows else []
+    own = [_note(text for key, text in row if (key, text) not in shared) for row in rows]
+    return _note(text for _, text in shared), own
+
+
+def deviation_legend(table_note: str = "", in_title: bool = False) -> str:
+    """The sentence that explains the marks: of rows (``[...] after a row's name: ...``) or, given the mark a whole
+    table shares (:func:`table_marks`), of that table (naming it, or pointing at the title that shows it)."""
+    if not table_note:
+        return ("[...] after a row's name: what its runs change from the method's recipe or the paper's presets (θ, "
+                "τ_c, α, δ, K, epochs, batch, lr, shots, views, backbone)")
+    where = "[...] after the title" if in_title else table_note.strip()
+    return f"{where}: what every run of the table changes from its method's recipe or the paper's presets"

@@ -237,7 +237,8 @@ def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None
         return [], [], f"none of the metrics {', '.join(wanted)} is in every record of this table"
 
     def rows_of(subset: Sequence[dict[str, Any]], group: str) -> list:
-        rows = aggregate(subset, needed, label=lambda c: c["_label"], by_method=True)
+        # the labels carry each row's marks already (label_records): none added by aggregate
+        rows = aggregate(subset, needed, label=lambda c: c["_label"], by_method=True, deviations=False)
         for row in rows:
             row.group = group
             row.metrics = {m: row.metrics[m] for m in columns}
@@ -277,6 +278,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     new accuracies. ``paths``: only these record files (relative to ``results_dir``). Beside the tables,
     ``sources.json`` names every record a cell was computed from, with its seal (what :func:`verify_report`
     checks). Raises ``ValueError`` when no finished record matches."""
+    from atlas_fast.engine.deviations import deviation_legend
     from atlas_fast.report.tables import (display_label, latex_label, latex_table, markdown_table, paired_csv_fields,
                                           paired_differences, plot_rows, plot_series)
 
@@ -307,8 +309,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
                 f"{len(records)} finished run(s): {len(used_datasets)} dataset(s), "
                 f"method(s) {', '.join(used_methods)}."]
     if any(" [" in r["label"] for r in records):
-        markdown += ["", "[...] after a row's name: what its runs change from the method's recipe or the paper's "
-                        "presets (θ, τ_c, α, δ, K, epochs, batch, lr, shots, views, backbone)."]
+        markdown += ["", deviation_legend() + "."]
     latex: list[str] = []
     csv_lines: list[dict[str, Any]] = []
     plots: list[tuple[str, Any]] = []

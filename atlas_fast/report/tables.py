@@ -20,7 +20,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Collection, Hashable, Iterable, Mapping, Sequence
 
 from atlas_fast.report.stats import PairedDifference, interval_note, paired_by_seed
 
@@ -130,14 +130,21 @@ class TableRow:
     group: str = ""  # rows of one dataset (or "Average") share a group; blocks are compared within their group
     # metric -> seed -> value (mean over the row's datasets; H from that seed's base and new): what pairs rows by seed
     per_seed: dict[str, dict[int, float]] = field(default_factory=dict)
+    # what the row's runs change from their method's recipe and the paper's presets
+    # (:func:`atlas_fast.engine.deviations.runs_deviations`): the tables mark the row, or the table, with it
+    deviations: tuple[tuple[str, str], ...] = ()
 
 
 def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base", "new"),
-              label=variant_label, by_method: bool = False) -> list[TableRow]:
+              label=variant_label, by_method: bool = False, deviations: bool = True,
+              leave_out: Collection[str] = ()) -> list[TableRow]:
     """Group records by variant label (first-seen order) and average as the papers do; adds H when base and new are
     present. ``spread`` is the population std over seeds (CoOp's ``parse_test_res``), averaged over datasets.
     With ``by_method`` each method's records form a block of rows (the paper's Table III: CoOp, + ATLaS, ...,
-    CoCoOp, + ATLaS, ...), compared with that block's first row."""
+    CoCoOp, + ATLaS, ...), compared with that block's first row. Each row keeps what its runs change from the
+    recipes and presets (``deviations=False``: nothing, for labels that say it already), without the fields
+    ``leave_out`` (ones the labels name, e.g. a swept α)."""
+    from atlas_fast.engine.deviations import runs_deviations
     from atlas_fast.engine.evaluate import harmonic_mean
 
     if by_method:
@@ -146,14 +153,16 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
             per_method[record["config"]["method"]].append(record)
         rows = []
         for method, group in per_method.items():
-            for row in aggregate(group, metrics, label):
+            for row in aggregate(group, metrics, label, deviations=deviations, leave_out=leave_out):
                 row.block = method_name(method)
                 rows.append(row)
         return rows
     groups: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     seed_values: dict[str, dict[str, dict[int, dict[str, float]]]] = defaultdict(lambda: defaultdict(dict))
+    configs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         variant = label(record["config"])
+        configs[variant].append(record["config"])
         dataset = record["config"]["dataset"]
         for name in metrics:
             groups[variant][dataset][name].append(float(record["metrics"][name]))
@@ -166,8 +175,37 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
             means["H"] = harmonic_mean(means["base"], means["new"])
         seeds = min(len(next(iter(d.values()))) for d in per_dataset.values())
         rows.append(TableRow(variant, means, spread, seeds, tuple(per_dataset),
-                             per_seed=_per_seed_means(seed_values[variant], metrics)))
+                             per_seed=_per_seed_means(seed_values[variant], metrics),
+                             deviations=runs_deviations(configs[variant], leave_out) if deviations else ()))
     return rows
+
+
+def deviation_marks(rows: Mapping[Hashable, Sequence[dict[str, Any]]], leave_out: Collection[str] = ()
+                    ) -> tuple[str, dict[Hashable, str]]:
+    """The marks of a table that is not made of :class:`TableRow` s, given each printed row's records: what all its
+    rows' runs change alike from their recipes and presets, once for the table (`` [epochs=2]``, after its title),
+    and per row the rest (after its name), without the fields ``leave_out``
+    (:func:`atlas_fast.engine.deviations.table_marks`); :func:`deviation_sentences` explains them."""
+    from atlas_fast.engine.deviations import runs_deviations, table_marks
+
+    table_note, marks = table_marks([runs_deviations((r["config"] for r in records), leave_out)
+                                     for records in rows.values()])
+    return table_note, dict(zip(rows, marks))
+
+
+def deviation_sentences(table_note: str, row_marks: Iterable[str], in_title: bool = True) -> list[str]:
+    """The sentences below a table that explain its marks (none when nothing is marked); ``in_title``: the title
+    shows ``table_note`` (else the sentence names it)."""
+    from atlas_fast.engine.deviations import deviation_legend
+
+    return ([deviation_legend(table_note, in_title)] if table_note else []) + (
+        [deviation_legend()] if any(row_marks) else [])
+
+
+def _row_marks(rows: Sequence[TableRow]) -> tuple[str, list[str]]:
+    from atlas_fast.engine.deviations import table_marks
+
+    return table_marks([row.deviations for row in rows])
 
 
 def _per_seed_means(per_dataset: dict[str, dict[int, dict[str, float]]], metrics: Sequence[str]
@@ -270,8 +308,9 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
     cols = _columns(rows)
     grouped = any(row.group for row in rows)
     paired_head, paired, paired_note = _paired_column(rows, baseline)
+    table_note, marks = _row_marks(rows)
     heads = cols + ([paired_head] if paired_head else [])
-    lines = [f"**{title}**", ""] if title else []
+    lines = [f"**{title}{table_note}**", ""] if title else []
     lines.append(("| Dataset " if grouped else "") + "| Method | " + " | ".join(heads) + " |")
     lines.append(("|---" if grouped else "") + "|---|" + "---:|" * len(heads))
     for i, (row, ref) in enumerate(zip(rows, _references(rows, baseline))):
@@ -285,7 +324,7 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
             cells.append(cell)
         if paired_head:
             cells.append(paired[i].cell() if paired[i] is not None else "")
-        lines.append((f"| {row.group} " if grouped else "") + f"| {row.label} | " + " | ".join(cells) + " |")
+        lines.append((f"| {row.group} " if grouped else "") + f"| {row.label}{marks[i]} | " + " | ".join(cells) + " |")
     datasets = sorted({d for r in rows for d in r.datasets})
     notes = [f"Mean over {_seed_note(rows)} per dataset"
              + (f", then over {len(datasets)} datasets" if len(datasets) > 1 and not grouped else "")
@@ -299,6 +338,7 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
         notes.append("(change) against the first row of the method's block")
     if paired_note:
         notes.append(paired_note)
+    notes += deviation_sentences(table_note, marks, in_title=bool(title))
     lines += ["", "; ".join(notes) + "."]
     return "\n".join(lines)
 
@@ -328,6 +368,10 @@ def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, 
     cols = _columns(rows)
     grouped = any(row.group for row in rows)
     best = best_cells(rows)
+    table_note, marks = _row_marks(rows)
+    full_caption = caption
+    for sentence in deviation_sentences(table_note, marks, in_title=False):  # the caption explains the marks
+        full_caption = (full_caption.rstrip(".") + ". " if full_caption else "") + sentence + "."
     paired_head, paired, _ = _paired_column(rows, baseline)
     body = []
     previous: tuple[str, str] | None = None
@@ -352,12 +396,12 @@ def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, 
             body.append(r"    \midrule")
         previous = key
         lead = (latex_escape(row.group) if first_of_group else "") + " & " if grouped else ""
-        body.append(f"    {lead}{latex_escape(row.label)} & " + " & ".join(cells) + r" \\")
+        body.append(f"    {lead}{latex_escape(row.label + marks[i])} & " + " & ".join(cells) + r" \\")
     heads = cols + ([paired_head] if paired_head else [])
     head = ("Dataset & " if grouped else "") + "Method & " + " & ".join(latex_escape(c) for c in heads) + r" \\"
     return "\n".join([
         r"% Requires \usepackage{booktabs} in the preamble.",
-        r"\begin{table}[t]", r"  \centering", f"  \\caption{{{latex_escape(caption)}}}",
+        r"\begin{table}[t]", r"  \centering", f"  \\caption{{{latex_escape(full_caption)}}}",
         f"  \\label{{{label if label and label.startswith('tab:') else latex_label(label or caption)}}}",
         r"  \begin{tabular}{" + ("ll" if grouped else "l") + "c" * len(heads) + "}", r"    \toprule",
         f"    {head}", r"    \midrule", *body, r"    \bottomrule",
@@ -378,11 +422,15 @@ CSV_FIELDS = ("group", "method", "variant", "seeds", "datasets")
 
 def csv_lines(rows: Sequence[TableRow], baseline: int = 0) -> list[dict[str, Any]]:
     """One dict per row for a CSV file: every metric's mean and std over seeds, and the last metric's mean paired
-    difference to the row it is compared with, its 95 % interval and the seeds it rests on (empty where none)."""
+    difference to the row it is compared with, its 95 % interval and the seeds it rests on (empty where none). A
+    row's variant is marked with all its runs change from the recipes and presets (a CSV line stands alone)."""
+    from atlas_fast.engine.deviations import table_marks
+
     cols = _columns(rows)
     lines = []
     for row, paired in zip(rows, paired_differences(rows, baseline)):
-        line: dict[str, Any] = {"group": row.group, "method": row.block, "variant": row.label, "seeds": row.seeds,
+        variant = row.label + table_marks([row.deviations])[0]
+        line: dict[str, Any] = {"group": row.group, "method": row.block, "variant": variant, "seeds": row.seeds,
                                 "datasets": len(row.datasets)}
         for c in cols:
             line[c] = f"{row.metrics[c]:.4f}"
