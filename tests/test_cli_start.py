@@ -66,7 +66,8 @@ def test_every_experiments_help_does_not_import_torch():
 def test_python_m_experiments_help_does_not_import_torch():
     probe = ("import runpy, sys\nsys.argv = ['x', 'fig_sensitivity', '--help']\ntry:\n"
              "    runpy.run_module('atlas_fast.experiments', run_name='__main__')\nexcept SystemExit as exc:\n"
-             "    status = exc.code\nheavy = sorted(m for m in ('torch', 'open_clip', 'h5py', 'faiss') if m in sys.modules)\n"
+             "    status = exc.code\n"
+             "heavy = sorted(m for m in ('torch', 'open_clip', 'h5py', 'faiss') if m in sys.modules)\n"
              "print('HEAVY', ','.join(heavy) or '-', 'STATUS', status)\n")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "--param" in result.stdout and "HEAVY - STATUS 0" in result.stdout, (result.stdout[-500:],

@@ -11,7 +11,7 @@ import pytest
 from helpers import small_pets, tiny_pets_config
 
 from atlas_fast.atlas.variants import atlas_variant
-from atlas_fast.engine.deviations import deviation_note, run_deviations
+from atlas_fast.engine.deviations import deviation_note, run_deviations, runs_deviations, table_marks
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +78,26 @@ def test_deviations_compare_with_the_methods_recipe_and_the_papers_presets(mixed
              "schedule": {"name": "atlas", "period": 1}}
     assert deviation_note(other) == " [θ=0.3, α=0.5, K=1]"
     assert deviation_note(other, leave_out={"soft_labels.alpha"}) == " [θ=0.3, K=1]"
+
+
+def test_a_tables_marks_say_once_what_every_row_changes_and_the_rest_per_row(mixed_sweep):
+    """The experiment tables' marks: a row's runs' deviations (each once, a field whose runs differ with each value),
+    what every row shares on the table, the rest on the row; nothing shared or nothing at all: nothing on the table."""
+    _, records = mixed_sweep
+    config = json.loads(json.dumps(records[0]["config"]))
+    full = {**config, "recipe": {**config["recipe"], "epochs": 100, "batch_size": 128, "lr": 0.002}, "views": 100,
+            "shots": 16, "backbone": {**config["backbone"], "model": "ViT-B-16"}}  # KgCoOp's recipe, the paper's rest
+    short = {**full, "recipe": {**full["recipe"], "epochs": 10}, "views": 10}
+    theta = {**short, "soft_labels": {**short["soft_labels"], "theta": 0.3}}
+    assert runs_deviations([full, full]) == ()
+    assert runs_deviations([full, short, theta]) == (("recipe.epochs", "epochs=10"), ("soft_labels.theta", "θ=0.3"))
+    assert runs_deviations([theta, {**short, "recipe": {**short["recipe"], "epochs": 5}, "views": 5}],
+                           leave_out={"soft_labels.theta"}) == (("recipe.epochs", "epochs=10"),
+                                                                ("recipe.epochs", "epochs=5"))
+    rows = [runs_deviations([short]), runs_deviations([theta])]
+    assert table_marks(rows) == (" [epochs=10]", ["", " [θ=0.3]"])
+    assert table_marks([runs_deviations([full]), *rows]) == ("", ["", " [epochs=10]", " [θ=0.3, epochs=10]"])
+    assert table_marks([()]) == ("", [""]) and table_marks([]) == ("", [])
 
 
 def test_theta_is_in_run_lines_dry_run_lines_and_the_train_summary(mixed_sweep):
