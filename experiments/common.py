@@ -21,12 +21,12 @@ from atlas_fast.app.options import (add_download, add_method_options, add_method
                                     add_workers, apply_download, check_range, method_options, WORLD_BACKBONE)
 from atlas_fast.data.check import require_layouts
 from atlas_fast.errors import UsageError
+from atlas_fast.report.tables import TableRow, latex_label, latex_table, markdown_table, plot_rows, write_csv
 
-# The engine, the sweep and the tables (torch) are imported where runs are planned, trained and reported, so that an
+# The engine and the sweep (torch) are imported where runs are planned, trained and reported, so that an
 # experiment's --help and argument errors answer at once (tests/test_cli_start.py).
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
-    from atlas_fast.report.tables import TableRow
     from atlas_fast.sweep import Execution
 
 # --executor's choices: atlas_fast.sweep's EXECUTORS, spelled here so that parsing imports no torch (a test checks
@@ -252,8 +252,6 @@ def write_table(rows: Sequence[TableRow], name: str, title: str, out: str | Path
     """Write ``<out>/<name>.{md,tex,csv,png,pdf}`` (Markdown, booktabs LaTeX labelled ``tab:<name>``, CSV with the
     paired differences' intervals, bar plot as PNG and PDF), print and return the Markdown. ``title`` heads the
     Markdown and is the LaTeX caption; the plot has none (its caption belongs to the paper)."""
-    from atlas_fast.report.tables import latex_label, latex_table, markdown_table, plot_rows, write_csv
-
     write_text(out, f"{name}.tex", latex_table(rows, caption=title, label=latex_label(name)))
     write_csv(rows, Path(out) / f"{name}.csv")
     plot_rows(rows, Path(out) / f"{name}.png")

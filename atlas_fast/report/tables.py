@@ -4,7 +4,10 @@ Aggregation follows the papers' convention (``docs/protocol.md``, section Evalua
 averaged over seeds; the "average over datasets" row averages those means; H is computed from the averaged base and new
 accuracies (not averaged per-dataset H values). Improvements are given against the row marked as the baseline, and,
 where the rows come from records, as the mean paired difference over seeds with a 95 % t interval
-(:mod:`atlas_fast.report.stats`) in a column of its own (Markdown, LaTeX and CSV).
+(:mod:`atlas_fast.report.stats`) in a column of its own (Markdown, LaTeX and CSV). What the rows' runs change from
+their method's recipe and the paper's presets is marked (:func:`aggregate` keeps it per row): what all rows change
+alike once, after the title or in the caption, the rest after each row's name, every CSV line in full
+(:func:`atlas_fast.engine.deviations.table_marks`).
 
 Outputs are made for a paper: LaTeX with booktabs rules and no vertical ones, ``mean ± std``, a ``\\label`` and the
 best value of each column in bold; figures without a baked-in title (the caption belongs to the paper), fonts of at
