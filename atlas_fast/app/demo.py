@@ -66,7 +66,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
           f"x seeds {', '.join(map(str, config.seeds))}); the feature cache is built on first use")
     records = run_grid(base, config.datasets, variants, config.seeds, progress=progress)
     stage("demo 3/3: the table, plot and verdict")
-    rows = aggregate(records)
+    rows = aggregate(records, leave_out={"backbone.model"})  # the title names the world's CLIP
     zs = _zero_shot_row(records)
     views = "one per epoch" if config.views is None else str(config.views)
     title = (f"Base-to-new on the embedded world ({', '.join(config.datasets)}; atlas-world CLIP; "
