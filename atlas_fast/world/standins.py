@@ -52,8 +52,9 @@ IMAGE_SIZE = 32
 SPLITS = ("train", "val", "test")
 _PROGRESS_MIN_IMAGES = 2_000
 
-#: Where each dataset's images lie, relative to its folder, by split ({folder}: the class's folder or file stem,
-#: {action}: UCF101's CamelCase action, {label}: the label, {n}: a running number over the dataset's images).
+#: Where each dataset's images lie, relative to its folder, by split ("*": every split). {folder}: the class's
+#: on-disk name (folder, wnid, file stem, UCF101's CamelCase action), {name}: its class name, {label}: its label,
+#: {n}: a running number over the dataset's images.
 _PATHS: dict[str, dict[str, str]] = {
     "ImageNet": {"train": "images/train/{folder}/{folder}_{n}.JPEG",
                  "test": "images/val/{folder}/ILSVRC2012_val_{n:08d}.JPEG"},
@@ -62,12 +63,12 @@ _PATHS: dict[str, dict[str, str]] = {
     "StanfordCars": {"train": "cars_train/{n:05d}.jpg", "val": "cars_train/{n:05d}.jpg",
                      "test": "cars_test/{n:05d}.jpg"},
     "OxfordFlowers": {"*": "jpg/image_{n:05d}.jpg"},
-    "Food101": {"*": "images/{folder}/{n:07d}.jpg"},
+    "Food101": {"*": "images/{name}/{n:07d}.jpg"},
     "FGVCAircraft": {"*": "images/{n:07d}.jpg"},
     "SUN397": {"*": "SUN397/{folder}/sun_{n:06d}.jpg"},
-    "DescribableTextures": {"*": "images/{folder}/{folder}_{n:04d}.jpg"},
+    "DescribableTextures": {"*": "images/{name}/{name}_{n:04d}.jpg"},
     "EuroSAT": {"*": "2750/{folder}/{folder}_{n}.jpg"},
-    "UCF101": {"*": "UCF-101-midframes/{folder}/v_{action}_g{n:04d}_c01.jpg"},
+    "UCF101": {"*": "UCF-101-midframes/{name}/v_{folder}_g{n:04d}_c01.jpg"},
     "ImageNetV2": {"test": "imagenetv2-matched-frequency-format-val/{label}/{n}.jpeg"},
     "ImageNetSketch": {"test": "images/{folder}/sketch_{n}.JPEG"},
     "ImageNetA": {"test": "imagenet-a/{folder}/{n:06d}.jpg"},
@@ -163,8 +164,7 @@ def real_classes(name: str) -> list[tuple[str, str]]:
     entry = lists[name]
     if "classes" in entry:
         return [(folder, classname) for folder, classname in entry["classes"]]
-    return [(classname if name in ("Food101", "DescribableTextures") else "", classname)
-            for classname in entry["names"]]
+    return [("", classname) for classname in entry["names"]]
 
 
 def imagenet_classnames() -> list[tuple[str, str]]:
@@ -227,9 +227,7 @@ def _image_paths(plan: StandinPlan) -> dict[str, list[tuple[int, str]]]:
             for _ in range(getattr(cls, split)):
                 n += 1
                 template = templates.get(split, templates.get("*"))
-                action = cls.folder if plan.name == "UCF101" else ""
-                folder = cls.name if plan.name == "UCF101" else cls.folder
-                paths[split].append((label, template.format(folder=folder, action=action, label=label, n=n)))
+                paths[split].append((label, template.format(folder=cls.folder, name=cls.name, label=label, n=n)))
     return paths
 
 
