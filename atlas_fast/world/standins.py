@@ -1,0 +1,418 @@
+"""Stand-ins of the 15 CoOp benchmarks: each dataset in its real on-disk layout, with its real class names, class
+count and split sizes, but small generated images (``atlas-fast data standins``).
+
+What is real: the folder and file layout each reader of :mod:`atlas_fast.data.datasets` expects (split_zhou JSON
+files, ImageNet's ``images/{train,val}/<wnid>/`` with ``classnames.txt``, the variants' folders, FGVC-Aircraft's
+txt files), the class names in label order (``standin_classes.json``, gathered from the datasets' public class
+lists) and the published split sizes (:data:`atlas_fast.data.check.PUBLISHED_SIZES`). What is not: every image is a
+32x32 JPEG drawn from the seed (a colour per class plus noise), so decoding and resizing still happen at the true
+image counts, but no accuracy measured on a stand-in means anything about the real benchmark.
+
+Sizes. Test and val splits are written in full unless a ``test_fraction`` F < 1 is asked for: then a split of
+published size n over K classes holds ``max(K, floor(F * n + 0.5))`` images (every class keeps one). Training sets
+hold ``train_per_class`` images per class (default 16, the most shots the papers use; a class whose published share
+is smaller keeps its share); the full 1.28 M ImageNet training images would be pointless for few-shot runs. Any
+split's images are spread evenly over the classes (the first ``n mod K`` classes get one more).
+
+Each dataset folder gets a ``STANDIN.json`` manifest (the request, the counts written and published, that it is a
+stand-in), written before the first image and marked complete after the last. A complete manifest of the same
+request is skipped; an incomplete one of the same request is completed (images already there are kept: each image
+is written to a hidden temporary name and renamed); a manifest of another request has its folder rewritten. A
+folder that holds files but no manifest is not a stand-in and is never touched. A lock per dataset makes
+concurrent generators safe: the second waits, then finds the dataset done.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from PIL import Image
+
+from atlas_fast.data.check import PUBLISHED_SIZES
+from atlas_fast.data.datasets import BUILTIN_DATASETS, SplitJsonLayout, get_spec
+from atlas_fast.files import atomic_write
+from atlas_fast.progress import progress_bar
+
+MANIFEST = "STANDIN.json"
+MANIFEST_FORMAT = 1
+DEFAULT_TRAIN_PER_CLASS = 16
+IMAGE_SIZE = 32
+SPLITS = ("train", "val", "test")
+_PROGRESS_MIN_IMAGES = 2_000
+
+#: Where each dataset's images lie, relative to its folder, by split ("*": every split). {folder}: the class's
+#: on-disk name (folder, wnid, file stem, UCF101's CamelCase action), {name}: its class name, {label}: its label,
+#: {n}: a running number over the dataset's images.
+_PATHS: dict[str, dict[str, str]] = {
+    "ImageNet": {"train": "images/train/{folder}/{folder}_{n}.JPEG",
+                 "test": "images/val/{folder}/ILSVRC2012_val_{n:08d}.JPEG"},
+    "Caltech101": {"*": "101_ObjectCategories/{folder}/image_{n:04d}.jpg"},
+    "OxfordPets": {"*": "images/{folder}_{n}.jpg"},
+    "StanfordCars": {"train": "cars_train/{n:05d}.jpg", "val": "cars_train/{n:05d}.jpg",
+                     "test": "cars_test/{n:05d}.jpg"},
+    "OxfordFlowers": {"*": "jpg/image_{n:05d}.jpg"},
+    "Food101": {"*": "images/{name}/{n:07d}.jpg"},
+    "FGVCAircraft": {"*": "images/{n:07d}.jpg"},
+    "SUN397": {"*": "SUN397/{folder}/sun_{n:06d}.jpg"},
+    "DescribableTextures": {"*": "images/{name}/{name}_{n:04d}.jpg"},
+    "EuroSAT": {"*": "2750/{folder}/{folder}_{n}.jpg"},
+    "UCF101": {"*": "UCF-101-midframes/{name}/v_{folder}_g{n:04d}_c01.jpg"},
+    "ImageNetV2": {"test": "imagenetv2-matched-frequency-format-val/{label}/{n}.jpeg"},
+    "ImageNetSketch": {"test": "images/{folder}/sketch_{n}.JPEG"},
+    "ImageNetA": {"test": "imagenet-a/{folder}/{n:06d}.jpg"},
+    "ImageNetR": {"test": "imagenet-r/{folder}/art_{n}.jpg"},
+}
+_IMAGENET_FAMILY = ("ImageNet", "ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR")
+
+
+@dataclass(frozen=True)
+class StandinRequest:
+    """What to write: the fraction of each test and val split, training images per class, the images' seed."""
+
+    test_fraction: float = 1.0
+    train_per_class: int = DEFAULT_TRAIN_PER_CLASS
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.test_fraction, bool) or not 0 < self.test_fraction <= 1:
+            raise ValueError(f"test fraction {self.test_fraction!r} is outside the valid range 0 < F <= 1 (F = 1 "
+                             f"writes the published test and val splits in full).")
+        if isinstance(self.train_per_class, bool) or not isinstance(self.train_per_class, int) or \
+                self.train_per_class < 1:
+            raise ValueError(f"training images per class {self.train_per_class!r} must be a whole number >= 1.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed {self.seed!r} must be a whole number >= 0.")
+
+
+@dataclass(frozen=True)
+class StandinClass:
+    """One class: its on-disk name (folder, wnid, file stem; "" where the layout has none), its class name as the
+    reader gives it, and how many images each split holds."""
+
+    folder: str
+    name: str
+    train: int
+    val: int
+    test: int
+
+
+@dataclass(frozen=True)
+class StandinPlan:
+    """Everything written for one dataset, before a file is written."""
+
+    name: str
+    folder: str
+    request: StandinRequest
+    classes: tuple[StandinClass, ...]
+
+    def counts(self) -> dict[str, int]:
+        """Classes and images per split, as the dataset's reader will count them (no val split where CoOp has
+        none)."""
+        published = PUBLISHED_SIZES[self.name]
+        counts = {"classes": len(self.classes)}
+        for split in SPLITS:
+            if getattr(published, split) is not None:
+                counts[split] = sum(getattr(c, split) for c in self.classes)
+        return counts
+
+    def images(self) -> int:
+        return sum(c.train + c.val + c.test for c in self.classes)
+
+
+@dataclass(frozen=True)
+class StandinResult:
+    """What :func:`write_standin` did: ``written``, ``skipped`` (complete for this request), ``completed`` (an
+    interrupted run of this request finished) or ``rewritten`` (a stand-in of another request replaced)."""
+
+    plan: StandinPlan
+    action: str
+    dataset_dir: Path
+    images_written: int
+    bytes_written: int
+    seconds: float
+
+
+# ----------------------------------------------------------------------------------------------------- the classes
+
+
+@lru_cache(maxsize=1)
+def _class_lists() -> dict:
+    text = resources.files("atlas_fast.world").joinpath("standin_classes.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def real_classes(name: str) -> list[tuple[str, str]]:
+    """(on-disk name, class name) of each class of benchmark ``name`` in label order, as CoOp's reader gives them."""
+    lists = _class_lists()
+    if name in ("ImageNet", "ImageNetV2", "ImageNetSketch"):
+        return [(wnid, classname) for wnid, classname in lists["ImageNet"]["classes"]]
+    if name in ("ImageNetA", "ImageNetR"):
+        names = dict(real_classes("ImageNet"))
+        return [(wnid, names[wnid]) for wnid in lists[name]["wnids"]]
+    entry = lists[name]
+    if "classes" in entry:
+        return [(folder, classname) for folder, classname in entry["classes"]]
+    return [("", classname) for classname in entry["names"]]
+
+
+def imagenet_classnames() -> list[tuple[str, str]]:
+    """ImageNet's ``classnames.txt``: (wnid, class name), 1000 lines in sorted wnid order (label order)."""
+    return real_classes("ImageNet")
+
+
+# ------------------------------------------------------------------------------------------------------ the sizes
+
+
+def spread(total: int, classes: int) -> list[int]:
+    """``total`` images over ``classes`` classes as evenly as possible (the first ``total mod classes`` get one
+    more)."""
+    base, extra = divmod(total, classes)
+    return [base + (1 if i < extra else 0) for i in range(classes)]
+
+
+def scaled_size(published: int, fraction: float, classes: int) -> int:
+    """A test or val split's size at ``fraction``: ``max(classes, floor(fraction * published + 0.5))``, so that
+    every class keeps at least one image; ``fraction == 1`` gives the published size."""
+    return published if fraction == 1 else max(classes, int(fraction * published + 0.5))
+
+
+def plan_standin(name: str, request: StandinRequest = StandinRequest(), full_train: bool = False) -> StandinPlan:
+    """The classes and per-class split sizes of benchmark ``name`` for ``request``; ``full_train`` plans the
+    published training set instead of ``train_per_class`` images per class (what a full copy holds)."""
+    if name not in PUBLISHED_SIZES:
+        raise ValueError(f"no stand-in for {name!r}: stand-ins exist for the 15 benchmarks "
+                         f"({', '.join(BUILTIN_DATASETS)}).")
+    published = PUBLISHED_SIZES[name]
+    pairs = real_classes(name)
+    if len(pairs) != published.classes:
+        raise AssertionError(f"{name}: {len(pairs)} class names for {published.classes} published classes")
+    k = len(pairs)
+    per_split = {}
+    for split in SPLITS:
+        size = getattr(published, split)
+        if size is None:
+            per_split[split] = [0] * k
+        elif split == "train":
+            share = spread(size, k)
+            per_split[split] = share if full_train else [min(request.train_per_class, s) for s in share]
+        else:
+            per_split[split] = spread(scaled_size(size, request.test_fraction, k), k)
+    classes = tuple(StandinClass(folder, classname, per_split["train"][i], per_split["val"][i], per_split["test"][i])
+                    for i, (folder, classname) in enumerate(pairs))
+    return StandinPlan(name, get_spec(name).folder, request, classes)
+
+
+# ----------------------------------------------------------------------------------------------------- the images
+
+
+def _image_paths(plan: StandinPlan) -> dict[str, list[tuple[int, str]]]:
+    """split -> [(label, path relative to the dataset folder)] of every image, classes in label order."""
+    templates = _PATHS[plan.name]
+    paths: dict[str, list[tuple[int, str]]] = {split: [] for split in SPLITS}
+    n = 0
+    for split in SPLITS:
+        for label, cls in enumerate(plan.classes):
+            for _ in range(getattr(cls, split)):
+                n += 1
+                template = templates.get(split, templates.get("*"))
+                paths[split].append((label, template.format(folder=cls.folder, name=cls.name, label=label, n=n)))
+    return paths
+
+
+def _class_colour(seed: int, dataset_index: int, label: int) -> np.ndarray:
+    return np.random.default_rng([seed, dataset_index, label, 1]).integers(30, 226, size=3).astype(np.float32)
+
+
+def _jpeg(seed: int, dataset_index: int, label: int, n: int, colour: np.ndarray) -> bytes:
+    """Image ``n`` of class ``label``: the class's colour, a gradient and noise drawn from the seed; JPEG bytes."""
+    rng = np.random.default_rng([seed, dataset_index, label, n])
+    ramp = np.linspace(-25, 25, IMAGE_SIZE, dtype=np.float32)
+    direction = rng.integers(0, 2)
+    gradient = (ramp[None, :] if direction else ramp[:, None])[..., None]
+    pixels = colour + gradient + rng.normal(0, 12, size=(IMAGE_SIZE, IMAGE_SIZE, 3)).astype(np.float32)
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _write_images(plan: StandinPlan, dataset_dir: Path, paths: dict[str, list[tuple[int, str]]],
+                  progress: bool) -> tuple[int, int]:
+    """Write every image not already there (each to a hidden temporary name, then renamed: a file that exists is
+    whole); returns (images written, bytes written)."""
+    dataset_index = BUILTIN_DATASETS.index(plan.name)
+    colours: dict[int, np.ndarray] = {}
+    made: set[Path] = set()
+    written = size = 0
+    total = plan.images()
+    with progress_bar(total=total, desc=f"standin {plan.name}", unit="img",
+                      enabled=progress and total >= _PROGRESS_MIN_IMAGES, leave=False) as bar:
+        n = 0
+        for split in SPLITS:
+            for label, relative in paths[split]:
+                n += 1
+                path = dataset_dir / relative
+                bar.update(1)
+                if path.exists():
+                    continue
+                if path.parent not in made:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(path.parent)
+                if label not in colours:
+                    colours[label] = _class_colour(plan.request.seed, dataset_index, label)
+                data = _jpeg(plan.request.seed, dataset_index, label, n, colours[label])
+                temporary = path.parent / f".{path.name}.{os.getpid()}.tmp"
+                temporary.write_bytes(data)
+                os.replace(temporary, path)
+                written += 1
+                size += len(data)
+    return written, size
+
+
+# ---------------------------------------------------------------------------------------------- the layout files
+
+
+def _write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _write_layout_files(plan: StandinPlan, dataset_dir: Path, paths: dict[str, list[tuple[int, str]]]) -> None:
+    """The split or class-name files of the dataset's layout (the images are written separately)."""
+    layout = get_spec(plan.name).layout
+    if isinstance(layout, SplitJsonLayout):
+        prefix = f"{layout.image_prefix}/" if layout.image_prefix else ""
+        split = {}
+        for name in SPLITS:
+            entries = []
+            for label, relative in paths[name]:
+                assert relative.startswith(prefix), (relative, prefix)
+                entries.append([relative[len(prefix):], label, plan.classes[label].name])
+            split[name] = entries
+        _write_text(dataset_dir / layout.split_file, json.dumps(split, indent=4, separators=(",", ": ")))
+    elif plan.name == "FGVCAircraft":
+        _write_text(dataset_dir / "variants.txt", "".join(f"{c.name}\n" for c in plan.classes))
+        for name in SPLITS:
+            lines = [f"{Path(relative).stem} {plan.classes[label].name}\n" for label, relative in paths[name]]
+            _write_text(dataset_dir / f"images_variant_{name}.txt", "".join(lines))
+    elif plan.name in _IMAGENET_FAMILY:
+        _write_text(dataset_dir / "classnames.txt",
+                    "".join(f"{wnid} {classname}\n" for wnid, classname in imagenet_classnames()))
+        if plan.name in ("ImageNetA", "ImageNetR"):
+            image_folder = _PATHS[plan.name]["test"].split("/")[0]
+            _write_text(dataset_dir / image_folder / "README.txt",
+                        "Stand-in written by atlas-fast data standins (the real archive has a README.txt here).\n")
+    else:
+        raise AssertionError(f"no layout writer for {plan.name}")
+
+
+# --------------------------------------------------------------------------------------------------- the manifest
+
+
+def _manifest(plan: StandinPlan, complete: bool) -> dict:
+    published = PUBLISHED_SIZES[plan.name]
+    return {
+        "standin": True,
+        "about": "Synthetic stand-in written by 'atlas-fast data standins': the real layout, class names and split "
+                 f"sizes of {plan.name}, with generated {IMAGE_SIZE}x{IMAGE_SIZE} JPEG images (not the real ones). "
+                 "Test and val splits hold the given fraction of the published sizes; the training set holds "
+                 "train_per_class images per class.",
+        "dataset": plan.name,
+        "format": MANIFEST_FORMAT,
+        "request": asdict(plan.request) | {"image_size": IMAGE_SIZE},
+        "counts": plan.counts(),
+        "published": {split: getattr(published, split) for split in ("classes", *SPLITS)},
+        "images": plan.images(),
+        "complete": complete,
+    }
+
+
+def read_manifest(dataset_dir: Path) -> dict | None:
+    """The stand-in manifest of a dataset folder, or None when there is none (or it is not one of ours)."""
+    path = Path(dataset_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("standin") is True else None
+
+
+def _same_request(manifest: dict, plan: StandinPlan) -> bool:
+    expected = _manifest(plan, complete=True)
+    return all(manifest.get(key) == expected[key] for key in ("dataset", "format", "request", "counts", "images"))
+
+
+@contextmanager
+def _dataset_lock(root: Path, folder: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<root>/.<folder>.standin-lock`` (outside the folder, which a rewrite deletes)."""
+    fd = os.open(root / f".{folder}.standin-lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def write_standin(name: str, root: str | Path, request: StandinRequest = StandinRequest(),
+                  progress: bool = True) -> StandinResult:
+    """Write (or skip, complete or rewrite, see the module's docstring) the stand-in of benchmark ``name`` under
+    ``root``. Raises FileExistsError when its folder holds files but no stand-in manifest (real data, perhaps)."""
+    started = time.perf_counter()
+    plan = plan_standin(name, request)
+    root = Path(os.path.abspath(os.path.expanduser(str(root))))
+    root.mkdir(parents=True, exist_ok=True)
+    dataset_dir = root / plan.folder
+    with _dataset_lock(root, plan.folder):
+        manifest = read_manifest(dataset_dir)
+        if manifest is not None and manifest.get("complete") is True and _same_request(manifest, plan):
+            return StandinResult(plan, "skipped", dataset_dir, 0, 0, time.perf_counter() - started)
+        action = "written"
+        if manifest is None:
+            if dataset_dir.is_dir() and any(dataset_dir.iterdir()):
+                raise FileExistsError(
+                    f"{dataset_dir} holds files but no {MANIFEST}: it is not a stand-in (real data?), so nothing was "
+                    f"written there. Choose another root, or move the folder away.")
+        elif _same_request(manifest, plan):
+            action = "completed"
+        else:
+            action = "rewritten"
+            shutil.rmtree(dataset_dir)
+        dataset_dir.mkdir(parents=True, exist_ok=True)
+        _write_text(dataset_dir / MANIFEST, json.dumps(_manifest(plan, complete=False), indent=1) + "\n")
+        paths = _image_paths(plan)
+        _write_layout_files(plan, dataset_dir, paths)
+        written, size = _write_images(plan, dataset_dir, paths, progress)
+        os.sync()  # the images reach the disk before the manifest says they are all there
+        _write_text(dataset_dir / MANIFEST, json.dumps(_manifest(plan, complete=True), indent=1) + "\n")
+    return StandinResult(plan, action, dataset_dir, written, size, time.perf_counter() - started)
+
+
+def describe(result: StandinResult) -> str:
+    """One line for the command's output: what was done, the counts written against the published ones."""
+    plan = result.plan
+    published = PUBLISHED_SIZES[plan.name]
+    counts = plan.counts()
+    parts = [f"{counts['classes']:,} classes"]
+    for split in SPLITS:
+        if split not in counts:
+            continue
+        full = getattr(published, split)
+        if split == "train":
+            parts.append(f"train {counts[split]:,} ({plan.request.train_per_class} per class; published {full:,})")
+        else:
+            parts.append(f"{split} {counts[split]:,}/{full:,}")
+    done = (f"{result.images_written:,} image(s), {result.bytes_written / 1e6:.1f} MB in {result.seconds:.1f} s"
+            if result.action != "skipped" else "already complete for this request")
+    return f"{plan.name}: {result.action}: {', '.join(parts)}; {done} -> {result.dataset_dir}"
