@@ -49,7 +49,11 @@ def test_the_planned_full_counts_are_the_published_table():
         assert counts == {split: getattr(published, split) for split in ("classes", "train", "val", "test")
                           if getattr(published, split) is not None}, name
         names = [classname for _, classname in real_classes(name)]
-        assert len(names) == published.classes and len(set(names)) == len(names), name
+        assert len(names) == published.classes, name
+        # CLIP's ImageNet list (CoOp's classnames.txt) names two pairs alike; every other list is distinct
+        repeated = sorted({n for n in names if names.count(n) > 1}) if "ImageNet" in name else []
+        assert len(set(names)) == len(names) - len(repeated), name
+        assert repeated in ([], ["missile", "sunglasses"]), name
 
 
 def test_the_published_sizes_follow_from_coops_split_rules():
@@ -125,6 +129,8 @@ def test_data_check_finds_all_fifteen_present_and_sound(standins, capsys):
     status = main(["data", "check", "--data-root", str(root), "--datasets", "all", "--sample", "2"])
     out = capsys.readouterr().out
     assert status == 0 and "15 of 15 dataset(s) ok" in out and "error" not in out
+    # fewer images than CoOp's split by design: the warning says it is a stand-in, not a partial download
+    assert "a stand-in (atlas-fast data standins)" in out and "extract the full archives" not in out
 
 
 @pytest.mark.parametrize("fraction", ["0", "-0.5", "1.5", "nan"])

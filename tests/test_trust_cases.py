@@ -25,7 +25,7 @@ from atlas_fast.data.datasets import DatasetFormatError
 from atlas_fast.engine import TrainConfig
 from atlas_fast.engine.record import ResultStore
 from helpers import small_pets
-from layouts import make_oxford_pets
+from layouts import imagenet_classnames, make_imagenet, make_oxford_pets, write_classnames
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -117,6 +117,23 @@ def test_class_names_the_tokenizer_cannot_tell_apart_are_refused_naming_both(tmp
     assert repr(first) in str(error.value) and repr(second) in str(error.value)
     write_pets_with_names(tmp_path / "fine", ["dog", first, "cat", "bird"])
     assert load_dataset("OxfordPets", tmp_path / "fine").classnames[1] == first
+
+
+def test_a_name_written_twice_as_in_clips_imagenet_list_loads_with_a_warning_and_trains(tmp_path, capsys):
+    """CLIP's ImageNet names (copied by CoOp's classnames.txt) hold "missile" and "sunglasses" twice: the reference
+    code trains and evaluates with them, so the reader keeps them (one warning) and a base-to-new run with ATLaS-CSL
+    goes through."""
+    dataset_dir = make_imagenet(tmp_path, n_classes=6, n_train=2, n_val=1)
+    pairs = imagenet_classnames(6)
+    pairs[1], pairs[4] = (pairs[1][0], "missile"), (pairs[4][0], "missile")
+    write_classnames(dataset_dir / "classnames.txt", pairs)
+    with pytest.warns(UserWarning, match="classes 1 and 4 'missile' are named alike"):
+        assert [load_dataset("ImageNet", tmp_path).classnames[i] for i in (1, 4)] == ["missile", "missile"]
+    args = ["train", "--dataset", "ImageNet", "--data-root", str(tmp_path), "--model", "atlas-tiny",
+            "--pretrained", "none", "--shots", "2", "--epochs", "2", "--cache-root", str(tmp_path / "cache"),
+            "--results-dir", str(tmp_path / "results"), "--no-progress", "--atlas", "csl"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert "1 and 4 'missile' are named alike" in capsys.readouterr().err
 
 
 def test_a_checkpoint_rewritten_with_the_same_size_and_mtime_is_fingerprinted_again(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 import unicodedata
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
@@ -90,13 +91,24 @@ def prompt_text(classname: str) -> str:
 
 
 def check_distinct_classnames(classnames: Sequence[str], source: object) -> None:
-    """Refuse class names that CLIP's tokenizer cannot tell apart (:func:`prompt_text`: 'Café' in NFC and NFD,
-    'Sea Lion' and 'sea lion', 'red  fox' and 'red fox'), naming both and ``source`` (the dataset's folder): their
-    prompts would be identical, so one of the two classes could never be predicted."""
+    """Refuse class names that differ but that CLIP's tokenizer cannot tell apart (:func:`prompt_text`: 'Café' in
+    NFC and NFD, 'Sea Lion' and 'sea lion', 'red  fox' and 'red fox'), naming both and ``source`` (the dataset's
+    folder): their prompts would be identical, so one of the two classes could never be predicted, and a difference
+    that the tokenizer drops is a typo or an encoding accident. The same name written twice is kept with a warning:
+    CLIP's ImageNet list, which CoOp's ``classnames.txt`` copies, has "missile" and "sunglasses" twice, and every
+    published ImageNet number was evaluated with them."""
     seen: dict[str, tuple[int, str]] = {}
+    repeated: list[str] = []
     for label, name in enumerate(classnames):
         first = seen.setdefault(prompt_text(name), (label, name))
-        if first[0] != label:
+        if first[0] == label:
+            continue
+        if first[1] != name:
             raise ValueError(f"{source}: classes {first[0]} {short_repr(first[1])} and {label} {short_repr(name)} are "
                              f"the same text to CLIP's tokenizer (case, white space, '_' and Unicode normalisation "
                              f"aside), so their prompts would be identical; rename one of them.")
+        repeated.append(f"{first[0]} and {label} {short_repr(name)}")
+    if repeated:
+        warnings.warn(f"{source}: classes {'; '.join(repeated)} are named alike, so their prompts are identical and a "
+                      f"prompt shared by all classes predicts the first of each pair (as in the reference code, which "
+                      f"keeps CLIP's names).")

@@ -27,6 +27,9 @@ from typing import Iterable, Sequence
 from atlas_fast.data.datasets import (AircraftLayout, ClassFolderLayout, DatasetSpec, ImageNetLayout,
                                       ImageNetV2Layout, SplitJsonLayout, WnidFolderLayout, get_spec)
 
+#: The manifest a stand-in dataset (generated images in the real layout) carries in its folder.
+STANDIN_MANIFEST = "STANDIN.json"
+
 #: Images decoded per dataset by default (spread over its splits, the same ones each time).
 DEFAULT_SAMPLE = 64
 
@@ -246,7 +249,9 @@ def _count_findings(name: str, counts: dict[str, int], dataset_dir: Path, split_
               and counts[split] != getattr(published, split)}
     if differ:
         text = ", ".join(f"{split} {found:,}/{expected:,}" for split, (found, expected) in differ.items())
-        if "classes" in differ:
+        if (dataset_dir / STANDIN_MANIFEST).exists():
+            fix = f"a stand-in (atlas-fast data standins): its {STANDIN_MANIFEST} says what it holds and why."
+        elif "classes" in differ:
             fix = ("another class list than the papers': use the full release"
                    + (" and CoOp's split file." if split_file else " (every class folder)."))
         elif any(found < expected for found, expected in differ.values()):

@@ -40,12 +40,12 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
-from atlas_fast.data.check import PUBLISHED_SIZES
+from atlas_fast.data.check import PUBLISHED_SIZES, STANDIN_MANIFEST
 from atlas_fast.data.datasets import BUILTIN_DATASETS, SplitJsonLayout, get_spec
 from atlas_fast.files import atomic_write
 from atlas_fast.progress import progress_bar
 
-MANIFEST = "STANDIN.json"
+MANIFEST = STANDIN_MANIFEST
 MANIFEST_FORMAT = 1
 DEFAULT_TRAIN_PER_CLASS = 16
 IMAGE_SIZE = 32
