@@ -21,7 +21,7 @@ print("HEAVY", ",".join(heavy) or "-", "STATUS", status)
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["cache", "build", "--help"],
                                   ["demo", "--help"], ["report", "--help"], ["train", "--dataset", "OxfordPets"],
                                   ["train", "--dataset", "X", "--data-root", "d", "--method-option", "depth"],
-                                  ["experiment", "--list"], ["experiment", "table9"], ["data", "check", "--help"],
+                                  ["experiment", "--list"], ["experiment", "table9"], ["data", "check", "--help"], ["data", "standins", "--help"],
                                   ["data", "sort-imagenet-val", "--help"],
                                   ["train", "--method", "coopp"], ["train", "--dataset", "OxfordPetz"],
                                   ["train", "--method", "coopp", "--dataset", "OxfordPets", "--data-root", "d"],
