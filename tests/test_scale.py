@@ -1,0 +1,86 @@
+"""What must not grow with the test set or the number of runs at the paper's scale (ImageNet: 1,000 classes, 50,000
+test images, sweeps of many runs): evaluation streams its logits chunk by chunk, and planning a sweep lists,
+fingerprints and relabels the shared data once, not once per run. The figures at the real sizes are measured by
+benchmarks/scale_overhead.py; these tests check the mechanisms on small data."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+
+import atlas_fast.methods.base as method_base
+from atlas_fast.engine.evaluate import EvalSet, evaluate_method, streamed_top1, top1_accuracy
+from atlas_fast.methods.base import PromptMethod, build_method
+from atlas_fast.methods.coop import CoOpConfig
+
+CLASSNAMES = tuple(f"class {i}" for i in range(9))
+
+
+class ChunkCounter(PromptMethod):
+    """A method that serves fixed logits chunk by chunk and records how many earlier chunks were still alive (held
+    by the evaluation) each time it made the next one."""
+
+    name = "chunk-counter"
+
+    def __init__(self, logits: torch.Tensor, chunk: int) -> None:
+        torch.nn.Module.__init__(self)
+        self.logits, self.chunk, self.alive_at_each_chunk = logits, chunk, []
+        self.classnames = ()
+        self.register_buffer("anchor", torch.zeros(1))
+
+    def set_classnames(self, classnames):
+        self.classnames = tuple(classnames)
+
+    def eval_logit_chunks(self, features):
+        made: list[weakref.ref] = []
+        for part in self.logits.split(self.chunk, dim=1):
+            self.alive_at_each_chunk.append(sum(ref() is not None for ref in made))
+            out = part.clone()
+            made.append(weakref.ref(out))
+            yield out
+
+
+def test_evaluation_holds_one_chunk_of_logits_not_the_whole_test_set():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 1000, len(CLASSNAMES), generator=generator)
+    labels = torch.randint(0, len(CLASSNAMES), (1000,), generator=generator)
+    method = ChunkCounter(logits, chunk=37)
+    eval_set = EvalSet("all", CLASSNAMES, torch.zeros(1000, 4), labels)
+    accuracy = evaluate_method(method, [eval_set])["all"]
+    assert len(method.alive_at_each_chunk) == 28
+    # the chunk before the one being made is the only one the evaluation may still hold (its loop variable)
+    assert max(method.alive_at_each_chunk) <= 1
+    assert accuracy == top1_accuracy(logits, labels).tolist()
+
+
+def test_streamed_accuracy_equals_the_whole_split_accuracy_exactly():
+    generator = torch.Generator().manual_seed(1)
+    for n, chunk in ((1, 1), (50_000, 1024), (4097, 4096), (333, 7)):
+        logits = torch.randn(3, n, 5, generator=generator)
+        labels = torch.randint(0, 5, (n,), generator=generator)
+        streamed = streamed_top1(logits.split(chunk, dim=1), labels)
+        assert streamed.tolist() == top1_accuracy(logits, labels).tolist()
+    with pytest.raises(ValueError, match="cover 4 images but there are 5 labels"):
+        streamed_top1([torch.zeros(1, 4, 2)], torch.zeros(5, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["coop", "cocoop", "dept-coop"])
+def test_a_method_evaluated_in_small_chunks_gives_the_accuracy_and_logits_of_one_pass(tiny, monkeypatch, name):
+    torch.manual_seed(0)
+    config = build_method(name, tiny, CLASSNAMES).config
+    method = build_method(name, tiny, CLASSNAMES, config)
+    features = torch.randn(300, tiny.embed_dim)
+    whole = method.eval_logits(features)
+    labels = whole[0].argmax(-1).roll(3)
+    labels[::4] = whole[0].argmax(-1)[::4]  # some hits, some misses
+    eval_set = EvalSet("all", CLASSNAMES, features, labels)
+    one_pass = evaluate_method(method, [eval_set])["all"]
+    monkeypatch.setattr(method_base, "EVAL_BATCH", 16)
+    if name in ("cocoop", "dept-coop") and hasattr(getattr(method, "base", method), "eval_sequences"):
+        monkeypatch.setattr(getattr(method, "base", method), "eval_sequences", 16 * len(CLASSNAMES))
+    chunks = list(method.eval_logit_chunks(features))
+    assert len(chunks) == 300 // 16 + 1
+    torch.testing.assert_close(torch.cat(chunks, dim=1), whole, atol=1e-5, rtol=1e-5)
+    assert evaluate_method(method, [eval_set])["all"] == one_pass == top1_accuracy(whole, labels).tolist()
