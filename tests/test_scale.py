@@ -84,3 +84,56 @@ def test_a_method_evaluated_in_small_chunks_gives_the_accuracy_and_logits_of_one
     assert len(chunks) == 300 // 16 + 1
     torch.testing.assert_close(torch.cat(chunks, dim=1), whole, atol=1e-5, rtol=1e-5)
     assert evaluate_method(method, [eval_set])["all"] == one_pass == top1_accuracy(whole, labels).tolist()
+
+
+@pytest.fixture(scope="module")
+def small_imagenet(tmp_path_factory):
+    """A 6-class ImageNet in its real layout (val is the test list): 5 train and 4 val images per class."""
+    from layouts import make_imagenet
+
+    root = tmp_path_factory.mktemp("scale")
+    make_imagenet(root / "data", n_classes=6, n_train=5, n_val=4)
+    return root
+
+
+def _configs(root, seeds):
+    from atlas_fast.clip.backbones import BackboneConfig
+    from atlas_fast.engine.config import TrainConfig
+
+    return [TrainConfig("ImageNet", root / "data", backbone=BackboneConfig("atlas-tiny", None), shots=2, seed=seed,
+                        cache_root=root / "cache", results_dir=root / "results", device="cpu", progress=False)
+            for seed in seeds]
+
+
+def test_a_sweep_looks_at_each_file_and_hashes_the_full_listing_once_not_once_per_run(small_imagenet, monkeypatch):
+    import atlas_fast.data.fewshot as fewshot
+    import atlas_fast.data.identity as identity
+    from atlas_fast.engine.spec import plan_run
+    from atlas_fast.sweep.grid import plan_sweep
+
+    seeds = (1, 2, 3, 4, 5)
+    alone = [plan_run(config) for config in _configs(small_imagenet, seeds)]  # no sweep: nothing shared
+    calls: dict[str, list] = {"identity": [], "listing": [], "source": [], "relabel": []}
+
+    def counted(kind, function, record=lambda *args: args[0]):
+        def wrapper(*args, **kwargs):
+            calls[kind].append(record(*args))
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(identity, "image_identity", counted("identity", identity.image_identity))
+    monkeypatch.setattr(identity, "listing_fingerprint", counted("listing", identity.listing_fingerprint,
+                                                                 lambda splits: len(splits.train)))
+    monkeypatch.setattr(fewshot, "fewshot_source", counted("source", fewshot.fewshot_source))
+    monkeypatch.setattr(fewshot, "_relabeled", counted("relabel", fewshot._relabeled))
+    specs = plan_sweep(_configs(small_imagenet, seeds))
+    assert [s.stem for s in specs] == [s.stem for s in alone]  # the same runs, the same record names
+    assert [s.data.fingerprint for s in specs] == [s.data.fingerprint for s in alone]
+    test_files = {d.impath for d in alone[0].data.fewshot.test}
+    looked_at = [path for path in calls["identity"] if path in test_files]
+    assert sorted(looked_at) == sorted(test_files)  # each of the 24 test images once for the 5 runs
+    assert calls["listing"].count(30) == 1  # the full listing (6 x 5 train images) hashed once
+    assert len(calls["source"]) == 1
+    # relabelled per run: its 2 x 6 few-shot train images (base + new); once per sweep: the 24 test images and
+    # the 24 of val (ImageNet's val is the test list), each in the base or the new half
+    assert len(calls["relabel"]) == len(seeds) * 12 + 2 * 24
