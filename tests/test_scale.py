@@ -137,3 +137,24 @@ def test_a_sweep_looks_at_each_file_and_hashes_the_full_listing_once_not_once_pe
     # relabelled per run: its 2 x 6 few-shot train images (base + new); once per sweep: the 24 test images and
     # the 24 of val (ImageNet's val is the test list), each in the base or the new half
     assert len(calls["relabel"]) == len(seeds) * 12 + 2 * 24
+
+
+def test_runs_of_a_group_on_the_same_images_share_one_copy_of_their_preloaded_views(small_imagenet):
+    """The label variants of one seed train on the same images: one preloaded copy of their cached views per group
+    (ImageNet base-to-new: 800 MB per copy), the same features a lone run reads."""
+    import dataclasses
+
+    from atlas_fast.engine.feed import prepare_inputs
+    from atlas_fast.engine.spec import plan_run
+
+    first, other_seed = _configs(small_imagenet, (1, 2))
+    configs = [first, dataclasses.replace(first, eval_every_epoch=True), other_seed]
+    specs = [plan_run(dataclasses.replace(c, views=2, epochs=2)) for c in configs]
+    backbone = specs[0].backbone()
+    shared: dict = {}
+    inputs = [prepare_inputs(spec, backbone, shared) for spec in specs]
+    assert inputs[0].train_inputs is inputs[1].train_inputs
+    assert inputs[2].train_inputs is not inputs[0].train_inputs
+    alone = prepare_inputs(specs[1], backbone)
+    for epoch in (0, 1):
+        assert torch.equal(alone.train_inputs.for_epoch(epoch), inputs[1].train_inputs.for_epoch(epoch))
