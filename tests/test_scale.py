@@ -158,3 +158,28 @@ def test_runs_of_a_group_on_the_same_images_share_one_copy_of_their_preloaded_vi
     alone = prepare_inputs(specs[1], backbone)
     for epoch in (0, 1):
         assert torch.equal(alone.train_inputs.for_epoch(epoch), inputs[1].train_inputs.for_epoch(epoch))
+
+
+def test_promptsrc_encodes_its_teacher_text_once_per_process_not_once_per_run(tiny, monkeypatch):
+    """PromptSRC's runs train one by one; its teacher features (60 templates x C prompts: 60,000 full-length
+    sequences for ImageNet) are the same for every run on a class set, so the second run reuses the first's."""
+    import atlas_fast.methods.promptsrc as promptsrc
+    from atlas_fast.data.templates import IMAGENET_TEMPLATES
+    from atlas_fast.methods.promptsrc import PromptSRCConfig
+
+    monkeypatch.setattr(promptsrc, "_TEMPLATE_FEATURES", {})
+    calls = []
+    encode = promptsrc.encode_class_prompts
+    monkeypatch.setattr(promptsrc, "encode_class_prompts",
+                        lambda backbone, prompts: calls.append(len(prompts)) or encode(backbone, prompts))
+    config = PromptSRCConfig(depth_text=2, depth_vision=2)
+    runs = [build_method("promptsrc", tiny, CLASSNAMES[:2], config) for _ in range(2)]
+    first, second = (run.template_text_features(CLASSNAMES[:2]) for run in runs)
+    assert calls == [len(CLASSNAMES[:2])] * len(IMAGENET_TEMPLATES)  # one run's worth of prompts, not two
+    assert second is first
+    expected = sum(encode(tiny, [t.format(n) for n in CLASSNAMES[:2]]) for t in IMAGENET_TEMPLATES)
+    expected = expected / len(IMAGENET_TEMPLATES)
+    torch.testing.assert_close(first, expected, atol=0, rtol=0)
+    runs[0].set_classnames(CLASSNAMES[:1])
+    runs[0].template_text_features(CLASSNAMES[:1])
+    assert len(calls) == 2 * len(IMAGENET_TEMPLATES)  # another class set is its own entry
