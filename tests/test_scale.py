@@ -1,7 +1,8 @@
 """What must not grow with the test set or the number of runs at the paper's scale (ImageNet: 1,000 classes, 50,000
-test images, sweeps of many runs): evaluation streams its logits chunk by chunk, and planning a sweep lists,
-fingerprints and relabels the shared data once, not once per run. The figures at the real sizes are measured by
-benchmarks/scale_overhead.py; these tests check the mechanisms on small data."""
+test images, sweeps of many runs): evaluation streams its logits chunk by chunk; planning a sweep lists,
+fingerprints and relabels the shared data once, not once per run; the runs of a group on the same images share
+their preloaded views; PromptSRC's teacher text is encoded once per process. The figures at the real sizes are
+measured by benchmarks/scale_overhead.py; these tests check the mechanisms on small data."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import torch
 import atlas_fast.methods.base as method_base
 from atlas_fast.engine.evaluate import EvalSet, evaluate_method, streamed_top1, top1_accuracy
 from atlas_fast.methods.base import PromptMethod, build_method
-from atlas_fast.methods.coop import CoOpConfig
 
 CLASSNAMES = tuple(f"class {i}" for i in range(9))
 
