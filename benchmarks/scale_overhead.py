@@ -414,7 +414,8 @@ def report(args: argparse.Namespace, work: Path) -> None:
 
 
 def measure_planning(args: argparse.Namespace, work: Path) -> dict:
-    print("\n## planning a sweep (seconds per run, the one listing of the dataset included; backbone loaded beforehand)")
+    print("\n## planning a sweep (seconds per run, the one listing of the dataset included; backbone loaded "
+          "beforehand)")
     sources = [("this checkout", ROOT)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
     plans = {}
     for label, src in sources:
