@@ -20,6 +20,10 @@ the subset of the seed. A subset without a checksum (written by hand, or before 
 after the usual check that its images are in the current lists.
 
 ``subsample_classes`` is CoOp's ``OxfordPets.subsample_classes``, applied after few-shot sampling.
+
+Both take an optional ``memo``: a dict kept with the full listing while a sweep is planned, so what every run of
+the sweep derives alike from the shared lists (the draw's source fingerprint, the index of the full train list, the
+base/new relabelling of the test list) is computed once per sweep rather than once per run; results are the same.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
 from atlas_fast.data.identity import items_fingerprint
 from atlas_fast.files import atomic_write, blake2b_hex
 
 MAX_VAL_SHOTS = 4
+T = TypeVar("T")
 # Seeds are 32-bit, as numpy's and Dassl's are (a larger one fails inside torch once a run seeds its generators).
 MAX_SEED = 2**32 - 1
 SUBSAMPLE_MODES = ("all", "base", "new")
@@ -60,13 +65,14 @@ def fewshot_source(splits: DatasetSplits) -> str:
 
 
 def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
-                   store_dir: str | Path | None = None) -> DatasetSplits:
+                   store_dir: str | Path | None = None, memo: dict | None = None) -> DatasetSplits:
     """K-shot train (and min(K, 4)-shot val) lists, sampled as Dassl does with ``seed``, test untouched.
 
     ``num_shots < 1`` returns ``splits`` unchanged, as do test-only datasets (no train list). With ``store_dir``,
     the subset is read from ``<store_dir>/shot_{K}-seed_{S}-<source fingerprint[:12]>.json`` when that file exists
     (and checked against the current lists) and written there otherwise. Must run before :func:`subsample_classes`,
-    as in CoOp. A negative seed is refused: Python seeds ``Random(-1)`` exactly like ``Random(1)``."""
+    as in CoOp. A negative seed is refused: Python seeds ``Random(-1)`` exactly like ``Random(1)``. ``memo``: shared
+    by the plans of one sweep on ``splits`` (see the module's docstring)."""
     if num_shots < 1 or not splits.train:
         return splits
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -77,15 +83,15 @@ def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
     if "shots" in splits.subset or splits.subset.get("classes", "all") != "all":
         raise ValueError(f"{splits.name}: few-shot sampling must run once, on the full class set and before "
                          f"subsample_classes (as in CoOp); these splits are already a subset: {splits.subset}")
-    source = fewshot_source(splits)
+    source = _memoized(memo, "fewshot_source", (splits.train, splits.val), lambda: fewshot_source(splits))
     path = (Path(store_dir) / f"shot_{num_shots}-seed_{seed}-{source[:12]}.json" if store_dir is not None
             else None)
     if path is not None and path.is_file():
-        train, val = _load_stored(path, splits, num_shots, seed, source)
+        train, val = _load_stored(path, splits, num_shots, seed, source, memo)
     else:
         rng = random.Random(seed)
         train = sample_per_class(splits.train, num_shots, rng)
-        val = list(splits.val) if splits.val_is_test else sample_per_class(
+        val = splits.val if splits.val_is_test else sample_per_class(
             splits.val, min(num_shots, MAX_VAL_SHOTS), rng)
         if path is not None:
             _store(path, splits, num_shots, seed, source, train, None if splits.val_is_test else val)
@@ -114,7 +120,7 @@ def _store(path: Path, splits: DatasetSplits, num_shots: int, seed: int, source:
 
 
 def _load_stored(path: Path, splits: DatasetSplits, num_shots: int, seed: int,
-                 source: str) -> tuple[list[Datum], list[Datum]]:
+                 source: str, memo: dict | None = None) -> tuple[list[Datum], list[Datum]]:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -125,13 +131,13 @@ def _load_stored(path: Path, splits: DatasetSplits, num_shots: int, seed: int,
     found = {k: record.get(k) for k in expected}
     if found != expected or not isinstance(record.get("train"), list):
         raise ValueError(f"stored few-shot subset {path} is for {found}, not {expected}; delete it to resample")
-    train = _lookup_keys(path, "train", record["train"], splits.train)
+    train = _lookup_keys(path, "train", record["train"], splits.train, memo)
     if splits.val_is_test:
-        val = list(splits.val)
+        val = splits.val
     elif not isinstance(record.get("val"), list):
         raise ValueError(f"stored few-shot subset {path} has no 'val' list; delete it to resample")
     else:
-        val = _lookup_keys(path, "val", record["val"], splits.val)
+        val = _lookup_keys(path, "val", record["val"], splits.val, memo)
     # Checked last, so that a subset of other data is named as such; what fails only here was damaged or edited.
     if "checksum" not in record:
         print(f"warning: stored few-shot subset {path} has no checksum (written by hand or by an older atlas_fast); "
@@ -147,21 +153,40 @@ def _checksum(record: dict) -> str:
     return blake2b_hex(json.dumps(record, sort_keys=True, separators=(",", ":")).encode())
 
 
-def _lookup_keys(path: Path, split: str, keys: list, items: Sequence[Datum]) -> list[Datum]:
+def _lookup_keys(path: Path, split: str, keys: list, items: Sequence[Datum], memo: dict | None = None
+                 ) -> list[Datum]:
     wrong = next((k for k in keys if not isinstance(k, str)), None)
     if wrong is not None:
         shown = repr(wrong) if len(repr(wrong)) <= 60 else repr(wrong)[:60] + "..."
         raise ValueError(f"stored few-shot subset {path}: its '{split}' list holds {shown}, not an image path; "
                          f"delete it to resample")
-    by_key = {}
-    for d in items:
-        by_key.setdefault(d.key, d)
+    by_key = _memoized(memo, "by_key", (items,), lambda: _first_by_key(items))
     missing = [k for k in keys if k not in by_key]
     if missing:
         raise ValueError(
             f"stored few-shot subset {path} is stale: {len(missing)} of its {len(keys)} '{split}' images are not in "
             f"the current {split} split (first: {missing[0]!r}); it was made from other data. Delete it to resample.")
     return [by_key[k] for k in keys]
+
+
+def _first_by_key(items: Sequence[Datum]) -> dict[str, Datum]:
+    by_key: dict[str, Datum] = {}
+    for d in items:
+        by_key.setdefault(d.key, d)
+    return by_key
+
+
+def _memoized(memo: dict | None, name: str, lists: tuple[Sequence[Datum], ...], compute: Callable[[], T],
+              extra: tuple = ()) -> T:
+    """``compute()``, once per ``memo``, ``name``, ``lists`` and ``extra``. The lists are matched by identity (a
+    sweep's runs share the very list objects of its listing) and kept alive with the value, so their identities
+    are never taken by other lists while the memo lives."""
+    if memo is None:
+        return compute()
+    slot = (name, tuple(id(items) for items in lists), extra)
+    if slot not in memo:
+        memo[slot] = (lists, compute())
+    return memo[slot][1]
 
 
 def _relabeled(datum: Datum, label: int) -> Datum:
@@ -172,11 +197,12 @@ def _relabeled(datum: Datum, label: int) -> Datum:
     return copy
 
 
-def subsample_classes(splits: DatasetSplits, subsample: str) -> DatasetSplits:
+def subsample_classes(splits: DatasetSplits, subsample: str, memo: dict | None = None) -> DatasetSplits:
     """Keep the base (first ceil(n/2)) or new (remaining) classes of the train labels and relabel them from 0.
 
     ``"all"`` keeps every class and label. The same relabelling filters train, val and test; class names are rebuilt
-    from the new train list, so a ``"new"`` model classifies among the new names only."""
+    from the new train list, so a ``"new"`` model classifies among the new names only. ``memo``: shared by the plans
+    of one sweep, so a test (and val) list shared by its runs is relabelled once per class selection."""
     if subsample not in SUBSAMPLE_MODES:
         raise ValueError(f"subsample must be one of {SUBSAMPLE_MODES}, got {subsample!r}")
     if splits.subset.get("classes", "all") != "all":
@@ -194,6 +220,9 @@ def subsample_classes(splits: DatasetSplits, subsample: str) -> DatasetSplits:
     def keep(items: Sequence[Datum]) -> tuple[Datum, ...]:
         return tuple(_relabeled(d, relabel[d.label]) for d in items if d.label in relabel)
 
+    def shared_keep(items: Sequence[Datum]) -> tuple[Datum, ...]:
+        return _memoized(memo, "relabelled", (items,), lambda: keep(items), tuple(selected))
+
     train = keep(splits.train)
-    return replace(splits, train=train, val=keep(splits.val), test=keep(splits.test),
+    return replace(splits, train=train, val=shared_keep(splits.val), test=shared_keep(splits.test),
                    classnames=classnames_from(train), subset={**splits.subset, "classes": subsample})

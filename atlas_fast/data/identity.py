@@ -11,6 +11,10 @@ never share features or records, while moving or renaming the data root changes 
   few-shot draw depends on.
 * :func:`dataset_fingerprint` - the listing plus the identity of every file in it: what the numbers depend on.
 * :func:`subset_fingerprint` - a run's inputs: the full listing and the fingerprint of the few-shot subset.
+
+The runs of one sweep share a listing (its test list, often 50,000 images, and its full train list): the functions
+that take ``memo`` (a dict kept with the listing while the sweep is planned) compute what those runs share once,
+the listing's fingerprint and each file's identity, instead of once per run. The values are the same either way.
 """
 
 from __future__ import annotations
@@ -80,21 +84,40 @@ def items_fingerprint(items: Sequence[Datum]) -> str:
     return _hash_lines(f"{d.key}\t{d.label}" for d in items)
 
 
-def dataset_fingerprint(splits: DatasetSplits, content: bool = False) -> str:
+def _memo_identity(datum: Datum, content: bool, memo: dict | None) -> str:
+    """:func:`image_identity` of one item, taken once per ``memo`` (one sweep's planning)."""
+    if memo is None:
+        return image_identity(datum.impath, content)
+    identities = memo.setdefault(("image_identity", content), {})
+    if datum.impath not in identities:
+        identities[datum.impath] = image_identity(datum.impath, content)
+    return identities[datum.impath]
+
+
+def dataset_fingerprint(splits: DatasetSplits, content: bool = False, memo: dict | None = None) -> str:
     """BLAKE2b (32 hex) of the listing and of every listed file's identity (see :func:`image_identity`).
 
     Independent of the data root's location; changes when an image is added, removed, relabelled, reordered or
-    replaced (by size or mtime, or by content with ``content=True``)."""
+    replaced (by size or mtime, or by content with ``content=True``). ``memo``: file identities already taken while
+    planning the same sweep (each file is looked at once per sweep)."""
     seen: dict[str, str] = {}
     for name in ("train", "val", "test"):
         for d in getattr(splits, name):
             if d.key not in seen:
-                seen[d.key] = image_identity(d.impath, content)
+                seen[d.key] = _memo_identity(d, content, memo)
     files = (f"{key}\t{identity}" for key, identity in sorted(seen.items()))
     return _hash_lines([listing_fingerprint(splits), *files])
 
 
-def subset_fingerprint(full: DatasetSplits, subset: DatasetSplits, content: bool = False) -> str:
+def subset_fingerprint(full: DatasetSplits, subset: DatasetSplits, content: bool = False,
+                       memo: dict | None = None) -> str:
     """Fingerprint of a run's inputs: the full dataset's listing (which fixes the few-shot draw) and the listing and
-    file identities of the subset the run reads (its few-shot train/val lists and the test list)."""
-    return _hash_lines([listing_fingerprint(full), dataset_fingerprint(subset, content)])
+    file identities of the subset the run reads (its few-shot train/val lists and the test list). ``memo``: kept
+    with ``full`` while a sweep is planned, so the full listing is hashed and each file looked at once per sweep."""
+    if memo is None:
+        full_listing = listing_fingerprint(full)
+    else:
+        if memo.get("listing_of") is not full:  # the memo belongs to one listing
+            memo["listing_of"], memo["listing_fingerprint"] = full, listing_fingerprint(full)
+        full_listing = memo["listing_fingerprint"]
+    return _hash_lines([full_listing, dataset_fingerprint(subset, content, memo)])

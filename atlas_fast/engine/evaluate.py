@@ -13,7 +13,8 @@ once per class set.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -52,65 +53,112 @@ def harmonic_mean(base: float, new: float) -> float:
 
 def top1_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Micro top-1 accuracy in percent; ``logits`` (R, N, C) gives one value per run, shape (R,)."""
-    correct = (logits.argmax(dim=-1) == labels.to(logits.device)).float()
-    return 100.0 * correct.mean(dim=-1)
+    return accuracy_of_hits(top1_hits(logits, labels))
+
+
+def top1_hits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Whether each image's top-1 class is its label: (R, n) bool of logits (R, n, C) and labels (n,)."""
+    return logits.argmax(dim=-1) == labels.to(logits.device)
+
+
+def accuracy_of_hits(hits: torch.Tensor) -> torch.Tensor:
+    """Micro top-1 accuracy in percent (R,) of per-image hits (R, N): the mean of the 0/1 hits over the whole split,
+    computed as :func:`top1_accuracy` always has, so streamed and whole-split evaluations give equal numbers."""
+    return 100.0 * hits.float().mean(dim=-1)
+
+
+def streamed_top1(chunks: Iterable[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+    """:func:`top1_accuracy` of logits that arrive as consecutive chunks (R, n, C) along the images: only each
+    chunk's hits (R, n) are kept, so memory is one chunk of logits plus N booleans per run, not N x C floats."""
+    hits, start = [], 0
+    for chunk in chunks:
+        rows = chunk.shape[1]
+        hits.append(top1_hits(chunk, labels[start:start + rows]))
+        start += rows
+    if start != labels.shape[0]:
+        raise ValueError(f"the logits cover {start} images but there are {labels.shape[0]} labels")
+    return accuracy_of_hits(torch.cat(hits, dim=1))
 
 
 def _autocast(device: torch.device, enabled: bool):
     return torch.autocast(device_type=device.type, dtype=torch.float16, enabled=enabled and device.type == "cuda")
 
 
-@torch.no_grad()
-def method_logits(method: PromptMethod, features: torch.Tensor, amp: bool = False) -> torch.Tensor:
-    """Logits (R, N, C) of cached features (N, D): the method's own test-time path
-    (:meth:`~atlas_fast.methods.base.PromptMethod.eval_logits`) in eval mode, under fp16 autocast with ``amp``."""
+def _each_under(context: Callable[[], Any], chunks: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """The chunks as float32, each computed inside a fresh ``context()`` (autocast): the context covers the
+    producer only, never the caller's code between chunks."""
+    while True:
+        with context():
+            chunk = next(chunks, None)
+            if chunk is None:
+                return
+            chunk = chunk.float()
+        yield chunk
+
+
+@contextmanager
+def _eval_mode(method: PromptMethod):
     was_training = method.training
     method.eval()
     try:
-        with _autocast(method.device, amp):
-            return method.eval_logits(features).float()
+        yield
     finally:
         method.train(was_training)
 
 
 @torch.no_grad()
-def pixel_logits(method: PromptMethod, images: ImageViews, amp: bool = False, progress: bool = False,
-                 desc: str = "evaluate") -> torch.Tensor:
-    """Logits (R, N, C) of a prompted-image method on the test view of ``images``: the class prompts are encoded once,
-    the prompted image tower runs over the images in batches
+def method_logit_chunks(method: PromptMethod, features: torch.Tensor, amp: bool = False) -> Iterator[torch.Tensor]:
+    """Logits (R, n, C) of consecutive chunks of cached features (N, D): the method's own test-time path
+    (:meth:`~atlas_fast.methods.base.PromptMethod.eval_logit_chunks`) in eval mode, under fp16 autocast with ``amp``."""
+    with _eval_mode(method):
+        yield from _each_under(lambda: _autocast(method.device, amp), method.eval_logit_chunks(features))
+
+
+def method_logits(method: PromptMethod, features: torch.Tensor, amp: bool = False) -> torch.Tensor:
+    """Logits (R, N, C) of cached features (N, D): :func:`method_logit_chunks` joined."""
+    return torch.cat(list(method_logit_chunks(method, features, amp)), dim=1)
+
+
+@torch.no_grad()
+def pixel_logit_chunks(method: PromptMethod, images: ImageViews, amp: bool = False, progress: bool = False,
+                       desc: str = "evaluate") -> Iterator[torch.Tensor]:
+    """Logits (R, n, C) of a prompted-image method on the test view of ``images``, batch after batch: the class
+    prompts are encoded once, the prompted image tower runs over the images in batches of :data:`EVAL_PIXEL_BATCH`
     (:meth:`~atlas_fast.methods.base.PromptMethod.eval_pixel_logits`)."""
     from atlas_fast.progress import progress_bar
 
-    device = images.device
-    was_training = method.training
-    method.eval()
-    chunks = []
-    try:
-        with _autocast(device, amp):
-            text = method.text_features()
-            with progress_bar(total=len(images), desc=desc, unit="img", enabled=progress, leave=False) as bar:
-                for pixels, _ in images.batches(0, None, EVAL_PIXEL_BATCH):
-                    chunks.append(method.eval_pixel_logits(pixels, text).float())
-                    bar.update(len(pixels))
-    finally:
-        method.train(was_training)
-    return torch.cat(chunks, dim=1)
+    def batches() -> Iterator[torch.Tensor]:
+        text = method.text_features()
+        with progress_bar(total=len(images), desc=desc, unit="img", enabled=progress, leave=False) as bar:
+            for pixels, _ in images.batches(0, None, EVAL_PIXEL_BATCH):
+                yield method.eval_pixel_logits(pixels, text)
+                bar.update(len(pixels))
+
+    with _eval_mode(method):
+        yield from _each_under(lambda: _autocast(images.device, amp), batches())
+
+
+def pixel_logits(method: PromptMethod, images: ImageViews, amp: bool = False, progress: bool = False,
+                 desc: str = "evaluate") -> torch.Tensor:
+    """Logits (R, N, C) of a prompted-image method on the test view of ``images``: :func:`pixel_logit_chunks`
+    joined."""
+    return torch.cat(list(pixel_logit_chunks(method, images, amp, progress, desc)), dim=1)
 
 
 def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,
                     progress: bool = False) -> dict[str, list[float]]:
     """Accuracy (one per run) of ``method`` on each set, with the classifier rebuilt for each set's class names.
-    The method's own class set is restored afterwards."""
+    The logits stream chunk by chunk (:func:`streamed_top1`). The method's own class set is restored afterwards."""
     original = tuple(method.classnames)
     results: dict[str, list[float]] = {}
     try:
         for eval_set in sets:
             method.set_classnames(eval_set.classnames)
             if eval_set.images is not None:  # the feed gives images to the methods that read pixels
-                logits = pixel_logits(method, eval_set.images, amp, progress, f"evaluate {eval_set.name}")
+                chunks = pixel_logit_chunks(method, eval_set.images, amp, progress, f"evaluate {eval_set.name}")
             else:
-                logits = method_logits(method, eval_set.features, amp)
-            results[eval_set.name] = top1_accuracy(logits, eval_set.labels).tolist()
+                chunks = method_logit_chunks(method, eval_set.features, amp)
+            results[eval_set.name] = streamed_top1(chunks, eval_set.labels).tolist()
     finally:
         if original:
             method.set_classnames(original)
@@ -122,7 +170,7 @@ def zero_shot_accuracy(backbone: Backbone, eval_set: EvalSet, template: str) -> 
     from atlas_fast.methods.zsclip import ZeroShotCLIP, ZeroShotConfig
 
     method = ZeroShotCLIP(backbone, eval_set.classnames, ZeroShotConfig(template=template))
-    return top1_accuracy(method_logits(method, eval_set.features), eval_set.labels)[0].item()
+    return streamed_top1(method_logit_chunks(method, eval_set.features), eval_set.labels)[0].item()
 
 
 def summarize(accuracies: dict[str, float]) -> dict[str, float]:

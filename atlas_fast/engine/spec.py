@@ -150,22 +150,25 @@ def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: b
     the run cannot use (no training images, an evaluation class set without test images). ``evaluation_only``: the
     data of a saved run's evaluation (no training list needed; the few-shot draw only defines base/new, so the
     ``all`` class set is the full dataset). ``listings``: dataset listings already made while planning the same
-    sweep, by (dataset, data root); each run still fingerprints its own images."""
+    sweep, by (dataset, data root), each with what the sweep's runs share on it (the listing's fingerprint, each
+    file's identity, the few-shot source, the relabelled test list), computed once per sweep; each run still draws
+    and fingerprints its own few-shot subset."""
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.data.fewshot import shots_used
     from atlas_fast.data.identity import subset_fingerprint
 
     key = (config.dataset, str(config.data_root))
-    full = listings.get(key) if listings is not None else None
-    if full is None:
-        full = load_dataset(config.dataset, config.data_root)
+    listed = listings.get(key) if listings is not None else None
+    if listed is None:
+        listed = (load_dataset(config.dataset, config.data_root), {})
         if listings is not None:
-            listings[key] = full
+            listings[key] = listed
+    full, memo = listed
     fewshot = full
     if not (evaluation_only and subsamples == ["all"]):
         fewshot = fewshot_subset(full, config.shots, config.seed,
-                                 store_dir=Path(config.cache_root) / full.name / "split_fewshot")
-    splits = {name: subsample_classes(fewshot, name) for name in subsamples}
+                                 store_dir=Path(config.cache_root) / full.name / "split_fewshot", memo=memo)
+    splits = {name: subsample_classes(fewshot, name, memo) for name in subsamples}
     train_split = splits[config.train_subsample]
     if not train_split.train and not evaluation_only:
         raise ValueError(f"{full.name}: the {config.train_subsample!r} training list is empty.")
@@ -174,7 +177,7 @@ def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: b
             raise ValueError(f"{full.name} ({full.dataset_dir}): no test images for the {name!r} classes "
                              f"({split.num_classes} classes); the run could not be evaluated. Add test images or "
                              f"use --setting few_shot.")
-    fingerprint = subset_fingerprint(full, fewshot, config.content_hash)
+    fingerprint = subset_fingerprint(full, fewshot, config.content_hash, memo)
     return RunData(full.name, str(full.dataset_dir), fewshot, splits, config.train_subsample, fingerprint,
                    shots_used(train_split))
 

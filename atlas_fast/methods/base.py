@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Callable, ClassVar, Literal, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Literal, Sequence
 
 import torch
 from torch import nn
@@ -199,20 +199,28 @@ class PromptMethod(nn.Module):
         return self.logit_scale * torch.einsum(equation, image, text)
 
     @torch.no_grad()
-    def eval_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Test-time logits (R, N, C) of cached features (N, D) for the current class set.
+    def eval_logit_chunks(self, features: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Test-time logits (R, n, C) of cached features (N, D), chunk after chunk in the features' order, for the
+        current class set: evaluation consumes one chunk at a time, so its memory is O(chunk x C), never the N x C
+        logits of a whole test set (ImageNet: 50,000 x 1,000 per run).
 
         Methods whose class text does not depend on the image (the base ``forward``) encode the prompts once;
-        others run their ``forward`` over chunks of images. Override for another test-time path (CoCoOp bounds
-        its chunks by text sequences, DePT fuses its head on the classes it was trained on).
-        """
+        others run their ``forward`` over chunks of :data:`EVAL_BATCH` images. Override for another test-time path
+        (CoCoOp bounds its chunks by text sequences, DePT fuses its head on the classes it was trained on)."""
         device = self.device
         if type(self).forward is PromptMethod.forward:
             text = self.text_features().float()
-            chunks = [self.similarity_logits(x.to(device).float().unsqueeze(0), text) for x in features.split(EVAL_BATCH)]
+            for x in features.split(EVAL_BATCH):
+                yield self.similarity_logits(x.to(device).float().unsqueeze(0), text)
         else:
-            chunks = [self(x.to(device)).float() for x in features.split(EVAL_BATCH)]
-        return torch.cat(chunks, dim=1)
+            for x in features.split(EVAL_BATCH):
+                yield self(x.to(device)).float()
+
+    @torch.no_grad()
+    def eval_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Test-time logits (R, N, C) of cached features (N, D): :meth:`eval_logit_chunks` joined (for callers that
+        need every logit; accuracy streams the chunks)."""
+        return torch.cat(list(self.eval_logit_chunks(features)), dim=1)
 
     @property
     def device(self) -> torch.device:

@@ -15,7 +15,7 @@ sequences); a progress bar follows the chunks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -107,12 +107,14 @@ class CoCoOp(CoOp):
         return max(1, self.eval_sequences // max(1, len(self.classnames) * self.num_runs))
 
     @torch.no_grad()
-    def eval_logits(self, features: torch.Tensor) -> torch.Tensor:
+    def eval_logit_chunks(self, features: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Logits (R, n, C) of :meth:`eval_chunk` images at a time (one text-encoder call each)."""
         chunks = features.split(self.eval_chunk())
-        bar = progress_bar(chunks, desc=f"eval {self.name} ({len(self.classnames)} classes)", unit="chunk",
-                           enabled=len(chunks) > 1, leave=False)
         device = self.device
-        return torch.cat([self(x.to(device)).float() for x in bar], dim=1)
+        with progress_bar(chunks, desc=f"eval {self.name} ({len(self.classnames)} classes)", unit="chunk",
+                          enabled=len(chunks) > 1, leave=False) as bar:
+            for x in bar:
+                yield self(x.to(device)).float()
 
 
 register_method(CoCoOp)

@@ -26,7 +26,7 @@ the fusion runs batch by batch over the test pixels (:meth:`DePTMaPLe.eval_pixel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Literal, Sequence
+from typing import Callable, ClassVar, Iterator, Literal, Sequence
 
 import torch
 from torch import nn
@@ -167,12 +167,16 @@ class DePT(PromptMethod):
         return self.fuse(image, self.base.similarity_logits(image, self.base.class_text_features(image)))
 
     @torch.no_grad()
-    def eval_logits(self, features: torch.Tensor) -> torch.Tensor:
-        similarity = self.base.eval_logits(features)  # the base's own test path (CoCoOp's chunking)
-        if self._head_rows is None:
-            return similarity
-        image = features.to(similarity.device).unsqueeze(0)
-        return self.fuse(image, similarity)
+    def eval_logit_chunks(self, features: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The base's own test path chunk by chunk (CoCoOp's chunking), each chunk fused with the head."""
+        start = 0
+        for similarity in self.base.eval_logit_chunks(features):
+            rows = similarity.shape[1]
+            if self._head_rows is None:
+                yield similarity
+            else:
+                yield self.fuse(features[start:start + rows].to(similarity.device).unsqueeze(0), similarity)
+            start += rows
 
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
                       criterion: Callable[..., torch.Tensor]) -> torch.Tensor:

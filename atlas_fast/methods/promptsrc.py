@@ -54,6 +54,30 @@ def gpa_weights(mean: float, std: float, epochs: int) -> torch.Tensor:
     return density / density.sum()
 
 
+# The teacher's text features by (backbone, device, class names): 60 templates x C prompts through the full-length
+# text tower (ImageNet: 60,000 sequences), the same for every run of a sweep on those classes, so computed once per
+# process rather than once per run (PromptSRC's runs train one by one). A few class sets are kept (C x D floats each).
+_TEMPLATE_FEATURES: dict[tuple, torch.Tensor] = {}
+_TEMPLATE_FEATURES_KEPT = 8
+
+
+def template_text_features(backbone: Backbone, classnames: tuple[str, ...]) -> torch.Tensor:
+    """(C, D): the frozen CLIP's un-normalised text features of ``classnames`` averaged over the 60
+    ``IMAGENET_TEMPLATES``, in fp32 (autocast off); computed once per process for a backbone, device and class set."""
+    key = (backbone.fingerprint, str(backbone.device), classnames)
+    if key not in _TEMPLATE_FEATURES:
+        names = [name.replace("_", " ") for name in classnames]
+        total = None
+        with torch.no_grad(), torch.autocast(backbone.device.type, enabled=False):
+            for template in IMAGENET_TEMPLATES:
+                features = encode_class_prompts(backbone, [template.format(name) for name in names])
+                total = features if total is None else total + features
+        if len(_TEMPLATE_FEATURES) >= _TEMPLATE_FEATURES_KEPT:
+            _TEMPLATE_FEATURES.pop(next(iter(_TEMPLATE_FEATURES)))
+        _TEMPLATE_FEATURES[key] = total / len(IMAGENET_TEMPLATES)
+    return _TEMPLATE_FEATURES[key]
+
+
 @dataclass(frozen=True)
 class PromptSRCConfig(IVLPConfig):
     """PromptSRC = IVLP 4 + 4 at depth 9 / 9 + the self-regulating losses and GPA (base-to-new defaults)."""
@@ -115,14 +139,8 @@ class PromptSRC(IVLP):
 
     def template_text_features(self, classnames: Sequence[str]) -> torch.Tensor:
         """(C, D): the frozen CLIP's un-normalised text features averaged over the 60 templates, in fp32 (the
-        reference encodes them with an fp32 copy of CLIP)."""
-        names = [name.replace("_", " ") for name in classnames]
-        total = None
-        with torch.autocast(self.backbone.device.type, enabled=False):
-            for template in IMAGENET_TEMPLATES:
-                features = encode_class_prompts(self.backbone, [template.format(name) for name in names])
-                total = features if total is None else total + features
-        return total / len(IMAGENET_TEMPLATES)
+        reference encodes them with an fp32 copy of CLIP). Kept per process (:func:`template_text_features`)."""
+        return template_text_features(self.backbone, tuple(classnames))
 
     @torch.no_grad()
     def frozen_image_features(self, pixels: torch.Tensor) -> torch.Tensor:
