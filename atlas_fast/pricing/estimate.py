@@ -207,6 +207,9 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
       cached training views when preloaded, the evaluation sets' features), float32
     * peak device = max over groups of max(step, evaluation peak)
     """
+    lacking = [key for key in needed_units(facts) if key not in units]
+    if lacking:
+        raise ValueError(f"price: {len(lacking)} unit(s) the plan needs were not measured, e.g. {lacking[0]!r}.")
     phases = dict.fromkeys(PHASES, 0.0)
     phases["setup"] = units[LOAD_KEY].seconds + facts.plan_seconds
     cuda = facts.device == "cuda"
@@ -231,6 +234,7 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
             if kind not in (None, "ls"):
                 phases["soft labels"] += units[soft_key(kind, g.classes, images)].seconds
         held = 0
+        group_peak_host, group_peak_device = step.peak_host_bytes, step.peak_device_bytes
         for e in g.eval_sets:
             evaluation = units[eval_key(g.method, e.classes, g.config_digest)]
             per_image = evaluation.seconds
@@ -240,14 +244,14 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
             phases["evaluation"] += (g.runs * (evaluation.fixed_seconds + e.images * per_image)
                                      + zero_shot.fixed_seconds + e.images * zero_shot.seconds)
             held += e.images * facts.embed_dim * 4
-            peak_host = max(peak_host, evaluation.peak_host_bytes)
-            peak_device = max(peak_device, evaluation.peak_device_bytes)
+            group_peak_host = max(group_peak_host, evaluation.peak_host_bytes)
+            group_peak_device = max(group_peak_device, evaluation.peak_device_bytes)
         phases["per-run overhead"] += g.runs * units[overhead_key(g.method, g.classes, g.config_digest)].seconds
         if not g.reads_pixels:
             train_bytes = sum(n * g.views * facts.embed_dim * 4 for n in g.train_images)
             held += train_bytes if train_bytes <= PRELOAD_BYTES * g.runs else 0
-        peak_host = max(peak_host, step.peak_host_bytes + held)
-        peak_device = max(peak_device, step.peak_device_bytes)
+        peak_host = max(peak_host, group_peak_host + held)
+        peak_device = max(peak_device, group_peak_device)
     return Estimate(phases=phases, runs=facts.runs, finished=facts.finished, groups=len(facts.groups),
                     features_to_encode=facts.features_to_encode, images_to_decode=facts.images_to_decode,
                     cache_bytes=facts.features_to_encode * facts.embed_dim * STORAGE_ITEMSIZE,
