@@ -176,28 +176,30 @@ def _training_inputs(entry, backbone: Backbone, items: int, device: torch.device
 def method_config_for(method: str, runs: int, config: MethodConfig | None = None,
                       backbone: Backbone | None = None) -> MethodConfig:
     """The method's config for R = ``runs``: ``config`` (a planned run's) or else its paper base-to-new recipe's,
-    with the prompt depths cut to ``backbone``'s towers (a tiny test model has fewer blocks than ViT-B/16)."""
+    with prompt depths deeper than ``backbone``'s towers cut to them (a tiny test model has fewer blocks than
+    ViT-B/16)."""
     entry = method_class(method)
     if config is None:
         config, _ = entry.recipe("paper", "base2new", 16, "ImageNet")
-        if backbone is not None:
-            model = backbone.model
-            text = len(model.transformer.resblocks)
-            vision = len(getattr(getattr(model.visual, "transformer", None), "resblocks", ())) or text
-            cut = {}
-            for option in entry.depth_options:
-                layers = text if "text" in option else vision if "vision" in option else min(text, vision)
-                cut[option] = min(getattr(config, option), layers)
-            config = dataclasses.replace(config, **cut)
+    if backbone is not None:  # a planned run's depths fit already (planning checks them): unchanged
+        model = backbone.model
+        text = len(model.transformer.resblocks)
+        vision = len(getattr(getattr(model.visual, "transformer", None), "resblocks", ())) or text
+        cut = {}
+        for option in entry.depth_options:
+            layers = text if "text" in option else vision if "vision" in option else min(text, vision)
+            cut[option] = min(getattr(config, option), layers)
+        config = dataclasses.replace(config, **cut)
     return dataclasses.replace(config, num_runs=runs)
 
 
 def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], batch: int, runs: int = 1,
                  config: MethodConfig | None = None, amp: bool | None = None, steps: int = 3,
-                 graph_steps: bool | None = None) -> Unit:
+                 graph_steps: bool | None = None, warmup: bool = True) -> Unit:
     """Seconds per training step of ``method`` at C = ``len(classnames)``, batch ``batch`` and R = ``runs`` runs
     trained together, through the engine's training loop: one untimed epoch (warm-up; on CUDA the step graphs are
-    captured there), then one timed epoch of ``steps`` full steps. Peaks cover both epochs."""
+    captured there), then one timed epoch of ``steps`` full steps. Peaks cover both epochs. ``warmup=False`` (for
+    steps that take minutes on a CPU) times the first epoch, first step included."""
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS, use_graph_steps
     from atlas_fast.engine.loop import train_runs
@@ -216,7 +218,7 @@ def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], bat
     torch.manual_seed(0)
     module = entry.build(backbone, list(classnames), method_config).to(device)
     schedules = [OneHot() for _ in range(runs)]
-    graphs = use_graph_steps([graph_steps] * runs, entry, schedules, device)
+    graphs = use_graph_steps([graph_steps] * runs, entry, schedules, device) and warmup
     warm_steps = GRAPH_WARMUP_STEPS + 1 if graphs else 1
     timed_steps = max(steps, warm_steps)
     items = batch * timed_steps
@@ -224,11 +226,11 @@ def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], bat
     labels = torch.arange(items) % len(classnames)
     states = [RunState(_SyntheticInputs(inputs), labels, None, schedule, seed, device)
               for seed, schedule in enumerate(schedules)]
-    recipe = OptimRecipe(epochs=2, batch_size=batch, lr=1e-6)
+    recipe = OptimRecipe(epochs=2 if warmup else 1, batch_size=batch, lr=1e-6, warmup_epochs=1 if warmup else 0)
     with PeakMemory(device) as peak:
         with small_step_threads(device.type, small_steps=not entry.reads_pixels):
             logs = train_runs(module, states, recipe, device, amp, progress=False, graph_steps=graphs)
-    seconds = logs[0][1]["seconds"] / timed_steps
+    seconds = logs[0][-1]["seconds"] / timed_steps
     return Unit(seconds, peak.host, peak.device_bytes, repeats=timed_steps)
 
 
