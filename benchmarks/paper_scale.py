@@ -136,8 +136,9 @@ def runs_per_group(method: str, device: torch.device) -> int:
     return min(len(VARIANT_SOFT) * SEEDS, DEFAULT_BATCH_RUNS.get(device.type, 1))
 
 
-def measure_dataset(bench: Bench, dataset: str, methods: list[str]) -> list[est.GroupFacts]:
-    """Measure every unit of ``dataset``'s runs; returns the plan facts of its part of the table."""
+def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool) -> list[est.GroupFacts]:
+    """Measure the training steps (``steps``) or the other units of ``dataset``'s runs; returns the plan facts of its
+    part of the table."""
     p = problem(dataset)
     backbone, args = bench.backbone, bench.args
     amp = bench.device.type == "cuda"
@@ -150,9 +151,13 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str]) -> list[est.
         runs = runs_per_group(method, bench.device)
         images = SHOTS * p["classes"]
         names = bench.classnames(p["classes"])
-        step = est.step_key(method, p["classes"], recipe.batch_size, runs, digest)
-        bench.unit(step, lambda: measure.measure_step(backbone, method, names, recipe.batch_size, runs, config=config,
-                                                      amp=amp, steps=args.steps, warmup=not args.no_warmup))
+        if steps:
+            bench.unit(est.step_key(method, p["classes"], recipe.batch_size, runs, digest),
+                       lambda: measure.measure_step(backbone, method, names, recipe.batch_size, runs, config=config,
+                                                    amp=amp, steps=args.steps, warmup=not args.no_warmup))
+            continue
+        if args.steps_only:
+            continue
         bench.unit(est.overhead_key(method, p["classes"], digest),
                    lambda: measure.measure_run_overhead(backbone, method, names, config=config, max_repeats=1))
         for _, classes, _ in p["eval"]:
@@ -165,6 +170,12 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str]) -> list[est.
         for kind in ("csl", "isl"):
             bench.unit(est.soft_key(kind, p["classes"], images),
                        lambda: measure.measure_soft_labels(backbone, kind, names, images, max_repeats=1))
+    for method in methods:  # the plan facts of the dataset's part of the table
+        entry = method_class(method)
+        config, recipe = entry.recipe("paper", p["setting"], SHOTS, p["recipe_dataset"])
+        digest = est.config_digest(measure.method_config_for(method, 1, config, backbone))
+        runs = runs_per_group(method, bench.device)
+        images = SHOTS * p["classes"]
         soft = [kind for kind in VARIANT_SOFT for _ in range(SEEDS)]
         evals = tuple(est.EvalFacts(name, c, n) for name, c, n in p["eval"])
         for start in range(0, len(soft), runs):
@@ -300,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="timed training steps per unit (default 3)")
     parser.add_argument("--no-warmup", action="store_true",
                         help="time the first steps too (no untimed warm-up epoch): for steps of minutes on a CPU")
+    parser.add_argument("--steps-only", action="store_true",
+                        help="measure only the training steps (time and peak memory), no evaluation or soft labels")
     parser.add_argument("--eval-images", type=int, default=32, help="test inputs each evaluation unit is timed on")
     parser.add_argument("--encode-batch", type=int, default=32, help="images per batch of the encode unit")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="stop starting units after this")
@@ -321,10 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{backbone.describe()} on {device}; {args.steps} timed step(s) per unit"
           f"{'' if args.no_warmup else ' after an untimed warm-up epoch'}; budget {args.budget_s} s", flush=True)
     bench = Bench(backbone, args)
+    for dataset in args.datasets:  # every training step first (time and peak memory), then the rest
+        print(f"{dataset}, training steps:", flush=True)
+        measure_dataset(bench, dataset, args.methods, steps=True)
     groups: list[est.GroupFacts] = []
     for dataset in args.datasets:
-        print(f"{dataset}:", flush=True)
-        groups += measure_dataset(bench, dataset, args.methods)
+        if not args.steps_only:
+            print(f"{dataset}, evaluation, soft labels, per-run overhead:", flush=True)
+        groups += measure_dataset(bench, dataset, args.methods, steps=False)
     result = report(bench, args.datasets, groups)
     if bench.skipped:
         print(f"\n{len(bench.skipped)} unit(s) skipped: the --budget-s of {args.budget_s} s ran out "
