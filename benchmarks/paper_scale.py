@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -91,6 +92,13 @@ class Bench:
         self.failed: dict[str, str] = {}
         self.start = time.perf_counter()
         self.names: dict[int, list[str]] = {}
+        # decoding processes beside the GPU (the pixel path's and the cache build's default: up to 8)
+        self.decode_workers = min(8, max(1, (os.cpu_count() or 2) - 1)) if self.device.type == "cuda" else 1
+        if args.units_from:  # price from units measured earlier (e.g. on a GPU): nothing that is there is measured
+            saved = json.loads(Path(args.units_from).read_text())
+            self.units = {k: Unit.from_dict(v) for k, v in saved["units"].items()}
+            self.device = torch.device(saved["device"])
+            self.decode_workers = saved.get("decode_workers") or (8 if saved["device"].startswith("cuda") else 1)
 
     def classnames(self, count: int) -> list[str]:
         return self.names.setdefault(count, measure.synthetic_classnames(count))
@@ -103,7 +111,7 @@ class Bench:
             return self.units[key]
         if key in self.failed or key in self.skipped:
             return None
-        if self.left() <= 0:
+        if self.left() <= 0 or self.args.units_from:  # out of time, or a unit the saved ones lack
             self.skipped.append(key)
             return None
         clock = time.perf_counter()
@@ -125,6 +133,7 @@ class Bench:
     def save(self) -> None:
         if self.args.out:
             data = {"device": str(self.device), "model": self.args.model, "budget_s": self.args.budget_s,
+                    "decode_workers": self.decode_workers, "threads": torch.get_num_threads(),
                     "units": {k: u.to_dict() for k, u in self.units.items()}, "skipped": self.skipped,
                     "failed": self.failed}
             Path(self.args.out).write_text(json.dumps(data, indent=1))
@@ -203,11 +212,12 @@ def cache_features(datasets: list[str], groups: list[est.GroupFacts]) -> tuple[i
 def priced(bench: Bench, groups: list[est.GroupFacts], features: int, images: int) -> tuple[est.Estimate, list]:
     """The estimate of the groups whose units were all measured, and the groups left out."""
     facts = est.PlanFacts((), 0, 0, features, images, int(bench.backbone.embed_dim), bench.device.type,
-                          decode_workers=min(8, torch.get_num_threads()) if bench.device.type == "cuda" else 1)
+                          decode_workers=bench.decode_workers)
     common = [k for k in est.needed_units(facts)]
     kept, left_out = [], []
     for g in groups:
-        one = est.PlanFacts((g,), g.runs, 0, 0, 0, facts.embed_dim, facts.device)
+        one = est.PlanFacts((g,), g.runs, 0, 0, 0, facts.embed_dim, facts.device,
+                            decode_workers=bench.decode_workers)
         if all(k in bench.units for k in est.needed_units(one)):
             kept.append(g)
         else:
@@ -230,7 +240,8 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
                       (est.DECODE_KEY, lambda: measure.measure_decode(bench.backbone))):
         bench.unit(key, call)
     print(f"\n### Units at the real shapes ({bench.args.model}, random weights, {device}"
-          f"{', fp16 autocast' if device.type == 'cuda' else ', fp32'}; {torch.get_num_threads()} CPU threads)\n")
+          f"{', fp16 autocast' if device.type == 'cuda' else ', fp32'}; "
+          f"{'units from ' + bench.args.units_from if bench.args.units_from else str(torch.get_num_threads()) + ' CPU threads'})\n")
     print("| dataset | method | C | batch | R | s/step | steps/run | train s/run | eval s/run | peak host | peak device |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     seen = set()
@@ -244,7 +255,8 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
             print(f"| {g.dataset} | {g.method} | {g.classes} | {g.batch} | {g.runs} | "
                   f"{'failed: ' + why if why else 'skipped (budget)'} | | | | | |")
             continue
-        one = est.PlanFacts((g,), g.runs, 0, 0, 0, int(bench.backbone.embed_dim), device.type)
+        one = est.PlanFacts((g,), g.runs, 0, 0, 0, int(bench.backbone.embed_dim), device.type,
+                            decode_workers=bench.decode_workers)
         if all(k in bench.units for k in est.needed_units(one)):
             e = est.price(one, bench.units)
             train, evaluation = e.phases["training"] / g.runs, e.phases["evaluation"] / g.runs
@@ -318,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="stop starting units after this")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", default=None, help="JSON file, written after every unit")
+    parser.add_argument("--units-from", default=None,
+                        help="a JSON file of an earlier --out: price with its units (and its device) and measure "
+                             "nothing (a unit it lacks is reported as skipped)")
     args = parser.parse_args(argv)
     for dataset in args.datasets:
         if dataset != IMAGENET_ALL and dataset not in PUBLISHED_SIZES:
@@ -329,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps and --eval-images must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = torch.device(args.device if not args.units_from else "cpu")
     backbone = load_backbone(BackboneConfig(args.model, None), device)
     print(f"{backbone.describe()} on {device}; {args.steps} timed step(s) per unit"
           f"{'' if args.no_warmup else ' after an untimed warm-up epoch'}; budget {args.budget_s} s", flush=True)

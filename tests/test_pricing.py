@@ -72,11 +72,14 @@ def test_price_matches_the_hand_worked_example():
     assert "| **total** | **7.3 s** |" in estimate.markdown()
 
 
-def test_price_on_cuda_overlaps_decoding_with_the_encoder():
-    """CUDA: 100 x max(encode 0.01, decode 0.002 / 4 workers) + 40 x 0.003 / 4 = 1.0 + 0.03 = 1.03."""
+def test_price_on_cuda_overlaps_decoding_with_the_encoder_and_the_steps():
+    """CUDA, 4 decoding workers: cache build = 100 x max(encode 0.01, decode 0.002 / 4) + 40 x 0.003 / 4 = 1.03;
+    IVLP's steps = 6 x max(0.2, 2 x 0.005 / 4) = 1.2, so training = 0.45 + 1.2 = 1.65; IVLP's evaluation =
+    0.05 + 20 x max(0.01, 0.005 / 4) + 0.012 = 0.262, so evaluation = 0.205 + 0.262 = 0.467."""
     facts, units = hand_worked()
     facts = PlanFacts(facts.groups, 5, 1, 100, 40, 8, device="cuda", plan_seconds=0.5, decode_workers=4)
-    assert price(facts, units).phases["cache build"] == pytest.approx(1.03)
+    phases = price(facts, units).phases
+    assert (phases["cache build"], phases["training"], phases["evaluation"]) == pytest.approx((1.03, 1.65, 0.467))
 
 
 def test_price_names_a_unit_that_was_not_measured():

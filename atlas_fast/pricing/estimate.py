@@ -78,7 +78,7 @@ class PlanFacts:
     embed_dim: int
     device: str = "cpu"
     plan_seconds: float = 0.0  # what planning took here (the real run plans again)
-    decode_workers: int = 1  # decoding processes beside the encoder while building the cache (CUDA)
+    decode_workers: int = 1  # decoding processes beside the encoder or the steps (CUDA: the cache build, pixels)
 
 
 # ----------------------------------------------------------------------------------------------------------- units
@@ -199,9 +199,11 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
       + images x decode per image / workers
     * soft labels = sum over runs with CSL/ISL/mix of soft(kind, C, N of the run) (LS is free)
     * training = sum over groups of epochs x steps per epoch x (step(method, C, B, R) + for pixel methods
-      B x (decode per view + per image), the views decoded in the loop)
-    * evaluation = sum over groups, over class sets: R x (eval fixed + N x eval per image (+ decode for pixel
-      methods)) + the zero-shot references once per group (zsclip fixed + N x per image)
+      B x R x (decode per view + per image), the views decoded in the loop); on CUDA the decoding runs in
+      ``decode_workers`` processes beside the steps: max(step, B x R x decode / workers)
+    * evaluation = sum over groups, over class sets: R x (eval fixed + N x eval per image (+ decode per image for
+      pixel methods; on CUDA max(eval per image, decode / workers))) + the zero-shot references once per group
+      (zsclip fixed + N x per image)
     * per-run overhead = sum over groups of R x overhead(method, C)
     * peak host = max over groups of max(step, evaluation peak RSS) + the group's features held in memory (each run's
       cached training views when preloaded, the evaluation sets' features), float32
@@ -226,9 +228,11 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     for g in facts.groups:
         step = units[step_key(g.method, g.classes, g.batch, g.runs, g.config_digest)]
         per_step = step.seconds
-        if g.reads_pixels:
+        workers = max(1, facts.decode_workers)
+        if g.reads_pixels:  # the loop decodes each batch's views; on CUDA in worker processes beside the steps
             decode = units[DECODE_KEY]
-            per_step += g.batch * g.runs * (decode.seconds + decode.fixed_seconds)
+            decoding = g.batch * g.runs * (decode.seconds + decode.fixed_seconds)
+            per_step = max(per_step, decoding / workers) if cuda else per_step + decoding
         phases["training"] += g.epochs * g.steps_per_epoch * per_step
         for kind, images in zip(g.soft_labels, g.train_images):
             if kind not in (None, "ls"):
@@ -239,7 +243,8 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
             evaluation = units[eval_key(g.method, e.classes, g.config_digest)]
             per_image = evaluation.seconds
             if g.reads_pixels:
-                per_image += units[DECODE_KEY].seconds + units[DECODE_KEY].fixed_seconds
+                decoding = units[DECODE_KEY].seconds + units[DECODE_KEY].fixed_seconds
+                per_image = max(per_image, decoding / workers) if cuda else per_image + decoding
             zero_shot = units[eval_key(ZERO_SHOT, e.classes)]
             phases["evaluation"] += (g.runs * (evaluation.fixed_seconds + e.images * per_image)
                                      + zero_shot.fixed_seconds + e.images * zero_shot.seconds)
