@@ -237,7 +237,8 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
     device = bench.device
     for key, call in ((est.LOAD_KEY, lambda: measure.measure_backbone_load(bench.backbone.config, device)),
                       (est.ENCODE_KEY, lambda: measure.measure_encode(bench.backbone, batch=bench.args.encode_batch)),
-                      (est.DECODE_KEY, lambda: measure.measure_decode(bench.backbone))):
+                      (est.DECODE_KEY, lambda: measure.measure_decode(bench.backbone)),
+                      (est.LOADER_KEY, lambda: measure.measure_loader_start(bench.backbone))):
         bench.unit(key, call)
     print(f"\n### Units at the real shapes ({bench.args.model}, random weights, {device}"
           f"{', fp16 autocast' if device.type == 'cuda' else ', fp32'}; "

@@ -32,6 +32,7 @@ def hand_worked():
                       device="cpu", plan_seconds=0.5)
     units = {
         est.LOAD_KEY: Unit(2.0), est.ENCODE_KEY: Unit(0.01), est.DECODE_KEY: Unit(0.002, fixed_seconds=0.003),
+        est.LOADER_KEY: Unit(0.1),
         est.step_key("coop", 10, 4, 2, "d"): Unit(0.05, peak_host_bytes=1000),
         est.step_key("ivlp", 10, 2, 1, "e"): Unit(0.2, peak_host_bytes=3000),
         est.overhead_key("coop", 10, "d"): Unit(0.1), est.overhead_key("ivlp", 10, "e"): Unit(0.3),
@@ -50,36 +51,39 @@ def test_price_matches_the_hand_worked_example():
     cache build  = 100 features x (encode 0.01 + decode 0.002) + 40 images x 0.003 (CPU: in turn)   = 1.32
     soft labels  = ISL(C=10, N=10) 0.4 + CSL(C=10, N=5) 0.3 (the plain run has none)               = 0.7
     training     = CoOp: 3 epochs x ceil(10 / 4) = 3 steps x 0.05                                 = 0.45
-                 + IVLP: 2 epochs x ceil(5 / 2) = 3 steps x (0.2 + 2 images x (0.002 + 0.003))    = 1.26   -> 1.71
+                 + IVLP: 2 epochs x ceil(5 / 2) = 3 steps x (0.2 + 2 images x (0.002 + 0.003))    = 1.26
+                 + IVLP's image loader started once per epoch: 2 x 0.1                             = 0.2    -> 1.91
     evaluation   = CoOp base: 2 runs x (0.02 + 20 x 0.001) + zero-shot 0.01 + 20 x 0.0001         = 0.092
                  + CoOp new:  2 x (0.02 + 30 x 0.001) + 0.01 + 30 x 0.0001                         = 0.113
-                 + IVLP base: 1 x (0.05 + 20 x (0.01 + 0.005 decoding)) + 0.01 + 20 x 0.0001       = 0.362  -> 0.567
+                 + IVLP base: 1 x (0.05 + 20 x (0.01 + 0.005 decoding)) + 0.01 + 20 x 0.0001       = 0.362
+                 + IVLP's image loader for its one class set: 0.1                                  = 0.1    -> 0.667
     overhead     = 2 x 0.1 + 1 x 0.3                                                               = 0.5
-    total        = 7.297 s; cache bytes = 100 x 8 x 2 (float16) = 1600
+    total        = 7.597 s; cache bytes = 100 x 8 x 2 (float16) = 1600
     peak host    = CoOp: max(step 1000, eval 1500) + test features (20 + 30) x 8 x 4 = 1600
                    + training views (10 + 8) x 3 views x 8 x 4 = 1728                              = 4828
                    IVLP: max(3000, 2000) + 20 x 8 x 4 = 640 (pixels: no cached training views)    = 3640 -> 4828
     """
     facts, units = hand_worked()
     estimate = price(facts, units)
-    expected = {"setup": 2.5, "cache build": 1.32, "soft labels": 0.7, "training": 1.71, "evaluation": 0.567,
+    expected = {"setup": 2.5, "cache build": 1.32, "soft labels": 0.7, "training": 1.91, "evaluation": 0.667,
                 "per-run overhead": 0.5}
     assert estimate.phases == pytest.approx(expected)
-    assert estimate.total_seconds == pytest.approx(7.297)
+    assert estimate.total_seconds == pytest.approx(7.597)
     assert estimate.cache_bytes == 1600
     assert estimate.peak_host_bytes == 4828
     assert (estimate.runs, estimate.finished, estimate.groups) == (5, 1, 2)
-    assert "| **total** | **7.3 s** |" in estimate.markdown()
+    assert "| **total** | **7.6 s** |" in estimate.markdown()
 
 
 def test_price_on_cuda_overlaps_decoding_with_the_encoder_and_the_steps():
     """CUDA, 4 decoding workers: cache build = 100 x max(encode 0.01, decode 0.002 / 4) + 40 x 0.003 / 4 = 1.03;
-    IVLP's steps = 6 x max(0.2, 2 x 0.005 / 4) = 1.2, so training = 0.45 + 1.2 = 1.65; IVLP's evaluation =
-    0.05 + 20 x max(0.01, 0.005 / 4) + 0.012 = 0.262, so evaluation = 0.205 + 0.262 = 0.467."""
+    IVLP's steps = 6 x max(0.2, 2 x 0.005 / 4) = 1.2, so training = 0.45 + 1.2 + 0.2 (loader) = 1.85; IVLP's
+    evaluation = 0.05 + 20 x max(0.01, 0.005 / 4) + 0.012 + 0.1 (loader) = 0.362, so evaluation = 0.205 + 0.362
+    = 0.567."""
     facts, units = hand_worked()
     facts = PlanFacts(facts.groups, 5, 1, 100, 40, 8, device="cuda", plan_seconds=0.5, decode_workers=4)
     phases = price(facts, units).phases
-    assert (phases["cache build"], phases["training"], phases["evaluation"]) == pytest.approx((1.03, 1.65, 0.467))
+    assert (phases["cache build"], phases["training"], phases["evaluation"]) == pytest.approx((1.03, 1.85, 0.567))
 
 
 def test_price_names_a_unit_that_was_not_measured():

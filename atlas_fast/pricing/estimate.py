@@ -109,6 +109,7 @@ def overhead_key(method: str, classes: int, digest: str = "") -> str:
 
 ENCODE_KEY = "encode"
 DECODE_KEY = "decode"
+LOADER_KEY = "loader start"
 LOAD_KEY = "backbone load"
 ZERO_SHOT = "zsclip"
 
@@ -124,7 +125,7 @@ def needed_units(facts: PlanFacts) -> list[str]:
         for e in g.eval_sets:
             keys += [eval_key(g.method, e.classes, g.config_digest), eval_key(ZERO_SHOT, e.classes)]
         if g.reads_pixels:
-            keys.append(DECODE_KEY)
+            keys += [DECODE_KEY, LOADER_KEY]
         for kind, images in zip(g.soft_labels, g.train_images):
             if kind not in (None, "ls"):
                 keys.append(soft_key(kind, g.classes, images))
@@ -200,10 +201,11 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     * soft labels = sum over runs with CSL/ISL/mix of soft(kind, C, N of the run) (LS is free)
     * training = sum over groups of epochs x steps per epoch x (step(method, C, B, R) + for pixel methods
       B x R x (decode per view + per image), the views decoded in the loop); on CUDA the decoding runs in
-      ``decode_workers`` processes beside the steps: max(step, B x R x decode / workers)
+      ``decode_workers`` processes beside the steps: max(step, B x R x decode / workers); pixel methods also start
+      their image loader once per epoch and run (+ epochs x R x loader start)
     * evaluation = sum over groups, over class sets: R x (eval fixed + N x eval per image (+ decode per image for
       pixel methods; on CUDA max(eval per image, decode / workers))) + the zero-shot references once per group
-      (zsclip fixed + N x per image)
+      (zsclip fixed + N x per image); pixel methods + R x loader start per class set
     * per-run overhead = sum over groups of R x overhead(method, C)
     * peak host = max over groups of max(step, evaluation peak RSS) + the group's features held in memory (each run's
       cached training views when preloaded, the evaluation sets' features), float32
@@ -234,6 +236,8 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
             decoding = g.batch * g.runs * (decode.seconds + decode.fixed_seconds)
             per_step = max(per_step, decoding / workers) if cuda else per_step + decoding
         phases["training"] += g.epochs * g.steps_per_epoch * per_step
+        if g.reads_pixels:  # each epoch of each run starts the image loader
+            phases["training"] += g.epochs * g.runs * units[LOADER_KEY].seconds
         for kind, images in zip(g.soft_labels, g.train_images):
             if kind not in (None, "ls"):
                 phases["soft labels"] += units[soft_key(kind, g.classes, images)].seconds
@@ -248,6 +252,8 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
             zero_shot = units[eval_key(ZERO_SHOT, e.classes)]
             phases["evaluation"] += (g.runs * (evaluation.fixed_seconds + e.images * per_image)
                                      + zero_shot.fixed_seconds + e.images * zero_shot.seconds)
+            if g.reads_pixels:  # and so does each run's evaluation of each class set
+                phases["evaluation"] += g.runs * units[LOADER_KEY].seconds
             held += e.images * facts.embed_dim * 4
             group_peak_host = max(group_peak_host, evaluation.peak_host_bytes)
             group_peak_device = max(group_peak_device, evaluation.peak_device_bytes)
@@ -369,6 +375,8 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> di
             return lambda: measure.measure_encode(backbone)
         if key == DECODE_KEY:
             return lambda: measure.measure_decode(backbone)
+        if key == LOADER_KEY:
+            return lambda: measure.measure_loader_start(backbone)
         fields = {part.split("=")[0]: part.split("=")[1] for part in rest if "=" in part}
         digest = rest[-1] if kind in ("step", "eval", "overhead") else ""
         config = configs.get(digest)

@@ -316,6 +316,29 @@ def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5) -> 
     return Unit(per_view, fixed_seconds=max(0.0, one - per_view), repeats=repeats)
 
 
+def measure_loader_start(backbone: Backbone, max_repeats: int = 3) -> Unit:
+    """Seconds to start one pass of the pixel path's image loader (:class:`~atlas_fast.engine.pixels.ImageViews`,
+    with the decoding worker processes it uses on this device) over one small image: what a pixel method pays once
+    per epoch and once per evaluated class set, beside decoding."""
+    from PIL import Image
+
+    from atlas_fast.data.base import Datum
+    from atlas_fast.engine.pixels import ImageViews
+
+    device = backbone.device
+    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
+        path = Path(folder) / "tiny.jpg"
+        Image.new("RGB", (32, 32), (128, 64, 32)).save(path)
+        views = ImageViews([Datum(str(path), 0, "tiny", "tiny.jpg")], backbone, device=device)
+
+        def one_pass() -> None:
+            for _ in views.batches(0, None, 1):
+                pass
+
+        seconds, repeats = _timed(one_pass, device, max_repeats, min_seconds=0.0)
+    return Unit(seconds, repeats=repeats)
+
+
 def measure_soft_labels(backbone: Backbone, kind: str, classnames: Sequence[str], items: int,
                         max_repeats: int = 3) -> Unit:
     """Seconds to generate one run's soft-label rows of ``kind`` (``ls``, ``csl``, ``isl``, ``mix``) for ``items``
