@@ -43,7 +43,7 @@ from atlas_fast.methods.base import MethodConfig, OptimRecipe, method_class
 MIN_TIMED_SECONDS = 0.3
 #: most cached test features an evaluation unit is timed on (methods whose images cost little next to their class
 #: prompts need many for the cost per image to show)
-MAX_EVAL_IMAGES = 1 << 15
+MAX_EVAL_IMAGES = 1 << 14
 #: words the synthetic class names are drawn from (one to three words, like the datasets' names)
 _WORDS = ("red", "great", "spotted", "common", "little", "wild", "house", "garden", "river", "terrier", "beetle",
           "station", "mountain", "church", "market", "lizard", "sparrow", "bridge", "forest", "kitchen")
@@ -134,11 +134,11 @@ def _sync(device: torch.device) -> None:
 def _timed(call: Callable[[], Any], device: torch.device, max_repeats: int, min_seconds: float = MIN_TIMED_SECONDS,
            fastest: bool = False) -> tuple[float, int]:
     """Median seconds of ``call`` after one untimed call, repeated until ``min_seconds`` or ``max_repeats``.
-    ``fastest``: the fastest of at least three repeats (for differences of two timings, which noise would swamp)."""
+    ``fastest``: the fastest of at least five repeats (for differences of two timings, which noise would swamp)."""
     call()
     _sync(device)
     times: list[float] = []
-    least = 3 if fastest else 1
+    least = 5 if fastest else 1
     while len(times) < max(least, max_repeats) and (len(times) < least or sum(times) < min_seconds):
         start = time.perf_counter()
         call()
@@ -260,20 +260,21 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
             with torch.no_grad(), _autocast(device, amp):
                 text = module.text_features()
                 per_call, repeats = _timed(lambda: module.eval_pixel_logits(pixels, text), device, max_repeats)
-        else:  # linear in the images: timed at N and 2N, the slope is the cost per image; N grows (up to
-            # MAX_EVAL_IMAGES) until the images' part stands out of the fixed part's noise
-            count = images
-            while True:
-                features = torch.randn(2 * count, backbone.embed_dim).to(device)
-                single, _ = _timed(lambda: method_logits(module, features[:count], amp), device, max_repeats,
-                                   fastest=True)
-                double, repeats = _timed(lambda: method_logits(module, features, amp), device, max_repeats,
-                                         fastest=True)
-                per_call = max(0.0, double - single)  # noise could make the difference negative
-                if per_call >= 0.25 * single or 4 * count > MAX_EVAL_IMAGES:
+        else:  # linear in the images: t(1) is the fixed part (the class prompts) plus one image; N grows (x4, up
+            # to MAX_EVAL_IMAGES) until the images' part is at least the fixed part, so that noise in the fixed
+            # part, divided by N, cannot pass for a cost per image
+            features = torch.randn(MAX_EVAL_IMAGES, backbone.embed_dim).to(device)
+            one, _ = _timed(lambda: method_logits(module, features[:1], amp), device, max_repeats, fastest=True)
+            count = max(2, images)
+            while True:  # every timing the fastest of five: one slow call on a busy machine must not stop it
+                total, repeats = _timed(lambda: method_logits(module, features[:count], amp), device, max_repeats,
+                                        fastest=True)
+                if total >= 2 * one or count >= MAX_EVAL_IMAGES:
                     break
-                count *= 4
-            fixed = max(0.0, single - per_call)
+                count = min(MAX_EVAL_IMAGES, 4 * count)
+            per_image = max(0.0, total - one) / (count - 1)
+            fixed = max(0.0, one - per_image)
+            per_call = per_image * count
     return Unit(per_call / count, peak.host, peak.device_bytes, fixed_seconds=fixed, repeats=repeats)
 
 
