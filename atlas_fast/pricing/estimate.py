@@ -172,8 +172,9 @@ class Estimate:
         lines += ["", f"- to encode: {self.features_to_encode} (image, view) feature(s) of {self.images_to_decode} "
                       f"image(s) (what the cache already holds is subtracted); cache grows by "
                       f"{human_bytes(self.cache_bytes)}",
-                  f"- peak host memory (process RSS): {human_bytes(self.peak_host_bytes)}"
-                  + (f"; peak device memory: {human_bytes(self.peak_device_bytes)}" if self.device == "cuda" else ""),
+                  (f"- peak host memory (process RSS): {human_bytes(self.peak_host_bytes)}"
+                   + (f"; peak device memory: {human_bytes(self.peak_device_bytes)}" if self.device == "cuda" else "")
+                   if to_run else "- every run is finished: nothing to train"),
                   f"- units: {self.units_reused} reused from the calibration store, {self.units_measured} measured "
                   f"now ({self.calibration_seconds:.1f} s)"]
         lines += [f"- {note}" for note in self.notes]
