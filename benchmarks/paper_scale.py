@@ -240,10 +240,12 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
                       (est.DECODE_KEY, lambda: measure.measure_decode(bench.backbone)),
                       (est.LOADER_KEY, lambda: measure.measure_loader_start(bench.backbone))):
         bench.unit(key, call)
+    source = (f"units from {bench.args.units_from}" if bench.args.units_from
+              else f"{torch.get_num_threads()} CPU threads")
     print(f"\n### Units at the real shapes ({bench.args.model}, random weights, {device}"
-          f"{', fp16 autocast' if device.type == 'cuda' else ', fp32'}; "
-          f"{'units from ' + bench.args.units_from if bench.args.units_from else str(torch.get_num_threads()) + ' CPU threads'})\n")
-    print("| dataset | method | C | batch | R | s/step | steps/run | train s/run | eval s/run | peak host | peak device |")
+          f"{', fp16 autocast' if device.type == 'cuda' else ', fp32'}; {source})\n")
+    print("| dataset | method | C | batch | R | s/step | steps/run | train s/run | eval s/run | peak host | "
+          "peak device |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     seen = set()
     for g in groups:

@@ -112,7 +112,8 @@ def test_a_second_estimate_measures_nothing(pets, monkeypatch):
     for name in ("measure_step", "measure_eval", "measure_encode", "measure_decode", "measure_run_overhead",
                  "measure_backbone_load", "measure_soft_labels"):
         real = getattr(measure, name)
-        monkeypatch.setattr(measure, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+        monkeypatch.setattr(measure, name,
+                            lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     first = est.estimate_configs(configs(pets, "reuse"))
     assert first.units_measured == len(calls) > 0
     assert "measure_step" in calls and "measure_encode" in calls

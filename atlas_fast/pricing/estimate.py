@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -315,7 +316,8 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
         parts = [group] if entry.supports_batched_runs else [[spec] for spec in group]
         for part in parts:
             first = part[0]
-            sets = tuple(EvalFacts(name, split.num_classes, len(split.test)) for name, split in first.data.splits.items())
+            sets = tuple(EvalFacts(name, split.num_classes, len(split.test))
+                         for name, split in first.data.splits.items())
             groups.append(GroupFacts(
                 method=first.config.method, dataset=first.dataset, classes=first.data.train_split.num_classes,
                 runs=len(part), batch=first.recipe.batch_size, epochs=first.recipe.epochs,
@@ -341,8 +343,6 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
             f, i = missing_features(root, backbone, dataset, per_item, aug_seed, content_hash)
             features, images = features + f, images + i
     device = specs[0].device.type if specs else "cpu"
-    import os
-
     workers = min(8, os.cpu_count() or 1) if device == "cuda" else 1
     embed_dim = int(backbone.embed_dim) if backbone is not None else 0
     return PlanFacts(groups=tuple(groups), runs=len(specs), finished=len(specs) - len(todo),

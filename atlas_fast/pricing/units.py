@@ -126,6 +126,11 @@ class PeakMemory:
         self.host = max(self.host, _host_rss())
 
 
+def _fp16(device: torch.device, amp: bool) -> torch.autocast:
+    """fp16 autocast on CUDA with ``amp``, as the engine's evaluation runs (nothing elsewhere)."""
+    return torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp and device.type == "cuda")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -243,7 +248,7 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
     through the text encoder) and ``seconds`` per test image (cached features, or pixels through the prompted image
     tower for the methods that read pixels; decoding priced apart), measured on ``images`` random test inputs and
     scaled linearly."""
-    from atlas_fast.engine.evaluate import EVAL_PIXEL_BATCH, _autocast, method_logits
+    from atlas_fast.engine.evaluate import EVAL_PIXEL_BATCH, method_logits
 
     device = backbone.device
     amp = device.type == "cuda" if amp is None else amp
@@ -252,12 +257,12 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
     module = entry.build(backbone, list(classnames), method_config_for(method, 1, config, backbone)).to(device).eval()
     with PeakMemory(device) as peak:
         if entry.reads_pixels:  # the class prompts once, then the prompted image tower per image
-            with torch.no_grad(), _autocast(device, amp):
+            with torch.no_grad(), _fp16(device, amp):
                 fixed, _ = _timed(lambda: module.text_features(), device, max_repeats)
             count = min(images, EVAL_PIXEL_BATCH)
             pixels = _training_inputs(entry, backbone, count, device)
             pixels = pixels[0] if isinstance(pixels, tuple) else pixels
-            with torch.no_grad(), _autocast(device, amp):
+            with torch.no_grad(), _fp16(device, amp):
                 text = module.text_features()
                 per_call, repeats = _timed(lambda: module.eval_pixel_logits(pixels, text), device, max_repeats)
         else:  # linear in the images: t(1) is the fixed part (the class prompts) plus one image; N grows (x4, up
