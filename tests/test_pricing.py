@@ -2,6 +2,7 @@
 the cache's state subtracted, ``--estimate`` training nothing, and its errors."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -125,6 +126,13 @@ def test_a_second_estimate_measures_nothing(pets, monkeypatch):
     assert first.runs == 2 and first.groups == 1  # CoOp batches its two seeds
 
 
+def test_zero_shot_runs_train_nothing_and_need_no_step(pets):
+    estimate = est.estimate_configs(configs(pets, "zero-shot", seeds=(1,), method="zsclip"))
+    assert estimate.phases["training"] == 0 and estimate.phases["evaluation"] > 0
+    store = json.loads((pets / "zero-shot" / "cache" / "pricing" / "calibration.json").read_text())
+    assert not [key for units in store.values() for key in units if key.startswith("step/")]
+
+
 def test_features_already_cached_are_not_counted(pets, tiny):
     """2 seeds x 2 shots x 2 base classes of OxfordPets' 4: the union of their training images (views 0 and 1) and
     the 8 test images (view 0). After the cache holds the test features, only the training ones are left."""
@@ -156,6 +164,7 @@ def worktree_experiments():
                                                   submodule_search_locations=[str(folder)])
     module = importlib.util.module_from_spec(spec)
     sys.modules["atlas_fast.experiments"] = module
+    atlas_fast.experiments = module  # as an import would bind it
     spec.loader.exec_module(module)
 
 

@@ -60,6 +60,7 @@ class GroupFacts:
     reads_pixels: bool = False
     views: int = 1  # cached views per training image (the feed preloads them)
     config_digest: str = ""  # the method config (R aside), so a unit is measured for this exact config
+    learns: bool = True  # False: zero-shot CLIP, nothing to train
 
     @property
     def steps_per_epoch(self) -> int:
@@ -121,7 +122,8 @@ def needed_units(facts: PlanFacts) -> list[str]:
     if facts.features_to_encode:
         keys += [ENCODE_KEY, DECODE_KEY]
     for g in facts.groups:
-        keys.append(step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
+        if g.learns:
+            keys.append(step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
         keys.append(overhead_key(g.method, g.classes, g.config_digest))
         for e in g.eval_sets:
             keys += [eval_key(g.method, e.classes, g.config_digest), eval_key(ZERO_SHOT, e.classes)]
@@ -201,8 +203,9 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
       runs in ``decode_workers`` processes beside the encoder: features x max(encode, decode per view / workers)
       + images x decode per image / workers
     * soft labels = sum over runs with CSL/ISL/mix of soft(kind, C, N of the run) (LS is free)
-    * training = sum over groups of epochs x steps per epoch x (step(method, C, B, R) + for pixel methods
-      B x R x (decode per view + per image), the views decoded in the loop); on CUDA the decoding runs in
+    * training = sum over the groups that learn (zero-shot CLIP trains nothing) of epochs x steps per epoch x
+      (step(method, C, B, R) + for pixel methods B x R x (decode per view + per image), the views decoded in the
+      loop); on CUDA the decoding runs in
       ``decode_workers`` processes beside the steps: max(step, B x R x decode / workers); pixel methods also start
       their image loader once per epoch and run (+ epochs x R x loader start)
     * evaluation = sum over groups, over class sets: R x (eval fixed + N x eval per image (+ decode per image for
@@ -230,15 +233,15 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
                                      + facts.images_to_decode * decode.fixed_seconds)
     peak_host = peak_device = 0
     for g in facts.groups:
-        step = units[step_key(g.method, g.classes, g.batch, g.runs, g.config_digest)]
+        step = units[step_key(g.method, g.classes, g.batch, g.runs, g.config_digest)] if g.learns else Unit(0.0)
         per_step = step.seconds
         workers = max(1, facts.decode_workers)
         if g.reads_pixels:  # the loop decodes each batch's views; on CUDA in worker processes beside the steps
             decode = units[DECODE_KEY]
             decoding = g.batch * g.runs * (decode.seconds + decode.fixed_seconds)
             per_step = max(per_step, decoding / workers) if cuda else per_step + decoding
-        phases["training"] += g.epochs * g.steps_per_epoch * per_step
-        if g.reads_pixels:  # each epoch of each run starts the image loader
+        phases["training"] += g.epochs * g.steps_per_epoch * per_step if g.learns else 0.0
+        if g.reads_pixels and g.learns:  # each epoch of each run starts the image loader
             phases["training"] += g.epochs * g.runs * units[LOADER_KEY].seconds
         for kind, images in zip(g.soft_labels, g.train_images):
             if kind not in (None, "ls"):
@@ -325,7 +328,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
                 soft_labels=tuple(s.config.soft_labels.kind if s.config.soft_labels is not None else None
                                   for s in part),
                 reads_pixels=entry.reads_pixels, views=max(s.views for s in part),
-                config_digest=config_digest(first.method_config)))
+                config_digest=config_digest(first.method_config), learns=entry.learns))
     features = images = 0
     if todo_specs:
         backbone = backbone if backbone is not None else todo_specs[0].backbone()
