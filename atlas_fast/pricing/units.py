@@ -139,11 +139,14 @@ def _sync(device: torch.device) -> None:
 def _timed(call: Callable[[], Any], device: torch.device, max_repeats: int, min_seconds: float = MIN_TIMED_SECONDS,
            fastest: bool = False) -> tuple[float, int]:
     """Median seconds of ``call`` after one untimed call, repeated until ``min_seconds`` or ``max_repeats``.
-    ``fastest``: the fastest of at least five repeats (for differences of two timings, which noise would swamp)."""
+    ``fastest``: the fastest of at least five repeats, two for calls over a second (for differences of two timings,
+    which noise would swamp)."""
+    clock = time.perf_counter()
     call()
     _sync(device)
+    slow = time.perf_counter() - clock > 1.0  # calls of seconds: the machine's hiccups are small beside them
     times: list[float] = []
-    least = 5 if fastest else 1
+    least = (2 if slow else 5) if fastest else 1
     while len(times) < max(least, max_repeats) and (len(times) < least or sum(times) < min_seconds):
         start = time.perf_counter()
         call()
