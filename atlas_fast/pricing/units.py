@@ -44,6 +44,8 @@ MIN_TIMED_SECONDS = 0.3
 #: most cached test features an evaluation unit is timed on (methods whose images cost little next to their class
 #: prompts need many for the cost per image to show)
 MAX_EVAL_IMAGES = 1 << 14
+#: shortest timing an evaluation unit's cost per image is read from (a few microseconds' difference is noise)
+MIN_EVAL_SECONDS = 0.05
 #: words the synthetic class names are drawn from (one to three words, like the datasets' names)
 _WORDS = ("red", "great", "spotted", "common", "little", "wild", "house", "garden", "river", "terrier", "beetle",
           "station", "mountain", "church", "market", "lizard", "sparrow", "bridge", "forest", "kitchen")
@@ -269,18 +271,23 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
                 text = module.text_features()
                 per_call, repeats = _timed(lambda: module.eval_pixel_logits(pixels, text), device, max_repeats)
         else:  # linear in the images: t(1) is the fixed part (the class prompts) plus one image; N grows (x4, up
-            # to MAX_EVAL_IMAGES) until the images' part is at least the fixed part, so that noise in the fixed
-            # part, divided by N, cannot pass for a cost per image
+            # to MAX_EVAL_IMAGES) until the images' part is at least the fixed part and t(N) at least
+            # MIN_EVAL_SECONDS, so that noise, divided by N, cannot pass for a cost per image
             features = torch.randn(MAX_EVAL_IMAGES, backbone.embed_dim).to(device)
             one, _ = _timed(lambda: method_logits(module, features[:1], amp), device, max_repeats, fastest=True)
             count = max(2, images)
             while True:  # every timing the fastest of five: one slow call on a busy machine must not stop it
                 total, repeats = _timed(lambda: method_logits(module, features[:count], amp), device, max_repeats,
                                         fastest=True)
-                if total >= 2 * one or count >= MAX_EVAL_IMAGES:
+                if (total >= 2 * one and total >= MIN_EVAL_SECONDS) or count >= MAX_EVAL_IMAGES:
                     break
                 count = min(MAX_EVAL_IMAGES, 4 * count)
             per_image = max(0.0, total - one) / (count - 1)
+            if count < MAX_EVAL_IMAGES:  # and once at 4N: a busy moment only adds time, so the smaller slope
+                more = min(MAX_EVAL_IMAGES, 4 * count)
+                longer, _ = _timed(lambda: method_logits(module, features[:more], amp), device, max_repeats,
+                                   fastest=True)
+                per_image = min(per_image, max(0.0, longer - one) / (more - 1))
             fixed = max(0.0, one - per_image)
             per_call = per_image * count
     return Unit(per_call / count, peak.host, peak.device_bytes, fixed_seconds=fixed, repeats=repeats)
