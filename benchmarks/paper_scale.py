@@ -286,6 +286,9 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
               f"{isl.seconds if isl else float('nan'):.2f} | {paper} |")
 
     table3 = [g for g in groups if g.dataset != IMAGENET_ALL]
+    if not table3:
+        print(f"\nTable III: none of its datasets was measured (--datasets {' '.join(datasets)}).")
+        return {"table3_seconds": None, "runs_priced": 0}
     features, images = cache_features([d for d in datasets if d != IMAGENET_ALL], table3)
     estimate, left_out = priced(bench, table3, features, images)
     runs = sum(g.runs for g in table3)

@@ -87,6 +87,16 @@ def test_price_on_cuda_overlaps_decoding_with_the_encoder_and_the_steps():
     assert (phases["cache build"], phases["training"], phases["evaluation"]) == pytest.approx((1.03, 1.85, 0.567))
 
 
+def test_a_command_s_measured_start_replaces_load_and_planning():
+    facts, units = hand_worked()
+    facts = PlanFacts(facts.groups, 5, 1, 100, 40, 8, plan_seconds=0.5, startup_seconds=4.0)
+    assert price(facts, units).phases["setup"] == 4.0
+
+
+def test_process_seconds_counts_this_process_s_life():
+    assert 0 < est.process_seconds() < 24 * 3600
+
+
 def test_price_names_a_unit_that_was_not_measured():
     facts, units = hand_worked()
     del units[est.soft_key("csl", 10, 5)]
@@ -124,6 +134,8 @@ def test_a_second_estimate_measures_nothing(pets, monkeypatch):
     unchanged = [phase for phase in est.PHASES if phase != "setup"]  # setup holds the planning, timed again
     assert [second.phases[p] for p in unchanged] == pytest.approx([first.phases[p] for p in unchanged])
     assert first.runs == 2 and first.groups == 1  # CoOp batches its two seeds
+    store = json.loads((pets / "reuse" / "cache" / "pricing" / "calibration.json").read_text())
+    assert "decode/OxfordPets" in next(iter(store.values()))  # timed on the dataset's own files
 
 
 def test_zero_shot_runs_train_nothing_and_need_no_step(pets):

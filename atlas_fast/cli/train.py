@@ -151,7 +151,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.estimate:
         from atlas_fast.pricing import estimate_configs
 
-        print(estimate_configs(configs, Execution("local", args.batch_runs)).markdown())
+        print(estimate_configs(configs, Execution("local", args.batch_runs), command_start=True).markdown())
         return 0
     records = run_configs(configs, Execution("local", args.batch_runs), progress=not args.no_progress)
     print(train_results(args.dataset, args.methods, args.seeds, records))

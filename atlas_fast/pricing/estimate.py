@@ -30,6 +30,7 @@ from atlas_fast.pricing.units import Unit
 STORAGE_ITEMSIZE = 2
 #: the feed preloads the training views when they fit this (engine.feed.PRELOAD_BYTES)
 PRELOAD_BYTES = 1 << 30
+DECODE_SAMPLE = 8  # image files of a dataset its decode unit is timed on
 PHASES = ("setup", "cache build", "soft labels", "training", "evaluation", "per-run overhead")
 
 
@@ -61,6 +62,7 @@ class GroupFacts:
     views: int = 1  # cached views per training image (the feed preloads them)
     config_digest: str = ""  # the method config (R aside), so a unit is measured for this exact config
     learns: bool = True  # False: zero-shot CLIP, nothing to train
+    decode: str = "decode"  # the decode unit of its images (decode_key(dataset) when the plan's files were timed)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -80,6 +82,11 @@ class PlanFacts:
     embed_dim: int
     device: str = "cpu"
     plan_seconds: float = 0.0  # what planning took here (the real run plans again)
+    # the new process's start up to its runs' planning (imports, backbone, data listing), as this process took
+    # it; 0 when unknown (then setup = backbone load + planning)
+    startup_seconds: float = 0.0
+    # (decode unit, features, images) per dataset to encode; empty: all of them with the "decode" unit
+    encode_parts: tuple[tuple[str, int, int], ...] = ()
     decode_workers: int = 1  # decoding processes beside the encoder or the steps (CUDA: the cache build, pixels)
 
 
@@ -111,6 +118,18 @@ def overhead_key(method: str, classes: int, digest: str = "") -> str:
 
 ENCODE_KEY = "encode"
 DECODE_KEY = "decode"
+
+
+def decode_key(dataset: str) -> str:
+    """The decode unit timed on a sample of ``dataset``'s own image files."""
+    return f"{DECODE_KEY}/{dataset}"
+
+
+def encode_parts(facts: "PlanFacts") -> tuple[tuple[str, int, int], ...]:
+    """(decode unit, features, images) of what the cache build encodes."""
+    return facts.encode_parts or ((DECODE_KEY, facts.features_to_encode, facts.images_to_decode),)
+
+
 LOADER_KEY = "loader start"
 LOAD_KEY = "backbone load"
 ZERO_SHOT = "zsclip"
@@ -120,7 +139,7 @@ def needed_units(facts: PlanFacts) -> list[str]:
     """Every unit key :func:`price` reads for ``facts``, each once, in a fixed order."""
     keys: list[str] = [LOAD_KEY]
     if facts.features_to_encode:
-        keys += [ENCODE_KEY, DECODE_KEY]
+        keys += [ENCODE_KEY] + [decode for decode, features, _ in encode_parts(facts) if features]
     for g in facts.groups:
         if g.learns:
             keys.append(step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
@@ -128,7 +147,7 @@ def needed_units(facts: PlanFacts) -> list[str]:
         for e in g.eval_sets:
             keys += [eval_key(g.method, e.classes, g.config_digest), eval_key(ZERO_SHOT, e.classes)]
         if g.reads_pixels:
-            keys += [DECODE_KEY, LOADER_KEY]
+            keys += [g.decode, LOADER_KEY]
         for kind, images in zip(g.soft_labels, g.train_images):
             if kind not in (None, "ls"):
                 keys.append(soft_key(kind, g.classes, images))
@@ -198,7 +217,8 @@ def _duration(seconds: float) -> str:
 def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     """Pure arithmetic from the plan's facts and the units (``units[key]`` for every key of :func:`needed_units`).
 
-    * setup = backbone load + planning (``facts.plan_seconds``)
+    * setup = the process's start up to planned runs (``facts.startup_seconds``, when the command measured it),
+      else backbone load + planning (``facts.plan_seconds``)
     * cache build = features x (encode + decode per view) + images x decode per image on the CPU; on CUDA the decoding
       runs in ``decode_workers`` processes beside the encoder: features x max(encode, decode per view / workers)
       + images x decode per image / workers
@@ -220,24 +240,23 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     if lacking:
         raise ValueError(f"price: {len(lacking)} unit(s) the plan needs were not measured, e.g. {lacking[0]!r}.")
     phases = dict.fromkeys(PHASES, 0.0)
-    phases["setup"] = units[LOAD_KEY].seconds + facts.plan_seconds
+    phases["setup"] = facts.startup_seconds or units[LOAD_KEY].seconds + facts.plan_seconds
     cuda = facts.device == "cuda"
-    if facts.features_to_encode:
-        encode, decode = units[ENCODE_KEY], units[DECODE_KEY]
+    for key, features, images in encode_parts(facts) if facts.features_to_encode else ():
+        encode, decode = units[ENCODE_KEY], units[key]
         if cuda:
             workers = max(1, facts.decode_workers)
-            phases["cache build"] = (facts.features_to_encode * max(encode.seconds, decode.seconds / workers)
-                                     + facts.images_to_decode * decode.fixed_seconds / workers)
+            phases["cache build"] += (features * max(encode.seconds, decode.seconds / workers)
+                                      + images * decode.fixed_seconds / workers)
         else:
-            phases["cache build"] = (facts.features_to_encode * (encode.seconds + decode.seconds)
-                                     + facts.images_to_decode * decode.fixed_seconds)
+            phases["cache build"] += features * (encode.seconds + decode.seconds) + images * decode.fixed_seconds
     peak_host = peak_device = 0
     for g in facts.groups:
         step = units[step_key(g.method, g.classes, g.batch, g.runs, g.config_digest)] if g.learns else Unit(0.0)
         per_step = step.seconds
         workers = max(1, facts.decode_workers)
         if g.reads_pixels:  # the loop decodes each batch's views; on CUDA in worker processes beside the steps
-            decode = units[DECODE_KEY]
+            decode = units[g.decode]
             decoding = g.batch * g.runs * (decode.seconds + decode.fixed_seconds)
             per_step = max(per_step, decoding / workers) if cuda else per_step + decoding
         phases["training"] += g.epochs * g.steps_per_epoch * per_step if g.learns else 0.0
@@ -252,7 +271,7 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
             evaluation = units[eval_key(g.method, e.classes, g.config_digest)]
             per_image = evaluation.seconds
             if g.reads_pixels:
-                decoding = units[DECODE_KEY].seconds + units[DECODE_KEY].fixed_seconds
+                decoding = units[g.decode].seconds + units[g.decode].fixed_seconds
                 per_image = max(per_image, decoding / workers) if cuda else per_image + decoding
             zero_shot = units[eval_key(ZERO_SHOT, e.classes)]
             phases["evaluation"] += (g.runs * (evaluation.fixed_seconds + e.images * per_image)
@@ -328,8 +347,10 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
                 soft_labels=tuple(s.config.soft_labels.kind if s.config.soft_labels is not None else None
                                   for s in part),
                 reads_pixels=entry.reads_pixels, views=max(s.views for s in part),
-                config_digest=config_digest(first.method_config), learns=entry.learns))
+                config_digest=config_digest(first.method_config), learns=entry.learns,
+                decode=decode_key(first.dataset)))
     features = images = 0
+    parts: list[tuple[str, int, int]] = []
     if todo_specs:
         backbone = backbone if backbone is not None else todo_specs[0].backbone()
         wanted: dict[tuple, dict[Any, set[int]]] = {}
@@ -345,12 +366,14 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
         for (root, dataset, aug_seed, content_hash), per_item in wanted.items():
             f, i = missing_features(root, backbone, dataset, per_item, aug_seed, content_hash)
             features, images = features + f, images + i
+            parts.append((decode_key(dataset), f, i))
     device = specs[0].device.type if specs else "cpu"
     workers = min(8, os.cpu_count() or 1) if device == "cuda" else 1
     embed_dim = int(backbone.embed_dim) if backbone is not None else 0
     return PlanFacts(groups=tuple(groups), runs=len(specs), finished=len(specs) - len(todo),
                      features_to_encode=features, images_to_decode=images, embed_dim=embed_dim, device=device,
-                     plan_seconds=sum(spec.plan_seconds for spec in specs), decode_workers=workers)
+                     plan_seconds=sum(spec.plan_seconds for spec in specs), decode_workers=workers,
+                     encode_parts=tuple(parts))
 
 
 # --------------------------------------------------------------------------------------------------- measuring
@@ -367,6 +390,11 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> di
         for split in spec.data.splits.values():
             names.setdefault(split.num_classes, list(split.classnames))
     amp = bool(specs[0].amp) if specs else False
+    samples: dict[str, list[str]] = {}
+    for spec in specs:
+        files = [d.impath for d in (*spec.data.train_split.train[:DECODE_SAMPLE // 2],
+                                    *spec.data.fewshot.test[:DECODE_SAMPLE // 2])]
+        samples.setdefault(decode_key(spec.dataset), files[:DECODE_SAMPLE])
 
     def classnames(count: int) -> list[str]:
         return names.get(count) or measure.synthetic_classnames(count)
@@ -379,6 +407,8 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> di
             return lambda: measure.measure_encode(backbone)
         if key == DECODE_KEY:
             return lambda: measure.measure_decode(backbone)
+        if key.startswith(DECODE_KEY + "/"):  # a sample of the dataset's own files, train and test
+            return lambda: measure.measure_decode(backbone, images=samples[key])
         if key == LOADER_KEY:
             return lambda: measure.measure_loader_start(backbone)
         fields = {part.split("=")[0]: part.split("=")[1] for part in rest if "=" in part}
@@ -401,10 +431,23 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> di
     return {key: store.unit(key, measurer(key)) for key in needed_units(facts)}
 
 
-def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: str | Path | None = None) -> Estimate:
+def process_seconds() -> float:
+    """Wall seconds since this process started (0 where /proc is missing): what a command's start took."""
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
+        return max(0.0, float(Path("/proc/uptime").read_text().split()[0]) - started)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: str | Path | None = None,
+                     command_start: bool = False) -> Estimate:
     """Price a sweep of :class:`~atlas_fast.engine.TrainConfig` values on this machine without training: plan it,
     read the cache's state, take the units from the calibration store under the cache root (``cache_root``, default
-    the first config's) or measure them once, and do the arithmetic (:func:`price`)."""
+    the first config's) or measure them once, and do the arithmetic (:func:`price`). ``command_start`` (a command
+    that will run the sweep in a new process of its own): setup is this process's time from its start to planned
+    runs, which that process will take again."""
     import time
 
     import torch
@@ -416,12 +459,14 @@ def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: 
         raise ValueError("estimate_configs: no runs to price (an empty list of configs).")
     execution = execution or Execution()
     specs = plan_sweep(configs, execution)
+    startup = process_seconds() if command_start else 0.0
     device = specs[0].device
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("The runs are planned for CUDA workers, but this machine has no GPU to measure them on; "
                          "estimate on a machine like the workers.")
     backbone = specs[0].backbone()
-    facts = plan_facts(specs, execution.runs_per_group(device.type), backbone)
+    facts = dataclasses.replace(plan_facts(specs, execution.runs_per_group(device.type), backbone),
+                                startup_seconds=startup)
     precision = "amp" if specs[0].amp else "fp32"
     machine = machine_name(device)
     store = CalibrationStore(cache_root or specs[0].config.cache_root,

@@ -313,21 +313,28 @@ def measure_encode(backbone: Backbone, batch: int = 32, precision: str = "auto",
     return Unit(seconds / batch, peak.host, peak.device_bytes, repeats=repeats)
 
 
-def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5) -> Unit:
-    """Seconds to decode one image and transform it into one view (a 500 x 375 random-texture JPEG, the size of an
-    average dataset photo): ``seconds`` per view, ``fixed_seconds`` per decoded image."""
+def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
+                   images: Sequence[str | Path] = ()) -> Unit:
+    """Seconds to decode an image and transform it into views: ``seconds`` per view, ``fixed_seconds`` per decoded
+    image. Timed on ``images`` (a sample of the files a plan reads: their sizes set the cost) or, without them, on a
+    500 x 375 random-texture JPEG (the size of an average photo of the paper's datasets)."""
     from PIL import Image
 
     from atlas_fast.clip.transforms import load_views
 
     spec = backbone.transform
+    cpu = torch.device("cpu")
     with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
-        path = Path(folder) / "photo.jpg"
-        noise = torch.randint(0, 256, (375, 500, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-        Image.fromarray(noise.numpy()).save(path, quality=90)
-        cpu = torch.device("cpu")
-        one, _ = _timed(lambda: load_views(path, "photo", [0], spec), cpu, max_repeats)
-        many, repeats = _timed(lambda: load_views(path, "photo", list(range(1, views + 1)), spec), cpu, max_repeats)
+        paths = [Path(p) for p in images]
+        if not paths:
+            paths = [Path(folder) / "photo.jpg"]
+            noise = torch.randint(0, 256, (375, 500, 3), generator=torch.Generator().manual_seed(0),
+                                  dtype=torch.uint8)
+            Image.fromarray(noise.numpy()).save(paths[0], quality=90)
+        one, _ = _timed(lambda: [load_views(p, p.name, [0], spec) for p in paths], cpu, max_repeats)
+        many, repeats = _timed(lambda: [load_views(p, p.name, list(range(1, views + 1)), spec) for p in paths], cpu,
+                               max_repeats)
+    one, many = one / len(paths), many / len(paths)
     per_view = max(0.0, (many - one) / max(1, views - 1)) if views > 1 else one
     return Unit(per_view, fixed_seconds=max(0.0, one - per_view), repeats=repeats)
 
