@@ -3,7 +3,8 @@
 An experiment module (run with ``atlas-fast experiment NAME`` or ``python -m atlas_fast.experiments NAME``) defines
 ``PAPER`` (the table or figure it reproduces), ``plan(args) -> list[TrainConfig]`` (the runs, in a fixed order),
 ``report(args, records) -> str`` (the records in plan order -> tables and plots) and optionally ``add_arguments(parser)`` and ``DATASETS`` (default ``--datasets``). :func:`run_experiment` does the rest:
-``--dry-run`` lists the runs and how many are finished; otherwise the runs go to ``--executor`` in groups of
+``--dry-run`` lists the runs and how many are finished; ``--estimate`` prices them on this machine
+(:mod:`atlas_fast.pricing`); otherwise the runs go to ``--executor`` in groups of
 ``--batch-runs`` and the report is written to ``--out``. ``--world`` runs the module on the embedded world: options
 left at their defaults take the world's counterparts (the module's ``WORLD_DEFAULTS``).
 """
@@ -60,6 +61,9 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     p.add_argument("--out", default="results/experiments", help="where tables and plots are written")
     run = p.add_argument_group("execution")
     run.add_argument("--dry-run", action="store_true", help="list the runs (and which are finished); train nothing")
+    run.add_argument("--estimate", action="store_true",
+                     help="price the runs on this machine (time per phase, features to encode, cache bytes, peak "
+                          "memory) from units measured once and kept under --cache-root; train nothing")
     add_progress(run)
     run.add_argument("--executor", choices=EXECUTORS, default="local",
                      help="local (this process), ray (one task per group) or slurm (submitit job array)")
@@ -212,6 +216,12 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
         listing = describe_plan(planned, execution.runs_per_group(device))
         print(listing)
         return listing
+    if args.estimate:
+        from atlas_fast.pricing import estimate_configs
+
+        text = estimate_configs(configs, execution, command_start=True).markdown()
+        print(text)
+        return text
     records = run_configs(configs, execution, progress=not args.no_progress)
     return module.report(args, records)
 

@@ -1,6 +1,7 @@
 """The method benchmark script runs and its two paths agree (a smoke test on the tiny model, not a timing)."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -18,3 +19,38 @@ def test_method_speed_paths_agree_on_the_tiny_model(capsys):
     out = capsys.readouterr().out
     assert "| CoCoOp | 3 | 1 | 48 |" in out and "| DePT-CoOp | 3 | 4 | 12 |" in out
     assert "losses and logits agree between the paths: True" in out
+
+
+def load_benchmark(name: str):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paper_scale_prices_the_table_from_its_units_and_again_from_its_json(capsys, tmp_path):
+    """A smoke test on the tiny model (not a timing): the units of two datasets and two methods at their real C,
+    the table priced, the JSON written, and the same table priced again from the JSON measuring nothing."""
+    module = load_benchmark("paper_scale")
+    out = tmp_path / "units.json"
+    args = ["--model", "atlas-tiny", "--datasets", "EuroSAT", "OxfordPets", "--methods", "coop", "ivlp",
+            "--steps", "1", "--eval-images", "2", "--device", "cpu"]
+    assert module.main([*args, "--out", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert "| EuroSAT | coop | 5 | 32 | 4 |" in first and "| OxfordPets | ivlp | 19 | 4 | 1 |" in first
+    assert "### Table III on this machine (cpu): 48 of 48 runs priced" in first  # 2 x 2 methods x 4 x 3
+    saved = json.loads(out.read_text())
+    assert saved["result"]["runs_priced"] == 48 and saved["result"]["table3_seconds"] > 0
+    assert module.main([*args, "--units-from", str(out)]) == 0
+    second = capsys.readouterr().out
+    assert "skipped" not in second.split("### Table III")[1]
+    total = [line for line in second.splitlines() if line.startswith("| **total** |")]
+    assert total == [line for line in first.splitlines() if line.startswith("| **total** |")]
+
+
+def test_paper_scale_refuses_an_unknown_dataset(capsys):
+    module = load_benchmark("paper_scale")
+    with pytest.raises(SystemExit):
+        module.main(["--model", "atlas-tiny", "--datasets", "Nowhere"])
+    assert "'Nowhere' has no published split sizes" in capsys.readouterr().err

@@ -16,7 +16,7 @@ LAYERS = (
     "cli",
     "experiments",
     "app",
-    "report | search",
+    "report | search | pricing",
     "sweep | world",
     "engine",
     "methods",

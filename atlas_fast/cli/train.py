@@ -82,6 +82,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                             "the CPU); 1 trains them one by one. Same records either way")
     add_workers(optim)
     add_progress(optim)
+    optim.add_argument("--estimate", action="store_true",
+                       help="price the runs on this machine (time per phase, features to encode, cache bytes, peak "
+                            "memory) from units measured once and kept under --cache-root; train nothing")
     optim.add_argument("--content-hash", action="store_true",
                        help="identify images by a hash of their bytes, not size+mtime (reads every image)")
     train.set_defaults(func=run_train)
@@ -145,6 +148,11 @@ def run_train(args: argparse.Namespace) -> int:
             if not method_class(method).supports_batched_runs:
                 warnings.warn(f"{method} does not support batched runs: --batch-runs {args.batch_runs} trains its "
                               "seeds one by one.")
+    if args.estimate:
+        from atlas_fast.pricing import estimate_configs
+
+        print(estimate_configs(configs, Execution("local", args.batch_runs), command_start=True).markdown())
+        return 0
     records = run_configs(configs, Execution("local", args.batch_runs), progress=not args.no_progress)
     print(train_results(args.dataset, args.methods, args.seeds, records))
     return 0

@@ -1,0 +1,428 @@
+"""One unit of work, measured on this machine: what the estimator (:mod:`atlas_fast.pricing.estimate`) multiplies.
+
+Every unit runs the engine's own code on synthetic inputs of the real shapes, so what is timed is what a run does:
+
+* :func:`measure_step`: a method's training step at (C classes, batch B, R runs), through the training loop itself
+  (:func:`atlas_fast.engine.loop.train_runs`: the same forward, backward, optimiser step and, on CUDA, step graphs);
+  inputs are random cached features (B, D) or random pixels (B, 3, S, S) for the methods that read pixels (the
+  method's registry entry says which); decoding images is priced apart (:func:`measure_decode`).
+* :func:`measure_eval`: a method's test-time logits of N test images at C classes (the engine's
+  ``method_logits`` on cached features, ``eval_pixel_logits`` on pixels for the pixel methods), as a fixed part
+  (the class prompts, encoded once per class set) and a part per image.
+* :func:`measure_encode`: the frozen image encoder per image (the feature cache's build), at the cache's precision.
+* :func:`measure_decode`: decoding and transforming one image (a 500 x 375 JPEG, an average photo of the datasets).
+* :func:`measure_soft_labels`: CSL / ISL generation at C (the text encoder over C class prompts, then the rows).
+* :func:`measure_run_overhead`: what a run pays outside its steps: building the method for C classes, the zero-shot
+  references' class prompts and writing its record.
+
+Each returns a :class:`Unit` (seconds, and the peak host RSS and peak device memory seen while it ran). Host memory
+is the process's resident set sampled every few milliseconds (the backbone and Python included: it is what the run's
+process will hold); device memory is ``torch.cuda.max_memory_allocated`` (reset before the unit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from atlas_fast.clip.backbones import Backbone
+from atlas_fast.methods.base import MethodConfig, OptimRecipe, method_class
+
+#: shortest time a unit is timed for (repeats are added until it is reached, up to ``max_repeats``)
+MIN_TIMED_SECONDS = 0.3
+#: most cached test features an evaluation unit is timed on (methods whose images cost little next to their class
+#: prompts need many for the cost per image to show)
+MAX_EVAL_IMAGES = 1 << 14
+#: shortest timing an evaluation unit's cost per image is read from (a few microseconds' difference is noise)
+MIN_EVAL_SECONDS = 0.05
+#: words the synthetic class names are drawn from (one to three words, like the datasets' names)
+_WORDS = ("red", "great", "spotted", "common", "little", "wild", "house", "garden", "river", "terrier", "beetle",
+          "station", "mountain", "church", "market", "lizard", "sparrow", "bridge", "forest", "kitchen")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A measured unit: ``seconds`` per unit (a step, an image, a run...), ``fixed_seconds`` paid once per use where
+    the unit has a fixed part (evaluation: the class prompts), and the peaks seen while it ran."""
+
+    seconds: float
+    peak_host_bytes: int = 0
+    peak_device_bytes: int = 0
+    fixed_seconds: float = 0.0
+    repeats: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Unit":
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
+def synthetic_classnames(count: int) -> list[str]:
+    """``count`` distinct class names of one to three words (deterministic)."""
+    names = []
+    n = len(_WORDS)
+    for i in range(count):
+        words = [_WORDS[i % n]]
+        if i >= n:
+            words.insert(0, _WORDS[(i // n) % n])
+        if i >= n * n:
+            words.insert(0, _WORDS[(i // (n * n)) % n])
+        if i >= n ** 3:
+            words.append(str(i))
+        names.append(" ".join(words))
+    return names
+
+
+def _host_rss() -> int:
+    """This process's resident set size in bytes (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class PeakMemory:
+    """Context manager: the peak host RSS (sampled every ``interval`` s by a thread) and the peak CUDA memory
+    allocated on ``device`` while the block ran."""
+
+    def __init__(self, device: torch.device, interval: float = 0.005) -> None:
+        self.device, self.interval = device, interval
+        self.host = 0
+        self.device_bytes = 0
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.host = max(self.host, _host_rss())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.host = _host_rss()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.device_bytes = int(torch.cuda.max_memory_allocated(self.device))
+        self._stop.set()
+        self._thread.join()
+        self.host = max(self.host, _host_rss())
+
+
+def _fp16(device: torch.device, amp: bool) -> torch.autocast:
+    """fp16 autocast on CUDA with ``amp``, as the engine's evaluation runs (nothing elsewhere)."""
+    return torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp and device.type == "cuda")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(call: Callable[[], Any], device: torch.device, max_repeats: int, min_seconds: float = MIN_TIMED_SECONDS,
+           fastest: bool = False) -> tuple[float, int]:
+    """Median seconds of ``call`` after one untimed call, repeated until ``min_seconds`` or ``max_repeats``.
+    ``fastest``: the fastest of at least five repeats, two for calls over a second (for differences of two timings,
+    which noise would swamp)."""
+    clock = time.perf_counter()
+    call()
+    _sync(device)
+    slow = time.perf_counter() - clock > 1.0  # calls of seconds: the machine's hiccups are small beside them
+    times: list[float] = []
+    least = (2 if slow else 5) if fastest else 1
+    while len(times) < max(least, max_repeats) and (len(times) < least or sum(times) < min_seconds):
+        start = time.perf_counter()
+        call()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return (min(times) if fastest else statistics.median(times)), len(times)
+
+
+class _SyntheticInputs:
+    """:class:`~atlas_fast.engine.step.TrainInputs` of one random tensor (N, ...) already on the device."""
+
+    def __init__(self, inputs: Any) -> None:
+        self.inputs = inputs
+
+    def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[Any, torch.Tensor]]:
+        for index in order.split(batch_size):
+            batch = self.inputs
+            if isinstance(batch, tuple):  # PromptSRC: pixels and the frozen features of the same views
+                from atlas_fast.engine.feed import PixelBatch
+
+                yield PixelBatch(batch[0][index.to(batch[0].device)], batch[1][index.to(batch[1].device)]), index
+            else:
+                yield batch[index.to(batch.device)], index
+
+
+def _training_inputs(entry, backbone: Backbone, items: int, device: torch.device) -> Any:
+    generator = torch.Generator().manual_seed(0)
+    if entry.reads_pixels:
+        size = backbone.preprocessing.image_size
+        size = size[0] if isinstance(size, (tuple, list)) else size
+        pixels = torch.randn(items, 3, size, size, generator=generator).to(device)
+        if entry.reads_frozen_features:
+            return pixels, torch.randn(items, backbone.embed_dim, generator=generator).to(device)
+        return pixels
+    return torch.randn(items, backbone.embed_dim, generator=generator).to(device)
+
+
+def method_config_for(method: str, runs: int, config: MethodConfig | None = None,
+                      backbone: Backbone | None = None) -> MethodConfig:
+    """The method's config for R = ``runs``: ``config`` (a planned run's) or else its paper base-to-new recipe's,
+    with prompt depths deeper than ``backbone``'s towers cut to them (a tiny test model has fewer blocks than
+    ViT-B/16)."""
+    entry = method_class(method)
+    if config is None:
+        config, _ = entry.recipe("paper", "base2new", 16, "ImageNet")
+    if backbone is not None:  # a planned run's depths fit already (planning checks them): unchanged
+        model = backbone.model
+        text = len(model.transformer.resblocks)
+        vision = len(getattr(getattr(model.visual, "transformer", None), "resblocks", ())) or text
+        cut = {}
+        for option in entry.depth_options:
+            layers = text if "text" in option else vision if "vision" in option else min(text, vision)
+            cut[option] = min(getattr(config, option), layers)
+        config = dataclasses.replace(config, **cut)
+    return dataclasses.replace(config, num_runs=runs)
+
+
+def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], batch: int, runs: int = 1,
+                 config: MethodConfig | None = None, amp: bool | None = None, steps: int = 3,
+                 graph_steps: bool | None = None, warmup: bool = True) -> Unit:
+    """Seconds per training step of ``method`` at C = ``len(classnames)``, batch ``batch`` and R = ``runs`` runs
+    trained together, through the engine's training loop: one untimed epoch (warm-up; on CUDA the step graphs are
+    captured there), then one timed epoch of ``steps`` full steps. Peaks cover both epochs. ``warmup=False`` (for
+    steps that take minutes on a CPU) times the first epoch, first step included."""
+    from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS, use_graph_steps
+    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.step import RunState
+    from atlas_fast.threads import small_step_threads
+
+    if batch < 1 or runs < 1 or steps < 1 or not classnames:
+        raise ValueError(f"measure_step needs classes, batch, runs and steps >= 1; got C={len(classnames)}, "
+                         f"batch={batch}, runs={runs}, steps={steps}.")
+    device = backbone.device
+    amp = device.type == "cuda" if amp is None else amp
+    entry = method_class(method)
+    if runs > 1 and not entry.supports_batched_runs:
+        raise ValueError(f"{method} trains its runs one by one (it does not batch runs): measure it at runs=1.")
+    method_config = method_config_for(method, runs, config, backbone)
+    torch.manual_seed(0)
+    module = entry.build(backbone, list(classnames), method_config).to(device)
+    schedules = [OneHot() for _ in range(runs)]
+    graphs = use_graph_steps([graph_steps] * runs, entry, schedules, device) and warmup
+    warm_steps = GRAPH_WARMUP_STEPS + 1 if graphs else 1
+    timed_steps = max(steps, warm_steps)
+    items = batch * timed_steps
+    inputs = _training_inputs(entry, backbone, items, device)
+    labels = torch.arange(items) % len(classnames)
+    states = [RunState(_SyntheticInputs(inputs), labels, None, schedule, seed, device)
+              for seed, schedule in enumerate(schedules)]
+    recipe = OptimRecipe(epochs=2 if warmup else 1, batch_size=batch, lr=1e-6, warmup_epochs=1 if warmup else 0)
+    with PeakMemory(device) as peak:
+        with small_step_threads(device.type, small_steps=not entry.reads_pixels):
+            logs = train_runs(module, states, recipe, device, amp, progress=False, graph_steps=graphs)
+    seconds = logs[0][-1]["seconds"] / timed_steps
+    return Unit(seconds, peak.host, peak.device_bytes, repeats=timed_steps)
+
+
+def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], images: int = 64,
+                 config: MethodConfig | None = None, amp: bool | None = None, max_repeats: int = 5) -> Unit:
+    """A method's evaluation at C = ``len(classnames)``: ``fixed_seconds`` once per class set (the class prompts
+    through the text encoder) and ``seconds`` per test image (cached features, or pixels through the prompted image
+    tower for the methods that read pixels; decoding priced apart), measured on ``images`` random test inputs and
+    scaled linearly."""
+    from atlas_fast.engine.evaluate import EVAL_PIXEL_BATCH, method_logits
+
+    device = backbone.device
+    amp = device.type == "cuda" if amp is None else amp
+    entry = method_class(method)
+    torch.manual_seed(0)
+    module = entry.build(backbone, list(classnames), method_config_for(method, 1, config, backbone)).to(device).eval()
+    with PeakMemory(device) as peak:
+        if entry.reads_pixels:  # the class prompts once, then the prompted image tower per image
+            with torch.no_grad(), _fp16(device, amp):
+                fixed, _ = _timed(lambda: module.text_features(), device, max_repeats)
+            count = min(images, EVAL_PIXEL_BATCH)
+            pixels = _training_inputs(entry, backbone, count, device)
+            pixels = pixels[0] if isinstance(pixels, tuple) else pixels
+            with torch.no_grad(), _fp16(device, amp):
+                text = module.text_features()
+                per_call, repeats = _timed(lambda: module.eval_pixel_logits(pixels, text), device, max_repeats)
+        else:  # linear in the images: t(1) is the fixed part (the class prompts) plus one image; N grows (x4, up
+            # to MAX_EVAL_IMAGES) until the images' part is at least the fixed part and t(N) at least
+            # MIN_EVAL_SECONDS, so that noise, divided by N, cannot pass for a cost per image
+            features = torch.randn(MAX_EVAL_IMAGES, backbone.embed_dim).to(device)
+            one, _ = _timed(lambda: method_logits(module, features[:1], amp), device, max_repeats, fastest=True)
+            count = max(2, images)
+            while True:  # every timing the fastest of five: one slow call on a busy machine must not stop it
+                total, repeats = _timed(lambda: method_logits(module, features[:count], amp), device, max_repeats,
+                                        fastest=True)
+                if (total >= 2 * one and total >= MIN_EVAL_SECONDS) or count >= MAX_EVAL_IMAGES:
+                    break
+                count = min(MAX_EVAL_IMAGES, 4 * count)
+            per_image = max(0.0, total - one) / (count - 1)
+            if count < MAX_EVAL_IMAGES:  # and once at 4N: a busy moment only adds time, so the smaller slope
+                more = min(MAX_EVAL_IMAGES, 4 * count)
+                longer, _ = _timed(lambda: method_logits(module, features[:more], amp), device, max_repeats,
+                                   fastest=True)
+                per_image = min(per_image, max(0.0, longer - one) / (more - 1))
+            fixed = max(0.0, one - per_image)
+            per_call = per_image * count
+    return Unit(per_call / count, peak.host, peak.device_bytes, fixed_seconds=fixed, repeats=repeats)
+
+
+def measure_encode(backbone: Backbone, batch: int = 32, precision: str = "auto", max_repeats: int = 3) -> Unit:
+    """Seconds per image of the frozen image encoder (what building the feature cache runs per (image, view)), in
+    batches of ``batch`` at the cache's precision (``auto``: fp16 autocast on CUDA, fp32 on the CPU)."""
+    device = backbone.device
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    if precision == "auto" and device.type == "cuda":
+        dtype = torch.float16
+    size = backbone.preprocessing.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    pixels = torch.randn(batch, 3, size, size).to(device)
+
+    def encode() -> None:
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            backbone.encode_image(pixels)
+
+    with PeakMemory(device) as peak:
+        seconds, repeats = _timed(encode, device, max_repeats)
+    return Unit(seconds / batch, peak.host, peak.device_bytes, repeats=repeats)
+
+
+def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
+                   images: Sequence[str | Path] = ()) -> Unit:
+    """Seconds to decode an image and transform it into views: ``seconds`` per view, ``fixed_seconds`` per decoded
+    image. Timed on ``images`` (a sample of the files a plan reads: their sizes set the cost) or, without them, on a
+    500 x 375 random-texture JPEG (the size of an average photo of the paper's datasets)."""
+    from PIL import Image
+
+    from atlas_fast.clip.transforms import load_views
+
+    spec = backbone.transform
+    cpu = torch.device("cpu")
+    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
+        paths = [Path(p) for p in images]
+        if not paths:
+            paths = [Path(folder) / "photo.jpg"]
+            noise = torch.randint(0, 256, (375, 500, 3), generator=torch.Generator().manual_seed(0),
+                                  dtype=torch.uint8)
+            Image.fromarray(noise.numpy()).save(paths[0], quality=90)
+        one, _ = _timed(lambda: [load_views(p, p.name, [0], spec) for p in paths], cpu, max_repeats)
+        many, repeats = _timed(lambda: [load_views(p, p.name, list(range(1, views + 1)), spec) for p in paths], cpu,
+                               max_repeats)
+    one, many = one / len(paths), many / len(paths)
+    per_view = max(0.0, (many - one) / max(1, views - 1)) if views > 1 else one
+    return Unit(per_view, fixed_seconds=max(0.0, one - per_view), repeats=repeats)
+
+
+def measure_loader_start(backbone: Backbone, max_repeats: int = 3) -> Unit:
+    """Seconds to start one pass of the pixel path's image loader (:class:`~atlas_fast.engine.pixels.ImageViews`,
+    with the decoding worker processes it uses on this device) over one small image: what a pixel method pays once
+    per epoch and once per evaluated class set, beside decoding."""
+    from PIL import Image
+
+    from atlas_fast.data.base import Datum
+    from atlas_fast.engine.pixels import ImageViews
+
+    device = backbone.device
+    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
+        path = Path(folder) / "tiny.jpg"
+        Image.new("RGB", (32, 32), (128, 64, 32)).save(path)
+        views = ImageViews([Datum(str(path), 0, "tiny", "tiny.jpg")], backbone, device=device)
+
+        def one_pass() -> None:
+            for _ in views.batches(0, None, 1):
+                pass
+
+        seconds, repeats = _timed(one_pass, device, max_repeats, min_seconds=0.0)
+    return Unit(seconds, repeats=repeats)
+
+
+def measure_soft_labels(backbone: Backbone, kind: str, classnames: Sequence[str], items: int,
+                        max_repeats: int = 3) -> Unit:
+    """Seconds to generate one run's soft-label rows of ``kind`` (``ls``, ``csl``, ``isl``, ``mix``) for ``items``
+    training images at C = ``len(classnames)``: what :func:`atlas_fast.atlas.softlabels.compute_soft_labels` runs
+    (the class prompts through the text encoder, then the rows), on random image features."""
+    from atlas_fast.atlas.softlabels import (SoftLabelConfig, atlas_preset, compute_soft_labels)
+    from atlas_fast.data.base import DatasetSplits, Datum
+
+    config: SoftLabelConfig = atlas_preset("base2new", kind)  # type: ignore[arg-type]
+    names = list(classnames)
+    train = tuple(Datum(impath=f"/synthetic/{i}.jpg", label=i % len(names), classname=names[i % len(names)],
+                        key=f"{i}.jpg") for i in range(items))
+    splits = DatasetSplits(name="Synthetic", dataset_dir=Path("/synthetic"), train=train, val=(), test=(),
+                           classnames=tuple(names), template="a photo of a {}.")
+    features = torch.randn(items, backbone.embed_dim)
+    device = backbone.device
+    with PeakMemory(device) as peak:
+        seconds, repeats = _timed(lambda: compute_soft_labels(config, backbone, splits, features), device,
+                                  max_repeats, min_seconds=0.0)
+    return Unit(seconds, peak.host, peak.device_bytes, repeats=repeats)
+
+
+def measure_run_overhead(backbone: Backbone, method: str, classnames: Sequence[str],
+                         config: MethodConfig | None = None, max_repeats: int = 3) -> Unit:
+    """What one run costs outside its steps and its evaluation's images: building the method for C classes (its
+    class prompts tokenised and embedded), the zero-shot references' class prompts through the text encoder, and
+    writing a record with its learned tensors."""
+    from atlas_fast.atlas.softlabels import encode_class_prompts
+    from atlas_fast.files import atomic_write
+
+    entry = method_class(method)
+    device = backbone.device
+    method_config = method_config_for(method, 1, config, backbone)
+    names = list(classnames)
+
+    def one_run(folder: Path) -> None:
+        torch.manual_seed(0)
+        module = entry.build(backbone, names, method_config).to(device)
+        encode_class_prompts(backbone, [f"a photo of a {name}." for name in names])
+        learned = module.state_for_checkpoint()
+        torch.save(learned, folder / "learned.pt")
+        text = json.dumps({"classnames": names, "metrics": {}}).encode()
+        atomic_write(folder / "record.json", lambda f: f.write(text))
+
+    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as tmp, PeakMemory(device) as peak:
+        seconds, repeats = _timed(lambda: one_run(Path(tmp)), device, max_repeats, min_seconds=0.0)
+    return Unit(seconds, peak.host, peak.device_bytes, repeats=repeats)
+
+
+def measure_backbone_load(config: Any, device: torch.device) -> Unit:
+    """Seconds to load (and fingerprint) a backbone: what a fresh process pays once before its first run."""
+    from atlas_fast.clip.backbones import load_backbone
+
+    with PeakMemory(device) as peak:
+        start = time.perf_counter()
+        load_backbone(config, device)
+        seconds = time.perf_counter() - start
+    return Unit(seconds, peak.host, peak.device_bytes)
+
+
+def steps_per_epoch(items: int, batch: int) -> int:
+    """Optimiser steps of one epoch over ``items`` images (the last partial batch is kept)."""
+    return math.ceil(items / batch) if items else 0
+

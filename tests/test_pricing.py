@@ -1,0 +1,219 @@
+"""The estimator (atlas_fast.pricing): its arithmetic against a hand-worked example, the calibration store's reuse,
+the cache's state subtracted, ``--estimate`` training nothing, and its errors."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import atlas_fast
+from atlas_fast.clip.backbones import BackboneConfig
+from atlas_fast.engine import TrainConfig
+from atlas_fast.pricing import estimate as est
+from atlas_fast.pricing import units as measure
+from atlas_fast.pricing.estimate import EvalFacts, GroupFacts, PlanFacts, price
+from atlas_fast.pricing.units import Unit
+from layouts import make_oxford_pets
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def hand_worked():
+    """Two groups: CoOp (R = 2 runs, C = 10, batch 4, 3 epochs, 10 and 8 training images, ISL on the first run,
+    3 views; base and new sets of 10 classes with 20 and 30 test images) and IVLP on pixels (R = 1, C = 10, batch 2,
+    2 epochs, 5 images, CSL; a base set of 20 images). 5 planned runs, 1 finished; 100 features of 40 images to
+    encode; D = 8; planning took 0.5 s."""
+    coop = GroupFacts("coop", "Pets", 10, 2, 4, 3, (10, 8), (EvalFacts("base", 10, 20), EvalFacts("new", 10, 30)),
+                      ("isl", None), views=3, config_digest="d")
+    ivlp = GroupFacts("ivlp", "Pets", 10, 1, 2, 2, (5,), (EvalFacts("base", 10, 20),), ("csl",), reads_pixels=True,
+                      views=2, config_digest="e")
+    facts = PlanFacts((coop, ivlp), runs=5, finished=1, features_to_encode=100, images_to_decode=40, embed_dim=8,
+                      device="cpu", plan_seconds=0.5)
+    units = {
+        est.LOAD_KEY: Unit(2.0), est.ENCODE_KEY: Unit(0.01), est.DECODE_KEY: Unit(0.002, fixed_seconds=0.003),
+        est.LOADER_KEY: Unit(0.1),
+        est.step_key("coop", 10, 4, 2, "d"): Unit(0.05, peak_host_bytes=1000),
+        est.step_key("ivlp", 10, 2, 1, "e"): Unit(0.2, peak_host_bytes=3000),
+        est.overhead_key("coop", 10, "d"): Unit(0.1), est.overhead_key("ivlp", 10, "e"): Unit(0.3),
+        est.eval_key("coop", 10, "d"): Unit(0.001, fixed_seconds=0.02, peak_host_bytes=1500),
+        est.eval_key("ivlp", 10, "e"): Unit(0.01, fixed_seconds=0.05, peak_host_bytes=2000),
+        est.eval_key("zsclip", 10): Unit(0.0001, fixed_seconds=0.01),
+        est.soft_key("isl", 10, 10): Unit(0.4), est.soft_key("csl", 10, 5): Unit(0.3),
+    }
+    return facts, units
+
+
+def test_price_matches_the_hand_worked_example():
+    """By hand:
+
+    setup        = load 2.0 + planning 0.5                                                        = 2.5
+    cache build  = 100 features x (encode 0.01 + decode 0.002) + 40 images x 0.003 (CPU: in turn)   = 1.32
+    soft labels  = ISL(C=10, N=10) 0.4 + CSL(C=10, N=5) 0.3 (the plain run has none)               = 0.7
+    training     = CoOp: 3 epochs x ceil(10 / 4) = 3 steps x 0.05                                 = 0.45
+                 + IVLP: 2 epochs x ceil(5 / 2) = 3 steps x (0.2 + 2 images x (0.002 + 0.003))    = 1.26
+                 + IVLP's image loader started once per epoch: 2 x 0.1                             = 0.2    -> 1.91
+    evaluation   = CoOp base: 2 runs x (0.02 + 20 x 0.001) + zero-shot 0.01 + 20 x 0.0001         = 0.092
+                 + CoOp new:  2 x (0.02 + 30 x 0.001) + 0.01 + 30 x 0.0001                         = 0.113
+                 + IVLP base: 1 x (0.05 + 20 x (0.01 + 0.005 decoding)) + 0.01 + 20 x 0.0001       = 0.362
+                 + IVLP's image loader for its one class set: 0.1                                  = 0.1    -> 0.667
+    overhead     = 2 x 0.1 + 1 x 0.3                                                               = 0.5
+    total        = 7.597 s; cache bytes = 100 x 8 x 2 (float16) = 1600
+    peak host    = CoOp: max(step 1000, eval 1500) + test features (20 + 30) x 8 x 4 = 1600
+                   + training views (10 + 8) x 3 views x 8 x 4 = 1728                              = 4828
+                   IVLP: max(3000, 2000) + 20 x 8 x 4 = 640 (pixels: no cached training views)    = 3640 -> 4828
+    """
+    facts, units = hand_worked()
+    estimate = price(facts, units)
+    expected = {"setup": 2.5, "cache build": 1.32, "soft labels": 0.7, "training": 1.91, "evaluation": 0.667,
+                "per-run overhead": 0.5}
+    assert estimate.phases == pytest.approx(expected)
+    assert estimate.total_seconds == pytest.approx(7.597)
+    assert estimate.cache_bytes == 1600
+    assert estimate.peak_host_bytes == 4828
+    assert (estimate.runs, estimate.finished, estimate.groups) == (5, 1, 2)
+    assert "| **total** | **7.6 s** |" in estimate.markdown()
+
+
+def test_price_on_cuda_overlaps_decoding_with_the_encoder_and_the_steps():
+    """CUDA, 4 decoding workers: cache build = 100 x max(encode 0.01, decode 0.002 / 4) + 40 x 0.003 / 4 = 1.03;
+    IVLP's steps = 6 x max(0.2, 2 x 0.005 / 4) = 1.2, so training = 0.45 + 1.2 + 0.2 (loader) = 1.85; IVLP's
+    evaluation = 0.05 + 20 x max(0.01, 0.005 / 4) + 0.012 + 0.1 (loader) = 0.362, so evaluation = 0.205 + 0.362
+    = 0.567."""
+    facts, units = hand_worked()
+    facts = PlanFacts(facts.groups, 5, 1, 100, 40, 8, device="cuda", plan_seconds=0.5, decode_workers=4)
+    phases = price(facts, units).phases
+    assert (phases["cache build"], phases["training"], phases["evaluation"]) == pytest.approx((1.03, 1.85, 0.567))
+
+
+def test_a_command_s_measured_start_replaces_load_and_planning():
+    facts, units = hand_worked()
+    facts = PlanFacts(facts.groups, 5, 1, 100, 40, 8, plan_seconds=0.5, startup_seconds=4.0)
+    assert price(facts, units).phases["setup"] == 4.0
+
+
+def test_process_seconds_counts_this_process_s_life():
+    assert 0 < est.process_seconds() < 24 * 3600
+
+
+def test_price_names_a_unit_that_was_not_measured():
+    facts, units = hand_worked()
+    del units[est.soft_key("csl", 10, 5)]
+    with pytest.raises(ValueError, match="soft/csl/C=10/N=5"):
+        price(facts, units)
+
+
+@pytest.fixture(scope="module")
+def pets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pricing")
+    make_oxford_pets(root / "data", n_classes=4, n_train=4, n_val=1, n_test=2, size=32)
+    return root
+
+
+def configs(pets, where, seeds=(1, 2), **changes):
+    """CoOp on the small OxfordPets, one run per seed, its cache and records under ``pets / where``."""
+    return [TrainConfig("OxfordPets", pets / "data", backbone=BackboneConfig("atlas-tiny", None), shots=2, seed=seed,
+                        epochs=2, batch_size=4, views=1, device="cpu", cache_root=pets / where / "cache",
+                        results_dir=pets / where / "results", progress=False, **changes) for seed in seeds]
+
+
+def test_a_second_estimate_measures_nothing(pets, monkeypatch):
+    calls = []
+    for name in ("measure_step", "measure_eval", "measure_encode", "measure_decode", "measure_run_overhead",
+                 "measure_backbone_load", "measure_soft_labels"):
+        real = getattr(measure, name)
+        monkeypatch.setattr(measure, name,
+                            lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    first = est.estimate_configs(configs(pets, "reuse"))
+    assert first.units_measured == len(calls) > 0
+    assert "measure_step" in calls and "measure_encode" in calls
+    count = len(calls)
+    second = est.estimate_configs(configs(pets, "reuse"))
+    assert len(calls) == count and second.units_measured == 0 and second.units_reused == first.units_measured
+    unchanged = [phase for phase in est.PHASES if phase != "setup"]  # setup holds the planning, timed again
+    assert [second.phases[p] for p in unchanged] == pytest.approx([first.phases[p] for p in unchanged])
+    assert first.runs == 2 and first.groups == 1  # CoOp batches its two seeds
+    store = json.loads((pets / "reuse" / "cache" / "pricing" / "calibration.json").read_text())
+    assert "decode/OxfordPets" in next(iter(store.values()))  # timed on the dataset's own files
+
+
+def test_zero_shot_runs_train_nothing_and_need_no_step(pets):
+    estimate = est.estimate_configs(configs(pets, "zero-shot", seeds=(1,), method="zsclip"))
+    assert estimate.phases["training"] == 0 and estimate.phases["evaluation"] > 0
+    store = json.loads((pets / "zero-shot" / "cache" / "pricing" / "calibration.json").read_text())
+    assert not [key for units in store.values() for key in units if key.startswith("step/")]
+
+
+def test_features_already_cached_are_not_counted(pets, tiny):
+    """2 seeds x 2 shots x 2 base classes of OxfordPets' 4: the union of their training images (views 0 and 1) and
+    the 8 test images (view 0). After the cache holds the test features, only the training ones are left."""
+    from atlas_fast.cache import FeatureCache
+    from atlas_fast.sweep import plan_sweep
+
+    root = pets / "subtraction"
+    specs = plan_sweep(configs(pets, "subtraction"))
+    train = {d.key: d for spec in specs for d in spec.data.train_split.train}
+    test = specs[0].data.fewshot.test
+    before = est.plan_facts(specs, 4, tiny)
+    assert before.features_to_encode == 2 * len(train) + len(test)
+    assert before.images_to_decode == len(train) + len(test)
+    FeatureCache(root / "cache").build(tiny, "OxfordPets", test, num_views=0, progress=False)
+    after = est.plan_facts(specs, 4, tiny)
+    assert after.features_to_encode == 2 * len(train) and after.images_to_decode == len(train)
+
+
+def worktree_experiments():
+    """This tree's ``experiments`` package as ``atlas_fast.experiments`` (an editable install may map that name to
+    another checkout)."""
+    folder = Path(atlas_fast.__file__).resolve().parents[1] / "experiments"
+    loaded = sys.modules.get("atlas_fast.experiments")
+    if loaded is not None and Path(loaded.__file__).resolve().parent == folder:
+        return
+    for name in [n for n in sys.modules if n.startswith("atlas_fast.experiments")]:
+        del sys.modules[name]
+    spec = importlib.util.spec_from_file_location("atlas_fast.experiments", folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["atlas_fast.experiments"] = module
+    atlas_fast.experiments = module  # as an import would bind it
+    spec.loader.exec_module(module)
+
+
+def test_train_estimate_trains_nothing_and_writes_no_record(pets, capsys):
+    from atlas_fast.cli import main
+
+    root = pets / "cli"
+    args = ["train", "--dataset", "OxfordPets", "--data-root", str(pets / "data"), "--model", "atlas-tiny",
+            "--pretrained", "none", "--shots", "2", "--epochs", "2", "--batch-size", "4", "--views", "1",
+            "--seeds", "1", "2", "--atlas", "csl", "--cache-root", str(root / "cache"), "--results-dir",
+            str(root / "results"), "--no-progress", "--estimate"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "nothing was trained" in out and "| **total** |" in out and "| soft labels |" in out
+    assert not list((root / "results").rglob("*.json"))
+    assert not list((root / "cache").rglob("*.h5"))  # nothing encoded either
+
+
+def test_experiment_estimate_trains_nothing(pets, capsys):
+    worktree_experiments()
+    from atlas_fast.experiments import table3_base_to_new
+    from atlas_fast.experiments.common import run_experiment
+
+    root = pets / "experiment"
+    text = run_experiment(table3_base_to_new, [
+        "--data-root", str(pets / "data"), "--datasets", "OxfordPets", "--model", "atlas-tiny", "--pretrained",
+        "none", "--methods", "coop", "--seeds", "1", "--epochs", "2", "--cache-root", str(root / "cache"),
+        "--results-dir", str(root / "results"), "--out", str(root / "out"), "--estimate"])
+    assert "4 run(s), 0 finished" in text  # one seed x the four label variants
+    assert not list((root / "results").rglob("*.json")) and not (root / "out" / "table3_base_to_new.md").exists()
+
+
+def test_estimate_refuses_an_empty_sweep():
+    with pytest.raises(ValueError, match="no runs to price"):
+        est.estimate_configs([])
+
+
+def test_measure_step_refuses_batched_runs_of_a_method_that_does_not_batch(tiny):
+    with pytest.raises(ValueError, match="one by one"):
+        measure.measure_step(tiny, "kgcoop", ["a", "b"], batch=2, runs=2)
