@@ -20,7 +20,10 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
 8. runs/hour by R: the 12-run grid of check 4 with the default precision (AMP) at R = 1, 4 and 12 (the GPU's default
    ``DEFAULT_BATCH_RUNS``) with the default graph steps, and R = 1 with eager steps; seconds by phase from the
    records (plan, inputs, training, evaluation, the rest);
-9. the demo (``atlas-fast demo``: 12 runs of the embedded world, the paper's CoOp recipe): wall time.
+9. the demo (``atlas-fast demo``: 12 runs of the embedded world, the paper's CoOp recipe): wall time;
+10. the paper at its real scale (``benchmarks/paper_scale.py`` within ``--paper-scale-budget`` seconds): Table III's
+    units at every dataset's real C, batch and test-set size, and the whole table's predicted hours beside the
+    official code's.
 
 Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size. ``--device cpu
 --model atlas-tiny --scale 0.1`` is a smoke test of this script itself on a machine without a GPU (no fp16/AMP rows).
@@ -29,6 +32,7 @@ Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies t
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -348,6 +352,25 @@ def check_demo(root: Path) -> None:
         "atlas-fast demo from nothing: world generated, cache built, 12 runs (CoOp + 3 ATLaS variants x 3 seeds)")
 
 
+@guarded("paper scale (Table III priced)")
+def check_paper_scale(budget_s: int) -> None:
+    import paper_scale
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "paper_scale.json"
+        paper_scale.main(["--device", SETUP["device"], "--model", SETUP["model"], "--budget-s", str(budget_s),
+                          "--out", str(out)])
+        result = json.loads(out.read_text())["result"]
+    if not result.get("runs_priced"):
+        row("paper scale (Table III priced)", "WARN", "no run priced", f"budget {budget_s} s ran out first")
+        return
+    official = result.get("official_seconds")
+    row("paper scale (Table III priced)", "ok" if result["runs_priced"] == result["runs"] else "WARN",
+        f"{result['table3_seconds'] / 3600:.1f} h for {result['runs_priced']} of {result['runs']} runs"
+        + (f" (official code {official / 3600:.0f} h)" if official else ""),
+        f"peak device memory {result['peak_device_bytes'] / 2**30:.1f} GiB; units measured within {budget_s} s")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", type=float, default=1.0, help="dataset size multiplier (default 1)")
@@ -355,6 +378,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda", help="cuda (default); cpu only to smoke-test this script")
     p.add_argument("--model", default="ViT-B-16", help="open_clip model, random weights (default ViT-B-16)")
     p.add_argument("--skip-demo", action="store_true", help="leave out the demo's wall time (the longest check)")
+    p.add_argument("--paper-scale-budget", type=int, default=240,
+                   help="seconds for benchmarks/paper_scale.py's units (default 240; 0 leaves it out)")
     args = p.parse_args()
     SETUP.update(device=args.device, model=args.model)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -381,6 +406,8 @@ def main() -> int:
         check_runs_per_hour(root)
         if not args.skip_demo:
             check_demo(root)
+        if args.paper_scale_budget > 0:
+            check_paper_scale(args.paper_scale_budget)
     total = time.perf_counter() - start
     print(f"\n## atlas_fast GPU check on {name} ({total:.0f} s)\n")
     print("| check | status | measured | note |")

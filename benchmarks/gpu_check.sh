@@ -13,7 +13,8 @@
 # under fp16 autocast (images/s), faiss on the GPU if the installed faiss has GPU support, cached training with AMP,
 # R-batched training, a pixel-path method when this version has one, benchmarks/step_speed.py on CUDA (shared
 # prefix and fused attention vs open_clip's blocks), eager vs CUDA-graph cached CoOp steps (graph_steps) at
-# C = 10/50/500, runs/hour at R = 1/4/12 under AMP, and the demo's wall time.
+# C = 10/50/500, runs/hour at R = 1/4/12 under AMP, the demo's wall time and
+# benchmarks/paper_scale.py within --paper-scale-budget seconds (Table III priced at its real shapes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}

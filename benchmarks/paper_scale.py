@@ -232,14 +232,20 @@ def per_run_seconds(estimate: est.Estimate) -> float:
     return sum(v for k, v in estimate.phases.items() if k not in ("setup", "cache build"))
 
 
-def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> dict[str, Any]:
-    """Print the units' table, the soft labels beside Table V, and the whole table's predicted time."""
+def measure_machine_units(bench: Bench) -> None:
+    """The units every run shares (loading the backbone, encoding and decoding an image, starting the image loader),
+    measured first: a budget spent on the steps must not leave the whole table unpriced."""
     device = bench.device
     for key, call in ((est.LOAD_KEY, lambda: measure.measure_backbone_load(bench.backbone.config, device)),
                       (est.ENCODE_KEY, lambda: measure.measure_encode(bench.backbone, batch=bench.args.encode_batch)),
                       (est.DECODE_KEY, lambda: measure.measure_decode(bench.backbone)),
                       (est.LOADER_KEY, lambda: measure.measure_loader_start(bench.backbone))):
         bench.unit(key, call)
+
+
+def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> dict[str, Any]:
+    """Print the units' table, the soft labels beside Table V, and the whole table's predicted time."""
+    device = bench.device
     source = (f"units from {bench.args.units_from}" if bench.args.units_from
               else f"{torch.get_num_threads()} CPU threads")
     print(f"\n### Units at the real shapes ({bench.args.model}, random weights, {device}"
@@ -355,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{backbone.describe()} on {device}; {args.steps} timed step(s) per unit"
           f"{'' if args.no_warmup else ' after an untimed warm-up epoch'}; budget {args.budget_s} s", flush=True)
     bench = Bench(backbone, args)
+    measure_machine_units(bench)
     for dataset in args.datasets:  # every training step first (time and peak memory), then the rest
         print(f"{dataset}, training steps:", flush=True)
         measure_dataset(bench, dataset, args.methods, steps=True)
