@@ -222,16 +222,21 @@ def _probe_cache_path() -> Path:
     return Path(base) / "atlas_fast" / "threads.json"
 
 
-def _machine_key(limit: int) -> str:
-    import torch
-
-    model = ""
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` where there is none): part of every key
+    that stores a measurement made on this machine."""
     try:
         model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("model name")), "")
     except OSError:
-        pass
-    return f"{platform.node()}|{model or platform.processor()}|{limit} cpus|torch {torch.__version__}"
+        model = ""
+    return model or platform.processor()
+
+
+def _machine_key(limit: int) -> str:
+    import torch
+
+    return f"{platform.node()}|{cpu_model()}|{limit} cpus|torch {torch.__version__}"
 
 
 def measure_step_seconds(threads: int, tokens: int = 256, width: int = 256, repeats: int = 3) -> float:

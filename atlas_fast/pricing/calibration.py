@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from atlas_fast.files import atomic_write
+from atlas_fast.threads import cpu_model
 from atlas_fast.pricing.units import Unit
 
 CALIBRATION_FILE = Path("pricing") / "calibration.json"
@@ -26,13 +27,7 @@ CALIBRATION_FILE = Path("pricing") / "calibration.json"
 def machine_name(device: torch.device) -> str:
     """This machine as a calibration sees it: host name, CPU model and torch's thread count, and the GPU's name on
     CUDA (units measured elsewhere, or with another thread count, do not price this machine)."""
-    cpu = ""
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), "")
-    except OSError:
-        pass
-    name = f"{platform.node()}|{cpu or platform.processor()}|{torch.get_num_threads()} threads"
+    name = f"{platform.node()}|{cpu_model()}|{torch.get_num_threads()} threads"
     if device.type == "cuda":
         name += f"|{torch.cuda.get_device_name(device)}"
     return name
