@@ -46,27 +46,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-class RssSampler:
-    """The highest resident set size (MB) seen while the block runs, read from /proc every 5 ms: the block's own
-    peak, which the process's lifetime peak (``ru_maxrss``) hides when loading the model took more."""
+def rss_mb() -> float:
+    """This process's resident set now (MB). Read here, not from atlas_fast: planning also runs under a
+    ``--baseline-src`` checkout, which may predate atlas_fast.pricing."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
-    def __enter__(self) -> "RssSampler":
-        import threading
 
-        self.start_mb = self.peak_mb = self.read()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.thread.start()
-        return self
-
-    @staticmethod
-    def read() -> float:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-    def _watch(self) -> None:
-        while not self.stop.wait(0.005):
-            self.peak_mb = max(self.peak_mb, self.read())
+def rss_peak(block) -> dict:
+    """``rss_before_mb`` and ``peak_rss_mb`` of a finished :class:`atlas_fast.pricing.units.PeakMemory` block."""
+    return {"rss_before_mb": block.host_start / 2**20, "peak_rss_mb": block.host / 2**20}
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
@@ -127,11 +116,11 @@ def child_plan(work: Path, count: int, warm: bool) -> dict:
     if warm:
         plan_sweep(configs)
         return out
-    before = RssSampler.read()
+    before = rss_mb()
     clock = time.perf_counter()
     specs = plan_sweep(configs)
     out["seconds"] = time.perf_counter() - clock
-    out["held_mb"] = RssSampler.read() - before
+    out["held_mb"] = rss_mb() - before
     out["runs"] = len(specs)
     return out
 
@@ -142,6 +131,7 @@ def child_evaluate(classes: int, test: int, whole: bool) -> dict:
 
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.engine.evaluate import EvalSet, evaluate_method, method_logits, top1_accuracy
+    from atlas_fast.pricing.units import PeakMemory
     from atlas_fast.methods.base import build_method
 
     backbone = shared_backbone(BackboneConfig(MODEL, None), "cpu")
@@ -150,13 +140,12 @@ def child_evaluate(classes: int, test: int, whole: bool) -> dict:
     features = torch.randn(test, backbone.embed_dim)
     labels = torch.randint(0, classes, (test,))
     clock = time.perf_counter()
-    with RssSampler() as rss:
+    with PeakMemory(torch.device("cpu")) as rss:
         if whole:
             accuracy = top1_accuracy(method_logits(method, features), labels).tolist()
         else:
             accuracy = evaluate_method(method, [EvalSet("all", tuple(classnames(classes)), features, labels)])["all"]
-    return {"seconds": time.perf_counter() - clock, "rss_before_mb": rss.start_mb, "peak_rss_mb": rss.peak_mb,
-            "accuracy": accuracy}
+    return {"seconds": time.perf_counter() - clock, **rss_peak(rss), "accuracy": accuracy}
 
 
 def child_eval_chunk(method_name: str, classes: int) -> dict:
@@ -166,6 +155,7 @@ def child_eval_chunk(method_name: str, classes: int) -> dict:
 
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.engine.evaluate import EVAL_PIXEL_BATCH
+    from atlas_fast.pricing.units import PeakMemory
     from atlas_fast.methods.base import build_method
 
     backbone = shared_backbone(BackboneConfig(MODEL, None), "cpu")
@@ -178,17 +168,17 @@ def child_eval_chunk(method_name: str, classes: int) -> dict:
             text = method.text_features()
             out["text_s"] = time.perf_counter() - clock
             pixels = torch.randn(EVAL_PIXEL_BATCH, 3, 224, 224)
-            with RssSampler() as rss:
+            with PeakMemory(torch.device("cpu")) as rss:
                 clock = time.perf_counter()
                 method.eval_pixel_logits(pixels, text)
             out["images"] = EVAL_PIXEL_BATCH
         else:
             features = torch.randn(method.eval_chunk(), backbone.embed_dim)
-            with RssSampler() as rss:
+            with PeakMemory(torch.device("cpu")) as rss:
                 clock = time.perf_counter()
                 list(method.eval_logit_chunks(features))
             out["images"] = len(features)
-    out.update(chunk_s=time.perf_counter() - clock, rss_before_mb=rss.start_mb, peak_rss_mb=rss.peak_mb)
+    out.update(chunk_s=time.perf_counter() - clock, **rss_peak(rss))
     return out
 
 
@@ -199,6 +189,7 @@ def child_step(method_name: str, classes: int, device: str) -> dict:
 
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.methods.base import MissingRecipe, method_class
+    from atlas_fast.pricing.units import PeakMemory
 
     entry = method_class(method_name)
     setting = "base2new" if classes <= 500 else "cross_dataset"
@@ -233,14 +224,13 @@ def child_step(method_name: str, classes: int, device: str) -> dict:
 
     optimizer = torch.optim.SGD(method.trainable_parameters(), lr=1e-3, momentum=0.9)
     clock = time.perf_counter()
-    with RssSampler() as rss:
+    with PeakMemory(torch.device("cpu")) as rss:
         method.training_loss(inputs, labels, criterion).backward()
         optimizer.step()
         if torch_device.type == "cuda":
             torch.cuda.synchronize()
     out = {"method": method_name, "classes": classes, "setting": setting, "batch": size,
-           "step_s": time.perf_counter() - clock, "rss_before_mb": rss.start_mb, "peak_rss_mb": rss.peak_mb,
-           "process_peak_rss_mb": peak_rss_mb()}
+           "step_s": time.perf_counter() - clock, **rss_peak(rss), "process_peak_rss_mb": peak_rss_mb()}
     if torch_device.type == "cuda":
         out["gpu_step_peak_mb"] = (torch.cuda.max_memory_allocated() - gpu_base) / 2**20
     return out

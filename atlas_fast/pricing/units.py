@@ -86,7 +86,7 @@ def synthetic_classnames(count: int) -> list[str]:
     return names
 
 
-def _host_rss() -> int:
+def host_rss() -> int:
     """This process's resident set size in bytes (0 where /proc is missing)."""
     try:
         with open("/proc/self/statm") as f:
@@ -96,8 +96,8 @@ def _host_rss() -> int:
 
 
 class PeakMemory:
-    """Context manager: the peak host RSS (sampled every ``interval`` s by a thread) and the peak CUDA memory
-    allocated on ``device`` while the block ran."""
+    """Context manager: the peak host RSS (sampled every ``interval`` s by a thread; ``host_start``: the RSS on
+    entry) and the peak CUDA memory allocated on ``device`` while the block ran."""
 
     def __init__(self, device: torch.device, interval: float = 0.005) -> None:
         self.device, self.interval = device, interval
@@ -107,14 +107,14 @@ class PeakMemory:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.host = max(self.host, _host_rss())
+            self.host = max(self.host, host_rss())
             self._stop.wait(self.interval)
 
     def __enter__(self) -> "PeakMemory":
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.host = _host_rss()
+        self.host = self.host_start = host_rss()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -125,7 +125,7 @@ class PeakMemory:
             self.device_bytes = int(torch.cuda.max_memory_allocated(self.device))
         self._stop.set()
         self._thread.join()
-        self.host = max(self.host, _host_rss())
+        self.host = max(self.host, host_rss())
 
 
 def _fp16(device: torch.device, amp: bool) -> torch.autocast:
