@@ -154,7 +154,7 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
     groups = []
     for method in methods:
         entry = method_class(method)
-        config, recipe = entry.recipe("paper", p["setting"], SHOTS, p["recipe_dataset"])
+        config, recipe = entry.recipe_function("paper", p["setting"], SHOTS, p["recipe_dataset"])
         config = measure.method_config_for(method, 1, config, backbone)
         digest = est.config_digest(config)
         runs = runs_per_group(method, bench.device)
@@ -181,7 +181,7 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
                        lambda: measure.measure_soft_labels(backbone, kind, names, images, max_repeats=1))
     for method in methods:  # the plan facts of the dataset's part of the table
         entry = method_class(method)
-        config, recipe = entry.recipe("paper", p["setting"], SHOTS, p["recipe_dataset"])
+        config, recipe = entry.recipe_function("paper", p["setting"], SHOTS, p["recipe_dataset"])
         digest = est.config_digest(measure.method_config_for(method, 1, config, backbone))
         runs = runs_per_group(method, bench.device)
         images = SHOTS * p["classes"]

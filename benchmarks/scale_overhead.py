@@ -194,10 +194,10 @@ def child_step(method_name: str, classes: int, device: str) -> dict:
     entry = method_class(method_name)
     setting = "base2new" if classes <= 500 else "cross_dataset"
     try:
-        config, recipe = entry.recipe("paper", setting, 16, "ImageNet")
+        config, recipe = entry.recipe_function("paper", setting, 16, "ImageNet")
     except MissingRecipe:
         setting = "base2new"
-        config, recipe = entry.recipe("paper", setting, 16, "ImageNet")
+        config, recipe = entry.recipe_function("paper", setting, 16, "ImageNet")
     torch_device = torch.device(device)
     backbone = shared_backbone(BackboneConfig(MODEL, None), torch_device)
     torch.manual_seed(0)

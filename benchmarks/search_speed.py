@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atlas_fast.atlas.variants import atlas_variant  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig  # noqa: E402
+from atlas_fast.vocabulary import PRUNERS  # noqa: E402
 from atlas_fast.engine import TrainConfig  # noqa: E402
 from atlas_fast.experiments.fig_sensitivity import GRIDS  # noqa: E402
 from atlas_fast.search import SearchConfig, choice, integers, run_study, uniform  # noqa: E402
@@ -56,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=40, help="trials of the search (default 40)")
     p.add_argument("--batch-runs", type=int, default=None, help="grid points trained together (default: a "
                    "sweep's, 12 on a GPU and 4 on the CPU)")
-    p.add_argument("--pruner", choices=("hyperband", "halving", "median"), default="hyperband",
+    p.add_argument("--pruner", choices=[p for p in PRUNERS if p != "none"], default="hyperband",
                    help="the search's pruner (default hyperband, the search's default)")
     p.add_argument("--search-batch", type=int, default=None,
                    help="trials of the search trained together (default: the search's, 1 on the CPU)")

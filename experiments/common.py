@@ -18,21 +18,22 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Sequence
 
 from atlas_fast.data.datasets import ELEVEN
-from atlas_fast.app.options import (add_download, add_method_options, add_methods, add_progress, add_seeds,
-                                    add_workers, apply_download, check_range, method_options, WORLD_BACKBONE)
+from atlas_fast.app.options import (add_download, add_method_options, add_methods, add_progress, add_run_options,
+                                    add_seeds, add_workers, apply_download, check_range, method_options,
+                                    resolve_backbone, train_config)
 from atlas_fast.data.check import require_layouts
 from atlas_fast.errors import UsageError
-from atlas_fast.report.tables import TableRow, latex_label, latex_table, markdown_table, plot_rows, write_csv
+from atlas_fast.renames import moved_names
+from atlas_fast.vocabulary import EXECUTORS
+from atlas_fast.report.figures import plot_rows
+from atlas_fast.report.formats import latex_label, latex_table, markdown_table, write_csv
+from atlas_fast.report.rows import TableRow
 
 # The engine and the sweep (torch) are imported where runs are planned, trained and reported, so that an
 # experiment's --help and argument errors answer at once (tests/test_cli_start.py).
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
     from atlas_fast.sweep import Execution
-
-# --executor's choices: atlas_fast.sweep's EXECUTORS, spelled here so that parsing imports no torch (a test checks
-# that the two agree).
-EXECUTORS = ("local", "ray", "slurm")
 
 
 def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.ArgumentParser:
@@ -47,17 +48,10 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     p.add_argument("--world-images", type=int, nargs=3, default=list(WORLD_IMAGES), metavar=("TRAIN", "VAL", "TEST"),
                    help="with --world: images per class generated for each split (default: %(default)s)")
     p.add_argument("--datasets", nargs="+", default=list(datasets), help="default: %(default)s")
-    p.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
-    p.add_argument("--pretrained", default="openai",
-                   help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt) or 'none'")
+    add_run_options(p, ("model", "pretrained"))
     add_download(p)
     add_seeds(p, [1, 2, 3])
-    p.add_argument("--recipe", choices=("paper", "original"), default="paper")
-    p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs (quick looks only)")
-    p.add_argument("--views", type=int, default=None, help="cached augmented views (default: one per epoch)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--cache-root", default="cache")
-    p.add_argument("--results-dir", default="results", help="run records (shared by every experiment)")
+    add_run_options(p, ("recipe_family", "epochs", "views", "device", "cache_root", "results_dir"))
     p.add_argument("--out", default="results/experiments", help="where tables and plots are written")
     run = p.add_argument_group("execution")
     run.add_argument("--dry-run", action="store_true", help="list the runs (and which are finished); train nothing")
@@ -82,32 +76,22 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
 
 
 # --world: the world's counterparts of the paper's datasets (atlas_fast/world/README.md), the shipped CLIP and the
-# prompt depths of the multi-modal methods cut to its 4-layer towers.
+# prompt depths of the multi-modal methods cut to its 4-layer towers (app.options.world_method_options).
 WORLD_DATA_ROOT = "data/world"
 WORLD_IMAGES = (32, 4, 50)
-WORLD_TOWER_LAYERS = 4  # blocks per tower of the atlas-world CLIP (model_configs/atlas-world.json)
-
-
-def world_method_options() -> list[str]:
-    """``METHOD:OPTION=4`` for every prompt-depth option of every registered method (their registry entries name
-    them): the world's towers have 4 blocks, fewer than the recipes' depths."""
-    from atlas_fast.methods import METHODS
-
-    return [f"{name}:{option}={WORLD_TOWER_LAYERS}" for name, entry in METHODS.items()
-            for option in entry.depth_options]
 
 
 def apply_world(args: argparse.Namespace, parser: argparse.ArgumentParser, module: ModuleType) -> None:
     """``--world``: replace every option the user left at its default by the world's counterpart (the module's
-    ``WORLD_DEFAULTS``, e.g. WorldPhotos for ImageNet; else the six base-to-new world datasets for the paper's 11),
-    then generate (or reuse) the world datasets the experiment reads."""
+    ``WORLD_DEFAULTS``, e.g. WorldPhotos for ImageNet; else the six base-to-new world datasets for the paper's 11;
+    an unset ``--model``/``--pretrained`` then resolves to the world's CLIP, as for any World* dataset), then
+    generate (or reuse) the world datasets the experiment reads."""
+    from atlas_fast.app.options import world_method_options
     from atlas_fast.world.benchmark import BASE_TO_NEW, SplitSizes, generate_benchmark
 
     if args.data_root is None:
         args.data_root = WORLD_DATA_ROOT
     default = parser.get_default
-    if (args.model, args.pretrained) == (default("model"), default("pretrained")):
-        args.model, args.pretrained = WORLD_BACKBONE
     for option, value in {"datasets": list(BASE_TO_NEW), **getattr(module, "WORLD_DEFAULTS", {})}.items():
         if getattr(args, option) == default(option):
             setattr(args, option, list(value))
@@ -160,18 +144,13 @@ def execution_from_args(args: argparse.Namespace) -> Execution:
 
 
 def base_config(args: argparse.Namespace, setting: str, shots: int = 16, **changes: Any) -> TrainConfig:
-    """The run every row of a table starts from; rows replace the schedule, soft labels, dataset and seed."""
-    from atlas_fast.clip.backbones import BackboneConfig
-    from atlas_fast.engine import TrainConfig
-
-    pretrained = None if args.pretrained.lower() == "none" else args.pretrained
+    """The run every row of a table starts from (:func:`~atlas_fast.app.options.train_config` of the run options);
+    rows replace the schedule, soft labels, dataset and seed. Inner progress bars are off: the sweep prints a line
+    per run."""
     if "method" in changes and "method_options" not in changes:
         changes["method_options"] = method_options(getattr(args, "method_option", []), changes["method"])
-    return TrainConfig(dataset=args.datasets[0], data_root=args.data_root,
-                       backbone=BackboneConfig(args.model, pretrained), recipe=args.recipe, setting=setting,
-                       shots=shots, epochs=args.epochs, views=args.views, device=args.device,
-                       cache_root=args.cache_root, results_dir=args.results_dir, progress=False,
-                       workers=args.workers, **changes)
+    return train_config(args, dataset=args.datasets[0], data_root=args.data_root, setting=setting, shots=shots,
+                        **{"progress": False, **changes})
 
 
 def build_parser(module: ModuleType) -> argparse.ArgumentParser:
@@ -195,6 +174,7 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
         apply_world(args, module_parser, module)
     elif args.data_root is None:
         module_parser.error("--data-root is required (or --world to run on the embedded world)")
+    resolve_backbone(args)
     require_layouts([*getattr(args, "datasets", []), *(getattr(args, "targets", None) or [])], args.data_root)
     from atlas_fast.sweep import describe_plan, plan_sweep, run_configs
     from atlas_fast.sweep.grid import distinct
@@ -266,3 +246,8 @@ def write_table(rows: Sequence[TableRow], name: str, title: str, out: str | Path
     write_csv(rows, Path(out) / f"{name}.csv")
     plot_rows(rows, Path(out) / f"{name}.png")
     return publish(out, f"{name}.md", markdown_table(rows, title))
+
+
+# Moved to atlas_fast.app.options (train, the demo and the experiments share it).
+__getattr__ = moved_names(__name__, {"world_method_options": "atlas_fast.app.options:world_method_options",
+                                     "WORLD_TOWER_LAYERS": "atlas_fast.app.options:WORLD_TOWER_LAYERS"})

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
-from atlas_fast.report.tables import deviation_marks, deviation_sentences, epoch_curves, plot_curves, strategy_label
+from atlas_fast.report.figures import plot_curves
+from atlas_fast.report.formats import deviation_sentences
+from atlas_fast.report.rows import deviation_marks, epoch_curves, strategy_label
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.errors import UsageError
 from atlas_fast.experiments.common import publish
-from atlas_fast.report.tables import plot_soft_label_case_study
+from atlas_fast.report.figures import plot_soft_label_case_study
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 if TYPE_CHECKING:
@@ -48,12 +48,12 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.atlas.softlabels import atlas_preset, compute_soft_labels
     from atlas_fast.engine.config import resolve_device
 
-    from atlas_fast.app.options import check_range
+    from atlas_fast.app.options import check_range, resolve_backbone
 
     for option, value in (("--images", args.images), ("--top-k", args.top_k), ("--shots", args.shots)):
         check_range(option, value, 1)  # before the backbone is loaded or any image encoded
-    pretrained = None if args.pretrained.lower() == "none" else args.pretrained
-    backbone = shared_backbone(BackboneConfig(args.model, pretrained), resolve_device(args.device))
+    resolve_backbone(args)  # --model/--pretrained as every run option resolves them
+    backbone = shared_backbone(BackboneConfig(args.model, args.pretrained), resolve_device(args.device))
     full = load_dataset(args.datasets[0], args.data_root)
     fewshot = fewshot_subset(full, args.shots, args.seeds[0],
                              store_dir=Path(args.cache_root) / full.name / "split_fewshot")

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.experiments.fig1_label_smoothing import curve_table
-from atlas_fast.report.tables import plot_curves, strategy_label
+from atlas_fast.report.figures import plot_curves
+from atlas_fast.report.rows import strategy_label
 from atlas_fast.world.benchmark import DECLINE_DATASET
+from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 
 if TYPE_CHECKING:
     from atlas_fast.atlas.variants import LabelVariant
@@ -31,7 +33,7 @@ def variants() -> list[LabelVariant]:
     from atlas_fast.atlas.variants import atlas_variant
 
     rows = [atlas_variant("base2new", "none")]
-    for kind in ("ls", "csl", "isl"):
+    for kind in PAPER_SOFT_LABEL_KINDS:
         rows += [atlas_variant("base2new", kind, period=1), atlas_variant("base2new", kind)]
     return rows
 

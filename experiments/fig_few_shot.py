@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import base_config, chunks, publish
-from atlas_fast.report.tables import aggregate, deviation_marks, deviation_sentences, plot_series, variant_label
+from atlas_fast.report.figures import plot_series
+from atlas_fast.report.formats import deviation_sentences
+from atlas_fast.report.rows import aggregate, deviation_marks, variant_label
 
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig

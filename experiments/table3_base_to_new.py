@@ -15,7 +15,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, PAPER_METHODS, base_config, method_args, write_table
-from atlas_fast.report.tables import aggregate
+from atlas_fast.report.rows import aggregate
 
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
@@ -29,12 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
     from atlas_fast.atlas.schedules import OneHot
-    from atlas_fast.sweep import Variant, atlas_variants, grid_configs
+    from atlas_fast.atlas.variants import LabelVariant
+    from atlas_fast.sweep import atlas_variants, grid_configs
 
     configs = []
     if args.zero_shot:
         configs += grid_configs(base_config(args, "base2new", method="zsclip", evaluate=BASE_NEW), args.datasets,
-                                [Variant("zero-shot", OneHot())], args.seeds)
+                                [LabelVariant("zero-shot", OneHot())], args.seeds)
     for method in args.methods:
         configs += grid_configs(base_config(args, "base2new", method=method, evaluate=BASE_NEW), args.datasets,
                                 atlas_variants("base2new"), args.seeds)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
-from atlas_fast.report.tables import deviation_marks, deviation_sentences, variant_label
+from atlas_fast.report.formats import deviation_sentences
+from atlas_fast.report.rows import deviation_marks, variant_label
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 if TYPE_CHECKING:

@@ -13,7 +13,8 @@ import argparse
 
 from atlas_fast.experiments import table3_base_to_new
 from atlas_fast.experiments.common import PAPER_METHODS, method_args, publish, write_text
-from atlas_fast.report.tables import aggregate, csv_lines, latex_label, latex_table, markdown_table
+from atlas_fast.report.formats import csv_lines, latex_label, latex_table, markdown_table
+from atlas_fast.report.rows import aggregate
 
 PAPER = "Appendix Tables A1-A3 (per dataset)"
 plan = table3_base_to_new.plan

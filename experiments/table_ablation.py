@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, write_table
 from atlas_fast.app.catalogue import method_names
-from atlas_fast.report.tables import aggregate, method_name
+from atlas_fast.report.rows import aggregate, method_name
+from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 
 if TYPE_CHECKING:
     from atlas_fast.atlas.variants import LabelVariant
     from atlas_fast.engine import TrainConfig
 
 PAPER = "Table IV (ablation)"
-KINDS = ("ls", "csl", "isl")
+KINDS = PAPER_SOFT_LABEL_KINDS
 
 
 def ablation_label(config: dict) -> str:

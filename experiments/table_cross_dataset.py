@@ -18,7 +18,8 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import ELEVEN, PAPER_METHODS, base_config, method_args, publish
-from atlas_fast.report.tables import deviation_marks, deviation_sentences, method_name, variant_label
+from atlas_fast.report.formats import deviation_sentences
+from atlas_fast.report.rows import deviation_marks, method_name, variant_label
 from atlas_fast.report.stats import interval_note, paired_by_seed
 from atlas_fast.world.benchmark import CROSS_SOURCE, CROSS_TARGETS, DG_TARGETS
 
@@ -39,9 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
     from atlas_fast.atlas.schedules import OneHot
-    from atlas_fast.sweep import Variant, atlas_variants, grid_configs
+    from atlas_fast.atlas.variants import LabelVariant
+    from atlas_fast.sweep import atlas_variants, grid_configs
 
-    grids = [("zsclip", [Variant("zero-shot", OneHot())])] if args.zero_shot else []
+    grids = [("zsclip", [LabelVariant("zero-shot", OneHot())])] if args.zero_shot else []
     grids += [(method, atlas_variants("cross_dataset")) for method in args.methods]
     return [config for method, variants in grids for config in grid_configs(
         base_config(args, "cross_dataset", method=method), args.datasets, variants, args.seeds)]

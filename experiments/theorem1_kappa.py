@@ -21,9 +21,12 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from atlas_fast.report.tables import deviation_marks, deviation_sentences, save_figure, series_figure, variant_label
+from atlas_fast.report.figures import save_figure, series_figure
+from atlas_fast.report.formats import deviation_sentences
+from atlas_fast.report.rows import deviation_marks, variant_label
 from atlas_fast.report.stats import interval_note, paired_by_seed
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
+from atlas_fast.vocabulary import SOFT_LABEL_KINDS
 
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
@@ -31,10 +34,8 @@ if TYPE_CHECKING:
 PAPER = "Theorem 1 and Lemma 1 (κ, measured; not in the paper)"
 DATASETS = ("ImageNet",)
 WORLD_DEFAULTS = {"datasets": ["WorldPhotos", "WorldSketches"]}
-NAMES = {"ls": "LS", "csl": "CSL", "isl": "ISL", "mix": "mix"}
-# The soft-label kinds (atlas_fast.atlas.softlabels.KINDS, spelled here so that --help imports no torch; a test checks
-# that the two agree).
-KINDS = tuple(NAMES)
+KINDS = SOFT_LABEL_KINDS
+NAMES = {"ls": "LS", "csl": "CSL", "isl": "ISL", "mix": "mix"}  # how this module's tables print each kind
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.errors import UsageError
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
+from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
@@ -32,7 +33,7 @@ VIEW_COUNTS = (1, 5, 20, 0)  # 0: one view per epoch (the faithful setting)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--view-counts", type=int, nargs="+", default=list(VIEW_COUNTS),
                    help="V values; 0 means one view per epoch (default: %(default)s)")
-    p.add_argument("--kinds", nargs="*", default=["ls"], choices=("ls", "csl", "isl"),
+    p.add_argument("--kinds", nargs="*", default=["ls"], choices=PAPER_SOFT_LABEL_KINDS,
                    help="ATLaS soft labels to add next to plain CoOp (default: %(default)s)")
 
 
@@ -55,7 +56,8 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.engine.evaluate import harmonic_mean
-    from atlas_fast.report.tables import deviation_marks, deviation_sentences, variant_label
+    from atlas_fast.report.formats import deviation_sentences
+    from atlas_fast.report.rows import deviation_marks, variant_label
     from atlas_fast.report.stats import interval_note, paired_by_seed
 
     # (views, variant) -> dataset -> metric -> per-seed values

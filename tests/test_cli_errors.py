@@ -41,8 +41,13 @@ def test_eval_names_a_dataset_typo_as_parsed(capsys):
 
 
 def _record(folder, name="coop-seed1.json"):
+    """A minimal valid record (from before seals) in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text(json.dumps({"config": {"dataset": "WorldPhotos"}, "metrics": {}}))
+    (folder / name).write_text(json.dumps({
+        "status": "finished", "key": "k" * 32, "metrics": {"base": 50.0, "zero_shot": {"base": 40.0}},
+        "config": {"dataset": "WorldPhotos", "backbone": {"model": "atlas-world"}, "method": "coop",
+                   "method_config": {}, "shots": 2, "seed": 1},
+        "backbone": {"fingerprint": "b" * 32}, "data": {"fingerprint": "f" * 32}}))
 
 
 def test_report_on_a_folder_without_records_names_the_nearest_one(tmp_path, capsys):

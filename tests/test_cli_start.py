@@ -1,22 +1,11 @@
 """The command line starts without torch: ``--help`` of every command (every experiment module's included) and
 argument errors import neither torch nor open_clip (benchmarks/cli_start.py times it)."""
 
+import json
 import subprocess
 import sys
 
 import pytest
-
-PROBE = """
-import sys
-from atlas_fast.cli import main
-try:
-    status = main({argv!r})
-except SystemExit as exc:
-    status = exc.code
-heavy = sorted(m for m in ("torch", "open_clip", "h5py", "faiss") if m in sys.modules)
-print("HEAVY", ",".join(heavy) or "-", "STATUS", status)
-"""
-
 
 # --help of every command and argument errors (each answers 0 or 2), run one after another in one process and checked
 # after each: none may have imported torch (one process instead of one per command keeps the suite short).
@@ -38,23 +27,33 @@ EVERY_ARGV = """
 import contextlib, io, sys
 from atlas_fast.cli import main
 for argv in {argvs!r}:
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         try:
             status = main(argv)
         except SystemExit as exc:
             status = exc.code
     heavy = sorted(m for m in ("torch", "open_clip", "h5py", "faiss") if m in sys.modules)
-    print("ARGV", repr(argv), "HEAVY", ",".join(heavy) or "-", "STATUS", status)
+    print("ARGV", repr(argv), "ERR", repr(err.getvalue()[:300]), "HEAVY", ",".join(heavy) or "-", "STATUS", status)
 """
 
 
-def test_help_and_argument_errors_do_not_import_torch():
-    result = subprocess.run([sys.executable, "-c", EVERY_ARGV.format(argvs=ARGVS)], capture_output=True, text=True,
+def test_help_and_argument_errors_do_not_import_torch(tmp_path):
+    """... and a report on a folder without records, which names the nearest folder with one (found by the
+    records' validator, which imports no torch either)."""
+    (tmp_path / "results" / "demo" / "WorldPhotos").mkdir(parents=True)
+    record = {"status": "finished", "key": "k" * 32, "metrics": {"base": 50.0, "zero_shot": {"base": 40.0}},
+              "config": {"backbone": {"model": "atlas-world"}, "method": "coop", "method_config": {}, "shots": 2,
+                         "seed": 1}, "backbone": {"fingerprint": "b" * 32}, "data": {"fingerprint": "f" * 32}}
+    (tmp_path / "results" / "demo" / "WorldPhotos" / "run.json").write_text(json.dumps(record))
+    argvs = ARGVS + [["report", str(tmp_path / "results")]]
+    result = subprocess.run([sys.executable, "-c", EVERY_ARGV.format(argvs=argvs)], capture_output=True, text=True,
                             timeout=120)
     lines = [line for line in result.stdout.splitlines() if line.startswith("ARGV")]
-    assert len(lines) == len(ARGVS), (result.stdout[-1000:], result.stderr[-2000:])
-    for argv, line in zip(ARGVS, lines):
+    assert len(lines) == len(argvs), (result.stdout[-1000:], result.stderr[-2000:])
+    for argv, line in zip(argvs, lines):
         assert "HEAVY - STATUS" in line and line.split()[-1] in ("0", "2"), (argv, line)
+    assert lines[-1].endswith("STATUS 2") and f"nearest folder with records is {tmp_path / 'results' / 'demo'}" in (
+        lines[-1])
 
 
 EVERY_EXPERIMENT_HELP = """
@@ -91,30 +90,3 @@ def test_python_m_experiments_help_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "--param" in result.stdout and "HEAVY - STATUS 0" in result.stdout, (result.stdout[-500:],
                                                                               result.stderr[-2000:])
-
-
-def test_the_experiments_choices_are_the_packages():
-    """Choices spelled in the experiment modules so that parsing imports no torch must be the packages' own."""
-    from atlas_fast.atlas.softlabels import KINDS
-    from atlas_fast.experiments import common, theorem1_kappa
-    from atlas_fast.sweep import EXECUTORS
-
-    assert common.EXECUTORS == EXECUTORS and theorem1_kappa.KINDS == KINDS
-
-
-def test_the_train_flags_offer_the_atlas_packages_variants():
-    """``train``'s --atlas/--schedule choices are spelled in the command module (so parsing imports no torch): they
-    must be the ATLaS package's."""
-    from atlas_fast.cli import train
-    from atlas_fast.atlas import variants
-
-    assert train.SOFT_CHOICES == variants.SOFT_CHOICES and train.SCHEDULE_CHOICES == variants.SCHEDULE_CHOICES
-
-
-def test_report_on_a_folder_without_records_does_not_import_torch(tmp_path):
-    (tmp_path / "results" / "demo" / "WorldPhotos").mkdir(parents=True)
-    (tmp_path / "results" / "demo" / "WorldPhotos" / "run.json").write_text('{"config": {}, "metrics": {}}')
-    result = subprocess.run([sys.executable, "-c", PROBE.format(argv=["report", str(tmp_path / "results")])],
-                            capture_output=True, text=True, timeout=60)
-    assert "HEAVY - STATUS 2" in result.stdout, (result.stdout[-500:], result.stderr[-2000:])
-    assert "results/demo" in result.stderr

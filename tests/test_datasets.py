@@ -377,7 +377,7 @@ def test_base_new_split_relabels_from_zero(data_root):
             assert len(items) == sum(1 for d in getattr(splits, name) if d.classname in part.classnames)
     assert subsample_classes(splits, "all").train == splits.train
     assert new.subset == {"classes": "new"}
-    with pytest.raises(ValueError, match=r"one of \('all', 'base', 'new'\)"):
+    with pytest.raises(ValueError, match=r"one of \('base', 'new', 'all'\)"):
         subsample_classes(splits, "novel")
 
 

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from atlas_fast.report.tables import aggregate, latex_table, markdown_table, variant_label
+from atlas_fast.report.formats import latex_table, markdown_table
+from atlas_fast.report.rows import aggregate, variant_label
 from atlas_fast.experiments import table3_base_to_new, table_ablation, table_cross_dataset
 from atlas_fast.experiments.common import run_experiment
 from layouts import make_imagenet, make_oxford_pets
@@ -62,7 +63,7 @@ def _at_the_recipe(record, **soft):
     from atlas_fast.methods import METHODS
 
     c = record["config"]
-    _, recipe = METHODS[c["method"]].recipe(c["recipe_family"], c["setting"], c["shots"], c["dataset"])
+    _, recipe = METHODS[c["method"]].recipe_function(c["recipe_family"], c["setting"], c["shots"], c["dataset"])
     config = {**c, "recipe": dataclasses.asdict(recipe), "views": recipe.epochs,
               "backbone": {**c["backbone"], "model": "ViT-B-16"}}
     if soft:

@@ -29,7 +29,7 @@ from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import CacheError, FeatureCache, MissingFeaturesError
 from atlas_fast.cli import main
 from atlas_fast.data import fewshot_subset, load_dataset
-from atlas_fast.data.datasets import DatasetFormatError, DatasetLayoutError
+from atlas_fast.data.layouts import DatasetFormatError, DatasetLayoutError
 from atlas_fast.engine import TrainConfig, run
 from layouts import make_class_folders, make_imagenet, make_imagenet_sketch, make_oxford_pets, write_image
 
@@ -508,7 +508,8 @@ def test_kill_9_during_a_build_resumes_exactly(pets, tmp_path, backbone):
 
 def _sweep_and_hang(root: str, data: str, flag: str) -> None:
     import atlas_fast.engine.pipeline as run_module
-    from atlas_fast.sweep import Execution, Variant, run_grid
+    from atlas_fast.atlas.variants import LabelVariant
+    from atlas_fast.sweep import Execution, run_grid
     from atlas_fast.atlas.schedules import OneHot
 
     torch.set_num_threads(1)
@@ -524,16 +525,17 @@ def _sweep_and_hang(root: str, data: str, flag: str) -> None:
 
     run_module.train_runs = train_then_hang
     # one run per group (batch_runs=1): the sweep is killed inside its second group
-    run_grid(config(Path(root), Path(data)), ["OxfordPets"], [Variant("baseline", OneHot())], [1, 2, 3],
+    run_grid(config(Path(root), Path(data)), ["OxfordPets"], [LabelVariant("baseline", OneHot())], [1, 2, 3],
              progress=False, execution=Execution("local", batch_runs=1))
 
 
 def test_kill_9_during_a_sweep_resumes_with_the_unfinished_runs(pets, tmp_path):
     from atlas_fast.atlas.schedules import OneHot
-    from atlas_fast.sweep import Variant, run_grid
+    from atlas_fast.atlas.variants import LabelVariant
+    from atlas_fast.sweep import run_grid
 
     _kill_9_once_hanging(_sweep_and_hang, str(tmp_path), str(pets))
-    records = run_grid(config(tmp_path, pets), ["OxfordPets"], [Variant("baseline", OneHot())], [1, 2, 3],
+    records = run_grid(config(tmp_path, pets), ["OxfordPets"], [LabelVariant("baseline", OneHot())], [1, 2, 3],
                        progress=False)
     assert [r["skipped"] for r in records] == [True, False, False]
     assert records[1]["metrics"] == run(config(tmp_path / "fresh", pets, seed=2))["metrics"]

@@ -23,7 +23,7 @@ LAYERS = (
     "atlas | cache",
     "data",
     "clip",
-    "files | errors | progress | threads",
+    "files | errors | progress | threads | vocabulary | renames",
 )
 
 

@@ -75,7 +75,7 @@ def test_method_config_options(option, value, method):
     from atlas_fast.methods.base import method_class
 
     entry = method_class(method)
-    config, _ = entry.recipe("paper", "base2new", 16, "OxfordPets")
+    config, _ = entry.recipe_function("paper", "base2new", 16, "OxfordPets")
     changed = user_error_or_result(with_options, config, {option: value})
     if changed is not None:
         assert all(math.isfinite(v) for v in vars(changed).values() if isinstance(v, float))
@@ -210,7 +210,8 @@ def _perturbed(changes: list, seal: bool) -> dict:
 @given(content=JSON | st.binary(max_size=40).map(lambda b: b.decode("latin-1")),
        changes=st.lists(st.tuples(PATHS, JSON), max_size=3), seal=st.booleans(), whole=st.booleans())
 def test_record_loader(content, changes, seal, whole):
-    from atlas_fast.engine.record import ResultStore, read_record, record_problems
+    from atlas_fast.engine.record import ResultStore
+    from atlas_fast.engine.validity import read_record, record_problems
 
     with tempfile.TemporaryDirectory() as root:
         store = ResultStore(root)

@@ -6,7 +6,8 @@ import csv
 import pytest
 
 from atlas_fast.app.demo import verdict
-from atlas_fast.report.tables import TableRow, latex_table, markdown_table, paired_differences, write_csv
+from atlas_fast.report.formats import latex_table, markdown_table, write_csv
+from atlas_fast.report.rows import TableRow, paired_differences
 from atlas_fast.report.stats import PairedDifference, paired_by_seed, paired_difference
 
 # Hand-worked: differences 2, 4, 1, 4 -> mean 2.75, sample variance 6.75 / 3 = 2.25 (s = 1.5), standard error

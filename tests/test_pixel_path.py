@@ -181,7 +181,7 @@ def test_pixel_evaluation_in_batches_equals_one_forward(pets, monkeypatch):
     method = build_method("maple", backbone, split.classnames, CONFIGS["maple"])
     monkeypatch.setattr(evaluate, "EVAL_PIXEL_BATCH", 4)  # 6 test images: a full and a partial batch
     images = ImageViews(split.test, backbone, workers=0)
-    batched = evaluate.pixel_logits(method, images)
+    batched = torch.cat(list(evaluate.pixel_logit_chunks(method, images)), dim=1)
     pixels = torch.cat([load_views(d.impath, d.key, [0], images.spec) for d in split.test])
     with torch.no_grad():
         torch.testing.assert_close(batched, method(pixels), rtol=1e-5, atol=1e-5)

@@ -10,7 +10,8 @@ import counting
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.atlas.schedules import OneHot
-from atlas_fast.sweep import Execution, Variant, run_grid
+from atlas_fast.atlas.variants import LabelVariant
+from atlas_fast.sweep import Execution, run_grid
 from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,12 +53,12 @@ def test_a_lone_run_plans_lists_and_fingerprints_once(data, counts):
 
 
 def test_a_batched_sweep_plans_each_run_once(data, counts):
-    records = run_grid(config(data, "sweep"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS, progress=False,
+    records = run_grid(config(data, "sweep"), ["OxfordPets"], [LabelVariant("CoOp", OneHot())], SEEDS, progress=False,
                        execution=Execution("local", batch_runs=3))
     assert [r["timings"]["batch_runs"] for r in records] == [3, 3, 3]
     expected = {"plan": 3, "listing": 1, "fingerprint": 3, "train": 1}  # one listing, one group of three
     assert counting.read(counts) == {"driver": expected, "workers": {}}
-    run_grid(config(data, "sweep"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS, progress=False,
+    run_grid(config(data, "sweep"), ["OxfordPets"], [LabelVariant("CoOp", OneHot())], SEEDS, progress=False,
              execution=Execution("local", batch_runs=3))  # all finished: planned again, nothing trained
     assert counting.read(counts)["driver"] == {"plan": 6, "listing": 2, "fingerprint": 6, "train": 1}
 
@@ -72,7 +73,7 @@ def test_ray_workers_plan_nothing(data, counts):
                           "env_vars": {"PYTHONPATH": os.pathsep.join([tests, package_root]),
                                        counting.COUNTS_VARIABLE: str(counts)}})
     try:
-        records = run_grid(config(data, "ray"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS, progress=False,
+        records = run_grid(config(data, "ray"), ["OxfordPets"], [LabelVariant("CoOp", OneHot())], SEEDS, progress=False,
                            execution=Execution("ray", batch_runs=1, options={"workers": 2}))
     finally:
         ray.shutdown()
@@ -98,7 +99,7 @@ def test_a_group_reads_its_test_features_and_zero_shot_references_once(data, mon
 
     monkeypatch.setattr(feed, "evaluation_set", counted("eval", feed.evaluation_set))
     monkeypatch.setattr(pipeline, "zero_shot_references", counted("zero_shot", pipeline.zero_shot_references))
-    grouped = run_grid(config(data, "shared-eval"), ["OxfordPets"], [Variant("CoOp", OneHot())], SEEDS,
+    grouped = run_grid(config(data, "shared-eval"), ["OxfordPets"], [LabelVariant("CoOp", OneHot())], SEEDS,
                        progress=False, execution=Execution("local", batch_runs=3))
     assert calls == {"eval": 3, "zero_shot": 1}  # base, new and all, once for the group
     lone = run(config(data, "shared-eval-lone", seed=2))

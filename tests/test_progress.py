@@ -5,7 +5,8 @@ import pytest
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig
 from atlas_fast.atlas.schedules import OneHot
-from atlas_fast.sweep import Execution, Variant, run_grid
+from atlas_fast.atlas.variants import LabelVariant
+from atlas_fast.sweep import Execution, run_grid
 from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -19,7 +20,7 @@ def data(tmp_path_factory):
 def grid(data, results, progress):
     base = TrainConfig("OxfordPets", data / "data", BackboneConfig("atlas-tiny", None), shots=2, epochs=2,
                        device="cpu", cache_root=data / results / "cache", results_dir=data / results, progress=False)
-    return run_grid(base, ["OxfordPets"], [Variant("CoOp", OneHot())], [1, 2], progress=progress,
+    return run_grid(base, ["OxfordPets"], [LabelVariant("CoOp", OneHot())], [1, 2], progress=progress,
                     execution=Execution("local", batch_runs=1))
 
 

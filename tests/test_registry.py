@@ -34,7 +34,7 @@ class TextShift(PromptMethod):
 
     name = "toy-shift"
     printed_name = "TextShift"
-    recipe = staticmethod(shift_recipe)
+    recipe_function = staticmethod(shift_recipe)
     config_class = ShiftConfig
     supports_batched_runs = True
     depth_options = ("depth",)
@@ -88,8 +88,8 @@ def test_a_registered_method_trains_alone_and_batched(toy_method, data):
 
 def test_the_command_line_report_and_world_derive_from_the_entry(toy_method, data, capsys):
     from atlas_fast.cli import main
-    from atlas_fast.report.tables import method_name
-    from atlas_fast.experiments.common import world_method_options
+    from atlas_fast.report.rows import method_name
+    from atlas_fast.app.options import world_method_options
 
     status = main(["train", "--method", "toy-shift", "--dataset", "OxfordPets", "--data-root", str(data / "data"),
                    "--model", "atlas-tiny", "--pretrained", "none", "--shots", "3", "--device", "cpu",
@@ -103,7 +103,7 @@ def test_registration_checks_the_class():
     class Deeper(TextShift):
         name = "toy-deeper"
         printed_name = "Deeper"
-        recipe = staticmethod(shift_recipe)
+        recipe_function = staticmethod(shift_recipe)
         depth_options = ("layers",)
 
     class Unnamed(TextShift):  # would register under its base's name, recipe and printed name
@@ -111,7 +111,7 @@ def test_registration_checks_the_class():
 
     with pytest.raises(ValueError, match="depth options \\['layers'\\] are not fields of ShiftConfig"):
         register_method(Deeper)
-    with pytest.raises(ValueError, match="Unnamed must declare name, printed_name, recipe itself"):
+    with pytest.raises(ValueError, match="Unnamed must declare name, printed_name, recipe_function itself"):
         register_method(Unnamed)
     assert "toy-deeper" not in METHODS
     with pytest.raises(ValueError, match="Unknown prompt method 'nope'; known: .*coop"):

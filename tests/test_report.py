@@ -11,8 +11,9 @@ import pytest
 
 from atlas_fast.report.collect import collect_records, report_folder
 from atlas_fast.cli.report import add_parser as add_report_command, run_report_command
-from atlas_fast.report.tables import (TableRow, curves_figure, latex_table, markdown_table, plot_rows, rows_figure,
-                                   series_figure)
+from atlas_fast.report.figures import curves_figure, plot_rows, rows_figure, series_figure
+from atlas_fast.report.formats import latex_table, markdown_table
+from atlas_fast.report.rows import TableRow
 from atlas_fast.report.stats import paired_difference
 from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.atlas.variants import atlas_period
@@ -27,7 +28,7 @@ def _recipe_epochs(method, setting, shots, dataset):
     from atlas_fast.methods.base import MissingRecipe
 
     try:
-        return METHODS[method].recipe("paper", setting, shots, dataset)[1].epochs
+        return METHODS[method].recipe_function("paper", setting, shots, dataset)[1].epochs
     except MissingRecipe:
         return 10
 

@@ -102,7 +102,7 @@ def test_a_tables_marks_say_once_what_every_row_changes_and_the_rest_per_row(mix
 
 def test_theta_is_in_run_lines_dry_run_lines_and_the_train_summary(mixed_sweep):
     from atlas_fast.engine import plan_run
-    from atlas_fast.report.tables import train_results
+    from atlas_fast.report.formats import train_results
     from atlas_fast.sweep import describe_plan, run_configs
     from atlas_fast.sweep.grid import plan_sweep
 
@@ -122,7 +122,7 @@ def test_theta_is_in_run_lines_dry_run_lines_and_the_train_summary(mixed_sweep):
 
 
 def test_train_summary_is_a_markdown_table_with_mean_and_std(mixed_sweep):
-    from atlas_fast.report.tables import train_results
+    from atlas_fast.report.formats import train_results
 
     _, records = mixed_sweep
     two_seeds = [records[0], {**records[0], "metrics": {**records[0]["metrics"], "base": 75.0, "new": 25.0}}]

@@ -100,7 +100,7 @@ def test_a_retired_run_leaves_the_other_runs_of_its_group_as_if_trained_without_
         modules.append((module, keep))
         return module
 
-    logs = train_runs(method, states, specs[0].recipe, specs[0].device, False, False, None, False, retire,
+    logs = train_runs(method, states, specs[0].optim_recipe, specs[0].device, False, False, None, False, retire,
                       smaller if regroup else None)
     assert asked == list(range(EPOCHS)) and [len(log) for log in logs] == [EPOCHS, 2, EPOCHS]
     if regroup:
@@ -125,7 +125,7 @@ def test_every_run_retired_ends_the_loop(world):
     inputs = prepare_inputs(spec, backbone, {})
     method, _ = build_group_method([spec], backbone, spec.data.train_split.classnames)
     state = RunState(inputs.train_inputs, inputs.labels, inputs.soft_rows, spec.config.schedule, 1, spec.device)
-    logs = train_runs(method, [state], spec.recipe, spec.device, False, False, None, False, lambda e, logs: {0})
+    logs = train_runs(method, [state], spec.optim_recipe, spec.device, False, False, None, False, lambda e, logs: {0})
     assert len(logs[0]) == 1
 
 

@@ -11,7 +11,7 @@ from PIL import Image
 from atlas_fast.cli import main
 from atlas_fast.data import load_dataset
 from atlas_fast.data.check import PUBLISHED_SIZES
-from atlas_fast.data.datasets import BUILTIN_DATASETS, get_spec
+from atlas_fast.data.datasets import BUILTIN_DATASETS, dataset_spec
 from atlas_fast.world.standins import (MANIFEST, StandinRequest, plan_standin, real_classes, read_manifest,
                                        write_standin)
 
@@ -81,7 +81,7 @@ def test_the_written_counts_follow_the_stated_fraction_and_the_manifest_says_so(
     assert f"{TRAIN_PER_CLASS} training image(s) per class" in out and "not the real ones" in out
     for name in BUILTIN_DATASETS:
         published = PUBLISHED_SIZES[name]
-        manifest = json.loads((root / get_spec(name).folder / MANIFEST).read_text())
+        manifest = json.loads((root / dataset_spec(name).folder / MANIFEST).read_text())
         expected = {"classes": published.classes, "test": expected_size(published.test, published.classes)}
         if published.val is not None:
             expected["val"] = expected_size(published.val, published.classes)
@@ -99,7 +99,7 @@ def test_each_standin_loads_through_the_readers_with_its_real_classes(standins):
     root, _ = standins
     for name in BUILTIN_DATASETS:
         splits = load_dataset(name, root)
-        manifest = read_manifest(root / get_spec(name).folder)
+        manifest = read_manifest(root / dataset_spec(name).folder)
         assert splits.num_classes == PUBLISHED_SIZES[name].classes, name
         assert list(splits.classnames) == [classname for _, classname in real_classes(name)], name
         assert len(splits.test) == manifest["counts"]["test"], name

@@ -23,7 +23,7 @@ from PIL import Image
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.cache import CacheError, FeatureCache
 from atlas_fast.data import fewshot_subset, load_dataset
-from atlas_fast.data.datasets import DatasetFormatError
+from atlas_fast.data.layouts import DatasetFormatError
 from atlas_fast.engine.record import ResultStore, load_learned
 from layouts import make_oxford_pets
 
@@ -73,7 +73,9 @@ def test_a_damaged_learned_tensor_file_is_refused_naming_it_and_its_run_redone(t
     assert store.find("OxfordPets", "run", "k" * 32) is None  # the pair is damaged: the run is redone
     err = capsys.readouterr().err
     assert str(learned) in err and "checksum" in err and "redone" in err
-    assert not path.exists() and not learned.exists()
+    assert path.exists() and learned.exists()  # a lookup moves nothing
+    store.save("OxfordPets", "run", _record(), {"ctx": ctx.clone()})  # the run redone: the damaged pair moves aside
+    assert "moved it to" in capsys.readouterr().err and torch.equal(load_learned(path)["ctx"], ctx)
     assert len(list(path.parent.glob("run.json.invalid-*"))) == len(list(path.parent.glob("run.pt.invalid-*"))) == 1
 
 

@@ -21,7 +21,7 @@ import torch
 from atlas_fast.cli import main
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone, shared_backbone
 from atlas_fast.data import fewshot_subset, load_dataset
-from atlas_fast.data.datasets import DatasetFormatError
+from atlas_fast.data.layouts import DatasetFormatError
 from atlas_fast.engine import TrainConfig
 from atlas_fast.engine.record import ResultStore
 from helpers import small_pets
@@ -87,15 +87,16 @@ def test_train_refuses_a_seed_given_twice(data, capsys):
 
 def test_a_sweep_refuses_the_same_run_twice(data):
     from atlas_fast.errors import UsageError
-    from atlas_fast.sweep import Variant, grid_configs, plan_sweep
+    from atlas_fast.atlas.variants import LabelVariant
+    from atlas_fast.sweep import grid_configs, plan_sweep
     from atlas_fast.atlas.schedules import OneHot
 
     base = TrainConfig("OxfordPets", data / "data", BackboneConfig("atlas-tiny", None), shots=2, epochs=2,
                        device="cpu", cache_root=data / "cache", results_dir=data / "results", progress=False)
     with pytest.raises(UsageError, match="seeds lists 2 twice"):
-        grid_configs(base, ["OxfordPets"], [Variant("plain", OneHot())], [2, 2])
+        grid_configs(base, ["OxfordPets"], [LabelVariant("plain", OneHot())], [2, 2])
     with pytest.raises(UsageError, match="variants .* twice"):
-        grid_configs(base, ["OxfordPets"], [Variant("a", OneHot()), Variant("b", OneHot())], [1])
+        grid_configs(base, ["OxfordPets"], [LabelVariant("a", OneHot()), LabelVariant("b", OneHot())], [1])
     with pytest.raises(UsageError, match="lists the run OxfordPets coop .* twice"):  # a grid point given twice
         plan_sweep([base, base])
 
@@ -179,7 +180,10 @@ def test_an_edited_metric_breaks_the_seal_and_the_run_is_redone(tmp_path, capsys
     capsys.readouterr()
     assert store.find("OxfordPets", "run", "k" * 32) is None  # not taken as it is: the run is redone
     err = capsys.readouterr().err
-    assert str(path) in err and "seal does not match" in err and not path.exists()
+    assert str(path) in err and "seal does not match" in err and path.exists()  # a lookup moves nothing
+    store.save("OxfordPets", "run", _record(), {"ctx": torch.ones(3)})  # the run redone: the edited one moves aside
+    assert "moved it to" in capsys.readouterr().err and len(list(path.parent.glob("run.json.invalid-*"))) == 1
+    assert store.find("OxfordPets", "run", "k" * 32)["metrics"]["base"] == 50.0
 
 
 def test_a_run_record_carries_its_seal_and_provenance(data, capsys):

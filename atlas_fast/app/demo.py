@@ -18,6 +18,7 @@ from typing import Sequence
 
 from atlas_fast.app.options import WORLD_BACKBONE
 from atlas_fast.world.benchmark import DECLINE_DATASET, SplitSizes
+from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 
 
 @dataclass
@@ -43,7 +44,9 @@ class DemoConfig:
 
 def run_demo(config: DemoConfig, progress: bool = True) -> str:
     """Run the demo grid and return the printed report (table, timings, where the files are)."""
-    from atlas_fast.report.tables import aggregate, latex_table, markdown_table, plot_rows
+    from atlas_fast.report.figures import plot_rows
+    from atlas_fast.report.formats import latex_table, markdown_table
+    from atlas_fast.report.rows import aggregate
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.atlas.variants import atlas_variants
     from atlas_fast.sweep import run_grid
@@ -57,7 +60,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
     stage(f"demo 1/3: the world benchmark ({', '.join(config.datasets)}) under {config.data_root}")
     generate_benchmark(config.data_root, config.datasets, sizes=config.sizes, progress=progress)
     base = TrainConfig(dataset=config.datasets[0], data_root=config.data_root,
-                       backbone=BackboneConfig(*WORLD_BACKBONE), method="coop", recipe="paper",
+                       backbone=BackboneConfig(*WORLD_BACKBONE), method="coop", recipe_family="paper",
                        setting="base2new", shots=config.shots, views=config.views, epochs=config.epochs,
                        device=config.device, cache_root=config.cache_root, results_dir=config.results_dir,
                        progress=False)
@@ -94,7 +97,8 @@ def kappa_sentences(base, config: DemoConfig, variants, records: Sequence[dict])
 
     configs = grid_configs(base, config.datasets, variants, config.seeds)  # run_grid's order: the records' order
     listings: dict = {}
-    rows = [row for c, record in zip(configs, records) for row in run_kappa(c, record, ("ls", "csl", "isl"), listings)]
+    rows = [row for c, record in zip(configs, records)
+            for row in run_kappa(c, record, PAPER_SOFT_LABEL_KINDS, listings)]
     return [s for s in (kappa_sentence(rows, records, dataset) for dataset in config.datasets) if s]
 
 
@@ -125,7 +129,7 @@ def verdict(records: Sequence[dict]) -> str:
 
     from atlas_fast.engine.evaluate import harmonic_mean
     from atlas_fast.report.stats import paired_difference
-    from atlas_fast.report.tables import variant_label
+    from atlas_fast.report.rows import variant_label
 
     by_variant: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
     for record in records:

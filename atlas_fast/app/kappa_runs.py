@@ -15,16 +15,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from atlas_fast.atlas.softlabels import KINDS, atlas_preset
+from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.atlas.variants import SOFT_LABEL_NAMES, atlas_period
-from atlas_fast.report.tables import variant_label
+from atlas_fast.report.rows import variant_label
 from atlas_fast.report.stats import paired_by_seed
+from atlas_fast.vocabulary import SOFT_LABEL_KINDS
 from atlas_fast.engine import TrainConfig
 
 INIT, END = "init", "end"
 
 
-def run_kappa(config: TrainConfig, record: dict[str, Any], kinds: Sequence[str] = KINDS,
+def run_kappa(config: TrainConfig, record: dict[str, Any], kinds: Sequence[str] = SOFT_LABEL_KINDS,
               listings: dict | None = None) -> list[dict[str, Any]]:
     """κ of each soft label in ``kinds`` at every saved point of the finished run ``record`` of ``config``: its
     initialisation (re-made from the seed when no snapshot holds it), its snapshots and its final tensors. One row
@@ -56,14 +57,14 @@ def run_kappa(config: TrainConfig, record: dict[str, Any], kinds: Sequence[str] 
     entry = spec.method
     torch.manual_seed(spec.config.seed)  # the run's own initialisation (engine.pipeline.build_group_method)
     method = entry.build(backbone, split.classnames, spec.method_config).to(spec.device)
-    points = {0: method.state_for_checkpoint(), **snapshots, spec.recipe.epochs: final}
+    points = {0: method.state_for_checkpoint(), **snapshots, spec.optim_recipe.epochs: final}
     label = variant_label(record["config"])
     rows = []
     for epochs, state in sorted(points.items()):
         method.load_checkpoint_state(state)
         for measure in measure_kappa(method, features, labels, soft, period):
             rows.append({"dataset": spec.dataset, "seed": spec.config.seed, "run": label, "epochs": epochs,
-                         "point": INIT if epochs == 0 else END if epochs == spec.recipe.epochs else str(epochs),
+                         "point": INIT if epochs == 0 else END if epochs == spec.optim_recipe.epochs else str(epochs),
                          **measure.to_dict()})
     return rows
 
@@ -99,7 +100,7 @@ def kappa_sentence(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, A
     (highest first), with how many steps of that H order hold at 95 %."""
     means = mean_over_seeds([r for r in rows if r["dataset"] == dataset])
     h = h_by_run(records)
-    kinds = [k for k in KINDS if (dataset, own_run(k)) in h and any(key[3] == k for key in means)]
+    kinds = [k for k in SOFT_LABEL_KINDS if (dataset, own_run(k)) in h and any(key[3] == k for key in means)]
     if not kinds:
         return ""
     init = {k: next(v for key, v in means.items() if key[2] == 0 and key[3] == k) for k in kinds}
@@ -133,9 +134,9 @@ def kappa_sentence(rows: Sequence[dict[str, Any]], records: Sequence[dict[str, A
 
 def with_snapshots(config: TrainConfig, fractions: Sequence[float]) -> TrainConfig:
     """``config`` saving its learned tensors at these fractions of its recipe's epochs (and at 0 and the end)."""
-    from atlas_fast.data.datasets import get_spec
+    from atlas_fast.data.datasets import dataset_spec
     from atlas_fast.engine.spec import resolve_recipe
 
-    epochs = resolve_recipe(config, get_spec(config.dataset).name)[1].epochs  # the recipe's, or the override
+    epochs = resolve_recipe(config, dataset_spec(config.dataset).name)[1].epochs  # the recipe's, or the override
     points = {0, epochs} | {min(epochs, max(0, round(epochs * f))) for f in fractions}
     return dataclasses.replace(config, snapshot_epochs=tuple(sorted(points)))

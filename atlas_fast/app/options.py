@@ -1,14 +1,23 @@
-"""Command-line options shared by ``train``, ``eval``, ``cache``, ``experiment`` and ``demo``, with one spelling and
-one meaning each; nothing here imports torch, so ``--help`` and argument errors are instant."""
+"""Command-line options shared by ``train``, ``search``, ``eval``, ``cache``, ``experiment`` and ``demo``, with one
+spelling and one meaning each; nothing here imports torch, so ``--help`` and argument errors are instant.
+
+The options that set a :class:`~atlas_fast.engine.config.TrainConfig` field are declared once, in :data:`RUN_OPTIONS`:
+:func:`add_run_options` adds those a command offers to its parser and :func:`train_config` builds the config from
+them (``train``, ``search`` and every experiment module use the two). Their choices are the vocabulary's
+(:mod:`atlas_fast.vocabulary`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.errors import UsageError, short_repr
+from atlas_fast.vocabulary import CLASS_SETS, GRAPH_STEPS, PRECISIONS, RECIPE_FAMILIES, SETTINGS
+
+if TYPE_CHECKING:
+    from atlas_fast.engine.config import TrainConfig
 
 
 def pretrained_tag(value: str) -> str | None:
@@ -20,6 +29,7 @@ def pretrained_tag(value: str) -> str | None:
 # datasets the world's own CLIP (model_configs/atlas-world.json with its shipped checkpoint), as demo and --world use.
 DEFAULT_BACKBONE = ("ViT-B-16", "openai")
 WORLD_BACKBONE = ("atlas-world", "atlas-world")
+WORLD_TOWER_LAYERS = 4  # blocks per tower of the atlas-world CLIP (model_configs/atlas-world.json)
 
 
 class UnknownName(LookupError):
@@ -32,10 +42,10 @@ def dataset_name(value: str) -> str:
     """argparse ``type`` of ``--dataset``: a registry name is checked as it is parsed, so a typo is named even when
     other required options are missing (``folder:`` / ``split:`` datasets are checked when they are read)."""
     if ":" not in value:
-        from atlas_fast.data.datasets import get_spec  # no torch
+        from atlas_fast.data.datasets import dataset_spec  # no torch
 
         try:
-            get_spec(value)
+            dataset_spec(value)
         except ValueError as exc:
             raise UnknownName(str(exc)) from None
     return value
@@ -45,34 +55,115 @@ def add_data_and_backbone(parser: argparse.ArgumentParser) -> None:
     """--dataset, --data-root, --model, --pretrained, --download: the options every data-reading command takes
     (left unset, --model/--pretrained are filled in by :func:`resolve_backbone`)."""
     parser.add_argument("--dataset", required=True, type=dataset_name, help="dataset registry name, e.g. OxfordPets")
-    parser.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
-    parser.add_argument("--model", default=None,
-                        help="open_clip model name (default ViT-B-16; for the World* datasets the world's own CLIP, "
-                             "atlas-world)")
-    parser.add_argument("--pretrained", type=pretrained_tag, default=argparse.SUPPRESS,
-                        help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt), or 'none' for "
-                             "random weights (default openai; for --model atlas-world its shipped checkpoint, "
-                             "atlas-world)")
+    add_data_root(parser)
+    add_run_options(parser, ("model", "pretrained"))
     add_download(parser)
+
+
+def add_data_root(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
 
 
 def is_world_dataset(name: str) -> bool:
     """Whether ``name`` (any spelling the registry takes) is one of the embedded world's datasets."""
-    from atlas_fast.data.datasets import find_spec
+    from atlas_fast.data.datasets import find_dataset_spec
     from atlas_fast.world.benchmark import WORLD_BY_NAME  # no torch
 
-    spec = find_spec(name) if ":" not in name else None
+    spec = find_dataset_spec(name) if ":" not in name else None
     return spec is not None and spec.name in WORLD_BY_NAME
 
 
 def resolve_backbone(args: argparse.Namespace) -> None:
-    """Fill in ``--model``/``--pretrained`` the user left unset (commands with :func:`add_data_and_backbone`): a
-    World* dataset implies the world's model, any other the paper's ViT-B-16; the world's model implies its shipped
-    checkpoint, any other openai's weights."""
+    """Fill in ``--model``/``--pretrained`` the user left unset (the run options ``model`` and ``pretrained``; done
+    again, it changes nothing): the embedded world's datasets (``--dataset`` or every one of ``--datasets``) imply
+    the world's model, any others the paper's ViT-B-16; the world's model implies its shipped checkpoint, any other
+    openai's weights."""
     if args.model is None:
-        args.model = WORLD_BACKBONE[0] if is_world_dataset(args.dataset) else DEFAULT_BACKBONE[0]
+        datasets = getattr(args, "datasets", None) or [args.dataset]
+        world = all(is_world_dataset(name) for name in datasets)
+        args.model = WORLD_BACKBONE[0] if world else DEFAULT_BACKBONE[0]
     if not hasattr(args, "pretrained"):
         args.pretrained = WORLD_BACKBONE[1] if args.model == WORLD_BACKBONE[0] else DEFAULT_BACKBONE[1]
+
+
+def world_method_options() -> list[str]:
+    """``METHOD:OPTION=4`` for every prompt-depth option of every registered method (their registry entries name
+    them): the world's towers have :data:`WORLD_TOWER_LAYERS` blocks, fewer than the recipes' depths."""
+    from atlas_fast.methods import METHODS
+
+    return [f"{name}:{option}={WORLD_TOWER_LAYERS}" for name, entry in METHODS.items()
+            for option in entry.depth_options]
+
+
+# The options that set a TrainConfig field, each declared once: destination (the field, except the backbone's
+# model/pretrained and --graph-steps' choice) -> (flags, add_argument keywords). A command offers those it names to
+# add_run_options; train_config reads every one it finds.
+RUN_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "model": (("--model",), dict(
+        default=None, help="open_clip model name (default ViT-B-16; for the World* datasets the world's own CLIP, "
+                           "atlas-world)")),
+    "pretrained": (("--pretrained",), dict(
+        type=pretrained_tag, default=argparse.SUPPRESS,
+        help="open_clip tag, checkpoint file (e.g. ~/.cache/clip/ViT-B-16.pt), or 'none' for random weights (default "
+             "openai; for --model atlas-world its shipped checkpoint, atlas-world)")),
+    "recipe_family": (("--recipe",), dict(
+        choices=RECIPE_FAMILIES, default="paper",
+        help="recipe family: the ATLaS paper's (default) or the method repository's own")),
+    "setting": (("--setting",), dict(
+        choices=SETTINGS, default="base2new",
+        help="protocol: picks the recipe, the ATLaS presets and the class subset (default base2new)")),
+    "shots": (("--shots",), dict(type=int, default=16, help="training images per class (default 16)")),
+    "subsample": (("--subsample",), dict(
+        choices=CLASS_SETS, default=None, help="training classes (default: base for base2new, all otherwise)")),
+    "epochs": (("--epochs",), dict(type=int, default=None, help="override the recipe's epochs")),
+    "batch_size": (("--batch-size",), dict(type=int, default=None, help="override the recipe's batch size")),
+    "lr": (("--lr",), dict(type=float, default=None, help="override the recipe's learning rate")),
+    "views": (("--views",), dict(type=int, default=None, help="cached augmented views (default: = epochs)")),
+    "aug_seed": (("--aug-seed",), dict(type=int, default=0, help="seed of the augmented views (default 0)")),
+    "eval_every_epoch": (("--eval-every-epoch",), dict(action="store_true",
+                                                       help="record accuracy after every epoch")),
+    "device": (("--device",), dict(default="auto", help="torch device (default: cuda if available, else cpu)")),
+    "precision": (("--precision",), dict(choices=PRECISIONS, default="auto",
+                                         help="auto = fp16 autocast on CUDA, fp32 on CPU")),
+    "graph_steps": (("--graph-steps",), dict(
+        choices=tuple(GRAPH_STEPS), default="auto",
+        help="replay cached training steps from CUDA graphs (same numbers, faster): auto = wherever a graph applies "
+             "(CUDA, a method on cached features); on = refuse runs where none does; off = eager steps")),
+    "cache_root": (("--cache-root",), dict(type=Path, default=Path("cache"), help="cache folder (default ./cache)")),
+    "results_dir": (("--results-dir",), dict(type=Path, default=Path("results"),
+                                             help="records (default ./results)")),
+    "content_hash": (("--content-hash",), dict(
+        action="store_true", help="identify images by a hash of their bytes, not size+mtime (reads every image)")),
+}
+
+
+def add_run_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: Sequence[str]) -> None:
+    """Add the run options ``names`` (keys of :data:`RUN_OPTIONS`, in that order) to ``parser`` or an argument
+    group of it."""
+    for name in names:
+        flags, keywords = RUN_OPTIONS[name]
+        parser.add_argument(*flags, dest=name, **keywords)
+
+
+def train_config(args: argparse.Namespace, **fields: Any) -> TrainConfig:
+    """The :class:`~atlas_fast.engine.config.TrainConfig` the run options on ``args`` ask for (those the command
+    offers; the others keep the config's defaults, as do ``--workers`` and ``--no-progress`` when absent), with
+    ``fields`` (dataset, method, seed, label schedule...: what the command decides) set over them. An unset
+    ``--model``/``--pretrained`` is resolved first (:func:`resolve_backbone`)."""
+    from atlas_fast.clip.backbones import BackboneConfig
+    from atlas_fast.engine.config import TrainConfig
+
+    resolve_backbone(args)
+    values: dict[str, Any] = {name: getattr(args, name) for name in RUN_OPTIONS
+                              if hasattr(args, name) and name not in ("model", "pretrained", "graph_steps")}
+    values["backbone"] = BackboneConfig(args.model, args.pretrained)
+    if hasattr(args, "graph_steps"):
+        values["graph_steps"] = GRAPH_STEPS[args.graph_steps]
+    if hasattr(args, "workers"):
+        values["workers"] = args.workers
+    if hasattr(args, "no_progress"):
+        values["progress"] = not args.no_progress
+    return TrainConfig(**{**values, **fields})
 
 
 def add_seeds(parser: argparse.ArgumentParser, default: Sequence[int]) -> None:

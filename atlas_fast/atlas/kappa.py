@@ -32,7 +32,7 @@ from torch.func import functional_call, grad, vmap
 
 from atlas_fast.atlas.schedules import hard_cross_entropy, soft_cross_entropy
 
-if TYPE_CHECKING:  # the ATLaS layer sits above the methods: it only reads their interface
+if TYPE_CHECKING:  # the methods sit above the ATLaS layer: κ reads their interface, a type-only import
     from atlas_fast.methods.base import PromptMethod
 
 

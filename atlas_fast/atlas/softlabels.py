@@ -23,22 +23,19 @@ import os
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import faiss
 import numpy as np
 import torch
 import torch.nn.functional as F
-from atlas_fast.progress import progress_bar
 
-from atlas_fast.clip.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.data.base import DatasetSplits
 from atlas_fast.files import blake2b_hex
+from atlas_fast.renames import moved_names
+from atlas_fast.vocabulary import DELTAS, SOFT_LABEL_KINDS, Delta, SoftLabelKind
 
-SoftLabelKind = Literal["ls", "csl", "isl", "mix"]
-Delta = Literal["wrong_only", "always"]
-KINDS = ("ls", "csl", "isl", "mix")
-DELTAS = ("wrong_only", "always")
 STORE_VERSION = 1
 # Ranges that keep the soft labels finite in float32: cos / tau_c stays below 1e4 (the paper uses 0.02-0.05; a larger
 # tau_c is already uniform), and (p + alpha y) / (1 + alpha) needs a finite alpha (the paper uses 0.1-1).
@@ -59,8 +56,8 @@ class SoftLabelConfig:
     top_k: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"SoftLabelConfig.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in SOFT_LABEL_KINDS:
+            raise ValueError(f"SoftLabelConfig.kind must be one of {SOFT_LABEL_KINDS}, got {self.kind!r}")
         if not 0.0 <= self.theta <= 1.0:
             raise ValueError(f"SoftLabelConfig.theta (LS smoothing) must be in [0, 1], got {self.theta}")
         if not self.tau_c > 0.0:
@@ -148,15 +145,6 @@ def instance_soft_labels(zs_probs: torch.Tensor, labels: torch.Tensor, alpha: fl
 def mixed_soft_labels(csl_rows_for_items: torch.Tensor, isl: torch.Tensor, w: float) -> torch.Tensor:
     """``w * CSL + (1 - w) * ISL`` per item (both (N, C))."""
     return w * csl_rows_for_items + (1.0 - w) * isl
-
-
-@torch.no_grad()
-def encode_class_prompts(backbone: Backbone, prompts: list[str], batch_size: int = 256,
-                         progress: bool = False) -> torch.Tensor:
-    """Un-normalised text features (C, D) of hand-crafted class prompts, in batches."""
-    chunks = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
-    return torch.cat([backbone.encode_text(chunk).float()
-                      for chunk in progress_bar(chunks, desc="soft labels: text", enabled=progress)])
 
 
 @torch.no_grad()
@@ -261,3 +249,10 @@ def _store_key(config: SoftLabelConfig, backbone: Backbone, splits: DatasetSplit
     if config.kind in ("isl", "mix"):
         digest.update(features.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+# Moved to atlas_fast.vocabulary (the one home of the run's words).
+__getattr__ = moved_names(__name__, {"KINDS": "atlas_fast.vocabulary:SOFT_LABEL_KINDS",
+                                     "DELTAS": "atlas_fast.vocabulary:DELTAS",
+                                     "SoftLabelKind": "atlas_fast.vocabulary:SoftLabelKind",
+                                     "Delta": "atlas_fast.vocabulary:Delta"})

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from atlas_fast.atlas.schedules import Atlas, Joint, LabelSchedule, OneHot, OnlineLabelSmoothing, TeacherFreeKD
-from atlas_fast.atlas.softlabels import KINDS, SoftLabelConfig, atlas_preset
+from atlas_fast.atlas.softlabels import SoftLabelConfig, atlas_preset
+from atlas_fast.renames import moved_names
+from atlas_fast.vocabulary import (NO_SOFT_LABELS, PAPER_SOFT_LABEL_KINDS, SCHEDULE_CHOICES, SCHEDULES,
+                                   SOFT_LABEL_CHOICES, SOFT_LABEL_KINDS, SOFT_LABEL_SCHEDULES)
 
 # The paper's ATLaS period K by setting (appendix "Implementation Details"): soft labels on every K-th epoch.
 ATLAS_PERIODS: dict[str, int] = {"base2new": 2, "few_shot": 3, "cross_dataset": 3}
-# Soft-label choices of a variant ("none": the plain method) and its schedules ("auto": ATLaS with soft labels,
-# one-hot without).
-SOFT_CHOICES = ("none",) + KINDS
-SCHEDULE_CHOICES = ("auto", "atlas", "joint", "ols", "tfkd")
 
 
 @dataclass(frozen=True)
@@ -72,19 +71,19 @@ def atlas_variant(setting: str, soft: str = "ls", schedule: str = "auto", *, per
     ``period`` replaces the setting's K (ATLaS only; 1 = soft labels every epoch), ``soft_overrides`` the soft-label
     hyper-parameters (``theta``, ``tau_c``, ``alpha``, ``delta``, ``w``, ``top_k``), ``schedule_options`` the
     schedule's own (OLS ``alpha``; TF-KD ``a``, ``alpha``, ``tau``)."""
-    if soft not in SOFT_CHOICES:
-        raise ValueError(f"Unknown soft-label kind {soft!r}; valid: {', '.join(SOFT_CHOICES)}.")
+    if soft not in SOFT_LABEL_CHOICES:
+        raise ValueError(f"Unknown soft-label kind {soft!r}; valid: {', '.join(SOFT_LABEL_CHOICES)}.")
     if schedule not in SCHEDULE_CHOICES:
         raise ValueError(f"Unknown label schedule {schedule!r}; valid: {', '.join(SCHEDULE_CHOICES)}.")
-    name = schedule if schedule != "auto" else ("onehot" if soft == "none" else "atlas")
-    if name in ("atlas", "joint") and soft == "none":
-        raise ValueError(f"The {name!r} schedule trains on soft labels: choose them ({', '.join(KINDS)}).")
-    if name in ("onehot", "ols", "tfkd") and soft != "none":
+    name = schedule_name(schedule, soft)
+    if name in SOFT_LABEL_SCHEDULES and soft == NO_SOFT_LABELS:
+        raise ValueError(f"The {name!r} schedule trains on soft labels: choose them ({', '.join(SOFT_LABEL_KINDS)}).")
+    if name not in SOFT_LABEL_SCHEDULES and soft != NO_SOFT_LABELS:
         raise ValueError(f"The {name!r} schedule uses no offline soft labels; drop soft={soft!r}.")
     if period is not None and name != "atlas":
         raise ValueError(f"The ATLaS period K applies to the 'atlas' schedule only, not {name!r}.")
     options = dict(schedule_options or {})
-    soft_labels = atlas_preset(setting, soft, **soft_overrides) if soft != "none" else None
+    soft_labels = atlas_preset(setting, soft, **soft_overrides) if soft != NO_SOFT_LABELS else None
     built: LabelSchedule
     if name == "onehot":
         built = OneHot(**options)
@@ -101,10 +100,15 @@ def atlas_variant(setting: str, soft: str = "ls", schedule: str = "auto", *, per
     return LabelVariant(label, built, soft_labels)
 
 
-def atlas_variants(setting: str, kinds: Sequence[str] = ("ls", "csl", "isl")) -> list[LabelVariant]:
+def schedule_name(schedule: str, soft: str) -> str:
+    """The schedule a choice names: ``auto`` is ATLaS with soft labels and one-hot without (``soft`` none)."""
+    return schedule if schedule != "auto" else ("onehot" if soft == NO_SOFT_LABELS else "atlas")
+
+
+def atlas_variants(setting: str, kinds: Sequence[str] = PAPER_SOFT_LABEL_KINDS) -> list[LabelVariant]:
     """The rows of the paper's Table III for ``setting``: the plain method, then + ATLaS with each soft-label kind,
     with the paper's K, θ, τ_c, α and δ for that setting."""
-    return [atlas_variant(setting, "none")] + [atlas_variant(setting, kind) for kind in kinds]
+    return [atlas_variant(setting, NO_SOFT_LABELS)] + [atlas_variant(setting, kind) for kind in kinds]
 
 
 def row_label(schedule: Mapping[str, Any], soft_kind: str | None, every_epoch_names: bool = False) -> str:
@@ -126,9 +130,9 @@ def row_label(schedule: Mapping[str, Any], soft_kind: str | None, every_epoch_na
 def row_order(schedule: Mapping[str, Any], soft_kind: str | None) -> tuple[int, int]:
     """Where a variant's rows go in a table: the plain method, ATLaS, joint, OLS, TF-KD; within them LS, CSL, ISL,
     mix (variants this version does not know last)."""
-    order = ("onehot", "atlas", "joint", "ols", "tfkd")
     name = schedule["name"]
-    return (order.index(name) if name in order else 99, KINDS.index(soft_kind) if soft_kind in KINDS else 99)
+    return (SCHEDULES.index(name) if name in SCHEDULES else 99,
+            SOFT_LABEL_KINDS.index(soft_kind) if soft_kind in SOFT_LABEL_KINDS else 99)
 
 
 def ablation_row_label(schedule: Mapping[str, Any], soft_kind: str | None) -> str:
@@ -156,3 +160,8 @@ def run_label(method: str, schedule: Mapping[str, Any], soft_kind: str | None) -
     if name == "joint":
         return f"{method}+{SOFT_LABEL_NAMES[soft_kind].every_epoch}+y"  # type: ignore[index]
     return f"{method}+{name.upper()}"
+
+
+# Moved to atlas_fast.vocabulary (the one home of the run's words).
+__getattr__ = moved_names(__name__, {"SOFT_CHOICES": "atlas_fast.vocabulary:SOFT_LABEL_CHOICES",
+                                     "SCHEDULE_CHOICES": "atlas_fast.vocabulary:SCHEDULE_CHOICES"})

@@ -30,8 +30,8 @@ from atlas_fast.clip.transforms import TransformSpec, load_views
 from atlas_fast.data.base import Datum
 from atlas_fast.data.identity import image_identities
 from atlas_fast.progress import progress_bar, say
+from atlas_fast.vocabulary import CACHE_PRECISIONS
 
-PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 # (item, its row or -1 for none yet, the views of it to encode)
@@ -65,8 +65,8 @@ class CacheBuilder(CacheFiles):
             raise ValueError(f"num_views must be >= 0 (0 = only the test-transform view), got {num_views}.")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}.")
+        if precision not in CACHE_PRECISIONS:
+            raise ValueError(f"precision must be one of {CACHE_PRECISIONS}, got {precision!r}.")
         items = _unique_by_key(items)
         path = self.path_for(backbone, dataset, aug_seed)
         check_views_fit(num_views, len(items), int(backbone.embed_dim), self.storage_dtype, path)

@@ -58,12 +58,12 @@ from atlas_fast.cache.errors import CacheCorruptError, CacheError, CacheMismatch
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.clip.transforms import TransformSpec
 from atlas_fast.files import check_folder_name
+from atlas_fast.vocabulary import STORAGE_DTYPES
 
 FORMAT = "atlas_fast.feature_cache"
 FORMAT_VERSION = 2  # 2: image_ids, fletcher32 checksums, keys_digest
 FEATURE_CHUNK_ROWS = 64
 DONE_CHUNK = (1024, 8)
-STORAGE_DTYPES = ("float16", "float32")
 # Augmented views per image: a sanity cap (CoOp's longest schedule is 200 epochs, one view each); below it, a build
 # must also fit the free disk space and a load the available memory.
 MAX_VIEWS = 10_000

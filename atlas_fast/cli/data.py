@@ -61,13 +61,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _requested(data_root: Path, datasets: list[str] | None) -> tuple[list[str], list[str]]:
     """(datasets to check, benchmarks left out because their folder is absent)."""
-    from atlas_fast.data.datasets import BUILTIN_DATASETS, get_spec
+    from atlas_fast.data.datasets import BUILTIN_DATASETS, dataset_spec
 
     if datasets and ALL not in datasets:
         return datasets, []
     if datasets:  # "all": the 15 benchmarks, present or not
         return list(BUILTIN_DATASETS), []
-    present = [n for n in BUILTIN_DATASETS if (data_root.expanduser() / get_spec(n).folder).is_dir()]
+    present = [n for n in BUILTIN_DATASETS if (data_root.expanduser() / dataset_spec(n).folder).is_dir()]
     return present, [n for n in BUILTIN_DATASETS if n not in present]
 
 
@@ -118,13 +118,13 @@ def run_data_standins(args: argparse.Namespace) -> int:
         raise UsageError(f"--train-per-class takes a count >= 1, not {args.train_per_class}.")
     if args.seed < 0:
         raise UsageError(f"--seed takes a number >= 0, not {args.seed}.")
-    from atlas_fast.data.datasets import BUILTIN_DATASETS, get_spec
+    from atlas_fast.data.datasets import BUILTIN_DATASETS, dataset_spec
     from atlas_fast.world.standins import IMAGE_SIZE, StandinRequest, describe, write_standin
 
     if ALL in args.datasets:
         names = list(BUILTIN_DATASETS)
     else:
-        names = list(dict.fromkeys(get_spec(name).name for name in args.datasets))
+        names = list(dict.fromkeys(dataset_spec(name).name for name in args.datasets))
         unknown = [name for name in names if name not in BUILTIN_DATASETS]
         if unknown:
             raise UsageError(f"no stand-in for {', '.join(unknown)}: stand-ins exist for the 15 benchmarks "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.options import add_progress, dataset_name
+from atlas_fast.app.options import add_data_root, add_progress, add_run_options, dataset_name
+from atlas_fast.vocabulary import CLASS_SETS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -16,19 +17,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "split with that dataset's class names, e.g. an ImageNet-trained CoOp on OxfordPets.")
     evaluate.add_argument("--record", type=Path, nargs="+", required=True, help="result record JSON file(s)")
     evaluate.add_argument("--dataset", required=True, type=dataset_name, help="dataset to evaluate on")
-    evaluate.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
-    evaluate.add_argument("--subsample", choices=("all", "base", "new"), default="all",
+    add_data_root(evaluate)
+    evaluate.add_argument("--subsample", choices=CLASS_SETS, default="all",
                           help="class subset of the test split (default all)")
     evaluate.add_argument("--shots", type=int, default=None, help="few-shot K defining base/new (default: the run's)")
     evaluate.add_argument("--seed", type=int, default=None, help="few-shot seed defining base/new (default: the run's)")
-    evaluate.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
-    evaluate.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    add_run_options(evaluate, ("cache_root", "device"))
     add_progress(evaluate)
     evaluate.set_defaults(func=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from atlas_fast.report.tables import eval_result_line
+    from atlas_fast.report.formats import eval_result_line
     from atlas_fast.engine import evaluate_saved
 
     accuracies = []

@@ -4,12 +4,12 @@ tables themselves are :func:`atlas_fast.report.collect.report_folder`)."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections import deque
 from pathlib import Path
 
 from atlas_fast.errors import UsageError
 from atlas_fast.report.collect import FORMATS, report_folder, verify_report
+from atlas_fast.vocabulary import METRICS
 
 # How far the search for the nearest folder with records looks: folders below the one given (or beside it), and at
 # most this many folders in all, so a refusal stays instant wherever it is run.
@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--datasets", nargs="+", default=None, help="only these datasets (default: all found)")
     report.add_argument("--methods", nargs="+", default=None,
                         help="only these methods, by registry name (e.g. coop dept-coop; default: all found)")
-    report.add_argument("--metrics", nargs="+", default=None, choices=("base", "new", "H", "all"),
+    report.add_argument("--metrics", nargs="+", default=None, choices=METRICS,
                         help="table columns (default: base new H for base-to-new, all otherwise)")
     report.add_argument("--out", type=Path, default=None, help="output folder (default RESULTS_DIR/report)")
     report.add_argument("--format", nargs="+", dest="formats", choices=FORMATS, default=list(FORMATS),
@@ -59,19 +59,14 @@ def run_report_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_record(path: Path) -> bool:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "config" in data and "metrics" in data
-
-
 def has_records(folder: Path) -> bool:
-    """Whether ``folder`` holds a run record (``<dataset>/*.json`` with a config and metrics; the report checks the
-    rest): the cheap test made before the report's modules are imported."""
+    """Whether ``folder`` holds a valid run record among its first 20 ``<dataset>/*.json`` (the report's own
+    validator, :func:`atlas_fast.engine.validity.is_record_file`, which imports no torch): the test made before the
+    report's modules are imported."""
+    from atlas_fast.engine.validity import is_record_file
+
     try:
-        return any(_is_record(path) for path in sorted(folder.glob("*/*.json"))[:20])
+        return any(is_record_file(path) for path in sorted(folder.glob("*/*.json"))[:20])
     except OSError:
         return False
 

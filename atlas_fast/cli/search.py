@@ -4,10 +4,10 @@ imports torch or Optuna at module level: ``--help`` and argument errors stay ins
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from atlas_fast.app.options import (add_method_options, add_progress, add_seeds, check_methods, method_name,
-                                    method_options, pretrained_tag)
+from atlas_fast.app.options import (add_data_root, add_method_options, add_progress, add_run_options, add_seeds,
+                                    check_methods, method_name, method_options, train_config)
+from atlas_fast.vocabulary import NO_SOFT_LABELS, OBJECTIVES, PRUNERS, SAMPLERS, SOFT_LABEL_CHOICES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,28 +25,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                "kind=ls,csl,isl  n_ctx=2,4,8")
     search.add_argument("--datasets", "--dataset", dest="datasets", nargs="+", required=True, metavar="DATASET",
                         help="dataset(s) a trial trains on (its value is the mean over them and the seeds)")
-    search.add_argument("--data-root", required=True, type=Path, help="folder that holds the dataset folders")
-    search.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
-    search.add_argument("--pretrained", type=pretrained_tag, default="openai",
-                        help="open_clip tag, checkpoint file, or 'none' for random weights (default openai)")
+    add_data_root(search)
+    add_run_options(search, ("model", "pretrained"))
     search.add_argument("--method", default="coop", type=method_name(learning_only=True),
                         help="the prompt method (default coop)")
-    search.add_argument("--recipe", choices=("paper", "original"), default="paper")
-    search.add_argument("--setting", choices=("base2new", "few_shot", "cross_dataset"), default="base2new")
-    search.add_argument("--shots", type=int, default=16, help="training images per class (default 16)")
+    add_run_options(search, ("recipe_family", "setting", "shots"))
     add_seeds(search, [1])
-    search.add_argument("--atlas", choices=("none", "ls", "csl", "isl", "mix"), default="none",
+    search.add_argument("--atlas", choices=SOFT_LABEL_CHOICES, default=NO_SOFT_LABELS,
                         help="soft labels of the base run (ATLaS with the setting's preset; default none)")
     space = search.add_argument_group("the study")
     space.add_argument("--param", action="append", default=[], metavar="NAME=SPEC", required=True,
                        help="a searched parameter (repeat): LOW:HIGH, LOW:HIGH:STEP, log:LOW:HIGH, int:LOW:HIGH or "
                             "A,B,C; names: lr epochs batch_size views shots, K theta tau_c inv_tau_c alpha w delta "
                             "kind, and the method's options (e.g. n_ctx)")
-    space.add_argument("--objective", choices=("accuracy", "base", "new", "H", "all"), default="accuracy",
+    space.add_argument("--objective", choices=OBJECTIVES, default="accuracy",
                        help="validation metric to maximise (default: accuracy of the classes the run trains on)")
     space.add_argument("--trials", type=int, default=50, help="trials in the study, all processes together (50)")
-    space.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe")
-    space.add_argument("--pruner", choices=("hyperband", "halving", "median", "none"), default="hyperband")
+    space.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    space.add_argument("--pruner", choices=PRUNERS, default="hyperband")
     space.add_argument("--sampler-seed", type=int, default=0, help="seed of the sampler (default 0)")
     space.add_argument("--storage", default=None,
                        help="Optuna storage URL (default sqlite:///RESULTS_DIR/search/STUDY/study.db)")
@@ -63,14 +59,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="seconds to wait for a locked SQLite storage before giving up (default 60)")
     optim = search.add_argument_group("fixed recipe overrides and execution")
     add_method_options(optim)
-    optim.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
-    optim.add_argument("--batch-size", type=int, default=None, help="override the recipe's batch size")
-    optim.add_argument("--lr", type=float, default=None, help="override the recipe's learning rate")
-    optim.add_argument("--views", type=int, default=None, help="cached augmented views (default: = epochs)")
-    optim.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
-    optim.add_argument("--precision", choices=("auto", "fp32", "amp"), default="auto")
-    optim.add_argument("--cache-root", type=Path, default=Path("cache"), help="cache folder (default ./cache)")
-    optim.add_argument("--results-dir", type=Path, default=Path("results"), help="records and studies (./results)")
+    add_run_options(optim, ("epochs", "batch_size", "lr", "views", "device", "precision", "cache_root",
+                            "results_dir"))
     add_progress(optim)
     search.set_defaults(func=run_search_command)
 
@@ -82,18 +72,12 @@ def run_search_command(args: argparse.Namespace) -> int:
     space = dict(parse_param(text) for text in args.param)  # syntax first: nothing heavy imported for a typo
     options = method_options(args.method_option, args.method)
     from atlas_fast.atlas.variants import atlas_variant
-    from atlas_fast.clip.backbones import BackboneConfig
-    from atlas_fast.engine import TrainConfig
     from atlas_fast.search import SearchConfig, run_search
 
     variant = atlas_variant(args.setting, args.atlas)
-    base = TrainConfig(dataset=args.datasets[0], data_root=args.data_root,
-                       backbone=BackboneConfig(args.model, args.pretrained), method=args.method, method_options=options,
-                       recipe=args.recipe, setting=args.setting, shots=args.shots, seed=args.seeds[0],
-                       soft_labels=variant.soft_labels, schedule=variant.schedule,
-                       views=args.views, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                       device=args.device, precision=args.precision, cache_root=args.cache_root,
-                       results_dir=args.results_dir, progress=not args.no_progress)
+    base = train_config(args, dataset=args.datasets[0], data_root=args.data_root, method=args.method,
+                        method_options=options, seed=args.seeds[0], soft_labels=variant.soft_labels,
+                        schedule=variant.schedule)
     search = SearchConfig(base, space, datasets=args.datasets, seeds=args.seeds, objective=args.objective,
                           n_trials=args.trials, sampler=args.sampler, pruner=args.pruner,
                           sampler_seed=args.sampler_seed, storage=args.storage, study_name=args.study_name,

@@ -32,6 +32,7 @@ import open_clip
 # Preprocessing and OpenAI's mean/std live with the transforms (imports run transforms <- backbones); they are
 # importable from here as before.
 from atlas_fast.clip.transforms import OPENAI_MEAN, OPENAI_STD, Preprocessing, TransformSpec
+from atlas_fast.progress import progress_bar
 
 MODEL_CONFIG_DIR = Path(__file__).parents[1] / "model_configs"
 CHECKPOINT_DIR = Path(__file__).parents[1] / "checkpoints"
@@ -157,6 +158,16 @@ class Backbone:
 
     def describe(self) -> str:
         return f"{self.config.model} ({self.config.pretrained or 'random init'}) [{self.fingerprint[:12]}]"
+
+
+@torch.no_grad()
+def encode_class_prompts(backbone: Backbone, prompts: list[str], batch_size: int = 256,
+                         progress: bool = False) -> torch.Tensor:
+    """Un-normalised text features (C, D) of hand-crafted class prompts, in batches (:meth:`Backbone.encode_text`
+    of each batch): the soft labels' class texts, PromptSRC's frozen teacher prompts, the pricing's text unit."""
+    chunks = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+    return torch.cat([backbone.encode_text(chunk).float()
+                      for chunk in progress_bar(chunks, desc="soft labels: text", enabled=progress)])
 
 
 def weights_hash(model: nn.Module) -> str:

@@ -1,12 +1,11 @@
-"""Datasets: the 15 CoOp benchmarks and a user's own data as :class:`DatasetSplits`, few-shot and base/new subsets."""
+"""Datasets: the 15 CoOp benchmarks and a user's own data as :class:`DatasetSplits` (their on-disk layouts in
+``layouts``, the registry in ``datasets``), few-shot and base/new subsets."""
 
 from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
 from atlas_fast.data.datasets import (
     DATASETS,
     atlas_template,
     zeroshot_template,
-    DatasetFormatError,
-    DatasetLayoutError,
     DatasetSpec,
     list_datasets,
     load_dataset,
@@ -14,7 +13,9 @@ from atlas_fast.data.datasets import (
     register_split_json_dataset,
     registered_datasets,
 )
-from atlas_fast.data.fewshot import SUBSAMPLE_MODES, fewshot_subset, sample_per_class, subsample_classes
+from atlas_fast.data.fewshot import fewshot_subset, sample_per_class, subsample_classes
+from atlas_fast.data.layouts import DatasetFormatError, DatasetLayoutError
+from atlas_fast.renames import moved_names
 from atlas_fast.data.templates import (
     ATLAS_TEMPLATES,
     CUSTOM_TEMPLATES,
@@ -23,8 +24,11 @@ from atlas_fast.data.templates import (
 
 __all__ = [
     "ATLAS_TEMPLATES", "CUSTOM_TEMPLATES", "DATASETS", "DEFAULT_TEMPLATE", "DatasetFormatError", "DatasetLayoutError",
-    "DatasetSpec", "DatasetSplits", "Datum", "SUBSAMPLE_MODES", "atlas_template", "classnames_from", "fewshot_subset",
+    "DatasetSpec", "DatasetSplits", "Datum", "atlas_template", "classnames_from", "fewshot_subset",
     "list_datasets", "load_dataset", "load_folder_dataset", "register_split_json_dataset", "registered_datasets",
     "sample_per_class", "subsample_classes", "zeroshot_template",
 ]
 
+
+# Moved to atlas_fast.vocabulary (the one home of the run's words).
+__getattr__ = moved_names(__name__, {"SUBSAMPLE_MODES": "atlas_fast.vocabulary:CLASS_SETS"})

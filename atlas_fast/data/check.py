@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from atlas_fast.data.datasets import (AircraftLayout, ClassFolderLayout, DatasetSpec, ImageNetLayout,
-                                      ImageNetV2Layout, SplitJsonLayout, WnidFolderLayout, get_spec)
+from atlas_fast.data.datasets import DatasetSpec, dataset_spec
+from atlas_fast.data.layouts import (AircraftLayout, ClassFolderLayout, ImageNetLayout, ImageNetV2Layout,
+                                     SplitJsonLayout, WnidFolderLayout)
 
 #: The manifest a stand-in dataset (generated images in the real layout) carries in its folder.
 STANDIN_MANIFEST = "STANDIN.json"
@@ -164,7 +165,7 @@ def _dataset_dir(spec: DatasetSpec, data_root: str | Path) -> Path:
 
 def _has_images(folder: Path) -> int:
     """How many image files lie directly in ``folder`` (not in sub-folders)."""
-    from atlas_fast.data.datasets import IMAGE_SUFFIXES
+    from atlas_fast.data.layouts import IMAGE_SUFFIXES
 
     with os.scandir(folder) as entries:
         return sum(1 for e in entries if e.is_file() and Path(e.name).suffix.lower() in IMAGE_SUFFIXES)
@@ -283,9 +284,9 @@ def check_dataset(name: str, data_root: str | Path, full: bool = False, sample: 
     """Check one dataset under ``data_root``: its layout (:func:`layout_findings`), its full listing by the reader
     the runs use, the counts against :data:`PUBLISHED_SIZES`, and a decode check of ``sample`` images (every image
     with ``full``; none with ``sample=0``)."""
-    from atlas_fast.data.datasets import DatasetFormatError, DatasetLayoutError
+    from atlas_fast.data.layouts import DatasetFormatError, DatasetLayoutError
 
-    spec = get_spec(name)
+    spec = dataset_spec(name)
     dataset_dir = _dataset_dir(spec, data_root)
     result = DatasetCheck(spec.name, str(dataset_dir), _layout_name(spec))
     result.findings = layout_findings(spec, data_root)
@@ -329,12 +330,6 @@ def _counts_text(name: str, counts: dict[str, int]) -> str:
     return ", ".join(parts) + (" (found/published)" if published else "")
 
 
-def check_datasets(names: Iterable[str], data_root: str | Path, full: bool = False,
-                   sample: int = DEFAULT_SAMPLE) -> list[DatasetCheck]:
-    """:func:`check_dataset` for each name."""
-    return [check_dataset(name, data_root, full, sample) for name in names]
-
-
 class DataLayoutProblems(FileNotFoundError):
     """The data a command was asked to read is missing or laid out wrongly (every fault found, one line each)."""
 
@@ -352,7 +347,7 @@ def require_layouts(names: Iterable[str], data_root: str | Path) -> None:
     problems = []
     checked = []
     for name in dict.fromkeys(names):
-        spec = get_spec(name)
+        spec = dataset_spec(name)
         checked.append(spec.name)
         problems += [_problem_text(f) for f in layout_findings(spec, data_root)]
     if problems:

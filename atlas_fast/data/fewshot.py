@@ -40,12 +40,13 @@ from typing import Callable, Sequence, TypeVar
 from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
 from atlas_fast.data.identity import items_fingerprint
 from atlas_fast.files import atomic_write, blake2b_hex
+from atlas_fast.renames import moved_names
+from atlas_fast.vocabulary import CLASS_SETS
 
 MAX_VAL_SHOTS = 4
 T = TypeVar("T")
 # Seeds are 32-bit, as numpy's and Dassl's are (a larger one fails inside torch once a run seeds its generators).
 MAX_SEED = 2**32 - 1
-SUBSAMPLE_MODES = ("all", "base", "new")
 
 
 def sample_per_class(items: Sequence[Datum], num_shots: int, rng: random.Random) -> list[Datum]:
@@ -203,8 +204,8 @@ def subsample_classes(splits: DatasetSplits, subsample: str, memo: dict | None =
     ``"all"`` keeps every class and label. The same relabelling filters train, val and test; class names are rebuilt
     from the new train list, so a ``"new"`` model classifies among the new names only. ``memo``: shared by the plans
     of one sweep, so a test (and val) list shared by its runs is relabelled once per class selection."""
-    if subsample not in SUBSAMPLE_MODES:
-        raise ValueError(f"subsample must be one of {SUBSAMPLE_MODES}, got {subsample!r}")
+    if subsample not in CLASS_SETS:
+        raise ValueError(f"subsample must be one of {CLASS_SETS}, got {subsample!r}")
     if splits.subset.get("classes", "all") != "all":
         raise ValueError(f"{splits.name}: classes were already subsampled ({splits.subset}); start from 'all'")
     if subsample == "all":
@@ -226,3 +227,7 @@ def subsample_classes(splits: DatasetSplits, subsample: str, memo: dict | None =
     train = keep(splits.train)
     return replace(splits, train=train, val=shared_keep(splits.val), test=shared_keep(splits.test),
                    classnames=classnames_from(train), subset={**splits.subset, "classes": subsample})
+
+
+# Moved to atlas_fast.vocabulary (the one home of the run's words).
+__getattr__ = moved_names(__name__, {"SUBSAMPLE_MODES": "atlas_fast.vocabulary:CLASS_SETS"})

@@ -12,24 +12,22 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.data.fewshot import MAX_SEED
 from atlas_fast.errors import short_repr
-from atlas_fast.methods.base import RECIPE_FAMILIES, MethodConfig
+from atlas_fast.methods.base import MethodConfig
 from atlas_fast.atlas.schedules import LabelSchedule, OneHot
+from atlas_fast.renames import moved_names, renamed_fields
+from atlas_fast.vocabulary import (CLASS_SETS, PRECISIONS, RECIPE_FAMILIES, SETTINGS, ClassSet, Precision,
+                                   RecipeFamily, Setting)
 
 if TYPE_CHECKING:
     from atlas_fast.atlas.softlabels import SoftLabelConfig
 
-Setting = Literal["base2new", "few_shot", "cross_dataset"]
-SETTINGS = ("base2new", "few_shot", "cross_dataset")
-# The class sets a run can be evaluated on, in the order a record lists them.
-EVALUATION_SETS = ("base", "new", "all")
-PRECISIONS = ("auto", "fp32", "amp")
 # Upper bounds that keep a typo from allocating the machine away: more than this many epochs or cached views per
 # image is no protocol of the papers (they train at most 200 epochs with one fresh view each).
 MAX_EPOCHS = 10_000
@@ -54,15 +52,17 @@ def check_int(owner: str, name: str, value: Any, low: int, high: int | None = No
         raise ValueError(f"{owner}{name} must be a whole number {bound}, got {short_repr(value)}.")
 
 
+@renamed_fields({"recipe": "recipe_family"})
 @dataclass
 class TrainConfig:
     """Everything that defines one training run (and, hashed with the backbone fingerprint, names its record).
 
     ``method_config``/``None``, ``method_options`` (fields of the method config to replace, e.g. ``{"depth": 3}``)
-    and the ``epochs``/``batch_size``/``lr`` overrides refine the recipe of ``(method, recipe, setting, shots,
-    dataset)``; ``subsample`` defaults to ``base`` in base-to-new and ``all`` otherwise; ``views`` (cached augmented
-    views) defaults to the number of epochs (a fresh view every epoch, the faithful setting). ``soft_labels`` (a
-    :class:`atlas_fast.atlas.softlabels.SoftLabelConfig`) is required exactly when the schedule uses soft labels.
+    and the ``epochs``/``batch_size``/``lr`` overrides refine the optimisation recipe that the method's
+    ``recipe_family`` gives ``(setting, shots, dataset)``; ``subsample`` defaults to ``base`` in base-to-new and
+    ``all`` otherwise; ``views`` (cached augmented views) defaults to the number of epochs (a fresh view every
+    epoch, the faithful setting). ``soft_labels`` (a :class:`atlas_fast.atlas.softlabels.SoftLabelConfig`) is
+    required exactly when the schedule uses soft labels.
     ``evaluate`` lists the class sets evaluated after training (and every epoch with ``eval_every_epoch``), within
     base/new/all and always including the training subset; None is every set the setting has (base-to-new: base, new
     and all), and it names the run only when it differs from that. ``graph_steps`` replays each full-size step of a
@@ -85,11 +85,11 @@ class TrainConfig:
     method: str = "coop"
     method_config: MethodConfig | None = None
     method_options: dict[str, Any] | None = None
-    recipe: Literal["paper", "original"] = "paper"
+    recipe_family: RecipeFamily = "paper"
     setting: Setting = "base2new"
     shots: int = 16
     seed: int = 1
-    subsample: Literal["all", "base", "new"] | None = None
+    subsample: ClassSet | None = None
     soft_labels: SoftLabelConfig | None = None
     schedule: LabelSchedule = field(default_factory=OneHot)
     views: int | None = None
@@ -102,7 +102,7 @@ class TrainConfig:
     graph_steps: bool | None = None
     snapshot_epochs: tuple[int, ...] = ()
     device: str = "auto"
-    precision: Literal["auto", "fp32", "amp"] = "auto"
+    precision: Precision = "auto"
     cache_root: str | Path = "cache"
     results_dir: str | Path = "results"
     progress: bool = True
@@ -112,10 +112,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.setting not in SETTINGS:
             raise ValueError(f"setting must be one of {SETTINGS}, got {self.setting!r}.")
-        if self.recipe not in RECIPE_FAMILIES:
-            raise ValueError(f"recipe must be one of {RECIPE_FAMILIES}, got {self.recipe!r}.")
-        if self.subsample not in (None, "all", "base", "new"):
-            raise ValueError(f"subsample must be 'all', 'base', 'new' or None, got {self.subsample!r}.")
+        if self.recipe_family not in RECIPE_FAMILIES:
+            raise ValueError(f"recipe_family must be one of {RECIPE_FAMILIES}, got {self.recipe_family!r}.")
+        if self.subsample is not None and self.subsample not in CLASS_SETS:
+            raise ValueError(f"subsample must be one of {CLASS_SETS} or None, got {self.subsample!r}.")
         if self.evaluate is not None:
             self.evaluate = self._checked_evaluate(self.evaluate)
         if any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in self.snapshot_epochs):
@@ -162,17 +162,17 @@ class TrainConfig:
         return self.subsample or ("base" if self.setting == "base2new" else "all")
 
     def _checked_evaluate(self, evaluate: Any) -> tuple[str, ...]:
-        """``evaluate`` as a tuple in :data:`EVALUATION_SETS` order (so ("new", "base") names the same run as
-        ("base", "new")); unknown sets, no set, or a list without the training subset are refused."""
+        """``evaluate`` as a tuple in :data:`~atlas_fast.vocabulary.CLASS_SETS` order (so ("new", "base") names the
+        same run as ("base", "new")); unknown sets, no set, or a list without the training subset are refused."""
         values = (evaluate,) if isinstance(evaluate, str) else tuple(evaluate)
-        unknown = [v for v in values if v not in EVALUATION_SETS]
+        unknown = [v for v in values if v not in CLASS_SETS]
         if unknown or not values:
-            raise ValueError(f"evaluate lists the class sets to evaluate, within {EVALUATION_SETS}; got "
+            raise ValueError(f"evaluate lists the class sets to evaluate, within {CLASS_SETS}; got "
                              f"{evaluate!r}.")
         if self.train_subsample not in values:
             raise ValueError(f"evaluate={evaluate!r} leaves out {self.train_subsample!r}, the class set this run "
-                             f"trains on, which is always evaluated; add it (valid sets: {EVALUATION_SETS}).")
-        return tuple(v for v in EVALUATION_SETS if v in values)
+                             f"trains on, which is always evaluated; add it (valid sets: {CLASS_SETS}).")
+        return tuple(v for v in CLASS_SETS if v in values)
 
 
 def resolve_device(device: str, elsewhere: bool = False) -> torch.device:
@@ -199,3 +199,10 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "amp" if device.type == "cuda" else "fp32"
     return precision
+
+
+# Moved to atlas_fast.vocabulary (the one home of the run's words).
+__getattr__ = moved_names(__name__, {"SETTINGS": "atlas_fast.vocabulary:SETTINGS",
+                                     "EVALUATION_SETS": "atlas_fast.vocabulary:CLASS_SETS",
+                                     "PRECISIONS": "atlas_fast.vocabulary:PRECISIONS",
+                                     "Setting": "atlas_fast.vocabulary:Setting"})

@@ -45,8 +45,8 @@ def _recipe(config: Mapping[str, Any]) -> dict[str, Any] | None:
     if entry is None:
         return None
     try:
-        _, recipe = entry.recipe(config.get("recipe_family", "paper"), config["setting"], config["shots"],
-                                 config["dataset"])
+        _, recipe = entry.recipe_function(config.get("recipe_family", "paper"), config["setting"], config["shots"],
+                                          config["dataset"])
     except (MissingRecipe, KeyError, ValueError, TypeError):
         return None
     return dataclasses.asdict(recipe)
@@ -100,6 +100,18 @@ def deviation_note(config: Mapping[str, Any], leave_out: Collection[str] = ()) -
     """`` [θ=0.3, epochs=2]``: :func:`run_deviations` as a label's suffix (empty when the run follows the recipe
     and presets), without the fields ``leave_out`` (ones the label already names)."""
     return _note(text for key, text in run_deviations(config).items() if key not in leave_out)
+
+
+def run_name(config: Mapping[str, Any]) -> str:
+    """A run's printed name, the one place it is built: ``coop+ATLaS-ISL (K=2) [θ=0.3, epochs=2]``, its variant as
+    the ``train`` command prints it (:func:`~atlas_fast.atlas.variants.run_label`, which names K) and what it
+    changes from its method's recipe and the paper's presets (:func:`deviation_note`). ``config`` is a run's
+    described configuration (``RunSpec.described``, a record's ``config``); progress lines, the dry-run listing,
+    ``train``'s lines and summary print it."""
+    from atlas_fast.atlas.variants import run_label
+
+    label = run_label(config["method"], config["schedule"], (config.get("soft_labels") or {}).get("kind"))
+    return label + deviation_note(config, leave_out={"schedule.period"})  # run_label names K
 
 
 Deviations = tuple[tuple[str, str], ...]  # (dotted field, printed ``name=value``) pairs, each once

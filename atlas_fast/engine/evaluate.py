@@ -138,13 +138,6 @@ def pixel_logit_chunks(method: PromptMethod, images: ImageViews, amp: bool = Fal
         yield from _each_under(lambda: _autocast(images.device, amp), batches())
 
 
-def pixel_logits(method: PromptMethod, images: ImageViews, amp: bool = False, progress: bool = False,
-                 desc: str = "evaluate") -> torch.Tensor:
-    """Logits (R, N, C) of a prompted-image method on the test view of ``images``: :func:`pixel_logit_chunks`
-    joined."""
-    return torch.cat(list(pixel_logit_chunks(method, images, amp, progress, desc)), dim=1)
-
-
 def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,
                     progress: bool = False) -> dict[str, list[float]]:
     """Accuracy (one per run) of ``method`` on each set, with the classifier rebuilt for each set's class names.

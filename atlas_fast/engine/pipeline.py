@@ -31,18 +31,23 @@ from typing import Any, Sequence
 
 import torch
 
+from atlas_fast.cache import FeatureCache
+from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device
 from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize, zero_shot_references
 from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
 from atlas_fast.engine.graphs import use_graph_steps
 from atlas_fast.engine.loop import train_runs
-from atlas_fast.engine.record import (ResultStore, RunRecord, build_record, finished_record, save_record,
+from atlas_fast.engine.record import (ResultStore, RunRecord, adopt_legacy_record, build_record, finished_record,
+                                      load_learned, rewrite_record, save_record, split_snapshots, utc_now,
                                       with_snapshots)
-from atlas_fast.engine.run_identity import evaluated_sets, identity_fields
-from atlas_fast.engine.spec import RunSpec, plan_run
+from atlas_fast.engine.run_identity import evaluated_sets
+from atlas_fast.engine.spec import RunSpec, load_run_data, plan_run
 from atlas_fast.engine.step import RunState
-from atlas_fast.methods.base import PromptMethod
+from atlas_fast.engine.validity import SAVED_RUN_FIELDS, check_seal, missing_fields, read_record
+from atlas_fast.methods.base import PromptMethod, method_class
 from atlas_fast.threads import small_step_threads
+from atlas_fast.vocabulary import CLASS_SETS, HARMONIC_MEAN
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
@@ -84,48 +89,11 @@ def missing_sets(spec: RunSpec, record: dict[str, Any]) -> list[str]:
     return [name for name in spec.data.splits if name not in evaluated_sets(record)]
 
 
-def _record_fields(record: dict[str, Any]) -> dict[str, Any]:
-    """A read record less what :meth:`ResultStore.save` and the pipeline add (status, learned file and checksum, a
-    seal where records have one, path)."""
-    return {k: v for k, v in record.items()
-            if k not in ("status", "learned", "learned_blake2b", "seal", "skipped", "path")}
-
-
-def _rewrite(spec: RunSpec, stem: str, fields: dict[str, Any], learned: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Write a record (atomically, through the store) and return it as a skipped run returns it."""
-    from atlas_fast.engine.record import read_record
-
-    path = ResultStore(spec.config.results_dir).save(spec.dataset, stem, fields, learned)
-    return {**read_record(path), "skipped": True, "path": str(path)}
-
-
-def adopt_legacy_record(spec: RunSpec) -> dict[str, Any] | None:
-    """The run's finished record under a name it had before evaluation stopped naming runs (the fullest one), written
-    again under the run's name (the old files stay; the report counts the run once), or None."""
-    from atlas_fast.engine.record import load_learned
-
-    store = ResultStore(spec.config.results_dir)
-    found = []
-    for stem, key in spec.legacy_stems():
-        record = store.find(spec.dataset, stem, key=key)
-        if record is not None:
-            found.append((len(evaluated_sets(record)), stem, record))
-    if not found:
-        return None
-    _, stem, record = max(found, key=lambda item: item[0])
-    learned = load_learned(store.record_path(spec.dataset, stem))
-    fields = {**_record_fields(record), "key": spec.record_key, "config_key": spec.key,
-              "config": identity_fields(record["config"]), "adopted_from": f"{stem}.json"}
-    return _rewrite(spec, spec.stem, fields, learned)
-
-
 def complete_record(spec: RunSpec, record: dict[str, Any]) -> dict[str, Any]:
     """``record`` with the class sets ``spec`` asks for and it lacks evaluated on its saved learned tensors
-    (:func:`evaluate_saved`, the way a run evaluates) and written back atomically; no retraining. Unchanged when it
-    holds them all. The per-epoch accuracies of ``eval_every_epoch`` stay those of the sets evaluated then."""
-    from atlas_fast.engine.config import EVALUATION_SETS
-    from atlas_fast.engine.record import load_learned, utc_now
-
+    (:func:`evaluate_saved`, the way a run evaluates) and written back (:func:`~atlas_fast.engine.record.
+    rewrite_record`); no retraining. Unchanged when it holds them all. The per-epoch accuracies of
+    ``eval_every_epoch`` stay those of the sets evaluated then."""
     missing = missing_sets(spec, record)
     if not missing:
         return record
@@ -139,24 +107,27 @@ def complete_record(spec: RunSpec, record: dict[str, Any]) -> dict[str, Any]:
     zero_shot = dict(metrics.pop("zero_shot"))
     for name, result in results.items():
         metrics[name], zero_shot[name] = result["accuracy"], result["zero_shot"]
-    others = {k: v for k, v in metrics.items() if k not in EVALUATION_SETS and k != "H"}
-    accuracies = summarize({name: metrics[name] for name in EVALUATION_SETS if name in metrics})
-    references = summarize({name: zero_shot[name] for name in EVALUATION_SETS if name in zero_shot})
+    others = {k: v for k, v in metrics.items() if k not in CLASS_SETS and k != HARMONIC_MEAN}
+    accuracies = summarize({name: metrics[name] for name in CLASS_SETS if name in metrics})
+    references = summarize({name: zero_shot[name] for name in CLASS_SETS if name in zero_shot})
     data = dict(record["data"])
     data["num_test"] = {**data.get("num_test", {}), **{name: r["num_test"] for name, r in results.items()}}
     later = list(record.get("evaluated_later", [])) + [
         {"sets": missing, "created": utc_now(), "seconds": round(time.perf_counter() - clock, 4)}]
-    fields = {**_record_fields(record), "metrics": {**accuracies, **others, "zero_shot": references}, "data": data,
-              "evaluated_later": later}
-    return _rewrite(spec, path.stem, fields, load_learned(path))
+    completed = {**record, "metrics": {**accuracies, **others, "zero_shot": references}, "data": data,
+                 "evaluated_later": later}
+    return rewrite_record(spec, path.stem, completed, load_learned(path))
 
 
-def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False) -> list[dict[str, Any]]:
+def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False, looked_up: bool = False
+              ) -> list[dict[str, Any]]:
     """Train the planned runs that have no finished record, as one group when their method batches, else one by one
     (what a sweep's worker calls: it plans nothing; ``warn_unbatched`` warns of the latter, for callers that asked
     for the group themselves, not for a sweep's default grouping); returns every run's record in order. A run asked
-    for twice (the same record name, e.g. with other evaluated sets) trains once; the others then find its record."""
-    records, todo = split_finished(specs)
+    for twice (the same record name, e.g. with other evaluated sets) trains once; the others then find its record.
+    ``looked_up``: the caller found these runs unfinished just now (a local sweep's driver, :func:`split_finished`),
+    so they are not looked up again; a remote worker looks again (another process may have finished one since)."""
+    records, todo = ([None] * len(specs), list(range(len(specs)))) if looked_up else split_finished(specs)
     if not todo:
         return records  # type: ignore[return-value]
     first_of: dict[str, int] = {}
@@ -179,7 +150,7 @@ def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False) -> list[di
 
 def shared_fields(spec: RunSpec) -> tuple:
     """What every run of a group must share."""
-    return (spec.dataset, spec.backbone_fingerprint, spec.config.method, repr(spec.method_config), spec.recipe,
+    return (spec.dataset, spec.backbone_fingerprint, spec.config.method, repr(spec.method_config), spec.optim_recipe,
             spec.config.train_subsample, spec.device, spec.amp)
 
 
@@ -229,7 +200,7 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
                                   [s.schedule for s in states], first.device)
     clock = time.perf_counter()
     with small_step_threads(first.device.type, small_steps=not method.reads_pixels):
-        logs = train_runs(method, states, first.recipe, first.device, first.amp,
+        logs = train_runs(method, states, first.optim_recipe, first.device, first.amp,
                           any(s.config.progress for s in specs), per_epoch_eval, graph_steps)
     train_seconds = round(time.perf_counter() - clock, 4)
 
@@ -245,7 +216,7 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
                                zero_shots[sets])
         timings = {"plan": spec.plan_seconds, "inputs": input_seconds[r], "train": train_seconds,
                    "evaluate": round(time.perf_counter() - clock, 4),
-                   "seconds_per_epoch": train_seconds / spec.recipe.epochs, "batch_runs": len(specs),
+                   "seconds_per_epoch": train_seconds / spec.optim_recipe.epochs, "batch_runs": len(specs),
                    "group_total": round(time.perf_counter() - start, 4)}
         record = build_record(spec, backbone, metrics, log, timings)
         learned = view.state_for_checkpoint()
@@ -307,13 +278,6 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     listed, few-shot subset drawn, classes split), the feed builds the evaluation set, the method is rebuilt from the
     registry. ``subsample`` picks the class set; ``shots``/``seed`` only matter for the base/new split, which is
     defined by the (few-shot) train list's labels, so they default to the run's own."""
-    from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
-    from atlas_fast.cache import FeatureCache
-    from atlas_fast.engine.record import (SAVED_RUN_FIELDS, check_seal, load_learned, missing_fields, read_record,
-                                          split_snapshots)
-    from atlas_fast.engine.spec import load_run_data
-    from atlas_fast.methods.base import method_class
-
     record = read_record(record_path)
     missing = missing_fields(record, SAVED_RUN_FIELDS)
     if missing:

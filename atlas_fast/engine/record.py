@@ -4,8 +4,11 @@ A record is named by a hash of the run's configuration, the backbone fingerprint
 inputs (:mod:`atlas_fast.data.identity`), so an identical run on unchanged data finds its finished record and is
 skipped (sweeps can be re-launched after a crash and only redo what is missing), while a run on other or changed
 data never returns another run's numbers. Files are written to a temporary name and renamed, so a crash never
-leaves a half-written record. Records are validated when read: one that is damaged or does not match its name is
-moved aside (``<name>.json.invalid-<time>``) with a warning, and the run is redone.
+leaves a half-written record. Records are validated when looked up (:mod:`atlas_fast.engine.validity`, the one
+validator): one that is damaged or does not match its name counts as missing, with a warning, and the run is redone;
+writing its new record moves the invalid one aside (``<name>.json.invalid-<time>``). This module is the one writer of
+records: a trained run's, and a finished one rewritten (more class sets evaluated on its saved prompts, or taken over
+from the name it had before evaluation stopped naming runs).
 
 Layout under ``results_dir`` (default ``results/``)::
 
@@ -27,17 +30,19 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import platform
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from atlas_fast.engine.seal import is_sealed, provenance, seal_problem, sealed
+from atlas_fast.engine.run_identity import evaluated_sets, identity_fields
+from atlas_fast.engine.seal import is_sealed, provenance, sealed
+from atlas_fast.engine.validity import non_finite, read_record, stored_record_problems, warn_unsealed
 from atlas_fast.files import atomic_write, blake2b_hex, check_folder_name, check_writable, file_blake2b
+from atlas_fast.renames import moved_names
 
 if TYPE_CHECKING:
     from atlas_fast.clip.backbones import Backbone
@@ -60,7 +65,9 @@ def utc_now() -> str:
 
 
 class ResultStore:
-    """Finished run records under ``root``, looked up by name stem (see the module docstring)."""
+    """Finished run records under ``root``, looked up by name stem (see the module docstring). The one writer of
+    records: a run's record (:meth:`save`), and a record rewritten with more class sets evaluated or under a run's
+    newer name (:func:`rewrite_record`)."""
 
     def __init__(self, root: str | Path = "results") -> None:
         self.root = Path(root)
@@ -77,40 +84,21 @@ class ResultStore:
         check_writable(self.record_path(dataset, "x").parent, "The results folder")
 
     def find(self, dataset: str, stem: str, key: str | None = None) -> dict[str, Any] | None:
-        """The finished record with this name (and full ``key``), or None. A record without its learned tensors
-        counts as missing; a damaged or inconsistent one is moved aside with a warning, so the run is redone. The
-        learned tensors are checked against the record's ``learned_blake2b``: a damaged ``.pt`` makes the pair
-        invalid (both are moved aside, the run is redone). A record written before checksums is used with a warning
-        that its tensors are unverified."""
+        """The finished record with this name (and full ``key``), or None; a lookup changes no file. A record
+        without its learned tensors counts as missing; an invalid one (:func:`~atlas_fast.engine.validity.
+        stored_record_problems`: damaged, inconsistent, another run's, or its learned tensors failing their checksum)
+        is named in a warning and counts as missing, so the run is redone (:meth:`save` then moves it aside). A
+        record written before checksums is used with a warning that its tensors are unverified."""
         path = self.record_path(dataset, stem)
         if not path.is_file():
             return None
-        try:
-            record = read_record(path)
-            problems = record_problems(record)
-            if key is not None and record.get("key") != key:
-                problems.append(f"its key {str(record.get('key'))[:12]}... is not the run's {key[:12]}...")
-        except ValueError as exc:
-            problems = [str(exc)]
-        learned = self.learned_path(dataset, stem)
-        damaged_learned = False
-        if not problems and learned.is_file() and "learned_blake2b" in record:
-            damaged_learned = file_blake2b(learned) != record["learned_blake2b"]  # OSError: names the file
-            if damaged_learned:
-                problems.append(f"its learned tensors {learned} fail their checksum (the file is damaged or was "
-                                f"replaced)")
+        record, problems, _ = stored_record_problems(path, key)
         if problems:
-            time_tag = utc_now().replace(":", "")
-            aside = path.with_name(f"{path.name}.invalid-{time_tag}")
-            path.replace(aside)
-            moved = aside.name
-            if damaged_learned:
-                learned.replace(learned.with_name(f"{learned.name}.invalid-{time_tag}"))
-                moved = f"{aside.name} (and its tensors to {learned.name}.invalid-{time_tag})"
-            print(f"warning: result record {path} is invalid ({problems[0]}); moved it to {moved} and the run "
-                  f"will be redone.", file=sys.stderr)
+            print(f"warning: result record {path} is invalid ({problems[0]}); the run will be redone (the record is "
+                  f"moved aside when the new one is written).", file=sys.stderr)
             return None
-        if not learned.is_file():
+        learned = self.learned_path(dataset, stem)
+        if record is None or not learned.is_file():
             return None
         if "learned_blake2b" not in record:
             print(f"warning: result record {path} has no checksum of its learned tensors (written before "
@@ -122,8 +110,11 @@ class ResultStore:
     def save(self, dataset: str, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor]) -> Path:
         """Write the learned tensors, then the record (so a record never points at a missing ``.pt``). The record
         holds the BLAKE2b of the ``.pt`` bytes (``learned_blake2b``), checked by :meth:`find` and
-        :func:`load_learned`. A record with non-finite metrics is refused (it would not be valid JSON)."""
-        bad = _non_finite(record.get("metrics", {}))
+        :func:`load_learned`. A record with non-finite metrics is refused (it would not be valid JSON). An invalid
+        record already under the name (another run's, damaged, or with damaged tensors) is moved aside first
+        (``<name>.json.invalid-<time>``, its tensors too when they are the damaged part); a valid one of the same
+        run is replaced."""
+        bad = non_finite(record.get("metrics", {}))
         if bad:
             raise ValueError(f"Run {stem}: metric(s) {', '.join(bad)} are not finite numbers (NaN/inf); the record is "
                              f"not written. An evaluation set without test images gives this.")
@@ -138,79 +129,31 @@ class ResultStore:
         except ValueError as exc:  # a NaN or infinity in the configuration or the per-epoch values
             raise ValueError(f"Run {stem}: its record cannot be written as JSON ({exc}); nothing was written.") from exc
         text = json.dumps(record, indent=2, sort_keys=False, allow_nan=False).encode()
-        atomic_write(learned_path, lambda f: f.write(payload))
         path = self.record_path(dataset, stem)
+        self._move_invalid_aside(path, record.get("key"))
+        atomic_write(learned_path, lambda f: f.write(payload))
         atomic_write(path, lambda f: f.write(text))
         return path
 
-
-def _non_finite(metrics: Any, prefix: str = "") -> list[str]:
-    """Names of the values in a (nested) metrics dict that are not finite numbers."""
-    bad = []
-    for name, value in metrics.items():
-        if isinstance(value, dict):
-            bad += _non_finite(value, f"{prefix}{name}.")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            bad.append(f"{prefix}{name}={value!r}")
-    return bad
-
-
-def record_problems(record: dict[str, Any]) -> list[str]:
-    """What is wrong with a finished record's fields (empty = valid): the checks :meth:`ResultStore.find` makes."""
-    problems = []
-    if record.get("status") != "finished":
-        problems.append(f"status is {record.get('status')!r}, not 'finished'")
-    if not isinstance(record.get("key"), str):
-        problems.append("no 'key'")
-    metrics = record.get("metrics")
-    if not isinstance(metrics, dict) or not metrics:
-        problems.append("no 'metrics'")
-    elif _non_finite(metrics):
-        problems.append(f"non-finite metrics {_non_finite(metrics)[:3]}")
-    elif not isinstance(metrics.get("zero_shot"), dict):
-        problems.append("no 'metrics.zero_shot' references")
-    elif any(isinstance(value, dict) for name, value in metrics.items() if name != "zero_shot"):
-        problems.append("a metric that is not a number")
-    data = record.get("data")
-    if not isinstance(data, dict) or not isinstance(data.get("fingerprint"), str):
-        problems.append("no data fingerprint (made before records knew their data)")
-    problems += [f"no '{field}'" for field in missing_fields(record, SAVED_RUN_FIELDS)]
-    sealing = seal_problem(record)
-    if sealing:
-        problems.insert(0, sealing)
-    return problems
-
-
-def warn_unsealed(path: str | Path) -> None:
-    """The warning for a record written before records were sealed: its numbers are used unverified."""
-    print(f"warning: result record {path} has no seal (written before atlas_fast sealed records); its numbers are "
-          f"used unverified.", file=sys.stderr)
-
-
-def check_seal(record: dict[str, Any], path: str | Path) -> None:
-    """Refuse a record whose seal does not match (naming the file); warn about one from before seals."""
-    problem = seal_problem(record)
-    if problem:
-        raise ValueError(f"Result record {path}: {problem}; train the run again (or restore the file).")
-    if not is_sealed(record):
-        warn_unsealed(path)
-
-
-# What evaluating a saved run reads from its record.
-SAVED_RUN_FIELDS = ("config.backbone", "config.method", "config.method_config", "config.shots", "config.seed",
-                    "backbone.fingerprint")
-
-
-def missing_fields(record: dict[str, Any], fields: Sequence[str]) -> list[str]:
-    """The dotted ``fields`` (``"config.method"``) that ``record`` lacks."""
-    missing = []
-    for dotted in fields:
-        value: Any = record
-        for part in dotted.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is None:
-            missing.append(dotted)
-    return missing
+    @staticmethod
+    def _move_invalid_aside(path: Path, key: str | None) -> None:
+        """Move an invalid record at ``path`` (and its learned tensors when they are what is damaged) aside, with a
+        warning naming where it went, so the record being written does not destroy it."""
+        if not path.is_file():
+            return
+        _, problems, damaged = stored_record_problems(path, key)
+        if not problems:
+            return
+        time_tag = utc_now().replace(":", "")
+        aside = path.with_name(f"{path.name}.invalid-{time_tag}")
+        path.replace(aside)
+        moved = aside.name
+        learned = path.with_suffix(".pt")
+        if damaged:
+            learned.replace(learned.with_name(f"{learned.name}.invalid-{time_tag}"))
+            moved = f"{aside.name} (and its tensors to {learned.name}.invalid-{time_tag})"
+        print(f"warning: result record {path} was invalid ({problems[0]}); moved it to {moved} before writing the "
+              f"run's new record.", file=sys.stderr)
 
 
 def build_record(spec: RunSpec, backbone: Backbone, metrics: dict[str, Any], epochs: list[dict[str, Any]],
@@ -219,7 +162,7 @@ def build_record(spec: RunSpec, backbone: Backbone, metrics: dict[str, Any], epo
     :meth:`ResultStore.save` adds)."""
     config = spec.config
     return {
-        "key": spec.record_key, "config_key": spec.key, "created": utc_now(), "config": spec.described,
+        "key": spec.record_key, "config_key": spec.config_key, "created": utc_now(), "config": spec.described,
         "backbone": {"fingerprint": backbone.fingerprint, "description": backbone.describe(),
                      "architecture": backbone.architecture},
         "paths": {"data_root": str(config.data_root), "cache_root": str(config.cache_root)},
@@ -265,20 +208,37 @@ def save_record(spec: RunSpec, record: dict[str, Any], learned: dict[str, torch.
     return {**record, "status": "finished", "skipped": False, "path": str(path)}
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not valid JSON")
+# What ResultStore.save (status, the learned file and its checksum, the seal) and a returned run (skipped, path) add
+# to a record's own fields.
+ADDED_FIELDS = ("status", "learned", "learned_blake2b", "seal", "skipped", "path")
 
 
-def read_record(path: str | Path) -> dict[str, Any]:
-    """Load a record JSON, with an error naming the file if it is not one."""
-    path = Path(path)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{path} is not a readable atlas_fast result record ({exc}).") from exc
-    if not isinstance(record, dict) or "config" not in record:
-        raise ValueError(f"{path} is not an atlas_fast result record (no 'config' field).")
-    return record
+def rewrite_record(spec: RunSpec, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor]
+                   ) -> dict[str, Any]:
+    """Write a finished run's record again under ``stem`` with its fields as in ``record`` (a record as read or
+    returned, with changes) and its ``learned`` tensors (atomically, sealed anew); returns it as a skipped run
+    returns it."""
+    fields = {k: v for k, v in record.items() if k not in ADDED_FIELDS}
+    path = ResultStore(spec.config.results_dir).save(spec.dataset, stem, fields, learned)
+    return {**read_record(path), "skipped": True, "path": str(path)}
+
+
+def adopt_legacy_record(spec: RunSpec) -> dict[str, Any] | None:
+    """The run's finished record under a name it had before evaluation stopped naming runs (the fullest one), written
+    again under the run's name (the old files stay; the report counts the run once), or None."""
+    store = ResultStore(spec.config.results_dir)
+    found = []
+    for stem, key in spec.legacy_stems():
+        record = store.find(spec.dataset, stem, key=key)
+        if record is not None:
+            found.append((len(evaluated_sets(record)), stem, record))
+    if not found:
+        return None
+    _, stem, record = max(found, key=lambda item: item[0])
+    learned = load_learned(store.record_path(spec.dataset, stem))
+    adopted = {**record, "key": spec.record_key, "config_key": spec.config_key,
+               "config": identity_fields(record["config"]), "adopted_from": f"{stem}.json"}
+    return rewrite_record(spec, spec.stem, adopted, learned)
 
 
 # Learned tensors saved along a run (TrainConfig.snapshot_epochs) sit beside the final ones in the same file, named
@@ -327,3 +287,8 @@ def load_learned(record_path: str | Path) -> dict[str, torch.Tensor]:
     except Exception as exc:  # truncated, garbage, or pickled code (never executed)
         raise ValueError(f"Learned tensors {learned} of record {record_path} cannot be read ({type(exc).__name__}): "
                          f"the file is damaged or not a tensor checkpoint. Train the run again.") from exc
+
+
+# Moved to atlas_fast.engine.validity (the one validator of records).
+__getattr__ = moved_names(__name__, {name: f"atlas_fast.engine.validity:{name}" for name in (
+    "SAVED_RUN_FIELDS", "check_seal", "missing_fields", "record_problems")})

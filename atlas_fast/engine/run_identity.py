@@ -14,6 +14,8 @@ import hashlib
 import json
 from typing import Any
 
+from atlas_fast.vocabulary import CLASS_SETS
+
 # Fields of a described configuration that never make two runs different.
 NOT_IDENTITY = ("evaluate",)
 
@@ -45,7 +47,7 @@ def record_identity(record: dict[str, Any]) -> str:
 def evaluated_sets(record: dict[str, Any]) -> list[str]:
     """The class sets a record holds final accuracies for, in base/new/all order."""
     metrics = record.get("metrics") or {}
-    return [name for name in ("base", "new", "all") if name in metrics]
+    return [name for name in CLASS_SETS if name in metrics]
 
 
 def one_record_per_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -23,26 +23,31 @@ import torch
 
 from atlas_fast.clip.backbones import Backbone, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device, resolve_precision
+from atlas_fast.engine.deviations import run_name
 from atlas_fast.engine.graphs import graph_steps_refusal
 from atlas_fast.engine.run_identity import config_key, data_record_key
 from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, method_class
+from atlas_fast.renames import renamed_fields
+from atlas_fast.vocabulary import CLASS_SETS
 
 
 def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, OptimRecipe]:
-    """The method config and optimisation recipe of a run on ``dataset`` (registry name), with the overrides."""
+    """The method config and optimisation recipe of a run on ``dataset`` (registry name): what the method's recipe
+    function gives for the config's recipe family, setting and shots, with the overrides."""
     entry = method_class(config.method)
     overrides = {k: getattr(config, k) for k in ("epochs", "batch_size", "lr") if getattr(config, k) is not None}
     try:
-        method_config, recipe = entry.recipe(config.recipe, config.setting, config.shots, dataset)
+        method_config, optim_recipe = entry.recipe_function(config.recipe_family, config.setting, config.shots,
+                                                            dataset)
     except MissingRecipe as missing:  # no reference recipe: the caller's epochs, batch size and lr, all three
         if len(overrides) < 3:
             raise
-        method_config, recipe = missing.method_config, OptimRecipe(**overrides)
+        method_config, optim_recipe = missing.method_config, OptimRecipe(**overrides)
     if config.method_config is not None:
         method_config = config.method_config
     if config.method_options:
         method_config = with_options(method_config, config.method_options)
-    return method_config, dataclasses.replace(recipe, **overrides)
+    return method_config, dataclasses.replace(optim_recipe, **overrides)
 
 
 def with_options(method_config: MethodConfig, options: dict[str, Any]) -> MethodConfig:
@@ -77,18 +82,20 @@ def _as_dict(value: Any) -> Any:
     return dataclasses.asdict(value)
 
 
-def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig, recipe: OptimRecipe,
+def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig, optim_recipe: OptimRecipe,
                  device: torch.device) -> dict[str, Any]:
     """The JSON form of a run's configuration, with every default resolved (this is what the record hash covers);
     ``dataset`` is the registry name, so ``oxford_pets`` and ``OxfordPets`` name the same run. ``graph_steps`` is
     not part of it (a speed knob: the replayed steps are the eager ones), nor which class sets are evaluated
-    (``evaluate``: a run is one run whatever asked for it, see :mod:`atlas_fast.engine.run_identity`)."""
+    (``evaluate``: a run is one run whatever asked for it, see :mod:`atlas_fast.engine.run_identity`). The stored
+    field names are the record's: ``recipe_family`` is the family, ``recipe`` the optimisation recipe."""
     described = {
         "dataset": dataset, "backbone": config.backbone.to_dict(), "method": config.method,
-        "method_config": _as_dict(method_config), "recipe_family": config.recipe, "recipe": recipe.to_dict(),
+        "method_config": _as_dict(method_config), "recipe_family": config.recipe_family,
+        "recipe": optim_recipe.to_dict(),
         "setting": config.setting, "shots": config.shots, "seed": config.seed, "subsample": config.train_subsample,
         "soft_labels": _as_dict(config.soft_labels), "schedule": config.schedule.describe(),
-        "views": config.views or recipe.epochs, "aug_seed": config.aug_seed,
+        "views": config.views or optim_recipe.epochs, "aug_seed": config.aug_seed,
         "eval_every_epoch": config.eval_every_epoch, "device": device.type,
         "precision": resolve_precision(config.precision, device),
     }
@@ -97,12 +104,12 @@ def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig,
     return described
 
 
-def record_stem(config: TrainConfig, key: str) -> str:
-    """The record's file name stem: readable fields, then the first 12 hex digits of the key."""
+def record_stem(config: TrainConfig, record_key: str) -> str:
+    """The record's file name stem: readable fields, then the first 12 hex digits of the record's key."""
     soft = config.soft_labels.kind if config.soft_labels is not None else ""
     schedule = config.schedule.name + (f"{config.schedule.period}" if hasattr(config.schedule, "period") else "")
     return (f"{config.method}-{schedule}{('-' + soft) if soft else ''}-{config.setting}-{config.shots}shot-"
-            f"seed{config.seed}-{key[:12]}")
+            f"seed{config.seed}-{record_key[:12]}")
 
 
 @dataclass
@@ -140,7 +147,7 @@ def evaluation_subsamples(train_subsample: str, method_config: MethodConfig,
     if evaluate is not None:
         return list(evaluate)
     if train_subsample == "base":
-        return ["base", "new", "all"]
+        return list(CLASS_SETS)
     return [train_subsample]
 
 
@@ -182,21 +189,24 @@ def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: b
                    shots_used(train_split))
 
 
+@renamed_fields({"recipe": "optim_recipe", "key": "config_key"})
 @dataclass
 class RunSpec:
     """A planned run: its config (paths absolute), everything resolved, its data listed, its record named. Small and
-    picklable (no model inside), so a sweep's driver plans and its workers (Ray, SLURM) train from the spec."""
+    picklable (no model inside), so a sweep's driver plans and its workers (Ray, SLURM) train from the spec. The
+    keys are named as the record stores them: ``config_key`` (configuration and backbone) and ``record_key`` (with
+    the data too; the record's ``key``, which names its file)."""
 
     config: TrainConfig
     device: torch.device
     amp: bool
     backbone_fingerprint: str
     method_config: MethodConfig
-    recipe: OptimRecipe
+    optim_recipe: OptimRecipe
     described: dict[str, Any]
-    key: str  # configuration + backbone (data-free)
+    config_key: str  # configuration + backbone (data-free): the record's "config_key"
     data: RunData
-    record_key: str  # configuration + backbone + data
+    record_key: str  # configuration + backbone + data: the record's "key"
     plan_seconds: float = 0.0
 
     @property
@@ -209,7 +219,7 @@ class RunSpec:
 
     @property
     def views(self) -> int:
-        return self.config.views or self.recipe.epochs
+        return self.config.views or self.optim_recipe.epochs
 
     @property
     def stem(self) -> str:
@@ -220,12 +230,10 @@ class RunSpec:
         non-default choice of evaluated class sets (a finished record under one of them is this run's)."""
         from itertools import combinations
 
-        from atlas_fast.engine.config import EVALUATION_SETS
-
         default = evaluation_subsamples(self.config.train_subsample, self.method_config)
         names = []
-        for size in range(1, len(EVALUATION_SETS) + 1):
-            for sets in combinations(EVALUATION_SETS, size):
+        for size in range(1, len(CLASS_SETS) + 1):
+            for sets in combinations(CLASS_SETS, size):
                 if self.config.train_subsample in sets and list(sets) != default:
                     key = config_key({**self.described, "evaluate": list(sets)}, self.backbone_fingerprint)
                     record_key = data_record_key(key, self.data.fingerprint)
@@ -236,13 +244,7 @@ class RunSpec:
     def label(self) -> str:
         """``OxfordPets coop+ATLaS-ISL (K=2) [θ=0.3, epochs=2] seed 1``: the run as its progress and dry-run lines
         name it, with what it changes from the recipe and the paper's presets."""
-        from atlas_fast.atlas.variants import run_label
-        from atlas_fast.engine.deviations import deviation_note
-
-        soft = self.config.soft_labels.kind if self.config.soft_labels is not None else None
-        name = run_label(self.config.method, self.described["schedule"], soft)
-        note = deviation_note(self.described, leave_out={"schedule.period"})  # run_label names K
-        return f"{self.dataset} {name}{note} seed {self.config.seed}"
+        return f"{self.dataset} {run_name(self.described)} seed {self.config.seed}"
 
     def backbone(self) -> Backbone:
         """The frozen CLIP on the run's device (loaded once per process); weights other than the ones the run was
@@ -303,17 +305,18 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
             raise ValueError(f"{refusal}; leave graph_steps at None (graphs wherever they apply) or set it to "
                              f"False (it only changes the speed).")
     from atlas_fast.clip.backbones import model_name
-    from atlas_fast.data.datasets import get_spec
+    from atlas_fast.data.datasets import dataset_spec
 
     model_name(config.backbone.model)  # names and data are checked before any weights are loaded or downloaded
-    dataset = get_spec(config.dataset).name
-    method_config, recipe = resolve_recipe(config, dataset)
-    if recipe.epochs <= recipe.warmup_epochs:
-        warnings.warn(f"{config.method} on {dataset}: {recipe.epochs} epoch(s) with {recipe.warmup_epochs} warmup "
-                      f"epoch(s) at lr {recipe.warmup_lr:g} leave no epoch at the recipe's lr {recipe.lr:g}: the "
-                      f"prompts barely move. Train at least {recipe.warmup_epochs + 1} epochs.", stacklevel=2)
-    if config.snapshot_epochs and config.snapshot_epochs[-1] > recipe.epochs:
-        raise ValueError(f"snapshot_epochs {list(config.snapshot_epochs)} go past the run's {recipe.epochs} epochs.")
+    dataset = dataset_spec(config.dataset).name
+    method_config, optim_recipe = resolve_recipe(config, dataset)
+    epochs, warmup = optim_recipe.epochs, optim_recipe.warmup_epochs
+    if epochs <= warmup:
+        warnings.warn(f"{config.method} on {dataset}: {epochs} epoch(s) with {warmup} warmup epoch(s) at lr "
+                      f"{optim_recipe.warmup_lr:g} leave no epoch at the recipe's lr {optim_recipe.lr:g}: the "
+                      f"prompts barely move. Train at least {warmup + 1} epochs.", stacklevel=2)
+    if config.snapshot_epochs and config.snapshot_epochs[-1] > epochs:
+        raise ValueError(f"snapshot_epochs {list(config.snapshot_epochs)} go past the run's {epochs} epochs.")
     data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config, config.evaluate),
                          listings=listings)
     if data.shots_used["min"] < config.shots:
@@ -322,7 +325,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
               f"{used['min']}..{used['max']} per class (recorded in the record's data.shots_used).", file=sys.stderr)
     backbone = shared_backbone(config.backbone, device if here else torch.device("cpu"))
     check_prompt_depths(entry, method_config, backbone)
-    described = describe_run(config, dataset, method_config, recipe, device)
+    described = describe_run(config, dataset, method_config, optim_recipe, device)
     key = config_key(described, backbone.fingerprint)
-    return RunSpec(config, device, amp, backbone.fingerprint, method_config, recipe, described, key, data,
+    return RunSpec(config, device, amp, backbone.fingerprint, method_config, optim_recipe, described, key, data,
                    data_record_key(key, data.fingerprint), round(time.perf_counter() - clock, 4))

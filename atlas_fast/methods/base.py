@@ -21,6 +21,8 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
+from atlas_fast.renames import moved_names, renamed_attribute
+from atlas_fast.vocabulary import RECIPE_FAMILIES, SETTINGS
 
 # Images per chunk when a method evaluates cached test features chunk by chunk.
 EVAL_BATCH = 1024
@@ -107,7 +109,8 @@ class PromptMethod(nn.Module):
     """Base class of the prompt methods (CoOp, CoCoOp, DePT, IVLP, MaPLe, PromptSRC).
 
     A method class declares what the rest of atlas_fast reads about it (the registry, :data:`METHODS`, holds the
-    classes themselves): ``name``, ``printed_name``, ``recipe`` and ``config_class``, and where they differ from the
+    classes themselves): ``name``, ``printed_name``, ``recipe_function`` and ``config_class``, and where they differ
+    from the
     defaults ``reads_pixels``, ``reads_frozen_features``, ``supports_batched_runs``, ``learns`` and
     ``depth_options``. It implements :meth:`set_classnames`, :meth:`text_features` and (with ``reads_pixels``)
     :meth:`forward`.
@@ -117,9 +120,12 @@ class PromptMethod(nn.Module):
     name: ClassVar[str]
     #: How the papers print the method (the report's rows), e.g. ``DePT``.
     printed_name: ClassVar[str]
-    #: ``recipe(family, setting, shots, dataset) -> (method config, OptimRecipe)``: the training recipe
-    #: (a ``staticmethod``); raises :class:`MissingRecipe` where no reference repository defines one.
-    recipe: ClassVar[RecipeFunction]
+    #: ``recipe_function(recipe_family, setting, shots, dataset) -> (method config, OptimRecipe)``: the training
+    #: recipe of a family (a ``staticmethod``); raises :class:`MissingRecipe` where no reference repository defines
+    #: one.
+    recipe_function: ClassVar[RecipeFunction]
+    #: The old name of ``recipe_function``.
+    recipe = renamed_attribute("recipe_function")
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
     #: True when the method prompts the image tower, so it trains and evaluates on decoded pixels, not cached features.
     reads_pixels: ClassVar[bool] = False
@@ -292,24 +298,33 @@ class MissingRecipe(ValueError):
         self.method_config = method_config
 
 
-RECIPE_FAMILIES = ("paper", "original")
-
-
 def check_family(method: str, family: str) -> None:
-    """Reject a recipe family other than ``paper`` and ``original``."""
+    """Reject a recipe family that is not one of :data:`~atlas_fast.vocabulary.RECIPE_FAMILIES`."""
     if family not in RECIPE_FAMILIES:
-        raise ValueError(f"{method} recipe family must be 'paper' or 'original', got {family!r}")
+        raise ValueError(f"{method} recipe family must be {' or '.join(map(repr, RECIPE_FAMILIES))}, got {family!r}")
 
+
+def check_setting_name(method: str, setting: str) -> None:
+    """Reject a setting that is not one of :data:`~atlas_fast.vocabulary.SETTINGS`."""
+    if setting not in SETTINGS:
+        raise ValueError(f"{method} recipe setting must be one of {', '.join(map(repr, SETTINGS))}, got {setting!r}")
 
 
 METHODS: dict[str, type[PromptMethod]] = {}
 # What a registered class must declare itself (inheriting them would register a second method under its base's
-# name, recipe or printed name).
-OWN_DECLARATIONS = ("name", "printed_name", "recipe")
+# name, recipe function or printed name).
+OWN_DECLARATIONS = ("name", "printed_name", "recipe_function")
 
 
 def register_method(cls: type[PromptMethod]) -> type[PromptMethod]:
-    """Make ``cls`` known under ``cls.name``; every method file calls this once for each method it defines."""
+    """Make ``cls`` known under ``cls.name``; every method file calls this once for each method it defines. A class
+    that declares its recipe function under the old name ``recipe`` is taken with a deprecation warning."""
+    if "recipe" in vars(cls) and "recipe_function" not in vars(cls):
+        import warnings
+
+        warnings.warn(f"{cls.__name__} declares `recipe`, the old name of `recipe_function`; rename it.",
+                      DeprecationWarning, stacklevel=2)
+        cls.recipe_function = vars(cls)["recipe"]
     missing = [attribute for attribute in OWN_DECLARATIONS if attribute not in vars(cls)]
     if missing:
         raise ValueError(f"{cls.__name__} must declare {', '.join(missing)} itself to be registered")
@@ -336,3 +351,7 @@ def build_method(name: str, backbone: Backbone, classnames: Sequence[str],
                  config: MethodConfig | None = None) -> PromptMethod:
     """Build a registered method for ``classnames`` (config defaults to the method's config class defaults)."""
     return method_class(name).build(backbone, classnames, config)
+
+
+# Moved to atlas_fast.vocabulary (the one home of the run's words).
+__getattr__ = moved_names(__name__, {"RECIPE_FAMILIES": "atlas_fast.vocabulary:RECIPE_FAMILIES"})

@@ -23,7 +23,8 @@ from atlas_fast.progress import progress_bar
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, register_method
-from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig, Family, Setting
+from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
+from atlas_fast.vocabulary import RecipeFamily, Setting
 
 META_NET_REDUCTION = 16
 
@@ -43,7 +44,7 @@ class CoCoOpConfig(CoOpConfig):
                              f"the context), got {self.class_token_position!r}")
 
 
-def cocoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[CoCoOpConfig, OptimRecipe]:
+def cocoop_recipe(family: RecipeFamily, setting: Setting, shots: int, dataset: str) -> tuple[CoCoOpConfig, OptimRecipe]:
     """CoCoOp's recipe (``docs/method-zoo.md``, section Recipes): ``vit_b16_c4_ep10_batch1_ctxv1`` for base-to-new and
     cross-dataset, 10 epochs, batch 1, lr 0.002, M = 4 from "a photo of a" in both families (the paper's choice is the
     CoCoOp config's). The references have no few-shot CoCoOp recipe: that setting raises :class:`MissingRecipe`."""
@@ -60,7 +61,7 @@ class CoCoOp(CoOp):
 
     name = "cocoop"
     printed_name = "CoCoOp"
-    recipe = staticmethod(cocoop_recipe)
+    recipe_function = staticmethod(cocoop_recipe)
     config_class = CoCoOpConfig
     supports_batched_runs = True  # ctx and the meta-net's weights lead with R (tests/test_batched.py)
     #: text sequences per text-encoder call at evaluation (images per call = max(1, eval_sequences // C)).

@@ -10,17 +10,20 @@ the cache; only the text path has a graph. All of CoOp's math is in this file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, check_family, register_method
+from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, check_family, check_setting_name,
+                                    register_method)
 from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition,
                                         ContextPromptMethod, init_phrase, initial_context)
 from atlas_fast.clip.text_encoder import PromptTextEncoder
+from atlas_fast.vocabulary import RecipeFamily, Setting
+
 PAPER_CTX_INIT = "a photo of a"
 DEFAULT_N_CTX = 16  # the reference's M without an init phrase
 
@@ -73,12 +76,10 @@ class CoOpConfig(MethodConfig):
         return self.n_ctx
 
 
-Family = Literal["paper", "original"]
-Setting = Literal["base2new", "few_shot", "cross_dataset"]
 FEW_SHOT_EPOCHS = {1: 50, 2: 100, 4: 100, 8: 200, 16: 200}
 
 
-def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[CoOpConfig, OptimRecipe]:
+def coop_recipe(family: RecipeFamily, setting: Setting, shots: int, dataset: str) -> tuple[CoOpConfig, OptimRecipe]:
     """CoOp's configuration and optimisation recipe (``docs/method-zoo.md``, section Recipes, ``docs/protocol.md``).
 
     * epochs: base-to-new 200 (ImageNet 50); few-shot by K: 1 -> 50, 2/4 -> 100, 8/16 -> 200 (ImageNet 50 for
@@ -97,8 +98,9 @@ def coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> t
         epochs = 50 if imagenet else FEW_SHOT_EPOCHS[shots]
     elif setting == "cross_dataset":
         epochs = 50
-    else:
-        raise ValueError(f"CoOp recipe setting must be 'base2new', 'few_shot' or 'cross_dataset', got {setting!r}")
+    else:  # a setting of the vocabulary CoOp's references define no recipe for
+        check_setting_name("CoOp", setting)
+        raise MissingRecipe("CoOp", setting, CoOpConfig(ctx_init=PAPER_CTX_INIT))
     if family == "original" and setting == "few_shot":
         config = CoOpConfig(n_ctx=16, ctx_init="", csc=False, class_token_position="end")
     else:
@@ -111,7 +113,7 @@ class CoOp(ContextPromptMethod):
 
     name = "coop"
     printed_name = "CoOp"
-    recipe = staticmethod(coop_recipe)
+    recipe_function = staticmethod(coop_recipe)
     config_class = CoOpConfig
     supports_batched_runs = True  # ctx is (R, M, d) / (R, C, M, d); the text pass is per prompt
 

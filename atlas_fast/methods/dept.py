@@ -38,9 +38,10 @@ from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, P
                                      check_scale,
                                      register_method)
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
-from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig, Family, Setting
+from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
 from atlas_fast.methods.kgcoop import KgCoOp, KgCoOpConfig
 from atlas_fast.methods.maple import MaPLe, MaPLeConfig
+from atlas_fast.vocabulary import RecipeFamily, Setting
 
 HeadTextTargets = Literal["mirror", "onehot"]
 HEAD_TEXT_TARGETS = ("mirror", "onehot")
@@ -217,7 +218,8 @@ def _check(method: str, family: str, setting: str, config: MethodConfig) -> None
         raise MissingRecipe(method, setting, config)
 
 
-def dept_coop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[DePTCoOpConfig, OptimRecipe]:
+def dept_coop_recipe(family: RecipeFamily, setting: Setting, shots: int,
+                     dataset: str) -> tuple[DePTCoOpConfig, OptimRecipe]:
     """DePT-CoOp (``ExtrasLinearProbeCoOp/vit_b16_ep10_bs4_lr35``): 10 epochs, batch 4, lr 0.0035 (head 0.02275),
     λ 0.7, for base-to-new and cross-dataset (no few-shot recipe). ``original``: CoOp's defaults, 16 random tokens;
     ``paper``: M = 4 from "a photo of a"."""
@@ -227,7 +229,7 @@ def dept_coop_recipe(family: Family, setting: Setting, shots: int, dataset: str)
     return config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)
 
 
-def dept_cocoop_recipe(family: Family, setting: Setting, shots: int,
+def dept_cocoop_recipe(family: RecipeFamily, setting: Setting, shots: int,
                        dataset: str) -> tuple[DePTCoCoOpConfig, OptimRecipe]:
     """DePT-CoCoOp (``ExtrasLinearProbeCoCoOp/vit_b16_c4_ep10_batch1_ctxv1``), both families: M = 4 from
     "a photo of a", 10 epochs, batch 1, lr 0.002 (head 0.013), λ 0.7 (no few-shot recipe)."""
@@ -236,7 +238,7 @@ def dept_cocoop_recipe(family: Family, setting: Setting, shots: int,
     return config, OptimRecipe(epochs=10, batch_size=1, lr=0.002)
 
 
-def dept_kgcoop_recipe(family: Family, setting: Setting, shots: int,
+def dept_kgcoop_recipe(family: RecipeFamily, setting: Setting, shots: int,
                        dataset: str) -> tuple[DePTKgCoOpConfig, OptimRecipe]:
     """DePT-KgCoOp (``ExtrasLinearProbeKgCoOp/vit_b16_ep10_ctxv1_bs4_lr35``), both families: M = 4 from
     "a photo of a", W = 2.0 with the KgCoOp/DePT template, 10 epochs, batch 4, lr 0.0035 (head 0.02275), λ 0.7."""
@@ -245,7 +247,7 @@ def dept_kgcoop_recipe(family: Family, setting: Setting, shots: int,
     return config, OptimRecipe(epochs=10, batch_size=4, lr=0.0035)
 
 
-def dept_maple_recipe(family: Family, setting: Setting, shots: int,
+def dept_maple_recipe(family: RecipeFamily, setting: Setting, shots: int,
                       dataset: str) -> tuple[DePTMaPLeConfig, OptimRecipe]:
     """DePT-MaPLe (``ExtrasLinearProbeMaPLe/vit_b16_c2_ep10_batch4_2ctx``): J = 9, 10 epochs, batch 4, lr 0.0035
     (head 0.02275), λ 0.7, for base-to-new and cross-dataset (no few-shot recipe). ``original``: M = 2 (the first two
@@ -259,7 +261,7 @@ class DePTCoOp(DePT):
     name = "dept-coop"
     # the ATLaS paper's "DePT" rows are DePT on CoOp
     printed_name = "DePT"
-    recipe = staticmethod(dept_coop_recipe)
+    recipe_function = staticmethod(dept_coop_recipe)
     config_class = DePTCoOpConfig
     base_class = CoOp
 
@@ -267,7 +269,7 @@ class DePTCoOp(DePT):
 class DePTCoCoOp(DePT):
     name = "dept-cocoop"
     printed_name = "DePT-CoCoOp"
-    recipe = staticmethod(dept_cocoop_recipe)
+    recipe_function = staticmethod(dept_cocoop_recipe)
     config_class = DePTCoCoOpConfig
     base_class = CoCoOp
 
@@ -275,7 +277,7 @@ class DePTCoCoOp(DePT):
 class DePTKgCoOp(DePT):
     name = "dept-kgcoop"
     printed_name = "DePT-KgCoOp"
-    recipe = staticmethod(dept_kgcoop_recipe)
+    recipe_function = staticmethod(dept_kgcoop_recipe)
     config_class = DePTKgCoOpConfig
     base_class = KgCoOp
 
@@ -285,7 +287,7 @@ class DePTMaPLe(DePT):
 
     name = "dept-maple"
     printed_name = "DePT-MaPLe"
-    recipe = staticmethod(dept_maple_recipe)
+    recipe_function = staticmethod(dept_maple_recipe)
     reads_pixels = True
     depth_options = ("depth",)
     config_class = DePTMaPLeConfig

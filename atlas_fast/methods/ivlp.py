@@ -106,7 +106,7 @@ class IVLP(ContextPromptMethod):
 
     name = "ivlp"
     printed_name = "IVLP"
-    recipe = staticmethod(ivlp_recipe)
+    recipe_function = staticmethod(ivlp_recipe)
     reads_pixels = True
     depth_options = ("depth_text", "depth_vision")
     config_class = IVLPConfig

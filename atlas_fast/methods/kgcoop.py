@@ -22,7 +22,8 @@ from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import atlas_template
 from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, check_scale, register_method
-from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig, Family, Setting
+from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
+from atlas_fast.vocabulary import RecipeFamily, Setting
 
 KG_COSINE_EPS = 1e-7  # torch.nn.CosineSimilarity(eps=1e-07) in the reference
 
@@ -46,7 +47,7 @@ class KgCoOpConfig(CoOpConfig):
         check_template(self.template, "KgCoOpConfig")
 
 
-def kgcoop_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[KgCoOpConfig, OptimRecipe]:
+def kgcoop_recipe(family: RecipeFamily, setting: Setting, shots: int, dataset: str) -> tuple[KgCoOpConfig, OptimRecipe]:
     """KgCoOp's recipe (``docs/method-zoo.md``, section KgCoOp), the same in both families: M = 4 from "a photo of a"
     and the KgCoOp/DePT template of ``dataset``.
 
@@ -71,7 +72,7 @@ class KgCoOp(CoOp):
 
     name = "kgcoop"
     printed_name = "KgCoOp"
-    recipe = staticmethod(kgcoop_recipe)
+    recipe_function = staticmethod(kgcoop_recipe)
     config_class = KgCoOpConfig
     # training_loss adds the regulariser summed over the R runs, so a batched loop cannot log each run's own loss
     # (the gradients would be right); batching needs per-run losses from training_loss first.

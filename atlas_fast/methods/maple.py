@@ -67,7 +67,7 @@ class MaPLe(IVLP):
 
     name = "maple"
     printed_name = "MaPLe"
-    recipe = staticmethod(maple_recipe)
+    recipe_function = staticmethod(maple_recipe)
     depth_options = ("depth",)
     config_class = MaPLeConfig
 

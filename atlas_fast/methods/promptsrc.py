@@ -32,11 +32,10 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.clip.backbones import Backbone
+from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.data.templates import IMAGENET_TEMPLATES
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, register_method
-from atlas_fast.methods.ivlp import IVLP, PAPER_CTX_INIT, IVLPConfig, check_setting
-from atlas_fast.atlas.softlabels import encode_class_prompts
+from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, check_family, register_method
+from atlas_fast.methods.ivlp import IVLP, PAPER_CTX_INIT, IVLPConfig
 
 # Few-shot datasets whose GPA is mean 45, std 5 (the others: 30 / 30)
 # (SRC: configs/trainers/PromptSRC/vit_b16_c2_ep50_batch4_4+4ctx_few_shot.yaml and its scripts)
@@ -111,14 +110,16 @@ def promptsrc_recipe(family: str, setting: str, shots: int, dataset: str) -> tup
       SUN397 and mean 45, std 5 on StanfordCars, OxfordFlowers, FGVCAircraft, DTD, EuroSAT. Other datasets get the
       flat 30 / 30 weighting (the references define none for them).
     """
-    check_setting("PromptSRC", family, setting, PromptSRCConfig(), ("base2new", "few_shot", "cross_dataset"))
+    check_family("PromptSRC", family)
     if setting == "base2new":
         return PromptSRCConfig(), OptimRecipe(epochs=20, batch_size=4, lr=0.0025)
     if setting == "cross_dataset":
         return (PromptSRCConfig(depth_text=3, depth_vision=3, gpa_mean=6.0, gpa_std=10.0),
                 OptimRecipe(epochs=20, batch_size=4, lr=0.0025))
-    mean, std = (45.0, 5.0) if dataset in FEW_SHOT_GPA_LATE else (30.0, 30.0)
-    return PromptSRCConfig(gpa_mean=mean, gpa_std=std), OptimRecipe(epochs=50, batch_size=4, lr=0.0025)
+    if setting == "few_shot":
+        mean, std = (45.0, 5.0) if dataset in FEW_SHOT_GPA_LATE else (30.0, 30.0)
+        return PromptSRCConfig(gpa_mean=mean, gpa_std=std), OptimRecipe(epochs=50, batch_size=4, lr=0.0025)
+    raise MissingRecipe("PromptSRC", setting, PromptSRCConfig())  # a setting its references define no recipe for
 
 
 class PromptSRC(IVLP):
@@ -127,7 +128,7 @@ class PromptSRC(IVLP):
 
     name = "promptsrc"
     printed_name = "PromptSRC"
-    recipe = staticmethod(promptsrc_recipe)
+    recipe_function = staticmethod(promptsrc_recipe)
     config_class = PromptSRCConfig
     reads_frozen_features = True
 

@@ -19,7 +19,7 @@ from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import zeroshot_template
 from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
-from atlas_fast.methods.coop import Family, Setting
+from atlas_fast.vocabulary import RecipeFamily, Setting
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ def prompt_features(backbone: Backbone, prompts: tuple[str, ...]) -> torch.Tenso
     return _PROMPT_FEATURES[key]
 
 
-def zsclip_recipe(family: Family, setting: Setting, shots: int, dataset: str) -> tuple[ZeroShotConfig, OptimRecipe]:
+def zsclip_recipe(family: RecipeFamily, setting: Setting, shots: int,
+                  dataset: str) -> tuple[ZeroShotConfig, OptimRecipe]:
     """Zero-shot CLIP with CoOp's per-dataset template (``trainers/zsclip.py``; DTD "{} texture.") in every setting
     and family. The optimisation recipe is a placeholder of one epoch: there is nothing to train."""
     check_family("Zero-shot CLIP", family)
@@ -60,7 +61,7 @@ class ZeroShotCLIP(PromptMethod):
 
     name = "zsclip"
     printed_name = "CLIP (zero-shot)"
-    recipe = staticmethod(zsclip_recipe)
+    recipe_function = staticmethod(zsclip_recipe)
     config_class = ZeroShotConfig
     learns = False
 

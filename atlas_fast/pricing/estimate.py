@@ -342,7 +342,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
                          for name, split in first.data.splits.items())
             groups.append(GroupFacts(
                 method=first.config.method, dataset=first.dataset, classes=first.data.train_split.num_classes,
-                runs=len(part), batch=first.recipe.batch_size, epochs=first.recipe.epochs,
+                runs=len(part), batch=first.optim_recipe.batch_size, epochs=first.optim_recipe.epochs,
                 train_images=tuple(len(s.data.train_split.train) for s in part), eval_sets=sets,
                 soft_labels=tuple(s.config.soft_labels.kind if s.config.soft_labels is not None else None
                                   for s in part),

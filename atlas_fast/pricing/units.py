@@ -193,7 +193,7 @@ def method_config_for(method: str, runs: int, config: MethodConfig | None = None
     ViT-B/16)."""
     entry = method_class(method)
     if config is None:
-        config, _ = entry.recipe("paper", "base2new", 16, "ImageNet")
+        config, _ = entry.recipe_function("paper", "base2new", 16, "ImageNet")
     if backbone is not None:  # a planned run's depths fit already (planning checks them): unchanged
         model = backbone.model
         text = len(model.transformer.resblocks)
@@ -389,7 +389,7 @@ def measure_run_overhead(backbone: Backbone, method: str, classnames: Sequence[s
     """What one run costs outside its steps and its evaluation's images: building the method for C classes (its
     class prompts tokenised and embedded), the zero-shot references' class prompts through the text encoder, and
     writing a record with its learned tensors."""
-    from atlas_fast.atlas.softlabels import encode_class_prompts
+    from atlas_fast.clip.backbones import encode_class_prompts
     from atlas_fast.files import atomic_write
 
     entry = method_class(method)

@@ -1,3 +1,5 @@
-"""Results as a paper shows them: :mod:`~atlas_fast.report.tables` (tables in Markdown, LaTeX and CSV, plots, and
-the lines ``train``/``eval`` print) and :mod:`~atlas_fast.report.collect` (``atlas-fast report``: every finished run
-of a results folder as those tables). Nothing here trains; the run pipeline never imports this package."""
+"""Results as a paper shows them, in rooms of one job: :mod:`~atlas_fast.report.rows` (a table's rows from records,
+aggregated as the papers do), :mod:`~atlas_fast.report.formats` (Markdown, LaTeX and CSV, and the lines
+``train``/``eval`` print), :mod:`~atlas_fast.report.figures` (plots), :mod:`~atlas_fast.report.stats` (paired
+differences) and :mod:`~atlas_fast.report.collect` (``atlas-fast report``: every finished run of a results folder as
+those tables). Nothing here trains; the run pipeline never imports this package."""

@@ -6,17 +6,17 @@ command trained them (``train``, ``demo``, ``experiment``, the Python API). :fun
 :func:`report_folder` turns them into one table per setting (per shot count for few-shot):
 
 - rows are grouped by dataset, then method (a block of rows each, compared with its first row, the plain method),
-  then label variant (``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``...: :func:`atlas_fast.report.tables.variant_label`);
+  then label variant (``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``...: :func:`atlas_fast.report.rows.variant_label`);
   records of one variant whose configurations differ otherwise (a sensitivity sweep's α, an ``--epochs``
   override, another backbone) become separate rows named by what differs, e.g. ``+ ATLaS-ISL (α=0.3)``, so
   they are never averaged together; a block without a plain-method row names the method in each row
   (``KgCoOp + ATLaS-ISL``), and whatever else a row's runs change from the method's recipe or the paper's presets
   follows in brackets (``[epochs=2, θ=0.3]``, :func:`atlas_fast.engine.deviations.run_deviations`);
 - each cell is the mean over seeds ± the *population* standard deviation over seeds (``statistics.pstdev``, as
-  CoOp's ``parse_test_res``); an "Average" group (several datasets) averages the per-dataset means (± the mean of
+  CoOp's ``parse_test_res``); an "Average" section (several datasets) averages the per-dataset means (± the mean of
   the per-dataset stds) of the variants every dataset has;
 - base-to-new shows base, new and H, where H is the harmonic mean of the *mean* base and new accuracies (the
-  papers' convention, :func:`atlas_fast.report.tables.aggregate`); few-shot and cross-dataset show the accuracy on
+  papers' convention, :func:`atlas_fast.report.rows.aggregate`); few-shot and cross-dataset show the accuracy on
   their class set (``all``; cross-dataset records hold the source dataset; the targets are evaluated by
   ``atlas-fast experiment table_cross_dataset``).
 
@@ -36,13 +36,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from atlas_fast.vocabulary import CLASS_SETS, METRICS, SETTINGS
+
 FORMATS = ("md", "tex", "csv", "png", "pdf")
+# Each setting's table title (a setting without one is titled by its name).
 SETTING_TITLES = {"base2new": "Base-to-new generalisation", "few_shot": "Few-shot classification",
                   "cross_dataset": "Cross-dataset transfer, source dataset"}
 # Config fields that never make two records different variants: the grouping keys themselves, where the run ran
 # whether it was also evaluated after every epoch (which changes no final number) and on which class sets (legacy
 # records name them; a run is one run whatever was evaluated).
 _NOT_A_VARIANT = ("seed", "dataset", "setting", "shots", "method", "device", "eval_every_epoch", "evaluate")
+# What the report reads of a record beyond what every valid record holds (atlas_fast.engine.validity).
 _REQUIRED = ("config.dataset", "config.method", "config.setting", "config.shots", "config.seed",
              "config.schedule.name")
 
@@ -55,21 +59,6 @@ def _matches(value: str, wanted: Sequence[str] | None) -> bool:
     return wanted is None or value.lower() in {w.lower() for w in wanted}
 
 
-def _field_types(record: dict[str, Any]) -> list[str]:
-    """What the report's grouping and sorting need to be of the right type (a foreign record may hold anything)."""
-    config = record["config"]
-    problems = [f"config.{name} is {config[name]!r}, not a whole number" for name in ("seed", "shots")
-                if isinstance(config[name], bool) or not isinstance(config[name], int)]
-    problems += [f"config.{name} is not text" for name in ("dataset", "method", "setting")
-                 if not isinstance(config[name], str)]
-    if not isinstance(config["schedule"], dict) or not isinstance(config["schedule"].get("name"), str):
-        problems.append("config.schedule.name is not text")
-    soft = config.get("soft_labels")
-    if soft is not None and not isinstance(soft, dict):
-        problems.append("config.soft_labels is not an object")
-    return problems
-
-
 def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = None,
                     methods: Sequence[str] | None = None,
                     paths: Sequence[str | Path] | None = None) -> list[dict[str, Any]]:
@@ -80,9 +69,9 @@ def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = No
     needs is skipped with a warning on stderr naming it (it is left where it is); one from before seals is used
     with a warning. A run with several records is listed once
     (:func:`atlas_fast.engine.run_identity.one_record_per_run`)."""
-    from atlas_fast.engine.record import missing_fields, read_record, record_problems
-    from atlas_fast.engine.seal import is_sealed
     from atlas_fast.engine.run_identity import one_record_per_run
+    from atlas_fast.engine.seal import is_sealed
+    from atlas_fast.engine.validity import read_record, record_problems
 
     root = Path(results_dir)
     if not root.is_dir():
@@ -95,8 +84,7 @@ def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = No
             continue
         try:
             record = read_record(path)
-            problems = record_problems(record) + [f"no '{f}'" for f in missing_fields(record, _REQUIRED)]
-            problems = problems or _field_types(record)
+            problems = record_problems(record, needs=_REQUIRED)
         except ValueError as exc:
             _warn(f"skipped {path}: {str(exc).removeprefix(f'{path} is ')}")
             continue
@@ -130,7 +118,7 @@ def _signature(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _base_label(config: dict[str, Any]) -> str:
-    from atlas_fast.report.tables import method_name, variant_label
+    from atlas_fast.report.rows import method_name, variant_label
 
     try:
         return variant_label(config)
@@ -163,7 +151,7 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     from atlas_fast.atlas.variants import row_order
     from atlas_fast.engine.deviations import deviation_note
     from atlas_fast.methods import METHODS
-    from atlas_fast.report.tables import method_name
+    from atlas_fast.report.rows import method_name
 
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     with_plain = set()  # (table, method) blocks that have a plain-method row to name the block
@@ -224,23 +212,23 @@ def _dataset_order(names: Sequence[str]) -> list[str]:
 
 
 def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None) -> tuple[list, list[str], str]:
-    """The rows of one table (the Average group first when there are several datasets), its columns and a note on
+    """The rows of one table (the Average section first when there are several datasets), its columns and a note on
     variants left out of the average."""
-    from atlas_fast.report.tables import aggregate
+    from atlas_fast.report.rows import aggregate
 
     setting = records[0]["config"]["setting"]
     wanted = list(metrics) if metrics else (["base", "new", "H"] if setting == "base2new" else ["all"])
-    has = [m for m in ("base", "new", "all") if all(m in r["metrics"] for r in records)]
+    has = [m for m in CLASS_SETS if all(m in r["metrics"] for r in records)]
     columns = [m for m in wanted if m in has or (m == "H" and {"base", "new"} <= set(has))]
     needed = [m for m in columns if m != "H"] + [m for m in ("base", "new") if "H" in columns and m not in columns]
     if not columns:
         return [], [], f"none of the metrics {', '.join(wanted)} is in every record of this table"
 
-    def rows_of(subset: Sequence[dict[str, Any]], group: str) -> list:
+    def rows_of(subset: Sequence[dict[str, Any]], section: str) -> list:
         # the labels carry each row's marks already (label_records): none added by aggregate
         rows = aggregate(subset, needed, label=lambda c: c["_label"], by_method=True, deviations=False)
         for row in rows:
-            row.group = group
+            row.section = section
             row.metrics = {m: row.metrics[m] for m in columns}
             row.spread = {m: v for m, v in row.spread.items() if m in columns}
         return rows
@@ -279,8 +267,9 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     ``sources.json`` names every record a cell was computed from, with its seal (what :func:`verify_report`
     checks). Raises ``ValueError`` when no finished record matches."""
     from atlas_fast.engine.deviations import deviation_legend
-    from atlas_fast.report.tables import (display_label, latex_label, latex_table, markdown_table, paired_csv_fields,
-                                          paired_differences, plot_rows, plot_series)
+    from atlas_fast.report.figures import plot_rows, plot_series
+    from atlas_fast.report.formats import latex_label, latex_table, markdown_table, paired_csv_fields
+    from atlas_fast.report.rows import display_label, paired_differences
 
     formats = list(FORMATS if formats is None else formats)
     unknown = [f for f in formats if f not in FORMATS]
@@ -299,7 +288,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     tables: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         tables[record["table"]].append(record)
-    order = {s: i for i, s in enumerate(SETTING_TITLES)}
+    order = {s: i for i, s in enumerate(SETTINGS)}
     keys = sorted(tables, key=lambda k: (order.get(k[0], 99), k[0], k[1]))
     shot_counts = {s: len({k[1] for k in keys if k[0] == s}) for s in {k[0] for k in keys}}
 
@@ -329,18 +318,18 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
                       f"interval" if any(p is not None for p in paired_differences(rows)) else "") + ".")
         latex.append(latex_table(rows, caption=caption, label=latex_label(name)))
         for row, paired in zip(rows, paired_differences(rows)):
-            line = {"setting": setting, "shots": shots, "dataset": row.group, "method": row.block,
+            line = {"setting": setting, "shots": shots, "dataset": row.section, "method": row.block,
                     "variant": row.label, "seeds": row.seeds, "datasets": len(row.datasets)}
-            for metric in ("base", "new", "H", "all"):
+            for metric in METRICS:
                 line[metric] = f"{row.metrics[metric]:.4f}" if metric in row.metrics else ""
                 line[f"{metric}_std"] = (f"{row.spread[metric]:.4f}" if metric in row.spread and metric != "H"
                                          else "")
             line.update(paired_csv_fields(paired, columns[-1]))  # the table's last column (H or all)
             csv_lines.append(line)
-        groups = list(dict.fromkeys(row.group for row in rows))
-        if len(groups) > 1 and groups[0] != "Average":
+        sections = list(dict.fromkeys(row.section for row in rows))
+        if len(sections) > 1 and sections[0] != "Average":
             continue  # no variant ran on every dataset: no one set of rows sums the table up
-        summary = [row for row in rows if row.group == groups[0]]
+        summary = [row for row in rows if row.section == sections[0]]
         if setting == "few_shot" and shot_counts[setting] > 1:
             for row in summary:
                 few_shot_curves[display_label(row)][shots] = row.metrics[columns[0]]
@@ -404,7 +393,7 @@ def verify_report(results_dir: str | Path, out: str | Path | None = None) -> lis
     those records. Returns the problems found (empty: verified), each naming the file, row or cell."""
     import tempfile
 
-    from atlas_fast.engine.record import read_record
+    from atlas_fast.engine.validity import read_record
     from atlas_fast.engine.seal import SEAL_FIELD, is_sealed, seal_problem
 
     root = Path(results_dir)

@@ -4,7 +4,8 @@ validation split, pruned from per-epoch validation accuracy, batched on a GPU, s
 
 from atlas_fast.search.space import Choice, Range, choice, integers, log_uniform, parse_param, uniform
 from atlas_fast.search.run import run_search
-from atlas_fast.search.study import OBJECTIVES, PRUNERS, SAMPLERS, SearchConfig, SearchResult, run_study
+from atlas_fast.search.study import SearchConfig, SearchResult, run_study
+from atlas_fast.vocabulary import OBJECTIVES, PRUNERS, SAMPLERS
 
 __all__ = ["Choice", "OBJECTIVES", "PRUNERS", "Range", "SAMPLERS", "SearchConfig", "SearchResult", "choice",
            "integers", "log_uniform", "parse_param", "run_search", "run_study", "uniform"]

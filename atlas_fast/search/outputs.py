@@ -18,6 +18,7 @@ from atlas_fast.engine.config import TrainConfig
 from atlas_fast.errors import UsageError
 from atlas_fast.search.space import apply_values
 from atlas_fast.search.study import SearchConfig, SearchResult
+from atlas_fast.vocabulary import CLASS_SETS
 
 PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
 
@@ -34,7 +35,7 @@ def command_line(config: TrainConfig, seeds: Sequence[int]) -> str:
     pretrained = config.backbone.pretrained
     argv = ["atlas-fast", "train", "--dataset", config.dataset, "--data-root", str(config.data_root),
             "--model", config.backbone.model, "--pretrained", "none" if pretrained is None else str(pretrained),
-            "--methods", config.method, "--recipe", config.recipe, "--setting", config.setting,
+            "--methods", config.method, "--recipe", config.recipe_family, "--setting", config.setting,
             "--shots", str(config.shots), "--seeds", *map(str, seeds)]
     if config.subsample is not None:
         argv += ["--subsample", config.subsample]
@@ -195,7 +196,7 @@ def finalize(search: SearchConfig, result: SearchResult, progress: bool = True) 
              f"retrained with seeds {', '.join(map(str, seeds))} and tested:", ""]
     for dataset in search.datasets:
         rows = [r["metrics"] for r in records if r["config"]["dataset"] == dataset or r["data"]["dataset"] == dataset]
-        names = [n for n in ("base", "new", "all") if rows and n in rows[0]]
+        names = [n for n in CLASS_SETS if rows and n in rows[0]]
         means = {n: sum(m[n] for m in rows) / len(rows) for n in names}
         if "base" in means and "new" in means:  # H of the mean accuracies, as the papers' tables do
             means["H"] = harmonic_mean(means["base"], means["new"])

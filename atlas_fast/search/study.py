@@ -37,10 +37,8 @@ from typing import Any, Callable, Mapping, Sequence
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.errors import UsageError
 from atlas_fast.search.space import Choice, Param, Range, apply_values, check_space, describe_space, grid_values
+from atlas_fast.vocabulary import OBJECTIVES, PRUNERS, SAMPLERS
 
-OBJECTIVES = ("accuracy", "base", "new", "H", "all")
-SAMPLERS = ("tpe", "random", "grid")
-PRUNERS = ("hyperband", "halving", "median", "none")
 # Who trained a trial (a trial user attribute), to tell the processes of a shared study apart.
 PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # Trials a GPU batch asks at once: its runs fill one group of the sweep's default size (atlas_fast.sweep.grid).
@@ -118,7 +116,7 @@ class SearchConfig:
     def definition(self) -> dict[str, Any]:
         """What makes two studies the same: everything that changes a trial's value or the sampler's choices."""
         base = self.base
-        return {"method": base.method, "setting": base.setting, "recipe": base.recipe, "shots": base.shots,
+        return {"method": base.method, "setting": base.setting, "recipe": base.recipe_family, "shots": base.shots,
                 "backbone": base.backbone.to_dict(), "data_root": str(Path(base.data_root).expanduser().absolute()),
                 "subsample": base.train_subsample, "schedule": base.schedule.describe(),
                 "soft_labels": base.soft_labels.to_dict() if base.soft_labels is not None else None,
@@ -186,7 +184,7 @@ def preflight(search: SearchConfig) -> int:
         for seed in search.seeds:
             spec = plan_run(search.trial_config({}, dataset, seed), listings=listings)
             check_validation(spec)
-        epochs += spec.recipe.epochs
+        epochs += spec.optim_recipe.epochs
     if "epochs" in search.space:
         high = search.space["epochs"]
         epochs = int(max(high.values) if isinstance(high, Choice) else high.high) * len(search.datasets)

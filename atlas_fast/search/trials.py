@@ -97,14 +97,14 @@ def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], reporter: R
             for members in groups.values():
                 _train_group(members, [specs[id(work)] for work in members], reporter)
             for work in live:
-                work.offset += specs[id(work)][0].recipe.epochs
+                work.offset += specs[id(work)][0].optim_recipe.epochs
             continue
         # a method that does not batch trains each run alone: its seeds follow one another like datasets
         for s in range(len(specs[id(live[0])])):
             for work in live:
                 if work.live:
                     _train_group([work], [[specs[id(work)][s]]], reporter)
-                    work.offset += specs[id(work)][s].recipe.epochs
+                    work.offset += specs[id(work)][s].optim_recipe.epochs
 
 
 def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: Reporter) -> None:
@@ -137,7 +137,7 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
     graph_steps = use_graph_steps([s.config.graph_steps for s in flat], first.method, [s.schedule for s in states],
                                   first.device)
     retired: set[int] = set()
-    last = first.recipe.epochs - 1
+    last = first.optim_recipe.epochs - 1
     step_of = works[0].offset  # the runs of a group share their recipe and the trials their earlier datasets
     current = {"method": method, "slots": list(range(len(flat)))}  # the module training now, its runs by position
 
@@ -172,7 +172,7 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
         current["method"], current["slots"] = smaller, [current["slots"][p] for p in keep]
         return smaller
 
-    train_runs(method, states, first.recipe, first.device, first.amp, any(s.config.progress for s in flat),
+    train_runs(method, states, first.optim_recipe, first.device, first.amp, any(s.config.progress for s in flat),
                None, graph_steps, retire_runs, regroup if first.method.supports_batched_runs else None)
 
 

@@ -42,13 +42,14 @@ def train_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]] | WorkerFailur
 
 
 class LocalExecutor:
-    """Train the groups one after another in this process."""
+    """Train the groups one after another in this process (runs the sweep's driver has just found unfinished: they
+    are not looked up again)."""
 
     def map(self, groups: Groups) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         from atlas_fast.engine.pipeline import run_specs
 
         for i, group in enumerate(groups):
-            yield i, run_specs(list(group))  # in this process an error keeps its type and traceback
+            yield i, run_specs(list(group), looked_up=True)  # in this process an error keeps its type and traceback
 
 
 class RayExecutor:

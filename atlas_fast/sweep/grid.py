@@ -25,8 +25,9 @@ from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.atlas.variants import LabelVariant
 from atlas_fast.errors import RunFailed, UsageError, short_repr
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
+from atlas_fast.renames import moved_names
+from atlas_fast.vocabulary import CLASS_SETS, EXECUTORS, HARMONIC_MEAN
 
-EXECUTORS = ("local", "ray", "slurm")
 # Runs trained together by default: a GPU step of one cached CoOp run is far too small to fill the device (it is
 # kernel-launch bound), so on a GPU R = 12: benchmarks/gpu_check.sh's "R-batched training" on one H200 (fp32, cached
 # CoOp + ATLaS/-CSL/-ISL x 3 seeds, ViT-B/16-shaped, 50 classes) measured 12 runs in 25.1 s one by one and 5.7 s
@@ -35,10 +36,6 @@ EXECUTORS = ("local", "ray", "slurm")
 # grows with R x C prompts: lower --batch-runs for ImageNet-sized class sets on a small GPU.
 DEFAULT_BATCH_RUNS = {"cuda": 12, "cpu": 4}
 MAX_GPUS_PER_GROUP = 64  # GPUs one group (a Ray task, a SLURM array task) can ask for: more than any node holds
-
-
-# The experiment modules name a table's variants ``Variant``: they are the ATLaS package's label variants.
-Variant = LabelVariant
 
 
 def distinct(values: Sequence[Any], what: str) -> list[Any]:
@@ -195,7 +192,8 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
 def run_summary(record: dict[str, Any]) -> str:
     """``base 81.20  new 74.10  H 77.49  (12.3 s)``: a finished run's metrics in one line."""
     metrics = record["metrics"]
-    names = [name for name in ("base", "new", "H") if name in metrics] or [n for n in metrics if n != "zero_shot"]
+    names = [name for name in (*CLASS_SETS[:2], HARMONIC_MEAN) if name in metrics] or [
+        n for n in metrics if n != "zero_shot"]
     seconds = record.get("timings", {}).get("group_total")
     timing = f"  ({seconds:.1f} s for its group)" if isinstance(seconds, (int, float)) else ""
     return "  ".join(f"{name} {metrics[name]:.2f}" for name in names) + timing
@@ -208,3 +206,7 @@ def run_grid(base: TrainConfig, datasets: Sequence[str], variants: Sequence[Labe
 
     ``on_result`` is called after each run (e.g. to print a line); inner progress bars follow ``base.progress``."""
     return run_configs(grid_configs(base, datasets, variants, seeds), execution, on_result, progress)
+
+
+# ``Variant`` was another name of the ATLaS package's LabelVariant.
+__getattr__ = moved_names(__name__, {"Variant": "atlas_fast.atlas.variants:LabelVariant"})

@@ -41,7 +41,8 @@ import numpy as np
 from PIL import Image
 
 from atlas_fast.data.check import PUBLISHED_SIZES, STANDIN_MANIFEST
-from atlas_fast.data.datasets import BUILTIN_DATASETS, SplitJsonLayout, get_spec
+from atlas_fast.data.datasets import BUILTIN_DATASETS, dataset_spec
+from atlas_fast.data.layouts import SplitJsonLayout
 from atlas_fast.files import atomic_write
 from atlas_fast.progress import progress_bar
 
@@ -211,7 +212,7 @@ def plan_standin(name: str, request: StandinRequest = StandinRequest(), full_tra
             per_split[split] = spread(scaled_size(size, request.test_fraction, k), k)
     classes = tuple(StandinClass(folder, classname, per_split["train"][i], per_split["val"][i], per_split["test"][i])
                     for i, (folder, classname) in enumerate(pairs))
-    return StandinPlan(name, get_spec(name).folder, request, classes)
+    return StandinPlan(name, dataset_spec(name).folder, request, classes)
 
 
 # ----------------------------------------------------------------------------------------------------- the images
@@ -289,7 +290,7 @@ def _write_text(path: Path, text: str) -> None:
 
 def _write_layout_files(plan: StandinPlan, dataset_dir: Path, paths: dict[str, list[tuple[int, str]]]) -> None:
     """The split or class-name files of the dataset's layout (the images are written separately)."""
-    layout = get_spec(plan.name).layout
+    layout = dataset_spec(plan.name).layout
     if isinstance(layout, SplitJsonLayout):
         prefix = f"{layout.image_prefix}/" if layout.image_prefix else ""
         split = {}

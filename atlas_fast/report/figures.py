@@ -1,0 +1,200 @@
+"""Figures for a paper from a results table's rows or records: bars of the rows, accuracy over epochs, series over
+a swept value, the soft-label case study.
+
+Figures are made without a baked-in title (the caption belongs to the paper), with fonts of at least 8 pt at the
+saved size, bar charts from 0 and line plots that say where a zoomed axis starts, written as PNG and PDF of the
+same stem. matplotlib is imported when a figure is made.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from atlas_fast.report.rows import TableRow, display_label, epoch_curves, metric_columns, variant_label
+
+
+# Paper figures: no baked-in title (the caption goes in the paper), every font at least 8 pt at the saved size.
+PLOT_STYLE = {"font.size": 9, "axes.labelsize": 9, "axes.titlesize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8,
+              "legend.fontsize": 8, "figure.titlesize": 9, "pdf.fonttype": 42}  # 42: TrueType, editable text
+
+
+PLOT_FORMATS = ("png", "pdf")
+
+
+def _pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _new_figure(figsize: tuple[float, float], columns: int | None = None):
+    """A figure in :data:`PLOT_STYLE`; with ``columns``, a row of axes."""
+    plt = _pyplot()
+    with plt.rc_context(PLOT_STYLE):
+        if columns is None:
+            return plt.subplots(figsize=figsize)
+        fig, axes = plt.subplots(1, columns, figsize=figsize, squeeze=False)
+        return fig, list(axes[0])
+
+
+def _formats(path: Path, formats: Sequence[str] | None) -> list[str]:
+    """The formats to write: ``formats``, or the path's own suffix and PDF (a PNG to look at, a PDF for the paper)."""
+    if formats is None:
+        formats = [path.suffix.lstrip(".") or "png", *PLOT_FORMATS]
+    return list(dict.fromkeys(f.lower().lstrip(".") for f in formats))
+
+
+def _save(fig, path: str | Path, formats: Sequence[str] | None = None) -> Path:
+    """Write the figure once per format (same stem: ``x.png`` and ``x.pdf`` by default) and free it; returns
+    ``path``."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with plt.rc_context(PLOT_STYLE):
+        fig.tight_layout()
+        for fmt in _formats(path, formats):
+            fig.savefig(path.with_suffix(f".{fmt}"), dpi=200)
+    plt.close(fig)
+    return path
+
+
+def save_figure(fig, path: str | Path, formats: Sequence[str] | None = None) -> Path:
+    """Save a figure made here (and adjusted by the caller) as ``path`` and a PDF of the same stem, then free it."""
+    return _save(fig, path, formats)
+
+
+def _zoomed_label(ax, label: str) -> str:
+    """A line plot's y label that says where its axis starts when it does not start at 0."""
+    low, high = ax.get_ylim()
+    if low <= 0:
+        return label
+    ax.set_ylim(math.floor(low), high)
+    return f"{label}, axis from {math.floor(low)}"
+
+
+def rows_figure(rows: Sequence[TableRow], title: str | None = None):
+    """Grouped bars (one group per metric, one bar per row, seed std as error bars) on an axis from 0 to 100, with
+    the values printed on the bars while there are few enough of them to read; returns the figure."""
+    cols = metric_columns(rows)
+    width = 0.8 / max(1, len(rows))
+    with _pyplot().rc_context(PLOT_STYLE):
+        fig, ax = _new_figure((min(7.0, 2.6 + len(cols) * (0.3 * len(rows) + 0.4)), 3.0))
+        for i, row in enumerate(rows):
+            xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(cols))]
+            values = [row.metrics[c] for c in cols]
+            errors = [row.spread.get(c, 0.0) if row.seeds > 1 else 0.0 for c in cols]
+            bars = ax.bar(xs, values, width, yerr=errors, capsize=2, label=display_label(row))
+            if len(rows) <= 4:
+                for bar, value in zip(bars, values):
+                    ax.annotate(f"{value:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), fontsize=8,
+                                ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(range(len(cols)), cols)
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 105 if len(rows) <= 4 else 100)  # bars start at 0; room for the printed values
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        if title:
+            ax.set_title(title)
+    return fig
+
+
+def plot_rows(rows: Sequence[TableRow], path: str | Path, title: str | None = None,
+              formats: Sequence[str] | None = None) -> Path:
+    """:func:`rows_figure` saved as ``path`` and a PDF of the same stem (or ``formats``, e.g. ``["pdf"]``)."""
+    return _save(rows_figure(rows, title), path, formats)
+
+
+def curves_figure(curves: dict[str, Sequence[float]], metric: str = "new",
+                  panels: Sequence[Sequence[str]] | None = None, title: str | None = None):
+    """Accuracy over epochs per named curve (:func:`epoch_curves`), one axes per panel; the y axis is zoomed to
+    the data and its label says where it starts."""
+    panels = panels or [list(curves)]
+    with _pyplot().rc_context(PLOT_STYLE):
+        fig, axes = _new_figure((min(7.0, 3.4 * len(panels)), 2.8), columns=len(panels))
+        for ax, names in zip(axes, panels):
+            for name in names:
+                if name in curves:
+                    ax.plot(range(1, len(curves[name]) + 1), curves[name], label=name)
+            ax.set_xlabel("epoch")
+            ax.set_ylabel(_zoomed_label(ax, f"{metric} accuracy (%)"))
+            ax.legend()
+        if title:
+            fig.suptitle(title)
+    return fig
+
+
+def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str = "new",
+                label=variant_label, panels: Sequence[Sequence[str]] | None = None, title: str | None = None,
+                formats: Sequence[str] | None = None) -> Path:
+    """Accuracy over epochs, mean over seeds per variant; ``panels`` (lists of labels) draws side-by-side subplots,
+    e.g. ``[["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"]]``. Saved as ``path`` and a PDF."""
+    return _save(curves_figure(epoch_curves(records, metric, label), metric, panels, title), path, formats)
+
+
+def series_figure(xs: Sequence[float], series: dict[str, Sequence[float]], xlabel: str,
+                  ylabel: str = "accuracy (%)", title: str | None = None, log_x: bool = False, log_y: bool = False):
+    """Line plot of several named series over the same x values (ticks at those values; ``log_x``: a log2 x axis,
+    for shot counts); the y axis is zoomed to the data and its label says where it starts (``log_y``: a log10 y axis
+    instead, for ratios spanning decades)."""
+    with _pyplot().rc_context(PLOT_STYLE):
+        fig, ax = _new_figure((3.6, 2.8))
+        for name, ys in series.items():
+            ax.plot(list(xs)[:len(ys)], list(ys), marker="o", markersize=3, label=name)
+        if log_x:
+            ax.set_xscale("log", base=2)
+        if len(xs) <= 12:
+            ax.set_xticks(list(xs), [f"{x:g}" for x in xs])
+            ax.minorticks_off()
+        ax.set_xlabel(xlabel)
+        if log_y:
+            ax.set_yscale("log")
+            ax.set_ylabel(ylabel)
+        else:
+            ax.set_ylabel(_zoomed_label(ax, ylabel))
+        if title:
+            ax.set_title(title)
+        ax.legend()
+    return fig
+
+
+def plot_series(xs: Sequence[float], series: dict[str, Sequence[float]], path: str | Path, xlabel: str,
+                ylabel: str = "accuracy (%)", title: str | None = None, formats: Sequence[str] | None = None,
+                log_x: bool = False, log_y: bool = False) -> Path:
+    """:func:`series_figure` (few-shot curves, sensitivity sweeps) saved as ``path`` and a PDF."""
+    return _save(series_figure(xs, series, xlabel, ylabel, title, log_x, log_y), path, formats)
+
+
+def plot_soft_label_case_study(images: Sequence[Any], titles: Sequence[str], rows: dict[str, Any],
+                               classnames: Sequence[str], path: str | Path, top_k: int = 5,
+                               formats: Sequence[str] | None = None) -> Path:
+    """One line per image: the image (named above it), then for each soft-label kind (e.g. CSL, ISL) its ``top_k``
+    largest entries as a heat-map strip labelled with class names and values. ``rows[kind]`` is an (N, C) tensor or
+    array. Saved as ``path`` and a PDF."""
+    import numpy as np
+
+    kinds = list(rows)
+    plt = _pyplot()
+    with plt.rc_context(PLOT_STYLE):
+        fig, grid = plt.subplots(len(images), 1 + len(kinds), figsize=(2.0 + 3.4 * len(kinds), 2.0 * len(images)),
+                                 squeeze=False, gridspec_kw={"width_ratios": [1] + [2.4] * len(kinds)})
+        for n, (image, title) in enumerate(zip(images, titles)):
+            grid[n][0].imshow(image)
+            grid[n][0].set_title(title, fontsize=8)
+            grid[n][0].axis("off")
+            for ax, kind in zip(grid[n][1:], kinds):
+                values = np.asarray(rows[kind][n], dtype=float)
+                top = np.argsort(-values)[:top_k]
+                ax.imshow(values[top][None, :], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+                for j, c in enumerate(top):
+                    ax.text(j, 0, f"{values[c]:.2f}", ha="center", va="center", fontsize=8,
+                            color="black" if values[c] > 0.5 else "white")
+                ax.set_xticks(range(len(top)), [classnames[c].replace("_", " ")[:14] for c in top], rotation=35,
+                              ha="right", fontsize=8)
+                ax.set_yticks([])
+                ax.set_title(kind)
+    return _save(fig, path, formats)

@@ -1,0 +1,275 @@
+"""A results table's rows (:mod:`atlas_fast.report.rows`) written for a paper: Markdown, booktabs LaTeX and CSV,
+and the lines ``atlas-fast train`` and ``eval`` print.
+
+LaTeX with booktabs rules and no vertical ones, ``mean ± std``, a ``\\label`` and the best value of each column in
+bold; the paired differences' 95 % t intervals in a column of their own (Markdown, LaTeX and CSV). What the rows'
+runs change from their method's recipe and the paper's presets is marked: what all rows change alike once, after
+the title or in the caption, the rest after each row's name, every CSV line in full
+(:func:`atlas_fast.engine.deviations.table_marks`). :mod:`atlas_fast.report.collect` builds the ``atlas-fast
+report`` tables from a results folder.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from atlas_fast.report.rows import TableRow, best_cells, metric_columns, paired_differences, reference_rows
+from atlas_fast.report.stats import PairedDifference, interval_note
+
+# The engine (torch) is imported by the functions that need it, so that importing this module (as the experiment
+# modules do to build their command line) stays light.
+
+
+def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], records: Sequence[dict[str, Any]]) -> str:
+    """What ``atlas-fast train`` prints: a line per run (its metrics, zero-shot CLIP's and the record's path), then a
+    Markdown table of the mean ± population std over seeds per method (± with several seeds; H of the mean base and
+    new, as the papers' tables, without ±)."""
+    from atlas_fast.engine.deviations import run_name
+    from atlas_fast.engine.evaluate import harmonic_mean
+
+    lines, table = [], []
+    for method in methods:
+        runs = [r for r in records if r["config"]["method"] == method]
+        label = run_name(runs[0]["config"])
+        rows, columns = [], ()
+        for seed, record in zip(seeds, runs):
+            metrics = record["metrics"]
+            # base/new/H in base-to-new; otherwise (and for class-specific context) the trained class set only
+            columns = ("base", "new", "H") if "new" in metrics and "base" in metrics else (record["config"]["subsample"],)
+            values = "  ".join(f"{c} {metrics[c]:.2f}" for c in columns)
+            zero_shot = "  ".join(f"{c} {metrics['zero_shot'][c]:.2f}" for c in columns)
+            note = " (existing record, skipped)" if record.get("skipped") else ""
+            lines.append(f"{dataset} {label} seed {seed}: {values}  | zero-shot CLIP: {zero_shot}{note}\n"
+                         f"  record: {record['path']}")
+            rows.append(metrics)
+        cells = {}
+        for c in columns:
+            if c != "H":
+                values = [float(m[c]) for m in rows]
+                cells[c] = f"{statistics.fmean(values):.2f}" + (f" ± {statistics.pstdev(values):.2f}"
+                                                                 if len(values) > 1 else "")  # as markdown_table
+        if "base" in columns:  # H of the mean accuracies, as the papers' tables do
+            mean = {c: statistics.fmean(float(m[c]) for m in rows) for c in ("base", "new")}
+            cells["H"] = f"{harmonic_mean(mean['base'], mean['new']):.2f}"
+        table.append((label, columns, cells))
+    seed_list = ",".join(str(s) for s in seeds)
+    for i, (label, columns, cells) in enumerate(table):
+        if i == 0 or columns != table[i - 1][1]:
+            lines += ["", f"| dataset | method | seeds | {' | '.join(columns)} |",
+                      "|---|---|---|" + "---:|" * len(columns)]
+        lines.append(f"| {dataset} | {label} | {seed_list} | {' | '.join(cells[c] for c in columns)} |")
+    lines += ["", "Mean ± population std over seeds" + ("; H from the mean base and new accuracies" if any(
+        "H" in columns for _, columns, _ in table) else "") + ("; [...]: what the run changes from its method's "
+              "recipe and the paper's presets" if any(" [" in label for label, _, _ in table) else "") + "."]
+    return "\n".join(lines)
+
+
+def eval_result_line(result: dict[str, Any], record: str | Path) -> str:
+    """What ``atlas-fast eval`` prints for one saved run tested on a dataset (:func:`atlas_fast.engine.evaluate_saved`)."""
+    return (f"{result['dataset']} ({result['subsample']}, {result['num_classes']} classes, {result['num_test']} "
+            f"test images): accuracy {result['accuracy']:.2f}  | zero-shot CLIP {result['zero_shot']:.2f}  "
+            f"<- {record}")
+
+
+def deviation_sentences(table_note: str, row_marks: Iterable[str], in_title: bool = True) -> list[str]:
+    """The sentences below a table that explain its marks (none when nothing is marked); ``in_title``: the title
+    shows ``table_note`` (else the sentence names it)."""
+    from atlas_fast.engine.deviations import deviation_legend
+
+    return ([deviation_legend(table_note, in_title)] if table_note else []) + (
+        [deviation_legend()] if any(row_marks) else [])
+
+
+def _row_marks(rows: Sequence[TableRow]) -> tuple[str, list[str]]:
+    from atlas_fast.engine.deviations import table_marks
+
+    return table_marks([row.deviations for row in rows])
+
+
+def _seed_note(rows: Sequence[TableRow]) -> str:
+    low, high = min(r.seeds for r in rows), max(r.seeds for r in rows)
+    return f"{low} seed(s)" if low == high else f"{low} to {high} seeds (rows differ)"
+
+
+def _paired_column(rows: Sequence[TableRow], baseline: int) -> tuple[str, list[PairedDifference | None], str]:
+    """The paired-difference column of a table (header, cells, note), or ``("", [], "")`` when no row has one."""
+    cols = metric_columns(rows)
+    paired = paired_differences(rows, baseline)
+    present = [p for p in paired if p is not None]
+    if not present:
+        return "", [], ""
+    low, high = min(p.seeds for p in present), max(p.seeds for p in present)
+    seeds = f"{low}" if low == high else f"{low} to {high}"
+    blocked = any(row.section or row.block for row in rows)
+    note = interval_note(high, "the first row of the method's block" if blocked else "the baseline row")
+    if low != high:
+        note += f" (rows rest on {seeds} seeds)"
+    return f"Δ{cols[-1]} (95 % CI)", paired, note
+
+
+def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0) -> str:
+    """A Markdown table; the last metric column carries the change against ``rows[baseline]`` (or the first row of
+    the row's block) in parentheses. Rows with a ``section`` get a first column naming it (e.g. the dataset)."""
+    if not rows:
+        return "(no results)"
+    cols = metric_columns(rows)
+    sectioned = any(row.section for row in rows)
+    paired_head, paired, paired_note = _paired_column(rows, baseline)
+    table_note, marks = _row_marks(rows)
+    heads = cols + ([paired_head] if paired_head else [])
+    lines = [f"**{title}{table_note}**", ""] if title else []
+    lines.append(("| Dataset " if sectioned else "") + "| Method | " + " | ".join(heads) + " |")
+    lines.append(("|---" if sectioned else "") + "|---|" + "---:|" * len(heads))
+    for i, (row, ref) in enumerate(zip(rows, reference_rows(rows, baseline))):
+        cells = []
+        for c in cols:
+            cell = f"{row.metrics[c]:.2f}"
+            if c in row.spread and row.seeds > 1:
+                cell += f" ± {row.spread[c]:.2f}"
+            if c == cols[-1] and ref is not None:
+                cell += f" ({row.metrics[c] - rows[ref].metrics[c]:+.2f})"
+            cells.append(cell)
+        if paired_head:
+            cells.append(paired[i].cell() if paired[i] is not None else "")
+        lines.append((f"| {row.section} " if sectioned else "") + f"| {row.label}{marks[i]} | " + " | ".join(cells) + " |")
+    datasets = sorted({d for r in rows for d in r.datasets})
+    notes = [f"Mean over {_seed_note(rows)} per dataset"
+             + (f", then over {len(datasets)} datasets" if len(datasets) > 1 and not sectioned else "")
+             + f" ({', '.join(datasets)})"]
+    if any(row.section == "Average" for row in rows):
+        notes.append("an Average row is the mean of the per-dataset means (its ± the mean of their stds)")
+    notes.append("± = population std over seeds")
+    if "H" in cols:
+        notes.append("H from the mean base and new accuracies")
+    if sectioned and any(ref is not None for ref in reference_rows(rows, baseline)):
+        notes.append("(change) against the first row of the method's block")
+    if paired_note:
+        notes.append(paired_note)
+    notes += deviation_sentences(table_note, marks, in_title=bool(title))
+    lines += ["", "; ".join(notes) + "."]
+    return "\n".join(lines)
+
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                  "±": r"$\pm$", "θ": r"$\theta$", "τ": r"$\tau$", "α": r"$\alpha$", "δ": r"$\delta$"}
+
+
+def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters (and the Greek letters the captions use) escaped."""
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+
+
+def latex_label(text: str) -> str:
+    """A ``\\label`` key from a name or caption: ``tab:`` and at most six lower-case words joined by ``-``."""
+    words = re.findall(r"[a-z0-9]+", text.lower())[:6]
+    return "tab:" + ("-".join(words) or "results")
+
+
+def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, label: str | None = None) -> str:
+    """A booktabs LaTeX table shaped like the paper's Table III: Method | metrics as ``mean ± std`` (std over
+    seeds, when there are several), the change of the last metric against the block's first row in parentheses, the
+    best value of each column in bold (per method block when rows come in blocks), ``\\midrule`` between blocks
+    (between sections, with ``\\cmidrule`` between the blocks of a section), no vertical rules. ``label`` names the
+    ``\\label{tab:...}`` (default: from the caption). Needs ``\\usepackage{booktabs}``."""
+    cols = metric_columns(rows)
+    sectioned = any(row.section for row in rows)
+    best = best_cells(rows)
+    table_note, marks = _row_marks(rows)
+    full_caption = caption
+    for sentence in deviation_sentences(table_note, marks, in_title=False):  # the caption explains the marks
+        full_caption = (full_caption.rstrip(".") + ". " if full_caption else "") + sentence + "."
+    paired_head, paired, _ = _paired_column(rows, baseline)
+    body = []
+    previous: tuple[str, str] | None = None
+    for i, (row, ref) in enumerate(zip(rows, reference_rows(rows, baseline))):
+        cells = []
+        for c in cols:
+            value = f"{row.metrics[c]:.2f}"
+            cell = rf"\textbf{{{value}}}" if (i, c) in best else value
+            if c in row.spread and row.seeds > 1:
+                cell += rf" {{\scriptsize$\pm${row.spread[c]:.2f}}}"
+            if c == cols[-1] and ref is not None:
+                cell += rf" {{\scriptsize({row.metrics[c] - rows[ref].metrics[c]:+.2f})}}"
+            cells.append(cell)
+        if paired_head:
+            cells.append(_latex_paired(paired[i]))
+        key = (row.section, row.block)
+        first_of_section = previous is None or key[0] != previous[0]
+        if previous is not None and key != previous:
+            width = len(cols) + 2 + (1 if paired_head else 0)
+            body.append(r"    \midrule" if first_of_section or not sectioned else rf"    \cmidrule{{2-{width}}}")
+        elif previous is not None and ref is None:  # a new baseline row inside a table without sections or blocks
+            body.append(r"    \midrule")
+        previous = key
+        lead = (latex_escape(row.section) if first_of_section else "") + " & " if sectioned else ""
+        body.append(f"    {lead}{latex_escape(row.label + marks[i])} & " + " & ".join(cells) + r" \\")
+    heads = cols + ([paired_head] if paired_head else [])
+    head = ("Dataset & " if sectioned else "") + "Method & " + " & ".join(latex_escape(c) for c in heads) + r" \\"
+    return "\n".join([
+        r"% Requires \usepackage{booktabs} in the preamble.",
+        r"\begin{table}[t]", r"  \centering", f"  \\caption{{{latex_escape(full_caption)}}}",
+        f"  \\label{{{label if label and label.startswith('tab:') else latex_label(label or caption)}}}",
+        r"  \begin{tabular}{" + ("ll" if sectioned else "l") + "c" * len(heads) + "}", r"    \toprule",
+        f"    {head}", r"    \midrule", *body, r"    \bottomrule",
+        r"  \end{tabular}", r"\end{table}"])
+
+
+def _latex_paired(paired: PairedDifference | None) -> str:
+    """A paired-difference cell: ``+1.23 {\\scriptsize[+0.40, +2.06]}`` (empty for a baseline row)."""
+    if paired is None:
+        return ""
+    if not paired.has_interval:
+        return rf"{paired.mean:+.2f} {{\scriptsize(1 seed)}}"
+    return rf"{paired.mean:+.2f} {{\scriptsize[{paired.low:+.2f}, {paired.high:+.2f}]}}"
+
+
+# A row's section is the CSV's "group" column (the name it had when the section was called a group).
+CSV_FIELDS = ("group", "method", "variant", "seeds", "datasets")
+
+
+def csv_lines(rows: Sequence[TableRow], baseline: int = 0) -> list[dict[str, Any]]:
+    """One dict per row for a CSV file: every metric's mean and std over seeds, and the last metric's mean paired
+    difference to the row it is compared with, its 95 % interval and the seeds it rests on (empty where none). A
+    row's variant is marked with all its runs change from the recipes and presets (a CSV line stands alone)."""
+    from atlas_fast.engine.deviations import table_marks
+
+    cols = metric_columns(rows)
+    lines = []
+    for row, paired in zip(rows, paired_differences(rows, baseline)):
+        variant = row.label + table_marks([row.deviations])[0]
+        line: dict[str, Any] = {"group": row.section, "method": row.block, "variant": variant, "seeds": row.seeds,
+                                "datasets": len(row.datasets)}
+        for c in cols:
+            line[c] = f"{row.metrics[c]:.4f}"
+            line[f"{c}_std"] = f"{row.spread[c]:.4f}" if c in row.spread else ""
+        line.update(paired_csv_fields(paired, cols[-1] if cols else ""))
+        lines.append(line)
+    return lines
+
+
+def paired_csv_fields(paired: PairedDifference | None, metric: str) -> dict[str, str]:
+    """The CSV columns of a paired difference of ``metric``: which metric, the mean difference, its 95 % interval and
+    the seeds it rests on (empty for a baseline row; no interval with one seed)."""
+    if paired is None:
+        return {"paired_metric": "", "paired_diff": "", "ci95_low": "", "ci95_high": "", "paired_seeds": ""}
+    return {"paired_metric": metric, "paired_diff": f"{paired.mean:.4f}",
+            "ci95_low": f"{paired.low:.4f}" if paired.has_interval else "",
+            "ci95_high": f"{paired.high:.4f}" if paired.has_interval else "", "paired_seeds": str(paired.seeds)}
+
+
+def write_csv(rows: Sequence[TableRow], path: str | Path, baseline: int = 0) -> Path:
+    """:func:`csv_lines` written to ``path``."""
+    import csv
+
+    lines = csv_lines(rows, baseline)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(lines[0]) if lines else list(CSV_FIELDS))
+        writer.writeheader()
+        writer.writerows(lines)
+    return path
