@@ -54,6 +54,8 @@ MOVED = [
     ("atlas_fast.engine.config", "EVALUATION_SETS", "atlas_fast.vocabulary:CLASS_SETS"),
     ("atlas_fast.engine.config", "PRECISIONS", "atlas_fast.vocabulary:PRECISIONS"),
     ("atlas_fast.methods.base", "RECIPE_FAMILIES", "atlas_fast.vocabulary:RECIPE_FAMILIES"),
+    ("atlas_fast.methods.coop", "Family", "atlas_fast.vocabulary:RecipeFamily"),
+    ("atlas_fast.methods.coop", "Setting", "atlas_fast.vocabulary:Setting"),
     ("atlas_fast.atlas.softlabels", "KINDS", "atlas_fast.vocabulary:SOFT_LABEL_KINDS"),
     ("atlas_fast.atlas.softlabels", "DELTAS", "atlas_fast.vocabulary:DELTAS"),
     ("atlas_fast.atlas.variants", "SOFT_CHOICES", "atlas_fast.vocabulary:SOFT_LABEL_CHOICES"),

@@ -22,6 +22,7 @@ from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, c
 from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition,
                                         ContextPromptMethod, init_phrase, initial_context)
 from atlas_fast.clip.text_encoder import PromptTextEncoder
+from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import RecipeFamily, Setting
 
 PAPER_CTX_INIT = "a photo of a"
@@ -159,3 +160,7 @@ class CoOp(ContextPromptMethod):
 
 
 register_method(CoOp)
+
+
+# Moved to atlas_fast.vocabulary (``Setting`` is imported above, so it keeps working unannounced).
+__getattr__ = moved_names(__name__, {"Family": "atlas_fast.vocabulary:RecipeFamily"})
