@@ -4,18 +4,36 @@ A file is written under a temporary name in its folder, flushed to disk and rena
 a concurrent reader never sees half a file. The temporary file is created private (``mkstemp``) and then given the
 permissions an ordinary ``open()`` would: ``0o666`` less the user's umask.
 
+A temporary file is named ``.<name>.<host>-<pid>-<random>.tmp`` (:func:`temporary_path`): a writer killed before
+its rename leaves one, and the next write of the same file on the same machine removes it once its process is gone
+(:func:`remove_stale_temporaries`); a live writer's, or another machine's, is never touched.
+
 Stored artefacts that are read back carry a BLAKE2b checksum (:func:`blake2b_hex`, :func:`file_blake2b`) so that
 bytes changed on disk (a disk fault, an outside write) are detected instead of silently loaded: ``torch.load``
 does not check the CRCs of its zip entries, and JSON that still parses says nothing about its values.
+
+JSON that may be damaged or come from elsewhere (records, a report's sources, the program's own caches) is read with
+:func:`read_json`: bounded in size (read no further than the bound) and in nesting depth, so that one stray file
+is a :class:`JsonFileError` naming it, never a ``RecursionError`` or a read of gigabytes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import socket
+import stat
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
+
+#: The most bytes :func:`read_json` reads (a record is kilobytes; a report's sources of 10,000 records ~2 MB).
+MAX_JSON_BYTES = 64 << 20
+#: The deepest nesting :func:`read_json` accepts (atlas_fast's own files nest less than 10 levels).
+MAX_JSON_DEPTH = 64
+# This machine in temporary file names: a short digest of the host name (host names may hold dots).
+_HOST = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
 
 
 def umask_mode(mode: int = 0o666) -> int:
@@ -32,10 +50,76 @@ def umask_mode(mode: int = 0o666) -> int:
     return mode & ~mask
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """The file that lies where ``folder`` or a folder above it should be (so it cannot be made), or None."""
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+
+
+def make_folder(folder: Path) -> None:
+    """``folder.mkdir(parents=True, exist_ok=True)``; where a part of the path is a file, a ``NotADirectoryError``
+    naming that file (not the folder that could not be made below it)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (NotADirectoryError, FileExistsError) as exc:
+        file = file_in_the_way(folder)
+        if file is None:
+            raise
+        raise NotADirectoryError(f"{file} is a file, not a folder: {folder} cannot be made in it.") from exc
+
+
+def temporary_path(path: Path, pid: int | None = None) -> Path:
+    """The temporary name a writer of ``path`` (process ``pid``, default this one) writes before its rename:
+    ``.<name>.<host>-<pid>.tmp`` beside it (:func:`atomic_write` adds ``-<random>``)."""
+    return path.with_name(f".{path.name}.{_HOST}-{os.getpid() if pid is None else pid}.tmp")
+
+
+def temporary_target(name: str) -> str | None:
+    """The file a temporary file named ``name`` was written for (``.<target>.<tag>.tmp``, the tag without dots:
+    this module's names and those of earlier versions), or None when ``name`` is not one."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return None
+    target, dot, tag = name[1:-len(".tmp")].rpartition(".")
+    return target if dot and target and tag else None
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):  # another user's (alive), or not a pid at all
+        return pid > 0
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary files of ``path`` (:func:`temporary_path`) that writers on this machine left when they
+    were killed before their rename (their process is gone); returns them. Others' are left alone."""
+    removed = []
+    prefix = f".{path.name}.{_HOST}-"
+    try:
+        names = [entry.name for entry in os.scandir(path.parent) if entry.name.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(prefix):-len(".tmp")].split("-")[0]
+        if name.endswith(".tmp") and pid.isdigit() and not _process_alive(int(pid)):
+            stale = path.with_name(name)
+            try:
+                stale.unlink()
+                removed.append(stale)
+            except OSError:
+                pass
+    return removed
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write ``path`` with ``write(file)`` atomically (temporary file + fsync + rename), with the umask's mode."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write ``path`` with ``write(file)`` atomically (temporary file + fsync + rename), with the umask's mode; the
+    temporary files a killed writer of ``path`` left on this machine are removed first."""
+    make_folder(path.parent)
+    remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=temporary_path(path).name[:-len(".tmp")] + "-", suffix=".tmp",
+                               dir=path.parent)
     try:
         os.fchmod(fd, umask_mode())
         with os.fdopen(fd, "wb") as f:
@@ -60,6 +144,66 @@ def file_blake2b(path: Path, block: int = 1 << 20) -> str:
         while chunk := f.read(block):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+class JsonFileError(ValueError):
+    """A JSON file that cannot be used: unreadable, not UTF-8 JSON, larger or more deeply nested than the bounds.
+    ``path`` is the file, ``reason`` what is wrong (the message is both); ``position``: (line, column, what the
+    parser says) where invalid JSON breaks."""
+
+    def __init__(self, path: Path, reason: str, position: tuple[int, int, str] | None = None) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason, self.position = path, reason, position
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """The nesting depth of a parsed JSON value (a scalar: 0, ``[]``: 1), counted without recursion and no further
+    than ``limit + 1``."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def read_json(path: str | Path, max_bytes: float | None = None, max_depth: int | None = None, **loads: Any) -> Any:
+    """The JSON value in ``path``, or a :class:`JsonFileError` naming the file when it cannot be read, is not a
+    regular file of UTF-8 JSON, holds more than ``max_bytes`` (None: :data:`MAX_JSON_BYTES`; ``math.inf``: no bound,
+    for a file the caller keeps in memory anyway; a larger file is not read) or nests deeper than ``max_depth``
+    (None: :data:`MAX_JSON_DEPTH`). ``loads``: passed to ``json.loads``."""
+    path = Path(path)
+    max_bytes = MAX_JSON_BYTES if max_bytes is None else max_bytes
+    max_depth = MAX_JSON_DEPTH if max_depth is None else max_depth
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno())
+            if not stat.S_ISREG(size.st_mode):
+                raise JsonFileError(path, "is not a regular file")
+            if size.st_size > max_bytes:
+                raise JsonFileError(path, f"is larger than {max_bytes:,} bytes, more than such a file ever holds; "
+                                          f"not read")
+            data = f.read(size.st_size + 1)  # (a file that grew meanwhile: no more than one byte beyond)
+    except OSError as exc:
+        raise JsonFileError(path, f"cannot be read ({exc.strerror or exc})") from exc
+    try:
+        value = json.loads(data.decode("utf-8"), **loads)
+    except UnicodeDecodeError as exc:
+        raise JsonFileError(path, f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise JsonFileError(path, f"is invalid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+                            (exc.lineno, exc.colno, exc.msg)) from None
+    except RecursionError:
+        raise JsonFileError(path, f"is nested deeper than {max_depth} levels") from None
+    except ValueError as exc:  # e.g. a parse_constant hook refusing NaN
+        raise JsonFileError(path, f"is not valid JSON ({exc})") from None
+    if json_depth(value, max_depth) > max_depth:
+        raise JsonFileError(path, f"is nested deeper than {max_depth} levels")
+    return value
 
 
 def check_writable(folder: Path, what: str) -> None:
