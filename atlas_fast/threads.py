@@ -14,7 +14,11 @@ than two. This module
   as a fixed count) before torch is imported, so its workers inherit it;
 * measures (:func:`probe_threads`) a small cached step (a two-layer MLP forward and backward on a batch of tokens)
   at 1, 2, 4... threads up to the available CPUs and keeps the fastest per machine and load for a day
-  (``~/.cache/atlas_fast/threads.json``).
+  (``~/.cache/atlas_fast/threads.json``; an entry of the wrong type or range there is measured again, with a
+  warning naming the file).
+
+No count above the available CPUs reaches torch (a fixed count is lowered to them, with a warning): an absurd one
+(100,000 threads) would crash the process.
 
 The thread count is not part of a run's identity: it changes no record name, and the numbers only up to float
 reordering in parallel reductions.
@@ -29,9 +33,12 @@ import os
 import platform
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
+
+from atlas_fast.files import JsonFileError, atomic_write, read_json
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 #: Set to the policy by :func:`set_threads`, so worker processes (Ray, SLURM, spawned) follow it.
@@ -156,10 +163,17 @@ def parse_threads(value: str | int | None) -> int | str | None:
 def set_threads(threads: int | str | None = "auto") -> int | None:
     """Set this process's intra-op thread policy and apply it: a count, or ``"auto"`` (the CPUs this process may use,
     :func:`available_cpus`; small cached steps then use :func:`probe_threads`' count). None restores "not set".
-    Sets ``OMP_NUM_THREADS`` (and MKL's, OpenBLAS's) for workers started later, and torch's count if torch is
-    imported. Returns the count now in force (None when not set)."""
+    A count above the available CPUs is lowered to them, with a warning. Sets ``OMP_NUM_THREADS`` (and MKL's,
+    OpenBLAS's) for workers started later, and torch's count if torch is imported. Returns the count now in force
+    (None when not set)."""
     global _policy
     threads = parse_threads(threads)
+    if isinstance(threads, int):
+        available = available_cpus()
+        if threads > available.count:
+            warnings.warn(f"{threads} threads asked for, but this process may use {available.count} CPU(s) "
+                          f"({available.source}); using {available.count}.", stacklevel=2)
+            threads = available.count
     _policy = threads
     if threads is None:
         os.environ.pop(POLICY_VARIABLE, None)
@@ -268,32 +282,58 @@ def measure_step_seconds(threads: int, tokens: int = 256, width: int = 256, repe
         torch.set_num_threads(previous)
 
 
+def _probe_problem(entry: Any, limit: int, now: float) -> str | None:
+    """What makes a stored probe unusable (None: it is sound): ``threads`` a whole number in [1, limit], ``time`` a
+    finite time that is not in the future."""
+    if not isinstance(entry, dict):
+        return f"the entry is {type(entry).__name__}, not an object"
+    count, when = entry.get("threads"), entry.get("time")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= limit:
+        return f"threads is {str(count)[:20]!r}, not a whole number in [1, {limit}]"
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when) or when > now + 60:
+        return f"time is {str(when)[:20]!r}, not a time before now"
+    return None
+
+
+def _read_probes(path: Path) -> dict[str, Any]:
+    """The stored probes (key -> entry), or {} with a warning naming the file when it is not a JSON object."""
+    if not path.is_file():
+        return {}
+    try:
+        stored = read_json(path)
+    except JsonFileError as exc:
+        warnings.warn(f"thread probe cache {exc}; measuring again.", stacklevel=3)
+        return {}
+    if not isinstance(stored, dict):
+        warnings.warn(f"thread probe cache {path} is not a JSON object; measuring again.", stacklevel=3)
+        return {}
+    return stored
+
+
 def probe_threads(limit: int | None = None, refresh: bool = False) -> int:
     """The thread count (1, 2, 4, ... up to ``limit``, default :func:`available_cpus`) whose small cached step
     measures fastest now; kept per machine for a day (a busy machine at probe time biases it low; ``refresh``
-    measures again)."""
+    measures again). A stored entry of the wrong type or range is measured again, with a warning."""
     limit = available_cpus().count if limit is None else limit
     if limit <= 1:
         return 1
     key = _machine_key(limit)
     path = _probe_cache_path()
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        stored = {}
-    entry = stored.get(key) if isinstance(stored, dict) else None
-    if not refresh and isinstance(entry, dict) and time.time() - entry.get("time", 0) < PROBE_MAX_AGE_S:
-        return int(entry["threads"])
+    stored = _read_probes(path)
+    now = time.time()
+    if key in stored and not refresh:
+        problem = _probe_problem(stored[key], limit, now)
+        if problem is None and now - stored[key]["time"] < PROBE_MAX_AGE_S:
+            return stored[key]["threads"]
+        if problem is not None:
+            warnings.warn(f"thread probe cache {path}: {problem}; measuring again.", stacklevel=2)
     candidates = sorted({min(2 ** i, limit) for i in range(limit.bit_length() + 1)})
     seconds = {n: measure_step_seconds(n) for n in candidates}
     best = min(candidates, key=lambda n: seconds[n])
-    stored = stored if isinstance(stored, dict) else {}
     stored[key] = {"threads": best, "time": time.time(), "seconds": {str(n): s for n, s in seconds.items()}}
+    text = json.dumps(stored, indent=1).encode()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(stored, indent=1))
-        tmp.replace(path)
+        atomic_write(path, lambda f: f.write(text))
     except OSError:
         pass  # an unwritable cache folder only means probing again next time
     return best
@@ -311,11 +351,12 @@ def small_step_threads(device_type: str, small_steps: bool) -> Iterator[None]:
     import torch
 
     previous = torch.get_num_threads()
+    available = available_cpus().count
     if policy == "auto":
-        count = probe_threads() if small_steps else available_cpus().count
+        count = probe_threads() if small_steps else available
     else:
-        count = min(previous, available_cpus().count)
-    torch.set_num_threads(count)
+        count = previous
+    torch.set_num_threads(max(1, min(count, available)))
     try:
         yield
     finally:

@@ -23,7 +23,8 @@ LAYERS = (
     "atlas | cache",
     "data",
     "clip",
-    "files | errors | progress | threads | vocabulary | renames",
+    "threads",
+    "files | errors | progress | vocabulary | renames",
 )
 
 
