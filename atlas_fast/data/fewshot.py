@@ -17,7 +17,8 @@ A stored subset carries a BLAKE2b ``checksum`` of its content. One that fails it
 drawn) is refused with an error naming the file, not silently redrawn: runs that share a store then either use the
 subset every earlier run used or stop, never a different one without notice, and deleting the file redraws exactly
 the subset of the seed. A subset without a checksum (written by hand, or before checksums) is used, with a warning,
-after the usual check that its images are in the current lists.
+after the usual check that its images are in the current lists. A store in a read-only folder (another user's
+cache) keeps nothing new: the subset is drawn from the seed, used, and not kept (with a warning naming the file).
 
 ``subsample_classes`` is CoOp's ``OxfordPets.subsample_classes``, applied after few-shot sampling.
 
@@ -28,6 +29,7 @@ base/new relabelling of the test list) is computed once per sweep rather than on
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import random
@@ -39,7 +41,7 @@ from typing import Callable, Sequence, TypeVar
 
 from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
 from atlas_fast.data.identity import items_fingerprint
-from atlas_fast.files import atomic_write, blake2b_hex
+from atlas_fast.files import JsonFileError, atomic_write, blake2b_hex, read_json
 from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import CLASS_SETS
 
@@ -95,7 +97,13 @@ def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
         val = splits.val if splits.val_is_test else sample_per_class(
             splits.val, min(num_shots, MAX_VAL_SHOTS), rng)
         if path is not None:
-            _store(path, splits, num_shots, seed, source, train, None if splits.val_is_test else val)
+            try:
+                _store(path, splits, num_shots, seed, source, train, None if splits.val_is_test else val)
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                print(f"warning: few-shot subset {path} cannot be stored (the folder is read-only: "
+                      f"{exc.strerror}); it is drawn from the seed and not kept.", file=sys.stderr)
     return replace(splits, train=tuple(train), val=tuple(val),
                    subset={**splits.subset, "shots": num_shots, "seed": seed})
 
@@ -122,10 +130,10 @@ def _store(path: Path, splits: DatasetSplits, num_shots: int, seed: int, source:
 
 def _load_stored(path: Path, splits: DatasetSplits, num_shots: int, seed: int,
                  source: str, memo: dict | None = None) -> tuple[list[Datum], list[Datum]]:
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"stored few-shot subset {path}:{e.lineno}: invalid JSON ({e.msg}); delete it to resample")
+    try:  # as large as its lists (kept in memory anyway), but never nested deeper than a subset is
+        record = read_json(path, max_bytes=math.inf)
+    except JsonFileError as exc:
+        raise ValueError(f"stored few-shot subset {path} {exc.reason}; delete it to resample") from None
     expected = {"dataset": splits.name, "shots": num_shots, "seed": seed, "source": source}
     if not isinstance(record, dict):
         raise ValueError(f"stored few-shot subset {path} is not a JSON object; delete it to resample")

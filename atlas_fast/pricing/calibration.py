@@ -5,19 +5,22 @@ The file (``<cache root>/pricing/calibration.json``) maps a context key (:func:`
 model and thread count or GPU name, the backbone's fingerprint, the device type and the precision) to that context's
 units, each under its own key (``step/coop/C=500/B=32/R=4/<config digest>``). Writes are atomic (a reader never sees
 half a file) and merge what another process stored meanwhile. A unit measured on another machine, backbone or
-precision is never used: that is another context.
+precision is never used: that is another context. A damaged store (a unit of the wrong type or range, a negative
+time) is a miss: those units are measured again, with one warning naming the file. A read-only cache root still
+gets its estimate: the units are measured and used, only not kept.
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from atlas_fast.files import atomic_write
+from atlas_fast.files import JsonFileError, atomic_write, read_json
 from atlas_fast.threads import cpu_model
 from atlas_fast.pricing.units import Unit
 
@@ -42,22 +45,35 @@ class CalibrationStore:
     """The units of one context, read from and written to ``<root>/pricing/calibration.json``.
 
     :meth:`unit` returns the stored unit of a key or measures it (``measure()``) and stores it; ``measured`` counts
-    the units measured by this store (a second estimate of the same work measures none)."""
+    the units measured by this store (a second estimate of the same work measures none). The store is only a
+    cache: a file that is not JSON, too large or too deep, or a context or unit of the wrong type or range
+    (:meth:`Unit.from_dict`: a negative or infinite time, text for a number) is a miss, measured again, with one
+    warning naming the file."""
 
     def __init__(self, root: str | Path, context: str) -> None:
         self.path = Path(root) / CALIBRATION_FILE
         self.context = context
         self.measured = 0
-        self.units: dict[str, Unit] = {k: Unit.from_dict(v) for k, v in self._read().get(context, {}).items()}
+        self.units, bad = _sound_units(self._read(warn=True).get(context, {}))
+        if bad:
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            warnings.warn(f"pricing calibration {self.path}: {bad[0]}{more}; measuring again.", stacklevel=2)
 
-    def _read(self) -> dict[str, dict[str, Any]]:
+    def _read(self, warn: bool = False) -> dict[str, Any]:
         if not self.path.is_file():
             return {}
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):  # a damaged store is only a cache: measure again and replace it
+            data = read_json(self.path)
+        except JsonFileError as exc:  # a damaged store is only a cache: measure again and replace it
+            if warn:
+                warnings.warn(f"pricing calibration {exc}; measuring again.", stacklevel=3)
             return {}
-        return data if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            if warn:
+                warnings.warn(f"pricing calibration {self.path} is not a JSON object; measuring again.",
+                              stacklevel=3)
+            return {}
+        return data
 
     def get(self, key: str) -> Unit | None:
         return self.units.get(key)
@@ -75,9 +91,23 @@ class CalibrationStore:
 
     def _write(self, key: str, unit: Unit) -> None:
         data = self._read()
-        data.setdefault(self.context, {})[key] = unit.to_dict()
+        kept, _ = _sound_units(data.get(self.context, {}))  # what another process stored meanwhile, if usable
+        data[self.context] = {k: u.to_dict() for k, u in {**kept, key: unit}.items()}
         text = json.dumps(data, indent=1, sort_keys=True).encode()
         try:
             atomic_write(self.path, lambda f: f.write(text))
         except OSError:  # a read-only cache root: the units still price this estimate, they are just not kept
             pass
+
+
+def _sound_units(stored: Any) -> tuple[dict[str, Unit], list[str]]:
+    """The usable units of one context's stored entry, and what is wrong with the others."""
+    if not isinstance(stored, dict):
+        return {}, [f"this machine's entry is {type(stored).__name__}, not an object"]
+    units, bad = {}, []
+    for key, value in stored.items():
+        try:
+            units[key] = Unit.from_dict(value)
+        except ValueError as exc:
+            bad.append(f"unit {key!r} {exc}")
+    return units, bad

@@ -441,6 +441,19 @@ def process_seconds() -> float:
         return 0.0
 
 
+def check_cache_root(root: Path) -> None:
+    """A cache root is a folder, or made as one: a ``NotADirectoryError`` naming it when it (or a folder above it) is
+    a file. A read-only one is fine: an estimate only reads the cache and keeps what it measures where it can."""
+    from atlas_fast.files import file_in_the_way
+
+    file = file_in_the_way(root)
+    if file == root:
+        raise NotADirectoryError(f"cache root {root} is a file, not a folder: --cache-root takes a folder (made if "
+                                 f"missing).")
+    if file is not None:
+        raise NotADirectoryError(f"cache root {root} cannot be made: {file} is a file, not a folder.")
+
+
 def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: str | Path | None = None,
                      command_start: bool = False) -> Estimate:
     """Price a sweep of :class:`~atlas_fast.engine.TrainConfig` values on this machine without training: plan it,
@@ -457,6 +470,8 @@ def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: 
 
     if not configs:
         raise ValueError("estimate_configs: no runs to price (an empty list of configs).")
+    for root in dict.fromkeys([*([cache_root] if cache_root is not None else []), *(c.cache_root for c in configs)]):
+        check_cache_root(Path(root).expanduser())
     execution = execution or Execution()
     specs = plan_sweep(configs, execution)
     startup = process_seconds() if command_start else 0.0

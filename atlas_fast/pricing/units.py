@@ -66,7 +66,22 @@ class Unit:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Unit":
+    def from_dict(cls, data: Any) -> "Unit":
+        """The unit stored as ``data`` (:meth:`to_dict`), or a ``ValueError`` saying which field is of the wrong
+        type or range: times are finite numbers >= 0 (``seconds`` required), byte counts whole numbers >= 0,
+        ``repeats`` a whole number >= 1."""
+        if not isinstance(data, dict):
+            raise ValueError(f"is {type(data).__name__}, not an object")
+        if "seconds" not in data:
+            raise ValueError("has no seconds")
+        for name, value in data.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if name in ("seconds", "fixed_seconds") and not (number and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} is {str(value)[:20]!r}, not a number >= 0")
+            if name in ("peak_host_bytes", "peak_device_bytes", "repeats") and not (
+                    number and isinstance(value, int) and value >= (1 if name == "repeats" else 0)):
+                raise ValueError(f"{name} is {str(value)[:20]!r}, not a whole number >= "
+                                 f"{1 if name == 'repeats' else 0}")
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
