@@ -20,13 +20,14 @@ Keys (``Datum.key``) are posix paths relative to the dataset folder, so caches a
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from atlas_fast.files import JsonFileError, read_json
 from atlas_fast.progress import progress_bar
 
 from atlas_fast.data.base import Datum
@@ -138,10 +139,13 @@ class SplitJsonLayout:
         _require(split_path, "split file", self, dataset_dir, is_dir=False)
         if self.image_prefix:
             _require(dataset_dir / self.image_prefix, "image folder", self, dataset_dir, is_dir=True)
-        try:
-            split = json.loads(split_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise DatasetFormatError(f"{split_path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+        try:  # no size bound (the lists are kept in memory anyway), but one on nesting: never a RecursionError
+            split = read_json(split_path, max_bytes=math.inf)
+        except JsonFileError as exc:
+            if exc.position is None:
+                raise DatasetFormatError(f"{split_path}: it {exc.reason}") from None
+            line, column, what = exc.position
+            raise DatasetFormatError(f"{split_path}:{line}:{column}: invalid JSON ({what})") from None
         if not isinstance(split, dict) or not {"train", "val", "test"} <= split.keys():
             raise DatasetFormatError(f"{split_path}: expected an object with keys 'train', 'val', 'test'")
         train, val, test = (self._convert(dataset_dir, split_path, name, split[name])

@@ -10,14 +10,13 @@ stored record is also checked against the run's key and the checksum of its lear
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from atlas_fast.engine.seal import is_sealed, seal_problem
-from atlas_fast.files import file_blake2b
+from atlas_fast.files import JsonFileError, file_blake2b, read_json
 
 # What evaluating a saved run reads from its record.
 SAVED_RUN_FIELDS = ("config.backbone", "config.method", "config.method_config", "config.shots", "config.seed",
@@ -31,10 +30,10 @@ def _refuse_constant(name: str) -> float:
 def read_record(path: str | Path) -> dict[str, Any]:
     """Load a record JSON, with an error naming the file if it is not one."""
     path = Path(path)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{path} is not a readable atlas_fast result record ({exc}).") from exc
+    try:  # bounded in size and depth: one stray file is an error naming it, never a RecursionError
+        record = read_json(path, parse_constant=_refuse_constant)
+    except JsonFileError as exc:
+        raise ValueError(f"{path} is not a readable atlas_fast result record (it {exc.reason}).") from exc
     if not isinstance(record, dict) or "config" not in record:
         raise ValueError(f"{path} is not an atlas_fast result record (no 'config' field).")
     return record

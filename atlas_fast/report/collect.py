@@ -395,6 +395,7 @@ def verify_report(results_dir: str | Path, out: str | Path | None = None) -> lis
 
     from atlas_fast.engine.validity import read_record
     from atlas_fast.engine.seal import SEAL_FIELD, is_sealed, seal_problem
+    from atlas_fast.files import JsonFileError, read_json
 
     root = Path(results_dir)
     out = root / "report" if out is None else Path(out)
@@ -404,10 +405,12 @@ def verify_report(results_dir: str | Path, out: str | Path | None = None) -> lis
             raise FileNotFoundError(f"{needed} is missing: write the report first (atlas-fast report {root}, with "
                                     f"the csv format) and verify it then.")
     try:
-        sources = json.loads(sources_path.read_text(encoding="utf-8"))
+        sources = read_json(sources_path)
         listed = [(str(item["path"]), item.get("seal")) for item in sources["records"]]
         metrics = sources.get("metrics")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except JsonFileError as exc:
+        raise ValueError(f"{sources_path} is not a report's list of sources: it {exc.reason}.") from exc
+    except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{sources_path} is not a report's list of sources ({type(exc).__name__}: {exc}).") from exc
     problems = []
     for relative, seal in listed:
