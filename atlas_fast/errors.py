@@ -22,6 +22,11 @@ class RunFailed(ValueError):
     """A user error raised in a sweep's worker (Ray task, SLURM job), carried back as its message alone."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, carrying what was finished before it (e.g. "3 of 8 run(s) finished (their records are kept)"): the
+    command line prints it as one line and exits with status 130; the same command resumes the rest."""
+
+
 def short_repr(value: object, limit: int = 60) -> str:
     """``repr(value)``, cut to its first ``limit`` characters with its length: how an error line quotes a value
     that may be huge (a 20,000-character class name, a pasted option)."""

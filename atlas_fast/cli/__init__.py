@@ -5,6 +5,8 @@ and the methods are imported inside the ``run_*`` functions), so ``--help`` and 
 
 Expected errors (bad data, arguments, files, checkpoints, a full disk: :func:`atlas_fast.errors.user_errors`) print ``error: ...``
 naming the file or value and exit with status 2; ``--debug`` (anywhere on the line) shows the traceback instead.
+Ctrl-C prints one ``interrupted: ...`` line (what was finished, and that the same command resumes) and exits with
+status 130, as shells report an interrupted command.
 Argument errors are argparse's one line (where the options are listed, not the whole usage) and warnings one
 ``warning: ...`` line each, without the source line that raised them."""
 
@@ -77,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {shorten_values(str(exc))}", file=sys.stderr)
             print("(run again with --debug for the traceback)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C: finished work is on disk, nothing half-written is
+        if debug:
+            traceback.print_exc()
+        finished = str(exc) or "what had finished is kept"
+        print(f"\ninterrupted: {finished}; the same command resumes the rest.", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

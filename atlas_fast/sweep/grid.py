@@ -23,7 +23,7 @@ from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.pipeline import split_finished
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.atlas.variants import LabelVariant
-from atlas_fast.errors import RunFailed, UsageError, short_repr
+from atlas_fast.errors import Interrupted, RunFailed, UsageError, short_repr
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
 from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import CLASS_SETS, EXECUTORS, HARMONIC_MEAN
@@ -169,20 +169,25 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
             say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to train in {len(groups)} "
                 f"group(s) ({execution.executor})")
         done = 0
-        with progress_bar(total=len(todo), desc="runs", unit="run", enabled=progress, dynamic_ncols=True) as bar:
-            # the executor yields (group index, records) as groups finish, in any order
-            for g, group_records in executor.map(groups):
-                if isinstance(group_records, WorkerFailure):
-                    raise RunFailed(f"a worker failed on {groups[g][0].label} (and {len(groups[g]) - 1} more run(s) "
-                                    f"of its group): {group_records.message}")
-                for spec, record in zip(groups[g], group_records):
-                    records[position[id(spec)]] = record
-                    bar.update(1)
-                    done += 1
-                    if progress:
-                        say(f"[{done}/{len(todo)}] {spec.label}: {run_summary(record)}")
-                    if on_result is not None:
-                        on_result(record)
+        try:
+            with progress_bar(total=len(todo), desc="runs", unit="run", enabled=progress,
+                              dynamic_ncols=True) as bar:
+                # the executor yields (group index, records) as groups finish, in any order
+                for g, group_records in executor.map(groups):
+                    if isinstance(group_records, WorkerFailure):
+                        raise RunFailed(f"a worker failed on {groups[g][0].label} (and {len(groups[g]) - 1} more "
+                                        f"run(s) of its group): {group_records.message}")
+                    for spec, record in zip(groups[g], group_records):
+                        records[position[id(spec)]] = record
+                        bar.update(1)
+                        done += 1
+                        if progress:
+                            say(f"[{done}/{len(todo)}] {spec.label}: {run_summary(record)}")
+                        if on_result is not None:
+                            on_result(record)
+        except KeyboardInterrupt:  # Ctrl-C: say what is done (a finished run's record is on disk) in one line
+            raise Interrupted(f"{len(specs) - len(todo) + done} of {len(specs)} run(s) finished (their records are "
+                              f"kept)") from None
     missing = [specs[i].label for i, r in enumerate(records) if r is None]
     if missing:
         raise RuntimeError(f"{len(missing)} run(s) returned no record: {missing[:5]}")
