@@ -11,7 +11,8 @@ A space maps names to :class:`Range` or :class:`Choice`. A name is one of
 * a field of the method's config (``n_ctx``, ``depth``, ...; what ``--method-option`` sets).
 
 :func:`check_space` refuses, with a message naming the parameter, an empty or inverted range, a log range that
-reaches 0, a name the method (or its soft labels) does not have, and values the run's config would refuse.
+reaches 0, a name the method (or its soft labels) does not have, and values the run's config would refuse. A grid
+is counted before it is built (:func:`grid_values`): one of more than :data:`MAX_GRID_POINTS` points is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from atlas_fast.errors import UsageError
 TRAIN_FIELDS = {"lr": float, "epochs": int, "batch_size": int, "views": int, "shots": int}
 SOFT_LABEL_FIELDS = ("theta", "tau_c", "inv_tau_c", "alpha", "w", "delta", "kind")
 ATLAS_FIELDS = ("K",) + SOFT_LABEL_FIELDS
+#: The most points a grid search may hold (each is a trial: far beyond any study worth training).
+MAX_GRID_POINTS = 100_000
 # The soft-label knobs each kind of soft labels reads (atlas_fast.atlas.softlabels).
 KIND_READS = {"ls": {"theta"}, "csl": {"tau_c", "inv_tau_c"}, "isl": {"alpha", "delta"},
               "mix": {"tau_c", "inv_tau_c", "alpha", "delta", "w"}}
@@ -216,20 +219,41 @@ def _check_param(name: str, param: Param) -> None:
         raise UsageError(f"parameter {name}: step {param.step:g} does not fit the range [{low:g}, {high:g}].")
 
 
+def grid_size(space: Mapping[str, Param]) -> dict[str, int]:
+    """The number of grid points of every parameter, counted without building them; a range without a step (no grid)
+    is a UsageError naming it."""
+    counts = {}
+    for name, param in space.items():
+        if isinstance(param, Choice):
+            counts[name] = len(param.values)
+        elif param.integer and not param.log:
+            counts[name] = (int(param.high) - int(param.low)) // int(param.step or 1) + 1
+        elif param.step is not None:
+            counts[name] = int(math.floor((param.high - param.low) / param.step + 1e-9)) + 1
+        else:
+            raise UsageError(f"parameter {name}: a grid search needs choices, integers or a range with a step, got "
+                             f"{param.describe()}.")
+    return counts
+
+
 def grid_values(space: Mapping[str, Param]) -> dict[str, list]:
-    """The values of every parameter for a grid search: choices, integer ranges and ranges with a step."""
+    """The values of every parameter for a grid search: choices, integer ranges and ranges with a step. The grid is
+    sized first (:func:`grid_size`): one of more than :data:`MAX_GRID_POINTS` points is refused with its count,
+    before anything is built."""
+    counts = grid_size(space)
+    total = math.prod(counts.values())
+    if total > MAX_GRID_POINTS:
+        each = ", ".join(f"{name} {count:,}" for name, count in counts.items())
+        raise UsageError(f"the grid has {total:,} points ({each}), more than the {MAX_GRID_POINTS:,} a grid search "
+                         f"may hold (a step too small?); make the steps coarser, or search with --sampler tpe.")
     grid = {}
     for name, param in space.items():
         if isinstance(param, Choice):
             grid[name] = list(param.values)
         elif param.integer and not param.log:
             grid[name] = list(range(int(param.low), int(param.high) + 1, int(param.step or 1)))
-        elif param.step is not None:
-            count = int(math.floor((param.high - param.low) / param.step + 1e-9)) + 1
-            grid[name] = [round(param.low + i * param.step, 12) for i in range(count)]
         else:
-            raise UsageError(f"parameter {name}: a grid search needs choices, integers or a range with a step, got "
-                             f"{param.describe()}.")
+            grid[name] = [round(param.low + i * param.step, 12) for i in range(counts[name])]
     return grid
 
 

@@ -9,16 +9,29 @@ whose heartbeat is older than the grace period belongs to a process that died (`
 from __future__ import annotations
 
 import json
+import math
+import re
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from atlas_fast.errors import UsageError
+from atlas_fast.errors import UsageError, short_repr
 
 DEFINITION_ATTR = "atlas_fast:definition"  # the study's definition, stored as a study user attribute
 HEARTBEAT_ATTR = "atlas_fast:heartbeat"  # a trial system attribute: time.time() of its owner's last sign of life
+RELEASED = 0.0  # the heartbeat of a trial its process handed back (Ctrl-C): the next process takes it at once
+
+
+def check_storage_url(url: str) -> None:
+    """Refuse, in one line, a storage that is no URL (``--storage study.db``, the likeliest slip), before anything
+    is planned: Optuna's storages are ``<dialect>://...`` URLs."""
+    if not isinstance(url, str) or not re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url):
+        hint = f"sqlite:///{Path(url).expanduser().absolute()}" if isinstance(url, str) and url else \
+            "sqlite:///path/to/study.db"
+        raise UsageError(f"storage {short_repr(url)} is not a storage URL: give one such as {hint} (an SQLite file, "
+                         f"made if missing) or a database's URL (postgresql://..., mysql://...).")
 
 
 def open_storage(url: str, name: str, definition: dict[str, Any], lock_timeout: float):
@@ -41,11 +54,17 @@ def open_storage(url: str, name: str, definition: dict[str, Any], lock_timeout: 
         raise UsageError(f"storage {url}: {_sql_reason(exc)}") from None
     except (sqlalchemy.exc.DatabaseError, RuntimeError) as exc:
         raise UsageError(f"storage {url} is not an Optuna study storage ({str(exc).splitlines()[0]}).") from None
+    except sqlalchemy.exc.ArgumentError as exc:  # a URL of no database SQLAlchemy knows
+        raise UsageError(f"storage {url} is not a storage URL SQLAlchemy can open "
+                         f"({str(exc).splitlines()[0]}).") from None
     definition = json.loads(json.dumps(definition, default=str))
     try:
         stored = {summary.study_name: summary for summary in optuna.study.get_all_study_summaries(storage)}
     except sqlalchemy.exc.OperationalError as exc:
         raise UsageError(f"storage {url}: {_sql_reason(exc)}") from None
+    except (RecursionError, ValueError) as exc:  # a value stored in it that Optuna cannot parse back
+        raise UsageError(f"storage {url} holds a damaged study (a stored value cannot be read: "
+                         f"{type(exc).__name__}); nothing in it was changed. Give another --storage.") from None
     if name in stored:
         found = stored[name].user_attrs.get(DEFINITION_ATTR)
         if found is None:
@@ -180,9 +199,10 @@ def wait_for_verdicts(study, heartbeat_seconds: float, grace_seconds: float) -> 
 
 
 def dead_trials(study, storage, study_id: int, grace_seconds: float, heartbeat: Heartbeat, limit: int) -> list:
-    """Up to ``limit`` trials left running by a process that died (no heartbeat for ``grace_seconds``), each claimed
-    by this process (a beat in its name) and returned as ``(optuna Trial, seconds silent, intermediate values)``: the
-    caller trains them again from their start, under their own numbers and values."""
+    """Up to ``limit`` trials left running by a process that died (no heartbeat for ``grace_seconds``) or handed
+    them back (:data:`RELEASED`), each claimed by this process (a beat in its name) and returned as ``(optuna Trial,
+    seconds silent (inf: handed back), intermediate values)``: the caller trains them again from their start, under
+    their own numbers and values."""
     import optuna
     from optuna.trial import TrialState
 
@@ -191,7 +211,8 @@ def dead_trials(study, storage, study_id: int, grace_seconds: float, heartbeat: 
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if len(dead) >= limit:
             break
-        silent = now - heartbeat_of(frozen)
+        beat = heartbeat_of(frozen)
+        silent = math.inf if beat == RELEASED else now - beat
         if silent < grace_seconds:
             continue
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from atlas_fast.engine.config import TrainConfig
-from atlas_fast.errors import UsageError
+from atlas_fast.errors import Interrupted, UsageError
 from atlas_fast.search.space import Choice, Param, Range, apply_values, check_space, describe_space, grid_values
 from atlas_fast.vocabulary import OBJECTIVES, PRUNERS, SAMPLERS
 
@@ -77,11 +77,22 @@ class SearchConfig:
     lock_timeout: float = 60.0
 
     def __post_init__(self) -> None:
+        from atlas_fast.data.datasets import find_spec
+        from atlas_fast.search.storage import check_storage_url
+        from atlas_fast.sweep.grid import distinct
+
         self.space = dict(self.space)
         self.datasets = tuple(self.datasets or (self.base.dataset,))
         self.seeds = tuple(self.seeds)
         if not self.seeds:
             raise UsageError("a search needs at least one seed.")
+        # a seed or dataset given twice would count twice in every trial's mean (and the final retrain)
+        distinct([d if ":" in d else getattr(find_spec(d), "name", d) for d in self.datasets], "--datasets")
+        distinct(self.seeds, "--seeds")
+        if self.final_seeds is not None:
+            distinct(self.final_seeds, "--final-seeds")
+        if self.storage is not None:
+            check_storage_url(self.storage)
         if self.objective not in OBJECTIVES:
             raise UsageError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}.")
         if self.sampler not in SAMPLERS:
@@ -271,7 +282,8 @@ def run_study(search: SearchConfig, progress: bool = True):
         raise UsageError("a search needs Optuna: pip install 'atlas_fast[search]'.") from None
     from optuna.trial import TrialState
 
-    from atlas_fast.search.storage import DEFINITION_ATTR, Heartbeat, dead_trials, open_storage, wait_for_verdicts
+    from atlas_fast.search.storage import (DEFINITION_ATTR, HEARTBEAT_ATTR, RELEASED, Heartbeat, dead_trials,
+                                           open_storage, wait_for_verdicts)
 
     storage = open_storage(search.storage_url(), search.name(), search.definition(), search.lock_timeout)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -306,13 +318,16 @@ def run_study(search: SearchConfig, progress: bool = True):
     wait_for_verdicts(study, search.heartbeat_seconds, search.grace_seconds)
     import sqlalchemy.exc
 
+    in_flight: list = []  # the trials this process is training now
     try:
         with Heartbeat(storage, search.heartbeat_seconds) as heartbeat:
             while True:
-                works = []
+                in_flight.clear()
+                works = in_flight  # (the same list: on Ctrl-C, these trials are handed back)
                 for trial, silent, reported in dead_trials(study, storage, study_id, search.grace_seconds, heartbeat,
                                                            batch):
-                    _say(progress, f"trial {trial.number}: its process stopped {silent:.0f} s ago; training it again")
+                    stopped = "was interrupted" if math.isinf(silent) else f"stopped {silent:.0f} s ago"
+                    _say(progress, f"trial {trial.number}: its process {stopped}; training it again")
                     works.append(_work(search, trial, reported))
                 while len(works) < batch and len(study.get_trials(deepcopy=False)) < search.n_trials:
                     study.sampler = make_sampler(search, len(study.get_trials(deepcopy=False)))
@@ -343,9 +358,22 @@ def run_study(search: SearchConfig, progress: bool = True):
                     if _tell(study, trial, progress, values=value):
                         _say(progress, f"trial {trial.number}: {search.objective} {value:.2f}  {trial.params}")
                 heartbeat.track([])
+                works.clear()
     except sqlalchemy.exc.OperationalError as exc:  # e.g. locked past the timeout by another process
         raise UsageError(f"storage {search.storage_url()}: {str(getattr(exc, 'orig', exc)).splitlines()[0]}; "
                          f"the trials in flight are taken over when the study runs again.") from None
+    except KeyboardInterrupt:  # Ctrl-C (the heartbeat has stopped): the next process takes its trials over at once
+        released = 0
+        for work in in_flight:
+            try:
+                storage.set_trial_system_attr(trial_id(work.trial), HEARTBEAT_ATTR, RELEASED)
+                released += 1
+            except Exception:  # told already: nothing to hand back
+                pass
+        finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                               TrialState.FAIL)))
+        raise Interrupted(f"{finished} of {search.n_trials} trial(s) of study {name} finished (kept in "
+                          f"{search.storage_url()}; the {released} in flight are trained again)") from None
     return study
 
 
