@@ -15,11 +15,16 @@ is smaller keeps its share); the full 1.28 M ImageNet training images would be p
 split's images are spread evenly over the classes (the first ``n mod K`` classes get one more).
 
 Each dataset folder gets a ``STANDIN.json`` manifest (the request, the counts written and published, that it is a
-stand-in), written before the first image and marked complete after the last. A complete manifest of the same
+stand-in, and ``files``: every file the generator writes there), written before the first image and marked complete
+after the last, when it also records each file's size and modification time. A complete manifest of the same
 request is skipped; an incomplete one of the same request is completed (images already there are kept: each image
-is written to a hidden temporary name and renamed); a manifest of another request has its folder rewritten. A
-folder that holds files but no manifest is not a stand-in and is never touched. A lock per dataset makes
-concurrent generators safe: the second waits, then finds the dataset done.
+is written to a hidden temporary name and renamed; the temporary files a killed run left are removed); a manifest
+of another request has its files rewritten: only the files it lists are deleted, and only while they are as the
+generator wrote them. Anything else in the folder (a user's notes, real data extracted beside it) is kept; a listed
+file that was changed since (real data extracted over it), or a file of the user's where a new image would go,
+stops the rewrite before anything is deleted, with an error naming it. A folder that holds files but no manifest
+is not a stand-in and is never touched. A lock per dataset makes concurrent generators safe: the second waits, then
+finds the dataset done.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import fcntl
 import io
 import json
 import os
-import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -43,7 +47,7 @@ from PIL import Image
 from atlas_fast.data.check import PUBLISHED_SIZES, STANDIN_MANIFEST
 from atlas_fast.data.datasets import BUILTIN_DATASETS, dataset_spec
 from atlas_fast.data.layouts import SplitJsonLayout
-from atlas_fast.files import atomic_write
+from atlas_fast.files import atomic_write, read_json, temporary_path, temporary_target
 from atlas_fast.progress import progress_bar
 
 MANIFEST = STANDIN_MANIFEST
@@ -273,7 +277,7 @@ def _write_images(plan: StandinPlan, dataset_dir: Path, paths: dict[str, list[tu
                 if label not in colours:
                     colours[label] = _class_colour(plan.request.seed, dataset_index, label)
                 data = _jpeg(plan.request.seed, dataset_index, label, n, colours[label])
-                temporary = path.parent / f".{path.name}.{os.getpid()}.tmp"
+                temporary = temporary_path(path)
                 temporary.write_bytes(data)
                 os.replace(temporary, path)
                 written += 1
@@ -288,8 +292,9 @@ def _write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def _write_layout_files(plan: StandinPlan, dataset_dir: Path, paths: dict[str, list[tuple[int, str]]]) -> None:
-    """The split or class-name files of the dataset's layout (the images are written separately)."""
+def _layout_files(plan: StandinPlan, paths: dict[str, list[tuple[int, str]]]) -> dict[str, str]:
+    """The split or class-name files of the dataset's layout: relative path -> text (the images are written
+    separately)."""
     layout = dataset_spec(plan.name).layout
     if isinstance(layout, SplitJsonLayout):
         prefix = f"{layout.image_prefix}/" if layout.image_prefix else ""
@@ -300,27 +305,27 @@ def _write_layout_files(plan: StandinPlan, dataset_dir: Path, paths: dict[str, l
                 assert relative.startswith(prefix), (relative, prefix)
                 entries.append([relative[len(prefix):], label, plan.classes[label].name])
             split[name] = entries
-        _write_text(dataset_dir / layout.split_file, json.dumps(split, indent=4, separators=(",", ": ")))
-    elif plan.name == "FGVCAircraft":
-        _write_text(dataset_dir / "variants.txt", "".join(f"{c.name}\n" for c in plan.classes))
+        return {layout.split_file: json.dumps(split, indent=4, separators=(",", ": "))}
+    if plan.name == "FGVCAircraft":
+        files = {"variants.txt": "".join(f"{c.name}\n" for c in plan.classes)}
         for name in SPLITS:
             lines = [f"{Path(relative).stem} {plan.classes[label].name}\n" for label, relative in paths[name]]
-            _write_text(dataset_dir / f"images_variant_{name}.txt", "".join(lines))
-    elif plan.name in _IMAGENET_FAMILY:
-        _write_text(dataset_dir / "classnames.txt",
-                    "".join(f"{wnid} {classname}\n" for wnid, classname in imagenet_classnames()))
+            files[f"images_variant_{name}.txt"] = "".join(lines)
+        return files
+    if plan.name in _IMAGENET_FAMILY:
+        files = {"classnames.txt": "".join(f"{wnid} {classname}\n" for wnid, classname in imagenet_classnames())}
         if plan.name in ("ImageNetA", "ImageNetR"):
             image_folder = _PATHS[plan.name]["test"].split("/")[0]
-            _write_text(dataset_dir / image_folder / "README.txt",
-                        "Stand-in written by atlas-fast data standins (the real archive has a README.txt here).\n")
-    else:
-        raise AssertionError(f"no layout writer for {plan.name}")
+            files[f"{image_folder}/README.txt"] = ("Stand-in written by atlas-fast data standins (the real archive "
+                                                   "has a README.txt here).\n")
+        return files
+    raise AssertionError(f"no layout writer for {plan.name}")
 
 
 # --------------------------------------------------------------------------------------------------- the manifest
 
 
-def _manifest(plan: StandinPlan, complete: bool) -> dict:
+def _manifest(plan: StandinPlan, complete: bool, files: dict[str, list[int] | None] | None = None) -> dict:
     published = PUBLISHED_SIZES[plan.name]
     return {
         "standin": True,
@@ -335,6 +340,8 @@ def _manifest(plan: StandinPlan, complete: bool) -> dict:
         "published": {split: getattr(published, split) for split in ("classes", *SPLITS)},
         "images": plan.images(),
         "complete": complete,
+        # every file written here: [size, mtime_ns] once complete (what a rewrite may delete), null before
+        "files": files or {},
     }
 
 
@@ -344,8 +351,8 @@ def read_manifest(dataset_dir: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = read_json(path)
+    except ValueError:
         return None
     return manifest if isinstance(manifest, dict) and manifest.get("standin") is True else None
 
@@ -369,7 +376,8 @@ def _dataset_lock(root: Path, folder: str) -> Iterator[None]:
 def write_standin(name: str, root: str | Path, request: StandinRequest = StandinRequest(),
                   progress: bool = True) -> StandinResult:
     """Write (or skip, complete or rewrite, see the module's docstring) the stand-in of benchmark ``name`` under
-    ``root``. Raises FileExistsError when its folder holds files but no stand-in manifest (real data, perhaps)."""
+    ``root``. Raises FileExistsError when its folder holds files but no stand-in manifest (real data, perhaps), or
+    when a rewrite would delete or overwrite a file the generator did not write as it is now (nothing is deleted)."""
     started = time.perf_counter()
     plan = plan_standin(name, request)
     root = Path(os.path.abspath(os.path.expanduser(str(root))))
@@ -379,25 +387,136 @@ def write_standin(name: str, root: str | Path, request: StandinRequest = Standin
         manifest = read_manifest(dataset_dir)
         if manifest is not None and manifest.get("complete") is True and _same_request(manifest, plan):
             return StandinResult(plan, "skipped", dataset_dir, 0, 0, time.perf_counter() - started)
-        action = "written"
+        paths = _image_paths(plan)
+        layout = _layout_files(plan, paths)
+        planned = [*layout, *(relative for split in SPLITS for _, relative in paths[split])]
+        listed: dict[str, list[int] | None] = {}
         if manifest is None:
             if dataset_dir.is_dir() and any(dataset_dir.iterdir()):
                 raise FileExistsError(
                     f"{dataset_dir} holds files but no {MANIFEST}: it is not a stand-in (real data?), so nothing was "
                     f"written there. Choose another root, or move the folder away.")
-        elif _same_request(manifest, plan):
-            action = "completed"
+            action = "written"
         else:
-            action = "rewritten"
-            shutil.rmtree(dataset_dir)
+            action = "completed" if _same_request(manifest, plan) else "rewritten"
+            listed = _listed_files(dataset_dir, manifest)
+        _remove_temporaries(dataset_dir, {*planned, *listed, MANIFEST})  # of a generator killed mid-write
+        ours = _unchanged_files(dataset_dir, listed, legacy=manifest is not None and "files" not in manifest)
+        in_the_way = [relative for relative in planned if relative not in ours
+                      and os.path.lexists(dataset_dir / relative)]
+        if in_the_way:
+            raise FileExistsError(
+                f"{dataset_dir / in_the_way[0]}{_and_more(in_the_way)} is not the stand-in's but lies where it "
+                f"would write; nothing was deleted or written. Move it (or the folder {dataset_dir}) away and run "
+                f"again.")
+        if action == "rewritten":
+            _remove_files(dataset_dir, ours)
         dataset_dir.mkdir(parents=True, exist_ok=True)
-        _write_text(dataset_dir / MANIFEST, json.dumps(_manifest(plan, complete=False), indent=1) + "\n")
-        paths = _image_paths(plan)
-        _write_layout_files(plan, dataset_dir, paths)
+        _write_text(dataset_dir / MANIFEST, json.dumps(_manifest(plan, False, dict.fromkeys(planned)), indent=1)
+                    + "\n")
+        for relative, text in layout.items():
+            _write_text(dataset_dir / relative, text)
         written, size = _write_images(plan, dataset_dir, paths, progress)
         os.sync()  # the images reach the disk before the manifest says they are all there
-        _write_text(dataset_dir / MANIFEST, json.dumps(_manifest(plan, complete=True), indent=1) + "\n")
+        files = {relative: _identity(dataset_dir / relative) for relative in planned}
+        _write_text(dataset_dir / MANIFEST, json.dumps(_manifest(plan, True, files), indent=1) + "\n")
     return StandinResult(plan, action, dataset_dir, written, size, time.perf_counter() - started)
+
+
+def _identity(path: Path) -> list[int]:
+    """What says a file is still the one the generator wrote: its size and modification time (ns)."""
+    info = path.stat()
+    return [info.st_size, info.st_mtime_ns]
+
+
+def _and_more(items: list) -> str:
+    return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+
+
+def _listed_files(dataset_dir: Path, manifest: dict) -> dict[str, list[int] | None]:
+    """The files a manifest says the generator wrote (relative path -> [size, mtime_ns], or None when it was not
+    complete); for a manifest of an earlier version, which lists none, the files its request writes. Refused
+    (FileExistsError, nothing deleted) when the list is not one of relative paths inside the folder."""
+    path = dataset_dir / MANIFEST
+    files = manifest.get("files")
+    if files is None:  # an earlier version's manifest: its request says what it wrote
+        try:
+            request = manifest["request"]
+            plan = plan_standin(manifest["dataset"], StandinRequest(
+                request["test_fraction"], request["train_per_class"], request["seed"]))
+        except (KeyError, TypeError, ValueError):
+            raise FileExistsError(f"{path} does not say which files the stand-in wrote; nothing was deleted. Move "
+                                  f"the folder {dataset_dir} away (after saving any files of your own in it).") from None
+        paths = _image_paths(plan)
+        return dict.fromkeys([*_layout_files(plan, paths), *(r for split in SPLITS for _, r in paths[split])])
+    sound = isinstance(files, dict) and all(
+        isinstance(relative, str) and relative and not Path(relative).is_absolute() and ".." not in Path(relative).parts
+        and (identity is None or (isinstance(identity, list) and len(identity) == 2
+                                  and all(isinstance(v, int) and not isinstance(v, bool) for v in identity)))
+        for relative, identity in files.items())
+    if not sound:
+        raise FileExistsError(f"{path}: 'files' is not a list of the files the stand-in wrote inside {dataset_dir}; "
+                              f"nothing was deleted. Move the folder away (after saving any files of your own in it).")
+    return files
+
+
+def _unchanged_files(dataset_dir: Path, listed: dict[str, list[int] | None], legacy: bool) -> set[str]:
+    """The listed files that are still as the generator wrote them (same size and modification time; a file listed
+    by an unfinished run, which recorded none, counts as its own). A listed file changed since is the user's now:
+    FileExistsError naming it, nothing deleted. ``legacy`` (a manifest that listed no files): any file besides the
+    listed ones is refused the same way, since nothing tells the stand-in's files from others at those paths."""
+    ours, changed = set(), []
+    for relative, identity in listed.items():
+        path = dataset_dir / relative
+        if not os.path.lexists(path):
+            continue
+        if path.is_symlink() or not path.is_file() or (identity is not None and _identity(path) != identity):
+            changed.append(relative)
+        else:
+            ours.add(relative)
+    if changed:
+        raise FileExistsError(
+            f"{dataset_dir / changed[0]}{_and_more(changed)} was changed since the stand-in wrote it (real data "
+            f"extracted over it?): it is yours now, so nothing was deleted or written. Move the folder {dataset_dir} "
+            f"away (or the files you keep out of it) and run again.")
+    if legacy:
+        others = sorted(str(p.relative_to(dataset_dir)) for p in dataset_dir.rglob("*")
+                        if not p.is_dir() and p.name != MANIFEST and str(p.relative_to(dataset_dir)) not in ours)
+        if others:
+            raise FileExistsError(
+                f"{dataset_dir / others[0]}{_and_more(others)} is not the stand-in's, and its {MANIFEST} (of an "
+                f"earlier version) does not list the files it wrote; nothing was deleted. Move your files out of "
+                f"{dataset_dir} and run again.")
+    return ours
+
+
+def _remove_temporaries(dataset_dir: Path, relatives: set[str]) -> None:
+    """Remove the temporary files a killed generator left beside the files it writes (under the dataset's lock no
+    other generator writes there)."""
+    targets = {dataset_dir / relative for relative in relatives}
+    for folder in {target.parent for target in targets}:
+        try:
+            entries = [entry.name for entry in os.scandir(folder) if entry.name.startswith(".")]
+        except OSError:
+            continue
+        for entry in entries:
+            target = temporary_target(entry)
+            if target is not None and folder / target in targets:
+                (folder / entry).unlink(missing_ok=True)
+
+
+def _remove_files(dataset_dir: Path, relatives: set[str]) -> None:
+    """Delete these files and the folders this leaves empty (a folder holding anything else stays)."""
+    folders: set[Path] = set()
+    for relative in relatives:
+        path = dataset_dir / relative
+        path.unlink(missing_ok=True)
+        folders.update(p for p in path.parents if dataset_dir in p.parents)
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
 
 
 def describe(result: StandinResult) -> str:
