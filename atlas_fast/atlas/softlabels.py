@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.data.base import DatasetSplits
-from atlas_fast.files import blake2b_hex
+from atlas_fast.files import atomic_write, blake2b_hex
 from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import DELTAS, SOFT_LABEL_KINDS, Delta, SoftLabelKind
 
@@ -205,14 +204,12 @@ def compute_soft_labels(config: SoftLabelConfig, backbone: Backbone, splits: Dat
     rows = rows.float().cpu().contiguous()
 
     if path is not None:
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"rows": rows, "config": config.to_dict(), "fingerprint": backbone.fingerprint,
-                        "rows_blake2b": _rows_digest(rows)}, partial)
-            os.replace(partial, path)  # atomic: a concurrent reader never sees half a file
+        stored = {"rows": rows, "config": config.to_dict(), "fingerprint": backbone.fingerprint,
+                  "rows_blake2b": _rows_digest(rows)}
+        try:  # atomic: a concurrent reader never sees half a file, a killed writer's temporary file is cleaned later
+            atomic_write(path, lambda f: torch.save(stored, f))
         except OSError:  # a read-only (or full) cache root: the rows are cheap to recompute, so run without storing
-            partial.unlink(missing_ok=True)
+            pass
     return rows
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from PIL import Image
 from atlas_fast.progress import progress_bar
 
 from atlas_fast.data.datasets import register_split_json_dataset
-from atlas_fast.files import atomic_write
+from atlas_fast.files import JsonFileError, atomic_write, read_json
 from atlas_fast.world.generator import (SHAPE_PALETTES, SHAPES, SPLIT_IDS, TEXTURES, Layout, concept_id,
                                         render_batch)
 
@@ -187,7 +188,7 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
     stamp = json.loads(json.dumps(stamp))  # as it reads back from the file (tuples become lists)
     stamp_path = dataset_dir / STAMP_FILE
     manifest_path = dataset_dir / MANIFEST_FILE
-    if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
+    if _stamp_matches(stamp_path, stamp):
         return dataset_dir  # (without a lock: a complete dataset in a read-only folder is usable)
     # A folder no generator ever locked (a generator creates the lock file before any other) and that holds files is
     # refused without touching it. The lock file is looked for after the listing: a file a generator wrote then
@@ -196,7 +197,7 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
         _refuse_foreign(dataset_dir)
     dataset_dir.mkdir(parents=True, exist_ok=True)
     with _generation_lock(dataset_dir):  # a second process waits, then finds the dataset done
-        if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
+        if _stamp_matches(stamp_path, stamp, warn=True):
             return dataset_dir
         if not stamp_path.is_file() and not manifest_path.is_file() and _foreign_files(dataset_dir):
             _refuse_foreign(dataset_dir)
@@ -205,6 +206,19 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
             _remove_written(dataset_dir)
         _generate(dataset, dataset_dir, sizes, seed, stamp, progress, layout)
     return dataset_dir
+
+
+def _stamp_matches(stamp_path: Path, stamp: dict, warn: bool = False) -> bool:
+    """Whether the folder's stamp says it was generated with ``stamp``'s arguments; a stamp that cannot be read (not
+    JSON, too large or too deep) does not match (``warn``: says so, naming the file): the folder is generated again."""
+    if not stamp_path.is_file():
+        return False
+    try:
+        return read_json(stamp_path) == stamp
+    except JsonFileError as exc:
+        if warn:
+            warnings.warn(f"world stamp {exc}; generating the dataset again.", stacklevel=3)
+        return False
 
 
 def _foreign_files(dataset_dir: Path) -> list[str]:
@@ -292,7 +306,7 @@ def _written_files(dataset_dir: Path) -> list[str]:
     manifest_path = dataset_dir / MANIFEST_FILE
     if manifest_path.is_file():
         try:
-            files = json.loads(manifest_path.read_text())["files"]
+            files = read_json(manifest_path)["files"]
             if isinstance(files, list) and all(isinstance(f, str) for f in files):
                 return files
         except (ValueError, KeyError, TypeError):
@@ -301,7 +315,7 @@ def _written_files(dataset_dir: Path) -> list[str]:
                          f"{dataset_dir} (after saving any files of your own in it) and generate again.")
     stamp_path = dataset_dir / STAMP_FILE
     try:
-        old = json.loads(stamp_path.read_text())
+        old = read_json(stamp_path)
         classnames, sizes = old["dataset"]["classnames"], SplitSizes(**old["sizes"])
         split_file = WorldDataset(old["dataset"]["name"], "", "").split_file
     except (ValueError, KeyError, TypeError) as exc:
