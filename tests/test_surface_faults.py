@@ -363,7 +363,7 @@ def test_a_damaged_thread_probe_cache_is_a_miss_with_one_warning(tmp_path, monke
     assert json.loads(path.read_text())[threads._machine_key(2)]["threads"] == 2
 
 
-def test_thread_counts_beyond_the_cpus_never_reach_torch(monkeypatch):
+def test_thread_counts_beyond_the_cpus_never_reach_torch(monkeypatch, capsys, tmp_path):
     from atlas_fast import threads
 
     for variable in (*threads.THREAD_VARIABLES, threads.POLICY_VARIABLE):
@@ -380,6 +380,11 @@ def test_thread_counts_beyond_the_cpus_never_reach_torch(monkeypatch):
     with threads.small_step_threads("cpu", small_steps=True):
         pass
     assert max(seen) <= available
+    capsys.readouterr()
+    assert main(["--threads", "100000", "report", str(tmp_path / "no-results")]) == 2  # (no records: one error)
+    err = capsys.readouterr().err
+    assert max(seen) <= available and "UserWarning" not in err
+    assert [line for line in err.splitlines() if line.startswith("warning: 100000 threads asked for")]
 
 
 # --------------------------------------------------------------------------------------------------------- report

@@ -66,12 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv, threads = split_threads(argv)
     try:
         args = build_parser().parse_args((["--debug"] if debug else []) + threads + [a for a in argv if a != "--debug"])
-        with command_threads(args), warnings.catch_warnings():
+        with warnings.catch_warnings():
             if not debug:  # --debug keeps Python's own lines, with where each warning came from
                 warnings.showwarning = show_warning
-            check_torch_pair()  # from the installed metadata, before a mismatched torchvision fails to import
-            apply_download(args)
-            return int(args.func(args) or 0)
+            with command_threads(args):  # (its warning, a count above the CPUs, is one line too)
+                check_torch_pair()  # from the installed metadata, before a mismatched torchvision fails to import
+                apply_download(args)
+                return int(args.func(args) or 0)
     except (*user_errors(), UnknownName) as exc:
         if debug:
             traceback.print_exc()
