@@ -367,7 +367,8 @@ def test_thread_counts_beyond_the_cpus_never_reach_torch(monkeypatch, capsys, tm
     from atlas_fast import threads
 
     for variable in (*threads.THREAD_VARIABLES, threads.POLICY_VARIABLE):
-        monkeypatch.delenv(variable, raising=False)  # restored afterwards
+        monkeypatch.setenv(variable, "1")  # (recorded, so that the test leaves the environment as it found it)
+        monkeypatch.delenv(variable)
     monkeypatch.setattr(threads, "_policy", None)
     seen = []
     monkeypatch.setattr(torch, "set_num_threads", seen.append)
