@@ -446,7 +446,8 @@ def _listed_files(dataset_dir: Path, manifest: dict) -> dict[str, list[int] | No
                 request["test_fraction"], request["train_per_class"], request["seed"]))
         except (KeyError, TypeError, ValueError):
             raise FileExistsError(f"{path} does not say which files the stand-in wrote; nothing was deleted. Move "
-                                  f"the folder {dataset_dir} away (after saving any files of your own in it).") from None
+                                  f"the folder {dataset_dir} away (after saving any files of your own in it)."
+                                  ) from None
         paths = _image_paths(plan)
         return dict.fromkeys([*_layout_files(plan, paths), *(r for split in SPLITS for _, r in paths[split])])
     sound = isinstance(files, dict) and all(
