@@ -119,7 +119,9 @@ def test_graph_steps_refusals_name_the_reason():
     cuda = torch.device("cuda")  # a device object only: nothing runs
     coop = method_class("coop")
     assert graph_steps_refusal(coop, [OneHot(), Atlas(2)], cuda) is None
-    assert "reads pixels" in graph_steps_refusal(method_class("maple"), [OneHot()], cuda)
+    for pixel_method in ("ivlp", "maple", "promptsrc", "dept-maple"):  # pixel steps replay like cached ones
+        assert graph_steps_refusal(method_class(pixel_method), [OneHot(), Atlas(2)], cuda) is None
+        assert "'ols'" in graph_steps_refusal(method_class(pixel_method), [OnlineLabelSmoothing()], cuda)
     assert "learns nothing" in graph_steps_refusal(method_class("zsclip"), [OneHot()], cuda)
     assert "'ols'" in graph_steps_refusal(coop, [OneHot(), OnlineLabelSmoothing()], cuda)
 
@@ -142,11 +144,13 @@ def test_graph_steps_default_to_wherever_a_graph_can_replay_the_step():
     assert use_graph_steps([None, None], coop, [OneHot(), Atlas(2)], cuda)
     assert use_graph_steps([True, None], coop, [OneHot()], cuda)
     assert not use_graph_steps([None, False], coop, [OneHot()], cuda)  # one run asks for eager steps: all eager
-    assert not use_graph_steps([None], maple, [OneHot()], cuda)  # where no graph applies, None is eager, silently
+    assert use_graph_steps([None, None], maple, [OneHot(), Atlas(2)], cuda)
+    # where no graph applies, None is eager, silently
+    assert not use_graph_steps([None], maple, [OnlineLabelSmoothing()], cuda)
     assert not use_graph_steps([None], coop, [OnlineLabelSmoothing()], cuda)
     assert not use_graph_steps([None], coop, [OneHot()], cpu)
-    with pytest.raises(ValueError, match="reads pixels"):
-        use_graph_steps([True], maple, [OneHot()], cuda)
+    with pytest.raises(ValueError, match="'ols'"):
+        use_graph_steps([True], maple, [OnlineLabelSmoothing()], cuda)
 
 
 def test_a_cpu_run_with_the_default_graph_steps_trains_eagerly(pets, recwarn):
@@ -337,3 +341,33 @@ def test_step_graphs_stay_eager_when_a_step_syncs(tiny, fake_cuda):
         for _ in range(GRAPH_WARMUP_STEPS):
             step()
     assert graphs.refused and graphs.key(0, [4]) is None and not graphs.graphs
+
+
+def test_step_graphs_of_a_pixel_group_copy_pixels_and_frozen_features_into_their_buffers(tiny, fake_cuda):
+    """Two PromptSRC runs as one module (pixels and cached frozen features, stacked per run): the graph's static
+    inputs are a pixel batch like the step's, and each replay copies the step's pixels and features into them."""
+    from atlas_fast.engine.feed import PixelBatch
+    from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS, StepGraphs
+    from atlas_fast.engine.loop import build_optimizer
+    from atlas_fast.engine.step import RunState, step_batch
+    from atlas_fast.methods.base import OptimRecipe
+    from atlas_fast.methods.promptsrc import PromptSRCConfig
+
+    entry = method_class("promptsrc")
+    config = PromptSRCConfig(depth_text=2, depth_vision=2, num_runs=2)
+    method = entry.build(tiny, ["cat", "dog", "bird"], config).train()
+    labels = torch.tensor([0, 1, 2, 0])
+    runs = [RunState(None, labels, None, OneHot(), seed=s, device=torch.device("cpu")) for s in (1, 2)]
+    optimizer = build_optimizer(method, OptimRecipe(epochs=2, batch_size=4, lr=0.01))
+    graphs = StepGraphs(method, runs, optimizer, torch.amp.GradScaler("cpu", enabled=False), 4, amp=False)
+    graphs.start_epoch()
+    for _ in range(GRAPH_WARMUP_STEPS + 2):
+        batches = [(PixelBatch(torch.randn(4, 3, 32, 32), torch.randn(4, tiny.embed_dim)), torch.arange(4))
+                   for _ in runs]
+        inputs, step_labels, targets, sizes = step_batch(batches, runs, torch.device("cpu"))
+        assert isinstance(inputs, PixelBatch) and inputs.pixels.shape == (2, 4, 3, 32, 32)
+        loss, losses = graphs.step(graphs.key(0, sizes), 0, inputs, step_labels, targets, sizes)
+        assert set(losses) == {0, 1}
+    (captured,) = graphs.graphs.values()
+    assert captured["graph"].replays == 2 and isinstance(captured["inputs"], PixelBatch)
+    assert all(torch.equal(a, b) for a, b in zip(captured["inputs"], inputs))

@@ -225,22 +225,27 @@ class PromptedVisionEncoder:
                 deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         """Un-normalised image features (R, B, D).
 
-        ``prompts``: input visual prompts (R, M_v, w) or None (then R = 1 and no deep prompts are allowed);
-        ``deep_prompts``: one (R, M_v, w) tensor per block 1..J-1.
+        ``pixels``: (B, 3, H, W), the same images for every run, or (R, B, 3, H, W), one batch per run (R runs
+        trained together: each image goes through the tower once, with its own run's prompts); ``prompts``: input
+        visual prompts (R, M_v, w) or None (then no deep prompts are allowed); ``deep_prompts``: one (R, M_v, w)
+        tensor per block 1..J-1.
         """
-        if pixels.dim() != 4:
-            raise ValueError(f"pixels must be (B, 3, H, W), got {tuple(pixels.shape)}")
+        if pixels.dim() not in (4, 5):
+            raise ValueError(f"pixels must be (B, 3, H, W) or (R, B, 3, H, W), got {tuple(pixels.shape)}")
         if prompts is None and len(deep_prompts):
             raise ValueError("deep visual prompts need input visual prompts (they replace the appended tokens)")
         for p in ([prompts] if prompts is not None else []) + list(deep_prompts):
             if p.dim() != 3 or p.shape[-1] != self.width:
                 raise ValueError(f"visual prompts must be (R, M_v, {self.width}), got {tuple(p.shape)}")
-        x = self.embed(pixels)
-        batch = x.shape[0]
-        runs = 1
-        if prompts is not None:
-            runs = prompts.shape[0]
+        per_run = pixels.dim() == 5
+        runs = pixels.shape[0] if per_run else prompts.shape[0] if prompts is not None else 1
+        if per_run and prompts is not None and prompts.shape[0] != runs:
+            raise ValueError(f"{runs} runs' pixels but visual prompts of {prompts.shape[0]} runs")
+        batch = pixels.shape[1] if per_run else pixels.shape[0]
+        x = self.embed(pixels.flatten(0, 1) if per_run else pixels)
+        if not per_run and runs > 1:  # every run sees the same images: their patch embedding is computed once
             x = x.unsqueeze(0).expand(runs, -1, -1, -1).reshape(runs * batch, *x.shape[1:])
+        if prompts is not None:
             x = torch.cat([x, runs_to_batch(prompts, batch).to(x.dtype)], dim=1)
         x = self.visual.ln_pre(x)
         deep = [runs_to_batch(p, batch) for p in deep_prompts]

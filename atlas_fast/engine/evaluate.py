@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from atlas_fast.engine.pixels import ImageViews
 
 EVAL_PIXEL_BATCH = 100
+# Sequences per call of the prompted image tower at evaluation: R runs x images (a group of R = 12 runs takes 33
+# images at a time through its 12 prompted towers; a run alone, the whole batch of 100).
+EVAL_PIXEL_SEQUENCES = 400
 
 
 @dataclass
@@ -140,22 +143,83 @@ def pixel_logit_chunks(method: PromptMethod, images: ImageViews, amp: bool = Fal
 
 def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,
                     progress: bool = False) -> dict[str, list[float]]:
-    """Accuracy (one per run) of ``method`` on each set, with the classifier rebuilt for each set's class names.
-    The logits stream chunk by chunk (:func:`streamed_top1`). The method's own class set is restored afterwards."""
+    """Accuracy (one per run: a module of R runs is evaluated in one pass) of ``method`` on each set, with the
+    classifier rebuilt for each set's class names. The logits stream chunk by chunk (:func:`streamed_top1`); the
+    sets read as pixels go through the image tower together (:func:`pixel_accuracies`). The method's own class set
+    is restored afterwards."""
     original = tuple(method.classnames)
     results: dict[str, list[float]] = {}
     try:
+        pixel_sets = [eval_set for eval_set in sets if eval_set.images is not None]
+        if pixel_sets:  # the feed gives images to the methods that read pixels
+            results.update(pixel_accuracies(method, pixel_sets, amp, progress))
         for eval_set in sets:
-            method.set_classnames(eval_set.classnames)
-            if eval_set.images is not None:  # the feed gives images to the methods that read pixels
-                chunks = pixel_logit_chunks(method, eval_set.images, amp, progress, f"evaluate {eval_set.name}")
-            else:
+            if eval_set.images is None:
+                method.set_classnames(eval_set.classnames)
                 chunks = method_logit_chunks(method, eval_set.features, amp)
-            results[eval_set.name] = streamed_top1(chunks, eval_set.labels).tolist()
+                results[eval_set.name] = streamed_top1(chunks, eval_set.labels).tolist()
     finally:
         if original:
             method.set_classnames(original)
-    return results
+    return {eval_set.name: results[eval_set.name] for eval_set in sets}
+
+
+@torch.no_grad()
+def pixel_accuracies(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,
+                     progress: bool = False) -> dict[str, list[float]]:
+    """Accuracy (one per run) of a prompted-image method on the test view of each set's images, in one pass: each
+    distinct test image is decoded once, however many sets hold it (base, new and all share theirs), and goes
+    through the R runs' prompted image towers together (:meth:`~atlas_fast.methods.base.PromptMethod.
+    eval_pixel_features`, at most :data:`EVAL_PIXEL_SEQUENCES` sequences per call); every set that holds it then
+    scores its features with its own classifier (the class prompts encoded once per set,
+    :meth:`~atlas_fast.methods.base.PromptMethod.pixel_classifier`). Images are taken set by set in each set's
+    order, :data:`EVAL_PIXEL_BATCH` at a time, as a set evaluated alone takes them."""
+    from atlas_fast.progress import progress_bar
+
+    device = method.device
+    with _eval_mode(method):
+        classifiers = []
+        for eval_set in sets:
+            method.set_classnames(eval_set.classnames)
+            with _autocast(device, amp):
+                classifiers.append(method.pixel_classifier())
+        union: dict[tuple[str, str], int] = {}  # (path, key) -> position among every set's images
+        items, places, bounds = [], [], [0]
+        for eval_set in sets:
+            for d in eval_set.images.items:
+                if (d.impath, d.key) not in union:
+                    union[(d.impath, d.key)] = len(items)
+                    items.append(d)
+            places.append(torch.tensor([union[(d.impath, d.key)] for d in eval_set.images.items]))
+            bounds.append(len(items))  # the images this set brings first, in its order (chunked as if alone)
+        where = []  # per set: each union image's position in the set, or -1
+        for place in places:
+            index = torch.full((len(items),), -1, dtype=torch.long)
+            index[place] = torch.arange(len(place))
+            where.append(index)
+        hits = [torch.zeros(method.num_runs, len(s.labels), dtype=torch.bool) for s in sets]
+        images = sets[0].images
+        starts = sorted(set(bounds))
+        per_call = max(1, EVAL_PIXEL_SEQUENCES // method.num_runs)
+        with progress_bar(total=len(items), desc=f"evaluate {', '.join(s.name for s in sets)}", unit="img",
+                          enabled=progress, leave=False) as bar:
+            for low, high in zip(starts, starts[1:]):
+                first = low
+                for pixels, _ in images.feed.register(items[low:high], images.spec, 0, torch.arange(high - low),
+                                                      EVAL_PIXEL_BATCH):
+                    rows = slice(first, first + len(pixels))
+                    first += len(pixels)
+                    with _autocast(images.device, amp):
+                        features = torch.cat([method.eval_pixel_features(part) for part in pixels.split(per_call)],
+                                             dim=1)
+                        for classify, index, eval_set, set_hits in zip(classifiers, where, sets, hits):
+                            places = index[rows]
+                            held = (places >= 0).nonzero().flatten()
+                            if len(held):
+                                logits = classify(features[:, held.to(features.device)]).float()
+                                set_hits[:, places[held]] = top1_hits(logits, eval_set.labels[places[held]]).cpu()
+                    bar.update(len(pixels))
+    return {eval_set.name: accuracy_of_hits(set_hits).tolist() for eval_set, set_hits in zip(sets, hits)}
 
 
 def zero_shot_accuracy(backbone: Backbone, eval_set: EvalSet, template: str) -> float:

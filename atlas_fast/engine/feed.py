@@ -20,7 +20,7 @@ from atlas_fast.progress import progress_bar
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.cache import FeatureCache
 from atlas_fast.engine.evaluate import EvalSet
-from atlas_fast.engine.pixels import ImageViews
+from atlas_fast.engine.pixels import ImageViews, ViewFeed, decoding_pool, default_workers
 from atlas_fast.engine.spec import RunSpec
 from atlas_fast.engine.step import TrainInputs
 from atlas_fast.methods.base import PromptMethod
@@ -103,14 +103,21 @@ class PixelViews:
         self.images, self.views, self.frozen, self.progress = images, views, frozen, progress
 
     def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[object, torch.Tensor]]:
+        """The epoch's batches; registered with the group's feed now, so the runs that ask for their batches before
+        the first step are decoded together (:class:`~atlas_fast.engine.pixels.ViewFeed`)."""
+        pixel_batches = self.images.batches(1 + epoch % self.views, order, batch_size)
         frozen = self.frozen.for_epoch(epoch) if self.frozen is not None else None
-        with progress_bar(total=len(order), desc=f"epoch {epoch}", unit="img", enabled=self.progress,
-                  leave=False) as bar:
-            for pixels, index in self.images.batches(1 + epoch % self.views, order, batch_size):
+        return self._served(pixel_batches, frozen, len(order), epoch)
+
+    def _served(self, pixel_batches, frozen: torch.Tensor | None, items: int, epoch: int):
+        with progress_bar(total=items, desc=f"epoch {epoch}", unit="img", enabled=self.progress,
+                          leave=False) as bar:
+            for pixels, index in pixel_batches:
                 if frozen is None:
                     yield pixels, index
                 else:
-                    yield PixelBatch(pixels, frozen[index].to(pixels.device, non_blocking=True)), index
+                    rows = frozen[index.to(frozen.device)]
+                    yield PixelBatch(pixels, rows.to(pixels.device, non_blocking=True)), index
                 bar.update(len(index))
 
 
@@ -177,7 +184,7 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
     if not method.reads_pixels or method.reads_frozen_features:
         # Runs of a group that train on the same images (the label variants of one seed) share one copy of the
         # preloaded views: up to 1 GB each (ImageNet base-to-new: 8,000 images x 50 views x 512 floats).
-        device = spec.device if not method.reads_pixels else torch.device("cpu")
+        device = spec.device
         key = ("train views", data.dataset, tuple(d.impath for d in train_split.train), spec.views, config.aug_seed,
                str(device))
         if key not in shared:
@@ -187,6 +194,12 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
     if not method.reads_pixels:
         train_inputs: TrainInputs = cached
     else:
-        images = ImageViews(train_split.train, backbone, config.aug_seed, config.workers, spec.device)
+        # the runs of a group read their views through one feed: each (image, view) of a step decoded once
+        feed_key = ("pixel feed", str(spec.device), config.workers)
+        if feed_key not in shared:
+            workers = default_workers(spec.device) if config.workers is None else config.workers
+            shared[feed_key] = ViewFeed(decoding_pool(workers, spec.device.type == "cuda"), spec.device)
+        images = ImageViews(train_split.train, backbone, config.aug_seed, config.workers, spec.device,
+                            shared[feed_key])
         train_inputs = PixelViews(images, spec.views, cached, config.progress)
     return RunInputs(eval_sets, labels, soft_rows, train_inputs)

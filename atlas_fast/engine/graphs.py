@@ -1,6 +1,6 @@
-"""CUDA graphs for the cached training step (``TrainConfig.graph_steps``; on by default wherever they apply): full-size
-steps replay a captured forward, loss and backward; the optimiser step and gradient scaler run as usual on the
-graph's gradient buffers. Nothing here runs on a CPU (the refusals and the bookkeeping are tested there with
+"""CUDA graphs for the training step (``TrainConfig.graph_steps``; on by default wherever they apply): full-size
+steps replay a captured forward, loss and backward, on cached features or on pixels (the prompted image towers); the
+optimiser step and gradient scaler run as usual on the graph's gradient buffers. Nothing here runs on a CPU (the refusals and the bookkeeping are tested there with
 torch.cuda faked; the replays themselves by benchmarks/gpu_check.py on a GPU); a step that still reads values back
 from the device trains eagerly with a warning.
 """
@@ -26,9 +26,8 @@ def graph_steps_refusal(entry, schedules: Sequence[LabelSchedule], device: torch
     """Why ``graph_steps`` cannot give exactly the eager steps of these runs (None when it can)."""
     if device.type != "cuda":
         return f"graph_steps replays CUDA graphs and needs a CUDA device; this run is on {device.type}"
-    if entry.reads_pixels or not entry.learns:
-        return (f"graph_steps covers methods trained on cached features; {entry.name} "
-                f"{'reads pixels' if entry.learns else 'learns nothing'}")
+    if not entry.learns:
+        return f"graph_steps replays training steps; {entry.name} learns nothing"
     for schedule in schedules:
         # a schedule's loss may depend on the epoch only through uses_soft_labels (part of a graph's key) and must
         # keep no statistics of the predictions (OLS reads them on the host every step)
@@ -70,8 +69,24 @@ def sync_messages(messages) -> list[str]:
             if "synchroniz" in message and "debug mode is a prototype" not in message]
 
 
+def clone_inputs(inputs):
+    """A graph's static copy of a step's inputs: a tensor, or a tuple of tensors (pixels with frozen features)."""
+    if isinstance(inputs, tuple):
+        return type(inputs)(*(clone_inputs(part) for part in inputs))
+    return inputs.clone()
+
+
+def copy_inputs(static, inputs) -> None:
+    """Copy a step's inputs into the graph's static buffers (same structure and shapes)."""
+    if isinstance(static, tuple):
+        for static_part, part in zip(static, inputs):
+            copy_inputs(static_part, part)
+    else:
+        static.copy_(inputs)
+
+
 class StepGraphs:
-    """CUDA graphs of the forward, loss and backward of the full-size steps of R runs on cached features.
+    """CUDA graphs of the forward, loss and backward of the full-size steps of R runs (cached features or pixels).
 
     A step's shapes are static when every run's batch is full-size; its graph is keyed by which runs use soft labels
     in the epoch (the only way the supported schedules' losses depend on it). A key's first
@@ -147,7 +162,7 @@ class StepGraphs:
                 self._refuse(f"capturing a step of {self.method.name} failed: {str(exc).splitlines()[0][:200]}")
                 return self._eager(epoch, inputs, labels, targets, sizes)
         with torch.no_grad():
-            graph["inputs"].copy_(inputs)
+            copy_inputs(graph["inputs"], inputs)
             graph["labels"].copy_(labels)
             for (_, run_labels, soft), (_, static_labels, static_soft) in zip(targets, graph["targets"]):
                 static_labels.copy_(run_labels)
@@ -160,7 +175,7 @@ class StepGraphs:
         return graph["loss"], graph["losses"]
 
     def _capture(self, key, epoch, inputs, labels, targets, sizes) -> dict[str, Any]:
-        static_inputs, static_labels = inputs.clone(), labels.clone()
+        static_inputs, static_labels = clone_inputs(inputs), labels.clone()
         static_targets = [(r, run_labels.clone(), soft.clone() if soft is not None else None)
                           for r, run_labels, soft in targets]
         self.optimizer.zero_grad(set_to_none=True)

@@ -206,22 +206,41 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
 
     records = []
     zero_shots: dict[tuple[int, ...], dict[str, float]] = {}  # per distinct tuple of (shared) evaluation sets
+    together, shared_seconds = group_accuracies(method, inputs, first.amp, any(s.config.progress for s in specs))
     for r, (spec, run_inputs, log) in enumerate(zip(specs, inputs, logs)):
         clock = time.perf_counter()
         view = run_view(method, singles, r)
         sets = tuple(id(eval_set) for eval_set in run_inputs.eval_sets)
         if sets not in zero_shots:
             zero_shots[sets] = zero_shot_references(backbone, run_inputs.eval_sets, spec.dataset)
-        metrics = evaluate_run(view, run_inputs.eval_sets, backbone, spec.dataset, spec.amp, spec.config.progress,
-                               zero_shots[sets])
+        if together is not None:
+            metrics = {**summarize({name: values[r] for name, values in together.items()}),
+                       "zero_shot": zero_shots[sets]}
+        else:
+            metrics = evaluate_run(view, run_inputs.eval_sets, backbone, spec.dataset, spec.amp,
+                                   spec.config.progress, zero_shots[sets])
         timings = {"plan": spec.plan_seconds, "inputs": input_seconds[r], "train": train_seconds,
-                   "evaluate": round(time.perf_counter() - clock, 4),
+                   "evaluate": round(time.perf_counter() - clock + shared_seconds, 4),
                    "seconds_per_epoch": train_seconds / spec.optim_recipe.epochs, "batch_runs": len(specs),
                    "group_total": round(time.perf_counter() - start, 4)}
         record = build_record(spec, backbone, metrics, log, timings)
         learned = view.state_for_checkpoint()
         records.append(save_record(spec, record, with_snapshots(learned, snapshots[r]) if snapshots[r] else learned))
     return records
+
+
+def group_accuracies(method: PromptMethod, inputs: Sequence[RunInputs], amp: bool, progress: bool
+                     ) -> tuple[dict[str, list[float]] | None, float]:
+    """Every run's accuracies from one pass of the group's module over the evaluation sets the runs share (each
+    test image read, and for pixel methods decoded, once per group; the R runs' heads or prompted towers
+    together), and each run's share of its seconds; (None, 0) for a group of one or runs evaluated on different
+    sets (then each run is evaluated alone)."""
+    first = [id(eval_set) for eval_set in inputs[0].eval_sets]
+    if len(inputs) == 1 or any([id(eval_set) for eval_set in i.eval_sets] != first for i in inputs):
+        return None, 0.0
+    clock = time.perf_counter()
+    accuracies = evaluate_method(method, inputs[0].eval_sets, amp, progress)
+    return accuracies, (time.perf_counter() - clock) / len(inputs)
 
 
 def build_group_method(specs: Sequence[RunSpec], backbone, classnames: Sequence[str]

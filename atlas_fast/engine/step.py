@@ -47,38 +47,62 @@ def step_batch(batches: list, runs: Sequence[RunState], device: torch.device):
             targets.append((r, *runs[r].targets(batch[1].to(device))))
     if len(runs) == 1:
         return batches[0][0].to(device), targets[0][1], targets, sizes
-    first = next(batch[0] for batch in batches if batch is not None)
-    inputs = first.new_zeros((len(runs), max(sizes), *first.shape[1:]), device=device)
+    inputs = stack_runs_inputs([batch[0] if batch is not None else None for batch in batches], sizes, device)
     labels = torch.zeros((len(runs), max(sizes)), dtype=torch.long, device=device)
     for r, batch_labels, _ in targets:
-        inputs[r, :sizes[r]] = batches[r][0].to(device)
         labels[r, :sizes[r]] = batch_labels
     return inputs, labels, targets, sizes
+
+
+def stack_runs_inputs(parts: list, sizes: list[int], device: torch.device):
+    """Each run's inputs (B_r, ...) (None for a run that sits out) as zero-padded (R, B_max, ...); a tuple of
+    tensors (a pixel batch with its frozen features) is stacked field by field."""
+    first = next(part for part in parts if part is not None)
+    if isinstance(first, tuple):
+        fields = [stack_runs_inputs([part[i] if part is not None else None for part in parts], sizes, device)
+                  for i in range(len(first))]
+        return type(first)(*fields)
+    inputs = first.new_zeros((len(parts), max(sizes), *first.shape[1:]), device=device)
+    for r, part in enumerate(parts):
+        if part is not None:
+            inputs[r, :sizes[r]] = part.to(device)
+    return inputs
 
 
 def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: torch.optim.Optimizer,
                      scaler: torch.amp.GradScaler, epoch: int, inputs, labels: torch.Tensor, targets: list,
                      sizes: list[int], device: torch.device, amp: bool, autocast_cache: bool = True
                      ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """One step's loss (and each run's criterion loss) and its (scaled) gradients in the parameters' ``.grad``.
+    """One step's loss (and each run's loss) and its (scaled) gradients in the parameters' ``.grad``.
 
     The criterion is the sum over the runs in this step of run r's schedule loss of its logits
     (R, B_max, C)[r, :B_r] ((B, C) logits are one run's); ``observe``: these are the method's class predictions
-    (OLS learns from them), not an auxiliary head's."""
+    (OLS learns from them), not an auxiliary head's; ``per_run``: each run's loss (R,) instead of their sum (0 for a
+    run that sits out the step). ``criterion.sizes`` are the runs' batch sizes B_r: rows past a run's size are
+    padding, which a method's terms beyond the criterion must leave out. A method's ``training_loss`` returns the
+    step's loss or, with terms beyond the criterion, each run's loss (R,) (their sum is backpropagated); each run's
+    loss is the criterion's otherwise."""
     losses: dict[int, torch.Tensor] = {}
 
-    def criterion(logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
+    def criterion(logits: torch.Tensor, observe: bool = True, per_run: bool = False) -> torch.Tensor:
         logits = logits if logits.dim() == 3 else logits.unsqueeze(0)
         for r, batch_labels, soft in targets:
             run_logits = logits[r, :sizes[r]]
             if observe:
                 runs[r].schedule.observe(run_logits, batch_labels)
             losses[r] = runs[r].schedule.loss(epoch, run_logits.float(), batch_labels, soft)
+        if per_run:
+            zero = logits.new_zeros((), dtype=torch.float32)
+            return torch.stack([losses.get(r, zero) for r in range(logits.shape[0])])
         return torch.stack(list(losses.values())).sum()
 
+    criterion.sizes = sizes  # type: ignore[attr-defined]
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp,
                         cache_enabled=autocast_cache):
         loss = method.training_loss(inputs, labels, criterion)
+    if loss.dim() == 1:  # each run's loss: the method has terms beyond the criterion (PromptSRC, DePT)
+        losses = {r: loss[r] for r, _, _ in targets}
+        loss = loss.sum()
     scaler.scale(loss).backward()
     return loss, losses

@@ -240,6 +240,17 @@ class PromptMethod(nn.Module):
         ``text_features`` is :meth:`text_features` of the current class set, encoded once per set."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate pixels")
 
+    def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """For methods with ``reads_pixels``: the part of the test-time logits that does not depend on the class
+        set, (R, B, D) of pixels (B, 3, H, W) seen by every run (the prompted image features), so the images
+        evaluated on several class sets go through the image tower once (:meth:`pixel_classifier`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not evaluate pixels")
+
+    def pixel_classifier(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """For methods with ``reads_pixels``: the current class set's test-time logits (R, B, C) as a function of
+        :meth:`eval_pixel_features`, with the class prompts encoded once, now (a later class set leaves it as is)."""
+        raise NotImplementedError(f"{type(self).__name__} does not evaluate pixels")
+
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
                       criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
         """The loss of one training batch. ``criterion(logits)`` is the label schedule's cross-entropy of logits
@@ -257,6 +268,11 @@ class PromptMethod(nn.Module):
 
     def end_epoch(self, epoch: int, num_epochs: int) -> None:
         """Called after the last step of each 0-based ``epoch`` (e.g. to accumulate prompts over epochs)."""
+
+    def carry_runs(self, source: "PromptMethod", keep: Sequence[int]) -> None:
+        """Take over the training state beyond the learned tensors (e.g. prompts accumulated over epochs) of the runs
+        at positions ``keep`` of ``source``, a module of the same method: this module holds those runs, in that
+        order, and goes on training them (runs retired or forked mid-training). Default: no such state."""
 
     def finish_training(self) -> None:
         """Called once after the last epoch, before evaluation (e.g. to load aggregated prompts)."""

@@ -90,11 +90,34 @@ class DePTMaPLeConfig(MaPLeConfig, DePTHeadConfig):
     """DePT on MaPLe: MaPLe's fields (M, init, depth J) + the head's."""
 
 
-def per_run_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Hard-label CE of logits (R, B, C): the batch mean of each run, summed over runs."""
+def per_run_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                          sizes: Sequence[int] | None = None) -> torch.Tensor:
+    """Hard-label CE of logits (R, B, C): the batch mean of each run, summed over runs. With labels (R, B), one
+    batch per run (R runs trained together), each run's mean over its first ``sizes[r]`` rows (the rest is padding),
+    as a vector (R,)."""
     runs = logits.shape[0]
-    per_item = F.cross_entropy(logits.float().flatten(0, 1), labels.repeat(runs), reduction="none")
-    return per_item.view(runs, -1).mean(dim=1).sum()
+    if labels.dim() == 1:
+        per_item = F.cross_entropy(logits.float().flatten(0, 1), labels.repeat(runs), reduction="none")
+        return per_item.view(runs, -1).mean(dim=1).sum()
+    per_item = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(runs, -1)
+    if sizes is None or min(sizes) == labels.shape[1]:
+        return per_item.mean(dim=1)
+    rows = torch.tensor(sizes, device=logits.device)
+    mask = torch.arange(labels.shape[1], device=logits.device) < rows.unsqueeze(1)
+    return (per_item * mask).sum(dim=1) / rows.clamp(min=1)
+
+
+def class_rows(text: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The text feature of each image's class (R, B, D): ``text`` (R, C, D) class prototypes, or (R, B, C, D) each
+    image's own conditioned prompts (CoCoOp); ``labels`` (B,), or (R, B) one batch per run."""
+    if labels.dim() == 1:
+        if text.dim() == 3:
+            return text[:, labels]
+        return text[:, torch.arange(labels.shape[0], device=labels.device), labels]
+    width = text.shape[-1]
+    if text.dim() == 3:
+        return text.gather(1, labels.unsqueeze(-1).expand(-1, -1, width))
+    return text.gather(2, labels[:, :, None, None].expand(-1, -1, 1, width)).squeeze(2)
 
 
 class DePT(PromptMethod):
@@ -149,7 +172,11 @@ class DePT(PromptMethod):
     def fuse(self, image_features: torch.Tensor, similarity: torch.Tensor) -> torch.Tensor:
         """Test-time logits: ``(1 - λ) z + λ head`` (or the head alone without fusion) on the head's classes, z on
         any other class set."""
-        rows = self._head_rows
+        return self.fuse_rows(image_features, similarity, self._head_rows)
+
+    def fuse_rows(self, image_features: torch.Tensor, similarity: torch.Tensor,
+                  rows: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`fuse` for the class set whose head rows are ``rows`` (:meth:`head_rows`; None: no head)."""
         if rows is None:
             return similarity
         head = self.head_logits(image_features, "image").index_select(-1, rows.to(similarity.device))
@@ -188,17 +215,16 @@ class DePT(PromptMethod):
         image = self.base.image_batch(inputs)
         text = self.base.class_text_features(image)
         similarity = self.base.similarity_logits(image, text)
-        if text.dim() == 3:  # (R, C, D): the prototype of each image's class
-            text_rows = text[:, labels]
-        else:  # (R, B, C, D): image i's own conditioned text feature of its class (CoCoOp)
-            text_rows = text[:, torch.arange(labels.shape[0], device=labels.device), labels]
-        head_text = self.head_logits(text_rows, "text")
+        head_text = self.head_logits(class_rows(text, labels), "text")
         head_image = self.head_logits(image, "image")
-        text_term = (criterion(head_text, observe=False) if self.config.head_text_targets == "mirror"
-                     else per_run_cross_entropy(head_text, labels))
+        # R runs trained together ((R, B) labels): each run's loss (R,), so each run logs its own
+        runs = {"per_run": True} if labels.dim() == 2 else {}
+        text_term = (criterion(head_text, observe=False, **runs) if self.config.head_text_targets == "mirror"
+                     else per_run_cross_entropy(head_text, labels, getattr(criterion, "sizes", None)))
         lam = self.config.head_lambda
         # only the similarity logits are the method's class predictions (what OLS learns its targets from)
-        loss = (1.0 - lam) * criterion(similarity) + lam * 0.5 * (text_term + criterion(head_image, observe=False))
+        loss = ((1.0 - lam) * criterion(similarity, **runs)
+                + lam * 0.5 * (text_term + criterion(head_image, observe=False, **runs)))
         extra = self.base.regularizer(text)
         return loss if extra is None else loss + extra
 
@@ -289,6 +315,8 @@ class DePTMaPLe(DePT):
     printed_name = "DePT-MaPLe"
     recipe_function = staticmethod(dept_maple_recipe)
     reads_pixels = True
+    # MaPLe's tensors and the head's lead with R; the loss takes (R, B) labels (tests/test_batched.py)
+    supports_batched_runs = True
     depth_options = ("depth",)
     config_class = DePTMaPLeConfig
     base_class = MaPLe
@@ -296,6 +324,13 @@ class DePTMaPLe(DePT):
     def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
         image = self.base.image_batch(pixels)
         return self.fuse(image, self.base.similarity_logits(image, text_features))
+
+    def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.base.image_batch(pixels)
+
+    def pixel_classifier(self):
+        text, rows = self.base.text_features(), self._head_rows
+        return lambda image: self.fuse_rows(image, self.base.similarity_logits(image, text), rows)
 
 
 register_method(DePTCoOp)

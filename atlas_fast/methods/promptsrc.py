@@ -145,13 +145,17 @@ class PromptSRC(IVLP):
 
     @torch.no_grad()
     def frozen_image_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The unprompted CLIP's image features (B, D): what the cache holds for these views."""
+        """The unprompted CLIP's image features (B, D), or (R, B, D) of one batch per run: what the cache holds for
+        these views."""
+        if pixels.dim() == 5:
+            return self.backbone.encode_image(pixels.flatten(0, 1)).view(*pixels.shape[:2], -1)
         return self.backbone.encode_image(pixels)
 
     def self_regulating_loss(self, text: torch.Tensor, image: torch.Tensor, logits: torch.Tensor,
-                             frozen_image: torch.Tensor) -> torch.Tensor:
-        """L_SCL summed over the R runs: text (R, C, D) and image (R, B, D) normalised, logits (R, B, C), frozen
-        image features (B, D) un-normalised."""
+                             frozen_image: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
+        """L_SCL of each run (R,): text (R, C, D) and image (R, B, D) normalised, logits (R, B, C), frozen image
+        features (B, D) or (R, B, D) un-normalised. ``sizes``: each run's rows when the batches of R runs trained
+        together are zero-padded to B (the image terms average over a run's own rows only)."""
         if tuple(self.classnames) != self.fixed_classnames:
             raise RuntimeError("PromptSRC trains on the class set it was built for (its frozen text targets)")
         if self.fixed_embeddings is None or self.fixed_embeddings.device != text.device:
@@ -161,14 +165,24 @@ class PromptSRC(IVLP):
         fixed_image = F.normalize(frozen_image.float().to(fixed_text.device), dim=-1)
         fixed_logits = self.logit_scale * fixed_image @ fixed_text.t()
         text_l1 = (text.float() - fixed_text).abs().mean(dim=(1, 2))
-        image_l1 = (image.float() - fixed_image).abs().mean(dim=(1, 2))
+        image_gap = (image.float() - fixed_image).abs()
         kl = F.kl_div(F.log_softmax(logits.float(), dim=-1), F.log_softmax(fixed_logits, dim=-1).expand_as(logits),
-                      reduction="none", log_target=True).sum(dim=(1, 2)) / logits[0].numel()
-        return (config.text_loss_weight * text_l1 + config.image_loss_weight * image_l1 + kl).sum()
+                      reduction="none", log_target=True)
+        if sizes is None or min(sizes) == logits.shape[1]:  # every row is a run's own
+            image_l1 = image_gap.mean(dim=(1, 2))
+            kl = kl.sum(dim=(1, 2)) / logits[0].numel()
+        else:  # only the first sizes[r] rows of run r (a run that sits out the step gets 0)
+            rows = torch.tensor(sizes, device=logits.device)
+            mask = torch.arange(logits.shape[1], device=logits.device) < rows.unsqueeze(1)
+            count = rows.clamp(min=1).float()
+            image_l1 = (image_gap.mean(dim=2) * mask).sum(dim=1) / count
+            kl = (kl.sum(dim=2) * mask).sum(dim=1) / (count * logits.shape[2])
+        return config.text_loss_weight * text_l1 + config.image_loss_weight * image_l1 + kl
 
     def training_loss(self, inputs, labels: torch.Tensor,
-                      criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """criterion(z) + L_SCL. ``inputs``: pixels (B, 3, H, W), or (pixels, cached frozen features (B, D)) (an
+                      criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """criterion(z) + L_SCL (each run's (R,) when R runs train together). ``inputs``: pixels (B, 3, H, W) or
+        (R, B, 3, H, W), or (pixels, cached frozen features (B, D) or (R, B, D)) (an
         :class:`atlas_fast.engine.feed.PixelBatch`)."""
         pixels, frozen = inputs if isinstance(inputs, tuple) else (inputs, None)
         if frozen is None:
@@ -176,7 +190,11 @@ class PromptSRC(IVLP):
         text = self.text_features()
         image = F.normalize(self.image_batch(pixels), dim=-1)
         logits = self.similarity_logits(image, text)
-        return criterion(logits) + self.self_regulating_loss(text, image, logits, frozen)
+        if labels.dim() == 1:  # one batch (seen by every run)
+            return criterion(logits) + self.self_regulating_loss(text, image, logits, frozen).sum()
+        # R runs trained together, one batch per run: each run's loss (R,), so each run logs its own
+        sizes = getattr(criterion, "sizes", None)
+        return criterion(logits, per_run=True) + self.self_regulating_loss(text, image, logits, frozen, sizes)
 
     def end_epoch(self, epoch: int, num_epochs: int) -> None:
         """Add this epoch's learned tensors, weighted by g_{epoch + 1}, to the GPA aggregate."""
@@ -189,6 +207,12 @@ class PromptSRC(IVLP):
         else:
             for name, value in current.items():
                 self._gpa_sum[name] += value
+
+    def carry_runs(self, source: "PromptSRC", keep: Sequence[int]) -> None:
+        """The GPA aggregate so far of ``source``'s runs ``keep``."""
+        index = torch.tensor(list(keep))
+        self._gpa_sum = None if source._gpa_sum is None else {
+            name: value.index_select(0, index.to(value.device)) for name, value in source._gpa_sum.items()}
 
     def finish_training(self) -> None:
         """Replace the learned tensors by their Gaussian aggregate over epochs."""

@@ -169,6 +169,7 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
         config = dataclasses.replace(first.method_config, num_runs=len(keep))
         smaller = first.method.build(backbone, first.data.train_split.classnames, config).to(first.device)
         smaller.load_checkpoint_state({name: tensor[keep] for name, tensor in state.items()})
+        smaller.carry_runs(module, keep)
         current["method"], current["slots"] = smaller, [current["slots"][p] for p in keep]
         return smaller
 
