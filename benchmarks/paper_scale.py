@@ -10,10 +10,14 @@ of the real shapes); the whole table is :func:`atlas_fast.pricing.estimate.price
 
 * classes: base = the first ceil(C/2) classes (the base/new split), new = the rest; ImageNet (all) = 1,000;
 * training images: 16 shots x the training classes; steps per epoch = ceil(images / batch); the recipe's epochs;
-* R: CoOp and CoCoOp train the 12 runs of a dataset (4 variants x 3 seeds) in groups of the device's default R (12
-  on a GPU, 4 on the CPU); the other methods one by one;
+* R: the methods that batch runs (CoOp, CoCoOp, IVLP, MaPLe, PromptSRC, DePT-MaPLe, ...) train the 12 runs of a
+  dataset (4 variants x 3 seeds) in groups of the device's default R (12 on a GPU, 4 on the CPU), lowered where R
+  runs' steps would not fit the device's memory, as the sweep's planner groups them (:func:`atlas_fast.sweep.
+  group_runs`); the other methods one by one. A pixel group decodes each step's views once for its seeds (a seed's
+  variants read the same images);
 * evaluation: the published test-set sizes (CoOp's splits) shared out between base and new by their class counts;
-  each evaluation unit is timed on ``--eval-images`` test inputs and scaled linearly to the real size;
+  a group is evaluated in one pass (its R runs together, each test image decoded once), its units measured at its
+  R; each evaluation unit is timed on ``--eval-images`` test inputs and scaled linearly to the real size;
 * cache build: every test image once and 3 seeds x 16 shots x base classes training images (an upper bound: seeds
   share some) with the views of the longest cached recipe, at the measured encode rate;
 * soft labels: CSL and ISL once per run that uses them, at (C, 16 x C).
@@ -49,6 +53,7 @@ from atlas_fast.cache.space import human_bytes  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.data.check import PUBLISHED_SIZES  # noqa: E402
 from atlas_fast.data.datasets import ELEVEN  # noqa: E402
+from atlas_fast.engine import memory  # noqa: E402
 from atlas_fast.methods.base import method_class  # noqa: E402
 from atlas_fast.pricing import estimate as est  # noqa: E402
 from atlas_fast.pricing import units as measure  # noqa: E402
@@ -139,10 +144,18 @@ class Bench:
             Path(self.args.out).write_text(json.dumps(data, indent=1))
 
 
-def runs_per_group(method: str, device: torch.device) -> int:
-    if not method_class(method).supports_batched_runs:
+def runs_per_group(method: str, device: torch.device, backbone=None, classes: int = 0, batch: int = 1,
+                   amp: bool = False) -> int:
+    """R of the method's groups: the device's default (at most a dataset's 12 runs), lowered as the planner lowers
+    it where R runs' steps would not fit the device's memory (:mod:`atlas_fast.engine.memory`)."""
+    entry = method_class(method)
+    if not entry.supports_batched_runs:
         return 1
-    return min(len(VARIANT_SOFT) * SEEDS, DEFAULT_BATCH_RUNS.get(device.type, 1))
+    runs = min(len(VARIANT_SOFT) * SEEDS, DEFAULT_BATCH_RUNS.get(device.type, 1))
+    if backbone is None:
+        return runs
+    per_run = memory.step_bytes_per_run(entry, backbone, classes, batch, amp)
+    return memory.runs_that_fit(runs, per_run, memory.frozen_bytes(backbone, amp), memory.device_bytes(device))
 
 
 def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool) -> list[est.GroupFacts]:
@@ -157,7 +170,7 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
         config, recipe = entry.recipe_function("paper", p["setting"], SHOTS, p["recipe_dataset"])
         config = measure.method_config_for(method, 1, config, backbone)
         digest = est.config_digest(config)
-        runs = runs_per_group(method, bench.device)
+        runs = runs_per_group(method, bench.device, backbone, p["classes"], recipe.batch_size, amp)
         images = SHOTS * p["classes"]
         names = bench.classnames(p["classes"])
         if steps:
@@ -170,9 +183,11 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
         bench.unit(est.overhead_key(method, p["classes"], digest),
                    lambda: measure.measure_run_overhead(backbone, method, names, config=config, max_repeats=1))
         for _, classes, _ in p["eval"]:
-            bench.unit(est.eval_key(method, classes, digest),
-                       lambda: measure.measure_eval(backbone, method, bench.classnames(classes), args.eval_images,
-                                                    config=config, amp=amp, max_repeats=1))
+            for group_runs in sorted({len(part) for part in parts(runs)}):
+                bench.unit(est.eval_key(method, classes, digest, group_runs),
+                           lambda: measure.measure_eval(backbone, method, bench.classnames(classes),
+                                                        args.eval_images, config=config, amp=amp, max_repeats=1,
+                                                        runs=group_runs))
             bench.unit(est.eval_key(est.ZERO_SHOT, classes),
                        lambda: measure.measure_eval(backbone, "zsclip", bench.classnames(classes), args.eval_images,
                                                     amp=amp, max_repeats=1))
@@ -183,16 +198,22 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
         entry = method_class(method)
         config, recipe = entry.recipe_function("paper", p["setting"], SHOTS, p["recipe_dataset"])
         digest = est.config_digest(measure.method_config_for(method, 1, config, backbone))
-        runs = runs_per_group(method, bench.device)
+        runs = runs_per_group(method, bench.device, backbone, p["classes"], recipe.batch_size, amp)
         images = SHOTS * p["classes"]
-        soft = [kind for kind in VARIANT_SOFT for _ in range(SEEDS)]
         evals = tuple(est.EvalFacts(name, c, n) for name, c, n in p["eval"])
-        for start in range(0, len(soft), runs):
-            part = soft[start:start + runs]
+        for part in parts(runs):
             groups.append(est.GroupFacts(method, dataset, p["classes"], len(part), recipe.batch_size, recipe.epochs,
-                                         (images,) * len(part), evals, tuple(part), entry.reads_pixels,
-                                         views=recipe.epochs, config_digest=digest))
+                                         (images,) * len(part), evals, tuple(kind for kind, _ in part),
+                                         entry.reads_pixels, views=recipe.epochs, config_digest=digest,
+                                         training_sets=len({seed for _, seed in part})))
     return groups
+
+
+def parts(runs: int) -> list[list[tuple[str | None, int]]]:
+    """A dataset's 12 runs (soft labels, seed), in the sweep's order (variant by variant, seeds within), cut into
+    groups of ``runs`` as the planner cuts them."""
+    table = [(kind, seed) for kind in VARIANT_SOFT for seed in range(SEEDS)]
+    return [table[start:start + runs] for start in range(0, len(table), runs)]
 
 
 def cache_features(datasets: list[str], groups: list[est.GroupFacts]) -> tuple[int, int]:
@@ -318,9 +339,20 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
     print(f"\npeak host memory {human_bytes(estimate.peak_host_bytes)}; peak device memory "
           f"{human_bytes(estimate.peak_device_bytes)}; cache: {features} features of {images} images "
           f"({human_bytes(features * int(bench.backbone.embed_dim) * est.STORAGE_ITEMSIZE)})")
+    by_method = {}
+    print("\n| method | runs priced | R | training | evaluation | peak device memory of a group |")
+    print("|---|---:|---|---:|---:|---:|")
+    for method in dict.fromkeys(g.method for g in table3):
+        mine, _ = priced(bench, [g for g in table3 if g.method == method], 0, 0)
+        sizes = sorted({g.runs for g in table3 if g.method == method}, reverse=True)
+        by_method[method] = {"training_seconds": mine.phases["training"],
+                             "evaluation_seconds": mine.phases["evaluation"], "runs_priced": mine.runs,
+                             "runs_per_group": sizes, "peak_device_bytes": mine.peak_device_bytes}
+        print(f"| {method} | {mine.runs} | {', '.join(map(str, sizes))} | {mine.phases['training'] / 3600:.3f} h | "
+              f"{mine.phases['evaluation'] / 3600:.3f} h | {human_bytes(mine.peak_device_bytes)} |")
     result = {"table3_seconds": estimate.total_seconds, "phases": estimate.phases, "runs_priced": estimate.runs,
               "runs": runs, "official_seconds": official, "peak_host_bytes": estimate.peak_host_bytes,
-              "peak_device_bytes": estimate.peak_device_bytes}
+              "peak_device_bytes": estimate.peak_device_bytes, "by_method": by_method}
     return result
 
 

@@ -38,7 +38,8 @@ def test_paper_scale_prices_the_table_from_its_units_and_again_from_its_json(cap
             "--steps", "1", "--eval-images", "2", "--device", "cpu"]
     assert module.main([*args, "--out", str(out)]) == 0
     first = capsys.readouterr().out
-    assert "| EuroSAT | coop | 5 | 32 | 4 |" in first and "| OxfordPets | ivlp | 19 | 4 | 1 |" in first
+    assert "| EuroSAT | coop | 5 | 32 | 4 |" in first and "| OxfordPets | ivlp | 19 | 4 | 4 |" in first
+    assert "| ivlp | 24 | 4 | " in first  # a pixel method batches its runs like the cached ones
     assert "### Table III on this machine (cpu): 48 of 48 runs priced" in first  # 2 x 2 methods x 4 x 3
     saved = json.loads(out.read_text())
     assert saved["result"]["runs_priced"] == 48 and saved["result"]["table3_seconds"] > 0

@@ -243,7 +243,7 @@ def test_dry_run_lists_the_runs_and_counts_finished_ones(world, tmp_path, capsys
     args = _world_args(world, tmp_path, "--seeds", "1", "2", "--methods", "coop")
     main(["experiment", "table3_base_to_new", "--dry-run", *args])
     listing = capsys.readouterr().out
-    assert "8 runs: 0 finished, 8 to run in 2 group(s) of up to 4 run(s)" in listing
+    assert "8 runs: 0 finished, 8 to run in 2 group(s) (R = 4, 4), of up to 4 run(s) each" in listing
     assert not (tmp_path / "results").exists()  # nothing trained
     main(["experiment", "table3_base_to_new", *args, "--seeds", "1"])
     main(["experiment", "table3_base_to_new", "--dry-run", *args])

@@ -27,7 +27,7 @@ def grid(data, results, progress):
 def test_a_log_gets_one_line_per_run_and_no_bars(data, capsys):
     records = grid(data, "log", progress=True)
     err = capsys.readouterr().err
-    assert "2 run(s): 0 finished, 2 to train in 2 group(s) (local)" in err
+    assert "2 run(s): 0 finished, 2 to train in 2 group(s) (R = 1, 1) (local)" in err
     for i, record in enumerate(records, 1):
         metrics = record["metrics"]
         assert (f"[{i}/2] OxfordPets coop [epochs=2, shots=2, backbone=atlas-tiny] seed {i}: "

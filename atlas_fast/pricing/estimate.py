@@ -63,6 +63,19 @@ class GroupFacts:
     config_digest: str = ""  # the method config (R aside), so a unit is measured for this exact config
     learns: bool = True  # False: zero-shot CLIP, nothing to train
     decode: str = "decode"  # the decode unit of its images (decode_key(dataset) when the plan's files were timed)
+    # pixel methods: distinct training image lists among the runs (a seed's label variants share theirs, and a step
+    # decodes each of its views once for all of them); 0: one per run
+    training_sets: int = 0
+    # distinct test images over the evaluation sets (a group decodes and encodes each once); 0: the sets' sum
+    test_images: int = 0
+
+    @property
+    def decoded_sets(self) -> int:
+        return self.training_sets or self.runs
+
+    @property
+    def distinct_test_images(self) -> int:
+        return self.test_images or sum(e.images for e in self.eval_sets)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -104,8 +117,9 @@ def step_key(method: str, classes: int, batch: int, runs: int, digest: str = "")
     return f"step/{method}/C={classes}/B={batch}/R={runs}/{digest}"
 
 
-def eval_key(method: str, classes: int, digest: str = "") -> str:
-    return f"eval/{method}/C={classes}/{digest}"
+def eval_key(method: str, classes: int, digest: str = "", runs: int = 1) -> str:
+    """The evaluation unit of ``method`` at C = ``classes`` for ``runs`` runs evaluated together in one pass."""
+    return f"eval/{method}/C={classes}{f'/R={runs}' if runs > 1 else ''}/{digest}"
 
 
 def soft_key(kind: str, classes: int, images: int) -> str:
@@ -145,7 +159,7 @@ def needed_units(facts: PlanFacts) -> list[str]:
             keys.append(step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
         keys.append(overhead_key(g.method, g.classes, g.config_digest))
         for e in g.eval_sets:
-            keys += [eval_key(g.method, e.classes, g.config_digest), eval_key(ZERO_SHOT, e.classes)]
+            keys += [eval_key(g.method, e.classes, g.config_digest, g.runs), eval_key(ZERO_SHOT, e.classes)]
         if g.reads_pixels:
             keys += [g.decode, LOADER_KEY]
         for kind, images in zip(g.soft_labels, g.train_images):
@@ -224,13 +238,16 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
       + images x decode per image / workers
     * soft labels = sum over runs with CSL/ISL/mix of soft(kind, C, N of the run) (LS is free)
     * training = sum over the groups that learn (zero-shot CLIP trains nothing) of epochs x steps per epoch x
-      (step(method, C, B, R) + for pixel methods B x R x (decode per view + per image), the views decoded in the
-      loop); on CUDA the decoding runs in
-      ``decode_workers`` processes beside the steps: max(step, B x R x decode / workers); pixel methods also start
-      their image loader once per epoch and run (+ epochs x R x loader start)
-    * evaluation = sum over groups, over class sets: R x (eval fixed + N x eval per image (+ decode per image for
-      pixel methods; on CUDA max(eval per image, decode / workers))) + the zero-shot references once per group
-      (zsclip fixed + N x per image); pixel methods + R x loader start per class set
+      (step(method, C, B, R) + for pixel methods B x S x (decode per view + per image), the views decoded in the
+      loop, each distinct (image, view) of a step once for the S distinct training sets of the group's runs); on
+      CUDA the decoding runs in ``decode_workers`` processes beside the steps: max(step, B x S x decode / workers)
+    * evaluation = sum over groups: per class set eval(method, C, R) fixed (the R runs' class prompts) + the
+      zero-shot references (zsclip fixed + N x per image); cached features: + N x eval per image (the R runs' heads
+      over one read of the features); pixels: + each distinct test image of the group's sets once x (eval per
+      image at R + decode; on CUDA max(eval per image, decode / workers)), its prompted features scored by every
+      set that holds it
+    * the pixel methods' decoding pool starts once per command (+ loader start, in training when a pixel group
+      trains, else in evaluation)
     * per-run overhead = sum over groups of R x overhead(method, C)
     * peak host = max over groups of max(step, evaluation peak RSS) + the group's features held in memory (each run's
       cached training views when preloaded, the evaluation sets' features), float32
@@ -255,38 +272,41 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
         step = units[step_key(g.method, g.classes, g.batch, g.runs, g.config_digest)] if g.learns else Unit(0.0)
         per_step = step.seconds
         workers = max(1, facts.decode_workers)
-        if g.reads_pixels:  # the loop decodes each batch's views; on CUDA in worker processes beside the steps
+        if g.reads_pixels:  # the loop decodes each step's views once; on CUDA in worker processes beside the steps
             decode = units[g.decode]
-            decoding = g.batch * g.runs * (decode.seconds + decode.fixed_seconds)
+            decoding = g.batch * g.decoded_sets * (decode.seconds + decode.fixed_seconds)
             per_step = max(per_step, decoding / workers) if cuda else per_step + decoding
         phases["training"] += g.epochs * g.steps_per_epoch * per_step if g.learns else 0.0
-        if g.reads_pixels and g.learns:  # each epoch of each run starts the image loader
-            phases["training"] += g.epochs * g.runs * units[LOADER_KEY].seconds
         for kind, images in zip(g.soft_labels, g.train_images):
             if kind not in (None, "ls"):
                 phases["soft labels"] += units[soft_key(kind, g.classes, images)].seconds
         held = 0
         group_peak_host, group_peak_device = step.peak_host_bytes, step.peak_device_bytes
+        per_pixel_image = 0.0
         for e in g.eval_sets:
-            evaluation = units[eval_key(g.method, e.classes, g.config_digest)]
-            per_image = evaluation.seconds
-            if g.reads_pixels:
-                decoding = units[g.decode].seconds + units[g.decode].fixed_seconds
-                per_image = max(per_image, decoding / workers) if cuda else per_image + decoding
+            evaluation = units[eval_key(g.method, e.classes, g.config_digest, g.runs)]
             zero_shot = units[eval_key(ZERO_SHOT, e.classes)]
-            phases["evaluation"] += (g.runs * (evaluation.fixed_seconds + e.images * per_image)
-                                     + zero_shot.fixed_seconds + e.images * zero_shot.seconds)
-            if g.reads_pixels:  # and so does each run's evaluation of each class set
-                phases["evaluation"] += g.runs * units[LOADER_KEY].seconds
+            phases["evaluation"] += evaluation.fixed_seconds + zero_shot.fixed_seconds + e.images * zero_shot.seconds
+            if g.reads_pixels:  # the images are decoded and go through the prompted towers once per group
+                per_pixel_image = max(per_pixel_image, evaluation.seconds)
+            else:
+                phases["evaluation"] += e.images * evaluation.seconds
             held += e.images * facts.embed_dim * 4
             group_peak_host = max(group_peak_host, evaluation.peak_host_bytes)
             group_peak_device = max(group_peak_device, evaluation.peak_device_bytes)
+        if g.reads_pixels:
+            decoding = units[g.decode].seconds + units[g.decode].fixed_seconds
+            per_image = max(per_pixel_image, decoding / workers) if cuda else per_pixel_image + decoding
+            phases["evaluation"] += g.distinct_test_images * per_image
         phases["per-run overhead"] += g.runs * units[overhead_key(g.method, g.classes, g.config_digest)].seconds
         if not g.reads_pixels:
             train_bytes = sum(n * g.views * facts.embed_dim * 4 for n in g.train_images)
             held += train_bytes if train_bytes <= PRELOAD_BYTES * g.runs else 0
         peak_host = max(peak_host, group_peak_host + held)
         peak_device = max(peak_device, group_peak_device)
+    pixels = [g for g in facts.groups if g.reads_pixels]
+    if pixels:  # one decoding pool per command
+        phases["training" if any(g.learns for g in pixels) else "evaluation"] += units[LOADER_KEY].seconds
     return Estimate(phases=phases, runs=facts.runs, finished=facts.finished, groups=len(facts.groups),
                     features_to_encode=facts.features_to_encode, images_to_decode=facts.images_to_decode,
                     cache_bytes=facts.features_to_encode * facts.embed_dim * STORAGE_ITEMSIZE,
@@ -340,6 +360,9 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
             first = part[0]
             sets = tuple(EvalFacts(name, split.num_classes, len(split.test))
                          for name, split in first.data.splits.items())
+            training_sets = {(tuple(d.impath for d in s.data.train_split.train), s.views, s.config.aug_seed)
+                             for s in part}
+            test_images = {d.impath for split in first.data.splits.values() for d in split.test}
             groups.append(GroupFacts(
                 method=first.config.method, dataset=first.dataset, classes=first.data.train_split.num_classes,
                 runs=len(part), batch=first.optim_recipe.batch_size, epochs=first.optim_recipe.epochs,
@@ -348,7 +371,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
                                   for s in part),
                 reads_pixels=entry.reads_pixels, views=max(s.views for s in part),
                 config_digest=config_digest(first.method_config), learns=entry.learns,
-                decode=decode_key(first.dataset)))
+                decode=decode_key(first.dataset), training_sets=len(training_sets), test_images=len(test_images)))
     features = images = 0
     parts: list[tuple[str, int, int]] = []
     if todo_specs:
@@ -421,7 +444,8 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> di
             return lambda: measure.measure_step(backbone, rest[0], classnames(classes), int(fields["B"]),
                                                 int(fields["R"]), config=config, amp=amp)
         if kind == "eval":
-            return lambda: measure.measure_eval(backbone, rest[0], classnames(classes), config=config, amp=amp)
+            return lambda: measure.measure_eval(backbone, rest[0], classnames(classes), config=config, amp=amp,
+                                                runs=int(fields.get("R", 1)))
         if kind == "overhead":
             return lambda: measure.measure_run_overhead(backbone, rest[0], classnames(classes), config=config)
         if kind == "soft":

@@ -6,9 +6,10 @@ Every unit runs the engine's own code on synthetic inputs of the real shapes, so
   (:func:`atlas_fast.engine.loop.train_runs`: the same forward, backward, optimiser step and, on CUDA, step graphs);
   inputs are random cached features (B, D) or random pixels (B, 3, S, S) for the methods that read pixels (the
   method's registry entry says which); decoding images is priced apart (:func:`measure_decode`).
-* :func:`measure_eval`: a method's test-time logits of N test images at C classes (the engine's
-  ``method_logits`` on cached features, ``eval_pixel_logits`` on pixels for the pixel methods), as a fixed part
-  (the class prompts, encoded once per class set) and a part per image.
+* :func:`measure_eval`: a method's test-time logits of N test images at C classes for the R runs of a group
+  evaluated together (the engine's ``method_logits`` on cached features; on pixels, the prompted image features
+  and the class set's classifier, as a group's one pass computes them), as a fixed part (the class prompts,
+  encoded once per class set) and a part per image.
 * :func:`measure_encode`: the frozen image encoder per image (the feature cache's build), at the cache's precision.
 * :func:`measure_decode`: decoding and transforming one image (a 500 x 375 JPEG, an average photo of the datasets).
 * :func:`measure_soft_labels`: CSL / ISL generation at C (the text encoder over C class prompts, then the rows).
@@ -263,28 +264,36 @@ def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], bat
 
 
 def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], images: int = 64,
-                 config: MethodConfig | None = None, amp: bool | None = None, max_repeats: int = 5) -> Unit:
-    """A method's evaluation at C = ``len(classnames)``: ``fixed_seconds`` once per class set (the class prompts
-    through the text encoder) and ``seconds`` per test image (cached features, or pixels through the prompted image
-    tower for the methods that read pixels; decoding priced apart), measured on ``images`` random test inputs and
-    scaled linearly."""
-    from atlas_fast.engine.evaluate import EVAL_PIXEL_BATCH, method_logits
+                 config: MethodConfig | None = None, amp: bool | None = None, max_repeats: int = 5,
+                 runs: int = 1) -> Unit:
+    """A method's evaluation at C = ``len(classnames)`` of ``runs`` runs evaluated together (a group's one pass):
+    ``fixed_seconds`` once per class set (the R runs' class prompts through the text encoder) and ``seconds`` per
+    test image for all R runs (cached features through the R runs' heads, or pixels through their prompted image
+    towers, :data:`~atlas_fast.engine.evaluate.EVAL_PIXEL_SEQUENCES` sequences per call, for the methods that read
+    pixels; decoding priced apart), measured on ``images`` random test inputs and scaled linearly."""
+    from atlas_fast.engine.evaluate import EVAL_PIXEL_BATCH, EVAL_PIXEL_SEQUENCES, method_logits
 
     device = backbone.device
     amp = device.type == "cuda" if amp is None else amp
     entry = method_class(method)
     torch.manual_seed(0)
-    module = entry.build(backbone, list(classnames), method_config_for(method, 1, config, backbone)).to(device).eval()
+    module = entry.build(backbone, list(classnames), method_config_for(method, runs, config, backbone))
+    module = module.to(device).eval()
     with PeakMemory(device) as peak:
-        if entry.reads_pixels:  # the class prompts once, then the prompted image tower per image
+        if entry.reads_pixels:  # the class prompts once, then the prompted image towers per image
             with torch.no_grad(), _fp16(device, amp):
                 fixed, _ = _timed(lambda: module.text_features(), device, max_repeats)
             count = min(images, EVAL_PIXEL_BATCH)
             pixels = _training_inputs(entry, backbone, count, device)
             pixels = pixels[0] if isinstance(pixels, tuple) else pixels
+            per_call_images = max(1, EVAL_PIXEL_SEQUENCES // runs)
+
+            def logits() -> list[torch.Tensor]:
+                return [classify(module.eval_pixel_features(part)) for part in pixels.split(per_call_images)]
+
             with torch.no_grad(), _fp16(device, amp):
-                text = module.text_features()
-                per_call, repeats = _timed(lambda: module.eval_pixel_logits(pixels, text), device, max_repeats)
+                classify = module.pixel_classifier()
+                per_call, repeats = _timed(logits, device, max_repeats)
         else:  # linear in the images: t(1) is the fixed part (the class prompts) plus one image; N grows (x4, up
             # to MAX_EVAL_IMAGES) until the images' part is at least the fixed part and t(N) at least
             # MIN_EVAL_SECONDS, so that noise, divided by N, cannot pass for a cost per image
@@ -355,25 +364,29 @@ def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
 
 
 def measure_loader_start(backbone: Backbone, max_repeats: int = 3) -> Unit:
-    """Seconds to start one pass of the pixel path's image loader (:class:`~atlas_fast.engine.pixels.ImageViews`,
-    with the decoding worker processes it uses on this device) over one small image: what a pixel method pays once
-    per epoch and once per evaluated class set, beside decoding."""
+    """Seconds to start the pixel path's decoding pool (:class:`~atlas_fast.engine.pixels.DecodingPool`, with the
+    worker processes it uses on this device) and decode one small image through it: what a command that reads
+    pixels pays once (its pool then serves every epoch and every evaluated class set)."""
     from PIL import Image
 
     from atlas_fast.data.base import Datum
-    from atlas_fast.engine.pixels import ImageViews
+    from atlas_fast.engine.pixels import DecodingPool, ImageViews, ViewFeed, default_workers
 
     device = backbone.device
     with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
         path = Path(folder) / "tiny.jpg"
         Image.new("RGB", (32, 32), (128, 64, 32)).save(path)
-        views = ImageViews([Datum(str(path), 0, "tiny", "tiny.jpg")], backbone, device=device)
+        items = [Datum(str(path), 0, "tiny", "tiny.jpg")]
 
-        def one_pass() -> None:
-            for _ in views.batches(0, None, 1):
-                pass
+        def start() -> None:
+            pool = DecodingPool(default_workers(device), pin_memory=device.type == "cuda")
+            try:
+                for _ in ImageViews(items, backbone, device=device, feed=ViewFeed(pool, device)).batches(0, None, 1):
+                    pass
+            finally:
+                pool.close()
 
-        seconds, repeats = _timed(one_pass, device, max_repeats, min_seconds=0.0)
+        seconds, repeats = _timed(start, device, max_repeats, min_seconds=0.0)
     return Unit(seconds, repeats=repeats)
 
 

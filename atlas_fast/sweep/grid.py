@@ -127,11 +127,38 @@ def group_key(spec: RunSpec) -> str:
 
 
 def group_runs(specs: Sequence[RunSpec], batch_runs: int) -> list[list[RunSpec]]:
-    """Pack compatible runs into groups of at most ``batch_runs``, keeping the sweep's order within a group."""
+    """Pack compatible runs into groups of at most ``batch_runs`` (fewer where that many would not fit the device's
+    memory: :func:`runs_that_fit`), keeping the sweep's order within a group."""
     by_key: dict[str, list[RunSpec]] = {}
     for spec in specs:
         by_key.setdefault(group_key(spec), []).append(spec)
-    return [members[i:i + batch_runs] for members in by_key.values() for i in range(0, len(members), batch_runs)]
+    groups = []
+    for members in by_key.values():
+        size = runs_that_fit(members[0], batch_runs)
+        groups += [members[i:i + size] for i in range(0, len(members), size)]
+    return groups
+
+
+def runs_that_fit(spec: RunSpec, batch_runs: int) -> int:
+    """R for a group of runs like ``spec``: ``batch_runs``, lowered where R runs' training steps would not fit the
+    device's memory (:mod:`atlas_fast.engine.memory`; unchanged where this machine cannot see that device)."""
+    from atlas_fast.engine import memory
+
+    total = memory.device_bytes(spec.device)
+    if batch_runs == 1 or not spec.method.supports_batched_runs or total is None:
+        return batch_runs
+    backbone = spec.backbone()
+    per_run = memory.step_bytes_per_run(spec.method, backbone, spec.data.train_split.num_classes,
+                                        spec.recipe.batch_size, spec.amp)
+    return memory.runs_that_fit(batch_runs, per_run, memory.frozen_bytes(backbone, spec.amp), total)
+
+
+def describe_groups(groups: Sequence[Sequence[RunSpec]]) -> str:
+    """``2 group(s) (R = 12, 8)``: how many groups and the runs each trains together (1 for a method that trains
+    its runs one by one)."""
+    sizes = [len(group) if group[0].method.supports_batched_runs else 1 for group in groups]
+    shown = ", ".join(map(str, sizes[:12])) + (", ..." if len(sizes) > 12 else "")
+    return f"{len(groups)} group(s)" + (f" (R = {shown})" if groups else "")
 
 
 def describe_plan(specs: Sequence[RunSpec], batch_runs: int) -> str:
@@ -140,8 +167,9 @@ def describe_plan(specs: Sequence[RunSpec], batch_runs: int) -> str:
     groups = group_runs([specs[i] for i in todo], batch_runs)
     lines = [f"{'finished' if record is not None else 'to run  '}  {spec.label}  ->  {spec.dataset}/{spec.stem}"
              for spec, record in zip(specs, finished)]
-    lines.append(f"{len(specs)} runs: {len(specs) - len(todo)} finished, {len(todo)} to run in {len(groups)} "
-                 f"group(s) of up to {batch_runs} run(s)")
+    lines.append(f"{len(specs)} runs: {len(specs) - len(todo)} finished, {len(todo)} to run in "
+                 f"{describe_groups(groups)}, of up to {batch_runs} run(s) each (fewer where the device's memory "
+                 f"or a method that does not batch runs asks)")
     return "\n".join(lines)
 
 
@@ -166,8 +194,8 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
         position = {id(spec): i for i, spec in enumerate(specs)}
         executor = make_executor(execution.executor, **execution.options)
         if progress:
-            say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to train in {len(groups)} "
-                f"group(s) ({execution.executor})")
+            say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to train in "
+                f"{describe_groups(groups)} ({execution.executor})")
         done = 0
         try:
             with progress_bar(total=len(todo), desc="runs", unit="run", enabled=progress,

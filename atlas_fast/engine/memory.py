@@ -1,0 +1,68 @@
+"""How many runs of a group fit the device's memory, estimated from the towers' shapes before anything runs.
+
+A training step keeps, for the backward pass, about :data:`ACTIVATION_VALUES` values per token, width and block of
+every tower that has a gradient path: the text tower over each run's C class prompts, and for a method that prompts
+the image tower, that tower over each run's B images (tokens: class token, patches and visual prompts). Each run of a
+group adds its own (its prompts, its images), so a group of R runs needs R times one run's activations plus the frozen
+CLIP once. The planner (:func:`atlas_fast.sweep.group_runs`) lowers R where that would pass :data:`DEVICE_SHARE` of
+the device's memory; a GPU check measures the real peak of the largest group beside this estimate.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from atlas_fast.clip.backbones import Backbone
+
+#: Values autograd keeps per token, width and transformer block in a training step (the pixel methods' step on
+#: ViT-B/16 kept 14 on the CPU in fp32, docs/benchmarks.md: IVLP's 430 MiB at batch 4; rounded up).
+ACTIVATION_VALUES = 16
+#: Positions of one class prompt, at most: SOT, up to 4 context tokens, ImageNet's longest class name (13 tokens),
+#: the fixed words of an init phrase, '.', EOT (a GPU runs the suffixes padded to the longest).
+PROMPT_POSITIONS = 24
+#: Bytes per kept value: fp32, or fp16 autocast (LayerNorm outputs stay fp32 there: 3 on average).
+VALUE_BYTES = {False: 4, True: 3}
+#: The share of the device's memory a group may plan to use.
+DEVICE_SHARE = 0.8
+
+
+def step_bytes_per_run(entry, backbone: Backbone, classes: int, batch: int, amp: bool) -> int:
+    """The activations one run adds to a training step of method ``entry`` (a registered method class) at
+    ``classes`` classes and batch ``batch``."""
+    model = backbone.model
+    text = len(model.transformer.resblocks) * int(model.positional_embedding.shape[1]) * PROMPT_POSITIONS * classes
+    vision = 0
+    if entry.reads_pixels:
+        visual = model.visual
+        tokens = int(visual.positional_embedding.shape[0]) + PROMPT_POSITIONS  # + the visual prompts, at most
+        vision = len(visual.transformer.resblocks) * int(visual.class_embedding.shape[-1]) * tokens * batch
+    return ACTIVATION_VALUES * VALUE_BYTES[bool(amp)] * (text + vision)
+
+
+def frozen_bytes(backbone: Backbone, amp: bool) -> int:
+    """The frozen CLIP on the device (and its fp16 copies under autocast)."""
+    weights = sum(p.numel() * p.element_size() for p in backbone.model.parameters())
+    return weights * (3 // 2 if not amp else 2)
+
+
+def device_bytes(device: torch.device) -> int | None:
+    """The memory of ``device`` (the host's RAM for the CPU), None where it cannot be read here (a GPU that only
+    the workers have)."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def runs_that_fit(runs: int, per_run: int, fixed: int, memory: int | None) -> int:
+    """At most ``runs`` runs whose steps need ``fixed + R x per_run`` bytes within :data:`DEVICE_SHARE` of
+    ``memory`` (at least 1; ``runs`` when the memory is unknown)."""
+    if memory is None or per_run <= 0:
+        return runs
+    return max(1, min(runs, int((DEVICE_SHARE * memory - fixed) // per_run)))
