@@ -21,9 +21,16 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
    ``DEFAULT_BATCH_RUNS``) with the default graph steps, and R = 1 with eager steps; seconds by phase from the
    records (plan, inputs, training, evaluation, the rest);
 9. the demo (``atlas-fast demo``: 12 runs of the embedded world, the paper's CoOp recipe): wall time;
-10. the paper at its real scale (``benchmarks/paper_scale.py`` within ``--paper-scale-budget`` seconds): Table III's
-    units at every dataset's real C, batch and test-set size, and the whole table's predicted hours beside the
-    official code's.
+10. pixel steps, graph vs eager: IVLP, MaPLe, PromptSRC and DePT-MaPLe as groups of R = 4 runs (batch 4 each,
+    fp16 AMP): steady-state ms per step eager and graphed, steps replayed, the largest learned-tensor difference
+    (must be 0);
+11. the largest pixel group's memory: MaPLe at ImageNet's 1,000 classes (cross-dataset, J = 3) and IVLP at its 500
+    base classes, R = 12 runs, batch 4, AMP: peak device memory of the training steps beside the planner's estimate
+    (``atlas_fast.engine.memory``) and the R the planner picks;
+12. the paper at its real scale (``benchmarks/paper_scale.py`` within ``--paper-scale-budget`` seconds): Table III's
+    units at every dataset's real C, batch, R and test-set size, and the whole table's predicted hours beside the
+    official code's, with the pixel methods' targets (IVLP + MaPLe training <= 1.2 h, evaluation <= 0.5 h, Table
+    III <= 6 h).
 
 Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size. ``--device cpu
 --model atlas-tiny --scale 0.1`` is a smoke test of this script itself on a machine without a GPU (no fp16/AMP rows).
@@ -352,6 +359,109 @@ def check_demo(root: Path) -> None:
         "atlas-fast demo from nothing: world generated, cache built, 12 runs (CoOp + 3 ATLaS variants x 3 seeds)")
 
 
+def _pixel_inputs(backbone, entry, items: int):
+    """Random pixels (and frozen features, PromptSRC) of ``items`` training images on the device, as a run's
+    training inputs (the same every epoch)."""
+    from atlas_fast.pricing.units import _SyntheticInputs, _training_inputs
+
+    return _SyntheticInputs(_training_inputs(entry, backbone, items, torch.device(SETUP["device"])))
+
+
+def _train_pixels(name: str, backbone, classnames, runs: int, steps: int, epochs: int, graph_steps: bool):
+    """A group of ``runs`` runs of pixel method ``name`` (batch 4, the paper recipe's prompts at the model's depth,
+    fp16 AMP on a GPU) through the loop; returns (method, logs, seconds, fallback warnings)."""
+    import warnings
+
+    from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.step import RunState
+    from atlas_fast.methods.base import OptimRecipe, method_class
+    from atlas_fast.pricing.units import method_config_for
+
+    device = torch.device(SETUP["device"])
+    entry = method_class(name)
+    torch.manual_seed(0)
+    method = entry.build(backbone, classnames, method_config_for(name, runs, None, backbone)).to(device)
+    inputs = _pixel_inputs(backbone, entry, 4 * steps)
+    labels = torch.arange(4 * steps) % len(classnames)
+    states = [RunState(inputs, labels, None, OneHot(), seed=r, device=device) for r in range(runs)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        synchronize()
+        start = time.perf_counter()
+        logs = train_runs(method, states, OptimRecipe(epochs=epochs, batch_size=4, lr=0.002), device,
+                          amp=device.type == "cuda", progress=False, graph_steps=graph_steps)
+        synchronize()
+        seconds = time.perf_counter() - start
+    return method, logs[0], seconds, [str(w.message) for w in caught if "graph_steps" in str(w.message)]
+
+
+@guarded("pixel steps, graph vs eager")
+def check_pixel_graphs(backbone, runs: int = 4, steps: int = 6, short: int = 2, long: int = 4) -> None:
+    """Eager vs graphed steps of every pixel method as a group of ``runs`` runs: ms per step in steady state (the
+    time of ``long`` epochs minus that of ``short`` ones) and the largest difference of the learned tensors after
+    the same ``long`` epochs (0: a graph replays the eager kernels)."""
+    cuda = SETUP["device"] == "cuda"
+    classnames = [f"class {i}" for i in range(10)]
+    results, notes, worst = [], [], 0.0
+    for name in ("ivlp", "maple", "promptsrc", "dept-maple"):
+        _train_pixels(name, backbone, classnames, runs, steps, 1, False)  # warm-up (kernels, cuBLAS)
+        timed = {}
+        for graphed in (False, True) if cuda else (False,):
+            times = {}
+            for epochs in (short, long):
+                method, logs, times[epochs], fallbacks = _train_pixels(name, backbone, classnames, runs, steps,
+                                                                       epochs, graphed)
+            timed[graphed] = (method, 1000 * (times[long] - times[short]) / ((long - short) * steps),
+                              sum(e.get("graphed_steps", 0) for e in logs))
+            if fallbacks and len(notes) < 3:
+                notes.append(f"{name} fell back to eager: " + fallbacks[0][:160])
+        if cuda:
+            diff = _largest_difference(timed[False][0], timed[True][0])
+            worst = max(worst, diff)
+            results.append(f"{name} R={runs}: {timed[False][1]:.1f} ms eager, {timed[True][1]:.1f} ms graphed "
+                           f"({timed[False][1] / timed[True][1]:.2f}x, {timed[True][2]}/{long * steps} replayed, "
+                           f"diff {diff:.1e})")
+        else:
+            results.append(f"{name} R={runs}: {timed[False][1]:.1f} ms eager")
+    row("pixel steps, graph vs eager", ("ok" if worst == 0.0 and not notes else "FAIL") if cuda else "n/a",
+        "; ".join(results), (f"batch 4 per run, C = 10, fp16 AMP, steady-state ms/step ({long} minus {short} "
+                             f"epochs of {steps} steps); largest learned-tensor difference {worst:.2e}"
+                             + ("; " + "; ".join(notes) if notes else "")) if cuda else "CPU smoke test: eager only")
+
+
+@guarded("largest pixel group's memory")
+def check_pixel_memory(backbone) -> None:
+    """Peak device memory of the steps of the largest pixel groups (R = 12 at ImageNet's class counts) beside the
+    planner's estimate, and the R the planner picks for them on this device."""
+    from atlas_fast.engine import memory
+    from atlas_fast.methods.base import method_class
+    from atlas_fast.pricing.units import measure_step, method_config_for
+
+    cuda = SETUP["device"] == "cuda"
+    runs = 12 if cuda else 2
+    cases = [("maple", "cross_dataset", 1000), ("ivlp", "base2new", 500)] if cuda else [("maple", "base2new", 10)]
+    device = torch.device(SETUP["device"])
+    total = memory.device_bytes(device)
+    results = []
+    for name, setting, classes in cases:
+        entry = method_class(name)
+        config, recipe = entry.recipe("paper", setting, 16, "ImageNet")
+        config = method_config_for(name, 1, config, backbone)
+        per_run = memory.step_bytes_per_run(entry, backbone, classes, recipe.batch_size, cuda)
+        fixed = memory.frozen_bytes(backbone, cuda)
+        planned = memory.runs_that_fit(runs, per_run, fixed, total)
+        unit = measure_step(backbone, name, [f"class {i}" for i in range(classes)], recipe.batch_size, runs,
+                            config=config, amp=cuda, steps=1)
+        measured = unit.peak_device_bytes if cuda else unit.peak_host_bytes
+        results.append(f"{name} C={classes} R={runs}: peak {measured / 2**30:.1f} GiB measured, "
+                       f"{(fixed + runs * per_run) / 2**30:.1f} GiB estimated; planner's R {planned}; "
+                       f"{1000 * unit.seconds:.0f} ms/step")
+    row("largest pixel group's memory", "ok", "; ".join(results),
+        f"batch 4 per run, {'fp16 AMP' if cuda else 'fp32'}; device memory {total / 2**30 if total else 0:.0f} GiB"
+        + ("" if cuda else " (CPU smoke test: host RSS, tiny model)"))
+
+
 @guarded("paper scale (Table III priced)")
 def check_paper_scale(budget_s: int) -> None:
     import paper_scale
@@ -369,6 +479,17 @@ def check_paper_scale(budget_s: int) -> None:
         f"{result['table3_seconds'] / 3600:.1f} h for {result['runs_priced']} of {result['runs']} runs"
         + (f" (official code {official / 3600:.0f} h)" if official else ""),
         f"peak device memory {result['peak_device_bytes'] / 2**30:.1f} GiB; units measured within {budget_s} s")
+    by_method = result.get("by_method", {})
+    pixel_training = sum(by_method.get(m, {}).get("training_seconds", 0.0) for m in ("ivlp", "maple"))
+    targets = [("IVLP + MaPLe training", pixel_training, 1.2), ("evaluation", result["phases"]["evaluation"], 0.5),
+               ("Table III", result["table3_seconds"], 6.0)]
+    complete = result["runs_priced"] == result["runs"]
+    row("paper scale, pixel targets", ("ok" if all(v / 3600 <= t for _, v, t in targets) else "FAIL")
+        if complete else "WARN",
+        "; ".join(f"{label} {value / 3600:.2f} h (target <= {target} h)" for label, value, target in targets),
+        "; ".join(f"{m}: training {v['training_seconds'] / 3600:.2f} h, evaluation "
+                  f"{v['evaluation_seconds'] / 3600:.2f} h, R {v['runs_per_group']}" for m, v in by_method.items())
+        + ("" if complete else "; a partial table: the budget ran out"))
 
 
 def main() -> int:
@@ -403,6 +524,8 @@ def main() -> int:
         check_pixels(root)
         check_step_speed()
         check_graph_steps(backbone)
+        check_pixel_graphs(backbone)
+        check_pixel_memory(backbone)
         check_runs_per_hour(root)
         if not args.skip_demo:
             check_demo(root)

@@ -99,3 +99,24 @@ def test_only_one_hot_is_plain_and_only_ols_observes_predictions():
     schedules = (OneHot(), Atlas(2), Joint(), OnlineLabelSmoothing(), TeacherFreeKD())
     assert [s.name for s in schedules if s.plain] == ["onehot"]
     assert [s.name for s in schedules if s.observes_predictions] == ["ols"]
+
+
+def test_runs_cross_entropy_is_each_run_s_own_loss():
+    """R runs' plain CE losses in one pass (hard and soft runs interleaved) equal each run's hard or soft CE, values
+    and gradients."""
+    from atlas_fast.atlas.schedules import hard_cross_entropy, runs_cross_entropy, soft_cross_entropy
+
+    generator = torch.Generator().manual_seed(0)
+    kinds = ["hard", "hard", "soft", "soft", "hard"]
+    logits = torch.randn(5, 4, 6, generator=generator, requires_grad=True)
+    labels = torch.randint(6, (5, 4), generator=generator)
+    soft = [torch.softmax(torch.randn(4, 6, generator=generator), dim=-1) if k == "soft" else None for k in kinds]
+    together = runs_cross_entropy(kinds, logits, labels, soft)
+    (grad,) = torch.autograd.grad(together.sum(), logits)
+    alone = torch.stack([hard_cross_entropy(logits[r], labels[r]) if k == "hard" else
+                         soft_cross_entropy(logits[r], soft[r]) for r, k in enumerate(kinds)])
+    (expected,) = torch.autograd.grad(alone.sum(), logits)
+    torch.testing.assert_close(together, alone, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-7)
+    assert [Atlas(2).cross_entropy_kind(e) for e in range(3)] == ["hard", "soft", "hard"]
+    assert OneHot().cross_entropy_kind(1) == "hard" and OnlineLabelSmoothing().cross_entropy_kind(0) is None

@@ -23,9 +23,10 @@ and how they are used. :mod:`atlas_fast.atlas.variants` pairs them into the vari
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,27 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 def hard_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """``F.cross_entropy`` with integer labels and mean reduction, as the reference trainers use."""
     return F.cross_entropy(logits.float(), labels)
+
+
+def runs_cross_entropy(kinds: Sequence[str], logits: torch.Tensor, labels: torch.Tensor,
+                       soft_rows: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """Each run's CE (R,) of logits (R, B, C) in one pass over the runs, run r against its labels (R, B) where
+    ``kinds[r]`` is "hard" and against its soft rows (B, C) where it is "soft" (:meth:`LabelSchedule.
+    cross_entropy_kind`): :func:`hard_cross_entropy` and :func:`soft_cross_entropy` of each run, with the operations
+    of consecutive runs of one kind shared (what R runs trained together need per step: a handful of operations,
+    not a handful per run)."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)
+    parts, start = [], 0
+    for kind, members in itertools.groupby(kinds):
+        end = start + len(list(members))
+        if kind == "hard":
+            picked = log_probs[start:end].gather(-1, labels[start:end].unsqueeze(-1)).squeeze(-1)
+            parts.append(-picked.mean(dim=-1))
+        else:
+            rows = torch.stack(list(soft_rows[start:end])).to(log_probs.dtype)
+            parts.append(-(rows * log_probs[start:end]).sum(dim=-1).mean(dim=-1))
+        start = end
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class LabelSchedule:
@@ -60,6 +82,12 @@ class LabelSchedule:
     def uses_soft_labels(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (0-based) is supervised by the offline soft labels."""
         return False
+
+    def cross_entropy_kind(self, epoch: int) -> str | None:
+        """"hard" when the loss of epoch ``epoch`` is :func:`hard_cross_entropy`, "soft" when it is
+        :func:`soft_cross_entropy` against the soft rows, None for any other loss (several runs' losses of one kind
+        are then computed together, :func:`runs_cross_entropy`)."""
+        return None
 
     def loss(self, epoch: int, logits: torch.Tensor, labels: torch.Tensor,
              soft_rows: torch.Tensor | None) -> torch.Tensor:
@@ -92,6 +120,9 @@ class OneHot(LabelSchedule):
     name: ClassVar[str] = "onehot"
     plain: ClassVar[bool] = True
 
+    def cross_entropy_kind(self, epoch: int) -> str | None:
+        return "hard"
+
     def loss(self, epoch, logits, labels, soft_rows=None):
         return hard_cross_entropy(logits, labels)
 
@@ -112,6 +143,9 @@ class Atlas(LabelSchedule):
 
     def uses_soft_labels(self, epoch: int) -> bool:
         return (epoch + 1) % self.period == 0
+
+    def cross_entropy_kind(self, epoch: int) -> str | None:
+        return "soft" if self.uses_soft_labels(epoch) else "hard"
 
     def loss(self, epoch, logits, labels, soft_rows=None):
         if self.uses_soft_labels(epoch):

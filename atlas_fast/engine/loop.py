@@ -137,9 +137,13 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
             _restore_run_slices(optimizer, idle, saved)
             if len(runs) == 1:  # a lone run logs its whole loss, auxiliary terms (KgCoOp, DePT, PromptSRC) included
                 totals[0] += loss.detach().float() * sizes[0]
-            else:  # a method that batches has no terms beyond its runs' criterion losses
-                for r, value in losses.items():
-                    totals[r] += value.detach().float() * sizes[r]
+            else:  # each run's own loss (the criterion's, or the method's per-run losses)
+                values = torch.stack(list(losses.values())).detach().float()
+                if len(losses) == len(runs) and min(sizes) == max(sizes):  # one add, not one per run
+                    totals += values * sizes[0]
+                else:
+                    for r, value in zip(losses, values):
+                        totals[r] += value * sizes[r]
         for run in runs:
             run.schedule.end_epoch(epoch)
         method.end_epoch(epoch, recipe.epochs)

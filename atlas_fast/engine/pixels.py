@@ -37,13 +37,18 @@ from atlas_fast.data.base import Datum
 ViewRequest = tuple[str, str, int, TransformSpec]
 
 
+def decode_view(request: ViewRequest) -> torch.Tensor:
+    """The pixels (3, S, S) of one (image path, key, view, spec)."""
+    impath, key, view, spec = request
+    return load_views(impath, key, [view], spec)[0]
+
+
 class _DecodeRequests(Dataset):
-    """A request (image path, key, view, spec) -> its pixels (3, S, S): stateless, so one pool serves every split,
-    view and augmentation seed of a command."""
+    """A request -> its pixels (:func:`decode_view`): stateless, so one pool serves every split, view and
+    augmentation seed of a command."""
 
     def __getitem__(self, request: ViewRequest) -> torch.Tensor:  # type: ignore[override]
-        impath, key, view, spec = request
-        return load_views(impath, key, [view], spec)[0]
+        return decode_view(request)
 
     def __len__(self) -> int:  # DataLoader asks; the requests come from the schedule
         return 0

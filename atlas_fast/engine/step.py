@@ -8,7 +8,7 @@ from typing import Iterator, Protocol, Sequence
 
 import torch
 
-from atlas_fast.atlas.schedules import LabelSchedule
+from atlas_fast.atlas.schedules import LabelSchedule, runs_cross_entropy
 from atlas_fast.methods.base import PromptMethod
 
 
@@ -48,6 +48,8 @@ def step_batch(batches: list, runs: Sequence[RunState], device: torch.device):
     if len(runs) == 1:
         return batches[0][0].to(device), targets[0][1], targets, sizes
     inputs = stack_runs_inputs([batch[0] if batch is not None else None for batch in batches], sizes, device)
+    if min(sizes) == max(sizes):  # every run's batch full-size: one stack (the per-run copies are launches)
+        return inputs, torch.stack([batch_labels for _, batch_labels, _ in targets]), targets, sizes
     labels = torch.zeros((len(runs), max(sizes)), dtype=torch.long, device=device)
     for r, batch_labels, _ in targets:
         labels[r, :sizes[r]] = batch_labels
@@ -55,13 +57,16 @@ def step_batch(batches: list, runs: Sequence[RunState], device: torch.device):
 
 
 def stack_runs_inputs(parts: list, sizes: list[int], device: torch.device):
-    """Each run's inputs (B_r, ...) (None for a run that sits out) as zero-padded (R, B_max, ...); a tuple of
-    tensors (a pixel batch with its frozen features) is stacked field by field."""
+    """Each run's inputs (B_r, ...) (None for a run that sits out) as zero-padded (R, B_max, ...), one stack when
+    every run's batch is full-size; a tuple of tensors (a pixel batch with its frozen features) is stacked field
+    by field."""
     first = next(part for part in parts if part is not None)
     if isinstance(first, tuple):
         fields = [stack_runs_inputs([part[i] if part is not None else None for part in parts], sizes, device)
                   for i in range(len(first))]
         return type(first)(*fields)
+    if min(sizes) == max(sizes):
+        return torch.stack([part if part.device == device else part.to(device) for part in parts])
     inputs = first.new_zeros((len(parts), max(sizes), *first.shape[1:]), device=device)
     for r, part in enumerate(parts):
         if part is not None:
@@ -83,9 +88,18 @@ def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: 
     step's loss or, with terms beyond the criterion, each run's loss (R,) (their sum is backpropagated); each run's
     loss is the criterion's otherwise."""
     losses: dict[int, torch.Tensor] = {}
+    # R runs, each with a full batch and a plain CE loss this epoch: their losses in one pass (runs_cross_entropy)
+    kinds = [run.schedule.cross_entropy_kind(epoch) for run in runs]
+    together = (len(runs) > 1 and len(targets) == len(runs) and min(sizes) == max(sizes) and None not in kinds
+                and not any(run.schedule.observes_predictions for run in runs)
+                and all(soft is not None for (_, _, soft), kind in zip(targets, kinds) if kind == "soft"))
 
     def criterion(logits: torch.Tensor, observe: bool = True, per_run: bool = False) -> torch.Tensor:
         logits = logits if logits.dim() == 3 else logits.unsqueeze(0)
+        if together:
+            vector = runs_cross_entropy(kinds, logits, labels, [soft for _, _, soft in targets])
+            losses.update(enumerate(vector.unbind()))
+            return vector if per_run else vector.sum()
         for r, batch_labels, soft in targets:
             run_logits = logits[r, :sizes[r]]
             if observe:
@@ -102,7 +116,7 @@ def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: 
                         cache_enabled=autocast_cache):
         loss = method.training_loss(inputs, labels, criterion)
     if loss.dim() == 1:  # each run's loss: the method has terms beyond the criterion (PromptSRC, DePT)
-        losses = {r: loss[r] for r, _, _ in targets}
+        losses = {r: value for r, value in enumerate(loss.unbind()) if sizes[r]}
         loss = loss.sum()
     scaler.scale(loss).backward()
     return loss, losses

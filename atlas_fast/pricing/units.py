@@ -180,14 +180,15 @@ class _SyntheticInputs:
         self.inputs = inputs
 
     def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[Any, torch.Tensor]]:
-        for index in order.split(batch_size):
-            batch = self.inputs
+        batch = self.inputs
+        device = batch[0].device if isinstance(batch, tuple) else batch.device
+        for index in order.to(device).split(batch_size):  # moved once per epoch, as the engine's inputs do
             if isinstance(batch, tuple):  # PromptSRC: pixels and the frozen features of the same views
                 from atlas_fast.engine.feed import PixelBatch
 
-                yield PixelBatch(batch[0][index.to(batch[0].device)], batch[1][index.to(batch[1].device)]), index
+                yield PixelBatch(batch[0][index], batch[1][index]), index
             else:
-                yield batch[index.to(batch.device)], index
+                yield batch[index], index
 
 
 def _training_inputs(entry, backbone: Backbone, items: int, device: torch.device) -> Any:
