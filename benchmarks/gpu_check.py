@@ -434,6 +434,7 @@ def check_pixel_graphs(backbone, runs: int = 4, steps: int = 6, short: int = 2, 
 def check_pixel_memory(backbone) -> None:
     """Peak device memory of the steps of the largest pixel groups (R = 12 at ImageNet's class counts) beside the
     planner's estimate, and the R the planner picks for them on this device."""
+    from atlas_fast.cache.space import human_bytes
     from atlas_fast.engine import memory
     from atlas_fast.methods.base import method_class
     from atlas_fast.pricing.units import measure_step, method_config_for
@@ -454,11 +455,11 @@ def check_pixel_memory(backbone) -> None:
         unit = measure_step(backbone, name, [f"class {i}" for i in range(classes)], recipe.batch_size, runs,
                             config=config, amp=cuda, steps=1)
         measured = unit.peak_device_bytes if cuda else unit.peak_host_bytes
-        results.append(f"{name} C={classes} R={runs}: peak {measured / 2**30:.1f} GiB measured, "
-                       f"{(fixed + runs * per_run) / 2**30:.1f} GiB estimated; planner's R {planned}; "
+        results.append(f"{name} C={classes} R={runs}: peak {human_bytes(measured)} measured, "
+                       f"{human_bytes(fixed + runs * per_run)} estimated; planner's R {planned}; "
                        f"{1000 * unit.seconds:.0f} ms/step")
     row("largest pixel group's memory", "ok", "; ".join(results),
-        f"batch 4 per run, {'fp16 AMP' if cuda else 'fp32'}; device memory {total / 2**30 if total else 0:.0f} GiB"
+        f"batch 4 per run, {'fp16 AMP' if cuda else 'fp32'}; device memory {human_bytes(total or 0)}"
         + ("" if cuda else " (CPU smoke test: host RSS, tiny model)"))
 
 

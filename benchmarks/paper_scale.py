@@ -14,7 +14,8 @@ of the real shapes); the whole table is :func:`atlas_fast.pricing.estimate.price
   dataset (4 variants x 3 seeds) in groups of the device's default R (12 on a GPU, 4 on the CPU), lowered where R
   runs' steps would not fit the device's memory, as the sweep's planner groups them (:func:`atlas_fast.sweep.
   group_runs`); the other methods one by one. A pixel group decodes each step's views once for its seeds (a seed's
-  variants read the same images);
+  variants read the same images) and trains the epochs its runs share (ATLaS's first K - 1) with one trunk run per
+  seed, then forks, as the engine does;
 * evaluation: the published test-set sizes (CoOp's splits) shared out between base and new by their class counts;
   a group is evaluated in one pass (its R runs together, each test image decoded once), its units measured at its
   R; each evaluation unit is timed on ``--eval-images`` test inputs and scaled linearly to the real size;
@@ -49,6 +50,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from atlas_fast.atlas.schedules import Atlas, OneHot  # noqa: E402
+from atlas_fast.atlas.variants import atlas_period  # noqa: E402
 from atlas_fast.cache.space import human_bytes  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.data.check import PUBLISHED_SIZES  # noqa: E402
@@ -174,9 +177,12 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
         images = SHOTS * p["classes"]
         names = bench.classnames(p["classes"])
         if steps:
-            bench.unit(est.step_key(method, p["classes"], recipe.batch_size, runs, digest),
-                       lambda: measure.measure_step(backbone, method, names, recipe.batch_size, runs, config=config,
-                                                    amp=amp, steps=args.steps, warmup=not args.no_warmup))
+            sizes = {runs} | {trunk_of(method, p["setting"], part, recipe.epochs)[0] for part in parts(runs)} - {0}
+            for size in sorted(sizes, reverse=True):  # the group's R, and its trunk's where its runs fork
+                bench.unit(est.step_key(method, p["classes"], recipe.batch_size, size, digest),
+                           lambda: measure.measure_step(backbone, method, names, recipe.batch_size, size,
+                                                        config=config, amp=amp, steps=args.steps,
+                                                        warmup=not args.no_warmup))
             continue
         if args.steps_only:
             continue
@@ -202,11 +208,25 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
         images = SHOTS * p["classes"]
         evals = tuple(est.EvalFacts(name, c, n) for name, c, n in p["eval"])
         for part in parts(runs):
+            trunk_runs, trunk_epochs = trunk_of(method, p["setting"], part, recipe.epochs)
             groups.append(est.GroupFacts(method, dataset, p["classes"], len(part), recipe.batch_size, recipe.epochs,
                                          (images,) * len(part), evals, tuple(kind for kind, _ in part),
                                          entry.reads_pixels, views=recipe.epochs, config_digest=digest,
-                                         training_sets=len({seed for _, seed in part})))
+                                         training_sets=len({seed for _, seed in part}), trunk_runs=trunk_runs,
+                                         trunk_epochs=trunk_epochs))
     return groups
+
+
+def trunk_of(method: str, setting: str, part: list[tuple[str | None, int]], epochs: int) -> tuple[int, int]:
+    """(trunk runs, shared epochs) of a group as the engine forks it (:func:`atlas_fast.engine.pipeline.
+    plan_fork`): a pixel method's runs of one seed train alike while every run's targets are one-hot (ATLaS: the
+    first K - 1 epochs); (0, 0) where nothing is shared."""
+    if not method_class(method).reads_pixels:
+        return 0, 0
+    schedules = [OneHot() if kind is None else Atlas(atlas_period(setting)) for kind, _ in part]
+    shared = next((e for e in range(epochs) if any(s.cross_entropy_kind(e) != "hard" for s in schedules)), epochs)
+    seeds = len({seed for _, seed in part})
+    return (seeds, shared) if shared and seeds < len(part) else (0, 0)
 
 
 def parts(runs: int) -> list[list[tuple[str | None, int]]]:
@@ -295,10 +315,15 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
             train_s = f"{g.epochs * g.steps_per_epoch * step.seconds / g.runs:.1f}"
             eval_s = "skipped"
         flag = " (over 24 GiB)" if device.type == "cpu" and step.peak_host_bytes > CPU_MEMORY_LIMIT else ""
-        print(f"| {g.dataset} | {g.method} | {g.classes} | {g.batch} | {g.runs} | {step.seconds:.3g} | "
+        trunk = (bench.units.get(est.step_key(g.method, g.classes, g.batch, g.trunk_runs, g.config_digest))
+                 if g.trunk_epochs else None)
+        shown = f"{step.seconds:.3g}" + (f" ({trunk.seconds:.3g} at R = {g.trunk_runs}, first "
+                                         f"{g.trunk_epochs} epoch(s))" if trunk else "")
+        print(f"| {g.dataset} | {g.method} | {g.classes} | {g.batch} | {g.runs} | {shown} | "
               f"{g.epochs * g.steps_per_epoch} | {train_s} | {eval_s} | {human_bytes(step.peak_host_bytes)}{flag} | "
               f"{human_bytes(step.peak_device_bytes) if device.type == 'cuda' else '-'} |")
-    print("\nEvaluation is timed on a slice of test inputs and scaled linearly to the published test-set sizes.")
+    print("\nEvaluation is timed on a slice of test inputs and scaled linearly to the published test-set sizes. A "
+          "pixel group's first epochs, which its runs share, train at its trunk's R (in brackets).")
 
     print("\n### Soft labels at the real C (one run's rows, 16 shots) beside the paper's Table V (ImageNet)\n")
     print("| dataset | C | images | CSL s | ISL s | Table V CSL / ISL s |")

@@ -18,6 +18,10 @@ Sections, each for IVLP, MaPLe, PromptSRC and DePT-MaPLe (``--methods``) on a sy
    (at most one per split read), one decode per test image per group.
 4. **Pixels**: the views the feed serves are the old loader's (a DataLoader over each run's items per epoch, as
    atlas_fast had it before the feed), bit for bit, through worker processes.
+5. **The shared first epochs trained once**: Table III's group of a dataset (3 seeds x plain, ATLaS, ATLaS-CSL,
+   ATLaS-ISL, K = 2, 5 epochs as IVLP's and MaPLe's recipes) with epoch 0 trained by one trunk run per seed and
+   then forked, against the same group unforked: training seconds (median of ``--repeats``) and the largest
+   difference of any metric and learned tensor.
 
 ``--baseline-src DIR`` (another checkout, e.g. ``git archive <commit> | tar -x -C DIR``) runs section 3 and the
 R = 1 / R = 4 commands of section 2 there too, in a child process, so the old figures print beside the new ones.
@@ -259,6 +263,35 @@ def same_pixels(work: Path, workers: int) -> tuple[bool, int]:
     return equal, compared
 
 
+# ---------------------------------------------------------------------------------------------- 5. fork
+
+def fork_against_unforked(work: Path, method: str, repeats: int) -> tuple[float, float, float, float]:
+    """(training seconds forked, unforked, largest metric difference, largest learned-tensor difference) of a
+    12-run group of 5 epochs."""
+    import atlas_fast.engine.pipeline as pipeline
+    from atlas_fast.engine.record import load_learned
+    from atlas_fast.sweep import Execution, run_configs
+
+    real_plan = pipeline.plan_fork
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    records = {}
+    for repeat in range(repeats):
+        for forked in ((True, False) if repeat % 2 == 0 else (False, True)):
+            pipeline.plan_fork = real_plan if forked else (lambda *args: None)
+            try:
+                grid = configs(work, method, f"fork-{method}-{forked}-{repeat}", (1, 2, 3),
+                               ("plain", "ls", "csl", "isl"), epochs=5)
+                records[forked] = run_configs(grid, Execution("local", 12), progress=False)
+            finally:
+                pipeline.plan_fork = real_plan
+            seconds[forked].append(records[forked][0]["timings"]["train"])
+    metrics = max(abs(a["metrics"][name] - b["metrics"][name]) for a, b in zip(records[True], records[False])
+                  for name in a["metrics"] if name != "zero_shot")
+    tensors = max((load_learned(a["path"])[name] - load_learned(b["path"])[name]).abs().max().item()
+                  for a, b in zip(records[True], records[False]) for name in load_learned(a["path"]))
+    return statistics.median(seconds[True]), statistics.median(seconds[False]), metrics, tensors
+
+
 # ---------------------------------------------------------------------------------------------- driver
 
 def child(work: Path, methods: list[str], workers: int, repeats: int) -> dict:
@@ -293,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="alternating rounds of the wall-time commands")
     parser.add_argument("--workers", type=int, default=2, help="decoding processes of section 3's pool count")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--sections", default="ops,wall,pools,pixels")
+    parser.add_argument("--sections", default="ops,wall,pools,pixels,fork")
     parser.add_argument("--baseline-src", type=Path, help="an older checkout: sections 2 and 3 there too")
     parser.add_argument("--work", type=Path, help="folder for the data, cache and records (default: a temp dir)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -363,6 +396,16 @@ def main(argv: list[str] | None = None) -> int:
         equal, compared = same_pixels(work, args.workers)
         print(f"\n## 4. The feed's pixels vs the old loader's ({args.workers} workers): bit-equal {equal} "
               f"({compared} views compared, two runs read each)")
+    if "fork" in sections:
+        print("\n## 5. Table III's group of a dataset (12 runs, 5 epochs, K = 2): epoch 0 trained by one trunk run "
+              "per seed, then forked, against unforked\n")
+        print("| method | training s, forked | unforked | forked / unforked | largest metric difference | "
+              "largest learned-tensor difference |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for method in args.methods:
+            forked, unforked, metrics, tensors = fork_against_unforked(work, method, args.repeats)
+            print(f"| {method} | {forked:.2f} | {unforked:.2f} | {forked / unforked:.2f} | {metrics:.1e} | "
+                  f"{tensors:.1e} |", flush=True)
     print(f"\nload average {load()} at the end")
     return 0
 

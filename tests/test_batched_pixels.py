@@ -54,3 +54,33 @@ def test_batched_pixel_runs_equal_runs_trained_alone(pets, method, runs):
     batched = run_group(pixel_configs(pets, method, f"batched-{method}-{runs}")[-runs:])
     assert all(r["timings"]["batch_runs"] == runs for r in batched)
     _assert_equal_records(batched, alone)
+
+
+@pytest.mark.parametrize("method", ["maple", "promptsrc"])
+def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pets, method, monkeypatch):
+    """A seed's plain run and its ATLaS variants (K = 2, 3) train alike in epoch 0: the group trains one trunk run
+    per seed for it, then forks; every record (losses, learned tensors, PromptSRC's GPA, metrics) equals the group
+    trained without the fork."""
+    import atlas_fast.engine.pipeline as pipeline
+
+    common = dict(dataset="OxfordPets", data_root=pets / "data", backbone=TINY, method=method,
+                  method_config=CONFIGS[method], epochs=3, views=3, batch_size=3, lr=0.02, device="cpu",
+                  cache_root=pets / "cache", progress=False, workers=0, shots=4)
+
+    def group(results):
+        return [TrainConfig(**common, results_dir=pets / results, seed=1, schedule=OneHot()),
+                TrainConfig(**common, results_dir=pets / results, seed=1, schedule=Atlas(2),
+                            soft_labels=atlas_preset("base2new", "csl")),
+                TrainConfig(**common, results_dir=pets / results, seed=1, schedule=Atlas(3),
+                            soft_labels=atlas_preset("base2new", "isl")),
+                TrainConfig(**common, results_dir=pets / results, seed=2, schedule=OneHot())]
+
+    forks = []
+    real_plan = pipeline.plan_fork
+    monkeypatch.setattr(pipeline, "plan_fork", lambda *a: forks.append(real_plan(*a)) or forks[-1])
+    forked = run_group(group(f"forked-{method}"))
+    assert forks == [([0, 3], [0, 0, 0, 1], 0)]  # two trunk runs (seeds 1 and 2) for epoch 0
+    monkeypatch.setattr(pipeline, "plan_fork", lambda *a: None)
+    unforked = run_group(group(f"unforked-{method}"))
+    _assert_equal_records(forked, unforked)
+    assert [e["soft"] for e in forked[1]["epochs"]] == [False, True, False]

@@ -23,13 +23,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def hand_worked():
     """Two groups: CoOp (R = 2 runs, C = 10, batch 4, 3 epochs, 10 and 8 training images, ISL on the first run,
     3 views; base and new sets of 10 classes with 20 and 30 test images) and IVLP on pixels (R = 2 runs on the same
-    training images (one training set), C = 10, batch 2, 2 epochs, 5 images each, CSL on the first; a base set of 10
-    classes with 20 test images and an all set of 20 classes with 40, the base images among them: 40 distinct).
+    training images (one training set), C = 10, batch 2, 2 epochs, 5 images each, CSL on the first, their first
+    epoch shared: trained by 1 trunk run; a base set of 10 classes with 20 test images and an all set of 20 classes
+    with 40, the base images among them: 40 distinct).
     5 planned runs, 1 finished; 100 features of 40 images to encode; D = 8; planning took 0.5 s."""
     coop = GroupFacts("coop", "Pets", 10, 2, 4, 3, (10, 8), (EvalFacts("base", 10, 20), EvalFacts("new", 10, 30)),
                       ("isl", None), views=3, config_digest="d")
     ivlp = GroupFacts("ivlp", "Pets", 10, 2, 2, 2, (5, 5), (EvalFacts("base", 10, 20), EvalFacts("all", 20, 40)),
-                      ("csl", None), reads_pixels=True, views=2, config_digest="e", training_sets=1, test_images=40)
+                      ("csl", None), reads_pixels=True, views=2, config_digest="e", training_sets=1, test_images=40,
+                      trunk_runs=1, trunk_epochs=1)
     facts = PlanFacts((coop, ivlp), runs=5, finished=1, features_to_encode=100, images_to_decode=40, embed_dim=8,
                       device="cpu", plan_seconds=0.5)
     units = {
@@ -37,6 +39,7 @@ def hand_worked():
         est.LOADER_KEY: Unit(0.1),
         est.step_key("coop", 10, 4, 2, "d"): Unit(0.05, peak_host_bytes=1000),
         est.step_key("ivlp", 10, 2, 2, "e"): Unit(0.3, peak_host_bytes=3000),
+        est.step_key("ivlp", 10, 2, 1, "e"): Unit(0.2),
         est.overhead_key("coop", 10, "d"): Unit(0.1), est.overhead_key("ivlp", 10, "e"): Unit(0.3),
         est.eval_key("coop", 10, "d", 2): Unit(0.002, fixed_seconds=0.04, peak_host_bytes=1500),
         est.eval_key("ivlp", 10, "e", 2): Unit(0.02, fixed_seconds=0.1, peak_host_bytes=2000),
@@ -55,40 +58,42 @@ def test_price_matches_the_hand_worked_example():
     cache build  = 100 features x (encode 0.01 + decode 0.002) + 40 images x 0.003 (CPU: in turn)   = 1.32
     soft labels  = ISL(C=10, N=10) 0.4 + CSL(C=10, N=5) 0.3 (the plain runs have none)             = 0.7
     training     = CoOp: 3 epochs x ceil(10 / 4) = 3 steps x 0.05                                 = 0.45
-                 + IVLP: 2 epochs x ceil(5 / 2) = 3 steps x (0.3 + 2 images x 1 training set x
-                   (0.002 + 0.003): the two runs' views decoded once)                              = 1.86
-                 + the decoding pool, started once                                                 = 0.1    -> 2.41
+                 + IVLP: ceil(5 / 2) = 3 steps per epoch, each decoding 2 images x 1 training set x
+                   (0.002 + 0.003) = 0.01 (the two runs' views decoded once): epoch 0 by the trunk
+                   run, 3 x (0.2 + 0.01), epoch 1 by both, 3 x (0.3 + 0.01)                          = 1.56
+                 + the decoding pool, started once                                                 = 0.1    -> 2.11
     evaluation   = CoOp base: 0.04 (R = 2) + zero-shot 0.01 + 20 x 0.0001 + 20 x 0.002             = 0.092
                  + CoOp new:  0.04 + 0.01 + 30 x 0.0001 + 30 x 0.002                                = 0.113
                  + IVLP base: 0.1 + 0.01 + 20 x 0.0001 (its images are all's)                      = 0.112
                  + IVLP all:  0.15 + 0.02 + 40 x 0.0002                                            = 0.178
                  + IVLP's 40 distinct test images once: 40 x (0.025 + 0.005 decoding)              = 1.2    -> 1.695
     overhead     = 2 x 0.1 + 2 x 0.3                                                               = 0.8
-    total        = 9.425 s; cache bytes = 100 x 8 x 2 (float16) = 1600
+    total        = 9.125 s; cache bytes = 100 x 8 x 2 (float16) = 1600
     peak host    = CoOp: max(step 1000, eval 1500) + test features (20 + 30) x 8 x 4 = 1600
                    + training views (10 + 8) x 3 views x 8 x 4 = 1728                              = 4828
                    IVLP: max(3000, 2000) + (20 + 40) x 8 x 4 = 1920 (no cached training views)    = 4920 -> 4920
     """
     facts, units = hand_worked()
     estimate = price(facts, units)
-    expected = {"setup": 2.5, "cache build": 1.32, "soft labels": 0.7, "training": 2.41, "evaluation": 1.695,
+    expected = {"setup": 2.5, "cache build": 1.32, "soft labels": 0.7, "training": 2.11, "evaluation": 1.695,
                 "per-run overhead": 0.8}
     assert estimate.phases == pytest.approx(expected)
-    assert estimate.total_seconds == pytest.approx(9.425)
+    assert estimate.total_seconds == pytest.approx(9.125)
     assert estimate.cache_bytes == 1600
     assert estimate.peak_host_bytes == 4920
     assert (estimate.runs, estimate.finished, estimate.groups) == (5, 1, 2)
-    assert "| **total** | **9.4 s** |" in estimate.markdown()
+    assert "| **total** | **9.1 s** |" in estimate.markdown()
 
 
 def test_price_on_cuda_overlaps_decoding_with_the_encoder_and_the_steps():
     """CUDA, 4 decoding workers: cache build = 100 x max(encode 0.01, decode 0.002 / 4) + 40 x 0.003 / 4 = 1.03;
-    IVLP's steps = 6 x max(0.3, 2 x 0.005 / 4) = 1.8, so training = 0.45 + 1.8 + 0.1 (pool) = 2.35; IVLP's test
+    IVLP's steps = 3 x max(0.2, 2 x 0.005 / 4) + 3 x max(0.3, ...) = 1.5, so training = 0.45 + 1.5 + 0.1 (pool) =
+    2.05; IVLP's test
     images = 40 x max(0.025, 0.005 / 4) = 1.0, so evaluation = 0.205 + 0.29 + 1.0 = 1.495."""
     facts, units = hand_worked()
     facts = PlanFacts(facts.groups, 5, 1, 100, 40, 8, device="cuda", plan_seconds=0.5, decode_workers=4)
     phases = price(facts, units).phases
-    assert (phases["cache build"], phases["training"], phases["evaluation"]) == pytest.approx((1.03, 2.35, 1.495))
+    assert (phases["cache build"], phases["training"], phases["evaluation"]) == pytest.approx((1.03, 2.05, 1.495))
 
 
 def test_a_command_s_measured_start_replaces_load_and_planning():
@@ -242,6 +247,7 @@ def test_a_pixel_group_is_planned_with_its_training_sets_its_distinct_test_image
     (group,) = est.plan_facts(specs, 4).groups
     tests = {d.impath for split in specs[0].data.splits.values() for d in split.test}
     assert (group.runs, group.training_sets, group.test_images) == (4, 2, len(tests))
+    assert (group.trunk_runs, group.trunk_epochs) == (2, 1)  # a seed's plain and ATLaS runs share epoch 0
     assert group.test_images < sum(e.images for e in group.eval_sets)  # all holds base's and new's images
     backbone = specs[0].backbone()
     per_run = memory.step_bytes_per_run(specs[0].method, backbone, 2, 4, amp=False)

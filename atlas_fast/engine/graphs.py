@@ -1,8 +1,8 @@
 """CUDA graphs for the training step (``TrainConfig.graph_steps``; on by default wherever they apply): full-size
 steps replay a captured forward, loss and backward, on cached features or on pixels (the prompted image towers); the
-optimiser step and gradient scaler run as usual on the graph's gradient buffers. Nothing here runs on a CPU (the refusals and the bookkeeping are tested there with
-torch.cuda faked; the replays themselves by benchmarks/gpu_check.py on a GPU); a step that still reads values back
-from the device trains eagerly with a warning.
+optimiser step and gradient scaler run as usual on the graph's gradient buffers. Nothing here runs on a CPU (the
+refusals and the bookkeeping are tested there with torch.cuda faked; the replays themselves by
+benchmarks/gpu_check.py on a GPU); a step that still reads values back from the device trains eagerly with a warning.
 """
 
 from __future__ import annotations

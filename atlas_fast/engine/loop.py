@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -56,13 +57,26 @@ def set_epoch_lr(optimizer: torch.optim.Optimizer, recipe: OptimRecipe, epoch: i
     return lr_at_epoch(recipe, epoch)
 
 
+@dataclass
+class Fork:
+    """Runs that share their first epochs, trained once: the loop trains the trunk runs it is given up to epoch
+    ``after`` (inclusive), then goes on with ``runs``, run i starting from trunk run ``parents[i]`` (its learned
+    tensors, optimiser state, data-order generator and epoch logs) in the module ``regroup(method, parents)``
+    returns (:func:`train_runs`)."""
+
+    after: int
+    parents: list[int]
+    runs: list[RunState]
+    regroup: Callable[[PromptMethod, list[int]], PromptMethod]
+
+
 def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimRecipe, device: torch.device,
                amp: bool, progress: bool = True,
                on_epoch_end: Callable[[int], list[dict[str, Any]]] | None = None,
                graph_steps: bool = False,
                retire_runs: Callable[[int, list[list[dict[str, Any]]]], Iterable[int]] | None = None,
-               regroup: Callable[[PromptMethod, list[int]], PromptMethod] | None = None
-               ) -> list[list[dict[str, Any]]]:
+               regroup: Callable[[PromptMethod, list[int]], PromptMethod] | None = None,
+               fork: Fork | None = None) -> list[list[dict[str, Any]]]:
     """Train the R = ``len(runs)`` runs held by ``method`` (``method.num_runs == R``) in place; returns each run's
     epoch log (mean loss, lr, soft-label flag, seconds, + the callback's fields for that run).
 
@@ -88,6 +102,11 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     ``regroup(method, keep)`` (a module of the runs at positions ``keep`` of ``method``, holding their current
     learned tensors), the loop goes on with that smaller module instead, carrying the kept runs' optimiser state
     over, so retired runs stop costing steps; the caller's ``method`` then no longer trains.
+
+    ``fork`` (:class:`Fork`): ``runs`` are trunk runs, each standing for the runs that share its first epochs (same
+    seed, data and views, one-hot targets: the label variants of a seed under ATLaS with K >= 2); after epoch
+    ``fork.after`` each is copied into its runs, which go on alone. The logs returned are the forked runs'. Not
+    with ``retire_runs``.
     """
     num_runs = len(runs)
     if method.num_runs != num_runs:
@@ -97,6 +116,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         return [[] for _ in runs]
     if graph_steps and device.type != "cuda":
         raise ValueError(f"graph_steps replays CUDA graphs and needs a CUDA device, not {device.type}.")
+    if fork is not None and retire_runs is not None:
+        raise ValueError("train_runs: a fork and retired runs cannot be combined.")
     optimizer = build_optimizer(method, recipe)
     scaler = torch.amp.GradScaler(device.type, enabled=amp)
     graphs = None
@@ -158,6 +179,14 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
                                        "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds,
                                        **extra[slots[r]], **graphed})
         bar.set_postfix(loss=f"{sum(epoch_losses) / len(runs):.4f}", lr=f"{lr:.2e}")
+        if fork is not None and epoch == fork.after:  # the shared epochs are over: each trunk run into its runs
+            method, optimizer = _regrouped(fork.regroup, method, optimizer, recipe, fork.parents)
+            _fork_runs(fork, runs, epoch, len(method.classnames))
+            logs = [[dict(entry) for entry in logs[slots[parent]]] for parent in fork.parents]
+            runs, num_runs, fork = fork.runs, len(fork.runs), None
+            slots = list(range(num_runs))
+            if graphs is not None:
+                graphs = StepGraphs(method, runs, optimizer, scaler, recipe.batch_size, amp)
         if retire_runs is not None:
             retired.update(retire_runs(epoch, logs))
             if len(retired) == num_runs:
@@ -189,6 +218,16 @@ def _regrouped(regroup: Callable[[PromptMethod, list[int]], PromptMethod], metho
                                   for k, v in state.items()}
     smaller.train()
     return smaller, carried
+
+
+def _fork_runs(fork: Fork, trunk: Sequence[RunState], epoch: int, classes: int) -> None:
+    """Start each forked run where its trunk run is after ``epoch``: its data-order generator's state, and its label
+    schedule as after those epochs."""
+    for run, parent in zip(fork.runs, fork.parents):
+        run.generator.set_state(trunk[parent].generator.get_state())
+        run.schedule.reset(classes)
+        for done in range(epoch + 1):
+            run.schedule.end_epoch(done)
 
 
 def _check_finite(method: PromptMethod, epoch_losses: list[float], epoch: int, lr: float,

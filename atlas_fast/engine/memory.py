@@ -1,11 +1,12 @@
 """How many runs of a group fit the device's memory, estimated from the towers' shapes before anything runs.
 
-A training step keeps, for the backward pass, about :data:`ACTIVATION_VALUES` values per token, width and block of
-every tower that has a gradient path: the text tower over each run's C class prompts, and for a method that prompts
-the image tower, that tower over each run's B images (tokens: class token, patches and visual prompts). Each run of a
-group adds its own (its prompts, its images), so a group of R runs needs R times one run's activations plus the frozen
-CLIP once. The planner (:func:`atlas_fast.sweep.group_runs`) lowers R where that would pass :data:`DEVICE_SHARE` of
-the device's memory; a GPU check measures the real peak of the largest group beside this estimate.
+A training step keeps, for the backward pass, about :data:`KEPT_BYTES` bytes per token, width and block of every
+tower that has a gradient path: the text tower over each run's C class prompts (each class's own positions: the
+prefix all classes share is computed once per run), and for a method that prompts the image tower, that tower over
+each run's B images (class token, patches and visual prompts). Each run of a group adds its own (its prompts, its
+images), so a group of R runs needs R times one run's activations plus the frozen CLIP once. The planner
+(:func:`atlas_fast.sweep.group_runs`) lowers R where that would pass :data:`DEVICE_SHARE` of the device's memory; a
+GPU check (``benchmarks/gpu_check.py``) measures the largest pixel group's peak beside this estimate.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import torch
 
 from atlas_fast.clip.backbones import Backbone
 
-#: Values autograd keeps per token, width and transformer block in a training step (the pixel methods' step on
-#: ViT-B/16 kept 14 on the CPU in fp32, docs/benchmarks.md: IVLP's 430 MiB at batch 4; rounded up).
-ACTIVATION_VALUES = 16
-#: Positions of one class prompt, at most: SOT, up to 4 context tokens, ImageNet's longest class name (13 tokens),
-#: the fixed words of an init phrase, '.', EOT (a GPU runs the suffixes padded to the longest).
-PROMPT_POSITIONS = 24
-#: Bytes per kept value: fp32, or fp16 autocast (LayerNorm outputs stay fp32 there: 3 on average).
-VALUE_BYTES = {False: 4, True: 3}
+#: Bytes kept per token, width and transformer block in a training step, under fp16 autocast (True) and in fp32:
+#: about 15 on an H100 (CoOp's steps at C = 1,000 and 500 with R = 12 peaked at 16 and 7.7 GiB: 1.4 MB per prompt of
+#: about 15 positions, 12 blocks of width 512) and 58 on the CPU in fp32 (IVLP at batch 4 kept 430 MiB), rounded up.
+KEPT_BYTES = {True: 16, False: 60}
+#: Positions each class prompt runs beyond the prefix its run shares: its class tokens, '.' and EOT, at most
+#: ImageNet's longest (a GPU pads them to the longest), and the visual prompts' tokens at most.
+PROMPT_POSITIONS = 16
 #: The share of the device's memory a group may plan to use.
 DEVICE_SHARE = 0.8
 
@@ -38,7 +38,7 @@ def step_bytes_per_run(entry, backbone: Backbone, classes: int, batch: int, amp:
         visual = model.visual
         tokens = int(visual.positional_embedding.shape[0]) + PROMPT_POSITIONS  # + the visual prompts, at most
         vision = len(visual.transformer.resblocks) * int(visual.class_embedding.shape[-1]) * tokens * batch
-    return ACTIVATION_VALUES * VALUE_BYTES[bool(amp)] * (text + vision)
+    return KEPT_BYTES[bool(amp)] * (text + vision)
 
 
 def frozen_bytes(backbone: Backbone, amp: bool) -> int:

@@ -31,13 +31,14 @@ from typing import Any, Sequence
 
 import torch
 
+from atlas_fast.atlas.schedules import LabelSchedule
 from atlas_fast.cache import FeatureCache
 from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device
 from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize, zero_shot_references
 from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
 from atlas_fast.engine.graphs import use_graph_steps
-from atlas_fast.engine.loop import train_runs
+from atlas_fast.engine.loop import Fork, train_runs
 from atlas_fast.engine.record import (ResultStore, RunRecord, adopt_legacy_record, build_record, finished_record,
                                       load_learned, rewrite_record, save_record, split_snapshots, utc_now,
                                       with_snapshots)
@@ -198,11 +199,26 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
                        first.device) for s, i in zip(specs, inputs)]
     graph_steps = use_graph_steps([s.config.graph_steps for s in specs], first.method,
                                   [s.schedule for s in states], first.device)
+    trainee, trainee_states, fork, forked = method, states, None, {}
+    shared = plan_fork(specs, [state.schedule for state in states])
+    if shared is not None:  # the runs' shared first epochs trained once, by one trunk run per seed and data
+        trunk, parents, after = shared
+        trainee = stacked_module(first, backbone, classnames, [singles[i].state_for_checkpoint() for i in trunk])
+        trainee_states = [states[i] for i in trunk]
+
+        def regroup(module: PromptMethod, keep: list[int]) -> PromptMethod:
+            forked["method"] = stacked_module(first, backbone, classnames, [
+                {name: tensor[k:k + 1] for name, tensor in module.state_for_checkpoint().items()} for k in keep])
+            forked["method"].carry_runs(module, keep)
+            return forked["method"]
+
+        fork = Fork(after, parents, states, regroup)
     clock = time.perf_counter()
     with small_step_threads(first.device.type, small_steps=not method.reads_pixels):
-        logs = train_runs(method, states, first.optim_recipe, first.device, first.amp,
-                          any(s.config.progress for s in specs), per_epoch_eval, graph_steps)
+        logs = train_runs(trainee, trainee_states, first.optim_recipe, first.device, first.amp,
+                          any(s.config.progress for s in specs), per_epoch_eval, graph_steps, fork=fork)
     train_seconds = round(time.perf_counter() - clock, 4)
+    method = forked.get("method", method)
 
     records = []
     zero_shots: dict[tuple[int, ...], dict[str, float]] = {}  # per distinct tuple of (shared) evaluation sets
@@ -254,10 +270,42 @@ def build_group_method(specs: Sequence[RunSpec], backbone, classnames: Sequence[
         singles.append(entry.build(backbone, classnames, spec.method_config).to(spec.device))
     if len(specs) == 1:
         return singles[0], singles
-    grouped = entry.build(backbone, classnames, dataclasses.replace(specs[0].method_config, num_runs=len(specs)))
-    grouped = grouped.to(specs[0].device)
-    grouped.load_checkpoint_state(stack_runs([single.state_for_checkpoint() for single in singles]))
-    return grouped, singles
+    states = [single.state_for_checkpoint() for single in singles]
+    return stacked_module(specs[0], backbone, classnames, states), singles
+
+
+def stacked_module(spec: RunSpec, backbone, classnames: Sequence[str], states: Sequence[dict[str, torch.Tensor]]
+                   ) -> PromptMethod:
+    """A module of ``spec``'s method holding R = ``len(states)`` runs, run r's learned tensors ``states[r]``."""
+    module = spec.method.build(backbone, classnames, dataclasses.replace(spec.method_config, num_runs=len(states)))
+    module = module.to(spec.device)
+    module.load_checkpoint_state(stack_runs(states))
+    return module
+
+
+def plan_fork(specs: Sequence[RunSpec], schedules: Sequence[LabelSchedule]
+              ) -> tuple[list[int], list[int], int] | None:
+    """Where a group's runs share their first epochs: runs with the same seed (initialisation and data order), data
+    and views train alike while every run's label schedule gives one-hot CE (ATLaS with K >= 2 does for K - 1
+    epochs, the plain run always). Returns (one run per such trunk, each run's trunk position, the last shared
+    epoch), or None where nothing is shared. Only for the pixel methods: their step grows with R, so a trunk of
+    one run per seed costs a fraction of the group's step (a cached step on a GPU is bound by launches: no gain);
+    and not with per-epoch evaluations or snapshots, which read every run in every epoch."""
+    first = specs[0]
+    if (len(specs) < 2 or not first.method.reads_pixels
+            or any(s.config.eval_every_epoch or s.config.snapshot_epochs for s in specs)):
+        return None
+    shared = 0
+    while shared < first.optim_recipe.epochs and all(schedule.cross_entropy_kind(shared) == "hard"
+                                              and not schedule.observes_predictions for schedule in schedules):
+        shared += 1
+    keys = [(s.config.seed, tuple(d.impath for d in s.data.train_split.train), s.views, s.config.aug_seed)
+            for s in specs]
+    positions: dict[tuple, int] = {}
+    parents = [positions.setdefault(key, len(positions)) for key in keys]
+    if shared == 0 or len(positions) == len(specs):
+        return None
+    return [keys.index(key) for key in positions], parents, shared - 1
 
 
 def run_view(method: PromptMethod, singles: Sequence[PromptMethod], r: int) -> PromptMethod:

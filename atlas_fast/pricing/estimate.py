@@ -68,6 +68,9 @@ class GroupFacts:
     training_sets: int = 0
     # distinct test images over the evaluation sets (a group decodes and encodes each once); 0: the sets' sum
     test_images: int = 0
+    # runs that share their first epochs (engine.pipeline.plan_fork): those epochs train a trunk of this many runs
+    trunk_runs: int = 0
+    trunk_epochs: int = 0
 
     @property
     def decoded_sets(self) -> int:
@@ -157,6 +160,8 @@ def needed_units(facts: PlanFacts) -> list[str]:
     for g in facts.groups:
         if g.learns:
             keys.append(step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
+            if g.trunk_epochs:
+                keys.append(step_key(g.method, g.classes, g.batch, g.trunk_runs, g.config_digest))
         keys.append(overhead_key(g.method, g.classes, g.config_digest))
         for e in g.eval_sets:
             keys += [eval_key(g.method, e.classes, g.config_digest, g.runs), eval_key(ZERO_SHOT, e.classes)]
@@ -241,6 +246,9 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
       (step(method, C, B, R) + for pixel methods B x S x (decode per view + per image), the views decoded in the
       loop, each distinct (image, view) of a step once for the S distinct training sets of the group's runs); on
       CUDA the decoding runs in ``decode_workers`` processes beside the steps: max(step, B x S x decode / workers)
+      ; a group whose runs share their first F epochs (a seed's plain run and its ATLaS variants, K >= 2:
+      :func:`atlas_fast.engine.pipeline.plan_fork`) trains them with its T trunk runs: F epochs at step(method, C,
+      B, T), the rest at R
     * evaluation = sum over groups: per class set eval(method, C, R) fixed (the R runs' class prompts) + the
       zero-shot references (zsclip fixed + N x per image); cached features: + N x eval per image (the R runs' heads
       over one read of the features); pixels: + each distinct test image of the group's sets once x (eval per
@@ -270,13 +278,21 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     peak_host = peak_device = 0
     for g in facts.groups:
         step = units[step_key(g.method, g.classes, g.batch, g.runs, g.config_digest)] if g.learns else Unit(0.0)
-        per_step = step.seconds
         workers = max(1, facts.decode_workers)
+        decoding = 0.0
         if g.reads_pixels:  # the loop decodes each step's views once; on CUDA in worker processes beside the steps
             decode = units[g.decode]
             decoding = g.batch * g.decoded_sets * (decode.seconds + decode.fixed_seconds)
-            per_step = max(per_step, decoding / workers) if cuda else per_step + decoding
-        phases["training"] += g.epochs * g.steps_per_epoch * per_step if g.learns else 0.0
+
+        def with_decoding(seconds: float) -> float:
+            return max(seconds, decoding / workers) if cuda else seconds + decoding
+
+        if g.learns:
+            forked = g.trunk_epochs  # the shared first epochs trained by the trunk runs, then forked
+            if forked:
+                trunk = units[step_key(g.method, g.classes, g.batch, g.trunk_runs, g.config_digest)]
+                phases["training"] += forked * g.steps_per_epoch * with_decoding(trunk.seconds)
+            phases["training"] += (g.epochs - forked) * g.steps_per_epoch * with_decoding(step.seconds)
         for kind, images in zip(g.soft_labels, g.train_images):
             if kind not in (None, "ls"):
                 phases["soft labels"] += units[soft_key(kind, g.classes, images)].seconds
@@ -347,7 +363,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
     """The facts of planned runs (:class:`~atlas_fast.engine.spec.RunSpec`): finished runs dropped, the rest grouped
     as the sweep groups them (one by one for a method that does not batch runs), and the features the cache lacks
     for the runs to train (train views 0..V, or view 0 for the pixel methods; the test split's view 0)."""
-    from atlas_fast.engine.pipeline import split_finished
+    from atlas_fast.engine.pipeline import plan_fork, split_finished
     from atlas_fast.sweep import group_runs
 
     finished, todo = split_finished(specs, complete=False)
@@ -363,6 +379,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
             training_sets = {(tuple(d.impath for d in s.data.train_split.train), s.views, s.config.aug_seed)
                              for s in part}
             test_images = {d.impath for split in first.data.splits.values() for d in split.test}
+            fork = plan_fork(part, [s.config.schedule for s in part])
             groups.append(GroupFacts(
                 method=first.config.method, dataset=first.dataset, classes=first.data.train_split.num_classes,
                 runs=len(part), batch=first.optim_recipe.batch_size, epochs=first.optim_recipe.epochs,
@@ -371,7 +388,8 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
                                   for s in part),
                 reads_pixels=entry.reads_pixels, views=max(s.views for s in part),
                 config_digest=config_digest(first.method_config), learns=entry.learns,
-                decode=decode_key(first.dataset), training_sets=len(training_sets), test_images=len(test_images)))
+                decode=decode_key(first.dataset), training_sets=len(training_sets), test_images=len(test_images),
+                trunk_runs=len(fork[0]) if fork else 0, trunk_epochs=fork[2] + 1 if fork else 0))
     features = images = 0
     parts: list[tuple[str, int, int]] = []
     if todo_specs:
