@@ -447,7 +447,7 @@ def check_pixel_memory(backbone) -> None:
     results = []
     for name, setting, classes in cases:
         entry = method_class(name)
-        config, recipe = entry.recipe("paper", setting, 16, "ImageNet")
+        config, recipe = entry.recipe_function("paper", setting, 16, "ImageNet")
         config = method_config_for(name, 1, config, backbone)
         per_run = memory.step_bytes_per_run(entry, backbone, classes, recipe.batch_size, cuda)
         fixed = memory.frozen_bytes(backbone, cuda)

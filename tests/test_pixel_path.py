@@ -170,8 +170,8 @@ def test_dept_maple_loss_head_and_fusion(pets):
 
 
 def test_pixel_evaluation_in_batches_equals_one_forward(pets, monkeypatch):
-    """Batched evaluation over the test view (text encoded once) gives the logits of one forward over all images,
-    in the items' order."""
+    """One pass over two class sets that share their images (chunks of 4: a full and a partial one; the class
+    prompts encoded once per set) gives each set the accuracy of one forward over all its images."""
     import atlas_fast.engine.evaluate as evaluate
     from atlas_fast.clip.transforms import load_views
 
@@ -179,9 +179,22 @@ def test_pixel_evaluation_in_batches_equals_one_forward(pets, monkeypatch):
     split = train_items(pets)
     torch.manual_seed(0)
     method = build_method("maple", backbone, split.classnames, CONFIGS["maple"])
-    monkeypatch.setattr(evaluate, "EVAL_PIXEL_BATCH", 4)  # 6 test images: a full and a partial batch
-    images = ImageViews(split.test, backbone, workers=0)
-    batched = torch.cat(list(evaluate.pixel_logit_chunks(method, images)), dim=1)
-    pixels = torch.cat([load_views(d.impath, d.key, [0], images.spec) for d in split.test])
     with torch.no_grad():
-        torch.testing.assert_close(batched, method(pixels), rtol=1e-5, atol=1e-5)
+        for param in method.trainable_parameters():  # a trained-looking run: not every image the same class
+            param.add_(0.5 * torch.randn_like(param))
+    monkeypatch.setattr(evaluate, "EVAL_PIXEL_BATCH", 4)  # 6 test images: a full and a partial batch
+    labels = torch.tensor([d.label for d in split.test])
+    features = torch.zeros(len(labels), backbone.embed_dim)
+    first = ImageViews(split.test[:3], backbone, workers=0)
+    sets = [evaluate.EvalSet("base", split.classnames, features, labels, ImageViews(split.test, backbone, workers=0)),
+            evaluate.EvalSet("first three", split.classnames[::-1], features[:3], 1 - labels[:3], first)]
+    accuracies = evaluate.pixel_accuracies(method, sets)
+    pixels = torch.cat([load_views(d.impath, d.key, [0], first.spec) for d in split.test])
+    with torch.no_grad():
+        method.set_classnames(split.classnames)
+        logits = method(pixels)[0]
+        method.set_classnames(split.classnames[::-1])
+        reversed_logits = method(pixels[:3])[0]
+    assert accuracies["base"] == pytest.approx([100.0 * (logits.argmax(-1) == labels).float().mean().item()])
+    expected = 100.0 * (reversed_logits.argmax(-1) == 1 - labels[:3]).float().mean().item()
+    assert accuracies["first three"] == pytest.approx([expected])

@@ -7,7 +7,8 @@ problem over the new names whose text features are built from the **learned** co
 H = 2BN/(B+N). *all* is the n-way problem over every class name (not reported by the references, but cheap here).
 Methods that prompt the image tower (``reads_pixels``) are evaluated on the test view (view 0) of each
 image, decoded in batches of :data:`EVAL_PIXEL_BATCH` (the references' test batch), with the class prompts encoded
-once per class set.
+once per class set; every evaluated set in one pass, each distinct image through the prompted tower once
+(:func:`pixel_accuracies`). A module of R runs (a group) is evaluated in that one pass for all of them.
 """
 
 from __future__ import annotations
@@ -120,25 +121,6 @@ def method_logit_chunks(method: PromptMethod, features: torch.Tensor, amp: bool 
 def method_logits(method: PromptMethod, features: torch.Tensor, amp: bool = False) -> torch.Tensor:
     """Logits (R, N, C) of cached features (N, D): :func:`method_logit_chunks` joined."""
     return torch.cat(list(method_logit_chunks(method, features, amp)), dim=1)
-
-
-@torch.no_grad()
-def pixel_logit_chunks(method: PromptMethod, images: ImageViews, amp: bool = False, progress: bool = False,
-                       desc: str = "evaluate") -> Iterator[torch.Tensor]:
-    """Logits (R, n, C) of a prompted-image method on the test view of ``images``, batch after batch: the class
-    prompts are encoded once, the prompted image tower runs over the images in batches of :data:`EVAL_PIXEL_BATCH`
-    (:meth:`~atlas_fast.methods.base.PromptMethod.eval_pixel_logits`)."""
-    from atlas_fast.progress import progress_bar
-
-    def batches() -> Iterator[torch.Tensor]:
-        text = method.text_features()
-        with progress_bar(total=len(images), desc=desc, unit="img", enabled=progress, leave=False) as bar:
-            for pixels, _ in images.batches(0, None, EVAL_PIXEL_BATCH):
-                yield method.eval_pixel_logits(pixels, text)
-                bar.update(len(pixels))
-
-    with _eval_mode(method):
-        yield from _each_under(lambda: _autocast(images.device, amp), batches())
 
 
 def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,

@@ -149,7 +149,7 @@ def runs_that_fit(spec: RunSpec, batch_runs: int) -> int:
         return batch_runs
     backbone = spec.backbone()
     per_run = memory.step_bytes_per_run(spec.method, backbone, spec.data.train_split.num_classes,
-                                        spec.recipe.batch_size, spec.amp)
+                                        spec.optim_recipe.batch_size, spec.amp)
     return memory.runs_that_fit(batch_runs, per_run, memory.frozen_bytes(backbone, spec.amp), total)
 
 
