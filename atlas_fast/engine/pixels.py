@@ -148,10 +148,9 @@ class ViewFeed:
         self.pool, self.device = pool, torch.device(device)
         self.pending: list[_Plan] = []
         self.plans: dict[int, int] = {}  # id(plan) -> its position in the current pass
-        self.positions: list[list[torch.Tensor | None]] = []  # per step, per plan of the pass: rows of the decoded step
+        self.positions: list[list[torch.Tensor | None]] = []  # per step, per plan of the pass: its decoded rows
         self.stream: Iterator[torch.Tensor] | None = None
         self.step, self.pixels = -1, None
-        self.decoded = 0  # views decoded (for tests and benchmarks: each distinct (image, view) of a step once)
 
     def register(self, items: Sequence[Datum], spec: TransformSpec, view: int, order: torch.Tensor,
                  batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -173,8 +172,9 @@ class ViewFeed:
                     step_spans.append(None)
                     continue
                 step_spans.append((len(flat), len(plan.batches[s])))
-                flat += [where.setdefault((plan.items[i].impath, plan.items[i].key, plan.view, plan.spec), len(where))
-                         for i in plan.batches[s].tolist()]
+                requests = [(plan.items[i].impath, plan.items[i].key, plan.view, plan.spec)
+                            for i in plan.batches[s].tolist()]
+                flat += [where.setdefault(request, len(where)) for request in requests]
             steps.append(list(where))
             spans.append(step_spans)
         rows = torch.tensor(flat).to(self.device)  # every step's rows moved once per pass, not once per step
@@ -194,7 +194,6 @@ class ViewFeed:
             while self.step < s:
                 self.pixels = next(self.stream).to(self.device, non_blocking=True)
                 self.step += 1
-                self.decoded += len(self.pixels)
             yield self.pixels.index_select(0, self.positions[s][p]), index
 
 
