@@ -46,8 +46,8 @@ def pixel_configs(root, method, results):
     ]
 
 
-@pytest.mark.parametrize("method, runs", [("ivlp", 4), ("maple", 4), ("promptsrc", 4), ("dept-maple", 4),
-                                          ("ivlp", 2), ("dept-maple", 2)])
+@pytest.mark.parametrize("runs", [4, 2])
+@pytest.mark.parametrize("method", ["ivlp", "maple", "promptsrc", "dept-maple"])
 def test_batched_pixel_runs_equal_runs_trained_alone(pets, method, runs):
     configs = pixel_configs(pets, method, f"alone-{method}")[-runs:]
     alone = [run(config) for config in configs]
