@@ -7,10 +7,10 @@ Sections, each for IVLP, MaPLe, PromptSRC and DePT-MaPLe (``--methods``) on a sy
 1. **ATen operations per run and step**, R = 1 vs R = 12 (3 seeds x the 4 label variants of Table III): every
    operation the training loop dispatches (``TorchDispatchMode``: step assembly, forward, backward, optimiser,
    bookkeeping; the decoding of the views, which a GPU machine does in worker processes, left out), divided by
-   the steps and the runs. Target: R = 12 at most 1/8 of R = 1.
+   the steps and the runs, every step at R (the fork of section 5 off). Target: R = 12 at most 1/8 of R = 1.
 2. **Wall time per run**, R = 1 (the runs one by one, each evaluated alone) vs R = 4 (2 seeds x 2 variants as one
-   group), a whole command each (4 epochs: training, evaluation, records), median of ``--repeats`` alternating
-   rounds after an untimed one.
+   group, its epoch 0 trained by a trunk of 2 runs as the engine does), a whole command each (4 epochs: training,
+   evaluation, records), median of ``--repeats`` alternating rounds after an untimed one.
    Target: R = 4 at most half of R = 1.
 3. **Decoding pools and decodes**: a 4-run command with ``--workers`` decoding processes: worker pools started per
    command (a pool per epoch and per evaluated class set before); with the views decoded in this process, how many
@@ -140,12 +140,15 @@ def count_operations(work: Path, method: str, runs: int) -> tuple[float, int]:
             counter.paused -= 1
 
     seeds, variants = ((1, 2, 3), ("plain", "ls", "csl", "isl")) if runs == 12 else ((1,), ("plain",))
+    real_plan = pipeline.plan_fork  # every step at R (a fork would train epoch 0 at R = 3: section 5)
     pipeline.train_runs, loop.step_batch, pixels.decode_view = counted_train, counted_batch, uncounted_decode
+    pipeline.plan_fork = lambda *args: None
     try:
         records = run_configs(configs(work, method, f"ops-{method}-{runs}", seeds, variants),
                               Execution("local", runs), progress=False)
     finally:
         pipeline.train_runs, loop.step_batch, pixels.decode_view = real_train, real_batch, real_decode
+        pipeline.plan_fork = real_plan
     assert all(r["timings"]["batch_runs"] == runs for r in records), "the runs did not train as one group"
     return counter.operations / len(steps) / runs, len(steps)
 
