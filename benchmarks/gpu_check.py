@@ -13,10 +13,14 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
 5. a pixel-path method (image encoder prompted), when this version has one; otherwise n/a;
 6. step speed (``benchmarks/step_speed.py``, fp16 autocast): the text step with the shared prefix and length groups
    vs open_clip's blocks at C = 19 and 500, the prompted vision tower with fused attention, a MaPLe training step;
-7. graph steps: every method on cached features (batch 32, fp16 AMP), eager vs ``graph_steps`` (CUDA graphs), CoOp
-   at C = 10, 50 and 500 and the others at C = 50: steady-state ms per step, steps replayed from a graph, the largest
-   difference of the learned tensors after the same steps (must be 0: a graph replays the eager kernels); a step
-   that syncs with the host cannot be captured, so graph_steps trains it eagerly and the row says so;
+7. graph steps: every method on cached features (batch 32, fp16 AMP), eager vs ``graph_steps`` (CUDA graphs of the
+   whole step), CoOp at C = 10, 50 and 500 and the others at C = 50: steady-state ms per step, steps replayed from a
+   graph, the largest difference of the learned tensors after the same steps against the same steps run eagerly
+   with the graph's length groups (must be 0: a graph replays the eager kernels) and against the default eager run
+   (padded); a step that syncs with the host cannot be captured, so graph_steps trains it eagerly and the row says
+   so; then R = 4 runs of every cached method as one graphed group against the same group eager (must be 0) and
+   run 1 alone; the host synchronisations per graphed step (CUDA's sync debug mode, target 0); and a graphed step
+   at ImageNet's 500 base classes and R = 12 with the class suffixes in length groups against one padded group;
 8. runs/hour by R: the 12-run grid of check 4 with the default precision (AMP) at R = 1, 4 and 12 (the GPU's default
    ``DEFAULT_BATCH_RUNS``) with the default graph steps, and R = 1 with eager steps; seconds by phase from the
    records (plan, inputs, training, evaluation, the rest);
@@ -30,7 +34,7 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
 12. the paper at its real scale (``benchmarks/paper_scale.py`` within ``--paper-scale-budget`` seconds): Table III's
     units at every dataset's real C, batch, R and test-set size, and the whole table's predicted hours beside the
     official code's, with the pixel methods' targets (IVLP + MaPLe training <= 1.2 h, evaluation <= 0.5 h, Table
-    III <= 6 h).
+    III <= 6 h) and the cached methods' (CoOp + DePT + CoCoOp training <= 1.2 h).
 
 Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size. ``--device cpu
 --model atlas-tiny --scale 0.1`` is a smoke test of this script itself on a machine without a GPU (no fp16/AMP rows).
@@ -225,44 +229,62 @@ def check_step_speed() -> None:
         + (" (fp16 autocast)" if SETUP["device"] == "cuda" else " (fp32)"))
 
 
-def _train_cached(name: str, backbone, classnames, features, labels, epochs: int, graph_steps: bool):
-    """One cached run of method ``name`` (batch 32, fp16 AMP on a GPU, seeded init and order) through the loop;
-    returns (method, logs, seconds, fallback warnings)."""
+def _train_cached(name: str, backbone, classnames, features, labels, epochs: int, graph_steps: bool,
+                  runs: int = 1, groups: bool = False, batch: int = 32):
+    """``runs`` cached runs of method ``name`` as one group (batch 32, fp16 AMP on a GPU, seeded init and orders)
+    through the loop; ``groups``: run the eager steps with a graph's length groups, as a graphed run does. Returns
+    (method, logs, seconds, fallback warnings)."""
+    import contextlib
     import warnings
 
     from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.clip.text_encoder import graph_length_groups
     from atlas_fast.engine.loop import train_runs
     from atlas_fast.engine.step import RunState
     from atlas_fast.methods.base import OptimRecipe, method_class
 
+    from atlas_fast.engine.pipeline import stack_runs
+
     device = torch.device(SETUP["device"])
     entry = method_class(name)
-    torch.manual_seed(0)
-    method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a")).to(device)
-    run = RunState(RandomFeatures(features), labels, None, OneHot(), seed=1, device=device)
-    recipe = OptimRecipe(epochs=epochs, batch_size=32, lr=0.002)
-    with warnings.catch_warnings(record=True) as caught:
+    singles = []
+    for r in range(runs):  # run r starts as it would alone (initialised with seed r), as a group's runs do
+        torch.manual_seed(r)
+        singles.append(entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a")))
+    method = singles[0]
+    if runs > 1:
+        method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a", num_runs=runs))
+        method.load_checkpoint_state(stack_runs([single.state_for_checkpoint() for single in singles]))
+    method = method.to(device)
+    states = [RunState(RandomFeatures(features), labels, None, OneHot(), seed=seed, device=device)
+              for seed in range(1, runs + 1)]
+    recipe = OptimRecipe(epochs=epochs, batch_size=batch, lr=0.002)
+    with warnings.catch_warnings(record=True) as caught, \
+            graph_length_groups() if groups else contextlib.nullcontext():
         warnings.simplefilter("always")
         synchronize()
         start = time.perf_counter()
-        logs = train_runs(method, [run], recipe, device, amp=device.type == "cuda", progress=False,
+        logs = train_runs(method, states, recipe, device, amp=device.type == "cuda", progress=False,
                           graph_steps=graph_steps)
         synchronize()
         seconds = time.perf_counter() - start
     fallbacks = [str(w.message) for w in caught if "graph_steps" in str(w.message)]
-    return method, logs[0], seconds, fallbacks
+    return method, logs, seconds, fallbacks
 
 
-def _largest_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    return max((p.detach().float() - q.detach().float()).abs().max().item()
-               for p, q in zip(a.trainable_parameters(), b.trainable_parameters()))
+def _largest_difference(a: torch.nn.Module, b: torch.nn.Module, run: int | None = None) -> float:
+    """The largest difference of the learned tensors (of ``b``'s run ``run`` against ``a``, a one-run method)."""
+    pairs = zip(a.trainable_parameters(), b.trainable_parameters())
+    return max((p.detach().float() - (q.detach()[run:run + 1] if run is not None else q.detach()).float()).abs().max()
+               .item() for p, q in pairs)
 
 
 @guarded("graph steps")
 def check_graph_steps(backbone, steps_per_epoch: int = 10, short: int = 2, long: int = 6) -> None:
     """Eager vs graphed steps of every cached method: ms per step in steady state (the time of ``long`` epochs minus
-    that of ``short`` ones, so warm-up steps and captures cancel), and the largest difference of the learned tensors
-    after the same ``long`` epochs (0: a graph replays the eager kernels)."""
+    that of ``short`` ones, so warm-up steps and captures cancel), the largest difference of the learned tensors
+    after the same ``long`` epochs against the same steps run eagerly with the graph's length groups (0: a replay
+    runs the eager step's kernels) and against the default eager run (one padded group: fp16 rounding apart)."""
     cuda = SETUP["device"] == "cuda"  # on the CPU (a smoke test of this check) both runs are eager
     from atlas_fast.methods import METHODS
 
@@ -270,7 +292,7 @@ def check_graph_steps(backbone, steps_per_epoch: int = 10, short: int = 2, long:
     cases = [("coop", c) for c in ((10, 50, 500) if cuda else (10,))] + \
         [(name, 50 if cuda else 10) for name in cached if name != "coop"]
     generator = torch.Generator().manual_seed(0)
-    results, notes, worst, fast_enough = [], [], 0.0, True
+    results, notes, worst, padded_worst, fast_enough = [], [], 0.0, 0.0, True
     for name, classes in cases:
         classnames = [f"class {i}" for i in range(classes)]
         n = 32 * steps_per_epoch  # every batch full-size: every step after the warm-up can replay
@@ -284,17 +306,19 @@ def check_graph_steps(backbone, steps_per_epoch: int = 10, short: int = 2, long:
                 method, logs, times[epochs], fallbacks = _train_cached(name, backbone, classnames, features, labels,
                                                                        epochs, graphed)
             timed[graphed] = (method, 1000 * (times[long] - times[short]) / ((long - short) * steps_per_epoch),
-                              sum(e.get("graphed_steps", 0) for e in logs))
+                              sum(e.get("graphed_steps", 0) for e in logs[0]))
             if fallbacks and len(notes) < 3:
                 notes.append(f"{name} fell back to eager: " + fallbacks[0][:160])
         eager_ms = timed[False][1]
         if cuda:
             graphed_method, graphed_ms, replayed = timed[True]
-            diff = _largest_difference(timed[False][0], graphed_method)
-            worst = max(worst, diff)
+            same_path, *_ = _train_cached(name, backbone, classnames, features, labels, long, False, groups=True)
+            diff = _largest_difference(same_path, graphed_method)
+            padded = _largest_difference(timed[False][0], graphed_method)
+            worst, padded_worst = max(worst, diff), max(padded_worst, padded)
             results.append(f"{name} C={classes}: {eager_ms:.2f} ms eager, {graphed_ms:.2f} ms graphed "
                            f"({eager_ms / graphed_ms:.2f}x, {replayed}/{long * steps_per_epoch} replayed, "
-                           f"diff {diff:.1e})")
+                           f"diff {diff:.1e}, vs padded eager {padded:.1e})")
             if name == "coop" and classes == 50:
                 fast_enough = graphed_ms <= 5.0
         else:
@@ -302,9 +326,98 @@ def check_graph_steps(backbone, steps_per_epoch: int = 10, short: int = 2, long:
     status = ("ok" if worst == 0.0 else "FAIL") if cuda else "n/a"
     row("graph steps", status, "; ".join(results),
         f"cached methods, batch 32, fp16 AMP, steady-state ms/step ({long} minus {short} epochs of "
-        f"{steps_per_epoch} steps); largest learned-tensor difference eager vs graphed {worst:.2e}; "
-        f"target <= 5 ms for CoOp at C=50: {'met' if fast_enough else 'NOT met'}"
+        f"{steps_per_epoch} steps), the whole step graphed; largest learned-tensor difference graphed vs eager "
+        f"with the graph's length groups {worst:.2e} (must be 0), vs the default padded eager run "
+        f"{padded_worst:.2e} (fp16 rounding); target <= 5 ms for CoOp at C=50: "
+        f"{'met' if fast_enough else 'NOT met'}"
         + ("; " + "; ".join(notes) if notes else "") if cuda else "CPU smoke test: eager only")
+
+
+@guarded("batched graph steps")
+def check_batched_graph_steps(backbone, runs: int = 4, classes: int = 50, epochs: int = 4) -> None:
+    """R runs of each cached method as one graphed group (length groups, the whole step on the device, a scaler per
+    run) against the same group eager with the graph's length groups (must be 0) and against each run trained
+    alone eagerly (fp16 rounding)."""
+    cuda = SETUP["device"] == "cuda"
+    from atlas_fast.methods import METHODS
+
+    cached = [name for name, entry in METHODS.items() if entry.learns and not entry.reads_pixels
+              and entry.supports_batched_runs]
+    generator = torch.Generator().manual_seed(1)
+    classnames = [f"class {i}" for i in range(classes)]
+    n = 32 * 8
+    features = torch.randn(n, backbone.embed_dim, generator=generator).to(SETUP["device"])
+    labels = torch.randint(classes, (n,), generator=generator)
+    results, worst, alone_worst = [], 0.0, 0.0
+    for name in cached:
+        group, logs, _, _ = _train_cached(name, backbone, classnames, features, labels, epochs, cuda, runs=runs)
+        eager, *_ = _train_cached(name, backbone, classnames, features, labels, epochs, False, runs=runs, groups=True)
+        single, *_ = _train_cached(name, backbone, classnames, features, labels, epochs, False)  # run 1 (seed 1)
+        diff, alone = _largest_difference(eager, group), _largest_difference(single, group, run=0)
+        worst, alone_worst = max(worst, diff), max(alone_worst, alone)
+        replayed = sum(e.get("graphed_steps", 0) for e in logs[0])
+        results.append(f"{name}: diff {diff:.1e}, run 1 vs alone {alone:.1e}, {replayed} replayed")
+    status = ("ok" if worst == 0.0 else "FAIL") if cuda else "n/a"
+    row("batched graph steps", status, "; ".join(results),
+        f"R = {runs} runs (seeds 1-{runs}) of each cached method, C = {classes}, {epochs} epochs, fp16 AMP; graphed "
+        f"group vs the eager group with the graph's length groups (must be 0): {worst:.1e}; run 1 vs it alone "
+        f"(eager, padded): {alone_worst:.1e}" if cuda else "CPU smoke test: eager only")
+
+
+@guarded("host syncs per graphed step")
+def check_graphed_syncs(backbone, classes: int = 50) -> None:
+    """CUDA's sync debug mode over whole trainings of 3 epochs of 10 and of 20 graphed steps (R = 4 CoOp, AMP): the
+    difference over the 30 extra steps is the host synchronisations per graphed step (target 0)."""
+    if SETUP["device"] != "cuda":
+        row("host syncs per graphed step", "n/a", "needs CUDA's sync debug mode")
+        return
+    from atlas_fast.engine.graphs import host_syncs
+
+    classnames = [f"class {i}" for i in range(classes)]
+    generator = torch.Generator().manual_seed(2)
+    counts = {}
+    for steps in (10, 20):
+        features = torch.randn(32 * steps, backbone.embed_dim, generator=generator).to(SETUP["device"])
+        labels = torch.randint(classes, (32 * steps,), generator=generator)
+        _, syncs = host_syncs(lambda: _train_cached("coop", backbone, classnames, features, labels, 3, True, runs=4))
+        counts[steps] = len(syncs)
+    per_step = (counts[20] - counts[10]) / 30
+    row("host syncs per graphed step", "ok" if per_step == 0 else "FAIL", f"{per_step:.2f} per step",
+        f"sync debug mode: {counts[10]} syncs in 3 epochs of 10 steps, {counts[20]} in 3 of 20 (R = 4 CoOp, C = "
+        f"{classes}, AMP; the epoch's loss read-back and finiteness check are per epoch)")
+
+
+@guarded("length groups in graphed steps")
+def check_graph_groups(backbone, runs: int = 12, classes: int = 500, steps: int = 8) -> None:
+    """A graphed step with the class suffixes in length groups against one padded group, at ImageNet's base classes
+    (their real names) and R = 12: CoOp (batch 32), CoCoOp (batch 1), DePT (batch 4); steady-state ms per step."""
+    if SETUP["device"] != "cuda":
+        row("length groups in graphed steps", "n/a", "needs CUDA graphs")
+        return
+    from atlas_fast.clip import text_encoder
+    from atlas_fast.world.standins import real_classes
+
+    names = [name for _, name in real_classes("ImageNet")][:classes]
+    generator = torch.Generator().manual_seed(3)
+    results = []
+    for name, batch in (("coop", 32), ("cocoop", 1), ("dept-coop", 4)):
+        n = batch * steps
+        features = torch.randn(n, backbone.embed_dim, generator=generator).to(SETUP["device"])
+        labels = torch.randint(classes, (n,), generator=generator)
+        timed = {}
+        for label, cost in (("groups", text_encoder.GRAPHED_GROUP_COST), ("padded", 1e12)):
+            saved, text_encoder.GRAPHED_GROUP_COST = text_encoder.GRAPHED_GROUP_COST, cost
+            try:
+                seconds = [_train_cached(name, backbone, names, features, labels, epochs, True, runs=runs,
+                                         batch=batch)[2] for epochs in (2, 4)]
+            finally:
+                text_encoder.GRAPHED_GROUP_COST = saved
+            timed[label] = 1000 * (seconds[1] - seconds[0]) / (2 * steps)
+        results.append(f"{name}: {timed['padded']:.1f} ms padded, {timed['groups']:.1f} ms in groups "
+                       f"({timed['padded'] / timed['groups']:.2f}x)")
+    row("length groups in graphed steps", "ok", "; ".join(results),
+        f"ImageNet's first {classes} class names, R = {runs}, fp16 AMP, steady-state ms per graphed step "
+        f"(GRAPHED_GROUP_COST = {text_encoder.GRAPHED_GROUP_COST:g} positions per extra group)")
 
 
 def _phases(records: list[dict], seconds: float) -> str:
@@ -373,6 +486,7 @@ def _train_pixels(name: str, backbone, classnames, runs: int, steps: int, epochs
     import warnings
 
     from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.clip.text_encoder import graph_length_groups
     from atlas_fast.engine.loop import train_runs
     from atlas_fast.engine.step import RunState
     from atlas_fast.methods.base import OptimRecipe, method_class
@@ -385,7 +499,8 @@ def _train_pixels(name: str, backbone, classnames, runs: int, steps: int, epochs
     inputs = _pixel_inputs(backbone, entry, 4 * steps)
     labels = torch.arange(4 * steps) % len(classnames)
     states = [RunState(inputs, labels, None, OneHot(), seed=r, device=device) for r in range(runs)]
-    with warnings.catch_warnings(record=True) as caught:
+    # eager steps with the length groups a graphed run's steps use, so that graph and eager run the same kernels
+    with warnings.catch_warnings(record=True) as caught, graph_length_groups():
         warnings.simplefilter("always")
         synchronize()
         start = time.perf_counter()
@@ -491,6 +606,12 @@ def check_paper_scale(budget_s: int) -> None:
         "; ".join(f"{m}: training {v['training_seconds'] / 3600:.2f} h, evaluation "
                   f"{v['evaluation_seconds'] / 3600:.2f} h, R {v['runs_per_group']}" for m, v in by_method.items())
         + ("" if complete else "; a partial table: the budget ran out"))
+    cached = [m for m in ("coop", "dept-coop", "cocoop") if m in by_method]
+    cached_training = sum(by_method[m]["training_seconds"] for m in cached)
+    row("paper scale, cached targets", ("ok" if cached_training / 3600 <= 1.2 else "FAIL") if complete else "WARN",
+        f"{' + '.join(cached)} training {cached_training / 3600:.2f} h (target <= 1.2 h)",
+        "the whole step graphed, class suffixes in length groups, every cached method in groups of R"
+        + ("" if complete else "; a partial table: the budget ran out"))
 
 
 def main() -> int:
@@ -527,6 +648,9 @@ def main() -> int:
         check_graph_steps(backbone)
         check_pixel_graphs(backbone)
         check_pixel_memory(backbone)
+        check_batched_graph_steps(backbone)
+        check_graphed_syncs(backbone)
+        check_graph_groups(backbone)
         check_runs_per_hour(root)
         if not args.skip_demo:
             check_demo(root)

@@ -23,10 +23,14 @@ import torch  # noqa: E402
 
 
 class RandomFeatures:
-    """Cached features held on the device, the same every epoch (the loop's ``train_inputs`` protocol)."""
+    """Cached features held on the device, the same every epoch (the loop's ``train_inputs`` protocol; rows on the
+    device, as the cached views offer them, so the step gathers its batch there)."""
 
     def __init__(self, features: torch.Tensor) -> None:
         self.features, self.device = features, features.device
+
+    def device_rows(self):
+        return self.features, 1
 
     def batches(self, epoch, order, batch_size):
         for index in order.to(self.device).split(batch_size):

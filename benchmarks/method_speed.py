@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.cache import FeatureCache  # noqa: E402
-from atlas_fast.engine.loop import build_optimizer, lr_at_epoch  # noqa: E402
+from atlas_fast.engine.loop import build_optimizer, set_epoch_lr  # noqa: E402
 from atlas_fast.methods.cocoop import CoCoOp, cocoop_recipe  # noqa: E402
 from atlas_fast.methods.dept import DePTCoOp, dept_coop_recipe  # noqa: E402
 from atlas_fast.clip.text_encoder import PromptTextEncoder  # noqa: E402
@@ -97,8 +97,7 @@ METHODS = {"CoCoOp": (CoCoOp, FullForwardCoCoOp, cocoop_recipe),
 def time_steps(method, inputs: torch.Tensor, labels: torch.Tensor, recipe, steps: int) -> tuple[list[float], list[float]]:
     """Seconds and loss of ``steps`` optimisation steps (after one untimed warm-up step) on fixed batches."""
     optimizer = build_optimizer(method, recipe)
-    for group in optimizer.param_groups:
-        group["lr"] = lr_at_epoch(recipe, min(1, recipe.epochs - 1), group["lr_scale"])
+    set_epoch_lr(optimizer, recipe, min(1, recipe.epochs - 1))
     method.train()
     seconds, losses = [], []
     for step in range(steps + 1):
@@ -106,10 +105,8 @@ def time_steps(method, inputs: torch.Tensor, labels: torch.Tensor, recipe, steps
         batch_labels = labels[index]
         start = time.perf_counter()
         loss = method.training_loss(inputs[index], batch_labels,
-                                    lambda logits, **_: F.cross_entropy(logits[0], batch_labels))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+                                    lambda logits, **_: F.cross_entropy(logits[0], batch_labels)).sum()
+        optimizer.step(torch.autograd.grad(loss, optimizer.params, allow_unused=True))
         if inputs.is_cuda:
             torch.cuda.synchronize()
         if step:

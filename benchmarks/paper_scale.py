@@ -10,10 +10,12 @@ of the real shapes); the whole table is :func:`atlas_fast.pricing.estimate.price
 
 * classes: base = the first ceil(C/2) classes (the base/new split), new = the rest; ImageNet (all) = 1,000;
 * training images: 16 shots x the training classes; steps per epoch = ceil(images / batch); the recipe's epochs;
-* R: the methods that batch runs (CoOp, CoCoOp, IVLP, MaPLe, PromptSRC, DePT-MaPLe, ...) train the 12 runs of a
-  dataset (4 variants x 3 seeds) in groups of the device's default R (12 on a GPU, 4 on the CPU), lowered where R
-  runs' steps would not fit the device's memory, as the sweep's planner groups them (:func:`atlas_fast.sweep.
-  group_runs`); the other methods one by one. A pixel group decodes each step's views once for its seeds (a seed's
+* class names: each dataset's own (CoOp's class lists, as the stand-ins carry them): their lengths set the prompts'
+  and so the text tower's work with length groups; a unit is keyed by C, so datasets of equal C share one;
+* R: the methods that batch runs (every method of the table: CoOp, CoCoOp, DePT, IVLP, MaPLe, ...) train the 12
+  runs of a dataset (4 variants x 3 seeds) in groups of the device's default R (12 on a GPU, 4 on the CPU),
+  lowered where R runs' steps would not fit the device's memory, as the sweep's planner groups them
+  (:func:`atlas_fast.sweep.group_runs`); the other methods one by one. A pixel group decodes each step's views once for its seeds (a seed's
   variants read the same images) and trains the epochs its runs share (ATLaS's first K - 1) with one trunk run per
   seed, then forks, as the engine does;
 * evaluation: the published test-set sizes (CoOp's splits) shared out between base and new by their class counts;
@@ -62,6 +64,7 @@ from atlas_fast.pricing import estimate as est  # noqa: E402
 from atlas_fast.pricing import units as measure  # noqa: E402
 from atlas_fast.pricing.units import Unit  # noqa: E402
 from atlas_fast.sweep.grid import DEFAULT_BATCH_RUNS  # noqa: E402
+from atlas_fast.world.standins import real_classes  # noqa: E402
 
 TABLE3_METHODS = ("coop", "cocoop", "dept-coop", "ivlp", "maple")
 VARIANT_SOFT = (None, "ls", "csl", "isl")  # plain, ATLaS, ATLaS-CSL, ATLaS-ISL
@@ -76,17 +79,21 @@ IMAGENET_ALL = "ImageNet (all)"  # the source of Tables I and II: trained on all
 
 
 def problem(dataset: str) -> dict[str, Any]:
-    """The real shapes of one dataset's problem: training classes, recipe setting, evaluation sets (name, C, N)."""
+    """The real shapes of one dataset's problem: training classes, recipe setting, evaluation sets (name, C, N), and
+    the dataset's own class names (``names``: per class set and for training; their lengths set the prompts')."""
     name = "ImageNet" if dataset == IMAGENET_ALL else dataset
     sizes = PUBLISHED_SIZES[name]
     classes, test = sizes.classes, sizes.test
+    names = [classname for _, classname in real_classes(name)]
     if dataset == IMAGENET_ALL:
         return {"dataset": dataset, "recipe_dataset": name, "setting": "cross_dataset", "classes": classes,
-                "eval": [("all", classes, test)], "train_pool": sizes.train}
+                "eval": [("all", classes, test)], "train_pool": sizes.train,
+                "names": {"train": names, "all": names}}
     base = math.ceil(classes / 2)
     base_test = round(test * base / classes)
     return {"dataset": dataset, "recipe_dataset": name, "setting": "base2new", "classes": base,
-            "eval": [("base", base, base_test), ("new", classes - base, test - base_test)], "train_pool": sizes.train}
+            "eval": [("base", base, base_test), ("new", classes - base, test - base_test)], "train_pool": sizes.train,
+            "names": {"train": names[:base], "base": names[:base], "new": names[base:]}}
 
 
 class Bench:
@@ -99,7 +106,6 @@ class Bench:
         self.skipped: list[str] = []
         self.failed: dict[str, str] = {}
         self.start = time.perf_counter()
-        self.names: dict[int, list[str]] = {}
         # decoding processes beside the GPU (the pixel path's and the cache build's default: up to 8)
         self.decode_workers = min(8, max(1, (os.cpu_count() or 2) - 1)) if self.device.type == "cuda" else 1
         if args.units_from:  # price from units measured earlier (e.g. on a GPU): nothing that is there is measured
@@ -107,9 +113,6 @@ class Bench:
             self.units = {k: Unit.from_dict(v) for k, v in saved["units"].items()}
             self.device = torch.device(saved["device"])
             self.decode_workers = saved.get("decode_workers") or (8 if saved["device"].startswith("cuda") else 1)
-
-    def classnames(self, count: int) -> list[str]:
-        return self.names.setdefault(count, measure.synthetic_classnames(count))
 
     def left(self) -> float:
         return self.args.budget_s - (time.perf_counter() - self.start)
@@ -175,7 +178,7 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
         digest = est.config_digest(config)
         runs = runs_per_group(method, bench.device, backbone, p["classes"], recipe.batch_size, amp)
         images = SHOTS * p["classes"]
-        names = bench.classnames(p["classes"])
+        names = p["names"]["train"]
         if steps:
             sizes = {runs} | {trunk_of(method, p["setting"], part, recipe.epochs)[0] for part in parts(runs)} - {0}
             for size in sorted(sizes, reverse=True):  # the group's R, and its trunk's where its runs fork
@@ -188,14 +191,14 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
             continue
         bench.unit(est.overhead_key(method, p["classes"], digest),
                    lambda: measure.measure_run_overhead(backbone, method, names, config=config, max_repeats=1))
-        for _, classes, _ in p["eval"]:
+        for set_name, classes, _ in p["eval"]:
             for group_runs in sorted({len(part) for part in parts(runs)}):
                 bench.unit(est.eval_key(method, classes, digest, group_runs),
-                           lambda: measure.measure_eval(backbone, method, bench.classnames(classes),
+                           lambda: measure.measure_eval(backbone, method, p["names"][set_name],
                                                         args.eval_images, config=config, amp=amp, max_repeats=1,
                                                         runs=group_runs))
             bench.unit(est.eval_key(est.ZERO_SHOT, classes),
-                       lambda: measure.measure_eval(backbone, "zsclip", bench.classnames(classes), args.eval_images,
+                       lambda: measure.measure_eval(backbone, "zsclip", p["names"][set_name], args.eval_images,
                                                     amp=amp, max_repeats=1))
         for kind in ("csl", "isl"):
             bench.unit(est.soft_key(kind, p["classes"], images),

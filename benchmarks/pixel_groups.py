@@ -107,9 +107,9 @@ def count_operations(work: Path, method: str, runs: int) -> tuple[float, int]:
     """(ATen operations per run and step of the training loop, steps) for a group of ``runs`` runs."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    import atlas_fast.engine.loop as loop
     import atlas_fast.engine.pipeline as pipeline
     import atlas_fast.engine.pixels as pixels
+    import atlas_fast.engine.step as step
     from atlas_fast.sweep import Execution, run_configs
 
     class Count(TorchDispatchMode):
@@ -122,15 +122,15 @@ def count_operations(work: Path, method: str, runs: int) -> tuple[float, int]:
             return func(*args, **(kwargs or {}))
 
     counter, steps = Count(), []
-    real_train, real_batch, real_decode = pipeline.train_runs, loop.step_batch, pixels.decode_view
+    real_train, real_step, real_decode = pipeline.train_runs, step.TrainStep.__call__, pixels.decode_view
 
     def counted_train(*args, **kwargs):
         with counter:
             return real_train(*args, **kwargs)
 
-    def counted_batch(*args, **kwargs):
+    def counted_step(*args, **kwargs):
         steps.append(1)
-        return real_batch(*args, **kwargs)
+        return real_step(*args, **kwargs)
 
     def uncounted_decode(*args, **kwargs):  # decoding: worker processes on a GPU machine
         counter.paused += 1
@@ -141,13 +141,13 @@ def count_operations(work: Path, method: str, runs: int) -> tuple[float, int]:
 
     seeds, variants = ((1, 2, 3), ("plain", "ls", "csl", "isl")) if runs == 12 else ((1,), ("plain",))
     real_plan = pipeline.plan_fork  # every step at R (a fork would train epoch 0 at R = 3: section 5)
-    pipeline.train_runs, loop.step_batch, pixels.decode_view = counted_train, counted_batch, uncounted_decode
+    pipeline.train_runs, step.TrainStep.__call__, pixels.decode_view = counted_train, counted_step, uncounted_decode
     pipeline.plan_fork = lambda *args: None
     try:
         records = run_configs(configs(work, method, f"ops-{method}-{runs}", seeds, variants),
                               Execution("local", runs), progress=False)
     finally:
-        pipeline.train_runs, loop.step_batch, pixels.decode_view = real_train, real_batch, real_decode
+        pipeline.train_runs, step.TrainStep.__call__, pixels.decode_view = real_train, real_step, real_decode
         pipeline.plan_fork = real_plan
     assert all(r["timings"]["batch_runs"] == runs for r in records), "the runs did not train as one group"
     return counter.operations / len(steps) / runs, len(steps)

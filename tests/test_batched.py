@@ -55,8 +55,9 @@ def _assert_equal_records(batched, alone):
 
 
 @pytest.mark.parametrize("method, method_config", [
-    ("coop", None), ("coop", CoOpConfig(n_ctx=3, csc=True)), ("cocoop", None)],
-    ids=["coop-paper-init", "coop-random-csc", "cocoop"])
+    ("coop", None), ("coop", CoOpConfig(n_ctx=3, csc=True)), ("cocoop", None), ("kgcoop", None),
+    ("dept-coop", None), ("dept-cocoop", None), ("dept-kgcoop", None)],
+    ids=["coop-paper-init", "coop-random-csc", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop"])
 def test_batched_runs_equal_runs_trained_alone(pets, method, method_config):
     suffix = f"{method}-{'csc' if method_config is not None else 'recipe'}"
     alone = [run(config) for config in _configs(pets, f"alone-{suffix}", method_config, method)]
@@ -70,7 +71,10 @@ def test_batched_runs_equal_runs_trained_alone(pets, method, method_config):
 
 
 @pytest.mark.parametrize("method", ["kgcoop", "dept-coop"])
-def test_methods_that_cannot_batch_train_their_runs_one_by_one(pets, method):
+def test_methods_that_cannot_batch_train_their_runs_one_by_one(pets, method, monkeypatch):
+    from atlas_fast.methods.base import method_class
+
+    monkeypatch.setattr(method_class(method), "supports_batched_runs", False)  # e.g. a method of a plugin
     configs = _configs(pets, f"alone-{method}", method=method)[:2]
     with pytest.warns(UserWarning, match=f"{method} does not support batched runs"):
         batched = run_group(configs)

@@ -55,3 +55,23 @@ def test_paper_scale_refuses_an_unknown_dataset(capsys):
     with pytest.raises(SystemExit):
         module.main(["--model", "atlas-tiny", "--datasets", "Nowhere"])
     assert "'Nowhere' has no published split sizes" in capsys.readouterr().err
+
+
+def test_cached_step_work_counts_a_graphed_steps_host_work(capsys):
+    """A smoke test on the tiny model: a graphed step dispatches nothing on the host between replays and reads
+    nothing back, where the step before this change read the gradient scaler's overflow flag back under AMP."""
+    module = load_benchmark("cached_step_work")
+    assert module.main(["--sections", "host", "--methods", "coop", "--host-runs", "2"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| coop | ")]
+    assert [row[2].strip() for row in rows] == ["fp32", "AMP"]
+    assert all(row[4].strip().startswith("0 / 0 (") for row in rows)
+    assert [row[5].strip().split(" / ")[1] for row in rows] == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_cached_step_work_counts_fewer_flops_with_length_groups(capsys):
+    module = load_benchmark("cached_step_work")
+    assert module.main(["--sections", "flops", "--model", "atlas-tiny", "--methods", "coop", "--classes", "500",
+                        "--runs", "12"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| coop | 500 |")]
+    assert float(line.split("|")[6].strip().rstrip("x")) < 0.6  # graph groups / padded

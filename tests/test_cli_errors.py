@@ -116,7 +116,10 @@ def test_a_warning_is_one_line_without_its_source(monkeypatch, capsys):
     assert warnings.showwarning.__name__ != "show_warning"  # restored after the command
 
 
-def test_no_unbatched_warning_unless_batching_was_asked_for(tmp_path, capsys):
+def test_no_unbatched_warning_unless_batching_was_asked_for(tmp_path, capsys, monkeypatch):
+    from atlas_fast.methods.base import method_class
+
+    monkeypatch.setattr(method_class("kgcoop"), "supports_batched_runs", False)  # as a plugin's method may be
     make_oxford_pets(tmp_path / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)
     argv = ["train", "--dataset", "OxfordPets", "--data-root", str(tmp_path / "data"), "--model", "atlas-tiny",
             "--pretrained", "none", "--methods", "kgcoop", "--seeds", "1", "2", "--epochs", "1", "--batch-size", "4",

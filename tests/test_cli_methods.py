@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from atlas_fast.cli import main
-from atlas_fast.engine.loop import build_optimizer, lr_at_epoch
+from atlas_fast.engine.loop import build_optimizer, lr_at_epoch, set_epoch_lr
 from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.methods.base import build_method
 from atlas_fast.methods.dept import dept_coop_recipe
@@ -97,7 +97,9 @@ def test_staged_lr_scales_the_head_but_not_the_shared_warmup(tiny):
     config, recipe = dept_coop_recipe("paper", "base2new", 16, "OxfordPets")
     method = build_method("dept-coop", tiny, ["a", "b"], config)
     optimizer = build_optimizer(method, recipe)
-    assert [g["lr_scale"] for g in optimizer.param_groups] == [1.0, 6.5]
+    assert [g["lr_scale"] for g in optimizer.groups] == [1.0, 6.5]
     assert [lr_at_epoch(recipe, 0, s) for s in (1.0, 6.5)] == [1e-5, 1e-5]
     assert lr_at_epoch(recipe, 1, 6.5) == pytest.approx(0.0035 * 6.5)  # 0.02275, docs/method-zoo.md, section DePT
     assert lr_at_epoch(recipe, 1) == pytest.approx(0.0035)
+    set_epoch_lr(optimizer, recipe, 1)
+    assert [lr.item() for lr in optimizer.lrs] == pytest.approx([0.0035, 0.0035 * 6.5])

@@ -37,7 +37,7 @@ def test_loss_and_ctx_gradient_match_the_full_forward(tiny, weight):
     pixels = torch.randn(5, 3, 32, 32)
     labels = torch.tensor([0, 3, 1, 2, 2])
 
-    loss = method.training_loss(tiny.encode_image(pixels), labels, lambda z: F.cross_entropy(z[0], labels))
+    loss = method.training_loss(tiny.encode_image(pixels), labels, lambda z: F.cross_entropy(z[0], labels)).sum()
     loss.backward()
     ctx = method.ctx.detach()[0].clone().requires_grad_(True)
     logits, reference = reference_kg_loss(tiny, pixels, labels, ctx, CLASSNAMES, method.prompt_prefix, TEMPLATE,

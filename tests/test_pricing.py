@@ -223,7 +223,10 @@ def test_estimate_refuses_an_empty_sweep():
         est.estimate_configs([])
 
 
-def test_measure_step_refuses_batched_runs_of_a_method_that_does_not_batch(tiny):
+def test_measure_step_refuses_batched_runs_of_a_method_that_does_not_batch(tiny, monkeypatch):
+    from atlas_fast.methods.base import method_class
+
+    monkeypatch.setattr(method_class("kgcoop"), "supports_batched_runs", False)
     with pytest.raises(ValueError, match="one by one"):
         measure.measure_step(tiny, "kgcoop", ["a", "b"], batch=2, runs=2)
 

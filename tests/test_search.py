@@ -204,9 +204,13 @@ def test_batched_trials_equal_trials_trained_one_by_one_and_pruning_leaves_survi
             assert p.value == pytest.approx(a.value, abs=1e-4)
 
 
-def test_a_method_that_does_not_batch_trains_each_run_of_a_trial_alone(world):
-    """KgCoOp trains runs one by one: a trial of two seeds trains them in turn (steps continue over the second seed)
-    and its value is the mean of the two runs' final values."""
+def test_a_method_that_does_not_batch_trains_each_run_of_a_trial_alone(world, monkeypatch):
+    """A method that trains runs one by one (KgCoOp made so here, as a plugin's method may be): a trial of two seeds
+    trains them in turn (steps continue over the second seed) and its value is the mean of the two runs' final
+    values."""
+    from atlas_fast.methods.base import method_class
+
+    monkeypatch.setattr(method_class("kgcoop"), "supports_batched_runs", False)
     search = search_config(world, "kgcoop", base=base_config(world, "kgcoop", method="kgcoop", method_options=None),
                            seeds=(1, 2), n_trials=2, batch_trials=2, pruner="none", sampler="random")
     study = run_study(search, progress=False)

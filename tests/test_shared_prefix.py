@@ -54,9 +54,9 @@ def loss_and_grads(method, inputs, labels, mode):
     set_paths(method, mode)
     method.zero_grad()
     runs = method.num_runs
-    loss = method.training_loss(inputs, labels, lambda logits, observe=True: F.cross_entropy(
-        logits.flatten(0, 1).float(), labels.repeat(runs)))
-    loss.backward()
+    loss = method.training_loss(inputs, labels, lambda logits, **_: F.cross_entropy(  # each run's loss (R,)
+        logits.flatten(0, 1).float(), labels.repeat(runs), reduction="none").view(runs, -1).mean(dim=1))
+    loss.sum().backward()
     with torch.no_grad():
         logits = method(inputs)
     return logits, loss.detach(), {n: p.grad.clone() for n, p in method.named_parameters() if p.grad is not None}

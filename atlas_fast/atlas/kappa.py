@@ -62,7 +62,7 @@ class _BatchOfOneLoss(nn.Module):
 
     def forward(self, feature: torch.Tensor, label: torch.Tensor, criterion: Callable[..., torch.Tensor]
                 ) -> torch.Tensor:
-        return self.method.training_loss(feature.unsqueeze(0), label.unsqueeze(0), criterion)
+        return self.method.training_loss(feature.unsqueeze(0), label.unsqueeze(0), criterion).sum()
 
 
 def _check_method(method: "PromptMethod") -> None:
@@ -83,11 +83,13 @@ def per_sample_gradients(method: "PromptMethod", features: torch.Tensor, labels:
     params = {name: p.detach() for name, p in loss_module.named_parameters() if p.requires_grad}
 
     def one_hot_loss(params, feature, label):
-        criterion = lambda logits, observe=True: hard_cross_entropy(logits.reshape(1, -1), label.unsqueeze(0))
+        criterion = lambda logits, **_: hard_cross_entropy(logits.reshape(1, -1), label.unsqueeze(0))
         return functional_call(loss_module, params, (feature, label, criterion))
 
     def soft_loss(params, feature, label, target):
-        criterion = lambda logits, observe=True: soft_cross_entropy(logits.reshape(1, -1), target.unsqueeze(0))
+        criterion = lambda logits, onehot=False, **_: (
+            hard_cross_entropy(logits.reshape(1, -1), label.unsqueeze(0)) if onehot
+            else soft_cross_entropy(logits.reshape(1, -1), target.unsqueeze(0)))
         return functional_call(loss_module, params, (feature, label, criterion))
 
     device = method.device

@@ -15,9 +15,10 @@ per image for CoCoOp), and each class runs only its own positions (class tokens,
 the prefix's keys and values of that block followed by its own, causally. Deep text prompts replace prefix positions
 only, so they are applied to the prefix once. The class suffixes are packed: every token-wise operation (layer norms,
 projections, MLP) runs once over all of them without padding, and attention runs per group of classes of one suffix
-length on a CPU (neighbouring lengths are merged when the padding costs less than another group would; on a GPU one
-group padded to the longest suffix, since there kernel launches cost more than padding). Same arithmetic per
-position as the plain pass, so features and gradients agree to fp32 rounding.
+length on a CPU and inside a captured CUDA graph (neighbouring lengths are merged when the padding costs less than
+another group would); an eager GPU pass runs one group padded to the longest suffix, since there kernel launches
+cost more than padding. Same arithmetic per position as the plain pass, so features and gradients agree to fp32
+rounding.
 
 Both passes run the blocks fused (:func:`atlas_fast.clip.prompted_towers.fused_block`) where open_clip's blocks allow it,
 and the last block only for the EOT rows: their query, output projection and MLP, with every row's keys and values
@@ -27,9 +28,11 @@ switch each part off (benchmarks, tests); with all three off the pass is open_cl
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -40,9 +43,33 @@ from atlas_fast.clip.prompted_towers import (attention_input, block_residuals, f
                                         merge_heads, replace_slot, run_blocks, runs_to_batch, split_heads)
 
 #: per extra attention group, the suffix positions it costs to run it instead of padding (see :func:`length_groups`).
-#: Devices not listed run one group padded to the longest suffix: on an H100 a cached step is bound by kernel
-#: launches, and length groups made a C = 500 text step 0.51x as fast as one padded group (benchmarks/step_speed.py).
+#: Devices not listed run one group padded to the longest suffix when the step runs eagerly: on an H100 an eager
+#: cached step is bound by kernel launches, and length groups made a C = 500 text step 0.51x as fast as one padded
+#: group (benchmarks/step_speed.py).
 GROUP_COST_POSITIONS = {"cpu": 2.0}
+#: the same price inside a captured CUDA graph (:func:`graph_length_groups`), where an extra group's kernels cost no
+#: launches, only their own small run time: about a hundred small kernels per group over a ViT-B/16 text tower's
+#: forward and backward, taken as the time of 256 positions of one sequence (a position's forward and backward is
+#: about 0.6 us at 40 % of an H100's fp16 peak; benchmarks/gpu_check.py times grouped against padded replays)
+GRAPHED_GROUP_COST = 256.0
+_GRAPHED: contextvars.ContextVar[bool] = contextvars.ContextVar("graphed_length_groups", default=False)
+
+
+@contextlib.contextmanager
+def graph_length_groups() -> Iterator[None]:
+    """Within this block class suffixes run in length groups priced at :data:`GRAPHED_GROUP_COST` on every device:
+    for the steps of a run whose steps are captured in CUDA graphs (every step of it, eager warm-ups included, so
+    a replay computes what the eager step computes)."""
+    token = _GRAPHED.set(True)
+    try:
+        yield
+    finally:
+        _GRAPHED.reset(token)
+
+
+def group_cost(device: torch.device) -> float | None:
+    """The price of an extra length group on ``device`` now (None: one group padded to the longest suffix)."""
+    return GRAPHED_GROUP_COST if _GRAPHED.get() else GROUP_COST_POSITIONS.get(device.type)
 
 
 @dataclass(frozen=True)
@@ -265,7 +292,7 @@ class PromptTextEncoder:
         runs = math.prod(lead)  # prefixes (the leading indices)
         dtype = model.transformer.get_cast_dtype()
         positional = model.positional_embedding.to(dtype)
-        cost = GROUP_COST_POSITIONS.get(prefix.device.type) if self.length_groups else None
+        cost = group_cost(prefix.device) if self.length_groups else None
         layout = packed_layout(eot_index, runs, length, prefix.device, cost / runs if cost is not None else None)
         suffix_lengths, groups = layout.suffix_lengths, layout.groups
 

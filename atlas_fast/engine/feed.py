@@ -67,6 +67,14 @@ class CachedViews(EpochTensorInputs):
         if self.resident:
             self.preloaded = self.preloaded.to(self.device)
 
+    def device_rows(self) -> tuple[torch.Tensor, int] | None:
+        """The preloaded views as (N x V, D) rows where they are held (the GPU when ``resident``, else the host),
+        item n's view of epoch e being row ``n * V + e % V``: the training loop gathers each step's batch from them
+        on the device (:class:`~atlas_fast.engine.step.GatheredBatches`). None when they were not preloaded."""
+        if self.preloaded is None:
+            return None
+        return self.preloaded.reshape(-1, self.preloaded.shape[-1]), self.views
+
     def for_epoch(self, epoch: int) -> torch.Tensor:
         view = epoch % self.views
         if self.preloaded is not None:

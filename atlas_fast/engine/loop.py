@@ -6,11 +6,12 @@ a constant warmup epoch at 1e-5. Each run's batches follow a permutation drawn f
 the run's seed, and the last partial batch is **kept** (a protocol decision; Dassl drops it). The method computes
 each batch's loss (:meth:`~atlas_fast.methods.base.PromptMethod.training_loss`) with a criterion that applies the
 label schedule's targets of the epoch (one-hot or soft), so ATLaS reaches every cross-entropy term a method has. On
-a GPU the forward runs under fp16 autocast with a gradient scaler.
+a GPU the forward runs under fp16 autocast with a gradient scaler per run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from atlas_fast.engine.graphs import StepGraphs
-from atlas_fast.engine.step import RunState, forward_backward, step_batch
+from atlas_fast.clip.text_encoder import graph_length_groups
+from atlas_fast.engine.graphs import StepGraphs, graphs_available
+from atlas_fast.engine.optim import RunsSGD
+from atlas_fast.engine.step import RunState, TrainStep, batches_for
 from atlas_fast.methods.base import OptimRecipe, PromptMethod
 from atlas_fast.progress import progress_bar
 
@@ -37,23 +40,19 @@ def lr_at_epoch(recipe: OptimRecipe, epoch: int, lr_scale: float = 1.0) -> float
     return 0.5 * recipe.lr * lr_scale * (1.0 + math.cos(math.pi * (epoch - recipe.warmup_epochs) / recipe.epochs))
 
 
-def build_optimizer(method: PromptMethod, recipe: OptimRecipe) -> torch.optim.SGD:
-    """SGD over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head).
-
-    Never torch's fused SGD: under a gradient scaler its kernel handles a step with inf/NaN gradients itself and,
-    on the first such step, leaves the momentum buffer uninitialised (seen with torch 2.11 on an H100 and 2.14 on the
-    CPU); fp16 overflows in the first steps are routine, and the next step then writes that garbage into the
-    prompts. The stock SGD is skipped by the scaler (one host sync per step), exactly as in the reference code."""
-    groups = method.param_groups()
-    for group in groups:
-        group.setdefault("lr_scale", 1.0)
-    return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+def build_optimizer(method: PromptMethod, recipe: OptimRecipe, amp: bool = False) -> RunsSGD:
+    """Dassl's SGD over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head), one
+    optimiser state and, under ``amp``, one gradient scaler per run, all on the device
+    (:class:`~atlas_fast.engine.optim.RunsSGD`). Never torch's fused SGD: under a gradient scaler its kernel left
+    the momentum buffer uninitialised on a step skipped for an fp16 overflow (seen with torch 2.11 on an H100 and
+    2.14 on the CPU), and the next step wrote that garbage into the prompts; a skipped run's tensors and buffers
+    stay exactly as they were here."""
+    return RunsSGD(method.param_groups(), method.num_runs, recipe.momentum, recipe.weight_decay, amp)
 
 
-def set_epoch_lr(optimizer: torch.optim.Optimizer, recipe: OptimRecipe, epoch: int) -> float:
+def set_epoch_lr(optimizer: RunsSGD, recipe: OptimRecipe, epoch: int) -> float:
     """Give every parameter group the lr of ``epoch`` (times its ``lr_scale``); returns the unscaled lr."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr_at_epoch(recipe, epoch, group["lr_scale"])
+    optimizer.set_lrs([lr_at_epoch(recipe, epoch, group["lr_scale"]) for group in optimizer.groups])
     return lr_at_epoch(recipe, epoch)
 
 
@@ -61,8 +60,8 @@ def set_epoch_lr(optimizer: torch.optim.Optimizer, recipe: OptimRecipe, epoch: i
 class Fork:
     """Runs that share their first epochs, trained once: the loop trains the trunk runs it is given up to epoch
     ``after`` (inclusive), then goes on with ``runs``, run i starting from trunk run ``parents[i]`` (its learned
-    tensors, optimiser state, data-order generator and epoch logs) in the module ``regroup(method, parents)``
-    returns (:func:`train_runs`)."""
+    tensors, optimiser state and gradient scaler, data-order generator and epoch logs) in the module
+    ``regroup(method, parents)`` returns (:func:`train_runs`)."""
 
     after: int
     parents: list[int]
@@ -82,18 +81,20 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
 
     With R = 1 a batch goes to the method as it comes ((B, ...) inputs, (B,) labels). With R > 1 each step stacks
     every run's next batch (its own order, size and targets) into (R, B_max, ...) inputs, so the text encoder sees
-    R x C prompts once; the loss is the sum of the runs' losses (each the mean over its own batch), so run r's
-    tensors get exactly run r's gradient. A run whose epoch has fewer batches (a smaller few-shot set) sits out the
-    last steps: its slice of every learned tensor and of the optimiser state is restored after the step, as if it
-    had not stepped. R runs trained together equal the same runs trained alone up to float reordering, except that
-    under AMP the group shares one gradient scaler (an fp16 overflow skips the step of every run in the group).
-    A run whose loss or learned tensors stop being finite fails the whole call (no record may describe it).
+    R x C prompts once; the method returns each run's loss (each the mean over its own batch, auxiliary terms
+    included), and the backward pass differentiates their sum, so run r's tensors get exactly run r's gradient. Each
+    run has its own optimiser state and, under AMP, its own gradient scaler (:class:`RunsSGD`): an fp16 overflow
+    skips the step of the run that overflowed and of no other, as training it alone would. A run whose epoch has
+    fewer batches (a smaller few-shot set) sits out the last steps: its tensors, optimiser state and scaler stay
+    as they were. R runs trained together equal the same runs trained alone up to float reordering. A run whose
+    loss or learned tensors stop being finite fails the whole call (no record may describe it).
 
-    The loop itself reads nothing back from the device per step beyond the gradient scaler's inf check under AMP
-    (see :func:`build_optimizer`): the losses are summed on the device and read once per epoch, each run's order is
-    drawn on the CPU and moved once per epoch (:class:`~atlas_fast.engine.feed.CachedViews` indexes its
-    device-resident views there). ``graph_steps`` (CUDA): full-size steps replay a CUDA graph of their forward, loss
-    and backward (:class:`~atlas_fast.engine.graphs.StepGraphs`); each epoch's log then counts them.
+    A step is one :class:`~atlas_fast.engine.step.TrainStep`: the batch, the loss, the backward pass, the update and
+    the epoch's loss sums, all device work; the loop reads the losses back once per epoch. Where every run's inputs
+    are rows on the device (cached views), the step gathers its batch there from an order moved once per epoch
+    (:class:`~atlas_fast.engine.step.GatheredBatches`). ``graph_steps`` (CUDA): full-size steps replay a CUDA graph
+    of the whole step (:class:`~atlas_fast.engine.graphs.StepGraphs`), so such a step is one replay and no host
+    synchronisation; each epoch's log then counts them.
 
     ``retire_runs(epoch, logs)`` (e.g. a hyper-parameter search's pruner) is asked after each epoch's log and names
     runs to stop training: from the next epoch on a retired run sits out every step as a run whose epoch is over does
@@ -114,15 +115,12 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     if not method.learns:  # zero-shot CLIP: nothing to train
         method.eval()
         return [[] for _ in runs]
-    if graph_steps and device.type != "cuda":
+    if graph_steps and not graphs_available(device):
         raise ValueError(f"graph_steps replays CUDA graphs and needs a CUDA device, not {device.type}.")
     if fork is not None and retire_runs is not None:
         raise ValueError("train_runs: a fork and retired runs cannot be combined.")
-    optimizer = build_optimizer(method, recipe)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp)
-    graphs = None
-    if graph_steps:
-        graphs = StepGraphs(method, runs, optimizer, scaler, recipe.batch_size, amp)
+    optimizer = build_optimizer(method, recipe, amp)
+    step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graph_steps)
     for run in runs:
         run.schedule.reset(len(method.classnames))
     method.train()
@@ -136,43 +134,24 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         lr = set_epoch_lr(optimizer, recipe, epoch)
         if graphs is not None:
             graphs.start_epoch()
-        streams = [run.train_inputs.batches(epoch, torch.randperm(len(run.labels), generator=run.generator),
-                                            recipe.batch_size) if slots[r] not in retired else iter(())
-                   for r, run in enumerate(runs)]
-        totals = torch.zeros(len(runs), device=device)  # summed on the device: no host sync per step
-        while True:
-            batches = [next(stream, None) for stream in streams]
-            if all(batch is None for batch in batches):
-                break
-            inputs, labels, targets, sizes = step_batch(batches, runs, device)
-            idle = [r for r in range(len(runs)) if sizes[r] == 0]
-            saved = _save_run_slices(optimizer, idle)
-            key = graphs.key(epoch, sizes) if graphs is not None else None
-            if key is None:
-                loss, losses = forward_backward(method, runs, optimizer, scaler, epoch, inputs, labels, targets,
-                                                sizes, device, amp)
-            else:
-                loss, losses = graphs.step(key, epoch, inputs, labels, targets, sizes)
-            scaler.step(optimizer)
-            scaler.update()
-            _restore_run_slices(optimizer, idle, saved)
-            if len(runs) == 1:  # a lone run logs its whole loss, auxiliary terms (KgCoOp, DePT, PromptSRC) included
-                totals[0] += loss.detach().float() * sizes[0]
-            else:  # each run's own loss (the criterion's, or the method's per-run losses)
-                values = torch.stack(list(losses.values())).detach().float()
-                if len(losses) == len(runs) and min(sizes) == max(sizes):  # one add, not one per run
-                    totals += values * sizes[0]
+        orders = [torch.randperm(len(run.labels), generator=run.generator) if slots[r] not in retired else None
+                  for r, run in enumerate(runs)]
+        step.totals.zero_()
+        with _graphed_text(graphs is not None):
+            for batch in batches.epoch(epoch, orders):
+                key = graphs.key(epoch, batch.sizes) if graphs is not None else None
+                if key is None:
+                    step(epoch, *batch.tensors(), batch.sizes)
                 else:
-                    for r, value in zip(losses, values):
-                        totals[r] += value * sizes[r]
+                    graphs.step(key, epoch, batch)
         for run in runs:
             run.schedule.end_epoch(epoch)
         method.end_epoch(epoch, recipe.epochs)
-        epoch_losses = [total / len(run.labels) for total, run in zip(totals.tolist(), runs)]
+        epoch_losses = [total / len(run.labels) for total, run in zip(step.totals.tolist(), runs)]
         _check_finite(method, epoch_losses, epoch, lr, recipe)
         seconds = time.perf_counter() - start
+        graphed = {"graphed_steps": graphs.end_epoch()} if graphs is not None else {}  # before the callback
         extra = on_epoch_end(epoch) if on_epoch_end is not None else [{} for _ in range(num_runs)]
-        graphed = {"graphed_steps": graphs.end_epoch()} if graphs is not None else {}
         for r, run in enumerate(runs):
             if slots[r] not in retired:
                 logs[slots[r]].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[r],
@@ -180,42 +159,52 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
                                        **extra[slots[r]], **graphed})
         bar.set_postfix(loss=f"{sum(epoch_losses) / len(runs):.4f}", lr=f"{lr:.2e}")
         if fork is not None and epoch == fork.after:  # the shared epochs are over: each trunk run into its runs
-            method, optimizer = _regrouped(fork.regroup, method, optimizer, recipe, fork.parents)
+            method, optimizer = _regrouped(fork.regroup, method, optimizer, recipe, fork.parents, amp)
             _fork_runs(fork, runs, epoch, len(method.classnames))
             logs = [[dict(entry) for entry in logs[slots[parent]]] for parent in fork.parents]
             runs, num_runs, fork = fork.runs, len(fork.runs), None
             slots = list(range(num_runs))
-            if graphs is not None:
-                graphs = StepGraphs(method, runs, optimizer, scaler, recipe.batch_size, amp)
+            step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graphs is not None)
         if retire_runs is not None:
             retired.update(retire_runs(epoch, logs))
             if len(retired) == num_runs:
                 break
             keep = [r for r in range(len(runs)) if slots[r] not in retired]
             if regroup is not None and len(keep) < len(runs):
-                method, optimizer = _regrouped(regroup, method, optimizer, recipe, keep)
+                method, optimizer = _regrouped(regroup, method, optimizer, recipe, keep, amp)
                 runs, slots = [runs[r] for r in keep], [slots[r] for r in keep]
-                if graphs is not None:
-                    graphs = StepGraphs(method, runs, optimizer, scaler, recipe.batch_size, amp)
+                step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graphs is not None)
     method.finish_training()
     method.eval()
     return logs
 
 
+def _stepper(method: PromptMethod, runs: Sequence[RunState], optimizer: RunsSGD, recipe: OptimRecipe,
+             device: torch.device, amp: bool, graph_steps: bool):
+    """The step, the batches and (``graph_steps``) the step graphs of ``runs``."""
+    step = TrainStep(method, runs, optimizer, device, amp)
+    batches = batches_for(runs, recipe.batch_size, device)
+    graphs = StepGraphs(step, batches, recipe.batch_size) if graph_steps else None
+    return step, batches, graphs
+
+
+def _graphed_text(graphed: bool):
+    """While the steps of a run are graphed (replayed or warming up), class suffixes run in length groups sized
+    for a captured graph, where extra kernels cost no launches (``text_encoder.GRAPHED_GROUP_COST``); every step of
+    the run, eager ones included, uses them, so a replay computes what the eager step computes."""
+    return graph_length_groups() if graphed else contextlib.nullcontext()
+
+
 def _regrouped(regroup: Callable[[PromptMethod, list[int]], PromptMethod], method: PromptMethod,
-               optimizer: torch.optim.Optimizer, recipe: OptimRecipe, keep: list[int]
-               ) -> tuple[PromptMethod, torch.optim.Optimizer]:
+               optimizer: RunsSGD, recipe: OptimRecipe, keep: list[int], amp: bool
+               ) -> tuple[PromptMethod, RunsSGD]:
     """The module of the runs at positions ``keep`` (from ``regroup``) and an optimiser over it whose state is the
-    kept runs' slices of ``optimizer``'s (parameters matched by position in the method's parameter groups)."""
+    kept runs' slices of ``optimizer``'s (tensors matched by position in the method's parameter groups)."""
     smaller = regroup(method, keep)
     if smaller.num_runs != len(keep):
         raise ValueError(f"regroup returned a module of {smaller.num_runs} runs for {len(keep)} kept runs.")
-    carried = build_optimizer(smaller, recipe)
-    for old_group, new_group in zip(optimizer.param_groups, carried.param_groups):
-        for old, new in zip(old_group["params"], new_group["params"]):
-            state = optimizer.state.get(old, {})
-            carried.state[new] = {k: v[keep].clone() if torch.is_tensor(v) and v.shape == old.shape else v
-                                  for k, v in state.items()}
+    carried = build_optimizer(smaller, recipe, amp)
+    carried.load_state_of_runs(optimizer.state_of_runs(keep))
     smaller.train()
     return smaller, carried
 
@@ -246,26 +235,3 @@ def _check_finite(method: PromptMethod, epoch_losses: list[float], epoch: int, l
         raise FloatingPointError(f"Training diverged in epoch {epoch}{runs} (lr {lr:.2e}): the loss or the learned "
                                  f"tensors are no longer finite; lower the lr ({recipe.lr}) or use "
                                  f"precision='fp32'. No record is written.")
-
-
-def _save_run_slices(optimizer: torch.optim.Optimizer, runs: list[int]) -> list[tuple[torch.Tensor, ...]]:
-    """Copies of runs ``runs``' slices (leading dim) of every parameter and its optimiser state."""
-    if not runs:
-        return []
-    saved = []
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state.get(param, {})
-            buffers = {k: v[runs].clone() for k, v in state.items() if torch.is_tensor(v) and v.shape == param.shape}
-            saved.append((param, param.detach()[runs].clone(), buffers))
-    return saved
-
-
-def _restore_run_slices(optimizer: torch.optim.Optimizer, runs: list[int], saved) -> None:
-    with torch.no_grad():
-        for param, values, buffers in saved:
-            param[runs] = values
-            state = optimizer.state.get(param, {})
-            for name, value in buffers.items():
-                if name in state:
-                    state[name][runs] = value

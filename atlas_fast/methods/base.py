@@ -132,7 +132,8 @@ class PromptMethod(nn.Module):
     #: True for pixel methods whose batches also carry the frozen CLIP's cached features of the same views (PromptSRC).
     reads_frozen_features: ClassVar[bool] = False
     # True when R runs can train as one module (atlas_fast.engine.pipeline): every learned tensor leads with R, forward()
-    # and training_loss() take one batch per run ((R, B, ...) inputs, (R, B) labels) and runs never mix.
+    # and training_loss() take one batch per run ((R, B, ...) inputs, (R, B) labels), training_loss() returns each
+    # run's loss (R,) where it adds terms beyond the criterion, and runs never mix.
     supports_batched_runs: ClassVar[bool] = False
     #: False for methods with no learned tensors (zero-shot CLIP): training them is skipped.
     learns: ClassVar[bool] = True
@@ -254,11 +255,14 @@ class PromptMethod(nn.Module):
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
                       criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
         """The loss of one training batch. ``criterion(logits)`` is the label schedule's cross-entropy of logits
-        (R, B, C) against this batch's targets of the epoch (one-hot or soft), so every CE term a method has sees the
-        ATLaS targets (``docs/method-zoo.md``, section ATLaS in every method); ``criterion(logits, observe=False)`` for
-        an auxiliary head's logits, since only the class logits may feed a schedule's statistics (OLS). ``labels`` (B,)
-        are the true classes, for terms that select by class. Methods with extra terms (KgCoOp, DePT, PromptSRC)
-        override this."""
+        (R, B, C) against this batch's targets of the epoch (one-hot or soft), summed over the runs, so every CE term a
+        method has sees the ATLaS targets (``docs/method-zoo.md``, section ATLaS in every method);
+        ``criterion(logits, observe=False)`` for an auxiliary head's logits, since only the class logits may feed a
+        schedule's statistics (OLS); ``criterion(logits, per_run=True)`` each run's (R,). ``labels`` (B,), or (R, B)
+        for R runs trained together, are the true classes, for terms that select by class. Methods with extra terms
+        (KgCoOp, DePT, PromptSRC) override this and, for R runs trained together, return each run's loss (R,) with
+        its own terms added, so that each run's loss, gradient, fp16 loss scale and overflow stay its own; a loss
+        without such terms may be the criterion's sum."""
         return criterion(self(inputs))
 
     def param_groups(self) -> list[dict[str, Any]]:

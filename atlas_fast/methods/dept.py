@@ -284,6 +284,7 @@ def dept_maple_recipe(family: RecipeFamily, setting: Setting, shots: int,
 
 
 class DePTCoOp(DePT):
+    supports_batched_runs = True  # the head's tensors and the base's lead with R
     name = "dept-coop"
     # the ATLaS paper's "DePT" rows are DePT on CoOp
     printed_name = "DePT"
@@ -293,6 +294,7 @@ class DePTCoOp(DePT):
 
 
 class DePTCoCoOp(DePT):
+    supports_batched_runs = True  # the head's tensors and the base's lead with R
     name = "dept-cocoop"
     printed_name = "DePT-CoCoOp"
     recipe_function = staticmethod(dept_cocoop_recipe)
@@ -301,6 +303,7 @@ class DePTCoCoOp(DePT):
 
 
 class DePTKgCoOp(DePT):
+    supports_batched_runs = True  # the head's tensors and the base's lead with R
     name = "dept-kgcoop"
     printed_name = "DePT-KgCoOp"
     recipe_function = staticmethod(dept_kgcoop_recipe)

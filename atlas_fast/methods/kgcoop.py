@@ -74,35 +74,41 @@ class KgCoOp(CoOp):
     printed_name = "KgCoOp"
     recipe_function = staticmethod(kgcoop_recipe)
     config_class = KgCoOpConfig
-    # training_loss adds the regulariser summed over the R runs, so a batched loop cannot log each run's own loss
-    # (the gradients would be right); batching needs per-run losses from training_loss first.
-    supports_batched_runs = False
+    supports_batched_runs = True  # ctx leads with R; the regulariser is each run's own term
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: KgCoOpConfig) -> None:
         super().__init__(backbone, classnames, config)
-        self._targets: tuple[tuple[str, ...], torch.Tensor] | None = None
+        self._targets_of: tuple[str, ...] = ()
+        # w of the current class set, computed at its first training step: a buffer, so it moves with the method
+        # and a captured step that reads it sees when it is replaced (engine/graphs.py)
+        self.register_buffer("hand_crafted", None, persistent=False)
 
     @torch.no_grad()
     def hand_crafted_features(self) -> torch.Tensor:
         """w (C, D): normalised CLIP text features of the template for the current classes (cached per class set)."""
-        if self._targets is None or self._targets[0] != self.classnames:
+        if self.hand_crafted is None or self._targets_of != self.classnames:
             prompts = fill_template(self.config.template, self.classnames)
             features = F.normalize(self.backbone.encode_text(prompts).float(), dim=-1)
-            self._targets = (self.classnames, features)
-        return self._targets[1]
+            self.hand_crafted = features.to(self.ctx.device)
+            self._targets_of = self.classnames
+        return self.hand_crafted
 
     def regularizer(self, text_features: torch.Tensor) -> torch.Tensor:
-        """W * (1 - mean_c cos(t_c, w_c)) per run, summed over the R runs (each run's gradient is its own term)."""
+        """W * (1 - mean_c cos(t_c, w_c)) of each run, (R,)."""
         targets = self.hand_crafted_features().to(device=text_features.device)
         cosine = F.cosine_similarity(text_features.float(), targets.expand_as(text_features), dim=-1,
                                      eps=KG_COSINE_EPS)
-        return self.config.kg_weight * (1.0 - cosine.mean(dim=-1)).sum()
+        return self.config.kg_weight * (1.0 - cosine.mean(dim=-1))
 
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
-                      criterion: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """criterion(logits) + W * (1 - mean cos(t, w)), from one pass of the text encoder."""
+                      criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """criterion(logits) + W * (1 - mean cos(t, w)), from one pass of the text encoder: each run's (R,) when R
+        runs train together ((R, B) labels), so each run's loss, gradient and loss scale stay its own."""
         text = self.raw_text_features()
-        return criterion(self.similarity_logits(self.image_batch(inputs), text)) + self.regularizer(text)
+        logits = self.similarity_logits(self.image_batch(inputs), text)
+        if labels.dim() == 1:  # one batch (one run)
+            return criterion(logits) + self.regularizer(text).sum()
+        return criterion(logits, per_run=True) + self.regularizer(text)
 
 
 register_method(KgCoOp)

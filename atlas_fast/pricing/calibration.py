@@ -25,6 +25,9 @@ from atlas_fast.threads import cpu_model
 from atlas_fast.pricing.units import Unit
 
 CALIBRATION_FILE = Path("pricing") / "calibration.json"
+#: the engine's paths the units time; raised when a path changes how long a unit takes (2: the whole step on the
+#: device, every cached method batched, length groups in graphed steps), so units measured before are not reused
+UNITS_VERSION = 2
 
 
 def machine_name(device: torch.device) -> str:
@@ -37,8 +40,8 @@ def machine_name(device: torch.device) -> str:
 
 
 def context_key(machine: str, backbone_fingerprint: str, device: str, precision: str) -> str:
-    """The key of one calibration context."""
-    return f"{machine}|backbone {backbone_fingerprint[:16]}|{device}|{precision}"
+    """The key of one calibration context (units of an older engine's paths are another context)."""
+    return f"{machine}|backbone {backbone_fingerprint[:16]}|{device}|{precision}|units v{UNITS_VERSION}"
 
 
 class CalibrationStore:

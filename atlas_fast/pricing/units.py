@@ -3,9 +3,11 @@
 Every unit runs the engine's own code on synthetic inputs of the real shapes, so what is timed is what a run does:
 
 * :func:`measure_step`: a method's training step at (C classes, batch B, R runs), through the training loop itself
-  (:func:`atlas_fast.engine.loop.train_runs`: the same forward, backward, optimiser step and, on CUDA, step graphs);
-  inputs are random cached features (B, D) or random pixels (B, 3, S, S) for the methods that read pixels (the
-  method's registry entry says which); decoding images is priced apart (:func:`measure_decode`).
+  (:func:`atlas_fast.engine.loop.train_runs`: the same whole step, batch gathered on the device, forward, backward,
+  per-run update and, on CUDA, the step graphs with their length groups); inputs are random cached features (B, D)
+  held on the device as the cached views are, or random pixels (B, 3, S, S) for the methods that read pixels (the
+  method's registry entry says which); decoding images is priced apart (:func:`measure_decode`). The class names
+  set the prompts' lengths, so a plan's own names are passed where there are any.
 * :func:`measure_eval`: a method's test-time logits of N test images at C classes for the R runs of a group
   evaluated together (the engine's ``method_logits`` on cached features; on pixels, the prompted image features
   and the class set's classifier, as a group's one pass computes them), as a fixed part (the class prompts,
@@ -174,10 +176,14 @@ def _timed(call: Callable[[], Any], device: torch.device, max_repeats: int, min_
 
 
 class _SyntheticInputs:
-    """:class:`~atlas_fast.engine.step.TrainInputs` of one random tensor (N, ...) already on the device."""
+    """:class:`~atlas_fast.engine.step.TrainInputs` of one random tensor (N, ...) already on the device; cached
+    features offer their rows there, as the cached views do (the step then gathers its batch on the device)."""
 
     def __init__(self, inputs: Any) -> None:
         self.inputs = inputs
+
+    def device_rows(self) -> tuple[torch.Tensor, int] | None:
+        return None if isinstance(self.inputs, tuple) or self.inputs.dim() != 2 else (self.inputs, 1)
 
     def batches(self, epoch: int, order: torch.Tensor, batch_size: int) -> Iterator[tuple[Any, torch.Tensor]]:
         batch = self.inputs

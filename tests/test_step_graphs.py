@@ -1,0 +1,328 @@
+"""Graphed training steps on the CPU, with torch.cuda's streams and graphs faked: a fake capture records the step
+and each replay runs it again, so what is tested is everything but the CUDA graph itself: the warm-up, the sync
+check, the step gathered at the device's step counter, the keys (which runs take part, soft labels), the length
+groups sized for a graph, the whole update inside the step. For every cached method a batched, graphed run equals
+the same group trained eagerly bit for bit and each run trained alone (eagerly, with the CPU's length groups) to
+float rounding; an injected fp16 overflow skips exactly the run that overflowed; a graphed step dispatches nothing
+on the host besides its replay and reads nothing back. The replays themselves run in benchmarks/gpu_check.py."""
+
+import contextlib
+
+import pytest
+import torch
+
+from atlas_fast.atlas.schedules import Atlas, OneHot
+from atlas_fast.clip.text_encoder import graph_length_groups
+from atlas_fast.engine.loop import train_runs
+from atlas_fast.engine.step import RunState
+from atlas_fast.methods.base import OptimRecipe, method_class
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CLASSES = ["cat", "dog", "bird", "great white shark", "red fox"]
+SIZES = (16, 8, 11)  # batch 4: steps [4, 4, 4] x2, then [4, 0, 3] (partial: eager), then [4, 0, 0]
+BATCH = 4
+
+
+class Rows:
+    """Cached features of one run held as rows on the device, one view (what CachedViews offers)."""
+
+    def __init__(self, features: torch.Tensor) -> None:
+        self.features = features
+
+    def device_rows(self):
+        return self.features, 1
+
+    def batches(self, epoch, order, batch_size):
+        for index in order.split(batch_size):
+            yield self.features[index], index
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """torch.cuda's streams faked, graphs "captured" without running and replayed by running the step again."""
+    from atlas_fast.engine import graphs, loop
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(graphs, "graphs_available", lambda device: True)
+    monkeypatch.setattr(loop, "graphs_available", lambda device: True)
+    record = {"captures": 0, "replays": 0, "syncs": [], "before": [], "after": []}
+
+    def capture(body, stream, pool=None):
+        record["captures"] += 1
+
+        def replay():
+            record["replays"] += 1
+            for hook in record["before"]:
+                hook()
+            body()
+            for hook in record["after"]:
+                hook()
+        return replay, None
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    monkeypatch.setattr(graphs, "host_syncs", lambda function: (function(), list(record["syncs"])))
+    return record
+
+
+def _group(tiny, name, runs=3, seed=0, sizes=SIZES, schedules=None):
+    """A method of ``runs`` runs and their states: different sizes, schedules, soft labels."""
+    entry = method_class(name)
+    torch.manual_seed(seed)
+    config = entry.config_class(ctx_init="a photo of a", num_runs=runs)
+    method = entry.build(tiny, CLASSES, config)
+    generator = torch.Generator().manual_seed(seed)
+    states = []
+    schedules = schedules or [OneHot(), Atlas(2), Atlas(1)]
+    for r in range(runs):
+        n = sizes[r]
+        features = torch.randn(n, tiny.embed_dim, generator=generator)
+        labels = torch.randint(len(CLASSES), (n,), generator=generator)
+        soft = torch.softmax(torch.randn(n, len(CLASSES), generator=generator), dim=-1) if r else None
+        states.append(RunState(Rows(features), labels, soft, schedules[r], seed=r + 1, device=torch.device("cpu")))
+    return method, states
+
+
+def _single(tiny, name, grouped, r):
+    """Run r alone: a one-run method holding run r's initial tensors, and a state over the same data."""
+    entry = method_class(name)
+    method = entry.build(tiny, CLASSES, entry.config_class(ctx_init="a photo of a"))
+    method.load_checkpoint_state({k: v[r:r + 1] for k, v in grouped.state_for_checkpoint().items()})
+    return method
+
+
+def _train(method, states, epochs=5, graph_steps=False, amp=False):
+    recipe = OptimRecipe(epochs=epochs, batch_size=BATCH, lr=0.05)
+    return train_runs(method, states, recipe, torch.device("cpu"), amp, progress=False, graph_steps=graph_steps)
+
+
+def _fresh(states):
+    """The same runs again (new generators, schedules reset by the loop)."""
+    return [RunState(s.train_inputs, s.labels, s.soft_rows, type(s.schedule)(**vars(s.schedule)),
+                     seed=r + 1, device=torch.device("cpu")) for r, s in enumerate(states)]
+
+
+CACHED = ["coop", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop"]
+
+
+@pytest.mark.parametrize("name", CACHED)
+def test_graphed_steps_equal_eager_steps_and_runs_trained_alone(tiny, fake_graphs, name):
+    method, states = _group(tiny, name)
+    initial = method.state_for_checkpoint()
+    graphed_logs = _train(method, states, graph_steps=True)
+    assert fake_graphs["replays"] > 0 and sum(e["graphed_steps"] for e in graphed_logs[0]) == fake_graphs["replays"]
+    graphed = method.state_for_checkpoint()
+
+    # the same group eagerly, with the graph's length groups: bit for bit
+    eager, _ = _group(tiny, name)
+    eager.load_checkpoint_state(initial)
+    with graph_length_groups():
+        eager_logs = _train(eager, _fresh(states))
+    for key, tensor in eager.state_for_checkpoint().items():
+        assert torch.equal(graphed[key], tensor), key
+    assert [[e["loss"] for e in log] for log in graphed_logs] == [[e["loss"] for e in log] for log in eager_logs]
+
+    # each run alone, eagerly, with the CPU's length groups: to float rounding
+    for r, state in enumerate(_fresh(states)):
+        single = _single(tiny, name, method, r)
+        single.load_checkpoint_state({k: v[r:r + 1] for k, v in initial.items()})
+        (log,) = _train(single, [state])
+        for key, tensor in single.state_for_checkpoint().items():
+            torch.testing.assert_close(graphed[key][r:r + 1], tensor, atol=1e-5, rtol=1.3e-6, msg=key)
+        assert [e["loss"] for e in graphed_logs[r]] == pytest.approx([e["loss"] for e in log], rel=1e-4, abs=1e-5)
+
+
+class _Overflow(torch.autograd.Function):
+    """Identity forward; backward multiplies each run's gradient by ``factors`` (inf: an fp16 overflow)."""
+
+    @staticmethod
+    def forward(ctx, losses, factors):
+        ctx.save_for_backward(factors)
+        return losses.view_as(losses)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (factors,) = ctx.saved_tensors
+        return grad * factors, None
+
+
+def _inject_overflow(method, run, at_steps):
+    """Make run ``run``'s gradients overflow in the steps ``at_steps`` (counted over the method's loss calls)."""
+    original, calls = method.training_loss, [0]
+
+    def training_loss(inputs, labels, criterion):
+        losses = original(inputs, labels, criterion)
+        step, calls[0] = calls[0], calls[0] + 1
+        if step not in at_steps:
+            return losses
+        factors = torch.ones_like(losses)
+        factors[run] = float("inf")
+        return _Overflow.apply(losses, factors)
+
+    method.training_loss = training_loss
+
+
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graphed"])
+def test_an_injected_overflow_skips_exactly_the_run_that_overflowed(tiny, fake_graphs, graphed):
+    """Under AMP (fp16 autocast on the CPU), run 1's gradients overflow in two steps (one of them replayed when
+    graphed): the other runs end bit for bit as without the overflow, and run 1 as run 1 alone with the same
+    overflows (its own scaler skipped those steps and halved its scale)."""
+    # group steps 1 and 9 (epoch 2, step 1: replayed when graphed) are run 1's own steps 1 and 5 (2 per epoch)
+    name, overflow_at, alone_at = "dept-coop", {1, 9}, {1, 5}
+    method, states = _group(tiny, name)
+    initial = method.state_for_checkpoint()
+    _inject_overflow(method, 1, overflow_at)
+    logs = _train(method, states, epochs=3, graph_steps=graphed, amp=True)
+    assert (fake_graphs["replays"] > 0) == graphed
+    hit = method.state_for_checkpoint()
+
+    clean, _ = _group(tiny, name)
+    clean.load_checkpoint_state(initial)
+    _train(clean, _fresh(states), epochs=3, graph_steps=graphed, amp=True)
+    without = clean.state_for_checkpoint()
+    for key in hit:
+        assert torch.equal(hit[key][[0, 2]], without[key][[0, 2]]), key
+    assert any(not torch.equal(hit[key][1], without[key][1]) for key in hit)
+
+    single = _single(tiny, name, method, 1)
+    single.load_checkpoint_state({k: v[1:2] for k, v in initial.items()})
+    _inject_overflow(single, 0, alone_at)
+    (alone,) = _train(single, [_fresh(states)[1]], epochs=3, graph_steps=graphed, amp=True)
+    for key, tensor in single.state_for_checkpoint().items():
+        torch.testing.assert_close(hit[key][1:2], tensor, atol=2e-4, rtol=1e-3, msg=key)
+    assert all(torch.isfinite(torch.tensor(e["loss"])) for e in logs[1])
+
+
+def test_warm_up_check_capture_replay_and_recapture(tiny, fake_graphs):
+    from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS
+
+    method, states = _group(tiny, "coop", runs=1)
+    logs = _train(method, states[:1], epochs=3, graph_steps=True)
+    # 4 full steps per epoch, one key (one-hot every epoch): 2 warm-ups, then a capture and 10 replays
+    assert fake_graphs["captures"] == 1 and fake_graphs["replays"] == 3 * 4 - GRAPH_WARMUP_STEPS
+    assert [e["graphed_steps"] for e in logs[0]] == [2, 4, 4]
+
+    # new class buffers (what a per-epoch evaluation on another class set leaves) drop the graphs: warm up again
+    method, states = _group(tiny, "coop", runs=1)
+
+    def move(epoch):
+        method.set_classnames(CLASSES)
+        return [{}]
+
+    fake_graphs["captures"] = fake_graphs["replays"] = 0
+    recipe = OptimRecipe(epochs=3, batch_size=BATCH, lr=0.05)
+    logs = train_runs(method, states[:1], recipe, torch.device("cpu"), False, progress=False, on_epoch_end=move,
+                      graph_steps=True)
+    assert fake_graphs["captures"] == 3 and [e["graphed_steps"] for e in logs[0]] == [2, 2, 2]
+
+
+def test_steps_that_sync_with_the_host_stay_eager(tiny, fake_graphs):
+    fake_graphs["syncs"].append("called a synchronizing CUDA operation")
+    method, states = _group(tiny, "coop", runs=1)
+    with pytest.warns(UserWarning, match=r"graph_steps: one step of coop synchronises with the host 1 time"):
+        logs = _train(method, states[:1], epochs=2, graph_steps=True)
+    assert fake_graphs["captures"] == 0 and [e["graphed_steps"] for e in logs[0]] == [0, 0]
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_a_graphed_step_is_its_replay_and_reads_nothing_back(tiny, fake_graphs, monkeypatch, amp):
+    """Between two replays of one epoch with no eager step between them the loop dispatches no operator on the host;
+    the replayed step (the whole step: batch, loss, backward, update, loss sums) contains no operator that reads a
+    value back to the host."""
+    from atlas_fast.engine import step as step_module
+    from atlas_fast.engine.graphs import DispatchCount
+
+    method, states = _group(tiny, "dept-kgcoop", runs=2, sizes=(16, 16), schedules=[OneHot(), Atlas(1)])
+    outside, inside = DispatchCount(), DispatchCount()
+    events, state = [], {"eager": 0, "epoch": 0}
+
+    def before():
+        events.append((outside.total, state["eager"], state["epoch"]))
+        outside.paused = True
+        inside.__enter__()
+
+    def after():
+        inside.__exit__(None, None, None)
+        outside.paused = False
+
+    fake_graphs["before"].append(before)
+    fake_graphs["after"].append(after)
+    call = step_module.TrainStep.__call__
+
+    def counted(self, *args, **kwargs):
+        if not outside.paused:
+            state["eager"] += 1
+        return call(self, *args, **kwargs)
+
+    def epoch_end(epoch):
+        state["epoch"] += 1
+        return [{}, {}]
+
+    monkeypatch.setattr(step_module.TrainStep, "__call__", counted)
+    recipe = OptimRecipe(epochs=4, batch_size=BATCH, lr=0.05)
+    with outside:
+        train_runs(method, states, recipe, torch.device("cpu"), amp, progress=False, on_epoch_end=epoch_end,
+                   graph_steps=True)
+    consecutive = [b[0] - a[0] for a, b in zip(events, events[1:]) if a[1:] == b[1:]]
+    assert len(consecutive) >= 6 and set(consecutive) == {0}
+    assert inside.read_backs == 0 and inside.total > 100
+
+
+def test_rows_on_the_current_cuda_device_are_on_cuda(monkeypatch):
+    """Cached views moved ``.to("cuda")`` sit on ``cuda:0``; the run's device is ``cuda``: the step gathers there."""
+    from atlas_fast.engine.step import same_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cuda = torch.device("cuda")
+    assert same_device(torch.device("cuda", 0), cuda) and same_device(torch.device("cuda", 0), torch.device("cuda:0"))
+    assert not same_device(torch.device("cuda", 1), cuda) and not same_device(torch.device("cpu"), cuda)
+    assert same_device(torch.device("cpu"), torch.device("cpu"))
+
+
+class PixelRows:
+    """Pixels and the frozen features of the same views, served batch by batch (no rows on the device: a pixel
+    group's batches come from its loader and are copied into a graph's buffers)."""
+
+    def __init__(self, pixels: torch.Tensor, frozen: torch.Tensor) -> None:
+        self.pixels, self.frozen = pixels, frozen
+
+    def batches(self, epoch, order, batch_size):
+        from atlas_fast.engine.feed import PixelBatch
+
+        for index in order.split(batch_size):
+            yield PixelBatch(self.pixels[index], self.frozen[index]), index
+
+
+def test_a_pixel_group_replays_its_steps_from_the_graphs_buffers(tiny, fake_graphs):
+    """Two PromptSRC runs as one module, pixels and cached frozen features stacked per run: the graphed steps copy
+    each step's pixel batch into the graph's buffers and equal the same steps run eagerly, bit for bit."""
+    from atlas_fast.methods.promptsrc import PromptSRCConfig
+
+    entry = method_class("promptsrc")
+    generator = torch.Generator().manual_seed(0)
+    data = [(torch.randn(8, 3, 32, 32, generator=generator), torch.randn(8, tiny.embed_dim, generator=generator),
+             torch.randint(3, (8,), generator=generator)) for _ in range(2)]
+
+    def trained(graph_steps):
+        torch.manual_seed(0)
+        method = entry.build(tiny, CLASSES[:3], PromptSRCConfig(depth_text=2, depth_vision=2, num_runs=2))
+        states = [RunState(PixelRows(pixels, frozen), labels, None, OneHot(), seed=r + 1,
+                           device=torch.device("cpu")) for r, (pixels, frozen, labels) in enumerate(data)]
+        with graph_length_groups():
+            logs = _train(method, states, epochs=3, graph_steps=graph_steps)
+        return method.state_for_checkpoint(), logs
+
+    graphed, logs = trained(True)
+    assert fake_graphs["replays"] == 4 and [e["graphed_steps"] for e in logs[0]] == [0, 2, 2]
+    eager, _ = trained(False)
+    assert all(torch.equal(graphed[name], eager[name]) for name in eager)
