@@ -161,7 +161,7 @@ def _inject_overflow(method, run, at_steps):
     original, calls = method.training_loss, [0]
 
     def training_loss(inputs, labels, criterion):
-        losses = original(inputs, labels, criterion)
+        losses = original(inputs, labels, criterion).reshape(-1)  # a lone run's loss may be a scalar
         step, calls[0] = calls[0], calls[0] + 1
         if step not in at_steps:
             return losses
