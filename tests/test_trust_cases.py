@@ -252,6 +252,42 @@ def test_report_skips_a_record_whose_seal_fails_and_verify_finds_every_differenc
     assert f"skipped {paths[0]}" in capsys.readouterr().err  # ... naming the file
 
 
+def test_verify_checks_the_folder_not_only_the_last_report(tmp_path, capsys):
+    """Edit a record, run a plain report (it leaves the record out and rewrites the tables), then verify: it must
+    still fail, naming the file; the report lists what it left out under its tables and in sources.json."""
+    from atlas_fast.engine.seal import sealed
+    from atlas_fast.report.collect import SOURCES_FILE
+    from test_report import record, write
+
+    results = tmp_path / "results"
+    paths = _report_records(results)
+    edited = json.loads(paths[0].read_text())
+    edited["metrics"]["base"] = 99.0
+    paths[0].write_text(json.dumps(edited))
+    assert main(["report", str(results), "--format", "md", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert f"Left out of the tables (1 record file(s)" in out and f"- {paths[0]}: " in out
+    sources = json.loads((results / "report" / SOURCES_FILE).read_text())
+    assert [item["path"] for item in sources["left_out"]] == [paths[0].relative_to(results).as_posix()]
+    assert len(sources["records"]) == 3
+
+    assert main(["report", str(results), "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert f"verify: {paths[0]}: not a valid finished record (its seal does not match its content" in out
+    assert "FAILED, 1 problem(s)" in out
+
+    paths[0].write_text("{ truncated")  # a record that cannot be read at all is named too
+    assert main(["report", str(results), "--verify"]) == 1
+    assert f"verify: {paths[0]}: not a readable atlas_fast result record" in capsys.readouterr().out
+
+    paths[0].unlink()  # the damaged file gone: the report's tables still check out ...
+    assert main(["report", str(results), "--verify"]) == 0
+    capsys.readouterr()
+    added = write(results, sealed(record("OxfordPets", "coop", "coop", 3, {"base": 91.0, "new": 81.0})))
+    assert main(["report", str(results), "--verify"]) == 1  # ... but not a record written after the report
+    assert f"verify: {added} is not in the report (written after it?)" in capsys.readouterr().out
+
+
 def test_records_from_before_seals_still_report_with_a_warning(tmp_path, capsys):
     from atlas_fast.report.collect import collect_records, verify_report, report_folder
     from test_report import record, write

@@ -34,7 +34,7 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from atlas_fast.vocabulary import CLASS_SETS, METRICS, SETTINGS
 
@@ -46,6 +46,7 @@ SETTING_TITLES = {"base2new": "Base-to-new generalisation", "few_shot": "Few-sho
 # whether it was also evaluated after every epoch (which changes no final number) and on which class sets (legacy
 # records name them; a run is one run whatever was evaluated).
 _NOT_A_VARIANT = ("seed", "dataset", "setting", "shots", "method", "device", "eval_every_epoch", "evaluate")
+SOURCES_FILE = "sources.json"  # beside a report's tables: the records its cells come from, and those left out
 # What the report reads of a record beyond what every valid record holds (atlas_fast.engine.validity).
 _REQUIRED = ("config.dataset", "config.method", "config.setting", "config.shots", "config.seed",
              "config.schedule.name")
@@ -59,19 +60,33 @@ def _matches(value: str, wanted: Sequence[str] | None) -> bool:
     return wanted is None or value.lower() in {w.lower() for w in wanted}
 
 
+def _read_valid(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the record of ``path``, "") when it is a finished, valid record the report can use, else (None, why not)."""
+    from atlas_fast.engine.validity import read_record, record_problems
+
+    try:
+        record = read_record(path)
+        problems = record_problems(record, needs=_REQUIRED)
+    except ValueError as exc:
+        return None, str(exc).removeprefix(f"{path} is ")
+    if problems:
+        return None, f"not a valid finished record ({'; '.join(problems[:3])})."
+    return record, ""
+
+
 def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = None,
                     methods: Sequence[str] | None = None,
-                    paths: Sequence[str | Path] | None = None) -> list[dict[str, Any]]:
+                    paths: Sequence[str | Path] | None = None,
+                    left_out: list[tuple[Path, str]] | None = None) -> list[dict[str, Any]]:
     """Every finished, valid record under ``results_dir`` (``<dataset>/*.json``), in file-name order, optionally
     only those of ``datasets`` and ``methods`` (registry names such as ``coop``, ``dept-coop``; case-insensitive)
     or only the files ``paths`` (relative to ``results_dir``, as a report's ``sources.json`` lists them). Each record
     gets ``path`` (its file). A file that cannot be read, is not finished, fails its seal, or lacks what the report
-    needs is skipped with a warning on stderr naming it (it is left where it is); one from before seals is used
-    with a warning. A run with several records is listed once
-    (:func:`atlas_fast.engine.run_identity.one_record_per_run`)."""
+    needs is skipped with a warning on stderr naming it (it is left where it is, and ``(path, why)`` is appended to
+    ``left_out`` when given); one from before seals is used with a warning. A run with several records is listed
+    once (:func:`atlas_fast.engine.run_identity.one_record_per_run`)."""
     from atlas_fast.engine.run_identity import one_record_per_run
     from atlas_fast.engine.seal import is_sealed
-    from atlas_fast.engine.validity import read_record, record_problems
 
     root = Path(results_dir)
     if not root.is_dir():
@@ -82,14 +97,13 @@ def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = No
     for path in files:
         if not _matches(path.parent.name, datasets):  # the folder is named by the dataset
             continue
-        try:
-            record = read_record(path)
-            problems = record_problems(record, needs=_REQUIRED)
-        except ValueError as exc:
-            _warn(f"skipped {path}: {str(exc).removeprefix(f'{path} is ')}")
-            continue
-        if problems:
-            _warn(f"skipped {path}: not a valid finished record ({'; '.join(problems[:3])}).")
+        if paths is None and path.name == SOURCES_FILE and (path.parent / "report.csv").is_file():
+            continue  # a report written inside the results folder (its default place) is not a record
+        record, why = _read_valid(path)
+        if record is None:
+            _warn(f"skipped {path}: {why}")
+            if left_out is not None:
+                left_out.append((path, why))
             continue
         if not is_sealed(record):
             unsealed.append(path)
@@ -144,10 +158,12 @@ def _sortable(value: Any) -> tuple[int, Any]:
     return (0, value) if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, str(value))
 
 
-def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, str]] | None = None
+                  ) -> list[dict[str, Any]]:
     """Records with ``label`` (the row name) and ``table`` (``(setting, shots)``), in table order: method blocks
     (zero-shot CLIP first, then the registry's order), the plain method first in its block, then the ATLaS
-    variants; one record per seed and row (of two, the newer one is kept, with a warning naming both files)."""
+    variants; one record per seed and row (of two, the newer one is kept, with a warning naming both files, and the
+    older one appended to ``left_out`` when given)."""
     from atlas_fast.atlas.variants import row_order
     from atlas_fast.engine.deviations import deviation_note
     from atlas_fast.methods import METHODS
@@ -195,6 +211,8 @@ def label_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             older, newer = sorted([kept[key], record], key=lambda r: str(r.get("created", "")))
             _warn(f"two records of {c['dataset']} {record['label']} seed {c['seed']} (trained on other data or "
                   f"by another atlas_fast version?): using {newer['path']}, ignoring {older['path']}.")
+            if left_out is not None:
+                left_out.append((Path(older["path"]), f"an older record of the same row and seed as {newer['path']}"))
             kept[key] = newer
         else:
             kept[key] = record
@@ -277,14 +295,15 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         raise ValueError(f"Unknown report format(s) {unknown}; valid: {', '.join(FORMATS)}.")
     root = Path(results_dir)
     out = root / "report" if out is None else Path(out)
-    records = collect_records(root, datasets, methods, paths)
+    left_out: list[tuple[Path, str]] = []
+    records = collect_records(root, datasets, methods, paths, left_out)
     if not records:
         found = sorted(p.parent.name for p in root.glob("*/*.json"))
         raise ValueError(f"No finished result record under {root}"
                          f"{' matching the --datasets/--methods given' if datasets or methods else ''} "
                          f"(records are <results_dir>/<dataset>/*.json; dataset folders with records here: "
                          f"{', '.join(dict.fromkeys(found)) or 'none'}).")
-    records = label_records(records)
+    records = label_records(records, left_out)
     tables: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         tables[record["table"]].append(record)
@@ -336,6 +355,10 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         else:
             plots.append((name, summary))
 
+    if left_out:  # a row that lost a record must not vanish silently
+        markdown += ["", f"Left out of the tables ({len(left_out)} record file(s); `atlas-fast report --verify` fails "
+                         f"while a damaged one is in the folder):", ""]
+        markdown += [f"- {path}: {why}" for path, why in left_out]
     written: list[Path] = []
     out.mkdir(parents=True, exist_ok=True)
     text = "\n".join(markdown)
@@ -364,33 +387,60 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
                         ylabel="accuracy (%)", formats=images, log_x=True)
             written += [out / f"few_shot.{fmt}" for fmt in images]
     if "csv" in formats:  # what `report --verify` checks the CSV's cells against
-        written.append(_write_sources(root, out, records, metrics))
+        written.append(_write_sources(root, out, records, metrics, left_out, datasets, methods))
     for path in written:
         print(f"written: {path}", file=sys.stderr)
     return text
 
 
-SOURCES_FILE = "sources.json"
 
-
-def _write_sources(root: Path, out: Path, records: Sequence[dict[str, Any]], metrics: Sequence[str] | None) -> Path:
+def _write_sources(root: Path, out: Path, records: Sequence[dict[str, Any]], metrics: Sequence[str] | None,
+                   left_out: Sequence[tuple[Path, str]] = (), datasets: Sequence[str] | None = None,
+                   methods: Sequence[str] | None = None) -> Path:
     """``<out>/sources.json``: the records the report's cells come from (paths relative to the results folder, with
-    their seals) and the ``--metrics`` it was made with, so :func:`verify_report` can make the same tables again."""
+    their seals), the record files it left out and why, and the ``--metrics``, ``--datasets`` and ``--methods`` it
+    was made with, so :func:`verify_report` can make the same tables again and tell a record added since."""
     from atlas_fast.engine.seal import SEAL_FIELD
 
     sources = {"results_dir": str(root), "metrics": list(metrics) if metrics else None,
+               "datasets": list(datasets) if datasets else None, "methods": list(methods) if methods else None,
                "records": [{"path": Path(r["path"]).relative_to(root).as_posix(), "seal": r.get(SEAL_FIELD)}
-                           for r in sorted(records, key=lambda r: r["path"])]}
+                           for r in sorted(records, key=lambda r: r["path"])],
+               "left_out": [{"path": path.relative_to(root).as_posix(), "why": why} for path, why in left_out]}
     path = out / SOURCES_FILE
     path.write_text(json.dumps(sources, indent=1) + "\n")
     return path
 
 
+def folder_problems(root: Path, skip: Path | None = None, checked: Collection[Path] = ()) -> list[str]:
+    """Every record file under ``root`` (``<dataset>/*.json``; not those in ``skip``, the report's own folder, nor
+    the files ``checked`` already) that cannot be read, is not a finished valid record, fails its seal or has none,
+    each named: what makes a folder unverifiable whatever its report says."""
+    from atlas_fast.engine.seal import is_sealed
+
+    problems = []
+    for path in sorted(root.glob("*/*.json")):
+        if path in checked or (skip is not None and path.parent.resolve() == skip.resolve()):
+            continue
+        record, why = _read_valid(path)
+        if record is None:
+            problems.append(f"{path}: {why.rstrip('.')} (in the folder; the report left it out)")
+        elif not is_sealed(record):
+            problems.append(f"{path} has no seal (written before atlas_fast sealed records): its numbers cannot be "
+                            f"verified")
+    return problems
+
+
 def verify_report(results_dir: str | Path, out: str | Path | None = None) -> list[str]:
-    """Check a written report against its records: every record named in ``<out>/sources.json`` (default
-    ``<results_dir>/report``) must be there, sealed, with a seal that matches its content and the one the report
-    used, and every cell of ``report.csv`` must come out the same when the tables are computed again from exactly
-    those records. Returns the problems found (empty: verified), each naming the file, row or cell."""
+    """Check a written report and the folder it was made from: every record named in ``<out>/sources.json``
+    (default ``<results_dir>/report``) must be there, sealed, with a seal that matches its content and the one the
+    report used; every cell of ``report.csv`` must come out the same when the tables are computed again from exactly
+    those records; and every other record file in the folder must be readable and sealed, with a matching seal
+    (:func:`folder_problems`: a damaged record the report left out still fails), and be one the report used or
+    listed as left out (not one written since). Returns the problems found (empty: verified), each naming the file,
+    row or cell."""
+    import contextlib
+    import io
     import tempfile
 
     from atlas_fast.engine.validity import read_record
@@ -408,6 +458,7 @@ def verify_report(results_dir: str | Path, out: str | Path | None = None) -> lis
         sources = read_json(sources_path)
         listed = [(str(item["path"]), item.get("seal")) for item in sources["records"]]
         metrics = sources.get("metrics")
+        known = {root / str(item["path"]) for item in sources.get("left_out", [])}
     except JsonFileError as exc:
         raise ValueError(f"{sources_path} is not a report's list of sources: it {exc.reason}.") from exc
     except (KeyError, TypeError, AttributeError) as exc:
@@ -431,12 +482,16 @@ def verify_report(results_dir: str | Path, out: str | Path | None = None) -> lis
         elif record[SEAL_FIELD] != seal:
             problems.append(f"{path} is not the record the report was made from (its seal differs from the one "
                             f"in {sources_path})")
+    listed_paths = {root / relative for relative, _ in listed}
+    problems += folder_problems(root, skip=out, checked=listed_paths)
+    if "left_out" in sources:  # written by a report that lists what it left out: a record it never saw is new
+        with contextlib.redirect_stderr(io.StringIO()):  # the damaged ones are named above
+            now = collect_records(root, sources.get("datasets"), sources.get("methods"))
+        problems += [f"{r['path']} is not in the report (written after it?): run atlas-fast report {root} again"
+                     for r in now if Path(r["path"]) not in listed_paths | known]
     with open(table_path, newline="", encoding="utf-8") as f:
         stored = list(csv.DictReader(f))
     with tempfile.TemporaryDirectory() as scratch:
-        import contextlib
-        import io
-
         with contextlib.redirect_stderr(io.StringIO()):  # its warnings are the problems listed above
             try:
                 report_folder(root, out=scratch, metrics=metrics, formats=["csv"],
