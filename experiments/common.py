@@ -177,7 +177,7 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
     resolve_backbone(args)
     require_layouts([*getattr(args, "datasets", []), *(getattr(args, "targets", None) or [])], args.data_root)
     from atlas_fast.sweep import describe_plan, plan_sweep, run_configs
-    from atlas_fast.sweep.grid import distinct
+    from atlas_fast.errors import distinct
 
     if args.batch_runs is None:
         args.batch_runs = getattr(module, "BATCH_RUNS", None)  # e.g. Table V times runs trained alone

@@ -85,6 +85,18 @@ def test_train_refuses_a_seed_given_twice(data, capsys):
     assert not (data / "results").exists()
 
 
+@pytest.mark.parametrize("argv", [["train", "--dataset", "OxfordPets", "--data-root", "d", "--seeds", "1", "1"],
+                                  ["train", "--dataset", "OxfordPets", "--data-root", "d", "--methods", "coop", "coop"],
+                                  ["demo", "--datasets", "WorldPhotos", "WorldPhotos"]])
+def test_a_value_given_twice_is_refused_as_the_line_is_parsed(argv):
+    """Before anything is imported or read (tests/test_cli_start.py: without torch)."""
+    from atlas_fast.cli import build_parser
+    from atlas_fast.errors import UsageError
+
+    with pytest.raises(UsageError, match="lists .* twice"):
+        build_parser().parse_args(argv)
+
+
 def test_a_sweep_refuses_the_same_run_twice(data):
     from atlas_fast.errors import UsageError
     from atlas_fast.atlas.variants import LabelVariant

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from atlas_fast.app.catalogue import method_names
-from atlas_fast.errors import UsageError, short_repr
+from atlas_fast.errors import UsageError, distinct, short_repr
 from atlas_fast.vocabulary import CLASS_SETS, GRAPH_STEPS, PRECISIONS, RECIPE_FAMILIES, SETTINGS
 
 if TYPE_CHECKING:
@@ -166,9 +166,18 @@ def train_config(args: argparse.Namespace, **fields: Any) -> TrainConfig:
     return TrainConfig(**{**values, **fields})
 
 
+class Distinct(argparse.Action):
+    """A list option (``nargs="+"``) whose values must differ: one given twice is refused as it is parsed, before
+    any import or work (:func:`atlas_fast.errors.distinct`'s :class:`UsageError`, which argparse lets through to
+    the command's one ``error:`` line)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, distinct(values, self.option_strings[0]))
+
+
 def add_seeds(parser: argparse.ArgumentParser, default: Sequence[int]) -> None:
-    """``--seeds 1 2 3`` (``--seed`` is the same option)."""
-    parser.add_argument("--seeds", "--seed", dest="seeds", type=int, nargs="+", default=list(default),
+    """``--seeds 1 2 3`` (``--seed`` is the same option; a seed given twice is refused as it is parsed)."""
+    parser.add_argument("--seeds", "--seed", dest="seeds", type=int, nargs="+", default=list(default), action=Distinct,
                         metavar="SEED", help=f"seed(s), e.g. --seeds 1 2 3 (default {' '.join(map(str, default))})")
 
 
@@ -199,7 +208,7 @@ def add_methods(parser: argparse.ArgumentParser, default: Sequence[str], learnin
     """``--methods M [M ...]`` (``--method`` is the same option), checked against the registered methods."""
     names = method_names(learning_only)
     parser.add_argument("--methods", "--method", dest="methods", nargs="+", default=list(default), metavar="METHOD",
-                        type=method_name(learning_only),
+                        type=method_name(learning_only), action=Distinct,
                         help=f"method(s): {', '.join(names)} (default {' '.join(default)})")
 
 

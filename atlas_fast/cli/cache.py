@@ -68,7 +68,7 @@ def run_cache_build(args: argparse.Namespace) -> int:
     from atlas_fast.data.fewshot import MAX_SEED
     from atlas_fast.engine.config import MAX_BATCH_SIZE, MAX_VIEWS, MAX_WORKERS
     from atlas_fast.data.check import require_layouts
-    from atlas_fast.sweep.grid import distinct
+    from atlas_fast.errors import distinct
 
     check_range("--shots", args.shots, 1)  # a K below 1 would encode the whole dataset
     check_range("--views", args.views, 0, MAX_VIEWS)

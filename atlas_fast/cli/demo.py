@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.options import add_progress, add_seeds
+from atlas_fast.app.options import Distinct, add_progress, add_seeds
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help=f"feature cache folder (default {defaults.cache_root})")
     demo.add_argument("--results-dir", type=Path, default=defaults.results_dir,
                       help=f"result records, table and plot (default {defaults.results_dir})")
-    demo.add_argument("--datasets", nargs="+", default=list(defaults.datasets),
+    demo.add_argument("--datasets", nargs="+", default=list(defaults.datasets), action=Distinct,
                       help=f"world datasets (default {' '.join(defaults.datasets)}; any of "
                            f"{' '.join(BASE_TO_NEW)})")
     add_seeds(demo, defaults.seeds)
@@ -41,10 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_demo_command(args: argparse.Namespace) -> int:
     from atlas_fast.app.demo import DemoConfig, run_demo
-    from atlas_fast.sweep.grid import distinct
 
-    distinct(args.seeds, "--seeds")  # before the world is generated: a seed given twice would count twice
-    distinct(args.datasets, "--datasets")
     config = DemoConfig(data_root=args.data_root, cache_root=args.cache_root, results_dir=args.results_dir,
                         datasets=tuple(args.datasets), seeds=tuple(args.seeds), views=args.views,
                         epochs=args.epochs, device=args.device, plot=args.results_dir / "table3_base2new.png",

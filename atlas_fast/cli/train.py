@@ -6,7 +6,7 @@ import argparse
 import warnings
 
 from atlas_fast.app.catalogue import method_names
-from atlas_fast.app.options import (add_data_and_backbone, add_method_options, add_progress, add_run_options,
+from atlas_fast.app.options import (Distinct, add_data_and_backbone, add_method_options, add_progress, add_run_options,
                                     add_seeds, add_workers, check_methods, method_name, method_options,
                                     resolve_backbone, train_config, world_method_options, WORLD_BACKBONE)
 from atlas_fast.errors import UsageError
@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "the output.")
     add_data_and_backbone(train)
     train.add_argument("--methods", "--method", dest="methods", nargs="+", default=["coop"], metavar="METHOD",
-                       type=method_name(), help=f"prompt method(s): {', '.join(method_names())} (default coop); dept-* = DePT's head "
+                       type=method_name(), action=Distinct, help=f"prompt method(s): {', '.join(method_names())} (default coop); dept-* = DePT's head "
                             "on coop/cocoop/kgcoop/maple, zsclip = zero-shot CLIP (nothing trained); ivlp, maple, "
                             "promptsrc, dept-maple prompt the image encoder and train on pixels")
     add_run_options(train, ("recipe_family", "setting", "shots"))
@@ -99,10 +99,7 @@ def run_train(args: argparse.Namespace) -> int:
                    for method in args.methods}
     from atlas_fast.report.formats import train_results
     from atlas_fast.sweep import Execution, run_configs
-    from atlas_fast.sweep.grid import distinct
 
-    distinct(args.seeds, "--seeds")  # a seed given twice would count twice in the closing mean
-    distinct(args.methods, "--methods")
     variant = label_variant(args)
     configs = [train_config(args, dataset=args.dataset, data_root=args.data_root, method=method,
                             method_options=options[method], seed=seed, soft_labels=variant.soft_labels,

@@ -23,7 +23,7 @@ from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.pipeline import split_finished
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.atlas.variants import LabelVariant
-from atlas_fast.errors import Interrupted, RunFailed, UsageError, short_repr
+from atlas_fast.errors import Interrupted, RunFailed, UsageError, distinct, short_repr
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
 from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import CLASS_SETS, EXECUTORS, HARMONIC_MEAN
@@ -36,18 +36,6 @@ from atlas_fast.vocabulary import CLASS_SETS, EXECUTORS, HARMONIC_MEAN
 # grows with R x C prompts: lower --batch-runs for ImageNet-sized class sets on a small GPU.
 DEFAULT_BATCH_RUNS = {"cuda": 12, "cpu": 4}
 MAX_GPUS_PER_GROUP = 64  # GPUs one group (a Ray task, a SLURM array task) can ask for: more than any node holds
-
-
-def distinct(values: Sequence[Any], what: str) -> list[Any]:
-    """``values`` as a list, refused (:class:`UsageError` naming ``what``) when one is given twice: a seed or grid
-    point listed twice would be counted twice in every mean over them."""
-    seen: list[Any] = []
-    for value in values:
-        if value in seen:
-            raise UsageError(f"{what} lists {short_repr(value)} twice; give each once (a run counted twice would weigh twice in "
-                             f"every mean over them).")
-        seen.append(value)
-    return seen
 
 
 def grid_configs(base: TrainConfig, datasets: Sequence[str], variants: Sequence[LabelVariant],
