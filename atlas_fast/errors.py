@@ -55,6 +55,27 @@ def shorten_values(message: str, limit: int = LONGEST_QUOTED) -> str:
                                                    f"characters)", message)
 
 
+def install_extra(extra: str) -> str:
+    """The command that installs atlas_fast's optional ``extra`` (``search``, ``ray``, ``slurm``...) as it works
+    here: from a checkout (the package was imported from a source tree with ``setup.py``), ``pip install -e
+    '<checkout>[extra]'``; otherwise the extra's requirements by name, from the installed package's metadata (a
+    package of this name on an index may not be this one)."""
+    import os
+    from importlib import metadata
+    from pathlib import Path
+
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "setup.py").is_file():
+        where = "." if checkout == Path.cwd().resolve() else os.fspath(checkout)
+        return f"pip install -e '{where}[{extra}]'"
+    try:
+        wanted = [r.split(";")[0].strip() for r in metadata.requires("atlas_fast") or []
+                  if r.replace(" ", "").endswith(f'extra=="{extra}"')]
+    except metadata.PackageNotFoundError:
+        wanted = []
+    return "pip install " + " ".join(f"'{r}'" for r in wanted) if wanted else f"pip install 'atlas_fast[{extra}]'"
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean "the input is wrong": ValueError (DatasetFormatError, CheckpointError,
     UsageError, RunFailed), OSError (DatasetLayoutError, a full disk, a read-only folder), the cache's CacheError and

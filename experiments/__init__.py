@@ -27,6 +27,12 @@ def load_experiment(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}")
 
 
+def summary(doc: str | None) -> str:
+    """A module docstring's first paragraph on one line: what ``--help`` and ``--list`` say the module does (its
+    first line alone may stop mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
 def experiment_table() -> list[tuple[str, str, str]]:
     """(name, paper item, what it shows) for every experiment module, read from the modules' source (their
     docstring and ``PAPER``) without importing them, so ``atlas-fast experiment --list`` starts without torch."""
@@ -35,5 +41,5 @@ def experiment_table() -> list[tuple[str, str, str]]:
         tree = ast.parse(Path(__path__[0], f"{name}.py").read_text())
         paper = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
                      and any(isinstance(t, ast.Name) and t.id == "PAPER" for t in node.targets))
-        rows.append((name, paper, (ast.get_docstring(tree) or "").strip().splitlines()[0]))
+        rows.append((name, paper, summary(ast.get_docstring(tree))))
     return rows

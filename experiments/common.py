@@ -155,7 +155,9 @@ def base_config(args: argparse.Namespace, setting: str, shots: int = 16, **chang
 
 def build_parser(module: ModuleType) -> argparse.ArgumentParser:
     """The module's command line: the common options, the module's own, and its docstring as help."""
-    p = parser((module.__doc__ or module.__name__).strip().splitlines()[0],
+    from atlas_fast.experiments import summary
+
+    p = parser(summary(module.__doc__) or module.__name__,
                datasets=getattr(module, "DATASETS", ELEVEN))
     p.prog = f"atlas-fast experiment {module.__name__.rsplit('.', 1)[-1]}"
     if hasattr(module, "add_arguments"):

@@ -15,6 +15,7 @@ from atlas_fast.experiments.common import base_config, chunks, publish
 from atlas_fast.report.figures import plot_series
 from atlas_fast.report.formats import deviation_sentences
 from atlas_fast.report.rows import aggregate, deviation_marks, variant_label
+from atlas_fast.report.stats import counted
 
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
@@ -50,5 +51,5 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     sentences = deviation_sentences(table_note, marks.values(), in_title=False)
     table = "\n".join(lines + (["", "; ".join(sentences) + "."] if sentences else []))
     plot_series(args.shots, curves, Path(args.out) / "fig_few_shot.png", xlabel="shots per class",
-                ylabel=f"accuracy (%), mean of {len(args.datasets)} datasets", log_x=True)
+                ylabel=f"accuracy (%), mean of {counted(len(args.datasets), 'dataset')}", log_x=True)
     return publish(args.out, "fig_few_shot.md", table)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, PAPER_METHODS, base_config, method_args, write_table
 from atlas_fast.report.rows import aggregate
+from atlas_fast.report.stats import counted
 
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
@@ -43,5 +44,6 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    title = f"Base-to-new with ATLaS (mean over {len(args.datasets)} datasets, {len(args.seeds)} seeds)"
+    title = (f"Base-to-new with ATLaS (mean over {counted(len(args.datasets), 'dataset')}, "
+             f"{counted(len(args.seeds), 'seed')})")
     return write_table(aggregate(records, by_method=True), "table3_base_to_new", title, args.out)

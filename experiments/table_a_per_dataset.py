@@ -15,6 +15,7 @@ from atlas_fast.experiments import table3_base_to_new
 from atlas_fast.experiments.common import PAPER_METHODS, method_args, publish, write_text
 from atlas_fast.report.formats import csv_lines, latex_label, latex_table, markdown_table
 from atlas_fast.report.rows import aggregate
+from atlas_fast.report.stats import counted
 
 PAPER = "Appendix Tables A1-A3 (per dataset)"
 plan = table3_base_to_new.plan
@@ -26,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    average, title = aggregate(records, by_method=True), f"Average over {len(args.datasets)} datasets"
+    average, title = aggregate(records, by_method=True), f"Average over {counted(len(args.datasets), 'dataset')}"
     sections = [markdown_table(average, title)]
     latex = [latex_table(average, caption=title, label="tab:table-a-average")]
     lines = [{"dataset": "Average", **line} for line in csv_lines(average)]

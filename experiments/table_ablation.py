@@ -15,6 +15,7 @@ from atlas_fast.experiments.common import BASE_NEW, base_config, write_table
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.report.rows import aggregate, method_name
 from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
+from atlas_fast.report.stats import counted
 
 if TYPE_CHECKING:
     from atlas_fast.atlas.variants import LabelVariant
@@ -56,6 +57,6 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     title = (f"Ablation of soft labels and alternation ({method_name(args.method)}, base-to-new, "
-             f"{len(args.datasets)} datasets)")
+             f"{counted(len(args.datasets), 'dataset')})")
     rows = aggregate(records, label=ablation_label, leave_out={"schedule.period"})  # K = 1 is named in the rows
     return write_table(rows, "table_ablation", title, args.out)

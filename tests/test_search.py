@@ -159,7 +159,7 @@ def test_small_study_prunes_never_reads_the_test_split_and_writes_its_outputs(wo
 
     monkeypatch.undo()
     result = run_search(search, progress=False)  # the study is complete: only its outputs and the final runs
-    assert result.trials == 8 and result.best_value == study.best_value
+    assert result.trials == 8 and result.trials_now == 0 and result.best_value == study.best_value
     assert result.best_config == dataclasses.replace(search.base, lr=study.best_params["lr"],
                                                      soft_labels=dataclasses.replace(search.base.soft_labels,
                                                                                      alpha=study.best_params["alpha"]))
@@ -365,7 +365,10 @@ def test_bad_storages_are_refused_and_left_as_they_were(world, tmp_path, capsys)
     storage = ["--storage", f"sqlite:///{db}", "--study-name", "mine"]
     assert main(cli(world, "--param", "lr=0.001:0.01", "--trials", "1", "--pruner", "none", "--no-final",
                     *storage)) == 0
-    capsys.readouterr()
+    assert "(1 trained now)" in capsys.readouterr().out
+    assert main(cli(world, "--param", "lr=0.001:0.01", "--trials", "1", "--pruner", "none", "--no-final",
+                    *storage)) == 0  # the same finished study again says so
+    assert "nothing left to run: study mine already holds its 1 trial" in capsys.readouterr().out
     before = db.read_bytes()
 
     # another study's definition under the same name

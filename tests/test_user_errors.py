@@ -150,3 +150,19 @@ def test_epochs_that_leave_no_epoch_after_warmup_draw_a_warning(data):
                          device="cpu", cache_root=data / "cache", results_dir=data / "results", progress=False)
     with pytest.warns(UserWarning, match="1 epoch\\(s\\) with 1 warmup epoch\\(s\\) .* Train at least 2 epochs"):
         plan_run(config)
+
+
+def test_an_extra_is_installed_by_a_command_that_works_from_a_checkout(tmp_path, monkeypatch):
+    """From a source tree the package name on an index is not this checkout: the hint installs the checkout's extra
+    (a path that works from any folder; `.` from the checkout itself)."""
+    from pathlib import Path
+
+    import atlas_fast
+    from atlas_fast.errors import install_extra
+
+    checkout = Path(atlas_fast.__file__).resolve().parent.parent
+    assert (checkout / "setup.py").is_file()  # the suite runs from a checkout
+    monkeypatch.chdir(tmp_path)
+    assert install_extra("search") == f"pip install -e '{checkout}[search]'"
+    monkeypatch.chdir(checkout)
+    assert install_extra("ray") == "pip install -e '.[ray]'"

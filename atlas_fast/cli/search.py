@@ -72,6 +72,7 @@ def run_search_command(args: argparse.Namespace) -> int:
     space = dict(parse_param(text) for text in args.param)  # syntax first: nothing heavy imported for a typo
     options = method_options(args.method_option, args.method)
     from atlas_fast.atlas.variants import atlas_variant
+    from atlas_fast.report.stats import counted
     from atlas_fast.search import SearchConfig, run_search
 
     variant = atlas_variant(args.setting, args.atlas)
@@ -85,8 +86,12 @@ def run_search_command(args: argparse.Namespace) -> int:
                           heartbeat_seconds=args.heartbeat, grace_seconds=6 * args.heartbeat,
                           lock_timeout=args.lock_timeout)
     result = run_search(search, progress=not args.no_progress)
-    print(f"study {result.study_name}: {result.trials} trials, {result.epochs} epochs trained; storage "
-          f"{result.storage}")
+    reused = sum(1 for record in result.records if record.get("skipped"))
+    if result.trials_now == 0 and reused == len(result.records):
+        print(f"nothing left to run: study {result.study_name} already holds its {counted(result.trials, 'trial')}"
+              + (f" and the {reused} final run(s) are finished" if reused else "") + "; its summary again:")
+    print(f"study {result.study_name}: {result.trials} trials ({result.trials_now} trained now), {result.epochs} "
+          f"epochs trained; storage {result.storage}")
     print(f"best (validation {args.objective}) {result.best_value:.2f}: "
           + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.best_params.items()))
     print(f"rerun: {result.command}")

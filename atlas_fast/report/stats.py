@@ -16,6 +16,11 @@ from typing import Mapping, Sequence
 LEVEL = 0.95
 
 
+def counted(count: int, noun: str) -> str:
+    """``1 seed``, ``3 seeds``: a count with its noun in the right number (titles and captions)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 @dataclass(frozen=True)
 class PairedDifference:
     """Mean of the per-seed differences (variant − baseline) and its 95 % t interval (None with one seed)."""
@@ -76,5 +81,5 @@ def interval_note(seeds: int, reference: str = "its baseline") -> str:
     """The sentence under a table that carries paired differences."""
     if seeds <= 1:
         return f"Δ = difference to {reference} on the one seed there is: no interval"
-    return (f"Δ = mean paired difference to {reference} over {seeds} seeds with a 95 % t interval "
+    return (f"Δ = mean paired difference to {reference} over {counted(seeds, 'seed')} with a 95 % t interval "
             f"(scipy.stats, {seeds - 1} degree{'s' if seeds > 2 else ''} of freedom)")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from atlas_fast.engine.config import TrainConfig
-from atlas_fast.errors import Interrupted, UsageError
+from atlas_fast.errors import Interrupted, UsageError, install_extra
 from atlas_fast.search.space import Choice, Param, Range, apply_values, check_space, describe_space, grid_values
 from atlas_fast.vocabulary import OBJECTIVES, PRUNERS, SAMPLERS
 
@@ -167,6 +167,7 @@ class SearchResult:
     records: list[dict[str, Any]] = field(default_factory=list)
     trials: int = 0
     epochs: int = 0
+    trials_now: int | None = None  # trials this call trained (None: not known, the study was only read)
 
 
 def preflight(search: SearchConfig) -> int:
@@ -272,6 +273,12 @@ def suggest(trial, space: Mapping[str, Param]) -> dict[str, Any]:
 def run_study(search: SearchConfig, progress: bool = True):
     """Run (or resume, or join) the study until it holds ``n_trials`` finished trials; returns the optuna study.
     Everything is checked before the storage is touched."""
+    return run_trials(search, progress)[0]
+
+
+def run_trials(search: SearchConfig, progress: bool = True):
+    """:func:`run_study`, returning (the optuna study, the trials this call trained: 0 when a finished study is run
+    again and nothing was left to run)."""
 
     from atlas_fast.search.trials import Reporter, TrialWork, mean, train_batch
 
@@ -279,7 +286,7 @@ def run_study(search: SearchConfig, progress: bool = True):
     try:
         import optuna
     except ImportError:
-        raise UsageError("a search needs Optuna: pip install 'atlas_fast[search]'.") from None
+        raise UsageError(f"a search needs Optuna, which the search extra installs: {install_extra('search')}") from None
     from optuna.trial import TrialState
 
     from atlas_fast.search.storage import (DEFINITION_ATTR, HEARTBEAT_ATTR, RELEASED, Heartbeat, dead_trials,
@@ -295,6 +302,7 @@ def run_study(search: SearchConfig, progress: bool = True):
     study_id = storage.get_study_id_from_name(name)
     batch = search.batch_trials or _default_batch(search)
     listings: dict = {}
+    trained = 0
 
     def trial_id(trial) -> int:
         return storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
@@ -343,6 +351,7 @@ def run_study(search: SearchConfig, progress: bool = True):
                 heartbeat.track([trial_id(work.trial) for work in works])
                 train_batch(works, search.datasets, Reporter(search.objective_set, on_report, pruner_steps(search)),
                             listings)
+                trained += len(works)
                 for work in works:
                     trial = work.trial
                     if work.pruned:
@@ -374,7 +383,9 @@ def run_study(search: SearchConfig, progress: bool = True):
                                                                TrialState.FAIL)))
         raise Interrupted(f"{finished} of {search.n_trials} trial(s) of study {name} finished (kept in "
                           f"{search.storage_url()}; the {released} in flight are trained again)") from None
-    return study
+    if not trained:
+        _say(progress, f"nothing left to run: the study already holds its {search.n_trials} trial(s)")
+    return study, trained
 
 
 def _default_batch(search: SearchConfig) -> int:
@@ -413,4 +424,4 @@ def _say(enabled: bool, text: str) -> None:
 
 
 __all__ = ["OBJECTIVES", "PRUNERS", "SAMPLERS", "SearchConfig", "SearchResult", "Range", "Choice", "preflight",
-           "run_study"]
+           "run_study", "run_trials"]

@@ -4,8 +4,8 @@ Every executor has one method, ``map(groups)``, that trains each group (a list o
 :class:`~atlas_fast.engine.spec.RunSpec`, see :mod:`atlas_fast.sweep.grid`) with :func:`train_specs` and yields
 ``(group index, records)`` as groups finish. Workers write the records themselves, into the runs' ``results_dir``,
 so that folder (and ``cache_root``, ``data_root``) must be visible to every worker: a shared file system on a cluster.
-Ray and submitit are optional extras (``pip install atlas_fast[ray]`` / ``atlas_fast[slurm]``), imported only here and
-only when their executor is used.
+Ray and submitit are optional extras (``ray`` / ``slurm``; :func:`atlas_fast.errors.install_extra` says how to
+install them), imported only here and only when their executor is used.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from atlas_fast.engine.spec import RunSpec
+from atlas_fast.errors import install_extra
 
 Groups = Sequence[Sequence[RunSpec]]
 
@@ -72,7 +73,7 @@ class RayExecutor:
         try:
             import ray
         except ImportError as exc:
-            raise ImportError("The ray executor needs Ray: pip install 'atlas_fast[ray]'.") from exc
+            raise ImportError(f"The ray executor needs Ray: {install_extra('ray')}") from exc
         if not ray.is_initialized():
             if self.address is not None:
                 ray.init(address=self.address)
@@ -120,7 +121,7 @@ class SlurmExecutor:
         try:
             import submitit
         except ImportError as exc:
-            raise ImportError("The slurm executor needs submitit: pip install 'atlas_fast[slurm]'.") from exc
+            raise ImportError(f"The slurm executor needs submitit: {install_extra('slurm')}") from exc
         executor = submitit.AutoExecutor(folder=self.folder, cluster=self.cluster)
         parameters = dict(self.parameters)
         if executor.cluster != "slurm":  # the local/debug executors take no slurm_* options
