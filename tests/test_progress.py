@@ -1,5 +1,7 @@
 """Progress: a line per finished run (also in logs), bars only on a terminal, nothing with progress off."""
 
+import re
+
 import pytest
 
 from atlas_fast.clip.backbones import BackboneConfig
@@ -33,6 +35,8 @@ def test_a_log_gets_one_line_per_run_and_no_bars(data, capsys):
         assert (f"[{i}/2] OxfordPets coop [epochs=2, shots=2, backbone=atlas-tiny] seed {i}: "
                 f"base {metrics['base']:.2f}  new {metrics['new']:.2f}  "
                 f"H {metrics['H']:.2f}") in err
+    assert re.search(r"\[1/2\] .* seed 1: .*; [\d.]+ s so far, about [\d.]+ s left\n", err), err  # groups of one
+    assert re.search(r"\[2/2\] .* seed 2: .*; [\d.]+ s so far\n", err), err
     assert "cache: encoded" in err and "img/s" in err  # the cache build's rate, once
     assert "\r" not in err  # no redrawn bars in a file
 

@@ -43,7 +43,8 @@ class DemoConfig:
 
 
 def run_demo(config: DemoConfig, progress: bool = True) -> str:
-    """Run the demo grid and return the printed report (table, timings, where the files are)."""
+    """Run the demo grid and return the printed report (table, where the files are, and the command's total time
+    from its start, with where it went)."""
     from atlas_fast.report.figures import plot_rows
     from atlas_fast.report.formats import latex_table, markdown_table
     from atlas_fast.report.rows import aggregate
@@ -53,11 +54,13 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
     from atlas_fast.engine import TrainConfig
     from atlas_fast.world.benchmark import generate_benchmark
 
-    from atlas_fast.progress import say
+    from atlas_fast.progress import process_seconds, say
 
     stage = say if progress else (lambda message: None)
-    start = time.perf_counter()
-    stage(f"demo 1/3: the world benchmark ({', '.join(config.datasets)}) under {config.data_root}")
+    phases: dict[str, float] = {"start-up": process_seconds()}  # imports and parsing, before this function
+    count = 4 if config.kappa else 3
+    clock = time.perf_counter()
+    stage(f"demo 1/{count}: the world benchmark ({', '.join(config.datasets)}) under {config.data_root}")
     generate_benchmark(config.data_root, config.datasets, sizes=config.sizes, progress=progress)
     base = TrainConfig(dataset=config.datasets[0], data_root=config.data_root,
                        backbone=BackboneConfig(*WORLD_BACKBONE), method="coop", recipe_family="paper",
@@ -65,10 +68,18 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
                        device=config.device, cache_root=config.cache_root, results_dir=config.results_dir,
                        progress=False)
     variants = atlas_variants("base2new")
-    stage(f"demo 2/3: {len(config.datasets) * len(variants) * len(config.seeds)} runs (CoOp and + ATLaS, -CSL, -ISL "
-          f"x seeds {', '.join(map(str, config.seeds))}); the feature cache is built on first use")
+    phases["world"], clock = time.perf_counter() - clock, time.perf_counter()
+    stage(f"demo 2/{count}: {len(config.datasets) * len(variants) * len(config.seeds)} runs (CoOp and + ATLaS, "
+          f"-CSL, -ISL x seeds {', '.join(map(str, config.seeds))}); the feature cache is built on first use")
     records = run_grid(base, config.datasets, variants, config.seeds, progress=progress)
-    stage("demo 3/3: the table, plot and verdict")
+    phases["runs"], clock = time.perf_counter() - clock, time.perf_counter()
+    judged = verdict(records)
+    if config.kappa:
+        stage(f"demo 3/{count}: κ of Theorem 1 for LS, CSL and ISL at the start and end of each run")
+        judged += "".join(f" {sentence}"
+                          for sentence in kappa_sentences(base, config, variants, records, progress=progress))
+        phases["κ"], clock = time.perf_counter() - clock, time.perf_counter()
+    stage(f"demo {count}/{count}: the table, plot and verdict")
     rows = aggregate(records, leave_out={"backbone.model"})  # the title names the world's CLIP
     zs = _zero_shot_row(records)
     views = "one per epoch" if config.views is None else str(config.views)
@@ -76,29 +87,55 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
              f"{config.shots} shots, seeds {', '.join(map(str, config.seeds))}; mean ± std over seeds; "
              f"cached views per image: {views})")
     plot = plot_rows(rows, config.plot)
-    seconds = time.perf_counter() - start
-    judged = verdict(records)
-    if config.kappa:
-        judged += "".join(f" {sentence}" for sentence in kappa_sentences(base, config, variants, records))
+    (config.results_dir / "table3_base2new.tex").write_text(latex_table(rows, caption=title) + "\n")
+    phases["table and plot"] = time.perf_counter() - clock
     lines = [markdown_table(rows, title), "", zs, "", judged, "", f"Plot: {plot}",
              f"LaTeX: {config.results_dir / 'table3_base2new.tex'}",
-             f"Records: {config.results_dir}/<dataset>/*.json   Total time: {seconds:.0f} s"]
-    (config.results_dir / "table3_base2new.tex").write_text(latex_table(rows, caption=title) + "\n")
+             f"Records: {config.results_dir}/<dataset>/*.json", time_line(phases, records)]
     report = "\n".join(lines)
     (config.results_dir / "table3_base2new.md").write_text(report + "\n")
     return report
 
 
-def kappa_sentences(base, config: DemoConfig, variants, records: Sequence[dict]) -> list[str]:
+def time_line(phases: dict[str, float], records: Sequence[dict]) -> str:
+    """``Total time: 5 min 2 s from the command's start (start-up 3 s, world 1 s, runs 4 min 50 s: ...)``: the
+    whole command, and where it went; the runs' part splits into what the runs trained now spent on their inputs
+    (building the feature cache; soft labels) and the rest (training, evaluation, records)."""
+    from atlas_fast.progress import duration, process_seconds
+
+    trained = [r for r in records if not r.get("skipped")]
+    inputs = sum(float(r.get("timings", {}).get("inputs", 0.0)) for r in trained)
+    parts = []
+    for name, seconds in phases.items():
+        if name == "runs" and trained:
+            parts.append(f"{len(trained)} runs {duration(seconds)}: feature cache and inputs {duration(inputs)}, "
+                         f"training and evaluation {duration(max(seconds - inputs, 0.0))}")
+        elif name == "runs":
+            parts.append(f"runs {duration(seconds)}: every run was finished already")
+        else:
+            parts.append(f"{name} {duration(seconds)}")
+    return f"Total time: {duration(process_seconds())} from the command's start ({'; '.join(parts)})"
+
+
+def kappa_sentences(base, config: DemoConfig, variants, records: Sequence[dict], progress: bool = False
+                    ) -> list[str]:
     """The verdict's sentences on κ of Theorem 1: each soft label's κ at the initial context and at the end of its
-    own ATLaS run, per dataset, against the order of the runs' H (:func:`atlas_fast.app.kappa_runs.kappa_sentence`)."""
+    own ATLaS run, per dataset, against the order of the runs' H (:func:`atlas_fast.app.kappa_runs.kappa_sentence`).
+    With ``progress``, a line per run measured, with the time so far and about how much is left."""
     from atlas_fast.app.kappa_runs import kappa_sentence, run_kappa
+    from atlas_fast.progress import TimeLeft, say
+    from atlas_fast.report.rows import variant_label
     from atlas_fast.sweep import grid_configs
 
     configs = grid_configs(base, config.datasets, variants, config.seeds)  # run_grid's order: the records' order
     listings: dict = {}
-    rows = [row for c, record in zip(configs, records)
-            for row in run_kappa(c, record, PAPER_SOFT_LABEL_KINDS, listings)]
+    rows: list[dict] = []
+    clock = TimeLeft(len(records))
+    for done, (c, record) in enumerate(zip(configs, records), start=1):
+        rows += run_kappa(c, record, PAPER_SOFT_LABEL_KINDS, listings)
+        if progress:
+            say(f"κ [{done}/{len(records)}] {c.dataset} {variant_label(record['config'])} seed {c.seed}: "
+                f"{clock.text(done)}")
     return [s for s in (kappa_sentence(rows, records, dataset) for dataset in config.datasets) if s]
 
 

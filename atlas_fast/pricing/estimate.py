@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from atlas_fast.progress import process_seconds
 from atlas_fast.pricing.units import Unit
 
 #: bytes of one cached feature value (the cache stores float16)
@@ -471,16 +472,6 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> di
         raise ValueError(f"unknown unit key {key!r}")
 
     return {key: store.unit(key, measurer(key)) for key in needed_units(facts)}
-
-
-def process_seconds() -> float:
-    """Wall seconds since this process started (0 where /proc is missing): what a command's start took."""
-    try:
-        ticks = os.sysconf("SC_CLK_TCK")
-        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
-        return max(0.0, float(Path("/proc/uptime").read_text().split()[0]) - started)
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def check_cache_root(root: Path) -> None:

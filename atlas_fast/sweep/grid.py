@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from atlas_fast.progress import progress_bar, say
+from atlas_fast.progress import TimeLeft, progress_bar, say
 
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.pipeline import split_finished
@@ -166,8 +166,11 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
                 progress: bool = True) -> list[dict[str, Any]]:
     """Train every config that has no finished record and return all records in the order of ``configs``.
 
-    With ``progress``, a line per run as it finishes (its metrics and seconds; printed into logs too), a bar over the
-    runs on a terminal, and, for groups trained in this process, the cache-build and epoch bars of the group."""
+    With ``progress``, a line per run as it finishes (its metrics and seconds, the time so far and about how much is
+    left; printed into logs too), a bar over the runs on a terminal, and, for groups trained in this process, the
+    cache-build and epoch bars of the group. The time left is the runs' own rate: locally, the time the finished
+    groups spent preparing their inputs (the first one builds the feature cache, which the others reuse) is not
+    counted as the runs' time."""
     execution = execution or Execution()
     if progress and execution.executor == "local":
         configs = [dataclasses.replace(config, progress=True) for config in configs]
@@ -184,7 +187,7 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
         if progress:
             say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to train in "
                 f"{describe_groups(groups)} ({execution.executor})")
-        done = 0
+        done, inputs_seconds, clock = 0, 0.0, TimeLeft(len(todo))
         try:
             with progress_bar(total=len(todo), desc="runs", unit="run", enabled=progress,
                               dynamic_ncols=True) as bar:
@@ -193,12 +196,16 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
                     if isinstance(group_records, WorkerFailure):
                         raise RunFailed(f"a worker failed on {groups[g][0].label} (and {len(groups[g]) - 1} more "
                                         f"run(s) of its group): {group_records.message}")
-                    for spec, record in zip(groups[g], group_records):
+                    if execution.executor == "local":
+                        inputs_seconds += sum(float(r.get("timings", {}).get("inputs", 0.0)) for r in group_records)
+                    for i, (spec, record) in enumerate(zip(groups[g], group_records), start=1):
                         records[position[id(spec)]] = record
                         bar.update(1)
                         done += 1
-                        if progress:
-                            say(f"[{done}/{len(todo)}] {spec.label}: {run_summary(record)}")
+                        if progress:  # the group's last line says the time (its runs end together)
+                            times = (f"; {clock.text(done, max(clock.elapsed() - inputs_seconds, 0.0))}"
+                                     if i == len(group_records) else "")
+                            say(f"[{done}/{len(todo)}] {spec.label}: {run_summary(record)}{times}")
                         if on_result is not None:
                             on_result(record)
         except KeyboardInterrupt:  # Ctrl-C: say what is done (a finished run's record is on disk) in one line
