@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -126,6 +128,23 @@ def test_the_command_line_takes_threads_anywhere_and_refuses_nonsense(tmp_path, 
     capsys.readouterr()
     assert main(["--threads", "0", "report", str(tmp_path)]) == 2
     assert "error: --threads takes a count >= 1 or 'auto', got '0'" in capsys.readouterr().err
+
+
+def test_deterministic_is_one_thread_anywhere_on_the_line(monkeypatch, capsys):
+    import argparse
+
+    from atlas_fast.app.options import command_threads as option_threads, split_threads
+    from atlas_fast.cli import main
+
+    assert split_threads(["report", "r", "--deterministic", "--threads", "1"]) == (
+        ["report", "r"], ["--deterministic", "--threads", "1"])
+    seen = []
+    monkeypatch.setattr("atlas_fast.threads.command_threads", lambda threads: seen.append(threads) or nullcontext())
+    option_threads(argparse.Namespace(threads=None, deterministic=True))
+    assert seen == ["1"]
+    monkeypatch.undo()
+    assert main(["report", "r", "--deterministic", "--threads", "2"]) == 2
+    assert "error: --deterministic runs one CPU thread; drop --threads 2." in capsys.readouterr().err
 
 
 def test_small_cached_steps_use_the_probe_only_under_auto(monkeypatch):
