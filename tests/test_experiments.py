@@ -98,10 +98,12 @@ def test_experiment_tables_mark_what_their_runs_change_from_the_recipe(tmp_path)
     shortened = " [epochs=2, backbone=atlas-tiny]"
     markdown, tex, caption, variants = outputs()
     assert markdown == table + "\n"
-    assert markdown.startswith(f"**Base-to-new with ATLaS (mean over 1 datasets, 1 seeds){shortened}**")
+    assert markdown.startswith(f"**Base-to-new with ATLaS (mean over 1 dataset, 1 seed){shortened}**")
     assert ("[...] after the title: what every run of the table changes from its method's recipe or the paper's "
             "presets.") in markdown
-    assert f"1 seeds).{shortened}: what every run of the table changes from its method's recipe" in caption
+    assert caption.strip().startswith(r"\caption{Base-to-new with ATLaS (mean over 1 dataset, 1 seed). Mean over 1 seed")
+    assert f";{shortened}: what every run of the table changes from its method's recipe" in caption
+    assert "t interval" not in caption and "on the one seed there is: no interval" in caption  # one seed, no CI
     assert variants == [f"{name}{shortened}" for name in ("CoOp", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL")]
 
     args = build_parser(table3_base_to_new).parse_args(argv)
@@ -290,7 +292,7 @@ def test_per_dataset_tables_follow_the_average(world, tmp_path):
     from atlas_fast.experiments import table_a_per_dataset
 
     text = run_experiment(table_a_per_dataset, _world_args(world, tmp_path, "--methods", "coop", "cocoop"))
-    assert text.index("**Average over 1 datasets") < text.index("**WorldSketches")
+    assert text.index("**Average over 1 dataset") < text.index("**WorldSketches")
     assert (tmp_path / "out" / "table_a_per_dataset.tex").stat().st_size > 0
 
 

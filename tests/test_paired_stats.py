@@ -68,7 +68,7 @@ def test_latex_keeps_booktabs_plus_minus_and_bold_best_with_the_paired_column():
     assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex and r"\vline" not in tex
     assert r"\begin{tabular}{lccc}" in tex  # Method, base, H, ΔH
     assert r"$\pm$" in tex and r"\textbf{83.00}" in tex and r"\textbf{73.00}" in tex  # + ATLaS is best
-    assert r"Method & base & H & ΔH (95 \% CI) \\" in tex
+    assert r"Method & base & H & $\Delta$H (95 \% CI) \\" in tex
     assert r"+2.75 {\scriptsize[+0.36, +5.14]} \\" in tex
 
 

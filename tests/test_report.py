@@ -4,7 +4,9 @@ seeds, H of the means), LaTeX for a paper, CSV and plots; damaged records are sk
 import argparse
 import csv
 import json
+import shutil
 import statistics
+import subprocess
 
 import matplotlib.text
 import pytest
@@ -117,10 +119,10 @@ def test_rows_are_grouped_by_dataset_method_and_variant_with_mean_and_population
     table = _table(markdown, "Base-to-new generalisation, 16 shots")
     assert table[0] == ["Dataset", "Method", "base", "new", "H", "ΔH (95 % CI)"]
     assert [row[:2] for row in table[1:]] == [
-        [group, label] for group in ("Average", "OxfordPets", "EuroSAT")
-        for label in ("CoOp", "+ ATLaS", "CoCoOp", "+ ATLaS")]  # paper's dataset order, plain method first
+        [group, label] for group in ("OxfordPets", "EuroSAT", "Average")
+        for label in ("CoOp", "+ ATLaS", "CoCoOp", "+ ATLaS")]  # paper's dataset order, plain method first, Average last
     cells = {(row[0], i): row for i, row in enumerate(table[1:])}
-    pets_coop = cells[("OxfordPets", 4)]
+    pets_coop = cells[("OxfordPets", 0)]
     bases, news = zip(*SWEEP[("OxfordPets", "coop", "coop")])
     assert pets_coop[2:4] == [_mean_std(bases), _mean_std(news)]  # population std (pstdev), not the sample one
     assert statistics.pstdev(bases) != statistics.stdev(bases)
@@ -129,7 +131,7 @@ def test_rows_are_grouped_by_dataset_method_and_variant_with_mean_and_population
     assert pets_coop[4] == f"{h:.2f}"
     assert f"{h:.2f}" != f"{statistics.fmean(harmonic_mean(b, n) for b, n in zip(bases, news)):.2f}"
     # + ATLaS's change in H is measured against its own method's plain row
-    atlas = cells[("OxfordPets", 5)]
+    atlas = cells[("OxfordPets", 1)]
     assert atlas[4].endswith(f"({float(atlas[4].split()[0]) - h:+.2f})")
     # ... and, paired by seed, as the mean of the per-seed H differences with its 95 % t interval
     per_seed_h = {v: [harmonic_mean(b, n) for b, n in SWEEP[("OxfordPets", "coop", v)]] for v in ("coop", "atlas")}
@@ -139,7 +141,7 @@ def test_rows_are_grouped_by_dataset_method_and_variant_with_mean_and_population
     means = {d: [statistics.fmean(v[i] for v in SWEEP[(d, "coop", "coop")]) for i in (0, 1)]
              for d in ("OxfordPets", "EuroSAT")}
     base, new = (statistics.fmean(means[d][i] for d in means) for i in (0, 1))
-    average = cells[("Average", 0)]
+    average = cells[("Average", 8)]
     assert [cell.split(" ±")[0] for cell in average[2:5]] == [f"{base:.2f}", f"{new:.2f}",
                                                              f"{harmonic_mean(base, new):.2f}"]
     # few-shot tables per shot count and the cross-dataset table show the class set's accuracy
@@ -227,7 +229,9 @@ def test_csv_latex_and_plots_are_written(sweep, tmp_path):
 
 def test_format_option_writes_only_what_is_asked(sweep, tmp_path):
     report_folder(sweep, out=tmp_path / "out", formats=["md", "pdf"])
-    assert sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".md", ".pdf", ".pdf", ".pdf"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [  # the Average's plot and each dataset's
+        "base2new.pdf", "base2new_EuroSAT.pdf", "base2new_OxfordPets.pdf", "cross_dataset.pdf", "few_shot.pdf",
+        "report.md"]
 
 
 def _rows():
@@ -243,7 +247,8 @@ def test_latex_bolds_the_best_of_each_column_per_method_block_with_std_and_no_ve
     tex = latex_table(_rows(), caption="Base-to-new & more_text", label="tab:b2n")
     lines = [line.strip() for line in tex.splitlines()]
     assert lines[0].startswith("%") and "booktabs" in lines[0]
-    assert r"\label{tab:b2n}" in lines and r"\caption{Base-to-new \& more\_text}" in lines
+    assert r"\label{tab:b2n}" in lines
+    assert any(line.startswith(r"\caption{Base-to-new \& more\_text. Mean over 3 seeds") for line in lines)
     assert r"\begin{tabular}{lccc}" in lines
     body = {line.split(" & ")[0]: line for line in lines if line.endswith(r"\\") and "Method" not in line}
     coop, coop_atlas = [line for line in lines if line.startswith(("CoOp &", "+ ATLaS &"))][:2]
@@ -268,6 +273,36 @@ def test_plots_have_no_title_bars_from_zero_and_readable_fonts(tmp_path):
     assert rows_figure(_rows(), title="T").axes[0].get_title() == "T"  # a title only when asked for
     path = plot_rows(_rows(), tmp_path / "bars.png")
     assert path.stat().st_size > 0 and (tmp_path / "bars.pdf").read_bytes().startswith(b"%PDF")
+
+
+@pytest.mark.parametrize("count, seeds", [(3, 1), (3, 3), (10, 3)])
+def test_bar_plots_can_be_read_legend_below_no_overlapping_values_no_flat_error_bars(count, seeds):
+    """The issue's plot: long legend labels squeezed the axes, values ran into each other ("21.720.820.2") and into
+    the error bars, and one-seed rows carried zero-height error bars."""
+    rows = [TableRow(f"+ ATLaS-ISL (α=0.{i}) [θ=0.{i}]" if i else "CoOp", {"base": 90.0 - i, "new": 60.0 + i,
+                     "H": 72.0 + i / 2}, {"base": 1.5, "new": 0.0, "H": 1.0} if seeds > 1 else {}, seeds, ("A",),
+                     "CoOp") for i in range(count)]
+    fig = rows_figure(rows)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(renderer)
+    axes_box = ax.get_window_extent(renderer)
+    assert legend.y1 <= axes_box.y0  # below the axes: the bars keep the figure's width
+    values = [t for t in ax.texts if t.get_text()]
+    assert values and all(t.get_fontsize() >= 8 for t in values)
+    boxes = [t.get_window_extent(renderer) for t in values]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])  # no value runs into another
+    caps = [line for line in ax.lines if line.get_marker() not in (None, "None", "")]
+    segments = [seg for collection in ax.collections for seg in collection.get_segments()]
+    if seeds == 1:
+        assert not segments and not caps  # no error bar where one seed gives no spread
+    else:
+        assert segments and all(abs(seg[1][1] - seg[0][1]) > 0 for seg in segments)  # none of zero height
+        tops = {round(float(seg[0][0]), 6): float(seg[:, 1].max()) for seg in segments}  # x -> error bar's top
+        for text in values:  # a printed value sits above its bar's error bar, not on it
+            x, y = text.xy
+            assert y >= tops.get(round(x, 6), y) - 1e-6
 
 
 def test_markdown_table_without_groups_is_unchanged_in_shape():
@@ -300,3 +335,53 @@ def test_the_report_command_line_does_not_import_torch():
             "p.parse_args(['report', 'results']); print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def _paper_sweep(root, seeds):
+    """CoOp, + ATLaS and + ATLaS-ISL at two α on two datasets, every run shortened to 5 epochs on another backbone
+    (marks every row shares), ``seeds`` each."""
+    for d, dataset in enumerate(("OxfordPets", "EuroSAT")):
+        for v, (variant, changes) in enumerate([("coop", {}), ("atlas", {}), ("isl", {"soft_labels__alpha": 0.3}),
+                                                ("isl", {"soft_labels__alpha": 0.7})]):
+            for seed in seeds:
+                metrics = {"base": 80.0 + d + v + seed / 3, "new": 60.0 + 2 * v - seed / 2}
+                write(root, record(dataset, "coop", variant, seed, metrics, recipe__epochs=5, views=5,
+                                   backbone__model="atlas-world", **changes))
+    return root
+
+
+@pytest.mark.parametrize("seeds", [(1,), (1, 2, 3)])
+def test_the_latex_is_pure_ascii_with_shared_marks_in_the_caption_and_the_average_last(tmp_path, seeds):
+    """What pdflatex without extra packages reads: no byte outside ASCII (Δ, ±, α in math mode); the marks every row
+    shares in the caption, not on each row; the Average section last; no interval spoken of for one seed."""
+    root = _paper_sweep(tmp_path / "results", seeds)
+    report_folder(root, out=tmp_path / "out", formats=["tex"])
+    tex = (tmp_path / "out" / "report.tex").read_text(encoding="utf-8")
+    assert tex.isascii(), sorted({ch for ch in tex if not ch.isascii()})
+    caption = next(line for line in tex.splitlines() if r"\caption" in line)
+    assert "[epochs=5, backbone=atlas-world]: what every run of the table changes" in caption
+    rows = [line.strip() for line in tex.splitlines() if line.strip().endswith(r"\\")]
+    assert not any("epochs=5" in row for row in rows)
+    assert r"+ ATLaS-ISL ($\alpha$=0.3)" in tex and r"$\Delta$H" in tex
+    sections = [row.split(" & ")[0] for row in rows[1:] if not row.startswith("&")]
+    assert sections == ["OxfordPets", "EuroSAT", "Average"]
+    if len(seeds) == 1:
+        assert "interval" not in rows[0] and "t interval" not in caption and r"$\pm$" not in tex
+        assert "Mean over 1 seed per dataset" in caption
+    else:
+        assert r"$\Delta$H (95 \% CI)" in rows[0] and "over 3 seeds with a 95 \\% t interval" in caption
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None,
+                    reason="pdflatex is not installed here: the report's LaTeX is checked by its ASCII test only")
+def test_the_latex_compiles_with_plain_pdflatex_and_booktabs(tmp_path):
+    root = _paper_sweep(tmp_path / "results", (1, 2, 3))
+    report_folder(root, out=tmp_path / "out", formats=["tex"])
+    (tmp_path / "out" / "paper.tex").write_text("\\documentclass{article}\n\\usepackage{booktabs}\n"
+                                                "\\begin{document}\n\\input{report.tex}\n\\end{document}\n")
+    result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "paper.tex"],
+                            cwd=tmp_path / "out", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:]
+    log = (tmp_path / "out" / "paper.log").read_text(errors="replace")
+    assert "Missing character" not in log  # every character had a glyph
+    assert (tmp_path / "out" / "paper.pdf").read_bytes().startswith(b"%PDF")

@@ -47,22 +47,31 @@ def test_a_mixed_method_sweep_without_plain_rows_names_each_rows_method(mixed_sw
     markdown = report_folder(root / "results", out=tmp_path / "report", formats=["md", "tex", "csv"])
     names = [row[1] for row in _table_rows(markdown)[1:]]
     assert len(names) == 2
-    assert names[0].startswith("KgCoOp + ATLaS-ISL [") and names[1].startswith("MaPLe + ATLaS-ISL [")
+    assert names[0].startswith("KgCoOp + ATLaS-ISL") and names[1].startswith("MaPLe + ATLaS-ISL")
     tex = (tmp_path / "report" / "report.tex").read_text()
     assert "KgCoOp + ATLaS-ISL" in tex and "MaPLe + ATLaS-ISL" in tex
     assert not re.search(r"^\s*\+ ATLaS", tex, re.M)  # no row begins without its method
-    assert "what its runs change from the method's recipe" in markdown
+    assert "what every run of the table changes from its method's recipe" in markdown
 
 
 def test_report_rows_mark_what_differs_from_the_recipe_and_presets(mixed_sweep, tmp_path):
     from atlas_fast.report.collect import report_folder
 
     root, _ = mixed_sweep
-    markdown = report_folder(root / "results", out=tmp_path / "report", formats=["md"])
+    markdown = report_folder(root / "results", out=tmp_path / "report", formats=["md", "tex", "csv"])
     kgcoop = _table_rows(markdown)[1][1]
     # the tiny runs are shortened to 2 epochs, 1 view, batch 3, lr 0.05, 4 shots, on the tiny backbone; θ and K are
-    # the paper's, so they are not marked
-    assert kgcoop == "KgCoOp + ATLaS-ISL [epochs=2, batch=3, lr=0.05, shots=4, views=1, backbone=atlas-tiny]"
+    # the paper's, so they are not marked. Every row shares those marks: they are said once, under the table and in
+    # the LaTeX caption, not on each row (MaPLe's row keeps its own depth)
+    shared = "[epochs=2, batch=3, lr=0.05, shots=4, views=1, backbone=atlas-tiny]"
+    assert kgcoop == "KgCoOp + ATLaS-ISL"
+    assert f"; {shared}: what every run of the table changes from its method's recipe" in markdown
+    caption = next(line for line in (tmp_path / "report" / "report.tex").read_text().splitlines() if "caption" in line)
+    assert f"; {shared}: what every run of the table changes" in caption
+    body = (tmp_path / "report" / "report.tex").read_text().split(r"\midrule", 1)[1]
+    assert "epochs=2" not in body
+    csv = (tmp_path / "report" / "report.csv").read_text()
+    assert f"KgCoOp + ATLaS-ISL {shared}" in csv  # a CSV line stands alone: every mark in full
 
 
 def test_deviations_compare_with_the_methods_recipe_and_the_papers_presets(mixed_sweep):

@@ -13,7 +13,7 @@ command trained them (``train``, ``demo``, ``experiment``, the Python API). :fun
   (``KgCoOp + ATLaS-ISL``), and whatever else a row's runs change from the method's recipe or the paper's presets
   follows in brackets (``[epochs=2, θ=0.3]``, :func:`atlas_fast.engine.deviations.run_deviations`);
 - each cell is the mean over seeds ± the *population* standard deviation over seeds (``statistics.pstdev``, as
-  CoOp's ``parse_test_res``); an "Average" section (several datasets) averages the per-dataset means (± the mean of
+  CoOp's ``parse_test_res``); an "Average" section (several datasets; last) averages the per-dataset means (± the mean of
   the per-dataset stds) of the variants every dataset has;
 - base-to-new shows base, new and H, where H is the harmonic mean of the *mean* base and new accuracies (the
   papers' convention, :func:`atlas_fast.report.rows.aggregate`); few-shot and cross-dataset show the accuracy on
@@ -21,10 +21,13 @@ command trained them (``train``, ``demo``, ``experiment``, the Python API). :fun
   ``atlas-fast experiment table_cross_dataset``).
 
 Outputs in ``out`` (default ``<results_dir>/report/``): ``report.md``, ``report.tex`` (booktabs, one labelled table
-each), ``report.csv`` (one line per row, every metric's mean and std, the last metric's mean paired difference to the
-block's first row with its 95 % interval) and per table a plot ``<table>.png`` /
-``<table>.pdf`` (bars of the Average or single-dataset rows; few-shot over several shot counts: accuracy against
-shots). This module imports neither torch nor the engine until a report is made, so the command line stays quick.
+each, pure ASCII; :func:`atlas_fast.report.formats.latex_table`), ``report.csv`` (one line per row, every metric's
+mean and std, the last metric's mean paired difference to the block's first row with its 95 % interval), per table a
+plot ``<table>.png`` / ``<table>.pdf`` (bars of the Average or single-dataset rows; few-shot over several shot counts:
+accuracy against shots) and, with several datasets, ``<table>_<dataset>.png`` / ``.pdf`` per dataset, and
+``sources.json``. What every row of a table changes from the recipes and presets is said once, in its notes and
+caption, not on each row; the records left out are listed under the tables. This module imports neither torch nor
+the engine until a report is made, so the command line stays quick.
 """
 
 from __future__ import annotations
@@ -160,12 +163,13 @@ def _sortable(value: Any) -> tuple[int, Any]:
 
 def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, str]] | None = None
                   ) -> list[dict[str, Any]]:
-    """Records with ``label`` (the row name) and ``table`` (``(setting, shots)``), in table order: method blocks
-    (zero-shot CLIP first, then the registry's order), the plain method first in its block, then the ATLaS
-    variants; one record per seed and row (of two, the newer one is kept, with a warning naming both files, and the
-    older one appended to ``left_out`` when given)."""
+    """Records with ``label`` (the row: its name and the marks of what its runs change), ``row_name`` (the name
+    alone), ``marks`` (those changes, :func:`atlas_fast.engine.deviations.run_deviations` less what the name says)
+    and ``table`` (``(setting, shots)``), in table order: method blocks (zero-shot CLIP first, then the registry's
+    order), the plain method first in its block, then the ATLaS variants; one record per seed and row (of two, the
+    newer one is kept, with a warning naming both files, and the older one appended to ``left_out`` when given)."""
     from atlas_fast.atlas.variants import row_order
-    from atlas_fast.engine.deviations import deviation_note
+    from atlas_fast.engine.deviations import deviation_note, run_deviations
     from atlas_fast.methods import METHODS
     from atlas_fast.report.rows import method_name
 
@@ -190,8 +194,10 @@ def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, 
             signature = _signature(record["config"])
             values = [signature.get(k) for k in varying]
             suffix = ", ".join(f"{names[k]}={_value_text(v)}" for k, v in zip(varying, values))
-            label = (f"{base} ({suffix})" if suffix else base) + deviation_note(record["config"], leave_out=varying)
-            labelled.append({**record, "table": table, "label": label, "_values": values})
+            name = f"{base} ({suffix})" if suffix else base
+            marks = tuple((k, t) for k, t in run_deviations(record["config"]).items() if k not in varying)
+            labelled.append({**record, "table": table, "label": name + deviation_note(record["config"], varying),
+                             "row_name": name, "marks": marks, "_values": values})
 
     registry = ["zsclip"] + [m for m in METHODS if m != "zsclip"]
 
@@ -230,9 +236,10 @@ def _dataset_order(names: Sequence[str]) -> list[str]:
 
 
 def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None) -> tuple[list, list[str], str]:
-    """The rows of one table (the Average section first when there are several datasets), its columns and a note on
-    variants left out of the average."""
-    from atlas_fast.report.rows import aggregate
+    """The rows of one table (a section per dataset, then the Average section when there are several), its columns
+    and a note on variants left out of the average. Rows are named without their marks and carry them as
+    ``deviations``, so the outputs mark what every row changes once, in the caption."""
+    from atlas_fast.report.rows import AVERAGE, aggregate
 
     setting = records[0]["config"]["setting"]
     wanted = list(metrics) if metrics else (["base", "new", "H"] if setting == "base2new" else ["all"])
@@ -241,11 +248,13 @@ def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None
     needed = [m for m in columns if m != "H"] + [m for m in ("base", "new") if "H" in columns and m not in columns]
     if not columns:
         return [], [], f"none of the metrics {', '.join(wanted)} is in every record of this table"
+    named = {r["label"]: (r["row_name"], r["marks"]) for r in records}
 
     def rows_of(subset: Sequence[dict[str, Any]], section: str) -> list:
-        # the labels carry each row's marks already (label_records): none added by aggregate
+        # rows are made per label (name and marks), then named alone, their marks kept for the outputs
         rows = aggregate(subset, needed, label=lambda c: c["_label"], by_method=True, deviations=False)
         for row in rows:
+            row.label, row.deviations = named[row.label]
             row.section = section
             row.metrics = {m: row.metrics[m] for m in columns}
             row.spread = {m: v for m, v in row.spread.items() if m in columns}
@@ -254,6 +263,8 @@ def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None
     tagged = [{**r, "config": {**r["config"], "_label": r["label"]}} for r in records]
     datasets = _dataset_order(list(dict.fromkeys(r["config"]["dataset"] for r in tagged)))
     rows, note = [], ""
+    for dataset in datasets:
+        rows += rows_of([r for r in tagged if r["config"]["dataset"] == dataset], dataset)
     if len(datasets) > 1:
         present = defaultdict(set)
         for r in tagged:
@@ -261,11 +272,9 @@ def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None
         complete = [r for r in tagged if present[(r["config"]["method"], r["label"])] == set(datasets)]
         left_out = sorted({label for (_, label), ds in present.items() if ds != set(datasets)})
         if complete:
-            rows += rows_of(complete, "Average")
+            rows += rows_of(complete, AVERAGE)  # last, as in the paper's tables
         if left_out:
             note = f"Not in the Average (not run on every dataset): {', '.join(left_out)}."
-    for dataset in datasets:
-        rows += rows_of([r for r in tagged if r["config"]["dataset"] == dataset], dataset)
     return rows, columns, note
 
 
@@ -284,10 +293,11 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     new accuracies. ``paths``: only these record files (relative to ``results_dir``). Beside the tables,
     ``sources.json`` names every record a cell was computed from, with its seal (what :func:`verify_report`
     checks). Raises ``ValueError`` when no finished record matches."""
-    from atlas_fast.engine.deviations import deviation_legend
+    from atlas_fast.engine.deviations import table_marks
     from atlas_fast.report.figures import plot_rows, plot_series
     from atlas_fast.report.formats import latex_label, latex_table, markdown_table, paired_csv_fields
-    from atlas_fast.report.rows import display_label, paired_differences
+    from atlas_fast.report.rows import AVERAGE, display_label, paired_differences
+    from atlas_fast.report.stats import counted
 
     formats = list(FORMATS if formats is None else formats)
     unknown = [f for f in formats if f not in FORMATS]
@@ -314,10 +324,8 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     used_datasets = sorted({r["config"]["dataset"] for r in records})
     used_methods = list(dict.fromkeys(r["config"]["method"] for r in records))
     markdown = [f"# Results under {root}", "",
-                f"{len(records)} finished run(s): {len(used_datasets)} dataset(s), "
+                f"{counted(len(records), 'finished run')}: {counted(len(used_datasets), 'dataset')}, "
                 f"method(s) {', '.join(used_methods)}."]
-    if any(" [" in r["label"] for r in records):
-        markdown += ["", deviation_legend() + "."]
     latex: list[str] = []
     csv_lines: list[dict[str, Any]] = []
     plots: list[tuple[str, Any]] = []
@@ -331,14 +339,11 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
             markdown.append(note)
         if not rows:
             continue
-        caption = (f"{title}. Mean ± population std over seeds"
-                   + ("; H from the mean base and new accuracies" if "H" in columns else "")
-                   + (f"; Δ{columns[-1]}: mean paired difference over seeds to the method's first row, 95 % t "
-                      f"interval" if any(p is not None for p in paired_differences(rows)) else "") + ".")
-        latex.append(latex_table(rows, caption=caption, label=latex_label(name)))
+        latex.append(latex_table(rows, caption=title, label=latex_label(name)))
         for row, paired in zip(rows, paired_differences(rows)):
             line = {"setting": setting, "shots": shots, "dataset": row.section, "method": row.block,
-                    "variant": row.label, "seeds": row.seeds, "datasets": len(row.datasets)}
+                    "variant": row.label + table_marks([row.deviations])[0],  # a CSV line stands alone
+                    "seeds": row.seeds, "datasets": len(row.datasets)}
             for metric in METRICS:
                 line[metric] = f"{row.metrics[metric]:.4f}" if metric in row.metrics else ""
                 line[f"{metric}_std"] = (f"{row.spread[metric]:.4f}" if metric in row.spread and metric != "H"
@@ -346,14 +351,16 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
             line.update(paired_csv_fields(paired, columns[-1]))  # the table's last column (H or all)
             csv_lines.append(line)
         sections = list(dict.fromkeys(row.section for row in rows))
-        if len(sections) > 1 and sections[0] != "Average":
+        if len(sections) > 1 and AVERAGE not in sections:
             continue  # no variant ran on every dataset: no one set of rows sums the table up
-        summary = [row for row in rows if row.section == sections[0]]
+        summary = AVERAGE if AVERAGE in sections else sections[0]
         if setting == "few_shot" and shot_counts[setting] > 1:
-            for row in summary:
-                few_shot_curves[display_label(row)][shots] = row.metrics[columns[0]]
-        else:
-            plots.append((name, summary))
+            for row in rows:
+                if row.section == summary:
+                    few_shot_curves[display_label(row)][shots] = row.metrics[columns[0]]
+        else:  # the summary (the Average, or the one dataset), then each dataset of several
+            plots += [(name if section == summary else f"{name}_{section}", [r for r in rows if r.section == section])
+                      for section in [summary] + [s for s in sections if s != summary and len(sections) > 1]]
 
     if left_out:  # a row that lost a record must not vanish silently
         markdown += ["", f"Left out of the tables ({len(left_out)} record file(s); `atlas-fast report --verify` fails "

@@ -58,8 +58,8 @@ def _save(fig, path: str | Path, formats: Sequence[str] | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with plt.rc_context(PLOT_STYLE):
         fig.tight_layout()
-        for fmt in _formats(path, formats):
-            fig.savefig(path.with_suffix(f".{fmt}"), dpi=200)
+        for fmt in _formats(path, formats):  # "tight": a legend placed outside the axes is kept, not cut off
+            fig.savefig(path.with_suffix(f".{fmt}"), dpi=200, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -78,26 +78,57 @@ def _zoomed_label(ax, label: str) -> str:
     return f"{label}, axis from {math.floor(low)}"
 
 
+# Printed values on bars: 8 pt text needs about this many inches of bar width upright ("91.3"), or turned on its side.
+_UPRIGHT_LABEL_INCHES = 0.27
+_SIDEWAYS_LABEL_INCHES = 0.13
+
+
 def rows_figure(rows: Sequence[TableRow], title: str | None = None):
-    """Grouped bars (one group per metric, one bar per row, seed std as error bars) on an axis from 0 to 100, with
-    the values printed on the bars while there are few enough of them to read; returns the figure."""
+    """Grouped bars (one group per metric, one bar per row) on an axis from 0, made to be read: each bar's value
+    printed above it and above its error bar (upright where the bar is wide enough, on its side where it is narrow,
+    not at all where even that would overlap its neighbours), the seeds' population std as an error bar only where
+    a row has several seeds and a spread (no flat error bars), and the legend below the axes, so long labels never
+    squeeze the bars. A legend label is the row's name and the marks of what its runs change that not every row
+    shares (those belong in the caption); returns the figure."""
+    from atlas_fast.engine.deviations import table_marks
+
     cols = metric_columns(rows)
-    width = 0.8 / max(1, len(rows))
+    count = max(1, len(rows))
+    width = 0.8 / count
+    _, marks = table_marks([row.deviations for row in rows])
+    labels = [display_label(row) + mark for row, mark in zip(rows, marks)]
+    fig_width = min(7.0, max(3.4, 0.9 + len(cols) * (0.34 * count + 0.35)))
+    axes_width = fig_width - 0.8  # the y axis's label and ticks
+    bar_inches = axes_width / max(1, len(cols)) * width
+    sideways = bar_inches < _UPRIGHT_LABEL_INCHES
+    printed = bar_inches >= _SIDEWAYS_LABEL_INCHES
+    tops = []
     with _pyplot().rc_context(PLOT_STYLE):
-        fig, ax = _new_figure((min(7.0, 2.6 + len(cols) * (0.3 * len(rows) + 0.4)), 3.0))
-        for i, row in enumerate(rows):
-            xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(cols))]
+        fig, ax = _new_figure((fig_width, 2.6))
+        for i, (row, label) in enumerate(zip(rows, labels)):
+            xs = [j + (i - (count - 1) / 2) * width for j in range(len(cols))]
             values = [row.metrics[c] for c in cols]
             errors = [row.spread.get(c, 0.0) if row.seeds > 1 else 0.0 for c in cols]
-            bars = ax.bar(xs, values, width, yerr=errors, capsize=2, label=display_label(row))
-            if len(rows) <= 4:
-                for bar, value in zip(bars, values):
-                    ax.annotate(f"{value:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), fontsize=8,
-                                ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
+            bars = ax.bar(xs, values, width, label=label)
+            shown = [(x, v, e) for x, v, e in zip(xs, values, errors) if e > 0]
+            if shown:
+                ax.errorbar([x for x, _, _ in shown], [v for _, v, _ in shown], yerr=[e for _, _, e in shown],
+                            fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+            for bar, value, error in zip(bars, values, errors):
+                tops.append(value + error)
+                if printed:
+                    ax.annotate(f"{value:.1f}", (bar.get_x() + bar.get_width() / 2, value + error), fontsize=8,
+                                ha="center", va="bottom", rotation=90 if sideways else 0, xytext=(0, 2),
+                                textcoords="offset points")
         ax.set_xticks(range(len(cols)), cols)
+        ax.set_xlim(-0.5, len(cols) - 0.5)
         ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(0, 105 if len(rows) <= 4 else 100)  # bars start at 0; room for the printed values
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        room = (24 if sideways else 13) if printed else 3  # the printed values' height, in axis units
+        ax.set_ylim(0, max(100.0, max(tops, default=0.0) + room))  # bars start at 0
+        ax.set_yticks(range(0, 101, 20))
+        ax.spines[["top", "right"]].set_visible(False)  # no frame line for a printed value to cross
+        columns = 1 if max((len(label) for label in labels), default=0) > 30 else min(count, 2)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=columns, frameon=False)
         if title:
             ax.set_title(title)
     return fig

@@ -2,9 +2,12 @@
 and the lines ``atlas-fast train`` and ``eval`` print.
 
 LaTeX with booktabs rules and no vertical ones, ``mean ± std``, a ``\\label`` and the best value of each column in
-bold; the paired differences' 95 % t intervals in a column of their own (Markdown, LaTeX and CSV). What the rows'
-runs change from their method's recipe and the paper's presets is marked: what all rows change alike once, after
-the title or in the caption, the rest after each row's name, every CSV line in full
+bold, in pure ASCII (math-mode ``$\\Delta$``, ``$\\pm$``, Greek letters; :func:`latex_escape`), so plain pdflatex with
+booktabs compiles it; the paired differences' 95 % t intervals in a column of their own (Markdown, LaTeX and CSV;
+with one seed the column is the difference alone and no caption speaks of an interval). The table's notes (what a
+cell is, over how many seeds, what the marks mean: :func:`table_notes`) close the Markdown table and the LaTeX
+caption alike. What the rows' runs change from their method's recipe and the paper's presets is marked: what all
+rows change alike once, after the title or in the caption, the rest after each row's name, every CSV line in full
 (:func:`atlas_fast.engine.deviations.table_marks`). :mod:`atlas_fast.report.collect` builds the ``atlas-fast
 report`` tables from a results folder.
 """
@@ -16,8 +19,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from atlas_fast.report.rows import TableRow, best_cells, metric_columns, paired_differences, reference_rows
-from atlas_fast.report.stats import PairedDifference, interval_note
+from atlas_fast.report.rows import AVERAGE, TableRow, best_cells, metric_columns, paired_differences, reference_rows
+from atlas_fast.report.stats import PairedDifference, counted, interval_note
 
 # The engine (torch) is imported by the functions that need it, so that importing this module (as the experiment
 # modules do to build their command line) stays light.
@@ -91,7 +94,7 @@ def _row_marks(rows: Sequence[TableRow]) -> tuple[str, list[str]]:
 
 def _seed_note(rows: Sequence[TableRow]) -> str:
     low, high = min(r.seeds for r in rows), max(r.seeds for r in rows)
-    return f"{low} seed(s)" if low == high else f"{low} to {high} seeds (rows differ)"
+    return counted(low, "seed") if low == high else f"{low} to {high} seeds (rows differ)"
 
 
 def _paired_column(rows: Sequence[TableRow], baseline: int) -> tuple[str, list[PairedDifference | None], str]:
@@ -107,17 +110,46 @@ def _paired_column(rows: Sequence[TableRow], baseline: int) -> tuple[str, list[P
     note = interval_note(high, "the first row of the method's block" if blocked else "the baseline row")
     if low != high:
         note += f" (rows rest on {seeds} seeds)"
-    return f"Δ{cols[-1]} (95 % CI)", paired, note
+    intervals = any(p.has_interval for p in present)
+    return f"Δ{cols[-1]}" + (" (95 % CI)" if intervals else ""), paired, note
+
+
+def table_notes(rows: Sequence[TableRow], baseline: int = 0, in_title: bool = False) -> list[str]:
+    """The sentences that say what the table's cells are (one list for the Markdown's closing line and the LaTeX
+    caption): over how many seeds and datasets, what ± is (only where a cell shows one), how H is made, what the
+    changes and paired differences compare (an interval only where there are seeds for one) and what the marks mean
+    (``in_title``: the title shows the marks all rows share)."""
+    cols = metric_columns(rows)
+    sectioned = any(row.section for row in rows)
+    _, _, paired_note = _paired_column(rows, baseline)
+    table_note, marks = _row_marks(rows)
+    datasets = sorted({d for r in rows for d in r.datasets})
+    notes = [f"Mean over {_seed_note(rows)} per dataset"
+             + (f", then over {counted(len(datasets), 'dataset')}" if len(datasets) > 1 and not sectioned else "")
+             + f" ({', '.join(datasets)})"]
+    if any(row.section == AVERAGE for row in rows):
+        notes.append("an Average row is the mean of the per-dataset means"
+                     + (" (its ± the mean of their stds)" if any(row.seeds > 1 for row in rows) else ""))
+    if any(row.seeds > 1 and row.spread for row in rows):
+        notes.append("± = population std over seeds")
+    if "H" in cols:
+        notes.append("H from the mean base and new accuracies")
+    if sectioned and any(ref is not None for ref in reference_rows(rows, baseline)):
+        notes.append("(change) against the first row of the method's block")
+    if paired_note:
+        notes.append(paired_note)
+    return notes + deviation_sentences(table_note, marks, in_title=in_title)
 
 
 def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0) -> str:
     """A Markdown table; the last metric column carries the change against ``rows[baseline]`` (or the first row of
-    the row's block) in parentheses. Rows with a ``section`` get a first column naming it (e.g. the dataset)."""
+    the row's block) in parentheses. Rows with a ``section`` get a first column naming it (e.g. the dataset); the
+    table's notes (:func:`table_notes`) close it."""
     if not rows:
         return "(no results)"
     cols = metric_columns(rows)
     sectioned = any(row.section for row in rows)
-    paired_head, paired, paired_note = _paired_column(rows, baseline)
+    paired_head, paired, _ = _paired_column(rows, baseline)
     table_note, marks = _row_marks(rows)
     heads = cols + ([paired_head] if paired_head else [])
     lines = [f"**{title}{table_note}**", ""] if title else []
@@ -135,32 +167,36 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0)
         if paired_head:
             cells.append(paired[i].cell() if paired[i] is not None else "")
         lines.append((f"| {row.section} " if sectioned else "") + f"| {row.label}{marks[i]} | " + " | ".join(cells) + " |")
-    datasets = sorted({d for r in rows for d in r.datasets})
-    notes = [f"Mean over {_seed_note(rows)} per dataset"
-             + (f", then over {len(datasets)} datasets" if len(datasets) > 1 and not sectioned else "")
-             + f" ({', '.join(datasets)})"]
-    if any(row.section == "Average" for row in rows):
-        notes.append("an Average row is the mean of the per-dataset means (its ± the mean of their stds)")
-    notes.append("± = population std over seeds")
-    if "H" in cols:
-        notes.append("H from the mean base and new accuracies")
-    if sectioned and any(ref is not None for ref in reference_rows(rows, baseline)):
-        notes.append("(change) against the first row of the method's block")
-    if paired_note:
-        notes.append(paired_note)
-    notes += deviation_sentences(table_note, marks, in_title=bool(title))
-    lines += ["", "; ".join(notes) + "."]
+    lines += ["", "; ".join(table_notes(rows, baseline, in_title=bool(title))) + "."]
     return "\n".join(lines)
 
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                  "±": r"$\pm$", "θ": r"$\theta$", "τ": r"$\tau$", "α": r"$\alpha$", "δ": r"$\delta$"}
+                  "±": r"$\pm$", "×": r"$\times$", "−": "-", "–": "--", "—": "---", "→": r"$\rightarrow$",
+                  "≤": r"$\leq$", "≥": r"$\geq$", "…": r"\ldots{}", "·": r"$\cdot$", "°": r"$^\circ$",
+                  "’": "'", "‘": "`", "“": "``", "”": "''", "²": r"$^2$", "√": r"$\surd$",
+                  "Δ": r"$\Delta$", "σ": r"$\sigma$", "κ": r"$\kappa$", "θ": r"$\theta$", "τ": r"$\tau$",
+                  "α": r"$\alpha$", "β": r"$\beta$", "γ": r"$\gamma$", "δ": r"$\delta$", "ε": r"$\epsilon$",
+                  "λ": r"$\lambda$", "μ": r"$\mu$", "π": r"$\pi$", "ρ": r"$\rho$", "ω": r"$\omega$"}
 
 
 def latex_escape(text: str) -> str:
-    """``text`` with LaTeX's special characters (and the Greek letters the captions use) escaped."""
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+    """``text`` as pure-ASCII LaTeX that plain pdflatex compiles: its special characters escaped, ±, Δ, the Greek
+    letters and the other symbols the tables use in math mode, accented letters as their base letter (``é`` ->
+    ``e``), and any other non-ASCII character as ``?`` (never a byte pdflatex stops on)."""
+    import unicodedata
+
+    out = []
+    for ch in text:
+        if ch in _LATEX_SPECIAL:
+            out.append(_LATEX_SPECIAL[ch])
+        elif ch.isascii():
+            out.append(ch)
+        else:
+            plain = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
+            out.append("".join(_LATEX_SPECIAL.get(c, c) for c in plain) or "?")
+    return "".join(out)
 
 
 def latex_label(text: str) -> str:
@@ -179,9 +215,8 @@ def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, 
     sectioned = any(row.section for row in rows)
     best = best_cells(rows)
     table_note, marks = _row_marks(rows)
-    full_caption = caption
-    for sentence in deviation_sentences(table_note, marks, in_title=False):  # the caption explains the marks
-        full_caption = (full_caption.rstrip(".") + ". " if full_caption else "") + sentence + "."
+    notes = "; ".join(table_notes(rows, baseline))  # the caption says what the cells are and names shared marks
+    full_caption = (caption.rstrip(".") + ". " if caption else "") + notes[:1].upper() + notes[1:] + "."
     paired_head, paired, _ = _paired_column(rows, baseline)
     body = []
     previous: tuple[str, str] | None = None

@@ -49,6 +49,10 @@ def strategy_label(config: dict[str, Any]) -> str:
     return row_label(config["schedule"], soft, every_epoch_names=True) or method_name(config["method"])
 
 
+#: the section of a table's rows that average the per-dataset means (after the datasets' sections)
+AVERAGE = "Average"
+
+
 @renamed_fields({"group": "section"})
 @dataclass
 class TableRow:
