@@ -7,10 +7,12 @@ Three reduced demos from nothing (CoOp, + ATLaS, -CSL, -ISL on WorldPhotos, ``--
 * A: ``--threads 1`` (its own feature cache and results)
 * B: ``--threads 2`` (its own feature cache and results)
 * C: ``--threads 2`` training on a copy of A's feature cache (so only training and evaluation ran at 2 threads)
-* D: ``--threads 2 --deterministic`` (its own cache and results; skipped with ``--no-deterministic``)
+* D: ``--deterministic`` (no ``--threads``: one thread whatever the machine offers; its own cache and results;
+  skipped with ``--no-deterministic``)
 
 and compares, bit for bit: A's and B's cached features (the encoder at 1 vs 2 threads), A's and C's records
-(metrics and learned tensors: training and evaluation at 1 vs 2 threads), A's and B's (the whole demo), A's and D's.
+(metrics and learned tensors: training and evaluation at 1 vs 2 threads), A's and B's (the whole demo), A's and D's
+(``--deterministic`` is ``--threads 1``: they must agree bit for bit).
 Each demo's wall time is printed beside the load average before it; the machine's other jobs move the times, not the
 comparisons. Run from the repository root::
 
@@ -37,9 +39,11 @@ def load() -> str:
         return "?"
 
 
-def demo(out: Path, name: str, threads: int, cache: Path, epochs: int, seeds: list[str], *extra: str) -> float:
-    """One reduced demo in a fresh process; returns its wall seconds (printed with the load before it)."""
-    command = [sys.executable, "-m", "atlas_fast.cli", "--threads", str(threads), "demo", "--data-root",
+def demo(out: Path, name: str, threads: int | None, cache: Path, epochs: int, seeds: list[str], *extra: str) -> float:
+    """One reduced demo in a fresh process (``threads`` None: no ``--threads``); returns its wall seconds (printed
+    with the load before it)."""
+    command = [sys.executable, "-m", "atlas_fast.cli", *(["--threads", str(threads)] if threads else []), "demo",
+               "--data-root",
                str(out / "world"), "--cache-root", str(cache), "--results-dir", str(out / name), "--epochs",
                str(epochs), "--views", str(epochs), "--seeds", *seeds, "--no-progress", *extra]
     before = load()
@@ -49,7 +53,8 @@ def demo(out: Path, name: str, threads: int, cache: Path, epochs: int, seeds: li
     if result.returncode != 0:
         raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
     (out / f"{name}.txt").write_text(result.stdout)
-    print(f"{name}: --threads {threads} {' '.join(extra)}: {seconds:.1f} s (load before: {before})", flush=True)
+    print(f"{name}: {f'--threads {threads} ' if threads else ''}{' '.join(extra)}: {seconds:.1f} s (load before: "
+          f"{before})", flush=True)
     return seconds
 
 
@@ -111,24 +116,29 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", default=["1", "2"])
     parser.add_argument("--out", type=Path, default=Path("/tmp/atlas_determinism"))
     parser.add_argument("--no-deterministic", action="store_true", help="leave out demo D")
+    parser.add_argument("--compare-only", action="store_true", help="compare what --out holds; run nothing")
     args = parser.parse_args()
     out = args.out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    seconds = {"A": demo(out, "A", 1, out / "cache-A", args.epochs, args.seeds)}
-    seconds["B"] = demo(out, "B", 2, out / "cache-B", args.epochs, args.seeds)
-    shutil.copytree(out / "cache-A", out / "cache-C")
-    seconds["C"] = demo(out, "C", 2, out / "cache-C", args.epochs, args.seeds)
-    if not args.no_deterministic:
-        seconds["D"] = demo(out, "D", 2, out / "cache-D", args.epochs, args.seeds, "--deterministic")
+    seconds: dict[str, float] = {}
+    if args.compare_only:
+        seconds = {name: 0.0 for name in "ABCD" if (out / f"{name}.txt").is_file()}
+    else:
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        seconds["A"] = demo(out, "A", 1, out / "cache-A", args.epochs, args.seeds)
+        seconds["B"] = demo(out, "B", 2, out / "cache-B", args.epochs, args.seeds)
+        shutil.copytree(out / "cache-A", out / "cache-C")
+        seconds["C"] = demo(out, "C", 2, out / "cache-C", args.epochs, args.seeds)
+    if not args.no_deterministic and not args.compare_only:
+        seconds["D"] = demo(out, "D", None, out / "cache-D", args.epochs, args.seeds, "--deterministic")
     print(f"\nencoder, 1 vs 2 threads (caches A, B): {compare_caches(out / 'cache-A', out / 'cache-B')}")
     print("training and evaluation, 1 vs 2 threads, one cache (A vs C):")
     print("\n".join(compare_records(out / "A", out / "C")))
     print("the whole demo, 1 vs 2 threads (A vs B):")
     print("\n".join(compare_records(out / "A", out / "B")))
     if "D" in seconds:
-        print("--deterministic at 2 threads vs 1 thread (A vs D):")
+        print("--deterministic vs --threads 1 (A vs D):")
         print("\n".join(compare_records(out / "A", out / "D")))
     tables = {name: (out / f"{name}.txt").read_text().split("\n\n")[0] for name in seconds}
     print("\ntables identical:", {f"A={name}": tables["A"] == tables[name] for name in seconds if name != "A"})

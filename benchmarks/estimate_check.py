@@ -1,0 +1,105 @@
+"""``--estimate`` against the measured time of the same command, side by side in one run: price a command from a fresh
+cache and calibration (what the estimate itself took, and of that what measuring the units took), run it for real,
+and print predicted and measured per phase with the load average beside each.
+
+The command is given after ``--`` as ``atlas-fast`` would take it, without ``--cache-root``, ``--results-dir`` and
+``--out``: this script sets them under ``--root`` (emptied first), so the estimate and the run start from nothing.
+Measured per phase comes from the records' timings (``inputs``: the feature cache's build and the soft labels;
+``train``; ``evaluate``, with the record); the rest of the wall time is the command's start, planning and its report.
+Run from the repository root, e.g. (the stand-ins: ``atlas-fast data standins ROOT --datasets OxfordPets
+DescribableTextures EuroSAT --test-fraction 0.05``)::
+
+    python benchmarks/estimate_check.py --root /tmp/estimate -- experiment table3_base_to_new --data-root ROOT \\
+        --datasets OxfordPets DescribableTextures --methods coop --seeds 1 --epochs 5 \\
+        --model atlas-world --pretrained atlas-world
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def load() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
+def run(command: list[str]) -> tuple[float, str, str]:
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "atlas_fast.cli", *command], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"atlas-fast {' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    return seconds, result.stdout, result.stderr
+
+
+def predicted_phases(markdown: str) -> dict[str, float]:
+    """The estimate's ``| phase | time |`` rows, in seconds."""
+    phases = {}
+    for name, value, unit in re.findall(r"^\| (?:\*\*)?([a-z -]+?)(?:\*\*)? \| (?:\*\*)?([\d.]+) (s|min|h)(?:\*\*)? \|$",
+                                        markdown, re.M):
+        phases[name] = float(value) * {"s": 1, "min": 60, "h": 3600}[unit]
+    return phases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, required=True, help="emptied, then holds the cache, results and outputs")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- and the atlas-fast command to price and run")
+    args = parser.parse_args()
+    command = [word for word in args.command if word != "--"]
+    if args.root.exists():
+        shutil.rmtree(args.root)
+    args.root.mkdir(parents=True)
+    paths = ["--cache-root", str(args.root / "cache"), "--results-dir", str(args.root / "results")]
+    if command[0] == "experiment":
+        paths += ["--out", str(args.root / "out")]
+    before = load()
+    estimate_seconds, markdown, _ = run(command + paths + ["--estimate"])
+    print(markdown)
+    calibration = re.search(r"measured now \(([\d.]+) s\)", markdown)
+    print(f"\nthe estimate took {estimate_seconds:.1f} s (load before: {before}), of which measuring the units "
+          f"{calibration.group(1) if calibration else '?'} s")
+    again, _, _ = run(command + paths + ["--estimate"])
+    print(f"a second estimate of the same command (units reused): {again:.1f} s")
+
+    before = load()
+    wall, _, _ = run(command + paths + ["--no-progress"])
+    after = load()
+    records = [json.loads(p.read_text()) for p in sorted((args.root / "results").glob("*/*.json"))]
+    groups: dict[tuple, dict[str, float]] = {}
+    for record in records:
+        timings = record.get("timings", {})
+        key = (record["config"]["dataset"], record["config"]["method"], timings.get("group_total"))
+        group = groups.setdefault(key, {"inputs": 0.0, "train": float(timings.get("train", 0.0)), "evaluate": 0.0,
+                                        "total": float(timings.get("group_total", 0.0))})
+        group["inputs"] += float(timings.get("inputs", 0.0))
+        group["evaluate"] += float(timings.get("evaluate", 0.0))
+    measured = {name: sum(g[name] for g in groups.values()) for name in ("inputs", "train", "evaluate", "total")}
+    predicted = predicted_phases(markdown)
+    rows = [("cache build + soft labels (inputs)", predicted.get("cache build", 0) + predicted.get("soft labels", 0),
+             measured["inputs"]),
+            ("training", predicted.get("training", 0), measured["train"]),
+            ("evaluation + per-run overhead", predicted.get("evaluation", 0) + predicted.get("per-run overhead", 0),
+             measured["evaluate"]),
+            ("setup (start, planning; measured: the rest of the wall time, report included)",
+             predicted.get("setup", 0), wall - measured["total"]),
+            ("total", predicted.get("total", 0), wall)]
+    print(f"\n{len(records)} runs in {len(groups)} groups; load average {before} before the run, {after} after")
+    print("| phase | predicted | measured | error |\n|---|---:|---:|---:|")
+    for name, p, m in rows:
+        print(f"| {name} | {p:.1f} s | {m:.1f} s | {(p - m) / m * 100:+.0f} % |" if m else f"| {name} | {p:.1f} s | "
+              f"{m:.1f} s | |")
+
+
+if __name__ == "__main__":
+    main()
