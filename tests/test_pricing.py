@@ -147,6 +147,27 @@ def test_a_second_estimate_measures_nothing(pets, monkeypatch):
     assert "decode/OxfordPets" in next(iter(store.values()))  # timed on the dataset's own files
 
 
+def test_evaluation_units_are_timed_in_proportion_to_the_plan_s_test_sets(pets, monkeypatch):
+    """A small job's calibration is small: an evaluation unit is timed on a few times the plan's largest test set
+    (at least EVAL_IMAGES_FLOOR), not on 16,384 images; a stored one timed on fewer than a later plan needs is
+    measured again, one timed on enough is reused."""
+    asked = []
+    real = measure.measure_eval
+    monkeypatch.setattr(measure, "measure_eval", lambda *a, **k: asked.append(k["max_images"]) or real(*a, **k))
+    first = est.estimate_configs(configs(pets, "evals"))
+    assert asked and set(asked) == {est.EVAL_IMAGES_FLOOR}  # the tiny test sets: the floor
+    store = json.loads((pets / "evals" / "cache" / "pricing" / "calibration.json").read_text())
+    timed = [u["images"] for k, u in next(iter(store.values())).items() if k.startswith("eval/")]
+    assert timed and all(0 < n for n in timed)
+    asked.clear()
+    est.estimate_configs(configs(pets, "evals"))
+    assert asked == [] and first.units_measured > 0  # enough for the same plan: reused
+    monkeypatch.setattr(est, "EVAL_IMAGES_FLOOR", 4 * measure.MAX_EVAL_IMAGES)  # a plan needing more than was timed
+    est.estimate_configs(configs(pets, "evals"))
+    short = [n for n in timed if n < measure.MAX_EVAL_IMAGES]
+    assert len(asked) == len(short) and set(asked) <= {measure.MAX_EVAL_IMAGES}
+
+
 def test_zero_shot_runs_train_nothing_and_need_no_step(pets):
     estimate = est.estimate_configs(configs(pets, "zero-shot", seeds=(1,), method="zsclip"))
     assert estimate.phases["training"] == 0 and estimate.phases["evaluation"] > 0

@@ -81,10 +81,11 @@ class CalibrationStore:
     def get(self, key: str) -> Unit | None:
         return self.units.get(key)
 
-    def unit(self, key: str, measure: Callable[[], Unit]) -> Unit:
-        """The stored unit ``key`` of this context, or ``measure()``'s (then stored)."""
+    def unit(self, key: str, measure: Callable[[], Unit], enough: Callable[[Unit], bool] | None = None) -> Unit:
+        """The stored unit ``key`` of this context (when ``enough`` of it, if given), or ``measure()``'s (then
+        stored in its place)."""
         found = self.units.get(key)
-        if found is not None:
+        if found is not None and (enough is None or enough(found)):
             return found
         unit = measure()
         self.measured += 1

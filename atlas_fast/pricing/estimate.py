@@ -32,6 +32,8 @@ STORAGE_ITEMSIZE = 2
 #: the feed preloads the training views when they fit this (engine.feed.PRELOAD_BYTES)
 PRELOAD_BYTES = 1 << 30
 DECODE_SAMPLE = 8  # image files of a dataset its decode unit is timed on
+EVAL_IMAGES_FACTOR = 4  # an evaluation unit is timed on up to this many times the plan's largest test set
+EVAL_IMAGES_FLOOR = 256  # ... and on at least this many images
 PHASES = ("setup", "cache build", "soft labels", "training", "evaluation", "per-run overhead")
 
 
@@ -464,14 +466,30 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> di
                                                 int(fields["R"]), config=config, amp=amp)
         if kind == "eval":
             return lambda: measure.measure_eval(backbone, rest[0], classnames(classes), config=config, amp=amp,
-                                                runs=int(fields.get("R", 1)))
+                                                runs=int(fields.get("R", 1)), max_images=eval_images(key))
         if kind == "overhead":
             return lambda: measure.measure_run_overhead(backbone, rest[0], classnames(classes), config=config)
         if kind == "soft":
             return lambda: measure.measure_soft_labels(backbone, rest[0], classnames(classes), int(fields["N"]))
         raise ValueError(f"unknown unit key {key!r}")
 
-    return {key: store.unit(key, measurer(key)) for key in needed_units(facts)}
+    # an evaluation unit is timed on up to EVAL_IMAGES_FACTOR x the largest test set the plan evaluates with it (a
+    # stored one timed on fewer is measured again): the calibration of a small job stays small
+    tested: dict[str, int] = {}
+    for g in facts.groups:
+        for e in g.eval_sets:
+            for key in (eval_key(g.method, e.classes, g.config_digest, g.runs), eval_key(ZERO_SHOT, e.classes)):
+                tested[key] = max(tested.get(key, 0), e.images)
+
+    def eval_images(key: str) -> int:
+        return min(measure.MAX_EVAL_IMAGES, max(EVAL_IMAGES_FLOOR, EVAL_IMAGES_FACTOR * tested.get(key, 0)))
+
+    def enough(key: str):
+        if key not in tested:
+            return None
+        return lambda unit: not unit.images or unit.images >= eval_images(key)  # 0: timed before the cap
+
+    return {key: store.unit(key, measurer(key), enough(key)) for key in needed_units(facts)}
 
 
 def check_cache_root(root: Path) -> None:

@@ -64,6 +64,9 @@ class Unit:
     peak_device_bytes: int = 0
     fixed_seconds: float = 0.0
     repeats: int = 1
+    # an evaluation unit on cached features: the test images its cost per image holds for (the cap it was timed up
+    # to, or MAX_EVAL_IMAGES when that cost showed before it); 0: not such a unit
+    images: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,7 +84,7 @@ class Unit:
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if name in ("seconds", "fixed_seconds") and not (number and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} is {str(value)[:20]!r}, not a number >= 0")
-            if name in ("peak_host_bytes", "peak_device_bytes", "repeats") and not (
+            if name in ("peak_host_bytes", "peak_device_bytes", "repeats", "images") and not (
                     number and isinstance(value, int) and value >= (1 if name == "repeats" else 0)):
                 raise ValueError(f"{name} is {str(value)[:20]!r}, not a whole number >= "
                                  f"{1 if name == 'repeats' else 0}")
@@ -272,12 +275,15 @@ def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], bat
 
 def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], images: int = 64,
                  config: MethodConfig | None = None, amp: bool | None = None, max_repeats: int = 5,
-                 runs: int = 1) -> Unit:
+                 runs: int = 1, max_images: int = MAX_EVAL_IMAGES) -> Unit:
     """A method's evaluation at C = ``len(classnames)`` of ``runs`` runs evaluated together (a group's one pass):
     ``fixed_seconds`` once per class set (the R runs' class prompts through the text encoder) and ``seconds`` per
     test image for all R runs (cached features through the R runs' heads, or pixels through their prompted image
     towers, :data:`~atlas_fast.engine.evaluate.EVAL_PIXEL_SEQUENCES` sequences per call, for the methods that read
-    pixels; decoding priced apart), measured on ``images`` random test inputs and scaled linearly."""
+    pixels; decoding priced apart), measured on ``images`` random test inputs and scaled linearly. On cached
+    features the count grows up to ``max_images`` (a few times the largest test set the plan evaluates: an image's
+    cost that does not show on that many images does not matter to the plan, and timing 16,384 took most of a small
+    job's calibration); the unit keeps the count it reached (``images``)."""
     from atlas_fast.engine.evaluate import EVAL_PIXEL_BATCH, EVAL_PIXEL_SEQUENCES, method_logits
 
     device = backbone.device
@@ -286,6 +292,7 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
     torch.manual_seed(0)
     module = entry.build(backbone, list(classnames), method_config_for(method, runs, config, backbone))
     module = module.to(device).eval()
+    reached = 0
     with PeakMemory(device) as peak:
         if entry.reads_pixels:  # the class prompts once, then the prompted image towers per image
             with torch.no_grad(), _fp16(device, amp):
@@ -302,26 +309,28 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
                 classify = module.pixel_classifier()
                 per_call, repeats = _timed(logits, device, max_repeats)
         else:  # linear in the images: t(1) is the fixed part (the class prompts) plus one image; N grows (x4, up
-            # to MAX_EVAL_IMAGES) until the images' part is at least the fixed part and t(N) at least
-            # MIN_EVAL_SECONDS, so that noise, divided by N, cannot pass for a cost per image
-            features = torch.randn(MAX_EVAL_IMAGES, backbone.embed_dim).to(device)
+            # to the cap) until the images' part is at least the fixed part and t(N) at least MIN_EVAL_SECONDS, so
+            # that noise, divided by N, cannot pass for a cost per image
+            cap = max(2, min(MAX_EVAL_IMAGES, max_images))
+            features = torch.randn(cap, backbone.embed_dim).to(device)
             one, _ = _timed(lambda: method_logits(module, features[:1], amp), device, max_repeats, fastest=True)
-            count = max(2, images)
+            count = max(2, min(images, cap))
             while True:  # every timing the fastest of five: one slow call on a busy machine must not stop it
                 total, repeats = _timed(lambda: method_logits(module, features[:count], amp), device, max_repeats,
                                         fastest=True)
-                if (total >= 2 * one and total >= MIN_EVAL_SECONDS) or count >= MAX_EVAL_IMAGES:
+                if (total >= 2 * one and total >= MIN_EVAL_SECONDS) or count >= cap:
                     break
-                count = min(MAX_EVAL_IMAGES, 4 * count)
+                count = min(cap, 4 * count)
             per_image = max(0.0, total - one) / (count - 1)
-            if count < MAX_EVAL_IMAGES:  # and once at 4N: a busy moment only adds time, so the smaller slope
-                more = min(MAX_EVAL_IMAGES, 4 * count)
+            if count < cap:  # and once at 4N: a busy moment only adds time, so the smaller slope
+                more = min(cap, 4 * count)
                 longer, _ = _timed(lambda: method_logits(module, features[:more], amp), device, max_repeats,
                                    fastest=True)
                 per_image = min(per_image, max(0.0, longer - one) / (more - 1))
             fixed = max(0.0, one - per_image)
             per_call = per_image * count
-    return Unit(per_call / count, peak.host, peak.device_bytes, fixed_seconds=fixed, repeats=repeats)
+            reached = cap if count >= cap else MAX_EVAL_IMAGES  # stopped before the cap: the cost showed at any N
+    return Unit(per_call / count, peak.host, peak.device_bytes, fixed_seconds=fixed, repeats=repeats, images=reached)
 
 
 def measure_encode(backbone: Backbone, batch: int = 32, precision: str = "auto", max_repeats: int = 3) -> Unit:
