@@ -201,7 +201,7 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
     if args.estimate:
         from atlas_fast.pricing import estimate_configs
 
-        text = estimate_configs(configs, execution, command_start=True).markdown()
+        text = estimate_configs(configs, execution, command_start=True, report=True).markdown()
         print(text)
         return text
     records = run_configs(configs, execution, progress=not args.no_progress)

@@ -1,8 +1,10 @@
 """The estimator (atlas_fast.pricing): its arithmetic against a hand-worked example, the calibration store's reuse,
 the cache's state subtracted, ``--estimate`` training nothing, and its errors."""
 
+import dataclasses
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -68,7 +70,8 @@ def test_price_matches_the_hand_worked_example():
                  + IVLP all:  0.15 + 0.02 + 40 x 0.0002                                            = 0.178
                  + IVLP's 40 distinct test images once: 40 x (0.025 + 0.005 decoding)              = 1.2    -> 1.695
     overhead     = 2 x 0.1 + 2 x 0.3                                                               = 0.8
-    total        = 9.125 s; cache bytes = 100 x 8 x 2 (float16) = 1600
+    report       = none (a train command's); an experiment's: the report unit 1.5                  = 0
+    total        = 9.125 s (10.625 s with the report); cache bytes = 100 x 8 x 2 (float16) = 1600
     peak host    = CoOp: max(step 1000, eval 1500) + test features (20 + 30) x 8 x 4 = 1600
                    + training views (10 + 8) x 3 views x 8 x 4 = 1728                              = 4828
                    IVLP: max(3000, 2000) + (20 + 40) x 8 x 4 = 1920 (no cached training views)    = 4920 -> 4920
@@ -76,9 +79,11 @@ def test_price_matches_the_hand_worked_example():
     facts, units = hand_worked()
     estimate = price(facts, units)
     expected = {"setup": 2.5, "cache build": 1.32, "soft labels": 0.7, "training": 2.11, "evaluation": 1.695,
-                "per-run overhead": 0.8}
+                "per-run overhead": 0.8, "report": 0.0}
     assert estimate.phases == pytest.approx(expected)
     assert estimate.total_seconds == pytest.approx(9.125)
+    reported = price(dataclasses.replace(facts, report=True), {**units, est.REPORT_KEY: Unit(1.5)})
+    assert reported.phases["report"] == 1.5 and reported.total_seconds == pytest.approx(10.625)
     assert estimate.cache_bytes == 1600
     assert estimate.peak_host_bytes == 4920
     assert (estimate.runs, estimate.finished, estimate.groups) == (5, 1, 2)
@@ -237,6 +242,8 @@ def test_experiment_estimate_trains_nothing(pets, capsys):
         "--results-dir", str(root / "results"), "--out", str(root / "out"), "--estimate"])
     assert "4 run(s), 0 finished" in text  # one seed x the four label variants
     assert not list((root / "results").rglob("*.json")) and not (root / "out" / "table3_base_to_new.md").exists()
+    report = re.search(r"^\| report \| ([\d.]+) s \|$", text, re.M)  # the experiment's report is priced too
+    assert report and float(report.group(1)) > 0
 
 
 def test_estimate_refuses_an_empty_sweep():

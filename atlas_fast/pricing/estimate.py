@@ -34,7 +34,7 @@ PRELOAD_BYTES = 1 << 30
 DECODE_SAMPLE = 8  # image files of a dataset its decode unit is timed on
 EVAL_IMAGES_FACTOR = 4  # an evaluation unit is timed on up to this many times the plan's largest test set
 EVAL_IMAGES_FLOOR = 256  # ... and on at least this many images
-PHASES = ("setup", "cache build", "soft labels", "training", "evaluation", "per-run overhead")
+PHASES = ("setup", "cache build", "soft labels", "training", "evaluation", "per-run overhead", "report")
 
 
 # ----------------------------------------------------------------------------------------------------------- facts
@@ -107,6 +107,7 @@ class PlanFacts:
     # (decode unit, features, images) per dataset to encode; empty: all of them with the "decode" unit
     encode_parts: tuple[tuple[str, int, int], ...] = ()
     decode_workers: int = 1  # decoding processes beside the encoder or the steps (CUDA: the cache build, pixels)
+    report: bool = False  # the command writes a report (tables and plots) once its runs are done
 
 
 # ----------------------------------------------------------------------------------------------------------- units
@@ -152,12 +153,13 @@ def encode_parts(facts: "PlanFacts") -> tuple[tuple[str, int, int], ...]:
 
 LOADER_KEY = "loader start"
 LOAD_KEY = "backbone load"
+REPORT_KEY = "report"
 ZERO_SHOT = "zsclip"
 
 
 def needed_units(facts: PlanFacts) -> list[str]:
     """Every unit key :func:`price` reads for ``facts``, each once, in a fixed order."""
-    keys: list[str] = [LOAD_KEY]
+    keys: list[str] = [LOAD_KEY] + ([REPORT_KEY] if facts.report else [])
     if facts.features_to_encode:
         keys += [ENCODE_KEY] + [decode for decode, features, _ in encode_parts(facts) if features]
     for g in facts.groups:
@@ -262,6 +264,7 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     * per-run overhead = sum over groups of R x overhead(method, C)
     * peak host = max over groups of max(step, evaluation peak RSS) + the group's features held in memory (each run's
       cached training views when preloaded, the evaluation sets' features), float32
+    * report = the report unit (tables and a plot, matplotlib's start included) when the command writes one
     * peak device = max over groups of max(step, evaluation peak)
     """
     lacking = [key for key in needed_units(facts) if key not in units]
@@ -269,6 +272,7 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
         raise ValueError(f"price: {len(lacking)} unit(s) the plan needs were not measured, e.g. {lacking[0]!r}.")
     phases = dict.fromkeys(PHASES, 0.0)
     phases["setup"] = facts.startup_seconds or units[LOAD_KEY].seconds + facts.plan_seconds
+    phases["report"] = units[REPORT_KEY].seconds if facts.report else 0.0
     cuda = facts.device == "cuda"
     for key, features, images in encode_parts(facts) if facts.features_to_encode else ():
         encode, decode = units[ENCODE_KEY], units[key]
@@ -447,6 +451,8 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> di
         kind, *rest = key.split("/")
         if key == LOAD_KEY:
             return lambda: measure.measure_backbone_load(backbone.config, backbone.device)
+        if key == REPORT_KEY:
+            return measure.measure_report
         if key == ENCODE_KEY:
             return lambda: measure.measure_encode(backbone)
         if key == DECODE_KEY:
@@ -506,12 +512,13 @@ def check_cache_root(root: Path) -> None:
 
 
 def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: str | Path | None = None,
-                     command_start: bool = False) -> Estimate:
+                     command_start: bool = False, report: bool = False) -> Estimate:
     """Price a sweep of :class:`~atlas_fast.engine.TrainConfig` values on this machine without training: plan it,
     read the cache's state, take the units from the calibration store under the cache root (``cache_root``, default
     the first config's) or measure them once, and do the arithmetic (:func:`price`). ``command_start`` (a command
     that will run the sweep in a new process of its own): setup is this process's time from its start to planned
-    runs, which that process will take again."""
+    runs, which that process will take again. ``report``: the command writes a report once its runs are done (an
+    experiment's tables and plots), priced too."""
     import time
 
     import torch
@@ -532,7 +539,7 @@ def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: 
                          "estimate on a machine like the workers.")
     backbone = specs[0].backbone()
     facts = dataclasses.replace(plan_facts(specs, execution.runs_per_group(device.type), backbone),
-                                startup_seconds=startup)
+                                startup_seconds=startup, report=report)
     precision = "amp" if specs[0].amp else "fp32"
     machine = machine_name(device)
     store = CalibrationStore(cache_root or specs[0].config.cache_root,
