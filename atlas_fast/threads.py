@@ -200,16 +200,17 @@ def threads_policy() -> int | str | None:
 
 
 @contextlib.contextmanager
-def command_threads(threads: str | int | None) -> Iterator[None]:
+def command_threads(threads: str | int | None, default: str | int = "auto") -> Iterator[None]:
     """The thread policy of one command-line command, applied before torch is imported: ``--threads N`` or
     ``auto`` as given; without it, the policy inherited from a parent atlas_fast process, else the user's
-    ``OMP_NUM_THREADS`` as a fixed count, else ``auto``. The policy, the environment and torch's count are restored
-    when the command returns (the same process may run more commands, e.g. tests)."""
+    ``OMP_NUM_THREADS`` as a fixed count, else the command's ``default`` (``auto``; the demo's is 1). The policy,
+    the environment and torch's count are restored when the command returns (the same process may run more
+    commands, e.g. tests)."""
     global _policy
     if threads is None:
         user = os.environ.get("OMP_NUM_THREADS", "")
         inherited = os.environ.get(POLICY_VARIABLE)
-        threads = inherited or (user if user.isdigit() and int(user) > 0 else "auto")
+        threads = inherited or (user if user.isdigit() and int(user) > 0 else default)
     saved_policy = _policy
     saved_environ = {name: os.environ.get(name) for name in (*THREAD_VARIABLES, POLICY_VARIABLE)}
     torch = sys.modules.get("torch")

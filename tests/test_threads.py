@@ -13,8 +13,8 @@ import torch
 
 import atlas_fast
 from atlas_fast import threads
-from atlas_fast.threads import (CpuLimit, available_cpus, cgroup_cpus, command_threads, measure_step_seconds,
-                                set_threads)
+from atlas_fast.threads import (POLICY_VARIABLE, CpuLimit, available_cpus, cgroup_cpus, command_threads,
+                                measure_step_seconds, set_threads, threads_policy)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,6 +109,16 @@ def test_set_threads_applies_a_count_to_torch_and_the_environment():
     assert set_threads(None) is None and threads.threads_policy() is None
 
 
+def test_a_command_s_own_default_gives_way_to_the_user_s_count(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(POLICY_VARIABLE, raising=False)
+    with command_threads(None, default=1):
+        assert threads_policy() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    with command_threads(None, default=1):
+        assert threads_policy() == 2
+
+
 def test_a_command_keeps_its_threads_to_itself(monkeypatch):
     torch.set_num_threads(1)
     with command_threads("2"):
@@ -139,9 +149,16 @@ def test_deterministic_is_one_thread_anywhere_on_the_line(monkeypatch, capsys):
     assert split_threads(["report", "r", "--deterministic", "--threads", "1"]) == (
         ["report", "r"], ["--deterministic", "--threads", "1"])
     seen = []
-    monkeypatch.setattr("atlas_fast.threads.command_threads", lambda threads: seen.append(threads) or nullcontext())
+    monkeypatch.setattr("atlas_fast.threads.command_threads",
+                        lambda threads, default="auto": seen.append((threads, default)) or nullcontext())
     option_threads(argparse.Namespace(threads=None, deterministic=True))
-    assert seen == ["1"]
+    assert seen == [("1", "auto")]
+    from atlas_fast.cli import build_parser
+
+    seen.clear()  # the demo runs one thread unless --threads says otherwise (an OMP_NUM_THREADS of the user's too)
+    for argv in (["demo"], ["--threads", "2", "demo"], ["train", "--dataset", "OxfordPets", "--data-root", "d"]):
+        option_threads(build_parser().parse_args(argv))
+    assert seen == [(None, 1), ("2", 1), (None, "auto")]
     monkeypatch.undo()
     assert main(["report", "r", "--deterministic", "--threads", "2"]) == 2
     assert "error: --deterministic runs one CPU thread; drop --threads 2." in capsys.readouterr().err

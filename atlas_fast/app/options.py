@@ -300,9 +300,9 @@ def split_threads(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def command_threads(args: argparse.Namespace):
-    """The context in which a command runs: ``--threads`` (or the default policy; ``--deterministic``: 1) applied
-    before torch is imported, so the command and the workers it starts follow it
-    (:func:`atlas_fast.threads.command_threads`)."""
+    """The context in which a command runs: ``--threads`` (or the default policy; ``--deterministic``: 1; a command's
+    own default, ``default_threads``, where it sets one: the demo's 1) applied before torch is imported, so the
+    command and the workers it starts follow it (:func:`atlas_fast.threads.command_threads`)."""
     from atlas_fast.threads import command_threads as threads_context, parse_threads
 
     threads = getattr(args, "threads", None)
@@ -314,4 +314,4 @@ def command_threads(args: argparse.Namespace):
         if threads not in (None, "1"):
             raise UsageError(f"--deterministic runs one CPU thread; drop --threads {threads}.")
         threads = "1"
-    return threads_context(threads)
+    return threads_context(threads, default=getattr(args, "default_threads", "auto"))

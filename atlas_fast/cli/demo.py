@@ -18,7 +18,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="base-to-new CoOp vs CoOp + ATLaS (-CSL, -ISL) on the embedded world, 3 seeds (CPU, minutes)",
         description="Generate the embedded world benchmark (or reuse it), build the feature cache with the shipped "
                     "atlas-world CLIP, train CoOp, + ATLaS, + ATLaS-CSL and + ATLaS-ISL on the base classes over "
-                    "3 seeds, and print a table shaped like the paper's Table III (plus a plot and LaTeX).")
+                    "3 seeds, and print a table shaped like the paper's Table III (plus a plot and LaTeX). It runs "
+                    "on one CPU thread unless --threads N (before or after the command) says otherwise, so that its "
+                    "table does not depend on the machine's thread count (docs/threads.md).")
     demo.add_argument("--data-root", type=Path, default=defaults.data_root,
                       help=f"where the world benchmark is written (default {defaults.data_root})")
     demo.add_argument("--cache-root", type=Path, default=defaults.cache_root,
@@ -36,7 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
     demo.add_argument("--kappa", action="store_true", help="also measure κ of Theorem 1 for each soft label")
     add_progress(demo)
-    demo.set_defaults(func=run_demo_command)
+    # One CPU thread unless --threads says otherwise: the table then does not depend on the machine's thread count
+    # (the README's, bit for bit, on the machine it was made on), and on cores other jobs share one thread is the
+    # faster (docs/threads.md)
+    demo.set_defaults(func=run_demo_command, default_threads=1)
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
