@@ -26,6 +26,8 @@ COMMANDS = {
     "atlas-fast train --method typo --dataset --data-root": ["-m", "atlas_fast.cli", "train", "--method", "coopp",
                                                              "--dataset", "OxfordPets", "--data-root", "data"],
     "atlas-fast train --dataset typo": ["-m", "atlas_fast.cli", "train", "--dataset", "OxfordPetz"],
+    "atlas-fast train --seeds 1 1": ["-m", "atlas_fast.cli", "train", "--dataset", "OxfordPets", "--data-root",
+                                     "data", "--seeds", "1", "1"],
     "atlas-fast experiment (unknown name)": ["-m", "atlas_fast.cli", "experiment", "table9"],
     "atlas-fast experiment --list": ["-m", "atlas_fast.cli", "experiment", "--list"],
     "atlas-fast experiment NAME --help": ["-m", "atlas_fast.cli", "experiment", "table3_base_to_new", "--help"],
