@@ -22,7 +22,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from atlas_fast.progress import process_seconds
 from atlas_fast.pricing.units import Unit
@@ -426,10 +426,12 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
 
 # --------------------------------------------------------------------------------------------------- measuring
 
-def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> dict[str, Unit]:
+def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any],
+                  report: Callable[[Path], Any] | None = None) -> dict[str, Unit]:
     """Every unit :func:`price` needs for ``facts``, from ``store`` (a
     :class:`~atlas_fast.pricing.calibration.CalibrationStore`) or measured now on ``backbone`` with the planned runs'
-    class names and method configs (``specs``)."""
+    class names and method configs (``specs``); ``report`` writes a sample of the command's report into a folder
+    (the report unit's work, when ``facts.report``)."""
     from atlas_fast.pricing import units as measure
 
     configs = {config_digest(s.method_config): s.method_config for s in specs}
@@ -452,7 +454,7 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any]) -> di
         if key == LOAD_KEY:
             return lambda: measure.measure_backbone_load(backbone.config, backbone.device)
         if key == REPORT_KEY:
-            return measure.measure_report
+            return lambda: measure.measure_report(report)
         if key == ENCODE_KEY:
             return lambda: measure.measure_encode(backbone)
         if key == DECODE_KEY:
@@ -512,13 +514,14 @@ def check_cache_root(root: Path) -> None:
 
 
 def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: str | Path | None = None,
-                     command_start: bool = False, report: bool = False) -> Estimate:
+                     command_start: bool = False, report: Callable[[Path], Any] | None = None) -> Estimate:
     """Price a sweep of :class:`~atlas_fast.engine.TrainConfig` values on this machine without training: plan it,
     read the cache's state, take the units from the calibration store under the cache root (``cache_root``, default
     the first config's) or measure them once, and do the arithmetic (:func:`price`). ``command_start`` (a command
     that will run the sweep in a new process of its own): setup is this process's time from its start to planned
     runs, which that process will take again. ``report``: the command writes a report once its runs are done (an
-    experiment's tables and plots), priced too."""
+    experiment's tables and plots), priced too: a function that writes a sample of it into a folder, timed once per
+    machine (the report unit)."""
     import time
 
     import torch
@@ -539,13 +542,13 @@ def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: 
                          "estimate on a machine like the workers.")
     backbone = specs[0].backbone()
     facts = dataclasses.replace(plan_facts(specs, execution.runs_per_group(device.type), backbone),
-                                startup_seconds=startup, report=report)
+                                startup_seconds=startup, report=report is not None)
     precision = "amp" if specs[0].amp else "fp32"
     machine = machine_name(device)
     store = CalibrationStore(cache_root or specs[0].config.cache_root,
                              context_key(machine, backbone.fingerprint, device.type, precision))
     clock = time.perf_counter()
-    units = measure_units(facts, store, backbone, specs)
+    units = measure_units(facts, store, backbone, specs, report)
     estimate = price(facts, units)
     estimate.machine = machine
     estimate.units_measured = store.measured

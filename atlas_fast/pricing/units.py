@@ -18,7 +18,7 @@ Every unit runs the engine's own code on synthetic inputs of the real shapes, so
 * :func:`measure_run_overhead`: what a run pays outside its steps: building the method for C classes, the zero-shot
   references' class prompts and writing its record.
 * :func:`measure_report`: what an experiment's report costs once its runs are done: its tables written and a plot
-  drawn, matplotlib's start included.
+  drawn (by the function the experiment gives), matplotlib's start included.
 
 Each returns a :class:`Unit` (seconds, and the peak host RSS and peak device memory seen while it ran). Host memory
 is the process's resident set sampled every few milliseconds (the backbone and Python included: it is what the run's
@@ -457,22 +457,13 @@ def measure_run_overhead(backbone: Backbone, method: str, classnames: Sequence[s
     return Unit(seconds, peak.host, peak.device_bytes, repeats=repeats)
 
 
-def measure_report() -> Unit:
-    """Seconds to write an experiment's report once its runs are done: a table of four rows as Markdown, LaTeX and
-    CSV and its bar plot as PNG and PDF, timed on the first call of this process, so that matplotlib's start (the
-    largest part on a small job) counts as the command will pay it."""
-    from atlas_fast.report.figures import plot_rows
-    from atlas_fast.report.formats import latex_table, markdown_table, write_csv
-    from atlas_fast.report.rows import TableRow
-
-    rows = [TableRow(name, {"base": 80.0 + i, "new": 60.0 + i, "H": 68.0 + i}, {"base": 1.0, "new": 1.0}, 3, ("A",),
-                     "CoOp") for i, name in enumerate(("CoOp", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL"))]
+def measure_report(write: Callable[[Path], Any]) -> Unit:
+    """Seconds ``write(folder)`` takes to write an experiment's report into an empty folder (its tables and a plot),
+    timed on its first call in this process, so that matplotlib's start (the largest part on a small job) counts as
+    the command will pay it."""
     with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
         start = time.perf_counter()
-        (Path(folder) / "table.md").write_text(markdown_table(rows, "T"))
-        (Path(folder) / "table.tex").write_text(latex_table(rows, caption="T"))
-        write_csv(rows, Path(folder) / "table.csv")
-        plot_rows(rows, Path(folder) / "table.png")
+        write(Path(folder))
         seconds = time.perf_counter() - start
     return Unit(seconds)
 
