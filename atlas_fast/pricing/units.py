@@ -51,6 +51,9 @@ MIN_TIMED_SECONDS = 0.3
 MAX_EVAL_IMAGES = 1 << 14
 #: shortest timing an evaluation unit's cost per image is read from (a few microseconds' difference is noise)
 MIN_EVAL_SECONDS = 0.05
+#: a call this long is timed as the fastest of two, not five: a hiccup of the machine is small beside it, and five
+#: repeats of CoCoOp's evaluation (0.8 s for 64 images) took most of a job's calibration
+SLOW_CALL_SECONDS = 0.25
 #: words the synthetic class names are drawn from (one to three words, like the datasets' names)
 _WORDS = ("red", "great", "spotted", "common", "little", "wild", "house", "garden", "river", "terrier", "beetle",
           "station", "mountain", "church", "market", "lizard", "sparrow", "bridge", "forest", "kitchen")
@@ -164,12 +167,12 @@ def _sync(device: torch.device) -> None:
 def _timed(call: Callable[[], Any], device: torch.device, max_repeats: int, min_seconds: float = MIN_TIMED_SECONDS,
            fastest: bool = False) -> tuple[float, int]:
     """Median seconds of ``call`` after one untimed call, repeated until ``min_seconds`` or ``max_repeats``.
-    ``fastest``: the fastest of at least five repeats, two for calls over a second (for differences of two timings,
-    which noise would swamp)."""
+    ``fastest``: the fastest of at least five repeats, two for calls over :data:`SLOW_CALL_SECONDS` (for
+    differences of two timings, which noise would swamp)."""
     clock = time.perf_counter()
     call()
     _sync(device)
-    slow = time.perf_counter() - clock > 1.0  # calls of seconds: the machine's hiccups are small beside them
+    slow = time.perf_counter() - clock > SLOW_CALL_SECONDS  # the machine's hiccups are small beside such a call
     times: list[float] = []
     least = (2 if slow else 5) if fastest else 1
     while len(times) < max(least, max_repeats) and (len(times) < least or sum(times) < min_seconds):
@@ -324,7 +327,8 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
                     break
                 count = min(cap, 4 * count)
             per_image = max(0.0, total - one) / (count - 1)
-            if count < cap:  # and once at 4N: a busy moment only adds time, so the smaller slope
+            if count < cap and total < SLOW_CALL_SECONDS:  # and once at 4N (a busy moment only adds time, so the
+                # smaller slope), unless t(N) is long enough for a busy moment to be small beside it
                 more = min(cap, 4 * count)
                 longer, _ = _timed(lambda: method_logits(module, features[:more], amp), device, max_repeats,
                                    fastest=True)
