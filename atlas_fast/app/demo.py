@@ -98,7 +98,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
 
 
 def time_line(phases: dict[str, float], records: Sequence[dict]) -> str:
-    """``Total time: 5 min 2 s from the command's start (start-up 3 s, world 1 s, runs 4 min 50 s: ...)``: the
+    """``Total time: 5 min 2 s from the command's start (start-up 3 s; world 1 s; 12 runs 4 min 50 s: ...)``: the
     whole command, and where it went; the runs' part splits into what the runs trained now spent on their inputs
     (building the feature cache; soft labels) and the rest (training, evaluation, records)."""
     from atlas_fast.progress import duration, process_seconds
