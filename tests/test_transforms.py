@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -129,3 +130,21 @@ def test_grey_and_rgba_images_become_rgb(tmp_path, spec):
     Image.new("RGBA", (40, 36), (10, 20, 30, 40)).save(tmp_path / "rgba.png")
     for name in ("grey.png", "rgba.png"):
         assert load_views(tmp_path / name, name, [0, 1], spec).shape == (2, 3, 32, 32)
+
+
+def test_8_bit_views_normalise_bit_for_bit_as_torchvision(spec, photo):
+    """A view's 8-bit pixels, normalised as one batch (CPU) or looked up in the table (any other device), give
+    exactly torchvision's ToTensor + Normalize of that view, for every 8-bit value."""
+    from atlas_fast.clip.transforms import load_view_pixels, normalize_pixels, normalize_table
+
+    path, image = photo
+    pixels = load_view_pixels(path, "a/photo.jpg", [0, 1, 2, 3], spec)
+    assert pixels.dtype == np.uint8 and pixels.shape == (4, 32, 32, 3)
+    expected = torch.stack([TF.normalize(TF.to_tensor(Image.fromarray(p)), OPENAI_MEAN, OPENAI_STD) for p in pixels])
+    assert torch.equal(normalize_pixels(pixels, spec), expected)
+    every = np.random.default_rng(0).permutation(np.repeat(np.arange(256, dtype=np.uint8), 81)).reshape(3, 48, 48, 3)
+    table = normalize_table(tuple(OPENAI_MEAN), tuple(OPENAI_STD)).flatten()
+    looked_up = table[torch.from_numpy(every).permute(0, 3, 1, 2).long() + torch.arange(0, 768, 256).view(1, 3, 1, 1)]
+    by_torchvision = torch.stack([TF.normalize(TF.to_tensor(Image.fromarray(p)), OPENAI_MEAN, OPENAI_STD)
+                                  for p in every])
+    assert torch.equal(normalize_pixels(every, spec), by_torchvision) and torch.equal(looked_up, by_torchvision)

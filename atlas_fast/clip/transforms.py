@@ -15,16 +15,22 @@ the pixels a spec produces change), and keys the feature cache. A loaded backbon
 (:attr:`atlas_fast.clip.backbones.Backbone.transform`, derived once from its :class:`Preprocessing`), as open_clip's
 ``create_model_and_transforms`` returns the transforms with the model; code that needs a backbone's views reads them
 from there (:meth:`~atlas_fast.clip.backbones.Backbone.transform_for` for another augmentation seed).
+
+A view is computed in two steps, which may run in different places: its 8-bit pixels (:func:`load_view_pixels`:
+decode, crop, resize, flip; a feature cache's worker processes), then ToTensor + Normalize (:func:`normalize_pixels`;
+the encoder's device), equal bit for bit to torchvision's functions applied view by view. :func:`load_views` does
+both.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +43,8 @@ OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 TRANSFORM_VERSION = 2  # 2: 16-bit and float images keep their values (they were clipped to white)
 _INTERPOLATIONS = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
                    "nearest": InterpolationMode.NEAREST}
+_PIL_INTERPOLATIONS = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
+                       "nearest": Image.Resampling.NEAREST}
 
 
 class ImageReadError(RuntimeError):
@@ -163,11 +171,11 @@ def random_resized_crop_params(width: int, height: int, scale: tuple[float, floa
     """``(top, left, height, width)`` of a crop, drawn exactly as torchvision's ``RandomResizedCrop.get_params``
     but from ``generator``: 10 tries of (area, log-uniform aspect ratio), then a centre crop fallback."""
     area = height * width
-    log_ratio = torch.log(torch.tensor(ratio))
+    low, high = _log_ratio(ratio)
+    draw = torch.empty(1)  # one float32 draw at a time, as torch.empty(1).uniform_ in get_params
     for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
-        aspect = math.exp(torch.empty(1).uniform_(log_ratio[0].item(), log_ratio[1].item(),
-                                                  generator=generator).item())
+        target_area = area * draw.uniform_(scale[0], scale[1], generator=generator).item()
+        aspect = math.exp(draw.uniform_(low, high, generator=generator).item())
         w = int(round(math.sqrt(target_area * aspect)))
         h = int(round(math.sqrt(target_area / aspect)))
         if 0 < w <= width and 0 < h <= height:
@@ -184,34 +192,94 @@ def random_resized_crop_params(width: int, height: int, scale: tuple[float, floa
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def test_view(image: Image.Image, spec: TransformSpec) -> torch.Tensor:
-    """CLIP's preprocessing: resize the shorter side (bicubic, PIL), centre crop, ToTensor, normalise."""
+@functools.lru_cache(maxsize=16)
+def _log_ratio(ratio: tuple[float, float]) -> tuple[float, float]:
+    """``torch.log(torch.tensor(ratio))`` as get_params computes it (float32), once per ratio."""
+    low, high = torch.log(torch.tensor(ratio)).tolist()
+    return low, high
+
+
+# ------------------------------------------------------------------------------------------------ 8-bit view pixels
+# ToTensor + Normalize maps each 8-bit value of channel c to one float: on the CPU the batch runs the very same
+# element-wise operations; elsewhere it is a table of 3 x 256 floats computed by torchvision's own functions
+# (:func:`normalize_table`). So workers hand over 8-bit pixels (a quarter of the bytes) and the encoder's device
+# normalises them just before encoding.
+
+def view0_pixels(image: Image.Image, spec: TransformSpec) -> np.ndarray:
+    """View 0's 8-bit pixels (S, S, 3): resize the shorter side (bicubic, PIL), centre crop."""
     mode = _INTERPOLATIONS[spec.interpolation]
     resized = TF.resize(image, spec.image_size, interpolation=mode)
-    cropped = TF.center_crop(resized, [spec.image_size, spec.image_size])
-    return TF.normalize(TF.to_tensor(cropped), spec.mean, spec.std)
+    return np.asarray(TF.center_crop(resized, [spec.image_size, spec.image_size]))
 
 
-def augmented_view(image: Image.Image, spec: TransformSpec, key: str, view: int) -> torch.Tensor:
-    """Dassl's train transform (random resized crop, flip, normalise) with parameters seeded by (key, view)."""
+def augmented_view_pixels(image: Image.Image, spec: TransformSpec, key: str, view: int) -> np.ndarray:
+    """An augmented view's 8-bit pixels (S, S, 3): the seeded random resized crop (bicubic, PIL) and flip. The same
+    PIL calls as torchvision's ``resized_crop`` on a PIL image (a crop that has the output size already is not
+    resampled); the flip moves the pixels as ``hflip`` does."""
     generator = torch.Generator().manual_seed(view_seed(spec.aug_seed, key, view))
     top, left, h, w = random_resized_crop_params(image.width, image.height, spec.crop_scale, spec.crop_ratio,
                                                  generator)
-    crop = TF.resized_crop(image, top, left, h, w, [spec.image_size, spec.image_size],
-                           interpolation=_INTERPOLATIONS[spec.interpolation])
+    size = spec.image_size
+    crop = image.crop((left, top, left + w, top + h))
+    if (h, w) != (size, size):
+        crop = crop.resize((size, size), _PIL_INTERPOLATIONS[spec.interpolation])
+    pixels = np.asarray(crop)
     if torch.rand(1, generator=generator).item() < spec.flip_p:
-        crop = TF.hflip(crop)
-    return TF.normalize(TF.to_tensor(crop), spec.mean, spec.std)
+        pixels = pixels[:, ::-1]
+    return pixels
+
+
+def view_pixels(image: Image.Image, spec: TransformSpec, key: str, view: int) -> np.ndarray:
+    """View 0 = the test transform, views >= 1 = seeded augmentations; (S, S, 3) uint8 before ToTensor/Normalize."""
+    if view < 0:
+        raise ValueError(f"View index must be >= 0 (0 = test transform), got {view} for {key!r}.")
+    return view0_pixels(image, spec) if view == 0 else augmented_view_pixels(image, spec, key, view)
+
+
+def load_view_pixels(impath: str | Path, key: str, views: Sequence[int], spec: TransformSpec) -> np.ndarray:
+    """Decode one image once and return the 8-bit pixels of its requested views, (len(views), S, S, 3) uint8."""
+    image = read_image(impath)
+    out = np.empty((len(views), spec.image_size, spec.image_size, 3), dtype=np.uint8)
+    for i, view in enumerate(views):
+        out[i] = view_pixels(image, spec, key, view)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def normalize_table(mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """(3, 256) float32: ToTensor then Normalize(mean, std) of every 8-bit value of each channel, computed by
+    torchvision's own functions on an image holding each value once."""
+    ramp = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], 3, axis=2)
+    return TF.normalize(TF.to_tensor(Image.fromarray(ramp, "RGB")), list(mean), list(std))[:, 0].contiguous()
+
+
+def normalize_pixels(pixels: np.ndarray | torch.Tensor, spec: TransformSpec,
+                     device: torch.device | str | None = None) -> torch.Tensor:
+    """(N, S, S, 3) uint8 view pixels -> (N, 3, S, S) float32 on ``device`` (default: where ``pixels`` are), equal
+    bit for bit to ToTensor + Normalize of each view. On the CPU these are the same element-wise operations, run on
+    the whole batch; elsewhere a lookup in :func:`normalize_table` (a GPU divides by 255 through a reciprocal, which
+    can differ in the last bit)."""
+    if not isinstance(pixels, torch.Tensor):  # a view straight from PIL is read-only, a flipped one reversed
+        pixels = torch.from_numpy(pixels if pixels.flags.writeable and pixels.flags.c_contiguous else pixels.copy())
+    device = pixels.device if device is None else torch.device(device)
+    if device.type == "cpu":
+        planes = pixels.permute(0, 3, 1, 2).contiguous()  # ToTensor: HWC -> CHW, then to float and / 255
+        mean = torch.as_tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.as_tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1)
+        return planes.to(torch.float32).div(255).sub_(mean).div_(std)
+    pixels = pixels.to(device, non_blocking=True)
+    table = normalize_table(tuple(spec.mean), tuple(spec.std)).to(device).flatten()
+    offsets = torch.arange(0, 3 * 256, 256, device=device, dtype=torch.int64).view(1, 3, 1, 1)
+    return table[pixels.permute(0, 3, 1, 2).to(torch.int64) + offsets]
 
 
 def image_view(image: Image.Image, spec: TransformSpec, key: str, view: int) -> torch.Tensor:
-    """View 0 = the test transform, views >= 1 = seeded augmentations; a (3, S, S) float tensor."""
-    if view < 0:
-        raise ValueError(f"View index must be >= 0 (0 = test transform), got {view} for {key!r}.")
-    return test_view(image, spec) if view == 0 else augmented_view(image, spec, key, view)
+    """View 0 = the test transform (CLIP's preprocessing: resize the shorter side, centre crop, ToTensor, Normalize),
+    views >= 1 = seeded augmentations (Dassl's train transform: random resized crop, flip, ToTensor, Normalize); a
+    (3, S, S) float tensor."""
+    return normalize_pixels(view_pixels(image, spec, key, view)[None], spec)[0]
 
 
 def load_views(impath: str | Path, key: str, views: list[int] | tuple[int, ...], spec: TransformSpec) -> torch.Tensor:
     """Decode one image once and return its requested views stacked as (len(views), 3, S, S)."""
-    image = read_image(impath)
-    return torch.stack([image_view(image, spec, key, v) for v in views])
+    return normalize_pixels(load_view_pixels(impath, key, views, spec), spec)
