@@ -1,6 +1,7 @@
-"""Progress that suits where the output goes: bars on a terminal, none in a log (no carriage-return spam),
-one-line messages (:func:`say`) that print cleanly above a bar or into a log, and the time words of those lines
-(:func:`duration`, :class:`TimeLeft`, :func:`process_seconds`)."""
+"""Progress that suits where the output goes: bars on a terminal, none in a log (no carriage-return spam), a line
+every few seconds with the time left for long work in a log (:class:`ProgressLines`), one-line messages
+(:func:`say`) that print cleanly above a bar or into a log, and the time words of those lines (:func:`duration`,
+:class:`TimeLeft`, :func:`process_seconds`)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,32 @@ def process_seconds() -> float:
         return max(0.0, float(Path("/proc/uptime").read_text().split()[0]) - started)
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+class ProgressLines:
+    """The lines a :func:`progress_bar` stands for where no bar can redraw (a log): when ``enabled`` and standard
+    error is not a terminal, a line every ``every`` seconds saying how much of ``total`` is done, the rate and the
+    :class:`TimeLeft` words (work that ends within ``every`` seconds prints nothing). Use as a context manager beside
+    the bar and call :meth:`update` as the bar's."""
+
+    def __init__(self, total: int, what: str, unit: str, enabled: bool = True, every: float = 10.0) -> None:
+        self.total, self.what, self.unit, self.every = total, what, unit, every
+        self.enabled = enabled and not interactive()
+        self.done = 0
+        self.time = TimeLeft(total)
+        self.last = self.time.start
+
+    def __enter__(self) -> "ProgressLines":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def update(self, count: int) -> None:
+        self.done += count
+        now = time.perf_counter()
+        if not self.enabled or now - self.last < self.every or self.done >= self.total:
+            return
+        self.last = now
+        say(f"{self.what}: {self.done:,} of {self.total:,} {self.unit}s ({100 * self.done / self.total:.0f} %), "
+            f"{self.done / max(self.time.elapsed(), 1e-9):,.0f} {self.unit}s/s; {self.time.text(self.done)}")

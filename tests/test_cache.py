@@ -256,5 +256,83 @@ def test_cell_writes_and_row_reads_in_any_order(rows):
         expected = np.zeros((3200, 3, 4), dtype="float32")
         expected[unique_rows, views] = values
         assert np.array_equal(ds[...], expected)
+        done = f.create_dataset("done", shape=(3200, 3), maxshape=(None, None), dtype=bool, chunks=(1024, 8))
+        write_cells(done, unique_rows, views, True)
+        assert np.array_equal(done[...], (expected != 0).any(axis=2))
         for v in range(3):
             assert np.array_equal(read_view(ds, rows_a, v), expected[rows_a, v])
+        whole = (np.array([3101, 3100, 3101, 3100]), np.array([1, 1, 2, 2]))  # fill rows 3100-3101 x views 1-2
+        write_cells(ds, *whole, values[:1].repeat(4, axis=0) + 7)
+        expected[whole] = values[:1] + 7
+        assert np.array_equal(ds[...], expected)
+
+
+def _torchvision_views(impath: str, key: str, views: list[int], spec) -> torch.Tensor:
+    """Views as the cache computed them before 8-bit pixels: torchvision's functions on PIL images, one by one."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as TF
+
+    from atlas_fast.clip.transforms import random_resized_crop_params, read_image, view_seed
+
+    image, size, out = read_image(impath), spec.image_size, []
+    for view in views:
+        if view == 0:
+            pil = TF.center_crop(TF.resize(image, size, interpolation=InterpolationMode.BICUBIC), [size, size])
+        else:
+            generator = torch.Generator().manual_seed(view_seed(spec.aug_seed, key, view))
+            top, left, h, w = random_resized_crop_params(image.width, image.height, spec.crop_scale,
+                                                         spec.crop_ratio, generator)
+            pil = TF.resized_crop(image, top, left, h, w, [size, size], interpolation=InterpolationMode.BICUBIC)
+            if torch.rand(1, generator=generator).item() < spec.flip_p:
+                pil = TF.hflip(pil)
+        out.append(TF.normalize(TF.to_tensor(pil), spec.mean, spec.std))
+    return torch.stack(out)
+
+
+class SerialBuilder(FeatureCache):
+    """The build loop before the writer thread: torchvision views, encoded and committed one batch at a time, each
+    batch's block of cells read, updated and written back in its own transaction."""
+
+    def _encode_all(self, backbone, path, spec, units, todo, batch_size, num_workers, device, precision, progress,
+                    desc):
+        from atlas_fast.cache.build import _batches
+        from atlas_fast.cache.format import open_h5
+        from atlas_fast.cache.locking import flock, lock_path
+
+        for batch in _batches(units, batch_size):
+            pixels = torch.cat([_torchvision_views(units[i][0].impath, units[i][0].key, units[i][2], spec)
+                                for i in batch])
+            rows = np.array([units[i][1] for i in batch for _ in units[i][2]])
+            views = np.array([v for i in batch for v in units[i][2]])
+            with torch.no_grad():
+                features = backbone.encode_image(pixels).float().numpy()
+            with flock(lock_path(path), exclusive=True), open_h5(path, "a") as f:
+                for name, values in (("features", features.astype(f["features"].dtype)), ("done", True)):
+                    lo, hi, vlo, vhi = rows.min(), rows.max() + 1, views.min(), views.max() + 1
+                    block = f[name][lo:hi, vlo:vhi]
+                    block[rows - lo, views - vlo] = values
+                    f[name][lo:hi, vlo:vhi] = block
+        return {}
+
+
+def test_the_writer_thread_writes_what_the_serial_loop_wrote(tmp_path, backbone, train, monkeypatch):
+    """Same bytes as the build loop before 8-bit views and the writer thread: the views from torchvision, every batch
+    its own transaction; here committed in transactions of whole 4-row blocks (the second build decoded in a worker
+    process)."""
+    monkeypatch.setattr("atlas_fast.cache.build.FEATURE_CHUNK_ROWS", 4)
+    new = FeatureCache(tmp_path / "new")
+    new.transaction_bytes = 1  # commit each row block as soon as it is complete
+    transactions = []
+    commit = FeatureCache._commit
+    monkeypatch.setattr(FeatureCache, "_commit",
+                        lambda self, path, rows, *rest: transactions.append(rows) or commit(self, path, rows, *rest))
+    old = SerialBuilder(tmp_path / "old")
+    for cache, workers in ((old, 0), (new, 1)):
+        build(cache, backbone, train[:10], num_views=3, batch_size=8)
+        build(cache, backbone, train, num_views=5, batch_size=8, num_workers=workers)  # new rows and new views
+    blocks = [sorted(set((rows // 4).tolist())) for rows in transactions]
+    assert blocks[:2] == [[0], [1]] and len(transactions) >= 4  # whole blocks while the build goes on
+    with h5py.File(old.path_for(backbone, DATASET), "r") as a, h5py.File(new.path_for(backbone, DATASET), "r") as b:
+        for name in ("keys", "image_ids", "features", "done"):
+            assert a[name].shape == b[name].shape and np.array_equal(a[name][...], b[name][...]), name
+        assert a["done"][...].all()

@@ -201,8 +201,10 @@ def _fill_until_the_file_limit(root: str, items, limit: int, queue) -> None:
 
     FeatureCache._encode_all = encode_all_on_a_filling_disk
     try:
-        FeatureCache(root).build(load_backbone(TINY), "OxfordPets", items, num_views=1, batch_size=8,
-                                 num_workers=0, progress=False)
+        cache = FeatureCache(root)
+        cache.transaction_seconds = 0  # one transaction per batch
+        cache.build(load_backbone(TINY), "OxfordPets", items, num_views=1, batch_size=8, num_workers=0,
+                    progress=False)
         queue.put("finished")
     except CacheError as exc:
         queue.put(f"{type(exc).__name__}: {exc}")
@@ -222,7 +224,9 @@ def test_running_out_of_space_mid_build_keeps_finished_batches(tmp_path, backbon
         return commit(self, path, rows, views, features, *rest)
 
     monkeypatch.setattr(FeatureCache, "_commit", recording_commit)
-    build(FeatureCache(tmp_path / "reference"), backbone, items, num_views=1, batch_size=8)
+    reference = FeatureCache(tmp_path / "reference")
+    reference.transaction_seconds = 0  # one transaction per batch, as in the child
+    build(reference, backbone, items, num_views=1, batch_size=8)
     monkeypatch.undo()
     # the first transaction after the fifth that needs more room than any before it runs into the file-size limit
     fails_at = next(j for j in range(5, len(needs)) if needs[j] > max(needs[:j]))
@@ -488,21 +492,44 @@ def _build_and_hang(root: str, items, flag: str) -> None:
 
     def encode_then_hang(pixels):
         calls["n"] += 1
-        if calls["n"] == 3:  # two batches committed; killed while encoding the third
+        if calls["n"] == 3:  # two batches committed (by the writer thread: waited for); killed encoding the third
+            deadline = time.time() + 60
+            while _done_count(cache, backbone, items) < 8 and time.time() < deadline:
+                time.sleep(0.01)
             Path(flag).touch()
             time.sleep(600)
         return encode(pixels)
 
     backbone.encode_image = encode_then_hang
-    FeatureCache(root).build(backbone, "OxfordPets", items, batch_size=4, num_workers=0, progress=False)
+    cache = FeatureCache(root)
+    cache.transaction_seconds = 0  # every batch committed as it comes
+    cache.build(backbone, "OxfordPets", items, batch_size=4, num_workers=0, progress=False)
+
+
+def _done_count(cache: FeatureCache, backbone, items) -> int:
+    from atlas_fast.cache.locking import flock, lock_path
+
+    path = cache.path_for(backbone, "OxfordPets")
+    if not path.exists():
+        return 0
+    with flock(lock_path(path), exclusive=False), h5py.File(path, "r") as f:
+        return int(f["done"][...].sum())
 
 
 def test_kill_9_during_a_build_resumes_exactly(pets, tmp_path, backbone):
     items = pets_items(pets)  # 12 images, 3 batches of 4
     _kill_9_once_hanging(_build_and_hang, str(tmp_path / "cache"), items)
     cache = FeatureCache(tmp_path / "cache")
-    assert build(cache, backbone, items).encoded == 4
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the killed child's batches and threads: the same bits
+    try:
+        assert build(cache, backbone, items, batch_size=4).encoded == 4
+        uninterrupted = FeatureCache(tmp_path / "uninterrupted")
+        build(uninterrupted, backbone, items, batch_size=4)
+    finally:
+        torch.set_num_threads(threads)
     loaded = cache.load(backbone, "OxfordPets", items, views=[0])[:, 0]
+    assert torch.equal(loaded, uninterrupted.load(backbone, "OxfordPets", items, views=[0])[:, 0])
     assert torch.allclose(loaded, direct(backbone, items), atol=2e-3 * loaded.abs().max())
 
 

@@ -37,7 +37,7 @@ def test_a_log_gets_one_line_per_run_and_no_bars(data, capsys):
                 f"H {metrics['H']:.2f}") in err
     assert re.search(r"\[1/2\] .* seed 1: .*; [\d.]+ s so far, about [\d.]+ s left\n", err), err  # groups of one
     assert re.search(r"\[2/2\] .* seed 2: .*; [\d.]+ s so far\n", err), err
-    assert "cache: encoded" in err and "img/s" in err  # the cache build's rate, once
+    assert "cache: encoded" in err and "views/s" in err  # the cache build's rate, once
     assert "\r" not in err  # no redrawn bars in a file
 
 

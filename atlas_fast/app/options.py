@@ -244,7 +244,8 @@ def method_options(items: Sequence[str], method: str) -> dict[str, str] | None:
 def add_workers(parser: argparse.ArgumentParser) -> None:
     """``--workers N``: image decoding processes (pixel methods, cache builds), the same in every command."""
     parser.add_argument("--workers", type=int, default=None,
-                        help="image decoding processes (default: up to 8 on a GPU, none on the CPU for training)")
+                        help="image decoding processes (default: up to 8 on a GPU, none on the CPU for training; a cache "
+                             "build: every CPU this process may use but one on a GPU, one on the CPU)")
 
 
 def add_progress(parser: argparse.ArgumentParser) -> None:

@@ -1,15 +1,26 @@
 """Encoding what a cache file lacks: decode the images' views, encode them, write them in committed transactions.
 
-Resumability: every batch is a committed transaction (space reserved, features written and flushed before their
-``done`` flags), so a build that is interrupted keeps every batch finished before the one in flight; rebuilding
-encodes only the rest. (A hard kill in the middle of a transaction's few milliseconds can damage the file; opening it
-then raises an error naming it and telling to delete it.) A second builder of the same file waits for the first
-(:mod:`atlas_fast.cache.locking`), then encodes only what is still missing.
+Three stages run side by side: worker processes decode each image once and cut its views as 8-bit pixels
+(:func:`~atlas_fast.clip.transforms.load_view_pixels`; as many workers as the process may use CPUs beside the encoder
+on a GPU, one on the CPU, where the encoder needs the cores); the caller's thread normalises them on the encoder's
+device and encodes them in batches; a writer thread (:class:`Writer`) commits the features in transactions of many
+images. A transaction covers whole blocks of :data:`~atlas_fast.cache.format.FEATURE_CHUNK_ROWS` rows, so every HDF5
+chunk of new rows is written once, whole, and never read back (committing one image's views at a time rewrote each
+of its views' partly filled chunks).
+
+Resumability: every transaction is committed (space reserved, features written and flushed before their ``done``
+flags) at least every :attr:`CacheBuilder.transaction_seconds`, and whatever was encoded is committed before an error
+or an interruption propagates, so a build that is interrupted keeps every feature encoded before it and a killed one
+all but the last few seconds'; rebuilding encodes only the rest. (A hard kill in the middle of a transaction can
+damage the file; opening it then raises an error naming it and telling to delete it.) A second builder of the same
+file waits for the first (:mod:`atlas_fast.cache.locking`), then encodes only what is still missing.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +32,16 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from atlas_fast.cache.errors import CacheMismatchError, CacheReadOnlyError, CacheSpaceError
-from atlas_fast.cache.format import (CacheFiles, check_attrs, create_layout, expected_attrs, keys_digest, open_h5,
-                                     read_rows, row_index)
+from atlas_fast.cache.format import (FEATURE_CHUNK_ROWS, CacheFiles, check_attrs, create_layout, expected_attrs,
+                                     keys_digest, open_h5, read_rows, row_index)
 from atlas_fast.cache.locking import build_lock_path, flock, lock_path
 from atlas_fast.cache.space import check_free_space, check_views_fit, chunk_bytes, reserve
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.clip.transforms import TransformSpec, load_views
+from atlas_fast.clip.transforms import TransformSpec, load_view_pixels, normalize_pixels
 from atlas_fast.data.base import Datum
 from atlas_fast.data.identity import image_identities
-from atlas_fast.progress import progress_bar, say
+from atlas_fast.progress import ProgressLines, progress_bar, say
+from atlas_fast.threads import available_cpus
 from atlas_fast.vocabulary import CACHE_PRECISIONS
 
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -45,12 +57,26 @@ class BuildReport:
     encoded: int
     reused: int
     seconds: float
-    images_per_s: float
+    images_per_s: float  # features (image x view) encoded per second of the whole call
     path: Path
+    # where the time of the encoding went: the caller's thread normalising and encoding, the same thread waiting for
+    # decoded views, the writer thread inside transactions (beside the encoder); and how it was split
+    encode_seconds: float = 0.0
+    input_wait_seconds: float = 0.0
+    write_seconds: float = 0.0
+    transactions: int = 0
+    workers: int = 0
 
 
 class CacheBuilder(CacheFiles):
-    """Builds cache files: creates them, appends rows for new images, encodes only the missing (image, view) pairs."""
+    """Builds cache files: creates them, appends rows for new images, encodes only the missing (image, view) pairs.
+
+    ``transaction_bytes`` and ``transaction_seconds`` size the writer's transactions: whole row blocks are committed
+    once that many bytes of features wait, and everything waiting once the oldest has waited that long (what a killed
+    build can lose)."""
+
+    transaction_bytes: int = 16 << 20
+    transaction_seconds: float = 5.0
 
     def build(self, backbone: Backbone, dataset: str, items: Sequence[Datum], num_views: int = 0,
               aug_seed: int = 0, batch_size: int = 64, num_workers: int | None = None, device: str | None = None,
@@ -58,7 +84,7 @@ class CacheBuilder(CacheFiles):
         """Encode views 0..``num_views`` of every item, only those not cached yet (moves the backbone to ``device``).
 
         ``precision``: "auto" (the file's recorded precision, else fp16 autocast on CUDA and fp32 on CPU), "fp32",
-        "fp16" or "bf16". ``num_workers`` DataLoader decoding processes (None: up to 8, by CPU count).
+        "fp16" or "bf16". ``num_workers`` decoding processes (None: :func:`default_workers`).
         When everything is cached already, nothing is written (a read-only cache folder works)."""
         start = time.perf_counter()
         if num_views < 0:
@@ -99,16 +125,17 @@ class CacheBuilder(CacheFiles):
                 units, precision = self._prepare(path, backbone, expected, items, image_ids, views, precision,
                                                  run_device)
             todo = sum(len(u[2]) for u in units)
+            timings: dict[str, float] = {}
             if todo:
                 backbone.to(run_device)
-                self._encode_all(backbone, path, spec, units, todo, batch_size, num_workers, run_device, precision,
-                                 progress, desc=f"Encoding {dataset} ({path.name})")
+                timings = self._encode_all(backbone, path, spec, units, todo, batch_size, num_workers, run_device,
+                                           precision, progress, desc=f"Encoding {dataset} ({path.name})")
         seconds = time.perf_counter() - start
         report = BuildReport(encoded=todo, reused=total - todo, seconds=seconds,
-                             images_per_s=todo / seconds if todo and seconds > 0 else 0.0, path=path)
+                             images_per_s=todo / seconds if todo and seconds > 0 else 0.0, path=path, **timings)
         if progress and todo:
-            say(f"cache: encoded {todo} feature(s) of {dataset} in {seconds:.1f} s ({report.images_per_s:.1f} img/s), "
-                f"reused {report.reused} -> {path}")
+            say(f"cache: encoded {todo} feature(s) of {dataset} in {seconds:.1f} s ({report.images_per_s:.1f} "
+                f"views/s), reused {report.reused} -> {path}")
         return report
 
     def _check_build(self, f: h5py.File, path: Path, precision: str) -> str:
@@ -184,18 +211,28 @@ class CacheBuilder(CacheFiles):
 
     def _encode_all(self, backbone: Backbone, path: Path, spec: TransformSpec, units: list[Unit], todo: int,
                     batch_size: int, num_workers: int | None, device: torch.device, precision: str, progress: bool,
-                    desc: str) -> None:
+                    desc: str) -> dict[str, float]:
+        """Decode, encode and write every unit; returns the stages' seconds (see :class:`BuildReport`)."""
         if num_workers is None:
-            num_workers = min(8, os.cpu_count() or 1) if todo > batch_size else 0
+            num_workers = default_workers(device) if todo > batch_size else 0
         loader = DataLoader(_ViewDataset(units, spec), batch_sampler=_batches(units, batch_size),
                             num_workers=num_workers, collate_fn=_collate, pin_memory=device.type == "cuda")
-        committed = 0
-        with progress_bar(total=todo, unit="img", desc=desc, enabled=progress, dynamic_ncols=True) as bar:
+        writer = Writer(self._commit, path, self.transaction_bytes, self.transaction_seconds)
+        encoding = waiting = 0.0
+        with progress_bar(total=todo, unit="view", desc=desc, enabled=progress, dynamic_ncols=True) as bar, \
+                ProgressLines(todo, desc, "view", enabled=progress) as lines, writer:
+            clock = time.perf_counter()
             for pixels, rows, views in loader:
-                features = _encode(backbone, pixels, device, precision)
-                self._commit(path, rows, views, features, committed)
-                committed += len(rows)
+                now = time.perf_counter()
+                waiting += now - clock
+                features = _encode(backbone, normalize_pixels(pixels, spec, device), device, precision)
+                clock = time.perf_counter()
+                encoding += clock - now
+                writer.put(rows, views, features)
                 bar.update(len(rows))
+                lines.update(len(rows))
+        return {"encode_seconds": encoding, "input_wait_seconds": waiting, "write_seconds": writer.busy_seconds,
+                "transactions": writer.transactions, "workers": num_workers}
 
     def _commit(self, path: Path, rows: np.ndarray, views: np.ndarray, features: np.ndarray,
                 committed: int = 0) -> None:
@@ -211,28 +248,142 @@ class CacheBuilder(CacheFiles):
                 write_cells(f["done"], rows, views, True)
 
 
-def _encode(backbone: Backbone, pixels: torch.Tensor, device: torch.device, precision: str) -> np.ndarray:
-    pixels = pixels.to(device, non_blocking=True)
+def default_workers(device: torch.device) -> int:
+    """Decoding processes of a build: on a GPU every CPU this process may use but one (which feeds the GPU and
+    writes); on the CPU one, since the encoder needs the cores and cutting a view costs tens of times less than
+    encoding it (``benchmarks/cache_build.py`` measures both)."""
+    return max(1, available_cpus().count - 1) if device.type == "cuda" else 1
+
+
+class Writer:
+    """Commits encoded batches in a thread beside the encoder, in transactions of whole row blocks.
+
+    :meth:`put` hands over a batch (it waits while a few batches are queued, so memory stays bounded); the thread
+    keeps them until the rows of at least ``transaction_bytes`` of features fill whole blocks of
+    :data:`FEATURE_CHUNK_ROWS` rows (cells arrive in row order, so a block is complete once a later block starts),
+    then commits those blocks as one transaction through ``commit``; once the oldest kept batch has waited
+    ``transaction_seconds``, it commits everything kept. Leaving the ``with`` block commits the rest, also when the
+    encoder failed or was interrupted (what was encoded is kept); a failed transaction is raised in the caller's
+    thread at its next :meth:`put` or on leaving the block."""
+
+    def __init__(self, commit, path: Path, transaction_bytes: int, transaction_seconds: float, depth: int = 8):
+        self.commit, self.path = commit, path
+        self.transaction_bytes, self.transaction_seconds = transaction_bytes, transaction_seconds
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.thread = threading.Thread(target=self._run, name=f"cache writer {path.name}", daemon=True)
+        self.error: BaseException | None = None
+        self.committed = self.transactions = 0
+        self.busy_seconds = 0.0
+
+    def __enter__(self) -> "Writer":
+        self.thread.start()
+        return self
+
+    def put(self, rows: np.ndarray, views: np.ndarray, features: torch.Tensor | np.ndarray) -> None:
+        self._raise_failure()
+        self.queue.put((rows, views, features))
+
+    def __exit__(self, *exc) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if exc[0] is None:
+            self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, which may still be putting
+            self.error = exc
+            while self.queue.get() is not None:
+                pass
+
+    def _loop(self) -> None:
+        kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        kept_bytes, since, block = 0, 0.0, -1
+        while True:
+            try:  # with cells kept, wake up when the oldest has waited long enough even if no batch comes
+                item = self.queue.get(timeout=max(0.0, since + self.transaction_seconds - time.perf_counter())
+                                      if kept else None)
+            except queue.Empty:
+                kept, kept_bytes = self._write(kept, everything=True), 0
+                continue
+            if item is None:
+                break
+            if self.error is not None:
+                continue  # drain: the caller raises the failure at its next put
+            rows, views, features = item
+            if isinstance(features, torch.Tensor):
+                features = features.cpu().numpy()  # on a GPU: waits here for the batch, not in the encoder's thread
+            if not kept:
+                since = time.perf_counter()
+            kept.append((rows, views, features))
+            kept_bytes += features.nbytes
+            newest = int(rows.max()) // FEATURE_CHUNK_ROWS
+            if time.perf_counter() - since >= self.transaction_seconds:
+                kept = self._write(kept, everything=True)
+            elif kept_bytes >= self.transaction_bytes and newest > block:  # a row block was completed
+                kept = self._write(kept, everything=False)
+                since = time.perf_counter()
+            block = max(block, newest)
+            kept_bytes = sum(f.nbytes for _, _, f in kept)
+        if kept and self.error is None:
+            self._write(kept, everything=True)
+
+    def _write(self, kept: list, everything: bool) -> list:
+        """Commit the kept cells (all, or those of whole row blocks); returns what is kept for later."""
+        rows = np.concatenate([r for r, _, _ in kept])
+        views = np.concatenate([v for _, v, _ in kept])
+        features = np.concatenate([f for _, _, f in kept])
+        ready = np.ones(len(rows), dtype=bool) if everything else (
+            rows < int(rows.max()) // FEATURE_CHUNK_ROWS * FEATURE_CHUNK_ROWS)
+        if ready.any():
+            clock = time.perf_counter()
+            try:
+                self.commit(self.path, rows[ready], views[ready], features[ready], self.committed)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                self.error = exc
+                return []
+            self.busy_seconds += time.perf_counter() - clock
+            self.committed += int(ready.sum())
+            self.transactions += 1
+        rest = ~ready
+        return [(rows[rest], views[rest], features[rest])] if rest.any() else []
+
+
+def _encode(backbone: Backbone, pixels: torch.Tensor, device: torch.device, precision: str) -> torch.Tensor:
+    """Features (B, D) float32 on ``device`` (not waited for on a GPU: the writer thread copies them out)."""
     with torch.no_grad():
         if precision == "fp32":
             features = backbone.encode_image(pixels)
         else:
             with torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[precision]):
                 features = backbone.encode_image(pixels)
-    return features.float().cpu().numpy()
+    return features.float()
 
 
 def write_cells(ds: h5py.Dataset, rows: np.ndarray, views: np.ndarray, values: np.ndarray | bool) -> None:
-    """``ds[rows[i], views[i]] = values[i]``, as one block read-modify-write when the cells are dense enough."""
+    """``ds[rows[i], views[i]] = values[i]`` for distinct cells. Cells that fill their bounding block are written as
+    that block (HDF5 then writes each whole chunk without reading it); a block they fill densely enough is read,
+    updated and written back; scattered cells are written one view at a time."""
     lo, hi = int(rows.min()), int(rows.max()) + 1
     vlo, vhi = int(views.min()), int(views.max()) + 1
-    if (hi - lo) * (vhi - vlo) <= 4 * len(rows) + 64:
-        block = ds[lo:hi, vlo:vhi]
+    area = (hi - lo) * (vhi - vlo)
+    if area == len(rows) or area <= 4 * len(rows) + 64:
+        if area == len(rows):
+            block = np.empty((hi - lo, vhi - vlo) + ds.shape[2:], dtype=ds.dtype)
+        else:
+            block = ds[lo:hi, vlo:vhi]
         block[rows - lo, views - vlo] = values
         ds[lo:hi, vlo:vhi] = block
         return
-    for i, (r, v) in enumerate(zip(rows.tolist(), views.tolist())):
-        ds[r, v] = values if isinstance(values, bool) else values[i]
+    for view in np.unique(views).tolist():
+        at = np.flatnonzero(views == view)
+        order = at[np.argsort(rows[at], kind="stable")]
+        ds[rows[order], view] = values if isinstance(values, bool) else values[order]
 
 
 def _units(row_of: dict[tuple[str, str], int], done: np.ndarray, items: list[Datum], image_ids: list[str],
@@ -255,7 +406,7 @@ def _unique_by_key(items: Sequence[Datum]) -> list[Datum]:
 
 
 class _ViewDataset(Dataset):
-    """Decodes one image per index and returns the requested views of it (DataLoader workers decode in parallel)."""
+    """Decodes one image per index and returns the 8-bit pixels of the requested views (workers decode in parallel)."""
 
     def __init__(self, units: list[Unit], spec: TransformSpec):
         self.units = units
@@ -264,13 +415,13 @@ class _ViewDataset(Dataset):
     def __len__(self) -> int:
         return len(self.units)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, list[int]]:
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int, list[int]]:
         datum, row, views = self.units[index]
-        return load_views(datum.impath, datum.key, views, self.spec), row, views
+        return load_view_pixels(datum.impath, datum.key, views, self.spec), row, views
 
 
-def _collate(samples: list[tuple[torch.Tensor, int, list[int]]]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-    pixels = torch.cat([s[0] for s in samples])
+def _collate(samples: list[tuple[np.ndarray, int, list[int]]]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    pixels = torch.from_numpy(np.concatenate([s[0] for s in samples]))
     rows = np.array([s[1] for s in samples for _ in s[2]], dtype=np.int64)
     views = np.array([v for s in samples for v in s[2]], dtype=np.int64)
     return pixels, rows, views

@@ -104,7 +104,7 @@ def run_cache_build(args: argparse.Namespace) -> int:
         total_reused += report.reused
         print(f"{splits.name} {label}: {len(set(d.key for d in items))} images x views 0..{views}: "
               f"encoded {report.encoded}, reused {report.reused}, {report.seconds:.1f} s "
-              f"({report.images_per_s:.1f} img/s) -> {report.path}")
+              f"({report.images_per_s:.1f} views/s) -> {report.path}")
     print(f"Done: encoded {total_encoded}, reused {total_reused} features.")
     return 0
 
