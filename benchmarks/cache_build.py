@@ -1,89 +1,300 @@
-"""Feature-cache build throughput (images/s) and disk bytes per 1,000 cached features, on synthetic JPEGs.
+"""Where a feature-cache build's time goes, and the new build against the one before it, side by side in one run.
 
-Two random-weight backbones (no download): the 32-px ``atlas-tiny`` test model and a ViT-B/16-shaped CLIP at
-224 px. Each is built from scratch (view 0 plus ``--views`` augmented views per image), then rebuilt to show that
-a second build encodes nothing. Run from the repository root::
+Three parts, each printing ratios measured in this run (``--parts`` picks them):
 
-    python benchmarks/cache_build.py [--images 512] [--vit-images 128] [--views 3] [--workers N] [--device cuda]
+* ``views``: the CPU work per view, on one core: decoding an image, cutting a view (seeded crop, bicubic resize,
+  flip) and ToTensor + Normalize; before (torchvision's functions on each PIL view, as the cache computed views up
+  to this change) and now (8-bit pixels in the worker, normalised as one batch on the encoder's device); on the
+  world benchmark's 32 x 32 PNGs at the world CLIP's 32 px and on 500 x 375 JPEGs (an average photo of the paper's
+  datasets) at ViT-B/16's 224 px. Views are checked equal, bit for bit.
+* ``write``: cache write throughput for images of 51 views (Table III's longest cached recipe: view 0 + 50) and of
+  one view, random 512-dim features in float16, no encoder: the writer before (one transaction per encoded batch
+  of 64 views, i.e. per image, in series) against the writer thread (transactions of whole 64-row blocks).
+* ``build``: a whole build (the demo's world CLIP, ``--views`` augmented views per image) against its encoding alone
+  (the same batches of ready pixels) plus its view cutting alone (one process): the build before (``--baseline``'s
+  code) and now, with the time by stage of the new one, and whether both files hold the same bytes.
+
+The code before is read from git (``--baseline``, default the commit this change started from); without git the
+parts compare nothing and say so. Run from the repository root (the machine's load is printed with each part)::
+
+    python benchmarks/cache_build.py [--parts views,write,build] [--images 192] [--views 50] [--baseline REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
 from PIL import Image
-from tqdm.auto import tqdm
 
-from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-from atlas_fast.cache import FeatureCache
-from atlas_fast.data.base import Datum
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from atlas_fast.cache import FeatureCache  # noqa: E402
+from atlas_fast.cache.build import Writer, _batches  # noqa: E402
+from atlas_fast.clip import transforms  # noqa: E402
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
+from atlas_fast.data.base import Datum  # noqa: E402
+
+BASELINE = "f9ca88d"  # the commit before the writer thread and 8-bit views
+PAYLOAD_DIM = 512  # ViT-B/16's features
 
 
-def write_images(folder: Path, count: int, width: int = 500, height: int = 375) -> list[Datum]:
-    """``count`` noisy JPEGs of a typical benchmark size (500x375, like OxfordPets/Caltech photos)."""
+def load() -> str:
+    return "load " + " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else ""
+
+
+def baseline_module(rev: str, path: str, name: str) -> ModuleType | None:
+    """``path`` as it was at ``rev``, imported as module ``name`` (None when git cannot show it)."""
+    try:
+        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], check=True, capture_output=True,
+                                text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="atlas_baseline_"))
+    (folder / f"{name}.py").write_text(source)
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def baseline(rev: str) -> tuple[ModuleType, ModuleType] | None:
+    """(transforms, build) of ``rev``; the old build module computes views with the old transforms."""
+    old_transforms = baseline_module(rev, "atlas_fast/clip/transforms.py", "baseline_transforms")
+    old_build = baseline_module(rev, "atlas_fast/cache/build.py", "baseline_build")
+    if old_transforms is None or old_build is None:
+        return None
+    old_build.load_views = old_transforms.load_views
+    return old_transforms, old_build
+
+
+def world_images(folder: Path, count: int) -> list[Datum]:
+    """``count`` training images of the demo's world benchmark (generated under ``folder``)."""
+    from atlas_fast.data import load_dataset
+    from atlas_fast.world.benchmark import DECLINE_DATASET, SplitSizes, generate_benchmark
+
+    train = max(1, -(-count // 24))
+    generate_benchmark(folder, [DECLINE_DATASET], sizes=SplitSizes(train=train, val=1, test=1), progress=False)
+    return load_dataset(DECLINE_DATASET, folder).train[:count]
+
+
+def photos(folder: Path, count: int) -> list[Datum]:
+    """``count`` noisy 500 x 375 JPEGs (quality 90)."""
     rng = np.random.default_rng(0)
     items = []
-    for i in tqdm(range(count), desc="Writing synthetic JPEGs", unit="img"):
-        path = folder / "images" / f"img_{i:05d}.jpg"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            base = rng.integers(0, 256, size=3)
-            noise = rng.normal(0, 40, size=(height // 5, width // 5, 3))
-            pixels = np.clip(base + np.kron(noise, np.ones((5, 5, 1))), 0, 255).astype(np.uint8)
-            Image.fromarray(pixels).save(path, quality=90)
-        items.append(Datum(str(path), i % 10, f"class_{i % 10}", f"images/img_{i:05d}.jpg"))
+    for i in range(count):
+        path = folder / "images" / f"photo_{i:04d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        noise = rng.normal(0, 40, size=(75, 100, 3))
+        pixels = np.clip(rng.integers(0, 256, size=3) + np.kron(noise, np.ones((5, 5, 1))), 0, 255)
+        Image.fromarray(pixels.astype(np.uint8)).save(path, quality=90)
+        items.append(Datum(str(path), 0, "photo", f"images/photo_{i:04d}.jpg"))
     return items
 
 
-def bench(name: str, config: BackboneConfig, items: list[Datum], views: int, cache_root: Path, workers: int | None,
-          device: str | None, batch_size: int) -> None:
-    backbone = load_backbone(config)
-    cache = FeatureCache(cache_root)
-    first = cache.build(backbone, "Synthetic", items, num_views=views, batch_size=batch_size, num_workers=workers,
-                        device=device)
-    start = time.perf_counter()
-    second = cache.build(backbone, "Synthetic", items, num_views=views, batch_size=batch_size, num_workers=workers,
-                         device=device, progress=False)
-    rebuild_s = time.perf_counter() - start
-    load_start = time.perf_counter()
-    features = cache.load(backbone, "Synthetic", items, views=range(views + 1))
-    load_s = time.perf_counter() - load_start
-    stored = len(items) * (views + 1)
-    size = first.path.stat().st_size
-    print(f"\n== {name}: {backbone.describe()}, {backbone.preprocessing.image_size}px, D={backbone.embed_dim}, "
-          f"device={device or ('cuda' if torch.cuda.is_available() else 'cpu')}, threads={torch.get_num_threads()}")
-    print(f"build : {first.encoded} features ({len(items)} images x {views + 1} views) in {first.seconds:.1f} s "
-          f"= {first.images_per_s:.1f} images/s")
-    print(f"again : encoded {second.encoded}, reused {second.reused} in {rebuild_s:.2f} s")
-    print(f"load  : {tuple(features.shape)} float32 in {load_s:.3f} s")
-    print(f"disk  : {size} bytes for {stored} features = {size / stored * 1000 / 1e6:.3f} MB per 1,000 features "
-          f"(float16 payload alone: {backbone.embed_dim * 2 * 1000 / 1e6:.3f} MB)")
+def timed(call, repeats: int = 3) -> float:
+    """Fastest of ``repeats`` calls (seconds): the least disturbed by other jobs on a shared machine."""
+    best = float("inf")
+    for _ in range(repeats):
+        clock = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - clock)
+    return best
+
+
+# ----------------------------------------------------------------------------------------------------------- views
+
+def part_views(work: Path, old: tuple[ModuleType, ModuleType] | None, views: int) -> None:
+    torch.set_num_threads(1)
+    cases = [("world PNG 32x32 -> 32 px", world_images(work / "world", 16), 32),
+             ("JPEG 500x375 -> 224 px", photos(work / "photos", 8), 224)]
+    print(f"\n== CPU work per view, one core ({load()}); {views} augmented views + view 0 per image; fastest of 3")
+    print(f"| images | decode / image | crop + resize / view | before: view / view | now: 8-bit view | "
+          f"now: normalise | before / now |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, items, size in cases:
+        spec = transforms.TransformSpec.from_preprocessing(transforms.Preprocessing(size))
+        wanted = list(range(views + 1))
+        count = len(items) * len(wanted)
+        images = [transforms.read_image(d.impath) for d in items]
+        decode = timed(lambda: [transforms.read_image(d.impath) for d in items]) / len(items)
+
+        def crops() -> None:
+            for d, image in zip(items, images):
+                for v in wanted[1:]:
+                    g = torch.Generator().manual_seed(transforms.view_seed(0, d.key, v))
+                    top, left, h, w = transforms.random_resized_crop_params(image.width, image.height,
+                                                                            spec.crop_scale, spec.crop_ratio, g)
+                    image.crop((left, top, left + w, top + h)).resize((size, size), Image.Resampling.BICUBIC)
+
+        resize = timed(crops) / (count - len(items))
+        pixels = [transforms.load_view_pixels(d.impath, d.key, wanted, spec) for d in items]
+        cut = (timed(lambda: [transforms.load_view_pixels(d.impath, d.key, wanted, spec) for d in items])
+               / len(items) - decode) / len(wanted)
+        normalise = timed(lambda: [transforms.normalize_pixels(p, spec) for p in pixels]) / count
+        new_views = [transforms.normalize_pixels(p, spec) for p in pixels]
+        if old is not None:
+            before = (timed(lambda: [old[0].load_views(d.impath, d.key, wanted, spec) for d in items]) / len(items)
+                      - decode) / len(wanted)
+            equal = all(torch.equal(a, old[0].load_views(d.impath, d.key, wanted, spec))
+                        for a, d in zip(new_views, items))
+            ratio = f"{before / (cut + normalise):.2f}x" + ("" if equal else " (VIEWS DIFFER)")
+            before_text = f"{before * 1e6:.0f} us"
+        else:
+            ratio, before_text = "n/a", "n/a (no git)"
+        print(f"| {name} | {decode * 1e6:.0f} us | {resize * 1e6:.0f} us | {before_text} | {cut * 1e6:.0f} us | "
+              f"{normalise * 1e6:.0f} us | {ratio} |")
+    print("(views equal bit for bit before and now)" if old is not None else "")
+
+
+# ----------------------------------------------------------------------------------------------------------- write
+
+def prepared_file(root: Path, backbone, items: list[Datum], views: int) -> tuple[FeatureCache, Path, list]:
+    """A cache file with rows for ``items`` and room for ``views`` views; the units a build would encode."""
+    cache = FeatureCache(root)
+    path = cache.path_for(backbone, "Synthetic")
+    from atlas_fast.cache.format import expected_attrs
+    from atlas_fast.data.identity import image_identities
+
+    spec = backbone.transform
+    path.parent.mkdir(parents=True, exist_ok=True)
+    units, _ = cache._prepare(path, backbone, expected_attrs(backbone, "Synthetic", spec), items,
+                              image_identities(items, False), list(range(views + 1)), "fp32",
+                              torch.device("cpu"))
+    return cache, path, units
+
+
+def part_write(work: Path, old: tuple[ModuleType, ModuleType] | None, images: int) -> None:
+    backbone = load_backbone(BackboneConfig("ViT-B-16", None))  # the file's layout (512-dim); nothing is encoded
+    (work / "blank.jpg").write_bytes(b"")  # the rows' image identity; nothing is decoded here
+    items = [Datum(str(work / "blank.jpg"), 0, "x", f"images/img_{i:05d}.jpg") for i in range(images)]
+    print(f"\n== Cache write throughput ({load()}): {images} images, random {PAYLOAD_DIM}-dim float16 features, "
+          f"batches of 64 views as the encoder hands them over")
+    print("| views per image | before: MB/s (transactions) | now: MB/s (transactions) | now / before |")
+    print("|---:|---:|---:|---:|")
+    rng = np.random.default_rng(0)
+    for views in (50, 0):
+        rates = {}
+        for label in ("before", "now"):
+            if label == "before" and old is None:
+                continue
+            root = work / f"write-{label}-{views}"
+            shutil.rmtree(root, ignore_errors=True)
+            cache, path, units = prepared_file(root, backbone, items, views)
+            batches = []
+            for batch in _batches(units, 64):
+                rows = np.array([units[i][1] for i in batch for _ in units[i][2]])
+                cells = np.array([v for i in batch for v in units[i][2]])
+                batches.append((rows, cells, rng.standard_normal((len(rows), PAYLOAD_DIM), dtype=np.float32)))
+            payload = sum(len(r) for r, _, _ in batches) * PAYLOAD_DIM * 2
+            clock = time.perf_counter()
+            if label == "before":
+                writer = old[1].CacheBuilder(root)
+                for rows, cells, features in batches:
+                    writer._commit(path, rows, cells, features)
+                transactions = len(batches)
+            else:
+                with Writer(cache._commit, path, cache.transaction_bytes, cache.transaction_seconds) as writer:
+                    for rows, cells, features in batches:
+                        writer.put(rows, cells, features)
+                transactions = writer.transactions
+            seconds = time.perf_counter() - clock
+            rates[label] = payload / seconds / 1e6
+            rates[label + " n"] = transactions
+        before = (f"{rates['before']:.1f} ({rates['before n']})" if "before" in rates else "n/a (no git)")
+        ratio = f"{rates['now'] / rates['before']:.1f}x" if "before" in rates else "n/a"
+        print(f"| {views + 1} | {before} | {rates['now']:.1f} ({rates['now n']}) | {ratio} |")
+
+
+# ----------------------------------------------------------------------------------------------------------- build
+
+def part_build(work: Path, old: tuple[ModuleType, ModuleType] | None, images: int, views: int,
+               workers: int | None) -> None:
+    backbone = load_backbone(BackboneConfig("atlas-world", "atlas-world"))
+    spec = backbone.transform
+    items = world_images(work / "world", images)
+    wanted = list(range(views + 1))
+    units = [(d, i, wanted) for i, d in enumerate(items)]
+    batches = _batches(units, 64)
+    print(f"\n== Build vs its encoding + view cutting alone ({load()}): the world CLIP (32 px), {len(items)} world "
+          f"images x {views + 1} views = {len(items) * len(wanted)} features, {torch.get_num_threads()} threads")
+    clock = time.perf_counter()
+    pixels = [transforms.load_view_pixels(d.impath, d.key, wanted, spec) for d in items]
+    ready = [transforms.normalize_pixels(np.concatenate([pixels[i] for i in batch]), spec) for batch in batches]
+    augment = time.perf_counter() - clock
+    clock = time.perf_counter()
+    with torch.no_grad():
+        for batch in ready:
+            backbone.encode_image(batch)
+    encode = time.perf_counter() - clock
+    del ready, pixels
+    walls = {}
+    for label in ("before", "now"):
+        if label == "before" and old is None:
+            continue
+        root = work / f"build-{label}"
+        shutil.rmtree(root, ignore_errors=True)
+        builder = old[1].CacheBuilder(root) if label == "before" else FeatureCache(root)
+        report = builder.build(backbone, "WorldPhotos", items, num_views=views, num_workers=workers,
+                               progress=False)
+        walls[label] = report.seconds
+        if label == "now":
+            stages = report
+    alone = encode + augment
+    print(f"| build | wall | / (encode + cut alone = {encode:.1f} + {augment:.1f} s) |")
+    print("|---|---:|---:|")
+    for label, wall in walls.items():
+        print(f"| {label} | {wall:.1f} s | {wall / alone:.2f}x |")
+    if "before" in walls:
+        print(f"now / before: {walls['now'] / walls['before']:.2f}x the wall time")
+        import h5py
+
+        with h5py.File(FeatureCache(work / "build-before").path_for(backbone, "WorldPhotos"), "r") as a, \
+                h5py.File(FeatureCache(work / "build-now").path_for(backbone, "WorldPhotos"), "r") as b:
+            same = all(np.array_equal(a[n][...], b[n][...]) for n in ("keys", "features", "done"))
+        print(f"both files hold the same features, bit for bit: {same}")
+    print(f"now, by stage: encoding {stages.encode_seconds:.1f} s, waiting for views {stages.input_wait_seconds:.1f} s "
+          f"(caller's thread); writing {stages.write_seconds:.2f} s in {stages.transactions} transaction(s) beside "
+          f"it; {stages.workers} decoding worker(s)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=512, help="images for the tiny model")
-    parser.add_argument("--vit-images", type=int, default=128, help="images for the ViT-B/16-shaped model")
-    parser.add_argument("--views", type=int, default=3, help="augmented views per image (plus view 0)")
-    parser.add_argument("--vit-views", type=int, default=0, help="augmented views per image for ViT-B/16")
-    parser.add_argument("--workers", type=int, default=None, help="decoding processes (default: by CPU count)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--device", default=None, help="torch device (default cuda if available)")
-    parser.add_argument("--work-dir", type=Path, default=None, help="where images and caches go (default: temp)")
+    parser.add_argument("--parts", default="views,write,build", help="comma-separated: views, write, build")
+    parser.add_argument("--baseline", default=BASELINE, help=f"git revision of the code before (default {BASELINE})")
+    parser.add_argument("--images", type=int, default=192, help="images of the build part (default 192)")
+    parser.add_argument("--views", type=int, default=50, help="augmented views per image (default 50)")
+    parser.add_argument("--write-images", type=int, default=384, help="images of the write part (default 384)")
+    parser.add_argument("--workers", type=int, default=None, help="decoding processes (default: the builder's)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="images and caches (default: a temp folder)")
     args = parser.parse_args()
-
+    old = baseline(args.baseline)
+    threads = torch.get_num_threads()
+    print(f"code before: {args.baseline if old else 'not available (git show failed)'}; {os.cpu_count()} CPUs, "
+          f"torch {torch.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work_dir or Path(tmp)
-        items = write_images(work / "data", max(args.images, args.vit_images))
-        bench("atlas-tiny", BackboneConfig("atlas-tiny", None), items[:args.images], args.views, work / "cache",
-              args.workers, args.device, args.batch_size)
-        bench("ViT-B/16 (random weights)", BackboneConfig("ViT-B-16", None), items[:args.vit_images],
-              args.vit_views, work / "cache", args.workers, args.device, args.batch_size)
+        parts = args.parts.split(",")
+        if "views" in parts:
+            part_views(work, old, args.views)
+        torch.set_num_threads(threads)
+        if "write" in parts:
+            part_write(work, old, args.write_images)
+        if "build" in parts:
+            part_build(work, old, args.images, args.views, args.workers)
+    print(f"\n{load()} at the end")
 
 
 if __name__ == "__main__":

@@ -398,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps-only", action="store_true",
                         help="measure only the training steps (time and peak memory), no evaluation or soft labels")
     parser.add_argument("--eval-images", type=int, default=32, help="test inputs each evaluation unit is timed on")
-    parser.add_argument("--encode-batch", type=int, default=32, help="images per batch of the encode unit")
+    parser.add_argument("--encode-batch", type=int, default=64,
+                        help="image views per batch of the encode unit (default 64, the cache build's)")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="stop starting units after this")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", default=None, help="JSON file, written after every unit")

@@ -12,7 +12,8 @@ Every unit runs the engine's own code on synthetic inputs of the real shapes, so
   evaluated together (the engine's ``method_logits`` on cached features; on pixels, the prompted image features
   and the class set's classifier, as a group's one pass computes them), as a fixed part (the class prompts,
   encoded once per class set) and a part per image.
-* :func:`measure_encode`: the frozen image encoder per image (the feature cache's build), at the cache's precision.
+* :func:`measure_encode`: normalising and encoding one image view (the feature cache's build), at the cache's
+  precision.
 * :func:`measure_decode`: decoding and transforming one image (a 500 x 375 JPEG, an average photo of the datasets).
 * :func:`measure_soft_labels`: CSL / ISL generation at C (the text encoder over C class prompts, then the rows).
 * :func:`measure_run_overhead`: what a run pays outside its steps: building the method for C classes, the zero-shot
@@ -339,20 +340,26 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
     return Unit(per_call / count, peak.host, peak.device_bytes, fixed_seconds=fixed, repeats=repeats, images=reached)
 
 
-def measure_encode(backbone: Backbone, batch: int = 32, precision: str = "auto", max_repeats: int = 3) -> Unit:
-    """Seconds per image of the frozen image encoder (what building the feature cache runs per (image, view)), in
-    batches of ``batch`` at the cache's precision (``auto``: fp16 autocast on CUDA, fp32 on the CPU)."""
+def measure_encode(backbone: Backbone, batch: int = 64, precision: str = "auto", max_repeats: int = 3) -> Unit:
+    """Seconds per image view of what a cache build's own thread does for it: normalise its 8-bit pixels on the
+    encoder's device and encode them with the frozen image encoder, in batches of ``batch`` views (the build's) at
+    the cache's precision (``auto``: fp16 autocast on CUDA, fp32 on the CPU). The views are cut in worker processes
+    beside it (:func:`measure_decode`) and written by a thread beside it."""
+    from atlas_fast.clip.transforms import normalize_pixels
+
     device = backbone.device
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     if precision == "auto" and device.type == "cuda":
         dtype = torch.float16
     size = backbone.preprocessing.image_size
     size = size[0] if isinstance(size, (tuple, list)) else size
-    pixels = torch.randn(batch, 3, size, size).to(device)
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (batch, size, size, 3), generator=generator, dtype=torch.uint8)
+    pixels = pixels.pin_memory() if device.type == "cuda" else pixels
 
     def encode() -> None:
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            backbone.encode_image(pixels)
+            backbone.encode_image(normalize_pixels(pixels, backbone.transform, device))
 
     with PeakMemory(device) as peak:
         seconds, repeats = _timed(encode, device, max_repeats)
@@ -363,7 +370,10 @@ def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
                    images: Sequence[str | Path] = ()) -> Unit:
     """Seconds to decode an image and transform it into views: ``seconds`` per view, ``fixed_seconds`` per decoded
     image. Timed on ``images`` (a sample of the files a plan reads: their sizes set the cost) or, without them, on a
-    500 x 375 random-texture JPEG (the size of an average photo of the paper's datasets)."""
+    500 x 375 random-texture JPEG (the size of an average photo of the paper's datasets). It times
+    :func:`~atlas_fast.clip.transforms.load_views`, a pixel method's per-view work; a cache build's workers do all of
+    it but ToTensor + Normalize (on the encoder's device, in :func:`measure_encode`), so for them it is an upper
+    bound (by about an eighth at 224 px: ``benchmarks/cache_build.py --parts views``)."""
     from PIL import Image
 
     from atlas_fast.clip.transforms import load_views
