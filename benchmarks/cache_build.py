@@ -10,14 +10,19 @@ Three parts, each printing ratios measured in this run (``--parts`` picks them):
 * ``write``: cache write throughput for images of 51 views (Table III's longest cached recipe: view 0 + 50) and of
   one view, random 512-dim features in float16, no encoder: the writer before (one transaction per encoded batch
   of 64 views, i.e. per image, in series) against the writer thread (transactions of whole 64-row blocks).
-* ``build``: a whole build (the demo's world CLIP, ``--views`` augmented views per image) against its encoding alone
-  (the same batches of ready pixels) plus its view cutting alone (one process): the build before (``--baseline``'s
-  code) and now, with the time by stage of the new one, and whether both files hold the same bytes.
+* ``build``: a whole build (``--model``: the demo's world CLIP on world images, or e.g. ViT-B-16 with random
+  weights on 500 x 375 JPEGs; ``--views`` augmented views per image) against its encoding alone (the same batches of
+  ready pixels) plus its view cutting alone (one process): the build before (``--baseline``'s code) and now, with
+  the time by stage of the new one, and whether both files hold the same bytes.
+* ``threads`` (not by default): the world CLIP's encoder alone on the demo's batches in fresh processes, with 2
+  OpenMP threads as torch starts them, with 2 that sleep when they wait (``OMP_WAIT_POLICY=PASSIVE``) and with 1;
+  whether the features are the same bits.
 
 The code before is read from git (``--baseline``, default the commit this change started from); without git the
 parts compare nothing and say so. Run from the repository root (the machine's load is printed with each part)::
 
     python benchmarks/cache_build.py [--parts views,write,build] [--images 192] [--views 50] [--baseline REV]
+    python benchmarks/cache_build.py --parts build --model ViT-B-16 --images 8 --views 3    # ViT-B/16 on the CPU
 """
 
 from __future__ import annotations
@@ -141,13 +146,13 @@ def part_views(work: Path, old: tuple[ModuleType, ModuleType] | None, views: int
 
         resize = timed(crops) / (count - len(items))
         pixels = [transforms.load_view_pixels(d.impath, d.key, wanted, spec) for d in items]
-        cut = (timed(lambda: [transforms.load_view_pixels(d.impath, d.key, wanted, spec) for d in items])
-               / len(items) - decode) / len(wanted)
-        normalise = timed(lambda: [transforms.normalize_pixels(p, spec) for p in pixels]) / count
+        cut = (timed(lambda: all(transforms.load_view_pixels(d.impath, d.key, wanted, spec) is not None
+                                 for d in items)) / len(items) - decode) / len(wanted)
+        normalise = timed(lambda: all(transforms.normalize_pixels(p, spec) is not None for p in pixels)) / count
         new_views = [transforms.normalize_pixels(p, spec) for p in pixels]
         if old is not None:
-            before = (timed(lambda: [old[0].load_views(d.impath, d.key, wanted, spec) for d in items]) / len(items)
-                      - decode) / len(wanted)
+            before = (timed(lambda: all(old[0].load_views(d.impath, d.key, wanted, spec) is not None
+                                        for d in items)) / len(items) - decode) / len(wanted)
             equal = all(torch.equal(a, old[0].load_views(d.impath, d.key, wanted, spec))
                         for a, d in zip(new_views, items))
             ratio = f"{before / (cut + normalise):.2f}x" + ("" if equal else " (VIEWS DIFFER)")
@@ -221,15 +226,17 @@ def part_write(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
 # ----------------------------------------------------------------------------------------------------------- build
 
 def part_build(work: Path, old: tuple[ModuleType, ModuleType] | None, images: int, views: int,
-               workers: int | None) -> None:
-    backbone = load_backbone(BackboneConfig("atlas-world", "atlas-world"))
+               workers: int | None, model: str) -> None:
+    world = model == "atlas-world"
+    backbone = load_backbone(BackboneConfig(model, "atlas-world" if world else None))
     spec = backbone.transform
-    items = world_images(work / "world", images)
+    items = world_images(work / "world", images) if world else photos(work / "photos", images)
     wanted = list(range(views + 1))
     units = [(d, i, wanted) for i, d in enumerate(items)]
     batches = _batches(units, 64)
-    print(f"\n== Build vs its encoding + view cutting alone ({load()}): the world CLIP (32 px), {len(items)} world "
-          f"images x {views + 1} views = {len(items) * len(wanted)} features, {torch.get_num_threads()} threads")
+    print(f"\n== Build vs its encoding + view cutting alone ({load()}): {model} ({spec.image_size} px), "
+          f"{len(items)} {'world images' if world else 'JPEGs 500x375'} x {views + 1} views = "
+          f"{len(items) * len(wanted)} features, {torch.get_num_threads()} threads")
     clock = time.perf_counter()
     pixels = [transforms.load_view_pixels(d.impath, d.key, wanted, spec) for d in items]
     ready = [transforms.normalize_pixels(np.concatenate([pixels[i] for i in batch]), spec) for batch in batches]
@@ -247,11 +254,11 @@ def part_build(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
         root = work / f"build-{label}"
         shutil.rmtree(root, ignore_errors=True)
         builder = old[1].CacheBuilder(root) if label == "before" else FeatureCache(root)
-        report = builder.build(backbone, "WorldPhotos", items, num_views=views, num_workers=workers,
-                               progress=False)
+        report = builder.build(backbone, "Images", items, num_views=views, num_workers=workers, progress=False)
         walls[label] = report.seconds
         if label == "now":
             stages = report
+            size = report.path.stat().st_size
     alone = encode + augment
     print(f"| build | wall | / (encode + cut alone = {encode:.1f} + {augment:.1f} s) |")
     print("|---|---:|---:|")
@@ -261,23 +268,98 @@ def part_build(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
         print(f"now / before: {walls['now'] / walls['before']:.2f}x the wall time")
         import h5py
 
-        with h5py.File(FeatureCache(work / "build-before").path_for(backbone, "WorldPhotos"), "r") as a, \
-                h5py.File(FeatureCache(work / "build-now").path_for(backbone, "WorldPhotos"), "r") as b:
+        with h5py.File(FeatureCache(work / "build-before").path_for(backbone, "Images"), "r") as a, \
+                h5py.File(FeatureCache(work / "build-now").path_for(backbone, "Images"), "r") as b:
             same = all(np.array_equal(a[n][...], b[n][...]) for n in ("keys", "features", "done"))
         print(f"both files hold the same features, bit for bit: {same}")
     print(f"now, by stage: encoding {stages.encode_seconds:.1f} s, waiting for views {stages.input_wait_seconds:.1f} s "
           f"(caller's thread); writing {stages.write_seconds:.2f} s in {stages.transactions} transaction(s) beside "
           f"it; {stages.workers} decoding worker(s)")
+    print(f"disk: {size / stages.encoded * 1000 / 1e6:.3f} MB per 1,000 features ({backbone.embed_dim}-dim float16: "
+          f"{backbone.embed_dim * 2 * 1000 / 1e6:.3f} MB of it the features themselves)")
+
+
+# --------------------------------------------------------------------------------------------------------- threads
+
+ENCODER_CHILD = """
+import sys, time, json, hashlib, torch
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone
+from atlas_fast.clip import transforms
+threads, seconds, folder = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+torch.set_num_threads(threads)
+backbone = load_backbone(BackboneConfig("atlas-world", "atlas-world"))
+batches = torch.load(folder + "/batches.pt")
+out = {}
+with torch.no_grad():
+    for batch in batches:
+        backbone.encode_image(batch)  # warm-up
+    digest = hashlib.blake2b(b"".join(backbone.encode_image(b).numpy().tobytes() for b in batches)).hexdigest()
+    for batch in batches:
+        clock, n = time.perf_counter(), 0
+        while time.perf_counter() - clock < seconds:
+            backbone.encode_image(batch)
+            n += 1
+        out[len(batch)] = (time.perf_counter() - clock) / n / len(batch)
+print(json.dumps({"per_view": out, "digest": digest}))
+"""
+
+
+def part_threads(work: Path, rounds: int) -> None:
+    """The world CLIP's encoder alone on the demo's batches (201 views of one image; 64 test views), in fresh
+    processes: 2 threads with OpenMP's default waiting, 2 threads with ``OMP_WAIT_POLICY=PASSIVE`` (waiting threads
+    sleep instead of spinning: the same split of the work, so the same bits), and 1 thread; alternated
+    ``rounds`` times, the median of each."""
+    import json
+    import statistics
+
+    backbone = load_backbone(BackboneConfig("atlas-world", "atlas-world"))
+    items = world_images(work / "world", 2)
+    spec = backbone.transform
+    train = transforms.normalize_pixels(transforms.load_view_pixels(items[0].impath, items[0].key,
+                                                                    list(range(201)), spec), spec)
+    test = transforms.normalize_pixels(np.concatenate([transforms.load_view_pixels(d.impath, d.key, [0], spec)
+                                                       for d in items] * 32), spec)
+    torch.save([train, test], work / "batches.pt")
+    settings = {"2 threads": ("2", {}), "2 threads, OMP_WAIT_POLICY=PASSIVE": ("2", {"OMP_WAIT_POLICY": "PASSIVE"}),
+                "1 thread": ("1", {})}
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in settings}
+    digests: dict[str, set[str]] = {name: set() for name in settings}
+    print(f"\n== The world CLIP's encoder alone, fresh processes ({load()}), {rounds} alternated rounds, median")
+    for _ in range(rounds):
+        for name, (threads, env) in settings.items():
+            result = subprocess.run([sys.executable, "-c", ENCODER_CHILD, threads, "3", str(work)], check=True,
+                                    capture_output=True, text=True, cwd=ROOT,
+                                    env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": threads, **env})
+            data = json.loads(result.stdout.strip().splitlines()[-1])
+            digests[name].add(data["digest"])
+            for size, seconds in data["per_view"].items():
+                times[name].setdefault(size, []).append(seconds)
+    first = next(iter(settings))
+    print("| encoder threads | ms/view, batch of 201 (train) | ms/view, batch of 64 (test) | vs 2 threads | "
+          "features equal to 2 threads' |")
+    print("|---|---:|---:|---:|---|")
+    for name in settings:
+        medians = {size: statistics.median(values) for size, values in times[name].items()}
+        base = {size: statistics.median(values) for size, values in times[first].items()}
+        ratio = " / ".join(f"{base[size] / medians[size]:.2f}x" for size in medians)
+        same = "yes" if digests[name] == digests[first] and len(digests[name]) == 1 else "NO"
+        print(f"| {name} | {1e3 * medians['201']:.2f} | {1e3 * medians['64']:.2f} | {ratio} | {same} |")
+    print(f"({load()} at the end)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="views,write,build", help="comma-separated: views, write, build")
+    parser.add_argument("--parts", default="views,write,build",
+                        help="comma-separated: views, write, build, threads (default views,write,build)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of the threads part (default 3)")
     parser.add_argument("--baseline", default=BASELINE, help=f"git revision of the code before (default {BASELINE})")
     parser.add_argument("--images", type=int, default=192, help="images of the build part (default 192)")
     parser.add_argument("--views", type=int, default=50, help="augmented views per image (default 50)")
     parser.add_argument("--write-images", type=int, default=384, help="images of the write part (default 384)")
     parser.add_argument("--workers", type=int, default=None, help="decoding processes (default: the builder's)")
+    parser.add_argument("--model", default="atlas-world",
+                        help="the build part's CLIP: atlas-world (the demo's, on world images; default) or an "
+                             "open_clip model with random weights on 500x375 JPEGs, e.g. ViT-B-16")
     parser.add_argument("--work-dir", type=Path, default=None, help="images and caches (default: a temp folder)")
     args = parser.parse_args()
     old = baseline(args.baseline)
@@ -293,7 +375,9 @@ def main() -> None:
         if "write" in parts:
             part_write(work, old, args.write_images)
         if "build" in parts:
-            part_build(work, old, args.images, args.views, args.workers)
+            part_build(work, old, args.images, args.views, args.workers, args.model)
+        if "threads" in parts:
+            part_threads(work, args.rounds)
     print(f"\n{load()} at the end")
 
 

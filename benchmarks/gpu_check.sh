@@ -10,7 +10,8 @@
 # -d DIR`, several Python versions may lie side by side) the wheels that fit this Python are installed from DIR only
 # (no network, no dependency resolution) into ./.gpu_check_env, a folder added to PYTHONPATH for this script;
 # without it the script says what is missing and stops. Then benchmarks/gpu_check.py runs the checks: cache build
-# under fp16 autocast (images/s), faiss on the GPU if the installed faiss has GPU support, cached training with AMP,
+# under fp16 autocast (features/s of the build, its encoding and its view cutting; Table III's
+# 7.1 M features at that rate), faiss on the GPU if the installed faiss has GPU support, cached training with AMP,
 # R-batched training, a pixel-path method when this version has one, benchmarks/step_speed.py on CUDA (shared
 # prefix and fused attention vs open_clip's blocks), eager vs CUDA-graph cached CoOp steps (graph_steps) at
 # C = 10/50/500, runs/hour at R = 1/4/12 under AMP, the demo's wall time and
