@@ -11,9 +11,10 @@ Three parts, each printing ratios measured in this run (``--parts`` picks them):
   one view, random 512-dim features in float16, no encoder: the writer before (one transaction per encoded batch
   of 64 views, i.e. per image, in series) against the writer thread (transactions of whole 64-row blocks).
 * ``build``: a whole build (``--model``: the demo's world CLIP on world images, or e.g. ViT-B-16 with random
-  weights on 500 x 375 JPEGs; ``--views`` augmented views per image) against its encoding alone (the same batches of
-  ready pixels) plus its view cutting alone (one process): the build before (``--baseline``'s code) and now, with
-  the time by stage of the new one, and whether both files hold the same bytes.
+  weights on 500 x 375 JPEGs; ``--views`` augmented views per image) against its encoding alone (normalising and
+  encoding the same batches of cut views, as the build's own thread does) plus its view cutting alone (one process):
+  the build before (``--baseline``'s code) and now, alternating for ``--rounds`` rounds, with the time by stage of
+  the new one, and whether both files hold the same bytes.
 * ``threads`` (not by default): the world CLIP's encoder alone on the demo's batches in fresh processes, with 2
   OpenMP threads as torch starts them, with 2 that sleep when they wait (``OMP_WAIT_POLICY=PASSIVE``) and with 1;
   whether the features are the same bits.
@@ -226,7 +227,11 @@ def part_write(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
 # ----------------------------------------------------------------------------------------------------------- build
 
 def part_build(work: Path, old: tuple[ModuleType, ModuleType] | None, images: int, views: int,
-               workers: int | None, model: str) -> None:
+               workers: int | None, model: str, rounds: int) -> None:
+    import statistics
+
+    import h5py
+
     world = model == "atlas-world"
     backbone = load_backbone(BackboneConfig(model, "atlas-world" if world else None))
     spec = backbone.transform
@@ -236,45 +241,45 @@ def part_build(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
     batches = _batches(units, 64)
     print(f"\n== Build vs its encoding + view cutting alone ({load()}): {model} ({spec.image_size} px), "
           f"{len(items)} {'world images' if world else 'JPEGs 500x375'} x {views + 1} views = "
-          f"{len(items) * len(wanted)} features, {torch.get_num_threads()} threads")
-    clock = time.perf_counter()
-    pixels = [transforms.load_view_pixels(d.impath, d.key, wanted, spec) for d in items]
-    ready = [transforms.normalize_pixels(np.concatenate([pixels[i] for i in batch]), spec) for batch in batches]
-    augment = time.perf_counter() - clock
-    clock = time.perf_counter()
-    with torch.no_grad():
-        for batch in ready:
-            backbone.encode_image(batch)
-    encode = time.perf_counter() - clock
-    del ready, pixels
-    walls = {}
-    for label in ("before", "now"):
-        if label == "before" and old is None:
-            continue
-        root = work / f"build-{label}"
-        shutil.rmtree(root, ignore_errors=True)
-        builder = old[1].CacheBuilder(root) if label == "before" else FeatureCache(root)
-        report = builder.build(backbone, "Images", items, num_views=views, num_workers=workers, progress=False)
-        walls[label] = report.seconds
-        if label == "now":
-            stages = report
-            size = report.path.stat().st_size
-    alone = encode + augment
-    print(f"| build | wall | / (encode + cut alone = {encode:.1f} + {augment:.1f} s) |")
+          f"{len(items) * len(wanted)} features, {torch.get_num_threads()} threads; {rounds} round(s), before and "
+          f"now alternating, median")
+    labels = ["before", "now"] if old is not None else ["now"]
+    measured: dict[str, list[float]] = {name: [] for name in ["cut", "encode", *labels]}
+    for round_ in range(rounds):
+        clock = time.perf_counter()  # what the workers do
+        pixels = [transforms.load_view_pixels(d.impath, d.key, wanted, spec) for d in items]
+        measured["cut"].append(time.perf_counter() - clock)
+        clock = time.perf_counter()  # what the build's own thread does
+        with torch.no_grad():
+            for batch in batches:
+                backbone.encode_image(transforms.normalize_pixels(np.concatenate([pixels[i] for i in batch]), spec))
+        measured["encode"].append(time.perf_counter() - clock)
+        del pixels
+        for label in labels if round_ % 2 == 0 else labels[::-1]:
+            root = work / f"build-{label}"
+            shutil.rmtree(root, ignore_errors=True)
+            builder = old[1].CacheBuilder(root) if label == "before" else FeatureCache(root)
+            report = builder.build(backbone, "Images", items, num_views=views, num_workers=workers, progress=False)
+            measured[label].append(report.seconds)
+            if label == "now":
+                stages = report
+    median = {name: statistics.median(values) for name, values in measured.items()}
+    alone = median["encode"] + median["cut"]
+    print(f"| build | wall | / (encode {median['encode']:.1f} s + cut {median['cut']:.1f} s alone) |")
     print("|---|---:|---:|")
-    for label, wall in walls.items():
-        print(f"| {label} | {wall:.1f} s | {wall / alone:.2f}x |")
-    if "before" in walls:
-        print(f"now / before: {walls['now'] / walls['before']:.2f}x the wall time")
-        import h5py
-
+    for label in labels:
+        print(f"| {label} | {median[label]:.1f} s | {median[label] / alone:.2f}x |")
+    if old is not None:
+        print(f"now / before: {median['now'] / median['before']:.2f}x the wall time (rounds: "
+              f"{', '.join(f'{a / b:.2f}' for a, b in zip(measured['now'], measured['before']))})")
         with h5py.File(FeatureCache(work / "build-before").path_for(backbone, "Images"), "r") as a, \
                 h5py.File(FeatureCache(work / "build-now").path_for(backbone, "Images"), "r") as b:
             same = all(np.array_equal(a[n][...], b[n][...]) for n in ("keys", "features", "done"))
         print(f"both files hold the same features, bit for bit: {same}")
-    print(f"now, by stage: encoding {stages.encode_seconds:.1f} s, waiting for views {stages.input_wait_seconds:.1f} s "
-          f"(caller's thread); writing {stages.write_seconds:.2f} s in {stages.transactions} transaction(s) beside "
-          f"it; {stages.workers} decoding worker(s)")
+    print(f"now, by stage (last round): encoding {stages.encode_seconds:.1f} s, waiting for views "
+          f"{stages.input_wait_seconds:.1f} s (caller's thread); writing {stages.write_seconds:.2f} s in "
+          f"{stages.transactions} transaction(s) beside it; {stages.workers} decoding worker(s)")
+    size = stages.path.stat().st_size
     print(f"disk: {size / stages.encoded * 1000 / 1e6:.3f} MB per 1,000 features ({backbone.embed_dim}-dim float16: "
           f"{backbone.embed_dim * 2 * 1000 / 1e6:.3f} MB of it the features themselves)")
 
@@ -351,7 +356,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="views,write,build",
                         help="comma-separated: views, write, build, threads (default views,write,build)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of the threads part (default 3)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternated rounds of the build and threads parts (default 3)")
     parser.add_argument("--baseline", default=BASELINE, help=f"git revision of the code before (default {BASELINE})")
     parser.add_argument("--images", type=int, default=192, help="images of the build part (default 192)")
     parser.add_argument("--views", type=int, default=50, help="augmented views per image (default 50)")
@@ -375,7 +381,7 @@ def main() -> None:
         if "write" in parts:
             part_write(work, old, args.write_images)
         if "build" in parts:
-            part_build(work, old, args.images, args.views, args.workers, args.model)
+            part_build(work, old, args.images, args.views, args.workers, args.model, args.rounds)
         if "threads" in parts:
             part_threads(work, args.rounds)
     print(f"\n{load()} at the end")

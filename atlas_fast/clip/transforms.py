@@ -202,7 +202,7 @@ def _log_ratio(ratio: tuple[float, float]) -> tuple[float, float]:
 
 # ------------------------------------------------------------------------------------------------ 8-bit view pixels
 # ToTensor + Normalize maps each 8-bit value of channel c to one float: on the CPU the batch runs the very same
-# element-wise operations; elsewhere it is a table of 3 x 256 floats computed by torchvision's own functions
+# IEEE operations; elsewhere it is a table of 3 x 256 floats computed by torchvision's own functions
 # (:func:`normalize_table`). So workers hand over 8-bit pixels (a quarter of the bytes) and the encoder's device
 # normalises them just before encoding.
 
@@ -256,22 +256,30 @@ def normalize_table(mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Te
 def normalize_pixels(pixels: np.ndarray | torch.Tensor, spec: TransformSpec,
                      device: torch.device | str | None = None) -> torch.Tensor:
     """(N, S, S, 3) uint8 view pixels -> (N, 3, S, S) float32 on ``device`` (default: where ``pixels`` are), equal
-    bit for bit to ToTensor + Normalize of each view. On the CPU these are the same element-wise operations, run on
-    the whole batch; elsewhere a lookup in :func:`normalize_table` (a GPU divides by 255 through a reciprocal, which
-    can differ in the last bit)."""
-    if not isinstance(pixels, torch.Tensor):  # a view straight from PIL is read-only
-        pixels = torch.from_numpy(pixels if pixels.flags.writeable else pixels.copy())
-    device = pixels.device if device is None else torch.device(device)
+    bit for bit to ToTensor + Normalize of each view. On the CPU these are the same IEEE float32 operations (/ 255,
+    - mean, / std), run by numpy a megabyte of floats at a time (one thread: torch's threads would spin on such
+    short operations on a loaded machine); elsewhere a lookup in :func:`normalize_table` (a GPU divides by 255
+    through a reciprocal, which can differ in the last bit)."""
+    device = (pixels.device if isinstance(pixels, torch.Tensor) else torch.device("cpu")) if device is None else (
+        torch.device(device))
     if device.type == "cpu":
-        count, size = pixels.shape[0], pixels.shape[1]
-        out = torch.empty((count, 3, size, pixels.shape[2]), dtype=torch.float32)
-        mean = torch.as_tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1)
-        std = torch.as_tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1)
-        step = max(1, _NORMALIZE_CHUNK // max(1, pixels[0].numel()))  # views whose floats stay in the CPU's cache
-        for i in range(0, count, step):
-            planes = pixels[i:i + step].permute(0, 3, 1, 2).contiguous()  # ToTensor: HWC -> CHW, float, / 255
-            torch.div(planes.to(torch.float32), 255, out=out[i:i + step]).sub_(mean).div_(std)
-        return out
+        values = pixels.numpy() if isinstance(pixels, torch.Tensor) else np.asarray(pixels)
+        out = np.empty((values.shape[0], 3, *values.shape[1:3]), dtype=np.float32)
+        mean = np.asarray(spec.mean, dtype=np.float32).reshape(1, 3, 1, 1)
+        std = np.asarray(spec.std, dtype=np.float32).reshape(1, 3, 1, 1)
+        step = max(1, _NORMALIZE_CHUNK // max(1, values[0].size))  # views whose floats stay in the CPU's cache
+        for i in range(0, len(values), step):
+            chunk = out[i:i + step]
+            np.divide(values[i:i + step].transpose(0, 3, 1, 2), np.float32(255), out=chunk, dtype=np.float32)
+            np.subtract(chunk, mean, out=chunk)
+            np.divide(chunk, std, out=chunk)
+        return torch.from_numpy(out)
+    return look_up_pixels(pixels, spec, device)
+
+
+def look_up_pixels(pixels: np.ndarray | torch.Tensor, spec: TransformSpec, device: torch.device) -> torch.Tensor:
+    """:func:`normalize_pixels` on ``device`` by a lookup of each 8-bit value in :func:`normalize_table`."""
+    pixels = pixels if isinstance(pixels, torch.Tensor) else torch.tensor(np.asarray(pixels))
     pixels = pixels.to(device, non_blocking=True)
     table = normalize_table(tuple(spec.mean), tuple(spec.std)).to(device).flatten()
     offsets = torch.arange(0, 3 * 256, 256, device=device, dtype=torch.int64).view(1, 3, 1, 1)
