@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atlas_fast.atlas.schedules import Atlas, OneHot  # noqa: E402
 from atlas_fast.atlas.variants import atlas_period  # noqa: E402
+from atlas_fast.cache.build import default_workers  # noqa: E402
 from atlas_fast.cache.space import human_bytes  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.data.check import PUBLISHED_SIZES  # noqa: E402
@@ -106,13 +107,16 @@ class Bench:
         self.skipped: list[str] = []
         self.failed: dict[str, str] = {}
         self.start = time.perf_counter()
-        # decoding processes beside the GPU (the pixel path's and the cache build's default: up to 8)
+        # decoding processes beside the GPU: the pixel path's default (up to 8) and the cache build's (every CPU the
+        # process may use but one)
         self.decode_workers = min(8, max(1, (os.cpu_count() or 2) - 1)) if self.device.type == "cuda" else 1
+        self.cache_workers = default_workers(self.device)
         if args.units_from:  # price from units measured earlier (e.g. on a GPU): nothing that is there is measured
             saved = json.loads(Path(args.units_from).read_text())
             self.units = {k: Unit.from_dict(v) for k, v in saved["units"].items()}
             self.device = torch.device(saved["device"])
             self.decode_workers = saved.get("decode_workers") or (8 if saved["device"].startswith("cuda") else 1)
+            self.cache_workers = saved.get("cache_workers") or self.decode_workers
 
     def left(self) -> float:
         return self.args.budget_s - (time.perf_counter() - self.start)
@@ -144,7 +148,8 @@ class Bench:
     def save(self) -> None:
         if self.args.out:
             data = {"device": str(self.device), "model": self.args.model, "budget_s": self.args.budget_s,
-                    "decode_workers": self.decode_workers, "threads": torch.get_num_threads(),
+                    "decode_workers": self.decode_workers, "cache_workers": self.cache_workers,
+                    "threads": torch.get_num_threads(),
                     "units": {k: u.to_dict() for k, u in self.units.items()}, "skipped": self.skipped,
                     "failed": self.failed}
             Path(self.args.out).write_text(json.dumps(data, indent=1))
@@ -256,7 +261,7 @@ def cache_features(datasets: list[str], groups: list[est.GroupFacts]) -> tuple[i
 def priced(bench: Bench, groups: list[est.GroupFacts], features: int, images: int) -> tuple[est.Estimate, list]:
     """The estimate of the groups whose units were all measured, and the groups left out."""
     facts = est.PlanFacts((), 0, 0, features, images, int(bench.backbone.embed_dim), bench.device.type,
-                          decode_workers=bench.decode_workers)
+                          decode_workers=bench.decode_workers, cache_workers=bench.cache_workers)
     common = [k for k in est.needed_units(facts)]
     kept, left_out = [], []
     for g in groups:
@@ -268,7 +273,8 @@ def priced(bench: Bench, groups: list[est.GroupFacts], features: int, images: in
             left_out.append(g)
     ready = all(k in bench.units for k in common)
     facts = est.PlanFacts(tuple(kept), sum(g.runs for g in kept), 0, features if ready else 0,
-                          images if ready else 0, facts.embed_dim, facts.device, decode_workers=facts.decode_workers)
+                          images if ready else 0, facts.embed_dim, facts.device, decode_workers=facts.decode_workers,
+                          cache_workers=facts.cache_workers)
     return est.price(facts, bench.units), left_out
 
 
@@ -366,7 +372,11 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
               f"{official / 3600:.1f} h |")
     print(f"\npeak host memory {human_bytes(estimate.peak_host_bytes)}; peak device memory "
           f"{human_bytes(estimate.peak_device_bytes)}; cache: {features} features of {images} images "
-          f"({human_bytes(features * int(bench.backbone.embed_dim) * est.STORAGE_ITEMSIZE)})")
+          f"({human_bytes(features * int(bench.backbone.embed_dim) * est.STORAGE_ITEMSIZE)}), built with "
+          f"{bench.cache_workers} decoding worker(s)" + (f" (encode {1e3 * bench.units[est.ENCODE_KEY].seconds:.3f} ms, "
+                                                          f"decode {1e3 * bench.units[est.DECODE_KEY].seconds:.3f} "
+                                                          f"ms per view)" if {est.ENCODE_KEY, est.DECODE_KEY}
+                                                         <= set(bench.units) else ""))
     by_method = {}
     print("\n| method | runs priced | R | training | evaluation | peak device memory of a group |")
     print("|---|---:|---|---:|---:|---:|")

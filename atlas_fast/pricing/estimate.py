@@ -106,8 +106,9 @@ class PlanFacts:
     startup_seconds: float = 0.0
     # (decode unit, features, images) per dataset to encode; empty: all of them with the "decode" unit
     encode_parts: tuple[tuple[str, int, int], ...] = ()
-    decode_workers: int = 1  # decoding processes beside the encoder or the steps (CUDA: the cache build, pixels)
+    decode_workers: int = 1  # decoding processes beside the steps (CUDA: the pixel methods)
     report: bool = False  # the command writes a report (tables and plots) once its runs are done
+    cache_workers: int = 1  # decoding processes of a cache build beside its encoder (atlas_fast.cache.build)
 
 
 # ----------------------------------------------------------------------------------------------------------- units
@@ -244,8 +245,8 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     * setup = the process's start up to planned runs (``facts.startup_seconds``, when the command measured it),
       else backbone load + planning (``facts.plan_seconds``)
     * cache build = features x (encode + decode per view) + images x decode per image on the CPU; on CUDA the decoding
-      runs in ``decode_workers`` processes beside the encoder: features x max(encode, decode per view / workers)
-      + images x decode per image / workers
+      runs in ``cache_workers`` processes beside the encoder (and the writes in a thread beside it): features x
+      max(encode, decode per view / workers) + images x decode per image / workers
     * soft labels = sum over runs with CSL/ISL/mix of soft(kind, C, N of the run) (LS is free)
     * training = sum over the groups that learn (zero-shot CLIP trains nothing) of epochs x steps per epoch x
       (step(method, C, B, R) + for pixel methods B x S x (decode per view + per image), the views decoded in the
@@ -277,7 +278,7 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     for key, features, images in encode_parts(facts) if facts.features_to_encode else ():
         encode, decode = units[ENCODE_KEY], units[key]
         if cuda:
-            workers = max(1, facts.decode_workers)
+            workers = max(1, facts.cache_workers)
             phases["cache build"] += (features * max(encode.seconds, decode.seconds / workers)
                                       + images * decode.fixed_seconds / workers)
         else:
@@ -370,6 +371,9 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
     """The facts of planned runs (:class:`~atlas_fast.engine.spec.RunSpec`): finished runs dropped, the rest grouped
     as the sweep groups them (one by one for a method that does not batch runs), and the features the cache lacks
     for the runs to train (train views 0..V, or view 0 for the pixel methods; the test split's view 0)."""
+    import torch
+
+    from atlas_fast.cache.build import default_workers
     from atlas_fast.engine.pipeline import plan_fork, split_finished
     from atlas_fast.sweep import group_runs
 
@@ -421,7 +425,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
     return PlanFacts(groups=tuple(groups), runs=len(specs), finished=len(specs) - len(todo),
                      features_to_encode=features, images_to_decode=images, embed_dim=embed_dim, device=device,
                      plan_seconds=sum(spec.plan_seconds for spec in specs), decode_workers=workers,
-                     encode_parts=tuple(parts))
+                     encode_parts=tuple(parts), cache_workers=default_workers(torch.device(device)))
 
 
 # --------------------------------------------------------------------------------------------------- measuring
