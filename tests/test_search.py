@@ -369,6 +369,8 @@ def test_bad_storages_are_refused_and_left_as_they_were(world, tmp_path, capsys)
     assert main(cli(world, "--param", "lr=0.001:0.01", "--trials", "1", "--pruner", "none", "--no-final",
                     *storage)) == 0  # the same finished study again says so
     assert "nothing left to run: study mine already holds its 1 trial" in capsys.readouterr().out
+    # the search closed its connections: the write-ahead log is in the file, whatever still holds the study
+    assert not Path(f"{db}-wal").exists()
     before = db.read_bytes()
 
     # another study's definition under the same name

@@ -4,6 +4,7 @@ final runs of the best configuration (:mod:`~atlas_fast.search.outputs`)."""
 from __future__ import annotations
 
 from atlas_fast.search.outputs import finalize, write_outputs
+from atlas_fast.search.storage import close_storage
 from atlas_fast.search.study import SearchConfig, SearchResult, run_trials
 
 
@@ -12,7 +13,10 @@ def run_search(search: SearchConfig, progress: bool = True) -> SearchResult:
     command line that reruns it) and, with ``finalize``, retrain the best configuration on ``final_seeds`` and test
     it: normal records that ``atlas-fast report`` reads."""
     study, trained = run_trials(search, progress)
-    result = write_outputs(search, study)
+    try:
+        result = write_outputs(search, study)
+    finally:
+        close_storage(study)  # the study's file whole now, whatever later holds on to the study
     result.trials_now = trained
     if search.finalize:
         result.records = finalize(search, result, progress)

@@ -280,19 +280,29 @@ def run_trials(search: SearchConfig, progress: bool = True):
     """:func:`run_study`, returning (the optuna study, the trials this call trained: 0 when a finished study is run
     again and nothing was left to run)."""
 
-    from atlas_fast.search.trials import Reporter, TrialWork, mean, train_batch
-
     max_steps = preflight(search)
     try:
-        import optuna
+        import optuna  # noqa: F401 (the extra's check, before the storage is opened)
     except ImportError:
         raise UsageError(f"a search needs Optuna, which the search extra installs: {install_extra('search')}") from None
+    from atlas_fast.search.storage import close_storage, open_storage
+
+    storage = open_storage(search.storage_url(), search.name(), search.definition(), search.lock_timeout)
+    try:
+        return _trials_in(storage, search, progress, max_steps)
+    finally:
+        close_storage(storage)
+
+
+def _trials_in(storage, search: SearchConfig, progress: bool, max_steps: int):
+    """:func:`run_trials` on an opened storage."""
+    import optuna
     from optuna.trial import TrialState
 
     from atlas_fast.search.storage import (DEFINITION_ATTR, HEARTBEAT_ATTR, RELEASED, Heartbeat, dead_trials,
-                                           open_storage, wait_for_verdicts)
+                                           wait_for_verdicts)
+    from atlas_fast.search.trials import Reporter, TrialWork, mean, train_batch
 
-    storage = open_storage(search.storage_url(), search.name(), search.definition(), search.lock_timeout)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = search.name()
     study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True,
