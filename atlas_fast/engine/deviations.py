@@ -7,7 +7,8 @@ a run's *described* configuration (``RunSpec.described``, which a record stores 
 
 - the paper's soft-label presets for its setting and kind (θ, τ_c, α, δ, w, top-k:
   :func:`atlas_fast.atlas.softlabels.atlas_preset`) and the setting's ATLaS period K;
-- the method's recipe for the setting, shots and dataset (epochs, batch size, lr), and views = epochs;
+- the method's recipe for the setting, shots and dataset (epochs, or iterations for a schedule over optimiser
+  steps, batch size, lr), and views = epochs;
 - the paper's 16 shots (base-to-new and cross-dataset; few-shot tables are per shot count) and its backbone.
 
 Only printed text uses it: names, keys and metrics of runs are unchanged. The keys are the record's dotted config
@@ -29,7 +30,8 @@ PAPER_BACKBONE = "ViT-B-16"
 # How a field is printed (the soft labels' Greek letters as in the paper).
 PRINTED_NAMES = {"soft_labels.theta": "θ", "soft_labels.tau_c": "τ_c", "soft_labels.alpha": "α",
                  "soft_labels.delta": "δ", "soft_labels.w": "w", "soft_labels.top_k": "top_k", "schedule.period": "K",
-                 "recipe.epochs": "epochs", "recipe.batch_size": "batch", "recipe.lr": "lr", "shots": "shots",
+                 "recipe.epochs": "epochs", "recipe.iterations": "iterations", "recipe.batch_size": "batch",
+                 "recipe.lr": "lr", "shots": "shots",
                  "views": "views", "backbone.model": "backbone"}
 
 
@@ -78,7 +80,8 @@ def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
             found["schedule.period"] = schedule.get("period")
     recipe, own = config.get("recipe") or {}, _recipe(config)
     if own is not None:
-        for name in ("epochs", "batch_size", "lr"):
+        # a schedule over iterations resolves its epochs from the training images: its length is the iterations
+        for name in ("iterations" if own.get("iterations") else "epochs", "batch_size", "lr"):
             if name in recipe and recipe[name] != own[name]:
                 found[f"recipe.{name}"] = recipe[name]
     if setting in ("base2new", "cross_dataset") and config.get("shots") not in (None, PAPER_SHOTS):

@@ -82,6 +82,27 @@ class CachedViews(EpochTensorInputs):
         return self.cache.load(self.backbone, self.dataset, self.items, views=[1 + view], aug_seed=self.aug_seed)[:, 0]
 
 
+class JoinedViews(EpochTensorInputs):
+    """Features of the same views from several cached encoders, side by side: epoch ``e`` gives the parts' epoch
+    tensors concatenated along the feature axis, (N, D_1 + D_2 + ...) (a run's own features, then its method's
+    teacher's: :meth:`~atlas_fast.methods.base.PromptMethod.view_teacher`)."""
+
+    def __init__(self, parts: list[CachedViews]) -> None:
+        self.parts = parts
+        self.device = parts[0].device
+        rows = [part.device_rows() for part in parts]
+        # every part preloaded where the run trains: their rows joined once, for batches gathered on the device
+        self.rows = None if any(r is None or r[0].device != rows[0][0].device for r in rows) else (
+            torch.cat([r[0] for r in rows], dim=-1), parts[0].views)
+
+    def device_rows(self) -> tuple[torch.Tensor, int] | None:
+        """The parts' :meth:`CachedViews.device_rows` side by side (None unless every part has them there)."""
+        return self.rows
+
+    def for_epoch(self, epoch: int) -> torch.Tensor:
+        return torch.cat([part.for_epoch(epoch).to(self.device) for part in self.parts], dim=-1)
+
+
 def fits_on_device(size: int, device: torch.device) -> bool:
     """Whether ``size`` bytes of training features should live on ``device``: a CUDA device with that much room
     within :data:`DEVICE_RESIDENT_BYTES` and half its free memory (the CPU keeps today's host copy)."""
@@ -92,7 +113,8 @@ def fits_on_device(size: int, device: torch.device) -> bool:
 
 
 class PixelBatch(NamedTuple):
-    """A batch for a method that also reads the frozen CLIP's features of the same views (PromptSRC)."""
+    """A batch for a method that also reads cached features of the same views: the frozen CLIP's (PromptSRC), a
+    teacher's (KDPL), or both side by side."""
 
     pixels: torch.Tensor  # (B, 3, S, S)
     frozen_features: torch.Tensor  # (B, D): the cached features of exactly these views
@@ -106,7 +128,7 @@ class PixelViews:
     features :class:`CachedViews` would serve. With ``frozen`` (cached views) each batch also carries those features
     (:class:`PixelBatch`)."""
 
-    def __init__(self, images: ImageViews, views: int, frozen: CachedViews | None = None,
+    def __init__(self, images: ImageViews, views: int, frozen: EpochTensorInputs | None = None,
                  progress: bool = False) -> None:
         self.images, self.views, self.frozen, self.progress = images, views, frozen, progress
 
@@ -188,16 +210,29 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
         view0 = cache.load(backbone, data.dataset, train_split.train, views=[0], aug_seed=config.aug_seed)[:, 0]
         soft_rows = compute_soft_labels(config.soft_labels, backbone, train_split, view0,
                                         store_dir=Path(config.cache_root) / "softlabels")
-    cached = None
-    if not method.reads_pixels or method.reads_frozen_features:
+    device = spec.device
+
+    def train_views_of(encoder: Backbone) -> CachedViews:
         # Runs of a group that train on the same images (the label variants of one seed) share one copy of the
         # preloaded views: up to 1 GB each (ImageNet base-to-new: 8,000 images x 50 views x 512 floats).
-        device = spec.device
-        key = ("train views", data.dataset, tuple(d.impath for d in train_split.train), spec.views, config.aug_seed,
-               str(device))
+        key = ("train views", encoder.fingerprint, data.dataset, tuple(d.impath for d in train_split.train),
+               spec.views, config.aug_seed, str(device))
         if key not in shared:
-            shared[key] = CachedViews(cache, backbone, data.dataset, train_split.train, spec.views, config.aug_seed,
+            shared[key] = CachedViews(cache, encoder, data.dataset, train_split.train, spec.views, config.aug_seed,
                                       device)
+        return shared[key]
+
+    parts = [train_views_of(backbone)] if not method.reads_pixels or method.reads_frozen_features else []
+    teacher = method.view_teacher(spec.method_config, backbone)
+    if teacher is not None:  # its features of the same views, from its own cache file (keyed by its fingerprint)
+        cache.build(teacher, data.dataset, train_split.train, num_views=spec.views, aug_seed=config.aug_seed,
+                    progress=config.progress)
+        parts.append(train_views_of(teacher))
+    cached = parts[0] if len(parts) == 1 else None
+    if len(parts) > 1:  # shared as its parts are: the joined rows are a copy of theirs
+        key = ("joined views", *(id(part) for part in parts))
+        if key not in shared:
+            shared[key] = JoinedViews(parts)
         cached = shared[key]
     if not method.reads_pixels:
         train_inputs: TrainInputs = cached

@@ -2,11 +2,12 @@
 :class:`~atlas_fast.engine.step.TrainInputs` (docs/protocol.md, "Optimisation").
 
 SGD (momentum 0.9, weight decay 5e-4 on the learned tensors) with a cosine learning rate stepped once per epoch after
-a constant warmup epoch at 1e-5. Each run's batches follow a permutation drawn from a ``torch.Generator`` seeded with
-the run's seed, and the last partial batch is **kept** (a protocol decision; Dassl drops it). The method computes
-each batch's loss (:meth:`~atlas_fast.methods.base.PromptMethod.training_loss`) with a criterion that applies the
-label schedule's targets of the epoch (one-hot or soft), so ATLaS reaches every cross-entropy term a method has. On
-a GPU the forward runs under fp16 autocast with a gradient scaler per run.
+a constant warmup epoch at 1e-5; a method's recipe may name Adam or AdamW instead and a cosine stepped per optimiser
+step over a number of iterations (TCP, CLIP-LoRA). Each run's batches follow a permutation drawn from a
+``torch.Generator`` seeded with the run's seed, and the last partial batch is **kept** (a protocol decision; Dassl
+drops it). The method computes each batch's loss (:meth:`~atlas_fast.methods.base.PromptMethod.training_loss`) with
+a criterion that applies the label schedule's targets of the epoch (one-hot or soft), so ATLaS reaches every
+cross-entropy term a method has. On a GPU the forward runs under fp16 autocast with a gradient scaler per run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from atlas_fast.clip.text_encoder import graph_length_groups
 from atlas_fast.engine.graphs import StepGraphs, graphs_available
-from atlas_fast.engine.optim import RunsSGD
+from atlas_fast.engine.optim import RunsAdam, RunsOptimizer, RunsSGD
 from atlas_fast.engine.step import RunState, TrainStep, batches_for
 from atlas_fast.methods.base import OptimRecipe, PromptMethod
 from atlas_fast.progress import progress_bar
@@ -40,20 +41,33 @@ def lr_at_epoch(recipe: OptimRecipe, epoch: int, lr_scale: float = 1.0) -> float
     return 0.5 * recipe.lr * lr_scale * (1.0 + math.cos(math.pi * (epoch - recipe.warmup_epochs) / recipe.epochs))
 
 
-def build_optimizer(method: PromptMethod, recipe: OptimRecipe, amp: bool = False) -> RunsSGD:
-    """Dassl's SGD over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head), one
-    optimiser state and, under ``amp``, one gradient scaler per run, all on the device
-    (:class:`~atlas_fast.engine.optim.RunsSGD`). Never torch's fused SGD: under a gradient scaler its kernel left
-    the momentum buffer uninitialised on a step skipped for an fp16 overflow (seen with torch 2.11 on an H100 and
-    2.14 on the CPU), and the next step wrote that garbage into the prompts; a skipped run's tensors and buffers
-    stay exactly as they were here."""
+def build_optimizer(method: PromptMethod, recipe: OptimRecipe, amp: bool = False) -> RunsOptimizer:
+    """The recipe's optimiser over the method's parameter groups (a group may carry ``lr_scale``, e.g. DePT's head),
+    one optimiser state and, under ``amp``, one gradient scaler per run, all on the device: Dassl's SGD
+    (:class:`~atlas_fast.engine.optim.RunsSGD`), Dassl's Adam (L2 weight decay added to the gradient) or AdamW
+    (decoupled decay) (:class:`~atlas_fast.engine.optim.RunsAdam`). Never torch's fused SGD: under a gradient scaler
+    its kernel left the momentum buffer uninitialised on a step skipped for an fp16 overflow (seen with torch 2.11 on
+    an H100 and 2.14 on the CPU), and the next step wrote that garbage into the prompts; a skipped run's tensors and
+    buffers stay exactly as they were here."""
+    if recipe.optimizer in ("adam", "adamw"):
+        return RunsAdam(method.param_groups(), method.num_runs, recipe.betas, recipe.weight_decay, amp,
+                        decoupled=recipe.optimizer == "adamw")
     return RunsSGD(method.param_groups(), method.num_runs, recipe.momentum, recipe.weight_decay, amp)
 
 
-def set_epoch_lr(optimizer: RunsSGD, recipe: OptimRecipe, epoch: int) -> float:
+def set_epoch_lr(optimizer: RunsOptimizer, recipe: OptimRecipe, epoch: int) -> float:
     """Give every parameter group the lr of ``epoch`` (times its ``lr_scale``); returns the unscaled lr."""
     optimizer.set_lrs([lr_at_epoch(recipe, epoch, group["lr_scale"]) for group in optimizer.groups])
     return lr_at_epoch(recipe, epoch)
+
+
+def set_step_lr(optimizer: RunsOptimizer, recipe: OptimRecipe, step: int) -> float:
+    """A schedule over iterations: every group gets the lr of 0-based optimiser step ``step`` (times its
+    ``lr_scale``), written into the optimiser's device scalars (a fill, no host read: a replayed step reads it);
+    returns the unscaled lr."""
+    lr = recipe.lr_at_step(step)
+    optimizer.set_lrs([lr * group["lr_scale"] for group in optimizer.groups])
+    return lr
 
 
 @dataclass
@@ -83,11 +97,11 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     every run's next batch (its own order, size and targets) into (R, B_max, ...) inputs, so the text encoder sees
     R x C prompts once; the method returns each run's loss (each the mean over its own batch, auxiliary terms
     included), and the backward pass differentiates their sum, so run r's tensors get exactly run r's gradient. Each
-    run has its own optimiser state and, under AMP, its own gradient scaler (:class:`RunsSGD`): an fp16 overflow
-    skips the step of the run that overflowed and of no other, as training it alone would. A run whose epoch has
-    fewer batches (a smaller few-shot set) sits out the last steps: its tensors, optimiser state and scaler stay
-    as they were. R runs trained together equal the same runs trained alone up to float reordering. A run whose
-    loss or learned tensors stop being finite fails the whole call (no record may describe it).
+    run has its own optimiser state and, under AMP, its own gradient scaler (:class:`RunsSGD`, :class:`RunsAdam`):
+    an fp16 overflow skips the step of the run that overflowed and of no other, as training it alone would. A run
+    whose epoch has fewer batches (a smaller few-shot set) sits out the last steps: its tensors, optimiser state and
+    scaler stay as they were. R runs trained together equal the same runs trained alone up to float reordering. A
+    run whose loss or learned tensors stop being finite fails the whole call (no record may describe it).
 
     A step is one :class:`~atlas_fast.engine.step.TrainStep`: the batch, the loss, the backward pass, the update and
     the epoch's loss sums, all device work; the loop reads the losses back once per epoch. Where every run's inputs
@@ -108,6 +122,10 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     seed, data and views, one-hot targets: the label variants of a seed under ATLaS with K >= 2); after epoch
     ``fork.after`` each is copied into its runs, which go on alone. The logs returned are the forked runs'. Not
     with ``retire_runs``.
+
+    A recipe with ``iterations`` (a cosine over optimiser steps) sets each step's lr before the step and stops after
+    the last iteration, inside an epoch if it must; that epoch's loss is the mean over the items it reached. Its
+    runs train together only when their epochs have the same steps (the schedule counts the group's steps).
     """
     num_runs = len(runs)
     if method.num_runs != num_runs:
@@ -119,6 +137,9 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         raise ValueError(f"graph_steps replays CUDA graphs and needs a CUDA device, not {device.type}.")
     if fork is not None and retire_runs is not None:
         raise ValueError("train_runs: a fork and retired runs cannot be combined.")
+    if recipe.iterations is not None and len({len(run.labels) for run in runs}) > 1:
+        raise ValueError(f"{method.name}: a schedule over iterations counts the group's steps, so its runs train "
+                         f"together only on training sets of one size, not {sorted(len(r.labels) for r in runs)}.")
     optimizer = build_optimizer(method, recipe, amp)
     step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graph_steps)
     for run in runs:
@@ -129,16 +150,24 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     slots = list(range(num_runs))  # the run (index into ``logs``) at each position of the module
     name = method.name + (f" x{num_runs}" if num_runs > 1 else "")
     bar = progress_bar(range(recipe.epochs), desc=f"train {name}", enabled=progress, leave=False)
+    steps = 0  # optimiser steps so far (a schedule over iterations sets the lr of each and stops after the last)
     for epoch in bar:
         start = time.perf_counter()
-        lr = set_epoch_lr(optimizer, recipe, epoch)
+        lr = set_epoch_lr(optimizer, recipe, epoch) if recipe.iterations is None else recipe.lr_at_step(steps)
         if graphs is not None:
             graphs.start_epoch()
         orders = [torch.randperm(len(run.labels), generator=run.generator) if slots[r] not in retired else None
                   for r, run in enumerate(runs)]
         step.totals.zero_()
+        seen = [0] * len(runs)  # items each run reached in the epoch
         with _graphed_text(graphs is not None):
             for batch in batches.epoch(epoch, orders):
+                if recipe.iterations is not None:
+                    if steps == recipe.iterations:
+                        break
+                    set_step_lr(optimizer, recipe, steps)
+                steps += 1
+                seen = [count + size for count, size in zip(seen, batch.sizes)]
                 key = graphs.key(epoch, batch.sizes) if graphs is not None else None
                 if key is None:
                     step(epoch, *batch.tensors(), batch.sizes)
@@ -147,7 +176,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         for run in runs:
             run.schedule.end_epoch(epoch)
         method.end_epoch(epoch, recipe.epochs)
-        epoch_losses = [total / len(run.labels) for total, run in zip(step.totals.tolist(), runs)]
+        epoch_losses = [total / (count or len(run.labels))
+                        for total, count, run in zip(step.totals.tolist(), seen, runs)]
         _check_finite(method, epoch_losses, epoch, lr, recipe)
         seconds = time.perf_counter() - start
         graphed = {"graphed_steps": graphs.end_epoch()} if graphs is not None else {}  # before the callback
@@ -158,6 +188,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
                                        "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds,
                                        **extra[slots[r]], **graphed})
         bar.set_postfix(loss=f"{sum(epoch_losses) / len(runs):.4f}", lr=f"{lr:.2e}")
+        if recipe.iterations is not None and steps >= recipe.iterations:
+            break
         if fork is not None and epoch == fork.after:  # the shared epochs are over: each trunk run into its runs
             method, optimizer = _regrouped(fork.regroup, method, optimizer, recipe, fork.parents, amp)
             _fork_runs(fork, runs, epoch, len(method.classnames))
@@ -179,7 +211,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     return logs
 
 
-def _stepper(method: PromptMethod, runs: Sequence[RunState], optimizer: RunsSGD, recipe: OptimRecipe,
+def _stepper(method: PromptMethod, runs: Sequence[RunState], optimizer: RunsOptimizer, recipe: OptimRecipe,
              device: torch.device, amp: bool, graph_steps: bool):
     """The step, the batches and (``graph_steps``) the step graphs of ``runs``."""
     step = TrainStep(method, runs, optimizer, device, amp)
@@ -196,8 +228,8 @@ def _graphed_text(graphed: bool):
 
 
 def _regrouped(regroup: Callable[[PromptMethod, list[int]], PromptMethod], method: PromptMethod,
-               optimizer: RunsSGD, recipe: OptimRecipe, keep: list[int], amp: bool
-               ) -> tuple[PromptMethod, RunsSGD]:
+               optimizer: RunsOptimizer, recipe: OptimRecipe, keep: list[int], amp: bool
+               ) -> tuple[PromptMethod, RunsOptimizer]:
     """The module of the runs at positions ``keep`` (from ``regroup``) and an optimiser over it whose state is the
     kept runs' slices of ``optimizer``'s (tensors matched by position in the method's parameter groups)."""
     smaller = regroup(method, keep)

@@ -294,6 +294,11 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
     if not entry.learns and not config.schedule.plain:
         raise ValueError(f"{config.method} learns nothing, so the {config.schedule.name!r} label schedule has "
                          f"nothing to supervise; run it without soft labels (schedule OneHot, --atlas none).")
+    if not entry.uses_labels and not config.schedule.plain:
+        raise ValueError(f"{config.method} trains without labels (it distils its teacher's predictions on every "
+                         f"view), so the {config.schedule.name!r} label schedule has no cross-entropy to act on; run "
+                         f"it with the plain schedule (OneHot, --atlas none) and compare it with the base method "
+                         f"+ ATLaS (docs/method-zoo.md, section KDPL).")
     device = resolve_device(config.device, elsewhere=for_workers)
     here = device.type != "cuda" or torch.cuda.is_available()
     amp = resolve_precision(config.precision, device) == "amp"
@@ -315,10 +320,13 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
         warnings.warn(f"{config.method} on {dataset}: {epochs} epoch(s) with {warmup} warmup epoch(s) at lr "
                       f"{optim_recipe.warmup_lr:g} leave no epoch at the recipe's lr {optim_recipe.lr:g}: the "
                       f"prompts barely move. Train at least {warmup + 1} epochs.", stacklevel=2)
-    if config.snapshot_epochs and config.snapshot_epochs[-1] > epochs:
-        raise ValueError(f"snapshot_epochs {list(config.snapshot_epochs)} go past the run's {epochs} epochs.")
     data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config, config.evaluate),
                          listings=listings)
+    if optim_recipe.iterations is not None:  # a schedule over optimiser steps: its epochs follow from the images
+        optim_recipe = optim_recipe.for_training_images(len(data.train_split.train), config.epochs)
+    if config.snapshot_epochs and config.snapshot_epochs[-1] > optim_recipe.epochs:
+        raise ValueError(f"snapshot_epochs {list(config.snapshot_epochs)} go past the run's {optim_recipe.epochs} "
+                         f"epochs.")
     if data.shots_used["min"] < config.shots:
         used = data.shots_used
         print(f"note: {dataset}: some classes have fewer than {config.shots} training images; the run uses "

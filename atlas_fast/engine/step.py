@@ -1,5 +1,5 @@
 """One optimiser step of R >= 1 runs, whole: the step's batch, the loss with the label schedules' targets, the
-backward pass, the update of every run (:class:`~atlas_fast.engine.optim.RunsSGD`, fp16 overflows handled per run)
+backward pass, the update of every run (:class:`~atlas_fast.engine.optim.RunsOptimizer`, fp16 overflows handled per run)
 and the per-run loss sums of the epoch, all as device work that reads nothing back to the host. The training loop
 (``loop.py``) runs a :class:`TrainStep` eagerly; ``graphs.py`` captures the very same call in a CUDA graph and replays
 it, so a replayed step computes what the eager step computes.
@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 import torch
 from atlas_fast.atlas.schedules import LabelSchedule, runs_cross_entropy
-from atlas_fast.engine.optim import RunsSGD
+from atlas_fast.engine.optim import RunsOptimizer
 from atlas_fast.methods.base import PromptMethod
 
 
@@ -221,7 +221,7 @@ class TrainStep:
     run, the backward of ``sum_r scale_r loss_r``, the update (``optimizer``) of the runs that take part, and the
     epoch's per-run loss sums (:attr:`totals`, ``loss_r x B_r``), all on the device."""
 
-    def __init__(self, method: PromptMethod, runs: Sequence[RunState], optimizer: RunsSGD, device: torch.device,
+    def __init__(self, method: PromptMethod, runs: Sequence[RunState], optimizer: RunsOptimizer, device: torch.device,
                  amp: bool) -> None:
         self.method, self.runs, self.optimizer, self.device, self.amp = method, runs, optimizer, device, amp
         self.totals = torch.zeros(len(runs), device=device)
@@ -251,10 +251,10 @@ class TrainStep:
         return losses
 
 
-def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: RunsSGD, epoch: int, inputs,
+def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: RunsOptimizer, epoch: int, inputs,
                      labels: torch.Tensor, targets: list, sizes: list[int], device: torch.device, amp: bool,
                      autocast_cache: bool = True) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-    """Each run's loss (R,) and the (scaled) gradients of :attr:`RunsSGD.params`.
+    """Each run's loss (R,) and the (scaled) gradients of :attr:`RunsOptimizer.params`.
 
     The criterion gives the sum over the runs in this step of run r's schedule loss of its logits
     (R, B_max, C)[r, :B_r] ((B, C) logits are one run's); ``observe``: these are the method's class predictions

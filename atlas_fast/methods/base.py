@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, ClassVar, Iterator, Literal, Sequence
 
 import torch
@@ -28,13 +28,23 @@ from atlas_fast.vocabulary import RECIPE_FAMILIES, SETTINGS
 EVAL_BATCH = 1024
 
 
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
 @dataclass(frozen=True)
 class OptimRecipe:
-    """Dassl's optimisation recipe (``docs/protocol.md``, section Optimisation): SGD + per-epoch cosine after a constant
-    warmup.
+    """A method's optimisation recipe (``docs/protocol.md``, section Optimisation). Default: Dassl's SGD + per-epoch
+    cosine after a constant warmup.
 
     The warmup epochs count inside ``epochs``; lr of 0-based epoch e is ``warmup_lr`` for e < warmup_epochs, then
     ``0.5 * lr * (1 + cos(pi * (e - warmup_epochs) / epochs))``.
+
+    ``optimizer``: ``sgd`` (``momentum``, ``weight_decay``), ``adam`` (Dassl's: L2 ``weight_decay`` added to the
+    gradient, TCP) or ``adamw`` (decoupled weight decay, CLIP-LoRA), both with ``betas``. ``iterations``: the
+    schedule counts optimiser steps instead of epochs (CLIP-LoRA's ``CosineAnnealingLR`` stepped every iteration):
+    step t runs at ``min_lr + 0.5 * (lr - min_lr) * (1 + cos(pi * t / iterations))``, there is no warmup, and
+    training stops after ``iterations`` steps, inside an epoch if it must. ``epochs`` is then resolved when a run is
+    planned, from its training images: ``ceil(iterations / steps per epoch)``.
     """
 
     epochs: int
@@ -45,6 +55,10 @@ class OptimRecipe:
     warmup_epochs: int = 1
     warmup_lr: float = 1e-5
     scheduler: Literal["cosine"] = "cosine"
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+    iterations: int | None = None
+    min_lr: float = 0.0
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -58,9 +72,50 @@ class OptimRecipe:
         if self.scheduler != "cosine":
             raise ValueError(f"OptimRecipe.scheduler must be 'cosine' (the only schedule the recipes use), "
                              f"got {self.scheduler!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"OptimRecipe.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"OptimRecipe.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.iterations is not None:
+            if self.iterations < 1:
+                raise ValueError(f"OptimRecipe.iterations must be >= 1 optimiser steps, got {self.iterations}")
+            if self.warmup_epochs:
+                raise ValueError("OptimRecipe: a schedule over iterations has no warmup epochs (warmup_epochs=0)")
+        if not 0.0 <= self.min_lr <= self.lr:
+            raise ValueError(f"OptimRecipe.min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The fields as a record stores them; those added after the first records (``ADDED_FIELDS``) only where they
+        differ from their defaults, so every earlier run keeps its record name."""
+        described = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, default in ADDED_FIELDS.items():
+            if described[name] == default:
+                del described[name]
+        if "betas" in described:
+            described["betas"] = list(described["betas"])
+        return described
+
+    def lr_at_step(self, step: int) -> float:
+        """The lr of 0-based optimiser step ``step`` of a schedule over :attr:`iterations`."""
+        if self.iterations is None:
+            raise ValueError("lr_at_step needs a recipe with iterations (its schedule counts epochs otherwise)")
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * step / self.iterations))
+
+    def for_training_images(self, images: int, epochs: int | None = None) -> "OptimRecipe":
+        """A schedule over iterations with its epochs resolved for ``images`` training images (the last partial
+        batch is a step); ``epochs`` (an override) instead trains that many whole epochs, the iterations with them.
+        Recipes without iterations are returned unchanged."""
+        if self.iterations is None:
+            return self
+        steps = -(-images // self.batch_size)
+        if epochs is not None:
+            return replace(self, epochs=epochs, iterations=epochs * steps)
+        return replace(self, epochs=-(-self.iterations // steps))
+
+
+# OptimRecipe's fields added after records were first written, with their defaults (OptimRecipe.to_dict).
+ADDED_FIELDS: dict[str, Any] = {"optimizer": "sgd", "betas": (0.9, 0.999), "iterations": None, "min_lr": 0.0}
 
 
 RecipeFunction = Callable[[str, str, int, str], "tuple[MethodConfig, OptimRecipe]"]
@@ -140,6 +195,21 @@ class PromptMethod(nn.Module):
     #: The config fields that are prompt depths (counted in transformer blocks), which a backbone with shallower
     #: towers needs lowered (``--method-option``; the embedded world's experiments).
     depth_options: ClassVar[tuple[str, ...]] = ()
+    #: False for methods that train without labels (KDPL distils a teacher's predictions): a label schedule (ATLaS,
+    #: ...) would have nothing to supervise, so planning accepts only the plain one-hot schedule, whose labels such
+    #: a method never reads.
+    uses_labels: ClassVar[bool] = True
+
+    @classmethod
+    def view_teacher(cls, config: MethodConfig, backbone: Backbone) -> Backbone | None:
+        """A second frozen image encoder whose features of every training view the method reads beside its own
+        inputs (KDPL's teacher): a backbone with the teacher's weights and fingerprint whose transform is
+        ``backbone``'s, so it encodes exactly the views the run trains on. None (the default): no teacher.
+
+        The feed caches its features like the run's own (one file keyed by the teacher's fingerprint) and appends
+        them to every training batch: cached features arrive as (B, D + D_teacher), pixel batches as a
+        :class:`~atlas_fast.engine.feed.PixelBatch` whose ``frozen_features`` end with the D_teacher columns."""
+        return None
 
     @classmethod
     def build(cls, backbone: Backbone, classnames: Sequence[str], config: MethodConfig | None = None

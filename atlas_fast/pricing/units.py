@@ -198,7 +198,7 @@ class _SyntheticInputs:
         batch = self.inputs
         device = batch[0].device if isinstance(batch, tuple) else batch.device
         for index in order.to(device).split(batch_size):  # moved once per epoch, as the engine's inputs do
-            if isinstance(batch, tuple):  # PromptSRC: pixels and the frozen features of the same views
+            if isinstance(batch, tuple):  # PromptSRC, KDPL: pixels and cached features of the same views
                 from atlas_fast.engine.feed import PixelBatch
 
                 yield PixelBatch(batch[0][index], batch[1][index]), index
@@ -206,16 +206,22 @@ class _SyntheticInputs:
                 yield batch[index], index
 
 
-def _training_inputs(entry, backbone: Backbone, items: int, device: torch.device) -> Any:
+def _training_inputs(entry, backbone: Backbone, items: int, device: torch.device,
+                     method_config: MethodConfig | None = None) -> Any:
+    """Random training inputs shaped as the feed serves them (a method's teacher's features appended)."""
     generator = torch.Generator().manual_seed(0)
+    teacher = entry.view_teacher(method_config, backbone) if method_config is not None else None
+    width = (backbone.embed_dim if not entry.reads_pixels or entry.reads_frozen_features else 0) + (
+        teacher.embed_dim if teacher is not None else 0)
+    pixels = None
     if entry.reads_pixels:
         size = backbone.preprocessing.image_size
         size = size[0] if isinstance(size, (tuple, list)) else size
         pixels = torch.randn(items, 3, size, size, generator=generator).to(device)
-        if entry.reads_frozen_features:
-            return pixels, torch.randn(items, backbone.embed_dim, generator=generator).to(device)
-        return pixels
-    return torch.randn(items, backbone.embed_dim, generator=generator).to(device)
+    features = torch.randn(items, width, generator=generator).to(device) if width else None
+    if pixels is None:
+        return features
+    return pixels if features is None else (pixels, features)
 
 
 def method_config_for(method: str, runs: int, config: MethodConfig | None = None,
@@ -267,7 +273,7 @@ def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], bat
     warm_steps = GRAPH_WARMUP_STEPS + 1 if graphs else 1
     timed_steps = max(steps, warm_steps)
     items = batch * timed_steps
-    inputs = _training_inputs(entry, backbone, items, device)
+    inputs = _training_inputs(entry, backbone, items, device, method_config)
     labels = torch.arange(items) % len(classnames)
     states = [RunState(_SyntheticInputs(inputs), labels, None, schedule, seed, device)
               for seed, schedule in enumerate(schedules)]
