@@ -1,0 +1,363 @@
+"""KDPL (Mistretta et al., ECCV 2024, "Improving Zero-shot Generalization of Learned Prompts via Unsupervised Knowledge
+Distillation") on CoOp, CoCoOp, MaPLe and PromptSRC: a larger frozen CLIP teacher's zero-shot predictions on every
+training view supervise the student's prompts, without labels (``docs/method-zoo.md``, section KDPL).
+
+For a batch of views with the teacher's image features u_i and its text features g_c of the dataset's hand-crafted
+prompt (CoOp's zero-shot template), s the **student's** CLIP temperature (the reference passes the student's
+``logit_scale`` to the teacher) and T a temperature (1 in the reference, which has none):
+
+    p_i = softmax(s cos(u_i, g) / T),   q_i = softmax(z_i / T)   (z: the base method's logits of view i)
+    L = 1/2 KL(p || q) + 1/2 KL(q || p)   each summed over classes and averaged over the batch ("batchmean")
+        (+ PromptSRC's self-regulating terms for KDPL on PromptSRC; the base's cross-entropy is replaced)
+
+Class-agnostic KDPL (KDPL-CA) knows no class names of the dataset: the teacher scores a dictionary of class names
+("a photo of a {}."), the K = 1000 classes with the highest batch-mean teacher probability are kept each step, and
+the student's prompts are built for those K names. At test time a KDPL model is its base method, unchanged.
+
+The teacher's image features are those of exactly the views the student trains on: the feed caches them in a file
+keyed by the teacher's own fingerprint (:meth:`KDPL.view_teacher`) and serves them beside the student's inputs
+(cached features: the last D_teacher columns; pixels: :class:`~atlas_fast.engine.feed.PixelBatch` features). Given
+pixels alone, the teacher encodes them. The teacher's text features are computed once per class set and process, in
+fp32. Learned tensors are the base method's. KDPL uses no labels: a label schedule (ATLaS, ...) is refused
+(``uses_labels = False``), since there is no cross-entropy for its targets to reach.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from atlas_fast.clip.backbones import Backbone, BackboneConfig, shared_backbone
+from atlas_fast.data.datasets import zeroshot_template
+from atlas_fast.data.templates import check_template, fill_template
+from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
+                                     check_scale, register_method)
+from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
+from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
+from atlas_fast.methods.maple import MaPLe, MaPLeConfig
+from atlas_fast.methods.prompts import ClassPrompts
+from atlas_fast.methods.promptsrc import PromptSRC, PromptSRCConfig, template_text_features
+
+# The reference's teacher: open_clip's ViT-H-14 with QuickGELU and Apple's DFN-5B weights.
+DEFAULT_TEACHER = ("ViT-H-14-quickgelu", "dfn5b")
+# The class-agnostic teacher's prompt (the dictionary's names have no dataset to name).
+AGNOSTIC_TEMPLATE = "a photo of a {}."
+# Prompts per teacher text-tower call (the reference encodes its prompts 128 at a time: the same features).
+TEACHER_TEXT_CHUNK = 1024
+
+
+@dataclass(frozen=True)
+class KDPLConfig(MethodConfig):
+    """The distillation's settings (the reference's): the teacher (``teacher`` an open_clip model name,
+    ``teacher_pretrained`` a tag, a checkpoint file or ``none`` for random weights), its prompt, the class-agnostic
+    variant (``agnostic_classnames``: a file of class names, one per line or the reference's CSV with a
+    ``ClassName`` header; ``k_max`` classes kept per step), the weights of the forward and reverse KL and the
+    temperature T."""
+
+    teacher: str = DEFAULT_TEACHER[0]
+    teacher_pretrained: str = DEFAULT_TEACHER[1]
+    teacher_template: str = "a photo of a {}."
+    class_agnostic: bool = False
+    agnostic_classnames: str = ""
+    k_max: int = 1000
+    forward_weight: float = 0.5
+    reverse_weight: float = 0.5
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = type(self).__name__
+        check_template(self.teacher_template, f"{owner}.teacher_template")
+        if self.class_agnostic and not self.agnostic_classnames:
+            raise ValueError(f"{owner}: class_agnostic=True needs agnostic_classnames=FILE, the dictionary of class "
+                             f"names the teacher scores (the reference's is classnames_dictionay.csv of "
+                             f"miccunifi/KDPL, 20,930 names: one name per line, or a CSV with a ClassName header)")
+        if self.k_max < 1:
+            raise ValueError(f"{owner}.k_max must be >= 1 classes per step, got {self.k_max}")
+        for name in ("forward_weight", "reverse_weight"):
+            check_scale(self, name)
+        if not self.forward_weight + self.reverse_weight > 0:
+            raise ValueError(f"{owner}: forward_weight + reverse_weight must be > 0 (nothing would be distilled)")
+        check_scale(self, "temperature", low_open=True)
+
+    def teacher_backbone(self) -> BackboneConfig:
+        pretrained = None if self.teacher_pretrained.lower() == "none" else self.teacher_pretrained
+        return BackboneConfig(self.teacher, pretrained)
+
+
+@dataclass(frozen=True)
+class KDPLCoOpConfig(CoOpConfig, KDPLConfig):
+    """KDPL on CoOp: CoOp's fields + the distillation's."""
+
+
+@dataclass(frozen=True)
+class KDPLCoCoOpConfig(CoCoOpConfig, KDPLConfig):
+    """KDPL on CoCoOp: CoCoOp's fields + the distillation's."""
+
+
+@dataclass(frozen=True)
+class KDPLMaPLeConfig(MaPLeConfig, KDPLConfig):
+    """KDPL on MaPLe: MaPLe's fields + the distillation's."""
+
+
+@dataclass(frozen=True)
+class KDPLPromptSRCConfig(PromptSRCConfig, KDPLConfig):
+    """KDPL on PromptSRC: PromptSRC's fields (its self-regulating weights and GPA) + the distillation's."""
+
+
+def read_classnames(path: str | Path) -> tuple[str, ...]:
+    """Class names from a file: one per line, or the first column of a CSV whose header is ``ClassName`` (the
+    reference's dictionary); blank lines are skipped. An unreadable or empty file is an error naming it."""
+    path = Path(path).expanduser()
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            rows = [row[0].strip() for row in csv.reader(handle) if row and row[0].strip()]
+    except OSError as exc:
+        raise ValueError(f"KDPL's class-agnostic dictionary {path} cannot be read ({exc.strerror})") from exc
+    if rows and rows[0] == "ClassName":
+        rows = rows[1:]
+    if not rows:
+        raise ValueError(f"KDPL's class-agnostic dictionary {path} holds no class names")
+    return tuple(dict.fromkeys(rows))
+
+
+# The teacher's normalised text features by (teacher, device, prompts): the same for every run and seed of a sweep
+# on those classes, and a ViT-H text tower over a 20,930-name dictionary is not cheap. A few sets are kept.
+_TEACHER_TEXT: dict[tuple, torch.Tensor] = {}
+_TEACHER_TEXT_KEPT = 4
+
+
+def teacher_text_features(teacher: Backbone, template: str, classnames: Sequence[str]) -> torch.Tensor:
+    """(C, D_teacher): the teacher's normalised text features of ``template`` for ``classnames``, fp32, kept per
+    process."""
+    key = (teacher.fingerprint, str(teacher.device), template, tuple(classnames))
+    if key not in _TEACHER_TEXT:
+        prompts = fill_template(template, classnames)
+        with torch.no_grad(), torch.autocast(teacher.device.type, enabled=False):
+            features = torch.cat([teacher.encode_text(prompts[i:i + TEACHER_TEXT_CHUNK]).float()
+                                  for i in range(0, len(prompts), TEACHER_TEXT_CHUNK)])
+        if len(_TEACHER_TEXT) >= _TEACHER_TEXT_KEPT:
+            _TEACHER_TEXT.pop(next(iter(_TEACHER_TEXT)))
+        _TEACHER_TEXT[key] = F.normalize(features, dim=-1)
+    return _TEACHER_TEXT[key]
+
+
+def symmetric_kl(student: torch.Tensor, teacher: torch.Tensor, forward_weight: float, reverse_weight: float,
+                 temperature: float) -> torch.Tensor:
+    """``forward_weight * KL(p || q) + reverse_weight * KL(q || p)`` per run, summed over the R runs: student logits
+    (R, B, C) give q, teacher logits (B, C) give p; each KL summed over classes and averaged over the batch."""
+    q = F.log_softmax(student.float() / temperature, dim=-1)
+    p = F.log_softmax(teacher.float() / temperature, dim=-1).expand_as(q)
+    batch = q.shape[1]
+    forward = F.kl_div(q, p, log_target=True, reduction="none").sum(dim=(1, 2)) / batch
+    reverse = F.kl_div(p, q, log_target=True, reduction="none").sum(dim=(1, 2)) / batch
+    return (forward_weight * forward + reverse_weight * reverse).sum()
+
+
+def class_prompts_subset(prompts: ClassPrompts, index: torch.Tensor) -> ClassPrompts:
+    """The class prompts of the classes ``index`` of ``prompts`` (no tokenizing: its buffers' rows)."""
+    rows = index.tolist()
+    subset = ClassPrompts(prompts.backbone, prompts.n_ctx, prompts.prompt_prefix, prompts.class_token_position,
+                          prompts.per_class_context)
+    subset.classnames = tuple(prompts.classnames[i] for i in rows)
+    for name in ("token_prefix", "token_suffix", "eot_index", "layout"):
+        value = getattr(prompts, name)
+        subset.register_buffer(name, value[index] if value is not None else None, persistent=False)
+    subset.shared_words = prompts.shared_words  # words every class shares stay shared in any subset
+    return subset
+
+
+class KDPL(PromptMethod):
+    """The distillation around a base method (a CoOp-family or IVLP-family class, ``base_class``): the KDPL classes
+    derive from both, so their learned tensors, forward and evaluation are the base's."""
+
+    base_class: ClassVar[type[PromptMethod]]
+    uses_labels = False
+    # the loss is not a criterion term, so a batched loop could not log each run's own loss
+    supports_batched_runs = False
+
+    @classmethod
+    def view_teacher(cls, config: KDPLConfig, backbone: Backbone) -> Backbone:
+        """The teacher (loaded once per process) with ``backbone``'s transform: it encodes the student's views, as
+        the reference feeds the student's preprocessed images to the teacher."""
+        teacher = shared_backbone(config.teacher_backbone(), backbone.device)
+        size, own = backbone.preprocessing.image_size, teacher.preprocessing.image_size
+        if size != own:
+            raise ValueError(f"KDPL's teacher {teacher.describe()} takes {own} px images, but the student's views "
+                             f"are {size} px (the reference feeds the student's images to the teacher); choose a "
+                             f"teacher of the student's image size")
+        return dataclasses.replace(teacher, preprocessing=backbone.preprocessing)
+
+    @property
+    def teacher(self) -> Backbone:
+        """The teacher, loaded at the first training step (evaluating a KDPL model never needs it)."""
+        if getattr(self, "_teacher", None) is None:
+            self._teacher = self.view_teacher(self.config, self.backbone)
+        return self._teacher
+
+    def teacher_classes(self) -> tuple[tuple[str, ...], str]:
+        """(class names, prompt) the teacher scores: the dictionary (class-agnostic) or the current classes."""
+        config = self.config
+        if config.class_agnostic:
+            if getattr(self, "_dictionary", None) is None:
+                self._dictionary = read_classnames(config.agnostic_classnames)
+            return self._dictionary, AGNOSTIC_TEMPLATE
+        return self.classnames, config.teacher_template
+
+    def teacher_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """s cos(u, g): (B, C_teacher) of the teacher's un-normalised image features (B, D_teacher), at the student's
+        temperature s."""
+        names, template = self.teacher_classes()
+        text = teacher_text_features(self.teacher, template, names).to(features.device)
+        return self.logit_scale * F.normalize(features.float(), dim=-1) @ text.t()
+
+    def split_inputs(self, inputs) -> tuple[object, torch.Tensor]:
+        """(the base method's inputs, the teacher's image features (B, D_teacher)) of a training batch."""
+        width = int(self.teacher.embed_dim)
+        if self.reads_pixels:
+            pixels, extra = inputs if isinstance(inputs, tuple) else (inputs, None)
+            if extra is None:  # pixels alone: the teacher encodes them
+                return pixels, self.teacher.encode_image(pixels.to(self.teacher.device))
+            own = extra[..., :-width]
+            return ((pixels, own) if own.shape[-1] else pixels), extra[..., -width:]
+        if inputs.shape[-1] != self.backbone.embed_dim + width:
+            raise ValueError(f"{self.name} trains on cached features with its teacher's appended, (B, "
+                             f"{self.backbone.embed_dim} + {width}); got {tuple(inputs.shape)}")
+        return inputs[..., :-width], inputs[..., -width:]
+
+    def training_loss(self, inputs, labels: torch.Tensor, criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """The base method's training loss with its cross-entropy replaced by the symmetric KL to the teacher (labels
+        and ``criterion`` unused: KDPL learns from the teacher alone)."""
+        student_inputs, teacher_features = self.split_inputs(inputs)
+        teacher = self.teacher_logits(teacher_features)
+        config = self.config
+        classes = nullcontext()
+        if config.class_agnostic:
+            kept = torch.softmax(teacher.float(), dim=-1).mean(dim=0).topk(min(config.k_max, teacher.shape[1])).indices
+            teacher, classes = teacher[:, kept], self.dictionary_classes(kept)
+
+        def distillation(logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
+            logits = logits if logits.dim() == 3 else logits.unsqueeze(0)
+            return symmetric_kl(logits, teacher, config.forward_weight, config.reverse_weight, config.temperature)
+
+        with classes:
+            return self.base_class.training_loss(self, student_inputs, labels, distillation)
+
+    @contextmanager
+    def dictionary_classes(self, kept: torch.Tensor) -> Iterator[None]:
+        """Within the block, the student's classes are the dictionary's classes ``kept`` (class-agnostic KDPL)."""
+        if getattr(self, "_dictionary_prompts", None) is None:
+            prompts = ClassPrompts(self.backbone, self.class_prompts.n_ctx, self.class_prompts.prompt_prefix,
+                                   self.class_prompts.class_token_position)
+            prompts.set_classnames(self.teacher_classes()[0], self.ctx.device)
+            self._dictionary_prompts = prompts
+        saved = self.class_prompts, self.classnames
+        subset = class_prompts_subset(self._dictionary_prompts, kept)
+        self.class_prompts, self.classnames = subset, subset.classnames
+        try:
+            yield
+        finally:
+            self.class_prompts, self.classnames = saved
+
+
+def kdpl_recipe(name: str, family: str, setting: str, dataset: str, config: KDPLConfig, epochs: int, batch: int,
+                lr: float, settings: Sequence[str] = ("base2new", "cross_dataset")) -> tuple[KDPLConfig, OptimRecipe]:
+    """A KDPL recipe (its configs under miccunifi/KDPL ``src/configs/trainers/*_KDPL``; SGD, one constant warmup
+    epoch, per-epoch cosine; class-aware with the ViT-H-14 DFN-5B teacher and CoOp's zero-shot template of the
+    dataset). The reference scripts base-to-new and cross-dataset (ImageNet source) with the same config; few-shot
+    raises :class:`MissingRecipe`."""
+    check_family(name, family)
+    config = dataclasses.replace(config, teacher_template=zeroshot_template(dataset))
+    if setting not in settings:
+        raise MissingRecipe(name, setting, config)
+    return config, OptimRecipe(epochs=epochs, batch_size=batch, lr=lr)
+
+
+def kdpl_coop_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[KDPLCoOpConfig, OptimRecipe]:
+    """KDPL-CoOp (``CoOp_KDPL/vit_b32_ctxv1``): M = 4 from "a photo of a" in both families, 50 epochs, batch 32,
+    lr 0.002."""
+    return kdpl_recipe("KDPL-CoOp", family, setting, dataset, KDPLCoOpConfig(ctx_init=PAPER_CTX_INIT), 50, 32, 0.002)
+
+
+def kdpl_cocoop_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[KDPLCoCoOpConfig, OptimRecipe]:
+    """KDPL-CoCoOp (``CoCoOp_KDPL/vit_b32_c4_ep10_batch1_ctxv1``): M = 4 from "a photo of a", 10 epochs, batch 1,
+    lr 0.002."""
+    return kdpl_recipe("KDPL-CoCoOp", family, setting, dataset, KDPLCoCoOpConfig(ctx_init=PAPER_CTX_INIT), 10, 1,
+                       0.002)
+
+
+def kdpl_maple_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[KDPLMaPLeConfig, OptimRecipe]:
+    """KDPL-MaPLe (``MaPLe_KDPL/vit_b32_c2_ep5_batch4_2ctx``, also its cross-dataset config): J = 9, 5 epochs,
+    batch 4, lr 0.0035; ``original`` M = 2, ``paper`` M = 4 (all four words of "a photo of a" learnable)."""
+    config = KDPLMaPLeConfig(n_ctx=2 if family == "original" else 4, ctx_init=PAPER_CTX_INIT, depth=9)
+    return kdpl_recipe("KDPL-MaPLe", family, setting, dataset, config, 5, 4, 0.0035)
+
+
+def kdpl_promptsrc_recipe(family: str, setting: str, shots: int,
+                          dataset: str) -> tuple[KDPLPromptSRCConfig, OptimRecipe]:
+    """KDPL-PromptSRC (``PromptSRC_KDPL/vit_b32_c2_ep20_batch4_4+4ctx``; cross-dataset ``..._cross_datasets``:
+    depth 3 / 3, GPA 6, 10): 4 + 4 tokens from "a photo of a", depth 9 / 9, λ_t 25, λ_v 10, GPA 15, 1, 20 epochs,
+    batch 4, lr 0.0025, in both families."""
+    config = (KDPLPromptSRCConfig(depth_text=3, depth_vision=3, gpa_mean=6.0, gpa_std=10.0)
+              if setting == "cross_dataset" else KDPLPromptSRCConfig())
+    return kdpl_recipe("KDPL-PromptSRC", family, setting, dataset, config, 20, 4, 0.0025)
+
+
+class KDPLCoOp(KDPL, CoOp):
+    name = "kdpl-coop"
+    printed_name = "KDPL-CoOp"
+    recipe = staticmethod(kdpl_coop_recipe)
+    config_class = KDPLCoOpConfig
+    base_class = CoOp
+
+
+class KDPLCoCoOp(KDPL, CoCoOp):
+    name = "kdpl-cocoop"
+    printed_name = "KDPL-CoCoOp"
+    recipe = staticmethod(kdpl_cocoop_recipe)
+    config_class = KDPLCoCoOpConfig
+    base_class = CoCoOp
+
+
+class KDPLMaPLe(KDPL, MaPLe):
+    name = "kdpl-maple"
+    printed_name = "KDPL-MaPLe"
+    recipe = staticmethod(kdpl_maple_recipe)
+    config_class = KDPLMaPLeConfig
+    base_class = MaPLe
+
+
+class KDPLPromptSRC(KDPL, PromptSRC):
+    """KDPL on PromptSRC: the self-regulating terms and GPA stay; in the class-agnostic variant its frozen text
+    targets are the kept dictionary classes'."""
+
+    name = "kdpl-promptsrc"
+    printed_name = "KDPL-PromptSRC"
+    recipe = staticmethod(kdpl_promptsrc_recipe)
+    config_class = KDPLPromptSRCConfig
+    base_class = PromptSRC
+
+    @contextmanager
+    def dictionary_classes(self, kept: torch.Tensor) -> Iterator[None]:
+        with super().dictionary_classes(kept):
+            saved = self.fixed_classnames, self.fixed_embeddings
+            dictionary = template_text_features(self.backbone, self.teacher_classes()[0])
+            self.fixed_classnames = self.classnames
+            self.fixed_embeddings = dictionary.to(kept.device)[kept]
+            try:
+                yield
+            finally:
+                self.fixed_classnames, self.fixed_embeddings = saved
+
+
+register_method(KDPLCoOp)
+register_method(KDPLCoCoOp)
+register_method(KDPLMaPLe)
+register_method(KDPLPromptSRC)
