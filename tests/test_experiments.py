@@ -313,6 +313,8 @@ def test_experiments_run_as_a_module_of_the_package_from_any_folder(tmp_path):
 
 # Small configurations of every module for --world (the benchmark is generated once, at 3/1/2 images per class).
 WORLD_MODULE_ARGS = {
+    "beyond_base_to_new": ["--methods", "tcp", "kdpl-coop", "--kinds", "isl", "--datasets", "WorldSketches"],
+    "beyond_few_shot": ["--methods", "clip-lora-text", "--shots", "1", "--kinds", "isl", "--datasets", "WorldSketches"],
     "fig1_label_smoothing": [],
     "fig3_soft_label_case_study": ["--images", "2", "--top-k", "3"],
     "fig5_new_class_curves": [],

@@ -80,8 +80,12 @@ def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
             found["schedule.period"] = schedule.get("period")
     recipe, own = config.get("recipe") or {}, _recipe(config)
     if own is not None:
-        # a schedule over iterations resolves its epochs from the training images: its length is the iterations
-        for name in ("iterations" if own.get("iterations") else "epochs", "batch_size", "lr"):
+        names = ["epochs", "batch_size", "lr"]
+        if own.get("iterations"):  # a schedule over iterations: its epochs follow from the training images
+            names.remove("epochs")
+            if recipe.get("iterations", own["iterations"]) != own["iterations"]:  # shortened: say to what
+                found["recipe.epochs"], found["recipe.iterations"] = recipe.get("epochs"), recipe["iterations"]
+        for name in names:
             if name in recipe and recipe[name] != own[name]:
                 found[f"recipe.{name}"] = recipe[name]
     if setting in ("base2new", "cross_dataset") and config.get("shots") not in (None, PAPER_SHOTS):

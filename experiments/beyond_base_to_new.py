@@ -1,0 +1,109 @@
+"""Beyond the paper: base-to-new of CLIP-LoRA, TCP and KDPL (on CoOp, CoCoOp, MaPLe, PromptSRC) with and without
+ATLaS.
+
+    atlas-fast experiment beyond_base_to_new --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
+    atlas-fast experiment beyond_base_to_new --world --kinds isl
+
+One block of rows per method, each with its own published recipe (docs/method-zoo.md), 16 shots, seeds 1-3 and the
+paper's base-to-new presets (K=2, θ=0.1, τ_c=0.05, α=0.1):
+
+* CLIP-LoRA and TCP train with a cross-entropy: the plain method, then + ATLaS with each soft-label kind of
+  ``--kinds`` (default LS, CSL, ISL).
+* KDPL learns from its teacher without labels, so ATLaS has nothing to act on in it: its block compares the base
+  method (trained with KDPL's schedule, as the KDPL authors train their baselines) plain and + ATLaS with each kind
+  against KDPL on that base, the same prompts distilled from a larger CLIP's zero-shot predictions. ATLaS-ISL uses
+  the student CLIP's own zero-shot predictions (with the labels); KDPL a teacher's (without them).
+
+The KDPL teacher is ``--method-option teacher=MODEL teacher_pretrained=TAG|FILE|none`` (default: open_clip's
+ViT-H-14-quickgelu with DFN-5B weights, the paper's); with ``--world`` it defaults to the world's own CLIP (no larger
+world CLIP exists, so there the teacher's predictions are the student's zero-shot ones). Each row is named by its
+method and variant ("KDPL-CoOp", "CoOp + ATLaS-ISL"); the changes of a block are paired by seed against its first
+row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import TYPE_CHECKING
+
+from atlas_fast.experiments.common import BASE_NEW, base_config, method_args, write_table
+
+if TYPE_CHECKING:
+    from atlas_fast.engine import TrainConfig
+
+PAPER = "Beyond the paper (CLIP-LoRA, TCP, KDPL)"
+METHODS = ("clip-lora", "tcp", "kdpl-coop", "kdpl-cocoop", "kdpl-maple", "kdpl-promptsrc")
+KINDS = ("ls", "csl", "isl")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    method_args(p, METHODS)
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                   help="the ATLaS soft-label kinds of each block (default: %(default)s)")
+
+
+def teacher_options(args: argparse.Namespace, method: str) -> list[str]:
+    """With ``--world``, KDPL's teacher is the world's CLIP unless ``--method-option`` names one."""
+    from atlas_fast.app.options import WORLD_BACKBONE, method_options
+
+    given = method_options(args.method_option, method) or {}
+    if not args.world or "teacher" in given:
+        return []
+    return [f"{method}:teacher={WORLD_BACKBONE[0]}", f"{method}:teacher_pretrained={WORLD_BACKBONE[1]}"]
+
+
+def plan(args: argparse.Namespace) -> list[TrainConfig]:
+    return [config for method in args.methods for config in method_block(args, method)]
+
+
+def method_block(args: argparse.Namespace, method: str) -> list[TrainConfig]:
+    """The runs of ``method``'s block, in a fixed order."""
+    from atlas_fast.app.options import method_options
+    from atlas_fast.methods.base import method_class
+    from atlas_fast.sweep import atlas_variants, grid_configs
+
+    variants = atlas_variants("base2new", args.kinds)
+    entry = method_class(method)
+    if entry.uses_labels:
+        return grid_configs(base_config(args, "base2new", method=method, evaluate=BASE_NEW), args.datasets, variants,
+                            args.seeds)
+    options = method_options(args.method_option + teacher_options(args, method), method)
+    student = base_config(args, "base2new", method=method, method_options=options, evaluate=BASE_NEW)
+    configs = []
+    for dataset in args.datasets:  # the base method on KDPL's own schedule for the dataset, then KDPL
+        _, recipe = entry.recipe(args.recipe, "base2new", 16, dataset)
+        base = base_config(args, "base2new", method=entry.base_class.name, evaluate=BASE_NEW)
+        base = dataclasses.replace(base, epochs=args.epochs or recipe.epochs, batch_size=recipe.batch_size,
+                                   lr=recipe.lr)
+        configs += grid_configs(base, [dataset], variants, args.seeds)
+        configs += grid_configs(student, [dataset], variants[:1], args.seeds)
+    return configs
+
+
+def row_name(config: dict) -> str:
+    """``CLIP-LoRA``, ``CLIP-LoRA + ATLaS-ISL``, ``KDPL-CoOp``: the method's printed name and its variant."""
+    from atlas_fast.report.tables import method_name, variant_label
+
+    variant = variant_label(config)
+    name = method_name(config["method"])
+    return f"{name} {variant}" if variant.startswith("+") else name
+
+
+def report(args: argparse.Namespace, records: list[dict]) -> str:
+    from atlas_fast.methods.base import method_class
+    from atlas_fast.report.tables import aggregate, method_name
+
+    rows, start = [], 0
+    for method in args.methods:  # the records come in plan order, block by block
+        count = len(method_block(args, method))
+        entry = method_class(method)
+        block = method_name(method) if entry.uses_labels else (
+            f"{method_name(method)} vs {method_name(entry.base_class.name)} + ATLaS")
+        for row in aggregate(records[start:start + count], label=row_name):
+            row.block = block
+            rows.append(row)
+        start += count
+    title = (f"Beyond the paper: base-to-new with ATLaS (mean over {len(args.datasets)} datasets, {len(args.seeds)} "
+             f"seeds)")
+    return write_table(rows, "beyond_base_to_new", title, args.out)
