@@ -36,7 +36,10 @@ Checks, each timed and each allowed to fail on its own (the table says FAIL and 
 12. the paper at its real scale (``benchmarks/paper_scale.py`` within ``--paper-scale-budget`` seconds): Table III's
     units at every dataset's real C, batch, R and test-set size, and the whole table's predicted hours beside the
     official code's, with the pixel methods' targets (IVLP + MaPLe training <= 1.2 h, evaluation <= 0.5 h, Table
-    III <= 6 h) and the cached methods' (CoOp + DePT + CoCoOp training <= 1.2 h).
+    III <= 6 h) and the cached methods' (CoOp + DePT + CoCoOp training <= 1.2 h);
+13. beyond the paper (``benchmarks/beyond_methods.py``): TCP, CLIP-LoRA on the text tower and KDPL-CoOp/-CoCoOp, a
+    training step from cached features vs the pixel path (decode, frozen towers, KDPL's ViT-H-14 teacher with random
+    weights), at C = 50; check 7 covers their graph steps (Adam/AdamW and a per-step cosine included).
 
 Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies the dataset size. ``--device cpu
 --model atlas-tiny --scale 0.1`` is a smoke test of this script itself on a machine without a GPU (no fp16/AMP rows).
@@ -45,6 +48,7 @@ Sizes are chosen to finish in a few minutes on one GPU; ``--scale`` multiplies t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -296,15 +300,19 @@ def _train_cached(name: str, backbone, classnames, features, labels, epochs: int
     singles = []
     for r in range(runs):  # run r starts as it would alone (initialised with seed r), as a group's runs do
         torch.manual_seed(r)
-        singles.append(entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a")))
+        singles.append(entry.build(backbone, classnames, cached_method_config(name, backbone)))
     method = singles[0]
     if runs > 1:
-        method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a", num_runs=runs))
+        method = entry.build(backbone, classnames, cached_method_config(name, backbone, runs))
         method.load_checkpoint_state(stack_runs([single.state_for_checkpoint() for single in singles]))
     method = method.to(device)
     states = [RunState(RandomFeatures(features), labels, None, OneHot(), seed=seed, device=device)
               for seed in range(1, runs + 1)]
     recipe = OptimRecipe(epochs=epochs, batch_size=batch, lr=0.002)
+    _, own = entry.recipe_function("paper", "base2new", 16, "ImageNet")
+    if own.optimizer != "sgd":  # its own optimiser (Adam, AdamW) and a cosine over the steps, as its recipe has them
+        recipe = dataclasses.replace(own, epochs=epochs, batch_size=batch, warmup_epochs=0,
+                                     iterations=epochs * -(-len(labels) // batch))
     with warnings.catch_warnings(record=True) as caught, \
             graph_length_groups() if groups else contextlib.nullcontext():
         warnings.simplefilter("always")
@@ -325,6 +333,25 @@ def _largest_difference(a: torch.nn.Module, b: torch.nn.Module, run: int | None 
                .item() for p, q in pairs)
 
 
+def cached_method_config(name: str, backbone, runs: int = 1):
+    """A cached method's paper base-to-new config for ``runs`` runs, its depths cut to the backbone's towers; a
+    method with a teacher (KDPL) gets the backbone's architecture with random weights as its teacher (nothing is
+    downloaded)."""
+    from atlas_fast.pricing.units import method_config_for
+
+    config = method_config_for(name, runs, None, backbone)
+    if hasattr(config, "teacher"):
+        config = dataclasses.replace(config, teacher=SETUP["model"], teacher_pretrained="none")
+    return config
+
+
+def feature_width(name: str, backbone) -> int:
+    """The width of a cached method's training features: the backbone's, and its teacher's appended (KDPL)."""
+    from atlas_fast.methods.base import method_class
+
+    teacher = method_class(name).view_teacher(cached_method_config(name, backbone), backbone)
+    return backbone.embed_dim + (teacher.embed_dim if teacher is not None else 0)
+
 @guarded("graph steps")
 def check_graph_steps(backbone, steps_per_epoch: int = 10, short: int = 2, long: int = 6) -> None:
     """Eager vs graphed steps of every cached method: ms per step in steady state (the time of ``long`` epochs minus
@@ -342,7 +369,7 @@ def check_graph_steps(backbone, steps_per_epoch: int = 10, short: int = 2, long:
     for name, classes in cases:
         classnames = [f"class {i}" for i in range(classes)]
         n = 32 * steps_per_epoch  # every batch full-size: every step after the warm-up can replay
-        features = torch.randn(n, backbone.embed_dim, generator=generator).to(SETUP["device"])
+        features = torch.randn(n, feature_width(name, backbone), generator=generator).to(SETUP["device"])
         labels = torch.randint(classes, (n,), generator=generator)
         _train_cached(name, backbone, classnames, features, labels, 1, False)  # warm-up (kernels, cuBLAS)
         timed = {}
@@ -464,6 +491,26 @@ def check_graph_groups(backbone, runs: int = 12, classes: int = 500, steps: int 
     row("length groups in graphed steps", "ok", "; ".join(results),
         f"ImageNet's first {classes} class names, R = {runs}, fp16 AMP, steady-state ms per graphed step "
         f"(GRAPHED_GROUP_COST = {text_encoder.GRAPHED_GROUP_COST:g} positions per extra group)")
+
+
+@guarded("beyond the paper: cached vs pixel")
+def check_beyond_methods(teacher: str) -> None:
+    """TCP, CLIP-LoRA (text tower) and KDPL-CoOp/-CoCoOp: a training step from cached features vs the pixel path
+    (``benchmarks/beyond_methods.py``; KDPL's teacher ``teacher`` with random weights), ms per step and the ratio."""
+    import contextlib
+    import io
+
+    import beyond_methods
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = beyond_methods.main(["--device", SETUP["device"], "--model", SETUP["model"], "--teacher", teacher,
+                                      "--classes", "50", "--steps", "3"])
+    print(out.getvalue(), flush=True)
+    cells = [line.split(" | ") for line in out.getvalue().splitlines() if line.startswith("| ") and "---" not in line]
+    ratios = [f"{c[0].lstrip('| ')} {c[3]} vs {c[4]} ms ({c[5]})" for c in cells[1:]]
+    row("beyond the paper: cached vs pixel", "ok" if status == 0 else "FAIL", "; ".join(ratios),
+        f"C=50, recipe batch sizes, teacher {teacher} (random weights); pixel = decode + frozen towers + loss")
 
 
 def _phases(records: list[dict], seconds: float) -> str:
@@ -667,6 +714,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda", help="cuda (default); cpu only to smoke-test this script")
     p.add_argument("--model", default="ViT-B-16", help="open_clip model, random weights (default ViT-B-16)")
     p.add_argument("--skip-demo", action="store_true", help="leave out the demo's wall time (the longest check)")
+    p.add_argument("--beyond-teacher", default="ViT-H-14-quickgelu",
+                   help="KDPL's teacher in the cached-vs-pixel check, random weights (default: the paper's ViT-H-14)")
     p.add_argument("--paper-scale-budget", type=int, default=240,
                    help="seconds for benchmarks/paper_scale.py's units (default 240; 0 leaves it out)")
     args = p.parse_args()
@@ -702,6 +751,7 @@ def main() -> int:
             check_demo(root)
         if args.paper_scale_budget > 0:
             check_paper_scale(args.paper_scale_budget)
+        check_beyond_methods(args.beyond_teacher if args.device == "cuda" else args.model)
     total = time.perf_counter() - start
     print(f"\n## atlas_fast GPU check on {name} ({total:.0f} s)\n")
     print("| check | status | measured | note |")

@@ -15,7 +15,8 @@
 # R-batched training, a pixel-path method when this version has one, benchmarks/step_speed.py on CUDA (shared
 # prefix and fused attention vs open_clip's blocks), eager vs CUDA-graph cached CoOp steps (graph_steps) at
 # C = 10/50/500, runs/hour at R = 1/4/12 under AMP, the demo's wall time and
-# benchmarks/paper_scale.py within --paper-scale-budget seconds (Table III priced at its real shapes).
+# benchmarks/paper_scale.py within --paper-scale-budget seconds (Table III priced at its real shapes), and the
+# cached vs pixel training steps of CLIP-LoRA, TCP and KDPL (benchmarks/beyond_methods.py, KDPL's ViT-H-14 teacher).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
