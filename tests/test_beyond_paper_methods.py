@@ -69,6 +69,29 @@ def test_train_base_to_new_with_and_without_atlas_isl(root, capsys, method):
     assert [e["soft"] for e in record["epochs"]] == [False, True]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["tcp", "clip-lora", "kdpl-coop"])
+def test_train_on_the_world_with_and_without_atlas_isl(root, capsys, method):
+    """The embedded world (the shipped atlas-world CLIP, its own teacher for KDPL; TCP's depth cut to its 4 blocks
+    as ``train`` does for world datasets)."""
+    from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
+
+    generate_benchmark(root / "world", ["WorldSketches"], sizes=SplitSizes(train=2, val=1, test=1), progress=False)
+    args = ["train", "--dataset", "WorldSketches", "--data-root", str(root / "world"), "--shots", "2", "--epochs", "2",
+            "--views", "2", "--batch-size", "8", "--cache-root", str(root / "cache"), "--results-dir",
+            str(root / "world-results"), "--no-progress", "--method", method]
+    if method == "kdpl-coop":
+        args += ["--method-option", "teacher=atlas-world", "teacher_pretrained=atlas-world"]
+    for extra in ((), ("--atlas", "isl")):
+        status = main(args + list(extra))
+        captured = capsys.readouterr()
+        if extra and method == "kdpl-coop":
+            assert status == 2 and "trains without labels" in captured.err
+        else:
+            assert status == 0 and re.search(rf"WorldSketches {re.escape(method)}\S*(?: \[[^\]]*\])? seed 1: base",
+                                             captured.out), captured.out
+
+
 def test_python_api_trains_clip_lora_text_over_iterations_with_atlas_isl(root):
     """The recipe's schedule over optimiser steps: ``epochs=2`` trains two whole epochs (8 images, batch 5: 2 steps
     each, the iterations with them) with AdamW; the record keeps the resolved recipe."""

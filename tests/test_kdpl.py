@@ -249,3 +249,28 @@ def test_recipes_and_configs(dictionary_file):
     assert read_classnames(dictionary_file) == tuple(DICTIONARY)
     with pytest.raises(ValueError, match=re.escape("nowhere.csv cannot be read")):
         read_classnames(dictionary_file.parent / "nowhere.csv")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agnostic", [False, True])
+def test_vit_b16_student_with_a_vit_b32_teacher_matches_the_official_trainer(dictionary_file, agnostic):
+    """The reference's shapes: a ViT-B/16 student (512-d text, 224 px views) and a 224 px teacher of another
+    architecture (ViT-B/32, random weights), KDPL on CoOp."""
+    from atlas_fast.clip.backbones import load_backbone
+
+    student = load_backbone(BackboneConfig("ViT-B-16", None))
+    changes = dict(class_agnostic=True, agnostic_classnames=str(dictionary_file), k_max=5) if agnostic else {}
+    torch.manual_seed(0)
+    method = build_method("kdpl-coop", student, CLASSNAMES, dataclasses.replace(
+        CONFIGS["kdpl-coop"], teacher="ViT-B-32", teacher_pretrained="none", **changes))
+    with torch.no_grad():
+        method.ctx.add_(0.05 * torch.randn_like(method.ctx))
+    teacher = method.teacher
+    saved = teacher.model.logit_scale.detach().clone()
+    teacher.model.logit_scale.data.fill_(math.log(40.0))  # off the student's, so the temperature control can fail
+    try:
+        check(student, method, f"KDPL ViT-B/16 kdpl-coop{' CA' if agnostic else ''}", agnostic,
+              torch.randn(2, 3, 224, 224), DICTIONARY)
+    finally:
+        teacher.model.logit_scale.data.copy_(saved)
+    print("\n" + report_ratios("KDPL ViT-B/16"))

@@ -128,6 +128,27 @@ def test_runs_are_independent_and_new_classes_get_their_own_class_tokens(tiny):
     torch.testing.assert_close(batched.state_for_checkpoint()["ctx"], state["ctx"])
 
 
+def test_soft_targets_reach_the_cross_entropy_and_the_knowledge_term_stays_hard(tiny):
+    """ATLaS: the criterion gets TCP's class logits (any label schedule's targets act on them); W (1 - cos) is added
+    unchanged."""
+    from atlas_fast.atlas.schedules import soft_cross_entropy
+
+    torch.manual_seed(3)
+    method = TCP(tiny, CLASSNAMES, TCPConfig(template=TEMPLATE, depth=2))
+    features, labels = torch.randn(3, tiny.embed_dim), torch.tensor([0, 2, 1])
+    soft = torch.softmax(torch.randn(3, 4), dim=-1)
+    seen = []
+
+    def criterion(logits, observe=True):
+        seen.append(observe)
+        return soft_cross_entropy(logits[0], soft)
+
+    loss = method.training_loss(features, labels, criterion)
+    expected = soft_cross_entropy(method(features)[0], soft) + method.regularizer(method.raw_text_features())
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
+    assert seen == [True]
+
+
 def test_recipe_and_config():
     config, recipe = tcp_recipe("original", "base2new", 16, "OxfordPets")
     assert (config.n_ctx, config.ctx_init, config.template, config.knowledge_template) == (
