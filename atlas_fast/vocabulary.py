@@ -57,6 +57,11 @@ SCHEDULE_CHOICES = ("auto",) + tuple(name for name in SCHEDULES if name != "oneh
 # Which schedules read offline soft labels.
 SOFT_LABEL_SCHEDULES: tuple[ScheduleName, ...] = ("atlas", "joint")
 
+# The optimisers a method's recipe may name (OptimRecipe.optimizer): Dassl's SGD, Dassl's Adam (TCP), AdamW
+# (CLIP-LoRA).
+Optimizer = Literal["sgd", "adam", "adamw"]
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
+
 # CUDA-graph replay of cached training steps (``--graph-steps``) -> TrainConfig.graph_steps.
 GRAPH_STEPS = {"auto": None, "on": True, "off": False}
 

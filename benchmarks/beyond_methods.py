@@ -48,7 +48,7 @@ def method_config(name: str, backbone, teacher: tuple[str, str]):
     """The method's base-to-new recipe config, its depths cut to the backbone and KDPL's teacher set."""
     import dataclasses
 
-    config, recipe = method_class(name).recipe("paper", "base2new", 16, "ImageNet")
+    config, recipe = method_class(name).recipe_function("paper", "base2new", 16, "ImageNet")
     changes = {}
     if hasattr(config, "teacher"):
         changes.update(teacher=teacher[0], teacher_pretrained=teacher[1])
@@ -60,7 +60,7 @@ def method_config(name: str, backbone, teacher: tuple[str, str]):
 def time_steps(method, batches, step_inputs, steps: int) -> tuple[list[float], list[float]]:
     """Seconds and losses of ``steps`` timed steps after one warm-up step; ``step_inputs(batch)`` makes a step's
     inputs from the batch (decoding and encoding included, for the pixel path)."""
-    _, recipe = method_class(method.name).recipe("paper", "base2new", 16, "ImageNet")
+    _, recipe = method_class(method.name).recipe_function("paper", "base2new", 16, "ImageNet")
     optimizer = build_optimizer(method, recipe)
     if recipe.iterations is None:
         set_epoch_lr(optimizer, recipe, min(1, recipe.epochs - 1))

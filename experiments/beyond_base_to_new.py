@@ -28,18 +28,18 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, method_args, write_table
+from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
 
 PAPER = "Beyond the paper (CLIP-LoRA, TCP, KDPL)"
 METHODS = ("clip-lora", "tcp", "kdpl-coop", "kdpl-cocoop", "kdpl-maple", "kdpl-promptsrc")
-KINDS = ("ls", "csl", "isl")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     method_args(p, METHODS)
-    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+    p.add_argument("--kinds", nargs="+", choices=PAPER_SOFT_LABEL_KINDS, default=list(PAPER_SOFT_LABEL_KINDS),
                    help="the ATLaS soft-label kinds of each block (default: %(default)s)")
 
 
@@ -72,7 +72,7 @@ def method_block(args: argparse.Namespace, method: str) -> list[TrainConfig]:
     student = base_config(args, "base2new", method=method, method_options=options, evaluate=BASE_NEW)
     configs = []
     for dataset in args.datasets:  # the base method on KDPL's own schedule for the dataset, then KDPL
-        _, recipe = entry.recipe(args.recipe, "base2new", 16, dataset)
+        _, recipe = entry.recipe_function(args.recipe_family, "base2new", 16, dataset)
         base = base_config(args, "base2new", method=entry.base_class.name, evaluate=BASE_NEW)
         base = dataclasses.replace(base, epochs=args.epochs or recipe.epochs, batch_size=recipe.batch_size,
                                    lr=recipe.lr)
@@ -83,7 +83,7 @@ def method_block(args: argparse.Namespace, method: str) -> list[TrainConfig]:
 
 def row_name(config: dict) -> str:
     """``CLIP-LoRA``, ``CLIP-LoRA + ATLaS-ISL``, ``KDPL-CoOp``: the method's printed name and its variant."""
-    from atlas_fast.report.tables import method_name, variant_label
+    from atlas_fast.report.rows import method_name, variant_label
 
     variant = variant_label(config)
     name = method_name(config["method"])
@@ -92,7 +92,7 @@ def row_name(config: dict) -> str:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.methods.base import method_class
-    from atlas_fast.report.tables import aggregate, method_name
+    from atlas_fast.report.rows import aggregate, method_name
 
     rows, start = [], 0
     for method in args.methods:  # the records come in plan order, block by block

@@ -18,23 +18,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import base_config, chunks, publish
-from atlas_fast.report.tables import aggregate, deviation_marks, deviation_sentences, plot_series, variant_label
+from atlas_fast.report.figures import plot_series
+from atlas_fast.report.formats import deviation_sentences
+from atlas_fast.report.rows import aggregate, deviation_marks, variant_label
+from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
 
 PAPER = "Beyond the paper (few-shot CLIP-LoRA)"
 SHOTS = (1, 2, 4, 8, 16)
-KINDS = ("ls", "csl", "isl")
+# CLIP-LoRA on both towers (the paper's, pixels) and on the text tower alone (cached features)
+LORA_METHODS = ("clip-lora", "clip-lora-text")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from atlas_fast.app.options import add_method_options
 
     p.add_argument("--shots", type=int, nargs="+", default=list(SHOTS))
-    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+    p.add_argument("--kinds", nargs="+", choices=PAPER_SOFT_LABEL_KINDS, default=list(PAPER_SOFT_LABEL_KINDS),
                    help="the ATLaS soft-label kinds (default: %(default)s)")
-    p.add_argument("--methods", nargs="+", choices=("clip-lora", "clip-lora-text"), default=["clip-lora"])
+    p.add_argument("--methods", nargs="+", choices=LORA_METHODS, default=list(LORA_METHODS[:1]))
     add_method_options(p)
 
 
@@ -47,7 +51,7 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    from atlas_fast.report.tables import method_name
+    from atlas_fast.report.rows import method_name
 
     curves: dict[str, list[float]] = {}
     runs: dict[str, list[dict]] = {}

@@ -22,13 +22,10 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.renames import moved_names, renamed_attribute
-from atlas_fast.vocabulary import RECIPE_FAMILIES, SETTINGS
+from atlas_fast.vocabulary import OPTIMIZERS, RECIPE_FAMILIES, SETTINGS, Optimizer
 
 # Images per chunk when a method evaluates cached test features chunk by chunk.
 EVAL_BATCH = 1024
-
-
-OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 @dataclass(frozen=True)
@@ -55,7 +52,7 @@ class OptimRecipe:
     warmup_epochs: int = 1
     warmup_lr: float = 1e-5
     scheduler: Literal["cosine"] = "cosine"
-    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    optimizer: Optimizer = "sgd"
     betas: tuple[float, float] = (0.9, 0.999)
     iterations: int | None = None
     min_lr: float = 0.0

@@ -173,7 +173,7 @@ class CLIPLoRA(PromptMethod):
 
     name = "clip-lora"
     printed_name = "CLIP-LoRA"
-    recipe = staticmethod(clip_lora_recipe)
+    recipe_function = staticmethod(clip_lora_recipe)
     config_class = CLIPLoRAConfig
     reads_pixels = True
 
@@ -279,7 +279,7 @@ class CLIPLoRAText(CLIPLoRA):
 
     name = "clip-lora-text"
     printed_name = "CLIP-LoRA (text)"
-    recipe = staticmethod(clip_lora_text_recipe)
+    recipe_function = staticmethod(clip_lora_text_recipe)
     config_class = CLIPLoRATextConfig
     reads_pixels = False
     forward = PromptMethod.forward

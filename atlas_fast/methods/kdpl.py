@@ -313,7 +313,7 @@ def kdpl_promptsrc_recipe(family: str, setting: str, shots: int,
 class KDPLCoOp(KDPL, CoOp):
     name = "kdpl-coop"
     printed_name = "KDPL-CoOp"
-    recipe = staticmethod(kdpl_coop_recipe)
+    recipe_function = staticmethod(kdpl_coop_recipe)
     config_class = KDPLCoOpConfig
     base_class = CoOp
 
@@ -321,7 +321,7 @@ class KDPLCoOp(KDPL, CoOp):
 class KDPLCoCoOp(KDPL, CoCoOp):
     name = "kdpl-cocoop"
     printed_name = "KDPL-CoCoOp"
-    recipe = staticmethod(kdpl_cocoop_recipe)
+    recipe_function = staticmethod(kdpl_cocoop_recipe)
     config_class = KDPLCoCoOpConfig
     base_class = CoCoOp
 
@@ -329,7 +329,7 @@ class KDPLCoCoOp(KDPL, CoCoOp):
 class KDPLMaPLe(KDPL, MaPLe):
     name = "kdpl-maple"
     printed_name = "KDPL-MaPLe"
-    recipe = staticmethod(kdpl_maple_recipe)
+    recipe_function = staticmethod(kdpl_maple_recipe)
     config_class = KDPLMaPLeConfig
     base_class = MaPLe
 
@@ -340,7 +340,7 @@ class KDPLPromptSRC(KDPL, PromptSRC):
 
     name = "kdpl-promptsrc"
     printed_name = "KDPL-PromptSRC"
-    recipe = staticmethod(kdpl_promptsrc_recipe)
+    recipe_function = staticmethod(kdpl_promptsrc_recipe)
     config_class = KDPLPromptSRCConfig
     base_class = PromptSRC
 

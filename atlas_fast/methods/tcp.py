@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.clip.prompted_towers import fused_block, fused_tower_supported, pooled_block
 from atlas_fast.clip.text_encoder import PromptTextEncoder, host_positions, tokenize_prompts
-from atlas_fast.data.datasets import atlas_template, find_spec
+from atlas_fast.data.datasets import atlas_template, find_dataset_spec
 from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
                                      check_scale, register_method)
@@ -76,7 +76,7 @@ KNOWLEDGE_COSINE_EPS = 1e-7  # torch.nn.CosineSimilarity(eps=1e-07) in the refer
 
 
 def registry_name(dataset: str) -> str:
-    spec = find_spec(dataset)
+    spec = find_dataset_spec(dataset)
     return spec.name if spec is not None else dataset
 
 
@@ -187,7 +187,7 @@ class TCP(PromptMethod):
 
     name = "tcp"
     printed_name = "TCP"
-    recipe = staticmethod(tcp_recipe)
+    recipe_function = staticmethod(tcp_recipe)
     config_class = TCPConfig
     depth_options = ("depth",)
     # training_loss adds the knowledge term summed over the R runs, which a batched loop cannot log per run (as
