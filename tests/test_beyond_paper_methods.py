@@ -50,9 +50,10 @@ def printed(out, label):
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("method", ["tcp", "clip-lora", "kdpl-coop", pytest.param("kdpl-maple", marks=SLOW),
-                                    pytest.param("clip-lora-text", marks=SLOW), pytest.param("kdpl-cocoop", marks=SLOW),
-                                    pytest.param("kdpl-promptsrc", marks=SLOW)])
+# The default suite trains TCP from the command line; the Python API trains CLIP-LoRA (below) and KDPL
+# (tests/test_kdpl.py); every method's command line is in the slow suite.
+@pytest.mark.parametrize("method", ["tcp", *(pytest.param(name, marks=SLOW) for name in (
+    "clip-lora", "kdpl-coop", "kdpl-maple", "clip-lora-text", "kdpl-cocoop", "kdpl-promptsrc"))])
 def test_train_base_to_new_with_and_without_atlas_isl(root, capsys, method):
     assert train(root, method) == 0
     plain = printed(capsys.readouterr().out, method)

@@ -26,6 +26,8 @@ from atlas_fast.methods.kdpl import (KDPLCoCoOpConfig, KDPLCoOpConfig, KDPLMaPLe
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
 from helpers import reference_text_features, small_pets, tiny_pets_config
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: extra threads only contend
+
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
 DICTIONARY = ["cat", "dog", "boxer", "tabby cat", "sea lion", "newt", "lizard", "pug", "eagle", "owl", "shark"]
 TEMPLATE = "a photo of a {}, a type of pet."
@@ -159,10 +161,11 @@ def teacher_at_another_temperature():
 
 
 SLOW = pytest.mark.slow
-CASES = [("kdpl-coop", False, False), pytest.param("kdpl-coop", False, True, marks=SLOW), ("kdpl-coop", True, True),
-         ("kdpl-cocoop", False, True), pytest.param("kdpl-cocoop", True, False, marks=SLOW),
-         pytest.param("kdpl-maple", False, True, marks=SLOW), ("kdpl-maple", True, True),
-         ("kdpl-promptsrc", False, True), pytest.param("kdpl-promptsrc", True, True, marks=SLOW)]
+CASES = [("kdpl-coop", True, False), pytest.param("kdpl-coop", False, False, marks=SLOW),
+         pytest.param("kdpl-coop", True, True, marks=SLOW), ("kdpl-cocoop", False, True),
+         pytest.param("kdpl-cocoop", True, False, marks=SLOW), pytest.param("kdpl-maple", False, True, marks=SLOW),
+         ("kdpl-maple", True, True), ("kdpl-promptsrc", False, True),
+         pytest.param("kdpl-promptsrc", True, True, marks=SLOW)]
 
 
 @pytest.fixture()

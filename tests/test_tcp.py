@@ -19,6 +19,8 @@ from atlas_fast.methods.coop import CoOpConfig
 from atlas_fast.methods.tcp import TCP, TCPConfig, tcp_recipe
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: extra threads only contend
+
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
 TEMPLATE = "X X X X {}, a type of pet."
 KNOWLEDGE = "a photo of a {}, a type of pet."
