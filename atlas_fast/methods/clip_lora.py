@@ -273,6 +273,13 @@ class CLIPLoRA(PromptMethod):
     def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
         return self.similarity_logits(self.image_batch(pixels), text_features)
 
+    def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.image_batch(pixels)
+
+    def pixel_classifier(self):
+        text = self.text_features()
+        return lambda image: self.similarity_logits(image, text)
+
 
 class CLIPLoRAText(CLIPLoRA):
     """CLIP-LoRA with adapters on the text tower only, trained from cached image features."""
