@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.clip.transforms import load_views  # noqa: E402
-from atlas_fast.engine.loop import build_optimizer, set_epoch_lr  # noqa: E402
+from atlas_fast.engine.loop import build_optimizer, set_epoch_lr, set_step_lr  # noqa: E402
 from atlas_fast.methods.base import method_class  # noqa: E402
 from train_speed import write_images  # noqa: E402
 
@@ -64,14 +64,14 @@ def time_steps(method, batches, step_inputs, steps: int) -> tuple[list[float], l
     optimizer = build_optimizer(method, recipe)
     if recipe.iterations is None:
         set_epoch_lr(optimizer, recipe, min(1, recipe.epochs - 1))
+    else:
+        set_step_lr(optimizer, recipe, 0)
     seconds, losses = [], []
     for i in range(steps + 1):
         start = time.perf_counter()
         inputs, labels = step_inputs(batches[i % len(batches)])
         loss = method.training_loss(inputs, labels, lambda z, **_: torch.nn.functional.cross_entropy(z[0], labels))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        optimizer.step(torch.autograd.grad(loss.sum(), optimizer.params, allow_unused=True))
         if method.device.type == "cuda":
             torch.cuda.synchronize()
         if i:

@@ -211,6 +211,8 @@ def test_the_teacher_reads_the_run_s_views_from_its_own_cache_file(tmp_path_fact
         pixels = torch.stack([load_views(d.impath, d.key, [1 + epoch], backbone.transform)[0] for d in items[:3]])
         torch.testing.assert_close(served[:3, student_dim:], teacher.encode_image(pixels), atol=2e-3, rtol=2e-3)
         torch.testing.assert_close(served[:3, :student_dim], backbone.encode_image(pixels), atol=2e-3, rtol=2e-3)
+    rows, views = inputs.device_rows()  # the joined rows the step gathers its batches from: row n * V + e % V
+    assert views == 2 and torch.equal(rows[1::2], inputs.for_epoch(1)) and torch.equal(rows[0::2], inputs.for_epoch(0))
     files = sorted(p.name for p in (root / "cache" / "OxfordPets").glob("*.h5"))
     assert any(f.startswith(teacher.fingerprint[:12]) for f in files) and len(files) == 2
     other = plan_run(tiny_pets_config(root, method="kdpl-coop", views=2,

@@ -326,3 +326,41 @@ def test_a_pixel_group_replays_its_steps_from_the_graphs_buffers(tiny, fake_grap
     assert fake_graphs["replays"] == 4 and [e["graphed_steps"] for e in logs[0]] == [0, 2, 2]
     eager, _ = trained(False)
     assert all(torch.equal(graphed[name], eager[name]) for name in eager)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+@pytest.mark.parametrize("name", ["tcp", "clip-lora-text"])
+def test_adam_recipes_replay_their_steps_and_read_nothing_back(tiny, fake_graphs, name, amp):
+    """TCP's Adam and CLIP-LoRA's AdamW with a cosine over 10 optimiser steps (it stops inside epoch 2): graphed
+    steps equal the eager steps with the graph's length groups bit for bit, the per-step lr reaches the replays
+    (device scalars filled before each step), and a replayed step reads nothing back to the host."""
+    import dataclasses
+
+    from atlas_fast.engine.graphs import DispatchCount
+    from atlas_fast.pricing.units import method_config_for
+
+    entry = method_class(name)
+    _, own = entry.recipe_function("paper", "base2new", 16, "ImageNet")
+    recipe = dataclasses.replace(own, epochs=3, batch_size=BATCH, lr=0.01, min_lr=0.0)
+    if own.iterations is not None:
+        recipe = dataclasses.replace(recipe, iterations=10).for_training_images(16)
+    config = method_config_for(name, 1, None, tiny)
+    features = torch.randn(16, tiny.embed_dim, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(16) % len(CLASSES)
+    inside = DispatchCount()
+    fake_graphs["before"].append(inside.__enter__)
+    fake_graphs["after"].append(lambda: inside.__exit__(None, None, None))
+    states = []
+    for graphed in (True, False):
+        torch.manual_seed(0)
+        method = entry.build(tiny, CLASSES, config)
+        state = RunState(Rows(features), labels, None, OneHot(), seed=1, device=torch.device("cpu"))
+        with graph_length_groups() if not graphed else contextlib.nullcontext():
+            logs = train_runs(method, [state], recipe, torch.device("cpu"), amp, progress=False,
+                              graph_steps=graphed)
+        states.append(method.state_for_checkpoint())
+        if graphed:
+            replayed = sum(e["graphed_steps"] for e in logs[0])
+            steps = recipe.iterations or 3 * 4  # TCP: 3 epochs of 4 steps
+            assert replayed == fake_graphs["replays"] == steps - 2 and inside.read_backs == 0 and inside.total > 50
+    assert len(logs[0]) == 3 and all(torch.equal(states[0][k], states[1][k]) for k in states[0])
