@@ -8,6 +8,7 @@ import torch
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.pipeline import run_group, stack_runs
 from atlas_fast.methods.coop import CoOpConfig
+from atlas_fast.methods.tcp import TCPConfig
 from atlas_fast.engine.record import load_learned
 from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
 from atlas_fast.atlas.softlabels import atlas_preset
@@ -56,8 +57,8 @@ def _assert_equal_records(batched, alone):
 
 @pytest.mark.parametrize("method, method_config", [
     ("coop", None), ("coop", CoOpConfig(n_ctx=3, csc=True)), ("cocoop", None), ("kgcoop", None),
-    ("dept-coop", None), ("dept-cocoop", None), ("dept-kgcoop", None)],
-    ids=["coop-paper-init", "coop-random-csc", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop"])
+    ("dept-coop", None), ("dept-cocoop", None), ("dept-kgcoop", None), ("tcp", TCPConfig(depth=2))],
+    ids=["coop-paper-init", "coop-random-csc", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop", "tcp"])
 def test_batched_runs_equal_runs_trained_alone(pets, method, method_config):
     suffix = f"{method}-{'csc' if method_config is not None else 'recipe'}"
     alone = [run(config) for config in _configs(pets, f"alone-{suffix}", method_config, method)]

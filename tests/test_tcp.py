@@ -65,7 +65,7 @@ def check_against_reference(backbone, method, prefix, pixels, labels):
     cached = backbone.encode_image(pixels)
     text = method.raw_text_features()
     logits = method.similarity_logits(method.image_batch(cached), text)
-    ce, kg = F.cross_entropy(logits[0], labels), method.regularizer(text)
+    ce, kg = F.cross_entropy(logits[0], labels), method.regularizer(text).sum()  # one run
     (ce + kg).backward()
     p = leaves(method)
     args = (backbone, p, CLASSNAMES, config.template, config.knowledge_template, config.depth - 1,
@@ -146,7 +146,7 @@ def test_soft_targets_reach_the_cross_entropy_and_the_knowledge_term_stays_hard(
         return soft_cross_entropy(logits[0], soft)
 
     loss = method.training_loss(features, labels, criterion)
-    expected = soft_cross_entropy(method(features)[0], soft) + method.regularizer(method.raw_text_features())
+    expected = soft_cross_entropy(method(features)[0], soft) + method.regularizer(method.raw_text_features()).sum()
     torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
     assert seen == [True]
 

@@ -23,7 +23,7 @@ tower is overridden there) and the knowledge weight 8.0.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -36,6 +36,7 @@ from atlas_fast.data.datasets import atlas_template, find_dataset_spec
 from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
                                      check_scale, register_method)
+from atlas_fast.methods.kgcoop import KgCoOp
 from atlas_fast.methods.prompts import init_phrase, initial_context
 
 # TCP's prompt per dataset (the reference's CUSTOM_TEMPLATES): its first M words are the context's places (their
@@ -190,9 +191,7 @@ class TCP(PromptMethod):
     recipe_function = staticmethod(tcp_recipe)
     config_class = TCPConfig
     depth_options = ("depth",)
-    # training_loss adds the knowledge term summed over the R runs, which a batched loop cannot log per run (as
-    # KgCoOp); a group's runs train one by one.
-    supports_batched_runs = False
+    supports_batched_runs = True  # ctx and the meta-net lead with R; the knowledge term is each run's own
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: TCPConfig) -> None:
         super().__init__(backbone, classnames, config)
@@ -261,16 +260,14 @@ class TCP(PromptMethod):
         return F.normalize(self.raw_text_features(), dim=-1)
 
     def regularizer(self, text_features: torch.Tensor) -> torch.Tensor:
-        """W * (1 - mean_c cos(t_c, w_c)) per run, summed over the R runs."""
+        """W * (1 - mean_c cos(t_c, w_c)), each run's (R,)."""
         cosine = F.cosine_similarity(text_features.float(), self.knowledge.expand_as(text_features), dim=-1,
                                      eps=KNOWLEDGE_COSINE_EPS)
-        return self.config.kg_weight * (1.0 - cosine.mean(dim=-1)).sum()
+        return self.config.kg_weight * (1.0 - cosine.mean(dim=-1))
 
-    def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
-                      criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
-        """criterion(z) + W * (1 - mean cos(t, w)), from one pass of the text tower."""
-        text = self.raw_text_features()
-        return criterion(self.similarity_logits(self.image_batch(inputs), text)) + self.regularizer(text)
+    # criterion(z) + W * (1 - mean cos(t, w)) from one pass of the text tower, each run's (R,) when R runs train
+    # together: KgCoOp's loss, with TCP's text features and knowledge term
+    training_loss = KgCoOp.training_loss
 
 
 register_method(TCP)
