@@ -35,6 +35,7 @@ from atlas_fast.clip.prompted_towers import PromptedVisionEncoder, fused_attenti
 from atlas_fast.clip.text_encoder import PromptTextEncoder, tokenize_prompts
 from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
+from atlas_fast.methods.ivlp import IVLP
 
 Encoder = Literal["text", "vision", "both"]
 ENCODERS = ("text", "vision", "both")
@@ -270,15 +271,10 @@ class CLIPLoRA(PromptMethod):
         """Logits (R, B, C) = 100 cos(image, class text)."""
         return self.similarity_logits(self.image_batch(images), self.raw_text_features())
 
-    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        return self.similarity_logits(self.image_batch(pixels), text_features)
-
-    def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.image_batch(pixels)
-
-    def pixel_classifier(self):
-        text = self.text_features()
-        return lambda image: self.similarity_logits(image, text)
+    # test pixels as IVLP takes them: the (adapted) image features, then each class set's text as a classifier
+    eval_pixel_logits = IVLP.eval_pixel_logits
+    eval_pixel_features = IVLP.eval_pixel_features
+    pixel_classifier = IVLP.pixel_classifier
 
 
 class CLIPLoRAText(CLIPLoRA):
