@@ -180,7 +180,9 @@ class KDPL(PromptMethod):
 
     base_class: ClassVar[type[PromptMethod]]
     uses_labels = False
-    # the loss is not a criterion term, so a batched loop could not log each run's own loss
+    # Not batched yet: the distillation replaces the criterion, so R runs would need each run's KL over its own rows
+    # (padding left out) and, class-agnostic, each run's own top-K dictionary classes per step; a group's runs train
+    # one by one (docs/deviations.md).
     supports_batched_runs = False
 
     @classmethod
