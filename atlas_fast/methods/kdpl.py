@@ -34,7 +34,7 @@ from typing import Callable, ClassVar, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.clip.backbones import Backbone, BackboneConfig, shared_backbone
+from atlas_fast.clip.backbones import Backbone, BackboneConfig, WeightsUnavailableError, shared_backbone
 from atlas_fast.data.datasets import zeroshot_template
 from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
@@ -189,7 +189,13 @@ class KDPL(PromptMethod):
     def view_teacher(cls, config: KDPLConfig, backbone: Backbone) -> Backbone:
         """The teacher (loaded once per process) with ``backbone``'s transform: it encodes the student's views, as
         the reference feeds the student's preprocessed images to the teacher."""
-        teacher = shared_backbone(config.teacher_backbone(), backbone.device)
+        try:
+            teacher = shared_backbone(config.teacher_backbone(), backbone.device)
+        except (WeightsUnavailableError, FileNotFoundError) as exc:  # the message speaks of the student's options
+            raise type(exc)(f"KDPL's teacher {config.teacher} ({config.teacher_pretrained}) cannot be loaded. {exc} "
+                            f"For the teacher itself: --method-option teacher=MODEL teacher_pretrained=TAG|FILE|none "
+                            f"(Python: method_options), e.g. teacher=ViT-B-16 "
+                            f"teacher_pretrained=~/.cache/clip/ViT-B-16.pt") from None
         size, own = backbone.preprocessing.image_size, teacher.preprocessing.image_size
         if size != own:
             raise ValueError(f"KDPL's teacher {teacher.describe()} takes {own} px images, but the student's views "
