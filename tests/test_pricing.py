@@ -119,6 +119,16 @@ def test_price_names_a_unit_that_was_not_measured():
         price(facts, units)
 
 
+def test_a_dataset_whose_cache_is_full_needs_no_decode_unit():
+    """After the demo filled WorldPhotos' cache, an experiment over WorldPhotos and another dataset encodes only the
+    other one's features: its estimate needs (and reads) no WorldPhotos decode unit (it was a KeyError)."""
+    facts, units = hand_worked()
+    facts = dataclasses.replace(facts, encode_parts=(("decode/WorldPhotos", 0, 0), ("decode/Other", 100, 40)))
+    units = {**units, "decode/Other": units[est.DECODE_KEY]}
+    assert "decode/WorldPhotos" not in est.needed_units(facts)
+    assert price(facts, units).phases["cache build"] == pytest.approx(1.32)
+
+
 @pytest.fixture(scope="module")
 def pets(tmp_path_factory):
     root = tmp_path_factory.mktemp("pricing")

@@ -148,8 +148,10 @@ def decode_key(dataset: str) -> str:
 
 
 def encode_parts(facts: "PlanFacts") -> tuple[tuple[str, int, int], ...]:
-    """(decode unit, features, images) of what the cache build encodes."""
-    return facts.encode_parts or ((DECODE_KEY, facts.features_to_encode, facts.images_to_decode),)
+    """(decode unit, features, images) of what the cache build encodes: only the datasets with features to encode
+    (one whose cache is already full, e.g. the demo's, needs no decode unit and is priced at nothing)."""
+    parts = facts.encode_parts or ((DECODE_KEY, facts.features_to_encode, facts.images_to_decode),)
+    return tuple(part for part in parts if part[1])
 
 
 LOADER_KEY = "loader start"
@@ -162,7 +164,7 @@ def needed_units(facts: PlanFacts) -> list[str]:
     """Every unit key :func:`price` reads for ``facts``, each once, in a fixed order."""
     keys: list[str] = [LOAD_KEY] + ([REPORT_KEY] if facts.report else [])
     if facts.features_to_encode:
-        keys += [ENCODE_KEY] + [decode for decode, features, _ in encode_parts(facts) if features]
+        keys += [ENCODE_KEY] + [decode for decode, _, _ in encode_parts(facts)]
     for g in facts.groups:
         if g.learns:
             keys.append(step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
@@ -275,7 +277,7 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     phases["setup"] = facts.startup_seconds or units[LOAD_KEY].seconds + facts.plan_seconds
     phases["report"] = units[REPORT_KEY].seconds if facts.report else 0.0
     cuda = facts.device == "cuda"
-    for key, features, images in encode_parts(facts) if facts.features_to_encode else ():
+    for key, features, images in encode_parts(facts):
         encode, decode = units[ENCODE_KEY], units[key]
         if cuda:
             workers = max(1, facts.cache_workers)
