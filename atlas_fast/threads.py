@@ -114,6 +114,23 @@ def cgroup_cpus(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> Cp
     return CpuLimit(max(1, math.ceil(cpus - 1e-9)), source)
 
 
+def cgroup_memory_bytes(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int | None:
+    """The memory limit of this process's cgroup (v2 ``memory.max``, v1 ``memory.limit_in_bytes``): the tightest one
+    from its cgroup up to the root, None without a limit (``max``, or v1's "unlimited", a value near 2**63). A
+    container's limit is what a CPU run may use, not the host's physical memory."""
+    paths = _cgroup_paths(proc_cgroup)
+    limits: list[int] = []
+    folders = _ancestors(root, paths[""]) if "" in paths else []  # cgroup v2
+    if "memory" in paths:  # cgroup v1: the memory controller's mount
+        folders += [folder for folder in _ancestors(root / "memory", paths["memory"])]
+    for folder in folders:
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            text = _read(folder / name)
+            if text and text.isdigit() and 0 < int(text) < 1 << 60:
+                limits.append(int(text))
+    return min(limits) if limits else None
+
+
 def slurm_cpus(environ: Mapping[str, str] = os.environ) -> int | None:
     """``SLURM_CPUS_PER_TASK`` when it is a positive whole number."""
     value = environ.get("SLURM_CPUS_PER_TASK", "")

@@ -213,3 +213,29 @@ def test_the_thread_count_is_not_part_of_a_run(tmp_path, monkeypatch):
     for name in ("base", "new", "all"):
         assert one["metrics"][name] == pytest.approx(two["metrics"][name], abs=1e-6)
 
+
+
+def test_the_memory_plan_on_a_cpu_honours_a_containers_cgroup_limit(tmp_path):
+    """Issue 44: a memory-capped container's limit (v2 memory.max, v1 memory.limit_in_bytes), not the host's RAM,
+    is the CPU's memory the planner sizes groups for; the tightest one up to the root counts."""
+    import torch
+
+    from atlas_fast.engine import memory
+
+    cpu = torch.device("cpu")
+    host = memory.device_bytes(cpu, tmp_path / "none", tmp_path / "nonexistent")
+    assert host is not None and host > 1 << 28  # no cgroup file: the host's physical memory
+    root, proc = _cgroup(tmp_path / "v2", "0::/kubepods/pod1", {"memory.max": "max",
+                                                               "kubepods/pod1/memory.max": str(1 << 28)})
+    assert threads.cgroup_memory_bytes(root, proc) == 1 << 28
+    assert memory.device_bytes(cpu, root, proc) == 1 << 28
+    (root / "kubepods" / "memory.max").write_text(f"{1 << 27}\n")  # a tighter limit above the process's cgroup
+    assert memory.device_bytes(cpu, root, proc) == 1 << 27
+    root, proc = _cgroup(tmp_path / "v1", "4:memory:/docker/abc",
+                         {"memory/docker/abc/memory.limit_in_bytes": str(3 << 26)})
+    assert memory.device_bytes(cpu, root, proc) == 3 << 26
+    (root / "memory" / "docker" / "abc" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # unlimited
+    assert threads.cgroup_memory_bytes(root, proc) is None and memory.device_bytes(cpu, root, proc) == host
+    # the planner's R falls with the container's limit: 1 GiB of runs' steps fit the host, not a 256 MiB cap
+    assert memory.runs_that_fit(8, 1 << 26, 0, memory.device_bytes(cpu, *_cgroup(
+        tmp_path / "cap", "0::/c", {"c/memory.max": str(1 << 28)}))) == 3

@@ -12,10 +12,12 @@ GPU check (``benchmarks/gpu_check.py``) measures the largest pixel group's peak 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
 from atlas_fast.clip.backbones import Backbone
+from atlas_fast.threads import CGROUP_ROOT, PROC_CGROUP, cgroup_memory_bytes
 
 #: Bytes kept per token, width and transformer block in a training step, under fp16 autocast (True) and in fp32:
 #: about 15 on an H100 (CoOp's steps at C = 1,000 and 500 with R = 12 peaked at 16 and 7.7 GiB: 1.4 MB per prompt of
@@ -47,17 +49,22 @@ def frozen_bytes(backbone: Backbone, amp: bool) -> int:
     return weights * (3 // 2 if not amp else 2)
 
 
-def device_bytes(device: torch.device) -> int | None:
-    """The memory of ``device`` (the host's RAM for the CPU), None where it cannot be read here (a GPU that only
-    the workers have)."""
+def device_bytes(device: torch.device, cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP
+                 ) -> int | None:
+    """The memory of ``device``, None where it cannot be read here (a GPU that only the workers have). For the CPU,
+    the host's RAM or, when lower, the memory limit of this process's cgroup (a container's ``memory.max`` /
+    ``memory.limit_in_bytes``, :func:`~atlas_fast.threads.cgroup_memory_bytes`): a capped container would otherwise
+    plan groups for memory it may not use."""
     if device.type == "cuda":
         if not torch.cuda.is_available():
             return None
         return int(torch.cuda.get_device_properties(device).total_memory)
     try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        physical: int | None = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return None
+        physical = None
+    limit = cgroup_memory_bytes(cgroup_root, proc_cgroup)
+    return min(x for x in (physical, limit) if x is not None) if (physical, limit) != (None, None) else None
 
 
 def runs_that_fit(runs: int, per_run: int, fixed: int, memory: int | None) -> int:
