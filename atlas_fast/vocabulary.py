@@ -62,8 +62,27 @@ SOFT_LABEL_SCHEDULES: tuple[ScheduleName, ...] = ("atlas", "joint")
 Optimizer = Literal["sgd", "adam", "adamw"]
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 
-# CUDA-graph replay of cached training steps (``--graph-steps``) -> TrainConfig.graph_steps.
+# CUDA-graph replay of training steps (``--graph-steps`` of every command that trains, or for scripts the environment
+# variable GRAPH_STEPS_VARIABLE, which the flag overrides) -> TrainConfig.graph_steps: auto = wherever a CUDA device
+# can replay a method's step (every method), on = refuse runs where none can, off = eager steps.
 GRAPH_STEPS = {"auto": None, "on": True, "off": False}
+GRAPH_STEPS_VARIABLE = "ATLAS_FAST_GRAPH_STEPS"
+
+
+def environment_graph_steps(environ: "dict[str, str] | None" = None) -> bool | None:
+    """The ``TrainConfig.graph_steps`` that :data:`GRAPH_STEPS_VARIABLE` asks for (unset or empty: auto, None); a
+    value other than auto/on/off is refused naming the variable (a ValueError, which commands report as a user
+    error)."""
+    import os
+
+    given = (os.environ if environ is None else environ).get(GRAPH_STEPS_VARIABLE, "")
+    value = given.strip().lower()
+    if not value:
+        return None
+    if value not in GRAPH_STEPS:
+        raise ValueError(f"environment variable {GRAPH_STEPS_VARIABLE}={given!r} is not a --graph-steps choice; "
+                         f"valid: {', '.join(GRAPH_STEPS)} (or unset, which is auto).")
+    return GRAPH_STEPS[value]
 
 # Where a sweep's groups run (atlas_fast.sweep.executors).
 Executor = Literal["local", "ray", "slurm"]

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from atlas_fast.app.options import WORLD_BACKBONE
 from atlas_fast.world.benchmark import DECLINE_DATASET, SplitSizes
-from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
+from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS, environment_graph_steps
 
 
 @dataclass
@@ -38,6 +38,7 @@ class DemoConfig:
     views: int | None = None
     epochs: int | None = None
     device: str = "auto"
+    graph_steps: bool | None = field(default_factory=environment_graph_steps)  # TrainConfig.graph_steps of every run
     plot: Path = field(default_factory=lambda: Path("results/demo/table3_base2new.png"))
     kappa: bool = False  # also measure κ of Theorem 1 (atlas_fast.app.kappa_runs) at each run's start and end
 
@@ -65,7 +66,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
     base = TrainConfig(dataset=config.datasets[0], data_root=config.data_root,
                        backbone=BackboneConfig(*WORLD_BACKBONE), method="coop", recipe_family="paper",
                        setting="base2new", shots=config.shots, views=config.views, epochs=config.epochs,
-                       device=config.device, cache_root=config.cache_root, results_dir=config.results_dir,
+                       device=config.device, graph_steps=config.graph_steps, cache_root=config.cache_root, results_dir=config.results_dir,
                        progress=False)
     variants = atlas_variants("base2new")
     phases["world"], clock = time.perf_counter() - clock, time.perf_counter()

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.errors import UsageError, distinct, short_repr
-from atlas_fast.vocabulary import CLASS_SETS, GRAPH_STEPS, PRECISIONS, RECIPE_FAMILIES, SETTINGS
+from atlas_fast.vocabulary import (CLASS_SETS, GRAPH_STEPS, GRAPH_STEPS_VARIABLE, PRECISIONS, RECIPE_FAMILIES,
+                                   SETTINGS, environment_graph_steps)
 
 if TYPE_CHECKING:
     from atlas_fast.engine.config import TrainConfig
@@ -126,9 +127,11 @@ RUN_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "precision": (("--precision",), dict(choices=PRECISIONS, default="auto",
                                          help="auto = fp16 autocast on CUDA, fp32 on CPU")),
     "graph_steps": (("--graph-steps",), dict(
-        choices=tuple(GRAPH_STEPS), default="auto",
-        help="replay cached training steps from CUDA graphs (same numbers, faster): auto = wherever a graph applies "
-             "(CUDA, a method on cached features); on = refuse runs where none does; off = eager steps")),
+        choices=tuple(GRAPH_STEPS), default=argparse.SUPPRESS,
+        help="replay each training step from a CUDA graph (same numbers, fewer launches): auto = for every method, "
+             "cached or pixel, wherever the device is CUDA (a CPU trains eagerly); on = refuse runs a graph cannot "
+             "replay; off = eager steps, e.g. to rule graphs out on a new GPU. Default: the "
+             f"{GRAPH_STEPS_VARIABLE} environment variable (auto|on|off) if set, else auto")),
     "cache_root": (("--cache-root",), dict(type=Path, default=Path("cache"), help="cache folder (default ./cache)")),
     "results_dir": (("--results-dir",), dict(type=Path, default=Path("results"),
                                              help="records (default ./results)")),
@@ -150,6 +153,7 @@ def train_config(args: argparse.Namespace, **fields: Any) -> TrainConfig:
     offers; the others keep the config's defaults, as do ``--workers`` and ``--no-progress`` when absent), with
     ``fields`` (dataset, method, seed, label schedule...: what the command decides) set over them. An unset
     ``--model``/``--pretrained`` is resolved first (:func:`resolve_backbone`)."""
+    graph_steps = command_graph_steps(args)  # a bad environment variable is named before torch is imported
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine.config import TrainConfig
 
@@ -157,13 +161,24 @@ def train_config(args: argparse.Namespace, **fields: Any) -> TrainConfig:
     values: dict[str, Any] = {name: getattr(args, name) for name in RUN_OPTIONS
                               if hasattr(args, name) and name not in ("model", "pretrained", "graph_steps")}
     values["backbone"] = BackboneConfig(args.model, args.pretrained)
-    if hasattr(args, "graph_steps"):
-        values["graph_steps"] = GRAPH_STEPS[args.graph_steps]
+    values["graph_steps"] = graph_steps
     if hasattr(args, "workers"):
         values["workers"] = args.workers
     if hasattr(args, "no_progress"):
         values["progress"] = not args.no_progress
     return TrainConfig(**{**values, **fields})
+
+
+def command_graph_steps(args: argparse.Namespace) -> bool | None:
+    """``TrainConfig.graph_steps`` for a command: its ``--graph-steps`` where given, else the environment variable
+    (:data:`~atlas_fast.vocabulary.GRAPH_STEPS_VARIABLE`), else auto (None). A bad value of the variable is a
+    :class:`UsageError` naming it and the valid values."""
+    if hasattr(args, "graph_steps"):
+        return GRAPH_STEPS[args.graph_steps]
+    try:
+        return environment_graph_steps()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 class Distinct(argparse.Action):

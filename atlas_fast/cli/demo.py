@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.options import Distinct, add_progress, add_seeds
+from atlas_fast.app.options import Distinct, add_progress, add_run_options, add_seeds, command_graph_steps
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -13,7 +13,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from atlas_fast.app.demo import DemoConfig
     from atlas_fast.world.benchmark import BASE_TO_NEW
 
-    defaults = DemoConfig()
+    defaults = DemoConfig(graph_steps=None)  # (not read from the environment while the parser is built)
     demo = subparsers.add_parser(
         "demo", help="base-to-new CoOp vs CoOp + ATLaS (-CSL, -ISL) on the embedded world, 3 seeds (CPU, minutes)",
         description="Generate the embedded world benchmark (or reuse it), build the feature cache with the shipped "
@@ -36,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                            "setting; fewer is faster, see docs/views-study.md)")
     demo.add_argument("--epochs", type=int, default=None, help="override the CoOp recipe's 200 epochs")
     demo.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
+    add_run_options(demo, ("graph_steps",))
     demo.add_argument("--kappa", action="store_true", help="also measure κ of Theorem 1 for each soft label")
     add_progress(demo)
     # One CPU thread unless --threads says otherwise: the table then does not depend on the machine's thread count
@@ -45,9 +46,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
+    graph_steps = command_graph_steps(args)  # a bad environment variable is named before torch is imported
     from atlas_fast.app.demo import DemoConfig, run_demo
 
-    config = DemoConfig(data_root=args.data_root, cache_root=args.cache_root, results_dir=args.results_dir,
+    config = DemoConfig(graph_steps=graph_steps, data_root=args.data_root, cache_root=args.cache_root, results_dir=args.results_dir,
                         datasets=tuple(args.datasets), seeds=tuple(args.seeds), views=args.views,
                         epochs=args.epochs, device=args.device, plot=args.results_dir / "table3_base2new.png",
                         kappa=args.kappa)

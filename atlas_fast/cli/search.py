@@ -59,8 +59,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="seconds to wait for a locked SQLite storage before giving up (default 60)")
     optim = search.add_argument_group("fixed recipe overrides and execution")
     add_method_options(optim)
-    add_run_options(optim, ("epochs", "batch_size", "lr", "views", "device", "precision", "cache_root",
-                            "results_dir"))
+    add_run_options(optim, ("epochs", "batch_size", "lr", "views", "device", "precision", "graph_steps",
+                            "cache_root", "results_dir"))
     add_progress(optim)
     search.set_defaults(func=run_search_command)
 

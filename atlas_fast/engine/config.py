@@ -23,7 +23,7 @@ from atlas_fast.methods.base import MethodConfig
 from atlas_fast.atlas.schedules import LabelSchedule, OneHot
 from atlas_fast.renames import moved_names, renamed_fields
 from atlas_fast.vocabulary import (CLASS_SETS, PRECISIONS, RECIPE_FAMILIES, SETTINGS, ClassSet, Precision,
-                                   RecipeFamily, Setting)
+                                   RecipeFamily, Setting, environment_graph_steps)
 
 if TYPE_CHECKING:
     from atlas_fast.atlas.softlabels import SoftLabelConfig
@@ -65,11 +65,11 @@ class TrainConfig:
     required exactly when the schedule uses soft labels.
     ``evaluate`` lists the class sets evaluated after training (and every epoch with ``eval_every_epoch``), within
     base/new/all and always including the training subset; None is every set the setting has (base-to-new: base, new
-    and all), and it names the run only when it differs from that. ``graph_steps`` replays each full-size step of a
-    cached-feature run from a CUDA graph (a speed knob that leaves the numbers unchanged, see
-    :mod:`atlas_fast.engine.graphs`): None (default) wherever a graph can replay the step (CUDA, a method on cached
-    features, a label schedule without per-step host statistics), True to require it (refused elsewhere), False
-    for eager steps. ``workers`` are the DataLoader decoding processes of the methods that train on
+    and all), and it names the run only when it differs from that. ``graph_steps`` replays each full-size training
+    step from a CUDA graph (a speed knob that leaves the numbers unchanged, see :mod:`atlas_fast.engine.graphs`): None
+    (auto) wherever a graph can replay the step (a CUDA device, any method that learns, a label schedule without
+    per-step host statistics), True to require it (refused elsewhere), False for eager steps; its default is the
+    ``ATLAS_FAST_GRAPH_STEPS`` environment variable (auto/on/off; unset: auto), read when the config is made. ``workers`` are the DataLoader decoding processes of the methods that train on
     pixels (None: up to 8 on a GPU, none on the CPU). ``snapshot_epochs`` (off by default) also saves the learned
     tensors after each of these numbers of finished epochs (0 = the initialisation) beside the final ones, for
     analyses along a run (:func:`atlas_fast.engine.record.split_snapshots`); it names the run only when set.
@@ -99,7 +99,7 @@ class TrainConfig:
     lr: float | None = None
     eval_every_epoch: bool = False
     evaluate: tuple[str, ...] | None = None
-    graph_steps: bool | None = None
+    graph_steps: bool | None = field(default_factory=environment_graph_steps)
     snapshot_epochs: tuple[int, ...] = ()
     device: str = "auto"
     precision: Precision = "auto"

@@ -18,7 +18,7 @@ from atlas_fast.engine.config import TrainConfig
 from atlas_fast.errors import UsageError
 from atlas_fast.search.space import apply_values
 from atlas_fast.search.study import SearchConfig, SearchResult
-from atlas_fast.vocabulary import CLASS_SETS
+from atlas_fast.vocabulary import CLASS_SETS, GRAPH_STEPS
 
 PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
 
@@ -66,6 +66,8 @@ def command_line(config: TrainConfig, seeds: Sequence[int]) -> str:
         raise UsageError("a base run with an evaluate list has no command line here; rerun it in Python.")
     argv += ["--device", config.device, "--precision", config.precision, "--cache-root", str(config.cache_root),
              "--results-dir", str(config.results_dir)]
+    if config.graph_steps is not None:  # the study's choice (flag or environment), kept by the rerun
+        argv += ["--graph-steps", next(name for name, value in GRAPH_STEPS.items() if value is config.graph_steps)]
     return shlex.join(argv)
 
 
