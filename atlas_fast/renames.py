@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -38,7 +39,8 @@ def moved_names(module: str, names: Mapping[str, str]) -> Callable[[str], Any]:
 
 def renamed_fields(renames: Mapping[str, str]) -> Callable[[type], type]:
     """Class decorator for a dataclass whose fields ``old -> new`` were renamed: ``Cls(old=...)`` (and
-    ``dataclasses.replace(obj, old=...)``) set the new field, ``obj.old`` reads and writes it, each with a warning."""
+    ``dataclasses.replace(obj, old=...)``) set the new field, ``obj.old`` reads and writes it, each with a warning;
+    ``Cls(old=..., new=...)`` is refused with a ``TypeError`` naming both (neither may silently win)."""
 
     def decorate(cls: type) -> type:
         init = cls.__init__
@@ -46,6 +48,9 @@ def renamed_fields(renames: Mapping[str, str]) -> Callable[[type], type]:
         @functools.wraps(init)
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             for old, new in renames.items():
+                if old in kwargs and new in kwargs and not _called_by_replace():
+                    raise TypeError(f"{cls.__name__} got both {old}={kwargs[old]!r} (the old name) and "
+                                    f"{new}={kwargs[new]!r}; give {new} only.")
                 if old in kwargs:
                     _warn(f"{cls.__name__}({old}=...)", f"{cls.__name__}({new}=...)")
                     kwargs[new] = kwargs.pop(old)
@@ -57,6 +62,13 @@ def renamed_fields(renames: Mapping[str, str]) -> Callable[[type], type]:
         return cls
 
     return decorate
+
+
+def _called_by_replace() -> bool:
+    """Whether the dataclass being built is ``dataclasses.replace``'s copy: it passes every current field beside
+    the changes, so an old name among the changes meets the new one without the caller having given both."""
+    frame = sys._getframe(2)  # the decorated __init__'s caller
+    return frame.f_globals.get("__name__") == "dataclasses"
 
 
 def _renamed_property(owner: str, old: str, new: str) -> property:

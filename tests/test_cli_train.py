@@ -114,8 +114,16 @@ def test_method_options_are_checked(root, capsys):
     # IVLP names both of its depths at once (it used to fail on depth_text, then on depth_vision)
     assert main(train_args(root, "--method", "ivlp", "--workers", "0")) == 2
     assert "--method-option depth_text=2 depth_vision=2" in capsys.readouterr().err
-    # the same [METHOD:]NAME=VALUE syntax as the experiments: options for another method are ignored
-    assert main(train_args(root, "--methods", "ivlp", "--method-option", "ivlp:depth_text=2", "maple:depth=1",
+    # issue 44: a prefix naming no method of the command is refused before any work (it used to be ignored, so a
+    # misspelt clip-lora-txt:rank=4 trained with the recipe's rank and exited 0)
+    assert main(train_args(root, "--methods", "clip-lora-text", "--method-option", "clip-lora-txt:rank=4")) == 2
+    assert ("error: --method-option 'clip-lora-txt:rank=4': 'clip-lora-txt' names no method of this command "
+            "(--method clip-lora-text); prefix one of them, or give rank=4 without a prefix for every method."
+            in capsys.readouterr().err)
+    assert main(train_args(root, "--methods", "ivlp", "--method-option", "ivlp:depth_text=2", "maple:depth=1")) == 2
+    assert "'maple' names no method of this command (--method ivlp)" in capsys.readouterr().err
+    # the same [METHOD:]NAME=VALUE syntax as the experiments: a prefixed option applies to its method only
+    assert main(train_args(root, "--methods", "ivlp", "--method-option", "ivlp:depth_text=2",
                            "ivlp:depth_vision=2", "--workers", "0")) == 0
 
 

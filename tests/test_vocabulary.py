@@ -78,16 +78,13 @@ MOVED = [
 
 @pytest.mark.parametrize("module,old,new", MOVED, ids=[f"{m}.{o}" for m, o, _ in MOVED])
 def test_an_old_name_still_gives_the_same_object(module, old, new):
-    """Renamed, or moved out of a module that does not import it back: the old name warns, naming the new home. A
-    module that imports the moved name for its own use holds the same object (one definition either way)."""
+    """Renamed or moved: the old name warns, naming the new home, and gives the same object (one definition); a
+    module that uses the moved name itself imports it under a private name, so the old one still warns."""
     new_module, _, new_name = new.partition(":")
     owner = importlib.import_module(module)
-    if old in vars(owner):
-        assert old == new_name, f"{module}.{old} must name the new {new_name} or warn"
+    assert old not in vars(owner), f"{module}.{old} must warn (issue 44: every alias warns), not be imported back"
+    with pytest.warns(DeprecationWarning, match=f"{module}.{old} is deprecated; use {new_module}.{new_name}"):
         value = getattr(owner, old)
-    else:
-        with pytest.warns(DeprecationWarning, match=f"{module}.{old} is deprecated; use {new_module}.{new_name}"):
-            value = getattr(owner, old)
     assert value is getattr(importlib.import_module(new_module), new_name)
 
 
@@ -104,6 +101,12 @@ def test_renamed_fields_keep_their_old_names():
         assert dataclasses.replace(config, recipe="paper").recipe_family == "paper"
     with pytest.raises(ValueError, match="recipe_family must be one of"):
         TrainConfig("OxfordPets", "data", recipe_family="papers")
+    # issue 44: the old name and the new one together are refused, naming both (the old one used to win)
+    with pytest.raises(TypeError, match=r"TrainConfig got both recipe='paper' \(the old name\) and "
+                                        r"recipe_family='original'; give recipe_family only"):
+        TrainConfig("OxfordPets", "data", recipe="paper", recipe_family="original")
+    with pytest.raises(TypeError, match="got both recipe="):
+        TrainConfig("OxfordPets", "data", recipe="paper", recipe_family="paper")  # even when equal
     with pytest.warns(DeprecationWarning, match="TableRow.group is deprecated; use TableRow.section"):
         assert TableRow("x", {}, section="Average").group == "Average"
 

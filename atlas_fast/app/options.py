@@ -242,15 +242,24 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                              "method only); for backbones whose towers are shallower than the recipe's prompt depth")
 
 
-def method_options(items: Sequence[str], method: str) -> dict[str, str] | None:
+def method_options(items: Sequence[str], method: str, methods: Sequence[str] | None = None) -> dict[str, str] | None:
     """The ``--method-option`` values that apply to ``method`` (``maple:depth=3`` or an unprefixed ``NAME=VALUE``),
-    as strings (converted to the fields' types when the run is planned)."""
+    as strings (converted to the fields' types when the run is planned). A prefix that names no method of the
+    command (``methods``: its ``--method`` list; None: any method atlas_fast knows) is refused, as an unknown option
+    name is later: a misspelt ``clip-lora-txt:rank=4`` would otherwise train with the recipe's rank."""
     options = {}
     for item in items:
         target, _, assignment = item.rpartition(":")
         name, sep, value = assignment.partition("=")
         if not sep or not name:
             raise UsageError(f"--method-option takes [METHOD:]NAME=VALUE, got {item!r}")
+        allowed = list(methods) if methods is not None else method_names()
+        if target and target not in allowed:
+            which = (f"--method {' '.join(methods)}" if methods is not None
+                     else f"valid: {', '.join(allowed)}")
+            raise UsageError(f"--method-option {short_repr(item)}: {short_repr(target)} names no method of this "
+                             f"command ({which}); prefix one of them, or give {name}={value} without a prefix for "
+                             f"every method.")
         if target in ("", method):
             options[name.replace("-", "_")] = value
     return options or None

@@ -33,7 +33,7 @@ from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.data.base import DatasetSplits
 from atlas_fast.files import atomic_write, blake2b_hex
 from atlas_fast.renames import moved_names
-from atlas_fast.vocabulary import DELTAS, SOFT_LABEL_KINDS, Delta, SoftLabelKind
+from atlas_fast.vocabulary import DELTAS as _DELTAS, SOFT_LABEL_KINDS, Delta, SoftLabelKind
 
 STORE_VERSION = 1
 # Ranges that keep the soft labels finite in float32: cos / tau_c stays below 1e4 (the paper uses 0.02-0.05; a larger
@@ -69,8 +69,8 @@ class SoftLabelConfig:
         if not self.alpha <= MAX_ALPHA:
             raise ValueError(f"SoftLabelConfig.alpha (ISL rectification) must be in [0, {MAX_ALPHA:g}], got "
                              f"{self.alpha}")
-        if self.delta not in DELTAS:
-            raise ValueError(f"SoftLabelConfig.delta must be one of {DELTAS}, got {self.delta!r}")
+        if self.delta not in _DELTAS:
+            raise ValueError(f"SoftLabelConfig.delta must be one of {_DELTAS}, got {self.delta!r}")
         if not 0.0 <= self.w <= 1.0:
             raise ValueError(f"SoftLabelConfig.w (CSL weight of the mix) must be in [0, 1], got {self.w}")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
@@ -130,8 +130,8 @@ def instance_soft_labels(zs_probs: torch.Tensor, labels: torch.Tensor, alpha: fl
                          delta: Delta = "wrong_only") -> torch.Tensor:
     """ISL rows (N, C): ``(p + delta * alpha * y) / (1 + delta * alpha)``; delta = 1 iff argmax p != y
     (``wrong_only``) or for every item (``always``)."""
-    if delta not in DELTAS:
-        raise ValueError(f"delta must be one of {DELTAS}, got {delta!r}")
+    if delta not in _DELTAS:
+        raise ValueError(f"delta must be one of {_DELTAS}, got {delta!r}")
     probs = zs_probs.float()
     onehot = F.one_hot(labels.long().to(probs.device), probs.shape[1]).to(probs.dtype)
     if delta == "always":

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 from atlas_fast.atlas.schedules import Atlas, Joint, LabelSchedule, OneHot, OnlineLabelSmoothing, TeacherFreeKD
 from atlas_fast.atlas.softlabels import SoftLabelConfig, atlas_preset
 from atlas_fast.renames import moved_names
-from atlas_fast.vocabulary import (NO_SOFT_LABELS, PAPER_SOFT_LABEL_KINDS, SCHEDULE_CHOICES, SCHEDULES,
+from atlas_fast.vocabulary import (NO_SOFT_LABELS, PAPER_SOFT_LABEL_KINDS, SCHEDULE_CHOICES as _SCHEDULE_CHOICES, SCHEDULES,
                                    SOFT_LABEL_CHOICES, SOFT_LABEL_KINDS, SOFT_LABEL_SCHEDULES)
 
 # The paper's ATLaS period K by setting (appendix "Implementation Details"): soft labels on every K-th epoch.
@@ -73,8 +73,8 @@ def atlas_variant(setting: str, soft: str = "ls", schedule: str = "auto", *, per
     schedule's own (OLS ``alpha``; TF-KD ``a``, ``alpha``, ``tau``)."""
     if soft not in SOFT_LABEL_CHOICES:
         raise ValueError(f"Unknown soft-label kind {soft!r}; valid: {', '.join(SOFT_LABEL_CHOICES)}.")
-    if schedule not in SCHEDULE_CHOICES:
-        raise ValueError(f"Unknown label schedule {schedule!r}; valid: {', '.join(SCHEDULE_CHOICES)}.")
+    if schedule not in _SCHEDULE_CHOICES:
+        raise ValueError(f"Unknown label schedule {schedule!r}; valid: {', '.join(_SCHEDULE_CHOICES)}.")
     name = schedule_name(schedule, soft)
     if name in SOFT_LABEL_SCHEDULES and soft == NO_SOFT_LABELS:
         raise ValueError(f"The {name!r} schedule trains on soft labels: choose them ({', '.join(SOFT_LABEL_KINDS)}).")

@@ -87,7 +87,7 @@ def label_variant(args: argparse.Namespace):
 
 def run_train(args: argparse.Namespace) -> int:
     check_methods(args.methods)  # names and syntax first: nothing heavy is imported for a typo
-    options = {method: method_options(args.method_option, method) for method in args.methods}
+    options = {method: method_options(args.method_option, method, args.methods) for method in args.methods}
     from atlas_fast.data.check import require_layouts
 
     require_layouts([args.dataset], args.data_root)  # every layout fault at once, before any work
@@ -95,7 +95,8 @@ def run_train(args: argparse.Namespace) -> int:
     resolve_backbone(args)  # a World* dataset without --model implies the world's CLIP
     if implied and args.model == WORLD_BACKBONE[0]:  # its towers are shallower than the recipes' prompt depths (as
         # with experiments' --world; a --model given by hand keeps its --method-option as given)
-        options = {method: method_options(world_method_options() + args.method_option, method)
+        world = [item for item in world_method_options() if item.partition(":")[0] in args.methods]
+        options = {method: method_options(world + args.method_option, method, args.methods)
                    for method in args.methods}
     from atlas_fast.report.formats import train_results
     from atlas_fast.sweep import Execution, run_configs

@@ -22,8 +22,8 @@ from atlas_fast.errors import short_repr
 from atlas_fast.methods.base import MethodConfig
 from atlas_fast.atlas.schedules import LabelSchedule, OneHot
 from atlas_fast.renames import moved_names, renamed_fields
-from atlas_fast.vocabulary import (CLASS_SETS, PRECISIONS, RECIPE_FAMILIES, SETTINGS, ClassSet, Precision,
-                                   RecipeFamily, Setting, environment_graph_steps)
+from atlas_fast.vocabulary import (CLASS_SETS, PRECISIONS as _PRECISIONS, RECIPE_FAMILIES, SETTINGS as _SETTINGS,
+                                   ClassSet, Precision, RecipeFamily, Setting, environment_graph_steps)
 
 if TYPE_CHECKING:
     from atlas_fast.atlas.softlabels import SoftLabelConfig
@@ -110,8 +110,8 @@ class TrainConfig:
     workers: int | None = None
 
     def __post_init__(self) -> None:
-        if self.setting not in SETTINGS:
-            raise ValueError(f"setting must be one of {SETTINGS}, got {self.setting!r}.")
+        if self.setting not in _SETTINGS:
+            raise ValueError(f"setting must be one of {_SETTINGS}, got {self.setting!r}.")
         if self.recipe_family not in RECIPE_FAMILIES:
             raise ValueError(f"recipe_family must be one of {RECIPE_FAMILIES}, got {self.recipe_family!r}.")
         if self.subsample is not None and self.subsample not in CLASS_SETS:
@@ -122,8 +122,8 @@ class TrainConfig:
             raise ValueError(f"snapshot_epochs lists numbers of finished epochs (0 = the initialisation), each an "
                              f"integer >= 0; got {self.snapshot_epochs!r}.")
         self.snapshot_epochs = tuple(sorted(set(self.snapshot_epochs)))
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
+        if self.precision not in _PRECISIONS:
+            raise ValueError(f"precision must be one of {_PRECISIONS}, got {self.precision!r}.")
         if isinstance(self.shots, numbers.Integral) and not isinstance(self.shots, bool) and self.shots < 1:
             raise ValueError(f"shots must be >= 1 (prompt tuning is few-shot), got {self.shots}.")
         check_int("", "shots", self.shots, 1, MAX_SHOTS)

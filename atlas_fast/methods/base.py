@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.renames import moved_names, renamed_attribute
-from atlas_fast.vocabulary import OPTIMIZERS, RECIPE_FAMILIES, SETTINGS, Optimizer
+from atlas_fast.vocabulary import OPTIMIZERS, RECIPE_FAMILIES as _RECIPE_FAMILIES, SETTINGS, Optimizer
 
 # Images per chunk when a method evaluates cached test features chunk by chunk.
 EVAL_BATCH = 1024
@@ -387,8 +387,8 @@ class MissingRecipe(ValueError):
 
 def check_family(method: str, family: str) -> None:
     """Reject a recipe family that is not one of :data:`~atlas_fast.vocabulary.RECIPE_FAMILIES`."""
-    if family not in RECIPE_FAMILIES:
-        raise ValueError(f"{method} recipe family must be {' or '.join(map(repr, RECIPE_FAMILIES))}, got {family!r}")
+    if family not in _RECIPE_FAMILIES:
+        raise ValueError(f"{method} recipe family must be {' or '.join(map(repr, _RECIPE_FAMILIES))}, got {family!r}")
 
 
 def check_setting_name(method: str, setting: str) -> None:

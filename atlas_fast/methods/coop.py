@@ -10,7 +10,7 @@ the cache; only the text path has a graph. All of CoOp's math is in this file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
@@ -23,7 +23,10 @@ from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, Cla
                                         ContextPromptMethod, init_phrase, initial_context)
 from atlas_fast.clip.text_encoder import PromptTextEncoder
 from atlas_fast.renames import moved_names
-from atlas_fast.vocabulary import RecipeFamily, Setting
+from atlas_fast.vocabulary import RecipeFamily
+
+if TYPE_CHECKING:
+    from atlas_fast.vocabulary import Setting
 
 PAPER_CTX_INIT = "a photo of a"
 DEFAULT_N_CTX = 16  # the reference's M without an init phrase
@@ -162,5 +165,6 @@ class CoOp(ContextPromptMethod):
 register_method(CoOp)
 
 
-# Moved to atlas_fast.vocabulary (``Setting`` is imported above, so it keeps working unannounced).
-__getattr__ = moved_names(__name__, {"Family": "atlas_fast.vocabulary:RecipeFamily"})
+# Moved to atlas_fast.vocabulary.
+__getattr__ = moved_names(__name__, {"Family": "atlas_fast.vocabulary:RecipeFamily",
+                                     "Setting": "atlas_fast.vocabulary:Setting"})
