@@ -1,0 +1,384 @@
+"""MMRL (Guo & Gu, CVPR 2025, "Multi-Modal Representation Learning"): a shared, learnable representation space
+projected into tokens of the higher blocks of both towers of a frozen CLIP (``docs/method-zoo.md``, section MMRL).
+
+Learned tensors (R runs lead every one of them):
+
+* ``rep_tokens`` (R, K, r): the shared representation space, N(0, 0.02^2) (K = 5 tokens of width r = 512);
+* ``text_map_weight`` (R, J, r, d_t), ``text_map_bias`` (R, J, d_t) and ``vision_map_weight`` (R, J, r, d_v),
+  ``vision_map_bias`` (R, J, d_v): one Linear(r -> width) per prompted block and tower; the J maps of a tower start
+  as copies of one freshly initialised Linear (the reference clones one layer), PyTorch's default Linear init;
+* ``rep_projection`` (R, d_v, D): the image tower's second projection, for the representation tokens,
+  N(0, 1 / d_v) (the reference's ``proj_rep``, drawn like CLIP's own ``proj`` and never loaded from weights).
+
+The towers (J = ``depth`` top blocks of each, the reference's layers 6..12 of ViT-B/16's 12 = 7):
+
+* at the input of the first prompted block the K projected tokens are **inserted** right after the first token
+  (SOT / class token), lengthening the sequence by K; at the input of each later prompted block they **replace**
+  positions 1..K. They get no positional embedding and (vision) no ``ln_pre``. Text stays causal over the longer
+  sequence and pools at EOT + K. The blocks below the first prompted one see no learned tensor: their text states
+  are computed once per class set, their image states without a graph;
+* image: the class token's ``ln_post`` output times CLIP's ``proj`` gives v; the **mean over the K representation
+  tokens of their ``ln_post`` outputs** times ``rep_projection`` gives v_r; text: t_c at EOT + K of the class prompt
+  ``template.format(class)`` (the dataset's hand-crafted prompt, no learned context).
+
+Logits use the reference's fixed scale s = 100 (not CLIP's ``logit_scale``; the released weights' exp(logit_scale)
+is 100): z = s cos(v, t), z_r = s cos(v_r, t). Training loss of a batch, t0 / v0 the frozen CLIP's normalised text
+(same template) and image features (of the same augmented view: the cache's):
+
+    L = alpha * CE(z, y) + (1 - alpha) * CE(z_r, y) + lambda * (1 - mean_b cos(v_b, v0_b))
+        + lambda * (1 - mean_c cos(t_c, t0_c))                                  (alpha = 0.7)
+
+With ATLaS both CE terms take the label schedule's targets (both classify the same image against the same labels;
+only z feeds a schedule's statistics); the two cosine terms have no labels and are unchanged.
+
+Test time: on the class set it trained on (base classes; a few-shot run's classes; ImageNet after a cross-dataset
+run) the logits are the fusion alpha z + (1 - alpha) z_r; on any other class set (new classes, other datasets) z
+alone, since the representation branch only learned the training classes.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from atlas_fast.clip.backbones import Backbone, encode_class_prompts
+from atlas_fast.clip.prompted_towers import PromptedVisionEncoder, run_blocks
+from atlas_fast.clip.text_encoder import PromptTextEncoder, tokenize_prompts
+from atlas_fast.data.datasets import find_dataset_spec, zeroshot_template
+from atlas_fast.data.templates import check_template, fill_template
+from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
+                                     check_scale, register_method)
+
+#: The reference's logit scale (``100. * image_features @ text_features.t()``), fixed whatever the weights' own.
+LOGIT_SCALE = 100.0
+
+# The reference's per-dataset regulariser weight lambda (trainers/config.py, applied in every setting before the
+# scripts' own overrides) and EuroSAT's wider representation space.
+REG_WEIGHTS = {"StanfordCars": 7.0, "FGVCAircraft": 6.0, "SUN397": 6.0, "DescribableTextures": 6.0, "Food101": 5.0,
+               "OxfordFlowers": 4.0, "UCF101": 3.0, "ImageNet": 0.5, "Caltech101": 0.5, "OxfordPets": 0.2,
+               "EuroSAT": 0.01}
+REP_DIMS = {"EuroSAT": 2048}
+
+
+@dataclass(frozen=True)
+class MMRLConfig(MethodConfig):
+    """MMRL's representation learner (base-to-new defaults of ``configs/trainers/MMRL/vit_b16.yaml``).
+
+    ``n_rep_tokens`` K, ``rep_dim`` r, ``depth`` J: the top J blocks of each tower get the tokens (the reference's
+    REP_LAYERS 6..12 of 12); ``alpha`` weighs the class-token branch in the loss and at test time; ``reg_weight``
+    lambda; ``template`` the class prompt (CoOp's hand-crafted prompt of the dataset)."""
+
+    n_rep_tokens: int = 5
+    rep_dim: int = 512
+    depth: int = 7
+    alpha: float = 0.7
+    reg_weight: float = 1.0
+    template: str = "a photo of a {}."
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = type(self).__name__
+        for name in ("n_rep_tokens", "rep_dim", "depth"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{owner}.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"{owner}.alpha must be in [0, 1], got {self.alpha}")
+        check_scale(self, "reg_weight")
+        check_template(self.template, owner)
+
+
+def registry_name(dataset: str) -> str:
+    spec = find_dataset_spec(dataset)
+    return spec.name if spec is not None else dataset
+
+
+def mmrl_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[MMRLConfig, OptimRecipe]:
+    """MMRL's recipe (its ``configs/trainers/MMRL/*.yaml``, ``trainers/config.py`` and ``scripts/mmrl``); both
+    families are the same (MMRL learns no text context). Dassl's AdamW (weight decay 5e-4), lr 0.001, one constant
+    warmup epoch at 1e-5 and a per-epoch cosine; K = 5, J = 7 (layers 6..12), alpha = 0.7; lambda per dataset
+    (:data:`REG_WEIGHTS`, 1.0 elsewhere), r = 512 (EuroSAT 2048); the dataset's CoOp template.
+
+    * base-to-new: 10 epochs, batch 4; ImageNet: 5 epochs, batch 32.
+    * few-shot: 50 epochs, batch 32 (lambda 0.5 outside the table); ImageNet: 5 epochs, batch 32.
+    * cross-dataset (and domain generalisation; trained on ImageNet): 1 epoch without warmup, batch 32, lambda 0.2.
+    """
+    check_family("MMRL", family)
+    name = registry_name(dataset)
+    template = zeroshot_template(dataset)
+    rep_dim = REP_DIMS.get(name, 512)
+    if setting == "cross_dataset":
+        return (MMRLConfig(rep_dim=rep_dim, reg_weight=0.2, template=template),
+                OptimRecipe(epochs=1, batch_size=32, lr=0.001, optimizer="adamw", warmup_epochs=0))
+    if setting not in ("base2new", "few_shot"):
+        raise MissingRecipe("MMRL", setting, MMRLConfig(template=template))
+    default = 1.0 if setting == "base2new" else 0.5
+    config = MMRLConfig(rep_dim=rep_dim, reg_weight=REG_WEIGHTS.get(name, default), template=template)
+    if name == "ImageNet":
+        return config, OptimRecipe(epochs=5, batch_size=32, lr=0.001, optimizer="adamw")
+    if setting == "base2new":
+        return config, OptimRecipe(epochs=10, batch_size=4, lr=0.001, optimizer="adamw")
+    return config, OptimRecipe(epochs=50, batch_size=32, lr=0.001, optimizer="adamw")
+
+
+def tower_slice(transformer: nn.Module, start: int, stop: int | None = None) -> SimpleNamespace:
+    """Blocks ``start:stop`` of an open_clip transformer as something :func:`run_blocks` runs (a plain object, so
+    the frozen blocks never join a method's module tree)."""
+    return SimpleNamespace(resblocks=list(transformer.resblocks)[start:stop],
+                           batch_first=getattr(transformer, "batch_first", True),
+                           grad_checkpointing=getattr(transformer, "grad_checkpointing", False))
+
+
+def cloned_linear_maps(runs: int, layers: int, rep_dim: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, J, r, width) weights (transposed) and (R, J, width) biases: per run, J copies of one fresh Linear."""
+    weights, biases = [], []
+    for _ in range(runs):
+        layer = nn.Linear(rep_dim, width)
+        maps = [copy.deepcopy(layer) for _ in range(layers)]
+        weights.append(torch.stack([m.weight.detach().t() for m in maps]))
+        biases.append(torch.stack([m.bias.detach() for m in maps]))
+    return torch.stack(weights), torch.stack(biases)
+
+
+class MMRL(PromptMethod):
+    """Multi-modal representation learning; reads pixels and the frozen CLIP's cached features of the same views."""
+
+    name = "mmrl"
+    printed_name = "MMRL"
+    recipe_function = staticmethod(mmrl_recipe)
+    config_class = MMRLConfig
+    reads_pixels = True
+    reads_frozen_features = True
+    # every learned tensor leads with R; the loss takes one batch per run and returns each run's loss
+    supports_batched_runs = True
+    depth_options = ("depth",)
+
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
+        super().__init__(backbone, classnames, config)
+        config = self.config
+        model = backbone.model
+        self.text_encoder = PromptTextEncoder(backbone)
+        self.image_encoder = PromptedVisionEncoder(backbone)
+        self.text_layers = len(model.transformer.resblocks)
+        self.vision_layers = self.image_encoder.layers
+        if config.depth > min(self.text_layers, self.vision_layers):
+            raise ValueError(f"MMRL: depth must be in [1, {min(self.text_layers, self.vision_layers)}] (the towers "
+                             f"have {self.text_layers} text / {self.vision_layers} vision blocks), got {config.depth}")
+        runs, k, r, depth = config.num_runs, config.n_rep_tokens, config.rep_dim, config.depth
+        text_width, vision_width = self.text_encoder.width, self.image_encoder.width
+        device = backbone.device
+        embed_dim = backbone.embed_dim
+        self.rep_projection = nn.Parameter(
+            (vision_width ** -0.5 * torch.randn(runs, vision_width, embed_dim)).to(device))
+        self.rep_tokens = nn.Parameter(nn.init.normal_(torch.empty(runs, k, r), std=0.02).to(device))
+        weight, bias = cloned_linear_maps(runs, depth, r, vision_width)
+        self.vision_map_weight, self.vision_map_bias = nn.Parameter(weight.to(device)), nn.Parameter(bias.to(device))
+        weight, bias = cloned_linear_maps(runs, depth, r, text_width)
+        self.text_map_weight, self.text_map_bias = nn.Parameter(weight.to(device)), nn.Parameter(bias.to(device))
+        self.fixed_classnames = tuple(classnames)  # the classes it trains on (its frozen text targets, its fusion)
+        self._fixed_text: torch.Tensor | None = None
+        self._lower_text: tuple | None = None
+        self.set_classnames(classnames)
+
+    # --- the class prompts -------------------------------------------------------------------------------------
+    def set_classnames(self, classnames: Sequence[str]) -> None:
+        """Tokenize ``template.format(name)`` for every class; the frozen lower text blocks are rerun lazily."""
+        if not classnames:
+            raise ValueError("MMRL needs at least one class name")
+        tokens = tokenize_prompts(self.backbone, fill_template(self.config.template, classnames), classnames)
+        n_used = int(tokens.eot_index.max()) + 1
+        self.classnames = tuple(classnames)
+        self.token_ids = tokens.ids[:, :n_used]
+        self.prompt_embeddings = tokens.embeddings[:, :n_used]
+        self.eot_index = tokens.eot_index
+        self._lower_text = None
+
+    @torch.no_grad()
+    def lower_text_states(self) -> torch.Tensor:
+        """(C, n_used, d_t): the text states at the input of the first prompted block. No learned tensor reaches
+        the blocks below it, so they run once per class set (fp32, outside autocast)."""
+        device = self.rep_tokens.device
+        if self._lower_text is None or self._lower_text[0].device != device:
+            model = self.backbone.model
+            start = self.text_layers - self.config.depth
+            embeddings = self.prompt_embeddings.to(device)
+            n_used = embeddings.shape[1]
+            with torch.autocast(device.type, enabled=False):
+                x = embeddings.to(model.transformer.get_cast_dtype()) + model.positional_embedding[:n_used]
+                if start:
+                    x = run_blocks(tower_slice(model.transformer, 0, start), x, model.attn_mask[:n_used, :n_used],
+                                   [], "text", causal=True)
+            self._lower_text = (x, self.eot_index.to(device))
+        return self._lower_text[0]
+
+    # --- the representation tokens -----------------------------------------------------------------------------
+    def mapped_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(text (R, J, K, d_t), vision (R, J, K, d_v)): the shared tokens through each block's two maps."""
+        rep = self.rep_tokens.unsqueeze(1)
+        text = torch.matmul(rep, self.text_map_weight) + self.text_map_bias.unsqueeze(2)
+        vision = torch.matmul(rep, self.vision_map_weight) + self.vision_map_bias.unsqueeze(2)
+        return text, vision
+
+    def raw_text_features(self, text_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Un-normalised class text features (R, C, D) of the prompted text tower."""
+        if text_tokens is None:
+            text_tokens = self.mapped_tokens()[0]
+        lower = self.lower_text_states()
+        model = self.backbone.model
+        runs, classes, k = text_tokens.shape[0], lower.shape[0], self.config.n_rep_tokens
+        dtype = model.transformer.get_cast_dtype()
+        lower = lower.to(dtype)
+        inserted = text_tokens[:, 0].to(dtype).unsqueeze(1).expand(runs, classes, k, lower.shape[-1])
+        x = torch.cat([lower[:, :1].expand(runs, -1, -1, -1), inserted, lower[:, 1:].expand(runs, -1, -1, -1)],
+                      dim=2).reshape(runs * classes, lower.shape[1] + k, -1)
+        deep = [text_tokens[:, j].unsqueeze(1).expand(runs, classes, k, x.shape[-1]).reshape(runs * classes, k, -1)
+                for j in range(1, text_tokens.shape[1])]
+        length = x.shape[1]
+        mask = torch.full((length, length), float("-inf"), device=x.device).triu_(1)
+        eot = self._lower_text[1] + k
+        start = self.text_layers - self.config.depth
+        pooled = run_blocks(tower_slice(model.transformer, start), x, mask, deep, "text", causal=True,
+                            pooled_rows=eot.repeat(runs))
+        return self.text_encoder.project(pooled).reshape(runs, classes, -1)
+
+    def text_features(self) -> torch.Tensor:
+        return F.normalize(self.raw_text_features(), dim=-1)
+
+    def image_pair(self, pixels: torch.Tensor, vision_tokens: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Un-normalised (class-token features v, representation features v_r), each (R, B, D), of pixels
+        (B, 3, H, W) seen by every run or (R, B, 3, H, W), one batch per run."""
+        runs = self.num_runs
+        if pixels.dim() != 4 and not (pixels.dim() == 5 and pixels.shape[0] == runs):
+            raise ValueError(f"MMRL reads pixels (B, 3, H, W) or (R={runs}, B, 3, H, W), got {tuple(pixels.shape)}")
+        if vision_tokens is None:
+            vision_tokens = self.mapped_tokens()[1]
+        visual = self.image_encoder.visual
+        per_run = pixels.dim() == 5
+        batch = pixels.shape[1] if per_run else pixels.shape[0]
+        start = self.vision_layers - self.config.depth
+        k = self.config.n_rep_tokens
+        with torch.no_grad():  # nothing learned reaches the blocks below the first prompted one
+            x = visual.ln_pre(self.image_encoder.embed(pixels.flatten(0, 1) if per_run else pixels))
+            if start:
+                x = run_blocks(tower_slice(visual.transformer, 0, start), x, None, [], "vision")
+        if not per_run and runs > 1:
+            x = x.unsqueeze(0).expand(runs, *x.shape).reshape(runs * batch, *x.shape[1:])
+        width = x.shape[-1]
+        inserted = vision_tokens[:, 0].to(x.dtype).unsqueeze(1).expand(runs, batch, k, width).reshape(-1, k, width)
+        x = torch.cat([x[:, :1], inserted, x[:, 1:]], dim=1)
+        deep = [vision_tokens[:, j].unsqueeze(1).expand(runs, batch, k, width).reshape(-1, k, width)
+                for j in range(1, vision_tokens.shape[1])]
+        x = run_blocks(tower_slice(visual.transformer, start), x, None, deep, "text",
+                       fused=self.image_encoder.fused_attention)
+        pooled = visual.ln_post(x[:, :1 + k])
+        image = pooled[:, 0] @ visual.proj
+        rep = pooled[:, 1:].mean(dim=1).view(runs, batch, width)
+        rep = torch.einsum("rbw,rwd->rbd", rep, self.rep_projection.to(rep.dtype))
+        return image.view(runs, batch, -1), rep
+
+    # --- logits ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def scaled_cosine(image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """s cos(image, text): image (R, B, D) and text (R, C, D), normalised here, -> (R, B, C)."""
+        text = F.normalize(text, dim=-1)
+        return LOGIT_SCALE * torch.einsum("rbd,rcd->rbc", F.normalize(image.to(text.dtype), dim=-1), text)
+
+    def fuses(self) -> bool:
+        """Whether the current class set is the one it trained on (then the test logits are the fusion)."""
+        return self.classnames == self.fixed_classnames
+
+    def classify(self, image: torch.Tensor, rep: torch.Tensor, text: torch.Tensor, fuse: bool) -> torch.Tensor:
+        logits = self.scaled_cosine(image, text)
+        if not fuse:
+            return logits
+        alpha = self.config.alpha
+        return alpha * logits + (1.0 - alpha) * self.scaled_cosine(rep, text)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Test-time logits (R, B, C) of preprocessed pixels (see the module docstring)."""
+        text_tokens, vision_tokens = self.mapped_tokens()
+        image, rep = self.image_pair(images, vision_tokens)
+        return self.classify(image, rep, self.raw_text_features(text_tokens), self.fuses())
+
+    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
+        image, rep = self.image_pair(pixels)
+        return self.classify(image, rep, text_features, self.fuses())
+
+    def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(R, B, 2D): the class-token and representation features side by side."""
+        return torch.cat(self.image_pair(pixels), dim=-1)
+
+    def pixel_classifier(self):
+        text, fuse = self.text_features(), self.fuses()
+        return lambda features: self.classify(*features.chunk(2, dim=-1), text, fuse)
+
+    # --- training ----------------------------------------------------------------------------------------------
+    def frozen_text_features(self) -> torch.Tensor:
+        """(C, D) normalised: the frozen CLIP's features of the template for the training classes (fp32)."""
+        if self._fixed_text is None or self._fixed_text.device != self.rep_tokens.device:
+            with torch.no_grad(), torch.autocast(self.backbone.device.type, enabled=False):
+                features = encode_class_prompts(self.backbone, fill_template(self.config.template,
+                                                                             self.fixed_classnames))
+            self._fixed_text = F.normalize(features.float(), dim=-1).to(self.rep_tokens.device)
+        return self._fixed_text
+
+    @torch.no_grad()
+    def frozen_image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The unprompted CLIP's image features (B, D) or (R, B, D): what the cache holds for these views."""
+        if pixels.dim() == 5:
+            return self.backbone.encode_image(pixels.flatten(0, 1)).view(*pixels.shape[:2], -1)
+        return self.backbone.encode_image(pixels)
+
+    def loss_terms(self, pixels: torch.Tensor, frozen: torch.Tensor | None = None
+                   ) -> dict[str, torch.Tensor]:
+        """The pieces of the loss: ``logits`` z and ``rep_logits`` z_r (R, B, C), ``image_cos`` (R, B) cos(v, v0)
+        and ``text_cos`` (R, C) cos(t, t0)."""
+        if tuple(self.classnames) != self.fixed_classnames:
+            raise RuntimeError("MMRL trains on the class set it was built for (its frozen text targets)")
+        if frozen is None:
+            frozen = self.frozen_image_features(pixels)
+        text_tokens, vision_tokens = self.mapped_tokens()
+        image, rep = self.image_pair(pixels, vision_tokens)
+        text = F.normalize(self.raw_text_features(text_tokens), dim=-1)
+        image_n = F.normalize(image, dim=-1)
+        fixed_image = F.normalize(frozen.float().to(image.device), dim=-1)
+        if fixed_image.dim() == 2:
+            fixed_image = fixed_image.unsqueeze(0)
+        fixed_text = self.frozen_text_features()
+        return {"logits": self.scaled_cosine(image, text), "rep_logits": self.scaled_cosine(rep, text),
+                "image_cos": F.cosine_similarity(image_n.float(), fixed_image.expand_as(image_n), dim=-1),
+                "text_cos": F.cosine_similarity(text.float(), fixed_text.expand_as(text), dim=-1)}
+
+    def training_loss(self, inputs, labels: torch.Tensor, criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """alpha criterion(z) + (1 - alpha) criterion(z_r) + lambda (1 - mean cos(v, v0)) + lambda (1 - mean
+        cos(t, t0)), each run's (R,) when R runs train together. ``inputs``: pixels, or (pixels, cached frozen
+        features) (an :class:`atlas_fast.engine.feed.PixelBatch`)."""
+        pixels, frozen = inputs if isinstance(inputs, tuple) else (inputs, None)
+        terms = self.loss_terms(pixels, frozen)
+        alpha, weight = self.config.alpha, self.config.reg_weight
+        text_reg = 1.0 - terms["text_cos"].mean(dim=1)
+        per_run = labels.dim() == 2
+        sizes = getattr(criterion, "sizes", None) if per_run else None
+        image_cos = terms["image_cos"]
+        if sizes is None or min(sizes) == image_cos.shape[1]:
+            image_reg = 1.0 - image_cos.mean(dim=1)
+        else:  # only the first sizes[r] rows of run r are its own (a run that sits out the step gets 0)
+            rows = torch.tensor(sizes, device=image_cos.device)
+            mask = torch.arange(image_cos.shape[1], device=image_cos.device) < rows.unsqueeze(1)
+            image_reg = torch.where(rows > 0, 1.0 - (image_cos * mask).sum(dim=1) / rows.clamp(min=1), 0.0)
+            text_reg = torch.where(rows > 0, text_reg, 0.0)
+        regular = weight * image_reg + weight * text_reg
+        runs = {"per_run": True} if per_run else {}
+        # only z is the method's class prediction (what a schedule such as OLS learns from)
+        ce = alpha * criterion(terms["logits"], **runs) + (1.0 - alpha) * criterion(terms["rep_logits"],
+                                                                                    observe=False, **runs)
+        return ce + (regular if per_run else regular.sum())
+
+
+register_method(MMRL)
