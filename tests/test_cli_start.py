@@ -23,7 +23,8 @@ ARGVS = [["--help"], ["train", "--help"], ["eval", "--help"], ["cache", "build",
          ["experiment", "fig_sensitivity", "--param", "alpha", "--data-root", "/nonexistent"],
          ["experiment", "theorem1_kappa", "--kinds", "xx", "--world"],
          ["train", "--dataset", "WorldPhotos", "--data-root", "d", "--seeds", "1", "1"],
-         ["demo", "--seeds", "2", "2"], ["experiment", "table3_base_to_new", "--world", "--methods", "coop", "coop"]]
+         ["demo", "--seeds", "2", "2"], ["experiment", "table3_base_to_new", "--world", "--methods", "coop", "coop"],
+         ["doctor", "--help"], ["doctor", "--steps", "many"]]
 
 EVERY_ARGV = """
 import contextlib, io, sys

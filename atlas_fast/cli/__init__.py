@@ -24,7 +24,7 @@ from atlas_fast.app.options import UnknownName, add_threads, apply_download, com
 from atlas_fast.errors import shorten_values, user_errors
 
 # The command groups in the order ``--help`` lists them: modules of this package.
-COMMAND_GROUPS = ("cache", "train", "eval", "demo", "experiment", "report", "data", "search")
+COMMAND_GROUPS = ("cache", "train", "eval", "demo", "experiment", "report", "data", "search", "doctor")
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -1,0 +1,87 @@
+"""``atlas-fast doctor`` on the CPU: the tiny model's eager checks pass (exit 0) and say which rows need a GPU; a
+mismatch (a group's run unlike the run alone, host traffic inside a step) is a FAIL row and a non-zero exit."""
+
+import pytest
+import torch
+
+from atlas_fast.cli import main
+from atlas_fast.cli.doctor import MISMATCH_STATUS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.slow  # the whole doctor: 4 families (7 s here at load 8; the default run checks one family below)
+def test_the_cpu_run_passes_and_names_the_rows_that_need_a_gpu(capsys):
+    assert main(["doctor", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## atlas-fast doctor on CPU (")
+    assert "| check | status | measured | note |" in out
+    for family in ("cached text (coop)", "CoCoOp (cocoop)", "pixel (ivlp)", "Adam-based (tcp)"):
+        assert f"| {family}: eager steps | ok | " in out
+        assert f"| {family}: graphed = eager | needs a GPU |" in out
+        assert f"| {family}: group = alone | ok | " in out
+    assert "host traffic per steady-state step: 0 read(s) back" in out
+    assert "| versions | info | Python " in out and "torch " + torch.__version__ in out
+    assert "| memory plan | info | coop: R = " in out and "ViT-B-16, C = 1,000" in out
+    assert "| faiss | ok | faiss " in out and "on the CPU" in out
+    assert "Rows that need a GPU (checked on a CUDA device only): cached text (coop): graphed = eager" in out
+    assert out.rstrip().endswith("No mismatch: every check this device can run passed.")
+
+
+def test_one_family_on_the_cpu_passes(capsys):
+    assert main(["doctor", "--device", "cpu", "--methods", "ivlp", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "| pixel (ivlp): eager steps | ok | " in out and "| pixel (ivlp): graphed = eager | needs a GPU |" in out
+    assert "| pixel (ivlp): group = alone | ok | run 1 of a group of 2 vs alone" in out
+    assert "coop" not in out.split("| memory plan")[0]  # the family asked for, only
+    assert out.rstrip().endswith("No mismatch: every check this device can run passed.")
+
+
+def test_a_group_unlike_its_run_alone_fails_the_doctor(monkeypatch, capsys):
+    """Injected: the run trained alone ends with a learned tensor moved by 0.01."""
+    from atlas_fast.app import doctor
+
+    real = doctor.train_group
+
+    def perturbed(name, backbone, device, runs, *args, **kwargs):
+        trained = real(name, backbone, device, runs, *args, **kwargs)
+        if runs == 1 and not kwargs["length_groups"]:
+            with torch.no_grad():
+                next(iter(trained.method.trainable_parameters())).add_(0.01)
+        return trained
+
+    monkeypatch.setattr(doctor, "train_group", perturbed)
+    assert main(["doctor", "--methods", "coop", "--steps", "3"]) == MISMATCH_STATUS
+    out = capsys.readouterr().out
+    assert "| cached text (coop): group = alone | FAIL | run 1 of a group of 2 vs alone: largest learned-tensor " \
+           "difference 1.0e-02" in out
+    assert "1 mismatch(es): cached text (coop): group = alone" in out
+
+
+def test_a_step_that_reads_back_fails_the_doctor(monkeypatch, capsys):
+    """Injected: CoOp's loss read back to the host inside every step (a graph could not replay it)."""
+    from atlas_fast.methods.base import method_class
+
+    entry = method_class("coop")
+    real = entry.training_loss
+
+    def reading(self, *args, **kwargs):
+        loss = real(self, *args, **kwargs)
+        float(loss.detach().sum())
+        return loss
+
+    monkeypatch.setattr(entry, "training_loss", reading)
+    assert main(["doctor", "--methods", "coop", "--steps", "3"]) == MISMATCH_STATUS
+    out = capsys.readouterr().out
+    assert "| cached text (coop): eager steps | FAIL | " in out
+    assert "host traffic per steady-state step: 1 read(s) back" in out
+
+
+def test_bad_options_are_named(capsys):
+    assert main(["doctor", "--methods", "maple"]) == 2
+    assert "--methods 'maple': the doctor trains coop, cocoop, ivlp, tcp." in capsys.readouterr().err
+    assert main(["doctor", "--steps", "2"]) == 2
+    assert "--steps must be in [3, 1000], got 2" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["doctor", "--device", "cuda"]) == 2
+        assert "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
