@@ -1,5 +1,5 @@
-"""Beyond the paper: base-to-new of CLIP-LoRA, TCP and KDPL (on CoOp, CoCoOp, MaPLe, PromptSRC) with and without
-ATLaS.
+"""Beyond the paper: base-to-new of CLIP-LoRA, TCP, KDPL (on CoOp, CoCoOp, MaPLe, PromptSRC) and MMRL with and
+without ATLaS.
 
     atlas-fast experiment beyond_base_to_new --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
     atlas-fast experiment beyond_base_to_new --world --kinds isl
@@ -9,6 +9,8 @@ paper's base-to-new presets (K=2, θ=0.1, τ_c=0.05, α=0.1):
 
 * CLIP-LoRA and TCP train with a cross-entropy: the plain method, then + ATLaS with each soft-label kind of
   ``--kinds`` (default LS, CSL, ISL).
+* MMRL trains with two cross-entropies (its class-token and its representation-token logits), both of which take
+  ATLaS's targets: the plain method, then + ATLaS with each kind.
 * KDPL learns from its teacher without labels, so ATLaS has nothing to act on in it: its block compares the base
   method (trained with KDPL's schedule, as the KDPL authors train their baselines) plain and + ATLaS with each kind
   against KDPL on that base, the same prompts distilled from a larger CLIP's zero-shot predictions. ATLaS-ISL uses
@@ -33,8 +35,8 @@ from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
 
-PAPER = "Beyond the paper (CLIP-LoRA, TCP, KDPL)"
-METHODS = ("clip-lora", "tcp", "kdpl-coop", "kdpl-cocoop", "kdpl-maple", "kdpl-promptsrc")
+PAPER = "Beyond the paper (CLIP-LoRA, TCP, KDPL, MMRL)"
+METHODS = ("clip-lora", "tcp", "kdpl-coop", "kdpl-cocoop", "kdpl-maple", "kdpl-promptsrc", "mmrl")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

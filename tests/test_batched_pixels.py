@@ -1,4 +1,4 @@
-"""R pixel runs (IVLP, MaPLe, PromptSRC, DePT-MaPLe) trained as one module give every run the record of training it
+"""R pixel runs (IVLP, MaPLe, PromptSRC, DePT-MaPLe, MMRL) trained as one module give every run the record of training it
 alone: per-epoch losses, learned tensors and metrics at the tolerances of tests/test_batched.py, for runs that differ
 in seed, shots, label schedule and soft labels."""
 
@@ -13,6 +13,7 @@ from atlas_fast.engine.pipeline import run_group
 from atlas_fast.methods.dept import DePTMaPLeConfig
 from atlas_fast.methods.ivlp import IVLPConfig
 from atlas_fast.methods.maple import MaPLeConfig
+from atlas_fast.methods.mmrl import MMRLConfig
 from atlas_fast.methods.promptsrc import PromptSRCConfig
 from layouts import make_oxford_pets
 from test_batched import _assert_equal_records
@@ -24,7 +25,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CONFIGS = {"ivlp": IVLPConfig(n_ctx_text=2, n_ctx_vision=2, depth_text=2, depth_vision=2),
            "maple": MaPLeConfig(n_ctx=2, depth=2),
            "promptsrc": PromptSRCConfig(depth_text=2, depth_vision=2, gpa_mean=2, gpa_std=1),
-           "dept-maple": DePTMaPLeConfig(n_ctx=2, depth=2)}
+           "dept-maple": DePTMaPLeConfig(n_ctx=2, depth=2),
+           "mmrl": MMRLConfig(depth=1, rep_dim=16)}
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +48,10 @@ def pixel_configs(root, method, results):
     ]
 
 
-@pytest.mark.parametrize("runs", [4, 2])
-@pytest.mark.parametrize("method", ["ivlp", "maple", "promptsrc", "dept-maple"])
+# MMRL's two runs already differ in batch size (shots 2 and 5); its four-run case is in the slow suite
+@pytest.mark.parametrize("method,runs", [(method, runs) for runs in (4, 2) for method in CONFIGS
+                                         if (method, runs) != ("mmrl", 4)]
+                         + [pytest.param("mmrl", 4, marks=pytest.mark.slow)])
 def test_batched_pixel_runs_equal_runs_trained_alone(pets, method, runs):
     configs = pixel_configs(pets, method, f"alone-{method}")[-runs:]
     alone = [run(config) for config in configs]

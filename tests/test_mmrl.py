@@ -203,6 +203,7 @@ def test_vit_b16_shapes_match_the_official_code(moved):
 
     backbone = load_backbone(BackboneConfig("ViT-B-16", None))
     method = build(backbone, moved, rep_dim=512, depth=7)
+    assert sum(p.numel() for p in method.parameters()) == 4_992_256  # docs/method-zoo.md, section MMRL
     torch.manual_seed(1)
     check(backbone, method, f"MMRL ViT-B/16{' moved' if moved else ''}", torch.randn(2, 3, 224, 224),
           torch.tensor([1, 2]))
