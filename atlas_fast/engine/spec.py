@@ -123,10 +123,13 @@ class RunData:
     train_subsample: str
     fingerprint: str  # listing of the full dataset + identity of every image the run reads
     shots_used: dict[str, int]  # fewest and most training images of any class
+    domain: Any = None  # DatasetSplits: every class's every training image, for a method that trains on the domain
 
     @property
     def train_split(self):
-        return self.splits[self.train_subsample]
+        """The classes and images the run trains on: the few-shot subset's training class set, or the whole
+        domain (every training image of every class, unlabeled: PromptKD)."""
+        return self.domain if self.domain is not None else self.splits[self.train_subsample]
 
     def describe(self, content_hash: bool) -> dict[str, Any]:
         """The record's ``data`` field."""
@@ -152,14 +155,15 @@ def evaluation_subsamples(train_subsample: str, method_config: MethodConfig,
 
 
 def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: bool = False,
-                  listings: dict | None = None) -> RunData:
+                  listings: dict | None = None, domain: bool = False) -> RunData:
     """List the dataset, draw the few-shot subset, split the classes and fingerprint the run's images; refuse data
     the run cannot use (no training images, an evaluation class set without test images). ``evaluation_only``: the
     data of a saved run's evaluation (no training list needed; the few-shot draw only defines base/new, so the
     ``all`` class set is the full dataset). ``listings``: dataset listings already made while planning the same
     sweep, by (dataset, data root), each with what the sweep's runs share on it (the listing's fingerprint, each
     file's identity, the few-shot source, the relabelled test list), computed once per sweep; each run still draws
-    and fingerprints its own few-shot subset."""
+    and fingerprints its own few-shot subset. ``domain``: the run trains on every training image of every class
+    (a method's ``trains_on_domain``); its evaluation sets are the few-shot subset's, as any run's."""
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.data.fewshot import shots_used
     from atlas_fast.data.identity import subset_fingerprint
@@ -176,7 +180,8 @@ def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: b
         fewshot = fewshot_subset(full, config.shots, config.seed,
                                  store_dir=Path(config.cache_root) / full.name / "split_fewshot", memo=memo)
     splits = {name: subsample_classes(fewshot, name, memo) for name in subsamples}
-    train_split = splits[config.train_subsample]
+    whole = subsample_classes(full, "all", memo) if domain and not evaluation_only else None
+    train_split = whole if whole is not None else splits[config.train_subsample]
     if not train_split.train and not evaluation_only:
         raise ValueError(f"{full.name}: the {config.train_subsample!r} training list is empty.")
     for name, split in splits.items():
@@ -185,8 +190,10 @@ def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: b
                              f"({split.num_classes} classes); the run could not be evaluated. Add test images or "
                              f"use --setting few_shot.")
     fingerprint = subset_fingerprint(full, fewshot, config.content_hash, memo)
+    if whole is not None:  # the images it trains on are every training image: the whole listing's identity
+        fingerprint = subset_fingerprint(full, full, config.content_hash, memo)
     return RunData(full.name, str(full.dataset_dir), fewshot, splits, config.train_subsample, fingerprint,
-                   shots_used(train_split))
+                   shots_used(train_split), whole)
 
 
 @renamed_fields({"recipe": "optim_recipe", "key": "config_key"})
@@ -321,7 +328,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
                       f"{optim_recipe.warmup_lr:g} leave no epoch at the recipe's lr {optim_recipe.lr:g}: the "
                       f"prompts barely move. Train at least {warmup + 1} epochs.", stacklevel=2)
     data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config, config.evaluate),
-                         listings=listings)
+                         listings=listings, domain=entry.trains_on_domain)
     if optim_recipe.iterations is not None:  # a schedule over optimiser steps: its epochs follow from the images
         optim_recipe = optim_recipe.for_training_images(len(data.train_split.train), config.epochs)
     if config.snapshot_epochs and config.snapshot_epochs[-1] > optim_recipe.epochs:
@@ -333,6 +340,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
               f"{used['min']}..{used['max']} per class (recorded in the record's data.shots_used).", file=sys.stderr)
     backbone = shared_backbone(config.backbone, device if here else torch.device("cpu"))
     check_prompt_depths(entry, method_config, backbone)
+    entry.check_before_work(method_config, backbone)
     described = describe_run(config, dataset, method_config, optim_recipe, device)
     key = config_key(described, backbone.fingerprint)
     return RunSpec(config, device, amp, backbone.fingerprint, method_config, optim_recipe, described, key, data,

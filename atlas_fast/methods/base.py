@@ -196,6 +196,14 @@ class PromptMethod(nn.Module):
     #: ...) would have nothing to supervise, so planning accepts only the plain one-hot schedule, whose labels such
     #: a method never reads.
     uses_labels: ClassVar[bool] = True
+    #: True for methods that train on the domain's unlabeled images (PromptKD): every training image of every class
+    #: of the dataset, whatever the shots and the setting's class subset; evaluation is unchanged.
+    trains_on_domain: ClassVar[bool] = False
+
+    @classmethod
+    def check_before_work(cls, config: MethodConfig, backbone: Backbone) -> None:
+        """Called when a run is planned, before anything is encoded: refuse what the run cannot use beyond its config
+        (PromptKD: a missing or mismatched teacher), naming the option. Default: nothing to check."""
 
     @classmethod
     def view_teacher(cls, config: MethodConfig, backbone: Backbone) -> Backbone | None:

@@ -1,0 +1,424 @@
+"""PromptKD equals a literal re-implementation of its official trainer (zhengli97/PromptKD trainers/promptkd.py with
+clip/model.py's IVLP towers): the teacher's class-prompt tokens, its prompted text and image features and its logits
+at its own temperature, the student's prompted image tower, its projector (1x1 convs, BatchNorm2d on the batch's
+statistics while training and the running ones at test), its logits on the teacher's text, the distillation loss
+``w T^2 KL_sum / numel`` and the gradient of every learned tensor, at the initialisation and a moved point, with a
+tiny teacher of another architecture. Negative controls (prompts without their phrase, the teacher's deep text prompts
+left out, the teacher at the student's temperature, BatchNorm's running statistics in training, the batch's at test,
+a "batchmean" KL, no T^2, the reverse KL) are caught. The teacher's prompted view features come from a cache file
+keyed by its weights and prompts; its prompts load from a record or the official checkpoint, and a missing or
+mismatched teacher is refused at planning; PromptKD trains on every training image of the domain and refuses label
+schedules."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
+from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.promptkd import PromptKD, PromptKDConfig, load_teacher, promptkd_recipe
+from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
+from helpers import small_pets, tiny_pets_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: extra threads only contend
+
+# Gradients relative to their largest entry: the prompted tower's fused attention sums in another order than the
+# blocks' own forward, and the BatchNorm over a handful of images divides those float32 differences by the batch's
+# spread (its controls differ by far more).
+GRAD_ATOL = 5e-5
+
+CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
+TEACHER = dict(teacher="atlas-tiny-teacher", teacher_pretrained="none", teacher_prompts="none",
+               teacher_depth_text=2, teacher_depth_vision=2)
+CONFIG = PromptKDConfig(depth_vision=2, kd_weight=10.0, temperature=2.0, **TEACHER)
+
+
+# --- the official trainer, literally (clip/model.py's IVLP blocks on open_clip's modules) ---------------------------
+def official_vision(visual, pixels, vpt, deep):
+    """VisionTransformer.forward of the IVLP design: prompts appended after the patches, replaced at the input of
+    blocks 1..J-1, the class token's output projected."""
+    x = visual.conv1(pixels)
+    x = x.reshape(x.shape[0], x.shape[1], -1).permute(0, 2, 1)
+    cls = visual.class_embedding + torch.zeros(x.shape[0], 1, x.shape[-1])
+    x = torch.cat([cls, x], dim=1) + visual.positional_embedding
+    n = vpt.shape[0]
+    x = visual.ln_pre(torch.cat([x, vpt.expand(x.shape[0], -1, -1)], dim=1))
+    for i, block in enumerate(visual.transformer.resblocks):
+        if 1 <= i <= len(deep):
+            x = torch.cat([x[:, :-n], deep[i - 1].expand(x.shape[0], -1, -1)], dim=1)
+        x = block(x)
+    return visual.ln_post(x[:, 0]) @ visual.proj
+
+
+def official_prompt_ids(backbone, names, prefix="a photo of a"):
+    return backbone.tokenizer([f"{prefix} {n.replace('_', ' ')}." for n in names])
+
+
+def official_text(backbone, ctx, deep, names):
+    """VLPromptLearner + TextEncoder: [SOT][ctx][class tokens][.][EOT] over all 77 positions, the deep prompts
+    replacing positions 1..M at the input of blocks 1..J-1, the EOT token's output projected."""
+    model, n = backbone.model, ctx.shape[0]
+    ids = official_prompt_ids(backbone, names)
+    with torch.no_grad():
+        embedding = model.token_embedding(ids)
+    x = torch.cat([embedding[:, :1], ctx.expand(len(names), -1, -1), embedding[:, 1 + n:]], dim=1)
+    x = x + model.positional_embedding
+    for i, block in enumerate(model.transformer.resblocks):
+        if 1 <= i <= len(deep):
+            x = torch.cat([x[:, :1], deep[i - 1].expand(len(names), -1, -1), x[:, 1 + n:]], dim=1)
+        x = block(x, attn_mask=model.attn_mask)
+    x = model.ln_final(x)
+    return x[torch.arange(len(names)), ids.argmax(dim=-1)] @ model.text_projection
+
+
+def official_projector(method, train=True):
+    """Feature_Trans_Module_two_layer(D_s, D_t) holding the method's tensors (as leaves with their own grads)."""
+    d_t, d_s = method.proj_w1.shape[1:]
+    proj = nn.Sequential(nn.Conv2d(d_s, d_t, 1), nn.BatchNorm2d(d_t), nn.ReLU(inplace=True), nn.Conv2d(d_t, d_t, 1))
+    with torch.no_grad():
+        proj[0].weight.copy_(method.proj_w1[0].view(d_t, d_s, 1, 1))
+        proj[0].bias.copy_(method.proj_b1[0])
+        proj[1].weight.copy_(method.proj_gamma[0])
+        proj[1].bias.copy_(method.proj_beta[0])
+        proj[1].running_mean.copy_(method.proj_running_mean[0])
+        proj[1].running_var.copy_(method.proj_running_var[0])
+        proj[3].weight.copy_(method.proj_w2[0].view(d_t, d_t, 1, 1))
+        proj[3].bias.copy_(method.proj_b2[0])
+    return proj.train(train)
+
+
+def official_loss(stu_logits, tea_logits, weight, temperature, reduction="sum", squared=True, reverse=False):
+    """forward_backward: KD_WEIGHT * KL(softmax(tea / T) || log_softmax(stu / T)) summed * T * T / numel."""
+    if reverse:
+        stu_logits, tea_logits = tea_logits, stu_logits
+    kl = F.kl_div(F.log_softmax(stu_logits / temperature, dim=1), F.softmax(tea_logits / temperature, dim=1),
+                  reduction=reduction)
+    kl = kl * (temperature * temperature if squared else 1.0)
+    return weight * (kl / stu_logits.numel() if reduction == "sum" else kl)
+
+
+@pytest.fixture()
+def teacher_at_another_temperature():
+    """The tiny teacher's logit scale moved off the student's (both start at 1/0.07), so that scoring the teacher at
+    the student's temperature differs from the official (its own)."""
+    teacher = shared_backbone(BackboneConfig("atlas-tiny-teacher", None))
+    saved = teacher.model.logit_scale.detach().clone()
+    teacher.model.logit_scale.data.fill_(math.log(40.0))
+    yield
+    teacher.model.logit_scale.data.copy_(saved)
+
+
+def build(student, config, moved):
+    torch.manual_seed(0)
+    method = build_method("promptkd", student, CLASSNAMES, config)
+    if moved:
+        with torch.no_grad():
+            for param in method.parameters():
+                param.add_(0.05 * torch.randn_like(param))
+            method.proj_running_mean.add_(0.3 * torch.randn_like(method.proj_running_mean))
+            method.proj_running_var.mul_(1.5).add_(0.2)
+    return method
+
+
+def check(student, method, prefix, pixels):
+    """Every quantity of one training step and the test-time logits against the official trainer."""
+    teacher = method.teacher
+    tea_model, prompts = teacher.model.clip, teacher.model.prompts
+    config = method.config
+    # the teacher's class prompts: token ids (the SOT, the class tokens after the context, the EOT position)
+    prompts.set_classnames(CLASSNAMES)
+    ids = official_prompt_ids(teacher, CLASSNAMES)
+    n = prompts.n_ctx
+    used = prompts.class_prompts.token_suffix.shape[1] + 1 + n
+    with torch.no_grad():
+        embedding = tea_model.token_embedding(ids)
+    assert torch.equal(prompts.eot_index, ids.argmax(dim=-1))
+    assert_equivalent(f"{prefix} teacher prompt tokens", prompts.class_prompts.token_suffix,
+                      embedding[:, 1 + n:used], atol=0, rtol=0)
+    bare = teacher.tokenizer([f"{c.replace('_', ' ')}." for c in CLASSNAMES])
+    assert not torch.equal(bare.argmax(dim=-1), prompts.eot_index), "control: prompts without their phrase"
+    # the teacher's text and image features and logits (its own temperature)
+    t_ctx, t_deep = prompts.ctx[0], list(prompts.deep_text[0])
+    text = F.normalize(official_text(teacher, t_ctx, t_deep, CLASSNAMES), dim=-1)
+    assert_equivalent(f"{prefix} teacher text", method.teacher_text(), text)
+    assert_caught("teacher text without its deep prompts", method.teacher_text(),
+                  F.normalize(official_text(teacher, t_ctx, [], CLASSNAMES), dim=-1))
+    with torch.no_grad():
+        t_image = official_vision(tea_model.visual, pixels, prompts.vision_ctx[0], list(prompts.deep_vision[0]))
+    cached = teacher.encode_image(pixels)  # what the feed's cache file holds for these views
+    assert_equivalent(f"{prefix} teacher image features", cached, t_image, atol=1e-5)
+    tea_logits = tea_model.logit_scale.exp() * F.normalize(t_image, dim=-1) @ text.t()
+    assert_equivalent(f"{prefix} teacher logits", method.teacher_logits(cached), tea_logits, atol=1e-4)
+    at_student = student.model.logit_scale.exp() * F.normalize(t_image, dim=-1) @ text.t()
+    assert_caught("teacher at the student's temperature", method.teacher_logits(cached), at_student)
+
+    # the student's step, official: prompted image tower, projector in training mode, logits on the teacher's text
+    p = {name: t.detach()[0].clone().requires_grad_(True) for name, t in method.named_parameters()}
+    deep = list(p["deep_vision"].unbind(0)) if "deep_vision" in p else []
+    proj = official_projector(method)  # its BatchNorm's running statistics, before the step updates them
+    stu_image = official_vision(student.model.visual, pixels, p["vision_ctx"], deep)
+    conv_w1 = p["proj_w1"].view(*p["proj_w1"].shape, 1, 1)
+    conv_w2 = p["proj_w2"].view(*p["proj_w2"].shape, 1, 1)
+
+    def projected(x, bn_training=True, bn=proj[1]):
+        h = F.conv2d(x[..., None, None], conv_w1, p["proj_b1"])
+        h = F.batch_norm(h, bn.running_mean.clone(), bn.running_var.clone(), p["proj_gamma"], p["proj_beta"],
+                         training=bn_training, momentum=0.1, eps=1e-5)
+        return F.conv2d(F.relu(h), conv_w2, p["proj_b2"]).flatten(1)
+
+    scale = student.model.logit_scale.exp()
+    stu_logits = scale * F.normalize(projected(stu_image), dim=-1) @ text.t()
+    method.train()
+    loss = method.training_loss((pixels, cached), torch.zeros(len(pixels), dtype=torch.long), None)
+    loss.backward()
+    reference = official_loss(stu_logits, tea_logits, config.kd_weight, config.temperature)
+    reference.backward(retain_graph=True)
+    assert_equivalent(f"{prefix} loss", loss, reference)
+    with torch.no_grad():
+        assert_caught("KL 'batchmean' (over B, not B x C)", loss,
+                      official_loss(stu_logits, tea_logits, config.kd_weight, config.temperature, "batchmean"))
+        assert_caught("no T^2", loss, official_loss(stu_logits, tea_logits, config.kd_weight, config.temperature,
+                                                    squared=False))
+        assert_caught("reverse KL", loss, official_loss(stu_logits, tea_logits, config.kd_weight, config.temperature,
+                                                        reverse=True))
+    wrong_bn = official_loss(scale * F.normalize(projected(stu_image, bn_training=False), dim=-1) @ text.t(),
+                             tea_logits, config.kd_weight, config.temperature)
+    assert_caught("BatchNorm's running statistics in training", loss, wrong_bn)
+    grads = {name: p[name].grad.clone() for name in p}
+    for param in p.values():
+        param.grad = None
+    wrong_bn.backward()
+    for name, param in method.named_parameters():
+        scale_g = grads[name].abs().max()
+        if name == "proj_b1":  # the bias before a training BatchNorm: its gradient is 0 (the batch mean removes it)
+            reference_scale = grads["proj_w1"].abs().max()
+            assert_equivalent(f"{prefix} grad {name} (0)", param.grad[0] / reference_scale,
+                              torch.zeros_like(grads[name]), atol=GRAD_ATOL)
+            assert_equivalent(f"{prefix} grad {name} (0, official)", grads[name] / reference_scale,
+                              torch.zeros_like(grads[name]), atol=GRAD_ATOL)
+            assert_caught(f"grad {name} with BatchNorm's running statistics", param.grad[0] / reference_scale,
+                          p[name].grad / reference_scale, atol=GRAD_ATOL, rtol=0)
+            continue
+        assert_gradient_equivalent(f"{prefix} grad {name}", param.grad[0], grads[name], atol=GRAD_ATOL)
+        assert_caught(f"grad {name} with BatchNorm's running statistics", param.grad[0] / scale_g,
+                      p[name].grad / scale_g, atol=GRAD_ATOL, rtol=0)
+
+    # test time: the projector on its running statistics (the official model.eval())
+    method.eval()
+    with torch.no_grad():
+        eval_logits = method(pixels)[0]
+        proj_eval = official_projector(method, train=False)
+        official_eval = scale * F.normalize(proj_eval(official_vision(
+            student.model.visual, pixels, method.vision_ctx[0],
+            list(method.deep_vision[0]) if method.deep_vision is not None else [])[..., None, None]).flatten(1),
+            dim=-1) @ text.t()
+        assert_equivalent(f"{prefix} test logits", eval_logits, official_eval, atol=1e-4)
+        assert_caught("batch statistics at test", eval_logits, stu_logits.detach(), atol=1e-4)
+    method.train()
+
+
+@pytest.mark.usefixtures("teacher_at_another_temperature")
+@pytest.mark.parametrize("moved", [False, True])
+def test_every_quantity_matches_the_official_trainer(tiny, moved):
+    method = build(tiny, CONFIG, moved)
+    torch.manual_seed(1)
+    check(tiny, method, f"PromptKD tiny{' moved' if moved else ''}", torch.randn(5, 3, 32, 32))
+    print("\n" + report_ratios("PromptKD tiny"))
+
+
+def test_the_running_statistics_follow_torch_s_batchnorm(tiny):
+    """One training forward updates the running mean and (unbiased) variance as BatchNorm2d does; a batch of one
+    leaves the variance (the official loader never forms such a batch)."""
+    method = build(tiny, CONFIG, moved=True)
+    proj = official_projector(method)
+    pixels = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        features = method.image_encoder(pixels, *method.vision_prompts())
+        proj(features[0][..., None, None])
+        method.project(features)
+    assert_equivalent("PromptKD running mean", method.proj_running_mean[0], proj[1].running_mean, atol=1e-6)
+    assert_equivalent("PromptKD running var", method.proj_running_var[0], proj[1].running_var, atol=1e-6)
+    var = method.proj_running_var.clone()
+    with torch.no_grad():
+        method.project(features[:, :1])
+    assert torch.equal(method.proj_running_var, var) and torch.isfinite(method.proj_running_mean).all()
+    state = method.state_for_checkpoint()
+    assert {"proj_running_mean", "proj_running_var"} <= set(state)
+    other = build(tiny, CONFIG, moved=False)
+    other.load_checkpoint_state(state)
+    assert torch.equal(other.proj_running_var, method.proj_running_var)
+
+
+def official_checkpoint(prompts, path, width_cut=0):
+    """A Dassl checkpoint of PromptSRC's CustomCLIP as the official teacher ships it (keys of clip/model.py)."""
+    state = {"prompt_learner.ctx": prompts.ctx[0].detach().clone(),  # noqa: the buffers below are ignored
+             "image_encoder.VPT": prompts.vision_ctx[0].detach().clone()[..., width_cut:],
+             "prompt_learner.token_prefix": torch.zeros(3, 1, 8)}
+    for i, t in enumerate(prompts.deep_text[0], start=1):
+        state[f"text_encoder.transformer.resblocks.{i}.VPT_shallow"] = t.detach().clone()
+    for i, t in enumerate(prompts.deep_vision[0], start=1):
+        state[f"image_encoder.transformer.resblocks.{i}.VPT_shallow"] = t.detach().clone()[..., width_cut:]
+    torch.save({"state_dict": state, "epoch": 20}, path)
+    return path
+
+
+def test_teacher_prompts_load_from_the_official_checkpoint_and_mismatches_are_refused(tiny, tmp_path_factory):
+    """The official Dassl checkpoint's prompts are the teacher's (and so is its fingerprint); a missing, unreadable,
+    foreign or ill-fitting teacher is refused when the run is planned, before anything is encoded, naming the
+    option."""
+    import json
+
+    from atlas_fast.engine.spec import plan_run
+
+    root = small_pets(tmp_path_factory, "promptkd-teacher")
+    none = load_teacher(CONFIG, "cpu")
+    torch.manual_seed(3)
+    prompts = none.model.prompts
+    moved = {name: t.detach() + 0.1 * torch.randn_like(t) for name, t in prompts.named_parameters()}
+    dassl = official_checkpoint(_Prompts(moved), tmp_path_factory.mktemp("dassl") / "model-best.pth.tar")
+    from_file = load_teacher(dataclasses.replace(CONFIG, teacher_prompts=str(dassl)), "cpu")
+    for name, tensor in from_file.model.prompts.named_parameters():
+        assert torch.equal(tensor.detach(), moved[name]), name
+    assert from_file.fingerprint != none.fingerprint  # the cache files of two teachers' views never mix
+
+    def planned(**options):
+        return plan_run(tiny_pets_config(root, method="promptkd", method_options={**TEACHER, "depth_vision": 2,
+                                                                                   **options}))
+
+    with pytest.raises(ValueError, match=r"PromptKD needs its teacher's prompts: --method-option teacher_prompts="):
+        planned(teacher_prompts="")
+    with pytest.raises(FileNotFoundError, match=r"teacher_prompts .*nowhere.pt is not a file"):
+        dataclasses.replace(CONFIG, teacher_prompts=str(root / "nowhere.pt"))  # the config's own check
+    record = root / "student.json"  # a record of a run on another backbone than the teacher's
+    record.write_text(json.dumps({"config": {"method": "promptsrc", "backbone": {"model": "atlas-tiny",
+                                                                                 "pretrained": None}}}))
+    with pytest.raises(ValueError, match=r"trained on atlas-tiny \(random init\), but the teacher is "
+                                         r"atlas-tiny-teacher .*teacher=MODEL teacher_pretrained="):
+        planned(teacher_prompts=str(record))
+    narrow = official_checkpoint(_Prompts(moved), tmp_path_factory.mktemp("dassl") / "narrow.pth.tar", 8)
+    with pytest.raises(ValueError, match=r"teacher prompts \(Dassl checkpoint .*narrow.pth.tar\) do not fit the "
+                                         r"teacher atlas-tiny-teacher.*teacher_prompts=RECORD\|FILE\|none"):
+        planned(teacher_prompts=str(narrow))
+    wrong = tmp_path_factory.mktemp("dassl") / "other.pth"
+    torch.save({"state_dict": {"weight": torch.zeros(2)}}, wrong)
+    with pytest.raises(ValueError, match=r"is not a PromptSRC prompt-learner checkpoint"):
+        PromptKD.check_before_work(dataclasses.replace(CONFIG, teacher_prompts=str(wrong)), tiny)
+    assert not list(root.rglob("*.h5"))  # nothing was encoded for the refused runs
+
+
+class _Prompts:
+    """Named prompt tensors with the attribute access of a PromptSRC module (for :func:`official_checkpoint`)."""
+
+    def __init__(self, tensors):
+        for name, value in tensors.items():
+            setattr(self, name, value)
+
+
+@pytest.mark.slow
+def test_teacher_prompts_load_from_a_promptsrc_record_trained_on_the_teacher(tmp_path_factory):
+    """A PromptSRC record trained by atlas_fast on the teacher's CLIP gives the teacher its learned prompts (checked
+    against the record's tensors), the same teacher as the same prompts in the official checkpoint's layout."""
+    from atlas_fast.engine import run
+
+    root = small_pets(tmp_path_factory, "promptkd-record")
+    run(tiny_pets_config(root, method="promptsrc", method_options=dict(depth_text=2, depth_vision=2),
+                         backbone=BackboneConfig("atlas-tiny-teacher", None)))
+    path = next((root / "results").rglob("promptsrc-*.json"))
+    learned = torch.load(path.with_suffix(".pt"), weights_only=True)
+    from_record = load_teacher(dataclasses.replace(CONFIG, teacher_prompts=str(path)), "cpu")
+    for name, tensor in from_record.model.prompts.named_parameters():
+        assert torch.equal(tensor.detach(), learned[name]), name
+    dassl = official_checkpoint(from_record.model.prompts, tmp_path_factory.mktemp("dassl") / "model-best.pth.tar")
+    from_file = load_teacher(dataclasses.replace(CONFIG, teacher_prompts=str(dassl)), "cpu")
+    assert from_file.fingerprint == from_record.fingerprint != load_teacher(CONFIG, "cpu").fingerprint
+
+
+def test_the_teacher_s_prompted_views_come_from_a_cache_file_of_its_weights_and_prompts(tmp_path_factory):
+    """The feed serves the teacher's prompted features of exactly the run's views, from a file keyed by the teacher's
+    weights and prompts; another set of prompts gets another file. The student trains on every training image of
+    every class (base-to-new: base and new, whatever the shots)."""
+    from atlas_fast.clip.transforms import load_views
+    from atlas_fast.engine.feed import prepare_inputs
+    from atlas_fast.engine.spec import plan_run
+
+    root = small_pets(tmp_path_factory, "promptkd-cache")
+    options = {**TEACHER, "depth_vision": 2}
+    spec = plan_run(tiny_pets_config(root, method="promptkd", views=2, shots=1, method_options=options))
+    train = spec.data.train_split
+    assert len(train.train) == 16 and len(train.classnames) == 4  # 4 classes x 4 images, not 2 base x 1 shot
+    assert list(spec.data.splits) == ["base", "new", "all"] and len(spec.data.splits["base"].classnames) == 2
+    backbone = spec.backbone()
+    inputs = prepare_inputs(spec, backbone).train_inputs
+    teacher = build_method("promptkd", backbone, ["x"], spec.method_config).teacher
+    items = train.train
+    served = inputs.frozen.for_epoch(1)
+    assert served.shape == (16, teacher.embed_dim)
+    pixels = torch.stack([load_views(d.impath, d.key, [2], backbone.transform)[0] for d in items[:3]])
+    torch.testing.assert_close(served[:3], teacher.encode_image(pixels), atol=2e-3, rtol=2e-3)
+    files = sorted(p.name for p in (root / "cache" / "OxfordPets").glob("*.h5"))
+    assert any(f.startswith(teacher.fingerprint[:12]) for f in files)
+    other = plan_run(tiny_pets_config(root, method="promptkd", views=2, shots=1,
+                                      method_options={**options, "teacher_depth_vision": 3}))
+    prepare_inputs(other, backbone)
+    assert len(list((root / "cache" / "OxfordPets").glob("*.h5"))) == len(files) + 1
+
+
+def test_runs_train_without_labels_on_the_domain_and_label_schedules_are_refused(tmp_path_factory):
+    from atlas_fast.atlas.schedules import Atlas
+    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.engine import run
+
+    root = small_pets(tmp_path_factory, "promptkd-run")
+    options = {**TEACHER, "depth_vision": 2}
+    with pytest.raises(ValueError, match=r"promptkd trains without labels.*\+ ATLaS"):
+        run(tiny_pets_config(root, method="promptkd", method_options=options, schedule=Atlas(2),
+                             soft_labels=atlas_preset("base2new", "isl")))
+    record = run(tiny_pets_config(root, method="promptkd", method_options=options))
+    assert record["config"]["method_config"]["teacher"] == "atlas-tiny-teacher"
+    assert record["data"]["num_train"] == 16 and len(record["data"]["classnames"]) == 4
+    assert set(record["metrics"]) >= {"base", "new", "H"} and record["epochs"][-1]["loss"] >= 0
+
+
+def test_recipes_and_configs():
+    config, recipe = promptkd_recipe("paper", "base2new", 16, "OxfordPets")
+    assert (config.n_ctx_vision, config.depth_vision, config.kd_weight, config.temperature, config.teacher,
+            config.teacher_pretrained, config.teacher_depth_text, config.teacher_n_ctx_text) == (
+        4, 9, 1000.0, 1.0, "ViT-L-14", "openai", 9, 4)
+    assert recipe == OptimRecipe(epochs=20, batch_size=8, lr=0.005)
+    assert promptkd_recipe("original", "base2new", 16, "DescribableTextures")[0].kd_weight == 200.0
+    config, recipe = promptkd_recipe("paper", "cross_dataset", 16, "ImageNet")
+    assert (config.depth_vision, config.kd_weight, recipe.epochs) == (3, 1000.0, 20)
+    with pytest.raises(MissingRecipe):
+        promptkd_recipe("paper", "few_shot", 4, "DescribableTextures")
+    with pytest.raises(ValueError, match="temperature"):
+        PromptKDConfig(temperature=0.0)
+    with pytest.raises(ValueError, match=re.escape("kd_weight")):
+        PromptKDConfig(kd_weight=-1.0)
+
+
+@pytest.mark.slow
+def test_vit_b16_student_with_a_vit_b32_teacher_matches_the_official_trainer():
+    """The official shapes: a ViT-B/16 student (768-wide tower, 512-d features, 224 px views, depth 9) and a 224 px
+    random teacher of another architecture (ViT-B/32, 2-block prompts) through the projector 512 -> 512."""
+    from atlas_fast.clip.backbones import load_backbone
+
+    student = load_backbone(BackboneConfig("ViT-B-16", None))
+    config = PromptKDConfig(teacher="ViT-B-32", teacher_pretrained="none", teacher_prompts="none",
+                            teacher_depth_text=3, teacher_depth_vision=3, temperature=2.0, kd_weight=10.0)
+    method = build(student, config, moved=True)
+    teacher = method.teacher
+    saved = teacher.model.logit_scale.detach().clone()
+    teacher.model.logit_scale.data.fill_(math.log(40.0))
+    try:
+        torch.manual_seed(1)
+        check(student, method, "PromptKD ViT-B/16", torch.randn(3, 3, 224, 224))
+    finally:
+        teacher.model.logit_scale.data.copy_(saved)
+    print("\n" + report_ratios("PromptKD ViT-B/16"))
