@@ -371,8 +371,8 @@ class PromptKD(PromptMethod):
     trains_on_domain = True
     # Not batched yet: the BatchNorm's statistics would have to leave out a run's padded rows (docs/deviations.md).
     supports_batched_runs = False
-    # the teacher's depths too: the embedded world's one CLIP is student and teacher, both 4 blocks deep
-    depth_options = ("depth_vision", "teacher_depth_text", "teacher_depth_vision")
+    # the student's only: the teacher's depths count its own towers (checked when it loads)
+    depth_options = ("depth_vision",)
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
         super().__init__(backbone, classnames, config)
