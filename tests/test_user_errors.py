@@ -105,6 +105,7 @@ def test_eval_of_a_record_lacking_a_field_names_the_field(data, tmp_path, capsys
 def test_a_workers_user_error_comes_back_as_its_message(data, tmp_path):
     """What a Ray task or SLURM job returns when its group fails on the user's data: the message, not the stack."""
     from atlas_fast.sweep import grid
+    from atlas_fast.engine.record import FailedRun
     from atlas_fast.sweep.executors import WorkerFailure, train_specs
 
     copy = tmp_path / "data"
@@ -114,15 +115,22 @@ def test_a_workers_user_error_comes_back_as_its_message(data, tmp_path):
                                 progress=False))
     victim = spec.data.train_split.train[0].impath
     open(victim, "wb").write(b"not an image")  # damaged after planning, before the worker reads it
-    failure = train_specs([spec])
-    assert isinstance(failure, WorkerFailure) and victim in failure.message and "Traceback" not in failure.message
+    (failure,) = train_specs([spec])  # the run's own inputs: a failed run (issue 44), its message only
+    assert isinstance(failure, FailedRun) and failure.error is None
+    assert victim in failure.reason and "Traceback" not in failure.reason
 
     class FailingExecutor:
         def map(self, groups):
-            yield 0, failure
+            yield 0, [failure]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(grid, "make_executor", lambda name, **options: FailingExecutor())
+        with pytest.raises(RunFailed, match=f"(?s)1 of 1 run\\(s\\) failed .*OxfordPets coop .*seed 1: .*{victim}"):
+            grid.run_configs([spec.config], grid.Execution("ray"), progress=False)
+    # a failure of the whole group (not of one run's slice) still comes back as the worker's message
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grid, "make_executor", lambda name, **options: type("Failing", (), {
+            "map": lambda self, groups: iter([(0, WorkerFailure(f"OSError: {victim}: disk gone"))])})())
         with pytest.raises(RunFailed, match=f"a worker failed on OxfordPets coop .*{victim}"):
             grid.run_configs([spec.config], grid.Execution("ray"), progress=False)
 

@@ -70,6 +70,24 @@ def set_step_lr(optimizer: RunsOptimizer, recipe: OptimRecipe, step: int) -> flo
     return lr
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """Where a run stopped being finite: the epoch whose end found its loss or learned tensors not finite, the
+    optimiser steps the group had taken by then, that epoch's lr and the run's last finite epoch loss (None when its
+    first epoch diverged). The loop reads losses back once per epoch, so the epoch is known, not the step within it."""
+
+    epoch: int
+    step: int
+    lr: float
+    last_loss: float | None
+
+    def describe(self, recipe: OptimRecipe) -> str:
+        """``diverged in epoch 1 (step 8, lr 5.00e-02; last finite loss 1.2345)``, and what to change."""
+        last = f"last finite loss {self.last_loss:.6g}" if self.last_loss is not None else "no finite epoch before"
+        return (f"Training diverged in epoch {self.epoch} (step {self.step}, lr {self.lr:.2e}; {last}): the loss or "
+                f"the learned tensors are no longer finite; lower the lr ({recipe.lr}) or use precision='fp32'")
+
+
 @dataclass
 class Fork:
     """Runs that share their first epochs, trained once: the loop trains the trunk runs it is given up to epoch
@@ -89,7 +107,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
                graph_steps: bool = False,
                retire_runs: Callable[[int, list[list[dict[str, Any]]]], Iterable[int]] | None = None,
                regroup: Callable[[PromptMethod, list[int]], PromptMethod] | None = None,
-               fork: Fork | None = None) -> list[list[dict[str, Any]]]:
+               fork: Fork | None = None,
+               on_failure: Callable[[int, Divergence], None] | None = None) -> list[list[dict[str, Any]]]:
     """Train the R = ``len(runs)`` runs held by ``method`` (``method.num_runs == R``) in place; returns each run's
     epoch log (mean loss, lr, soft-label flag, seconds, + the callback's fields for that run).
 
@@ -101,7 +120,11 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     an fp16 overflow skips the step of the run that overflowed and of no other, as training it alone would. A run
     whose epoch has fewer batches (a smaller few-shot set) sits out the last steps: its tensors, optimiser state and
     scaler stay as they were. R runs trained together equal the same runs trained alone up to float reordering. A
-    run whose loss or learned tensors stop being finite fails the whole call (no record may describe it).
+    run whose loss or learned tensors stop being finite is found at the end of its epoch: without ``on_failure``
+    it fails the whole call (:class:`FloatingPointError`; no record may describe it); with it, the loop calls
+    ``on_failure(run, divergence)`` (``run`` indexes the returned logs, :class:`Divergence` says where) and retires
+    that run as ``retire_runs`` would: it sits out every later step, untouched, so the other runs go on exactly as
+    they would have without it (a diverged run's tensors only ever reach its own slice of a step).
 
     A step is one :class:`~atlas_fast.engine.step.TrainStep`: the batch, the loss, the backward pass, the update and
     the epoch's loss sums, all device work; the loop reads the losses back once per epoch. Where every run's inputs
@@ -121,7 +144,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     ``fork`` (:class:`Fork`): ``runs`` are trunk runs, each standing for the runs that share its first epochs (same
     seed, data and views, one-hot targets: the label variants of a seed under ATLaS with K >= 2); after epoch
     ``fork.after`` each is copied into its runs, which go on alone. The logs returned are the forked runs'. Not
-    with ``retire_runs``.
+    with ``retire_runs``. A trunk run that diverges fails each of its forked runs (``on_failure`` names them, at the
+    fork or when the loop ends before it).
 
     A recipe with ``iterations`` (a cosine over optimiser steps) sets each step's lr before the step and stops after
     the last iteration, inside an epoch if it must; that epoch's loss is the mean over the items it reached. Its
@@ -147,6 +171,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     method.train()
     logs: list[list[dict[str, Any]]] = [[] for _ in runs]
     retired: set[int] = set()
+    failed_trunk: dict[int, Divergence] = {}  # trunk run -> where it diverged, before a fork names its runs
     slots = list(range(num_runs))  # the run (index into ``logs``) at each position of the module
     name = method.name + (f" x{num_runs}" if num_runs > 1 else "")
     bar = progress_bar(range(recipe.epochs), desc=f"train {name}", enabled=progress, leave=False)
@@ -178,7 +203,18 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         method.end_epoch(epoch, recipe.epochs)
         epoch_losses = [total / (count or len(run.labels))
                         for total, count, run in zip(step.totals.tolist(), seen, runs)]
-        _check_finite(method, epoch_losses, epoch, lr, recipe)
+        for r in _not_finite(method, epoch_losses, [slots[r] in retired for r in range(len(runs))]):
+            divergence = Divergence(epoch, steps, lr, logs[slots[r]][-1]["loss"] if logs[slots[r]] else None)
+            if on_failure is None:
+                runs_text = f" of run [{r}]" if method.num_runs > 1 else ""
+                raise FloatingPointError(divergence.describe(recipe).replace(f"epoch {epoch}", f"epoch {epoch}"
+                                                                             f"{runs_text}", 1)
+                                         + ". No record is written.")
+            retired.add(slots[r])
+            if fork is not None:
+                failed_trunk[slots[r]] = divergence
+            else:
+                on_failure(slots[r], divergence)
         seconds = time.perf_counter() - start
         graphed = {"graphed_steps": graphs.end_epoch()} if graphs is not None else {}  # before the callback
         extra = on_epoch_end(epoch) if on_epoch_end is not None else [{} for _ in range(num_runs)]
@@ -187,25 +223,29 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
                 logs[slots[r]].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[r],
                                        "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds,
                                        **extra[slots[r]], **graphed})
-        bar.set_postfix(loss=f"{sum(epoch_losses) / len(runs):.4f}", lr=f"{lr:.2e}")
+        finite = [loss for r, loss in enumerate(epoch_losses) if slots[r] not in retired]
+        bar.set_postfix(loss=f"{sum(finite) / max(len(finite), 1):.4f}", lr=f"{lr:.2e}")
         if recipe.iterations is not None and steps >= recipe.iterations:
             break
         if fork is not None and epoch == fork.after:  # the shared epochs are over: each trunk run into its runs
             method, optimizer = _regrouped(fork.regroup, method, optimizer, recipe, fork.parents, amp)
             _fork_runs(fork, runs, epoch, len(method.classnames))
             logs = [[dict(entry) for entry in logs[slots[parent]]] for parent in fork.parents]
+            retired = _fail_forked(fork, failed_trunk, on_failure)
             runs, num_runs, fork = fork.runs, len(fork.runs), None
             slots = list(range(num_runs))
             step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graphs is not None)
         if retire_runs is not None:
             retired.update(retire_runs(epoch, logs))
-            if len(retired) == num_runs:
-                break
-            keep = [r for r in range(len(runs)) if slots[r] not in retired]
-            if regroup is not None and len(keep) < len(runs):
-                method, optimizer = _regrouped(regroup, method, optimizer, recipe, keep, amp)
-                runs, slots = [runs[r] for r in keep], [slots[r] for r in keep]
-                step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graphs is not None)
+        if len(retired) == num_runs:
+            break
+        keep = [r for r in range(len(runs)) if slots[r] not in retired]
+        if regroup is not None and len(keep) < len(runs):
+            method, optimizer = _regrouped(regroup, method, optimizer, recipe, keep, amp)
+            runs, slots = [runs[r] for r in keep], [slots[r] for r in keep]
+            step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graphs is not None)
+    if fork is not None and failed_trunk:  # every trunk run diverged before the fork: so did each of its runs
+        _fail_forked(fork, failed_trunk, on_failure)
     method.finish_training()
     method.eval()
     return logs
@@ -251,9 +291,20 @@ def _fork_runs(fork: Fork, trunk: Sequence[RunState], epoch: int, classes: int) 
             run.schedule.end_epoch(done)
 
 
-def _check_finite(method: PromptMethod, epoch_losses: list[float], epoch: int, lr: float,
-                  recipe: OptimRecipe) -> None:
-    """Fail on a run whose epoch loss or any learned tensor is not finite (one host sync per epoch)."""
+def _fail_forked(fork: Fork, failed_trunk: dict[int, Divergence],
+                 on_failure: Callable[[int, Divergence], None] | None) -> set[int]:
+    """The forked runs whose trunk run diverged, each reported to ``on_failure``: they are retired from the fork on."""
+    failed = {i for i, parent in enumerate(fork.parents) if parent in failed_trunk}
+    for i in sorted(failed):
+        if on_failure is not None:
+            on_failure(i, failed_trunk[fork.parents[i]])
+    failed_trunk.clear()
+    return failed
+
+
+def _not_finite(method: PromptMethod, epoch_losses: list[float], retired: list[bool]) -> list[int]:
+    """The positions of the module's runs (not already retired) whose epoch loss or any learned tensor is not finite
+    (one host sync per epoch)."""
     bad = {r for r, value in enumerate(epoch_losses) if not math.isfinite(value)}
     with torch.no_grad():
         for param in method.trainable_parameters():
@@ -262,8 +313,4 @@ def _check_finite(method: PromptMethod, epoch_losses: list[float], epoch: int, l
             else:
                 finite = torch.isfinite(param).reshape(method.num_runs, -1).all(dim=1)
             bad.update(int(r) for r in (~finite).nonzero().flatten().tolist())
-    if bad:
-        runs = f" of run {sorted(bad)}" if method.num_runs > 1 else ""
-        raise FloatingPointError(f"Training diverged in epoch {epoch}{runs} (lr {lr:.2e}): the loss or the learned "
-                                 f"tensors are no longer finite; lower the lr ({recipe.lr}) or use "
-                                 f"precision='fp32'. No record is written.")
+    return sorted(r for r in bad if not retired[r])

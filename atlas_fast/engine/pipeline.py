@@ -9,7 +9,11 @@ method, method config and resolved recipe; each keeps its own few-shot subset (s
 initialisation, label schedule, soft labels and record. Run r starts exactly as a lone run with its seed would; the
 learned tensors of the runs are stacked along their leading R dimension and trained together by the one loop, then
 each run is evaluated and recorded on its own, from its slice. Each record equals the record of the run trained alone
-(up to float reordering) and has the same name, so grouping is a pure speed knob. Methods whose registry entry says
+(up to float reordering) and has the same name, so grouping is a pure speed knob. A run that fails on its own (its
+numbers stop being finite, or its own inputs, evaluation or record raise a user error) is stopped and written as a
+failed run (:func:`~atlas_fast.engine.record.save_failure`) while the rest of its group trains on, each of them as it
+would have without it; ``run_group`` then raises :class:`~atlas_fast.errors.RunsFailed` naming the failed runs
+(a lone run its own error), after every other run's record is written, and the same call trains only those again. Methods whose registry entry says
 they do not batch train a group's runs one by one. A finished identical run on unchanged data is returned as it is
 (``skipped``), before any feature is encoded. A sweep is a plain loop over configs::
 
@@ -38,14 +42,15 @@ from atlas_fast.engine.config import TrainConfig, resolve_device
 from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize, zero_shot_references
 from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
 from atlas_fast.engine.graphs import use_graph_steps
-from atlas_fast.engine.loop import Fork, train_runs
-from atlas_fast.engine.record import (ResultStore, RunRecord, adopt_legacy_record, build_record, finished_record,
-                                      load_learned, rewrite_record, save_record, split_snapshots, utc_now,
-                                      with_snapshots)
+from atlas_fast.engine.loop import Divergence, Fork, train_runs
+from atlas_fast.engine.record import (FailedRun, ResultStore, RunRecord, adopt_legacy_record, build_record,
+                                      finished_record, load_learned, rewrite_record, save_failure, save_record,
+                                      split_snapshots, utc_now, with_snapshots)
 from atlas_fast.engine.run_identity import evaluated_sets
 from atlas_fast.engine.spec import RunSpec, load_run_data, plan_run
 from atlas_fast.engine.step import RunState
 from atlas_fast.engine.validity import SAVED_RUN_FIELDS, check_seal, missing_fields, read_record
+from atlas_fast.errors import RunsFailed, user_errors
 from atlas_fast.methods.base import PromptMethod, method_class
 from atlas_fast.threads import small_step_threads
 from atlas_fast.vocabulary import CLASS_SETS, HARMONIC_MEAN
@@ -63,10 +68,34 @@ def run(config: TrainConfig) -> dict[str, Any]:
 def run_group(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
     """Plan every config once, then train (or reuse) the runs as one group; records (:class:`RunRecord`) in the
     order of ``configs`` (a method that cannot batch trains them one by one, with a warning: the caller asked for a
-    group)."""
+    group). Where runs failed on their own, every other run's record is written first, then a lone run raises its
+    own error and a group :class:`~atlas_fast.errors.RunsFailed` (its ``records``: the others', None for the
+    failed)."""
     listings: dict = {}
     specs = [plan_run(config, listings=listings) for config in configs]
-    return [RunRecord(record) for record in run_specs(specs, warn_unbatched=True)]
+    results = run_specs(specs, warn_unbatched=True)
+    raise_failures(results)
+    return [RunRecord(record) for record in results]
+
+
+def raise_failures(results: Sequence[Any]) -> None:
+    """Raise for the :class:`FailedRun` entries of ``results``: a lone run's own exception, else
+    :class:`~atlas_fast.errors.RunsFailed` naming each failed run by its printed name, and why."""
+    failed = [r for r in results if isinstance(r, FailedRun)]
+    if not failed:
+        return
+    if len(results) == 1 and failed[0].error is not None:
+        raise failed[0].error
+    records = [None if isinstance(r, FailedRun) else RunRecord(r) for r in results]
+    raise RunsFailed(failure_message(failed, len(results)), failed, records)
+
+
+def failure_message(failed: Sequence[FailedRun], total: int) -> str:
+    """The error of a command whose runs failed: how many, each by its printed name and reason, and that the same
+    command trains only those again."""
+    lines = "\n".join(f"  {f.line()}" + (f" [{f.note}]" if f.note else "") for f in failed)
+    return (f"{len(failed)} of {total} run(s) failed (the other runs' records are written; run the same command "
+            f"again to train only the failed ones):\n{lines}")
 
 
 def split_finished(specs: Sequence[RunSpec], complete: bool = True
@@ -143,7 +172,7 @@ def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False, looked_up:
         groups = [todo]
     for group in groups:
         for i, record in zip(group, train_group([specs[i] for i in group])):
-            records[i] = record
+            records[i] = record  # a FailedRun where the run failed on its own
     for i in repeats:
         records[i] = split_finished([specs[i]])[0][0]
     return records  # type: ignore[return-value]
@@ -155,27 +184,57 @@ def shared_fields(spec: RunSpec) -> tuple:
             spec.config.train_subsample, spec.device, spec.amp)
 
 
-def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
-    """Train R >= 1 planned runs as one module, evaluate each and write its record."""
+def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any] | FailedRun]:
+    """Train R >= 1 planned runs as one module, evaluate each and write its record. A run that fails on its own
+    (its inputs, its numbers, its evaluation or its record) is written as a failed run and returned as a
+    :class:`FailedRun`; the others go on as they would without it (a run whose inputs fail is left out of the
+    module, a run that diverges sits out the rest of training)."""
     first = specs[0]
     for spec in specs[1:]:
         if shared_fields(spec) != shared_fields(first):
             raise ValueError(f"Runs {first.stem} and {spec.stem} cannot train as one group: dataset, backbone, "
                              f"method, method config, recipe, class subset, device and precision must be equal.")
-    classnames = first.data.train_split.classnames
-    if any(spec.data.train_split.classnames != classnames for spec in specs):
+    if any(spec.data.train_split.classnames != first.data.train_split.classnames for spec in specs):
         raise ValueError(f"The runs of a group must train on the same classes ({first.dataset}).")
+    results: list[dict[str, Any] | FailedRun | None] = [None] * len(specs)
+    ready: list[int] = []
+    inputs_of: dict[int, RunInputs] = {}
+    seconds_of: dict[int, float] = {}
+    shared: dict = {}  # evaluation sets read once per group
     for spec in specs:
         ResultStore(spec.config.results_dir).check_writable(spec.dataset)  # fail now, not after training
     start = time.perf_counter()
     backbone = first.backbone()
-    inputs: list[RunInputs] = []
-    input_seconds = []
-    shared: dict = {}  # evaluation sets read once per group
-    for spec in specs:
+    for i, spec in enumerate(specs):
         clock = time.perf_counter()
-        inputs.append(prepare_inputs(spec, backbone, shared))
-        input_seconds.append(round(time.perf_counter() - clock, 4))
+        try:
+            inputs_of[i] = prepare_inputs(spec, backbone, shared)
+        except user_errors() as exc:
+            results[i] = save_failure(spec, f"{type(exc).__name__}: {exc}", exc)
+            continue
+        seconds_of[i] = round(time.perf_counter() - clock, 4)
+        ready.append(i)
+    if ready:
+        trained = _train_ready([specs[i] for i in ready], backbone, [inputs_of[i] for i in ready],
+                               [seconds_of[i] for i in ready], start)
+        for i, result in zip(ready, trained):
+            results[i] = result
+    return results  # type: ignore[return-value]
+
+
+def _train_ready(specs: Sequence[RunSpec], backbone, inputs: list[RunInputs], input_seconds: list[float],
+                 start: float) -> list[dict[str, Any] | FailedRun]:
+    """Train the runs whose inputs are ready as one module, evaluate each and write its record (or its failure)."""
+    first = specs[0]
+    classnames = first.data.train_split.classnames
+    failed: dict[int, FailedRun] = {}
+
+    def fail(r: int, exc: BaseException | None = None, divergence: Divergence | None = None) -> None:
+        if r not in failed:
+            reason = (divergence.describe(first.optim_recipe) if divergence is not None
+                      else f"{type(exc).__name__}: {exc}")
+            failed[r] = save_failure(specs[r], reason, exc or FloatingPointError(f"{reason}. No record is written."),
+                                     divergence)
 
     method, singles = build_group_method(specs, backbone, classnames)
     snapshots: list[dict[int, dict[str, torch.Tensor]]] = [
@@ -183,16 +242,20 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
         for spec, single in zip(specs, singles)]
 
     def per_epoch_eval(epoch: int) -> list[dict[str, Any]]:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for r, spec in enumerate(specs):
-            if epoch + 1 in spec.config.snapshot_epochs:
-                snapshots[r][epoch + 1] = run_view(method, singles, r).state_for_checkpoint()
-            if not spec.config.eval_every_epoch:
-                rows.append({})
+            rows.append({})
+            if r in failed:
                 continue
-            view = run_view(method, singles, r)
-            accuracies = {n: v[0] for n, v in evaluate_method(view, inputs[r].eval_sets, first.amp).items()}
-            rows.append({"accuracy": summarize(accuracies)})
+            try:
+                if epoch + 1 in spec.config.snapshot_epochs:
+                    snapshots[r][epoch + 1] = run_view(method, singles, r).state_for_checkpoint()
+                if spec.config.eval_every_epoch:
+                    view = run_view(method, singles, r)
+                    accuracies = {n: v[0] for n, v in evaluate_method(view, inputs[r].eval_sets, first.amp).items()}
+                    rows[-1] = {"accuracy": summarize(accuracies)}
+            except user_errors() as exc:  # this run's own evaluation: it fails, the others go on
+                fail(r, exc)
         return rows
 
     states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
@@ -216,33 +279,56 @@ def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     clock = time.perf_counter()
     with small_step_threads(first.device.type, small_steps=not method.reads_pixels):
         logs = train_runs(trainee, trainee_states, first.optim_recipe, first.device, first.amp,
-                          any(s.config.progress for s in specs), per_epoch_eval, graph_steps, fork=fork)
+                          any(s.config.progress for s in specs), per_epoch_eval, graph_steps,
+                          retire_runs=(lambda epoch, logs: set(failed)) if fork is None else None, fork=fork,
+                          on_failure=lambda r, divergence: fail(r, divergence=divergence))
     train_seconds = round(time.perf_counter() - clock, 4)
     method = forked.get("method", method)
 
-    records = []
+    records: list[dict[str, Any] | FailedRun] = []
     zero_shots: dict[tuple[int, ...], dict[str, float]] = {}  # per distinct tuple of (shared) evaluation sets
     together, shared_seconds = group_accuracies(method, inputs, first.amp, any(s.config.progress for s in specs))
     for r, (spec, run_inputs, log) in enumerate(zip(specs, inputs, logs)):
-        clock = time.perf_counter()
-        view = run_view(method, singles, r)
-        sets = tuple(id(eval_set) for eval_set in run_inputs.eval_sets)
-        if sets not in zero_shots:
-            zero_shots[sets] = zero_shot_references(backbone, run_inputs.eval_sets, spec.dataset)
-        if together is not None:
-            metrics = {**summarize({name: values[r] for name, values in together.items()}),
-                       "zero_shot": zero_shots[sets]}
-        else:
-            metrics = evaluate_run(view, run_inputs.eval_sets, backbone, spec.dataset, spec.amp,
-                                   spec.config.progress, zero_shots[sets])
-        timings = {"plan": spec.plan_seconds, "inputs": input_seconds[r], "train": train_seconds,
-                   "evaluate": round(time.perf_counter() - clock + shared_seconds, 4),
-                   "seconds_per_epoch": train_seconds / spec.optim_recipe.epochs, "batch_runs": len(specs),
-                   "group_total": round(time.perf_counter() - start, 4)}
-        record = build_record(spec, backbone, metrics, log, timings)
-        learned = view.state_for_checkpoint()
-        records.append(save_record(spec, record, with_snapshots(learned, snapshots[r]) if snapshots[r] else learned))
+        if r in failed:
+            records.append(failed[r])
+            continue
+        try:
+            records.append(_record_run(spec, r, backbone, method, singles, run_inputs, log, together, zero_shots,
+                                       shared_seconds, snapshots[r], {
+                                           "plan": spec.plan_seconds, "inputs": input_seconds[r],
+                                           "train": train_seconds,
+                                           "seconds_per_epoch": train_seconds / spec.optim_recipe.epochs,
+                                           "batch_runs": len(specs)}, start))
+        except user_errors() as exc:  # this run's own evaluation or record: it fails, the others are recorded
+            fail(r, exc)
+            records.append(failed[r])
     return records
+
+
+def _record_run(spec: RunSpec, r: int, backbone, method: PromptMethod, singles: Sequence[PromptMethod],
+                run_inputs: RunInputs, log: list[dict[str, Any]], together: dict[str, list[float]] | None,
+                zero_shots: dict, shared_seconds: float, snapshots: dict[int, dict[str, torch.Tensor]],
+                timings: dict[str, Any], start: float) -> dict[str, Any]:
+    """Evaluate run ``r`` of a trained group (from the group's one pass ``together`` where there is one) and write
+    its record."""
+    clock = time.perf_counter()
+    view = run_view(method, singles, r)
+    sets = tuple(id(eval_set) for eval_set in run_inputs.eval_sets)
+    if sets not in zero_shots:
+        zero_shots[sets] = zero_shot_references(backbone, run_inputs.eval_sets, spec.dataset)
+    if together is not None:
+        metrics = {**summarize({name: values[r] for name, values in together.items()}),
+                   "zero_shot": zero_shots[sets]}
+    else:
+        metrics = evaluate_run(view, run_inputs.eval_sets, backbone, spec.dataset, spec.amp,
+                               spec.config.progress, zero_shots[sets])
+    timings = {"plan": timings["plan"], "inputs": timings["inputs"], "train": timings["train"],
+               "evaluate": round(time.perf_counter() - clock + shared_seconds, 4),
+               "seconds_per_epoch": timings["seconds_per_epoch"], "batch_runs": timings["batch_runs"],
+               "group_total": round(time.perf_counter() - start, 4)}
+    record = build_record(spec, backbone, metrics, log, timings)
+    learned = view.state_for_checkpoint()
+    return save_record(spec, record, with_snapshots(learned, snapshots) if snapshots else learned)
 
 
 def group_accuracies(method: PromptMethod, inputs: Sequence[RunInputs], amp: bool, progress: bool

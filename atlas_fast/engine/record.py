@@ -24,6 +24,11 @@ and name: :func:`atlas_fast.engine.seal.provenance`), ``created`` (UTC ISO time)
 ``.pt``), ``learned_blake2b`` (the checksum of its bytes, checked when it is read) and ``seal`` (the checksum of every
 other field, :mod:`atlas_fast.engine.seal`). A record whose seal does not match is invalid like a damaged one; a
 record from before seals is used with a warning.
+
+A run of a group that fails on its own (its numbers stopped being finite, or its own inputs, evaluation or record
+raised) gets no record but a failure note, ``<stem>.json.failed`` (JSON: ``status`` "failed", its printed name,
+seed, epoch, step, lr, last finite loss and reason; :func:`save_failure`), which the report lists and the run's
+record, once a later command trains it, replaces. The other runs of its group are recorded as usual.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import io
 import json
 import platform
 import sys
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +64,38 @@ def package_versions() -> dict[str, str]:
 
     return {"python": platform.python_version(), "torch": torch.__version__, "open_clip": open_clip.__version__,
             "numpy": numpy.__version__, "atlas_fast": atlas_fast.__version__}
+
+
+FAILED_SUFFIX = ".failed"  # a failure note is <stem>.json.failed, beside where the record would be
+
+
+@dataclass(frozen=True)
+class FailedRun:
+    """A run of a group that failed on its own and has no record (what :func:`~atlas_fast.engine.pipeline.
+    run_specs` returns in its place): its printed name (``RunSpec.label``), record name, dataset, seed, the reason
+    (one line), where it diverged (epoch, optimiser step, lr, last finite epoch loss; None for a failure that is not
+    a divergence), the failure note written (None when it could not be) and, in the process that failed, the
+    exception (not sent from a worker)."""
+
+    label: str
+    stem: str
+    dataset: str
+    seed: int
+    reason: str
+    epoch: int | None = None
+    step: int | None = None
+    lr: float | None = None
+    last_loss: float | None = None
+    note: str | None = None
+    error: BaseException | None = None
+
+    def line(self) -> str:
+        """``OxfordPets coop seed 2: Training diverged in epoch 1 (...)``: the run and why, for the error line."""
+        return f"{self.label}: {self.reason}"
+
+    def sendable(self) -> "FailedRun":
+        """This failure without its exception object, to send from a worker process (only the message travels)."""
+        return replace(self, error=None)
 
 
 def utc_now() -> str:
@@ -133,6 +171,7 @@ class ResultStore:
         self._move_invalid_aside(path, record.get("key"))
         atomic_write(learned_path, lambda f: f.write(payload))
         atomic_write(path, lambda f: f.write(text))
+        path.with_name(path.name + FAILED_SUFFIX).unlink(missing_ok=True)  # an earlier failure of the run: redone
         return path
 
     @staticmethod
@@ -200,6 +239,30 @@ def finished_record(spec: RunSpec) -> dict[str, Any] | None:
     if record is None:
         return None
     return {**record, "skipped": True, "path": str(store.record_path(spec.dataset, spec.stem))}
+
+
+def save_failure(spec: RunSpec, reason: str, error: BaseException | None = None, divergence: Any = None
+                 ) -> FailedRun:
+    """Write the failure note of a run that failed on its own (``<stem>.json.failed``, atomically) and return it as
+    a :class:`FailedRun`; ``divergence`` (:class:`~atlas_fast.engine.loop.Divergence`) says where its numbers stopped
+    being finite. A note that cannot be written (a full disk) is said in the reason; the failure is returned anyway,
+    so the command still names the run."""
+    where = {} if divergence is None else {"epoch": divergence.epoch, "step": divergence.step,
+                                           "lr": divergence.lr, "last_loss": divergence.last_loss}
+    failed = FailedRun(spec.label, spec.stem, spec.dataset, spec.config.seed, reason.splitlines()[0] if reason
+                       else "failed", error=error, **where)
+    store = ResultStore(spec.config.results_dir)
+    path = store.record_path(spec.dataset, spec.stem)
+    note = path.with_name(path.name + FAILED_SUFFIX)
+    fields = {"status": "failed", "key": spec.record_key, "name": spec.label, "dataset": spec.dataset,
+              "method": spec.config.method, "seed": spec.config.seed, "reason": failed.reason,
+              **{("last_finite_loss" if k == "last_loss" else k): v for k, v in where.items()}, "created": utc_now()}
+    try:
+        text = json.dumps(fields, indent=2, default=str).encode()  # NaN/inf as JSON's NaN: a note, not a record
+        atomic_write(note, lambda f: f.write(text))
+    except OSError as exc:
+        return replace(failed, reason=f"{failed.reason} (its failure note {note} could not be written: {exc})")
+    return replace(failed, note=str(note))
 
 
 def save_record(spec: RunSpec, record: dict[str, Any], learned: dict[str, torch.Tensor]) -> dict[str, Any]:

@@ -77,7 +77,7 @@ class SearchConfig:
     lock_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        from atlas_fast.data.datasets import find_spec
+        from atlas_fast.data.datasets import find_dataset_spec
         from atlas_fast.search.storage import check_storage_url
         from atlas_fast.sweep.grid import distinct
 
@@ -87,7 +87,7 @@ class SearchConfig:
         if not self.seeds:
             raise UsageError("a search needs at least one seed.")
         # a seed or dataset given twice would count twice in every trial's mean (and the final retrain)
-        distinct([d if ":" in d else getattr(find_spec(d), "name", d) for d in self.datasets], "--datasets")
+        distinct([d if ":" in d else getattr(find_dataset_spec(d), "name", d) for d in self.datasets], "--datasets")
         distinct(self.seeds, "--seeds")
         if self.final_seeds is not None:
             distinct(self.final_seeds, "--final-seeds")

@@ -108,20 +108,10 @@ def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], reporter: R
 
 
 def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: Reporter) -> None:
-    """Train the runs of ``works`` as one group; a group that diverges is retried trial by trial, so that only the
-    trial whose run diverged fails."""
-    try:
-        _train_runs_of(works, specs, reporter)
-    except FloatingPointError as exc:
-        if len(works) == 1:
-            works[0].error = str(exc)
-            return
-        for work, trial_specs in zip(works, specs):
-            if work.live:
-                _train_group([work], [trial_specs], reporter)
-
-
-def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter: Reporter) -> None:
+    """Train the runs of ``works`` as one group. A run that diverges fails its trial (the run's printed name, epoch,
+    step, lr and last finite loss in ``error``) and the trial's other runs are retired with it, while the other
+    trials train on, once, exactly as they would have without it (the loop's ``on_failure``; the group used to be
+    trained again trial by trial)."""
     flat = [spec for trial_specs in specs for spec in trial_specs]
     owner = [w for w, trial_specs in enumerate(specs) for _ in trial_specs]
     first = flat[0]
@@ -141,12 +131,20 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
     step_of = works[0].offset  # the runs of a group share their recipe and the trials their earlier datasets
     current = {"method": method, "slots": list(range(len(flat)))}  # the module training now, its runs by position
 
+    def on_failure(r: int, divergence) -> None:
+        retired.add(r)
+        if works[owner[r]].error is None:
+            works[owner[r]].error = f"{flat[r].label}: {divergence.describe(first.optim_recipe)}"
+
     def retire_runs(epoch: int, logs) -> set[int]:
+        failed = {r for r in range(len(flat)) if r not in retired and not works[owner[r]].live and
+                  not works[owner[r]].pruned}  # the other runs of a trial whose run diverged
+        retired.update(failed)
         live_runs = [r for r in range(len(flat)) if r not in retired]
         for r in live_runs:
             works[owner[r]].epochs += 1  # counted before the pruner is asked: a pruned trial's cost
-        if epoch != last and not reporter.at(step_of + epoch):
-            return set()
+        if epoch != last and not reporter.at(step_of + epoch) or not live_runs:
+            return failed
         values = _validation_objectives(current["method"], current["slots"], inputs, live_runs, first.amp,
                                         reporter.objective)
         stop = set()
@@ -161,7 +159,7 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
             elif epoch == last:
                 work.finals.append(value)
         retired.update(stop)
-        return stop
+        return stop | failed
 
     def regroup(module, keep: list[int]):
         """The survivors as a smaller module: pruned trials stop costing steps."""
@@ -174,7 +172,8 @@ def _train_runs_of(works: list[TrialWork], specs: list[list[RunSpec]], reporter:
         return smaller
 
     train_runs(method, states, first.optim_recipe, first.device, first.amp, any(s.config.progress for s in flat),
-               None, graph_steps, retire_runs, regroup if first.method.supports_batched_runs else None)
+               None, graph_steps, retire_runs, regroup if first.method.supports_batched_runs else None,
+               on_failure=on_failure)
 
 
 def _validation_objectives(method, slots: list[int], inputs: list[RunInputs], runs: list[int], amp: bool,

@@ -2,7 +2,8 @@
 
 Every executor has one method, ``map(groups)``, that trains each group (a list of compatible planned runs,
 :class:`~atlas_fast.engine.spec.RunSpec`, see :mod:`atlas_fast.sweep.grid`) with :func:`train_specs` and yields
-``(group index, records)`` as groups finish. Workers write the records themselves, into the runs' ``results_dir``,
+``(group index, records)`` as groups finish (a run that failed on its own is a
+:class:`~atlas_fast.engine.record.FailedRun` among them). Workers write the records themselves, into the runs' ``results_dir``,
 so that folder (and ``cache_root``, ``data_root``) must be visible to every worker: a shared file system on a cluster.
 Ray and submitit are optional extras (``ray`` / ``slurm``; :func:`atlas_fast.errors.install_extra` says how to
 install them), imported only here and only when their executor is used.
@@ -36,8 +37,10 @@ def train_specs(specs: Sequence[RunSpec]) -> list[dict[str, Any]] | WorkerFailur
     from atlas_fast.engine.pipeline import run_specs
     from atlas_fast.errors import user_errors
 
-    try:
-        return run_specs(list(specs))
+    from atlas_fast.engine.record import FailedRun
+
+    try:  # a run that failed on its own comes back as a FailedRun, its message only
+        return [r.sendable() if isinstance(r, FailedRun) else r for r in run_specs(list(specs))]
     except user_errors() as exc:
         return WorkerFailure(f"{type(exc).__name__}: {exc}")
 

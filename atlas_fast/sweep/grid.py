@@ -20,10 +20,11 @@ from typing import Any, Callable, Sequence
 from atlas_fast.progress import TimeLeft, progress_bar, say
 
 from atlas_fast.engine.config import TrainConfig
-from atlas_fast.engine.pipeline import split_finished
+from atlas_fast.engine.pipeline import failure_message, split_finished
+from atlas_fast.engine.record import FailedRun
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.atlas.variants import LabelVariant
-from atlas_fast.errors import Interrupted, RunFailed, UsageError, distinct, short_repr
+from atlas_fast.errors import Interrupted, RunFailed, RunsFailed, UsageError, distinct, short_repr
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
 from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import CLASS_SETS, EXECUTORS, HARMONIC_MEAN
@@ -188,6 +189,7 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
             say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to train in "
                 f"{describe_groups(groups)} ({execution.executor})")
         done, inputs_seconds, clock = 0, 0.0, TimeLeft(len(todo))
+        failed: list[FailedRun] = []
         try:
             with progress_bar(total=len(todo), desc="runs", unit="run", enabled=progress,
                               dynamic_ncols=True) as bar:
@@ -197,11 +199,16 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
                         raise RunFailed(f"a worker failed on {groups[g][0].label} (and {len(groups[g]) - 1} more "
                                         f"run(s) of its group): {group_records.message}")
                     if execution.executor == "local":
-                        inputs_seconds += sum(float(r.get("timings", {}).get("inputs", 0.0)) for r in group_records)
+                        inputs_seconds += sum(float(r.get("timings", {}).get("inputs", 0.0)) for r in group_records
+                                              if not isinstance(r, FailedRun))
                     for i, (spec, record) in enumerate(zip(groups[g], group_records), start=1):
-                        records[position[id(spec)]] = record
                         bar.update(1)
                         done += 1
+                        if isinstance(record, FailedRun):  # its group went on without it; named at the end
+                            failed.append(record)
+                            say(f"[{done}/{len(todo)}] {spec.label}: FAILED: {record.reason}")
+                            continue
+                        records[position[id(spec)]] = record
                         if progress:  # the group's last line says the time (its runs end together)
                             times = (f"; {clock.text(done, max(clock.elapsed() - inputs_seconds, 0.0))}"
                                      if i == len(group_records) else "")
@@ -209,8 +216,11 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
                         if on_result is not None:
                             on_result(record)
         except KeyboardInterrupt:  # Ctrl-C: say what is done (a finished run's record is on disk) in one line
-            raise Interrupted(f"{len(specs) - len(todo) + done} of {len(specs)} run(s) finished (their records are "
-                              f"kept)") from None
+            raise Interrupted(f"{len(specs) - len(todo) + done - len(failed)} of {len(specs)} run(s) finished "
+                              f"(their records are kept)") from None
+        if failed:
+            raise RunsFailed(failure_message(failed, len(specs)), failed,
+                             [r if r is not None else None for r in records])
     missing = [specs[i].label for i, r in enumerate(records) if r is None]
     if missing:
         raise RuntimeError(f"{len(missing)} run(s) returned no record: {missing[:5]}")
