@@ -50,18 +50,21 @@ class EpochTensorInputs:
 
 
 class CachedViews(EpochTensorInputs):
-    """The cached augmented views of the training images: epoch ``e`` gets view ``1 + (e mod V)`` as (N, D).
+    """The cached augmented views of the training images: epoch ``e`` gets view ``first_view + (e mod V)`` as (N, D)
+    (``first_view`` 1; V + 1 for the second views a method's consistency term reads, CoPrompt's).
 
     Every view is read once when they fit :data:`PRELOAD_BYTES`; on a CUDA device they are then kept there when they
     fit :data:`DEVICE_RESIDENT_BYTES` (``resident``), so an epoch's batches are gathered on the device from its
     order, moved there once per epoch."""
 
     def __init__(self, cache, backbone: Backbone, dataset: str, items, views: int, aug_seed: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", first_view: int = 1) -> None:
         self.cache, self.backbone, self.dataset, self.items = cache, backbone, dataset, items
         self.views, self.aug_seed, self.device = views, aug_seed, torch.device(device)
+        self.first_view = first_view
         size = len(items) * views * backbone.embed_dim * 4
-        self.preloaded = (cache.load(backbone, dataset, items, views=list(range(1, views + 1)), aug_seed=aug_seed)
+        self.preloaded = (cache.load(backbone, dataset, items, views=list(range(first_view, first_view + views)),
+                                     aug_seed=aug_seed)
                           if size <= PRELOAD_BYTES else None)
         self.resident = self.preloaded is not None and fits_on_device(size, self.device)
         if self.resident:
@@ -79,7 +82,8 @@ class CachedViews(EpochTensorInputs):
         view = epoch % self.views
         if self.preloaded is not None:
             return self.preloaded[:, view]
-        return self.cache.load(self.backbone, self.dataset, self.items, views=[1 + view], aug_seed=self.aug_seed)[:, 0]
+        return self.cache.load(self.backbone, self.dataset, self.items, views=[self.first_view + view],
+                               aug_seed=self.aug_seed)[:, 0]
 
 
 class JoinedViews(EpochTensorInputs):
@@ -185,8 +189,9 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
     shared = {} if shared is None else shared
     train_split = data.train_split
     cache = FeatureCache(config.cache_root, content_hash=config.content_hash)
-    # pixel methods need cached train features only for soft labels (view 0) and PromptSRC's frozen views
-    train_views = 0 if method.reads_pixels and not method.reads_frozen_features else spec.views
+    # pixel methods need cached train features only for soft labels (view 0) and their frozen views (PromptSRC:
+    # the views they train on; CoPrompt: a second view of each image, views V + 1..2V)
+    train_views = method.cached_train_views(spec.views)
     cache.build(backbone, data.dataset, train_split.train, num_views=train_views, aug_seed=config.aug_seed,
                 progress=config.progress)
     evaluated = getattr(data.fewshot, evaluate_on)
@@ -212,17 +217,19 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
                                         store_dir=Path(config.cache_root) / "softlabels")
     device = spec.device
 
-    def train_views_of(encoder: Backbone) -> CachedViews:
+    def train_views_of(encoder: Backbone, first_view: int = 1) -> CachedViews:
         # Runs of a group that train on the same images (the label variants of one seed) share one copy of the
         # preloaded views: up to 1 GB each (ImageNet base-to-new: 8,000 images x 50 views x 512 floats).
         key = ("train views", encoder.fingerprint, data.dataset, tuple(d.impath for d in train_split.train),
-               spec.views, config.aug_seed, str(device))
+               spec.views, first_view, config.aug_seed, str(device))
         if key not in shared:
             shared[key] = CachedViews(cache, encoder, data.dataset, train_split.train, spec.views, config.aug_seed,
-                                      device)
+                                      device, first_view)
         return shared[key]
 
-    parts = [train_views_of(backbone)] if not method.reads_pixels or method.reads_frozen_features else []
+    parts = []
+    if not method.reads_pixels or method.reads_frozen_features:
+        parts.append(train_views_of(backbone, 1 + spec.views if method.frozen_second_view else 1))
     teacher = method.view_teacher(spec.method_config, backbone)
     if teacher is not None:  # its features of the same views, from its own cache file (keyed by its fingerprint)
         cache.build(teacher, data.dataset, train_split.train, num_views=spec.views, aug_seed=config.aug_seed,

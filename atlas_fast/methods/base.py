@@ -183,6 +183,10 @@ class PromptMethod(nn.Module):
     reads_pixels: ClassVar[bool] = False
     #: True for pixel methods whose batches also carry the frozen CLIP's cached features of the same views (PromptSRC).
     reads_frozen_features: ClassVar[bool] = False
+    #: With ``reads_frozen_features``: True when those features are of a second, independent augmentation of each
+    #: image (CoPrompt's consistency on perturbed inputs): epoch e's pixels are view 1 + (e mod V) and its frozen
+    #: features view V + 1 + (e mod V), so the cache holds views 1..2V (:meth:`cached_train_views`).
+    frozen_second_view: ClassVar[bool] = False
     # True when R runs can train as one module (atlas_fast.engine.pipeline): every learned tensor leads with R, forward()
     # and training_loss() take one batch per run ((R, B, ...) inputs, (R, B) labels), training_loss() returns each
     # run's loss (R,) where it adds terms beyond the criterion, and runs never mix.
@@ -215,6 +219,22 @@ class PromptMethod(nn.Module):
         them to every training batch: cached features arrive as (B, D + D_teacher), pixel batches as a
         :class:`~atlas_fast.engine.feed.PixelBatch` whose ``frozen_features`` end with the D_teacher columns."""
         return None
+
+    @classmethod
+    def cached_train_views(cls, views: int) -> int:
+        """How many augmented views (1..n) of every training image the feature cache must hold for a run of
+        ``views`` views: none for a pixel method that reads no frozen features (view 0 only, for soft labels), 2V
+        with :attr:`frozen_second_view`, else V."""
+        if cls.reads_pixels and not cls.reads_frozen_features:
+            return 0
+        return 2 * views if cls.frozen_second_view else views
+
+    @classmethod
+    def planned_config(cls, config: MethodConfig, classnames: Sequence[str]) -> MethodConfig:
+        """The method config a run trains with, checked against its training classes when the run is planned
+        (before any weights are loaded or features encoded): a method that reads files named by its options checks
+        them here and may record their checksum in the config (CoPrompt's class descriptions). Default: as is."""
+        return config
 
     @classmethod
     def build(cls, backbone: Backbone, classnames: Sequence[str], config: MethodConfig | None = None

@@ -412,7 +412,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
             entry = spec.method
             where = (str(spec.config.cache_root), spec.dataset, spec.config.aug_seed, spec.config.content_hash)
             per_item = wanted.setdefault(where, {})
-            train_views = 0 if entry.reads_pixels and not entry.reads_frozen_features else spec.views
+            train_views = entry.cached_train_views(spec.views)
             for datum in spec.data.train_split.train:
                 per_item.setdefault(datum, set()).update(range(train_views + 1))
             for datum in spec.data.fewshot.test:
