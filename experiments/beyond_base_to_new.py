@@ -1,5 +1,5 @@
-"""Beyond the paper: base-to-new of CLIP-LoRA, TCP, KDPL (on CoOp, CoCoOp, MaPLe, PromptSRC) and MMRL with and
-without ATLaS.
+"""Beyond the paper: base-to-new of CLIP-LoRA, TCP, KDPL (on CoOp, CoCoOp, MaPLe, PromptSRC), MMRL and CoPrompt with
+and without ATLaS.
 
     atlas-fast experiment beyond_base_to_new --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
     atlas-fast experiment beyond_base_to_new --world --kinds isl
@@ -15,6 +15,12 @@ paper's base-to-new presets (K=2, θ=0.1, τ_c=0.05, α=0.1):
   method (trained with KDPL's schedule, as the KDPL authors train their baselines) plain and + ATLaS with each kind
   against KDPL on that base, the same prompts distilled from a larger CLIP's zero-shot predictions. ATLaS-ISL uses
   the student CLIP's own zero-shot predictions (with the labels); KDPL a teacher's (without them).
+
+CoPrompt reads LLM-written class descriptions: ``--method-option coprompt:descriptions=FOLDER`` (one
+``<dataset>.json`` or the official repository's ``<name>_prompt.json`` per dataset; none are shipped); with
+``--world`` they default to the world's own (atlas_fast.world.descriptions: each class's typical colours and shape
+attribute), written under the data root. Its block is CoPrompt plain and + ATLaS; ATLaS's targets reach its
+cross-entropy only (its consistency terms are unchanged).
 
 The KDPL teacher is ``--method-option teacher=MODEL teacher_pretrained=TAG|FILE|none`` (default: open_clip's
 ViT-H-14-quickgelu with DFN-5B weights, the paper's); with ``--world`` it defaults to the world's own CLIP (no larger
@@ -35,8 +41,8 @@ from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
 
-PAPER = "Beyond the paper (CLIP-LoRA, TCP, KDPL, MMRL)"
-METHODS = ("clip-lora", "tcp", "kdpl-coop", "kdpl-cocoop", "kdpl-maple", "kdpl-promptsrc", "mmrl")
+PAPER = "Beyond the paper (CLIP-LoRA, TCP, KDPL, MMRL, CoPrompt)"
+METHODS = ("clip-lora", "tcp", "kdpl-coop", "kdpl-cocoop", "kdpl-maple", "kdpl-promptsrc", "mmrl", "coprompt")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,6 +61,22 @@ def teacher_options(args: argparse.Namespace, method: str) -> list[str]:
     return [f"{method}:teacher={WORLD_BACKBONE[0]}", f"{method}:teacher_pretrained={WORLD_BACKBONE[1]}"]
 
 
+def description_options(args: argparse.Namespace, method: str) -> list[str]:
+    """With ``--world``, CoPrompt's class descriptions are the world's (atlas_fast.world.descriptions, written under
+    the data root) unless ``--method-option`` names some."""
+    from atlas_fast.app.options import method_options
+
+    given = method_options(args.method_option, method) or {}
+    if not args.world or "descriptions" in given:
+        return []
+    from pathlib import Path
+
+    from atlas_fast.world.descriptions import write_descriptions
+
+    folder = write_descriptions(Path(args.data_root) / "coprompt_descriptions", args.datasets)
+    return [f"{method}:descriptions={folder.absolute()}"]
+
+
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
     return [config for method in args.methods for config in method_block(args, method)]
 
@@ -67,6 +89,10 @@ def method_block(args: argparse.Namespace, method: str) -> list[TrainConfig]:
 
     variants = atlas_variants("base2new", args.kinds)
     entry = method_class(method)
+    if method == "coprompt":  # its class descriptions: a folder of one file per dataset
+        options = method_options(args.method_option + description_options(args, method), method)
+        return grid_configs(base_config(args, "base2new", method=method, method_options=options, evaluate=BASE_NEW),
+                            args.datasets, variants, args.seeds)
     if entry.uses_labels:
         return grid_configs(base_config(args, "base2new", method=method, evaluate=BASE_NEW), args.datasets, variants,
                             args.seeds)

@@ -231,6 +231,8 @@ def test_vit_b16_shapes_match_the_official_trainer(descriptions):
 
     backbone = load_backbone(BackboneConfig("ViT-B-16", None))
     method = build(backbone, descriptions, True, depth=9)
+    adapters = sum(p.numel() for name, p in method.named_parameters() if "adapter" in name)
+    assert adapters == 262_144  # docs/method-zoo.md, section CoPrompt: 4 x 512 x 128
     generator = torch.Generator().manual_seed(1)
     pixels, second = torch.randn(2, 3, 224, 224, generator=generator), torch.randn(2, 3, 224, 224,
                                                                                  generator=generator)
@@ -352,21 +354,31 @@ def test_python_api_trains_base_to_new_with_and_without_atlas_isl(pets):
     assert plain["config"]["method_config"]["descriptions_checksum"]
 
 
-def test_command_line_trains_with_and_without_atlas_isl(pets, capsys):
-    from atlas_fast.cli import main
-
-    args = ["train", "--dataset", "OxfordPets", "--data-root", str(pets / "data"), "--model", "atlas-tiny",
+def cli_args(pets):
+    return ["train", "--dataset", "OxfordPets", "--data-root", str(pets / "data"), "--model", "atlas-tiny",
             "--pretrained", "none", "--method", "coprompt", "--shots", "4", "--epochs", "2", "--batch-size", "4",
             "--views", "1", "--cache-root", str(pets / "cache"), "--results-dir", str(pets / "cli-results"),
             "--no-progress", "--workers", "0", "--method-option", f"descriptions={pets / 'descriptions.json'}",
             "depth=2"]
+
+
+def test_the_command_line_names_a_descriptions_file_it_cannot_read(pets, capsys):
+    from atlas_fast.cli import main
+
+    bad = cli_args(pets)[:-2] + [f"descriptions={pets / 'nowhere.json'}", "depth=2"]
+    assert main(bad) == 2
+    assert "nowhere.json: cannot be read" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_command_line_trains_with_and_without_atlas_isl(pets, capsys):
+    from atlas_fast.cli import main
+
+    args = cli_args(pets)
     assert main(args) == 0
     assert re.search(r"OxfordPets coprompt\S*(?: \[[^\]]*\])? seed 1: base", capsys.readouterr().out)
     assert main(args + ["--atlas", "isl"]) == 0
     assert re.search(r"OxfordPets coprompt\+ATLaS-ISL \(K=2\)(?: \[[^\]]*\])? seed 1: base", capsys.readouterr().out)
-    bad = args[:-2] + [f"descriptions={pets / 'nowhere.json'}", "depth=2"]
-    assert main(bad) == 2
-    assert "nowhere.json: cannot be read" in capsys.readouterr().err
 
 
 def test_batched_runs_equal_runs_trained_alone(pets):
@@ -389,3 +401,67 @@ def test_batched_runs_equal_runs_trained_alone(pets):
     batched = run_group(configs("batched"))
     assert all(r["timings"]["batch_runs"] == 2 for r in batched)
     _assert_equal_records(batched, alone)
+
+
+def test_a_folder_of_descriptions_gives_each_dataset_its_file(pets, tmp_path):
+    """``descriptions=FOLDER``: ``<dataset>.json`` or the official repository's ``<name>_prompt.json``; the planned
+    config names the file it read."""
+    from atlas_fast.engine.spec import plan_run
+    from atlas_fast.methods.coprompt import descriptions_file
+
+    (tmp_path / "oxford_pets_prompt.json").write_text((pets / "descriptions.json").read_text())
+    spec = plan_run(tiny_pets_config(pets, method="coprompt", method_options=pets_options(tmp_path)))
+    assert spec.method_config.descriptions == str(tmp_path / "oxford_pets_prompt.json")
+    (tmp_path / "OxfordPets.json").write_text("{}")
+    assert descriptions_file(tmp_path, "OxfordPets") == tmp_path / "OxfordPets.json"
+    with pytest.raises(ValueError, match=r"has no file for DTD \(looked for DTD\.json\)"):
+        descriptions_file(tmp_path, "DTD")
+
+
+def test_the_world_s_descriptions_say_what_its_class_names_do_not():
+    from atlas_fast.methods.coprompt import read_descriptions
+    from atlas_fast.world.benchmark import WORLD_DATASETS
+    from atlas_fast.world.descriptions import class_descriptions
+
+    assert class_descriptions("striped square") == [
+        "a photo of a orange striped square.", "a photo of a pink striped square.",
+        "a photo of a orange striped square, a shape with four corners.",
+        "a photo of a pink striped square, a shape with four corners."]
+    assert all(len(class_descriptions(c)) == 4 for d in WORLD_DATASETS for c in d.classnames)
+    with pytest.raises(ValueError, match="unknown concept"):
+        class_descriptions("striped dragon")
+
+
+@pytest.mark.slow
+def test_trains_on_the_world_with_and_without_atlas_isl_from_the_command_line(tmp_path, capsys):
+    """The embedded world with its own descriptions (atlas_fast.world.descriptions), depth cut to its 4 blocks."""
+    from atlas_fast.cli import main
+    from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
+    from atlas_fast.world.descriptions import write_descriptions
+
+    generate_benchmark(tmp_path / "world", ["WorldSketches"], sizes=SplitSizes(train=2, val=1, test=1),
+                       progress=False)
+    folder = write_descriptions(tmp_path / "descriptions", ["WorldSketches"])
+    args = ["train", "--dataset", "WorldSketches", "--data-root", str(tmp_path / "world"), "--shots", "2",
+            "--epochs", "2", "--views", "2", "--batch-size", "8", "--cache-root", str(tmp_path / "cache"),
+            "--results-dir", str(tmp_path / "results"), "--no-progress", "--workers", "0", "--method", "coprompt",
+            "--method-option", f"descriptions={folder}"]
+    for extra, name in (((), "coprompt"), (("--atlas", "isl"), r"coprompt\+ATLaS-ISL \(K=2\)")):
+        assert main(args + list(extra)) == 0
+        assert re.search(rf"WorldSketches {name}(?: \[[^\]]*\])? seed 1: base", capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_the_beyond_base_to_new_experiment_runs_coprompt_on_the_world(tmp_path):
+    """``beyond_base_to_new --world --methods coprompt``: the world's descriptions are written under the data root
+    and the block has CoPrompt plain and + ATLaS-ISL."""
+    from atlas_fast.experiments import load_experiment
+    from test_experiments import run_experiment
+
+    args = ["--world", "--world-images", "3", "1", "2", "--data-root", str(tmp_path / "data"), "--seeds", "1",
+            "--epochs", "2", "--views", "1", "--cache-root", str(tmp_path / "cache"), "--results-dir",
+            str(tmp_path / "results"), "--out", str(tmp_path / "out"), "--methods", "coprompt", "--kinds", "isl",
+            "--datasets", "WorldSketches"]
+    text = run_experiment(load_experiment("beyond_base_to_new"), args)
+    assert "CoPrompt + ATLaS-ISL" in text and "nan" not in text.lower()
+    assert (tmp_path / "data" / "coprompt_descriptions" / "WorldSketches.json").is_file()

@@ -329,7 +329,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
                       f"prompts barely move. Train at least {warmup + 1} epochs.", stacklevel=2)
     data = load_run_data(config, evaluation_subsamples(config.train_subsample, method_config, config.evaluate),
                          listings=listings, domain=entry.trains_on_domain)
-    method_config = entry.planned_config(method_config, data.train_split.classnames)  # files the options name
+    method_config = entry.planned_config(method_config, dataset, data.train_split.classnames)  # files the options name
     if optim_recipe.iterations is not None:  # a schedule over optimiser steps: its epochs follow from the images
         optim_recipe = optim_recipe.for_training_images(len(data.train_split.train), config.epochs)
     if config.snapshot_epochs and config.snapshot_epochs[-1] > optim_recipe.epochs:

@@ -230,8 +230,9 @@ class PromptMethod(nn.Module):
         return 2 * views if cls.frozen_second_view else views
 
     @classmethod
-    def planned_config(cls, config: MethodConfig, classnames: Sequence[str]) -> MethodConfig:
-        """The method config a run trains with, checked against its training classes when the run is planned
+    def planned_config(cls, config: MethodConfig, dataset: str, classnames: Sequence[str]) -> MethodConfig:
+        """The method config a run on ``dataset`` (registry name) trains with, checked against its training
+        classes when the run is planned
         (before any weights are loaded or features encoded): a method that reads files named by its options checks
         them here and may record their checksum in the config (CoPrompt's class descriptions). Default: as is."""
         return config

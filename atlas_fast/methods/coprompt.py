@@ -121,6 +121,32 @@ def coprompt_recipe(family: str, setting: str, shots: int, dataset: str) -> tupl
     return config, OptimRecipe(epochs=epochs, batch_size=4, lr=0.0035)
 
 
+# The official repository's file of each dataset (gpt_file/<name>_prompt.json).
+OFFICIAL_FILE_NAMES = {"Caltech101": "caltech", "DescribableTextures": "dtd", "EuroSAT": "eurosat",
+                       "FGVCAircraft": "fgvc", "Food101": "food101", "ImageNet": "imagenet",
+                       "ImageNetA": "imagenet_a", "ImageNetR": "imagenet_r", "ImageNetSketch": "imagenet_sketch",
+                       "ImageNetV2": "imagenetv2", "OxfordFlowers": "oxford_flowers", "OxfordPets": "oxford_pets",
+                       "StanfordCars": "stanford_cars", "SUN397": "sun397", "UCF101": "ucf101"}
+
+
+def descriptions_file(path: str | Path, dataset: str) -> str | Path:
+    """The descriptions file of ``dataset`` (registry name): ``path`` itself, or in a folder ``path``,
+    ``<dataset>.json`` or the official repository's name (``oxford_pets_prompt.json``), so one option serves an
+    experiment over several datasets. A folder without either is refused, naming both."""
+    if not str(path):
+        return ""  # refused by read_descriptions, with what to give
+    path = Path(path).expanduser().absolute()
+    if not path.is_dir():
+        return path
+    names = [f"{dataset}.json"] + ([f"{OFFICIAL_FILE_NAMES[dataset]}_prompt.json"] if dataset in OFFICIAL_FILE_NAMES
+                                   else [])
+    for name in names:
+        if (path / name).is_file():
+            return path / name
+    raise ValueError(f"CoPrompt's class descriptions: the folder {path} has no file for {dataset} (looked for "
+                     f"{' and '.join(names)})")
+
+
 def description_key(classname: str) -> str:
     """The key a class's descriptions have in the reference's files: its name with '_' as spaces."""
     return classname.replace("_", " ")
@@ -134,8 +160,9 @@ def read_descriptions(path: str | Path, classnames: Sequence[str]) -> tuple[tupl
     if not str(path):
         raise ValueError("CoPrompt needs its class descriptions: --method-option descriptions=PATH (Python: "
                          "method_options={'descriptions': PATH}), a JSON file {class name: [description, ...]} with "
-                         "the same number of descriptions for every training class (the official CoPrompt "
-                         "repository ships one per dataset).")
+                         "the same number of descriptions for every training class, or a folder of such files named "
+                         "<dataset>.json (the official CoPrompt repository ships one per dataset, e.g. "
+                         "gpt_file/oxford_pets_prompt.json, which a folder may also hold).")
     path = Path(path).expanduser()
     try:
         table = read_json(path)
@@ -228,12 +255,13 @@ class CoPrompt(MaPLe):
     frozen_second_view = True
 
     @classmethod
-    def planned_config(cls, config: MethodConfig, classnames: Sequence[str]) -> MethodConfig:
-        """Read and check the descriptions of the training classes before anything is loaded or encoded; the
-        config then carries their checksum (a run on other descriptions is another run)."""
-        rows = read_descriptions(config.descriptions, classnames)
-        return replace(config, descriptions=str(Path(config.descriptions).expanduser().absolute()),
-                       descriptions_checksum=descriptions_checksum(rows))
+    def planned_config(cls, config: MethodConfig, dataset: str, classnames: Sequence[str]) -> MethodConfig:
+        """Read and check the descriptions of the training classes before anything is loaded or encoded (a folder
+        gives the dataset's file, :func:`descriptions_file`); the config then names the file and carries the
+        descriptions' checksum (a run on other descriptions is another run)."""
+        path = descriptions_file(config.descriptions, dataset)
+        rows = read_descriptions(path, classnames)
+        return replace(config, descriptions=str(path), descriptions_checksum=descriptions_checksum(rows))
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
         super().__init__(backbone, classnames, config)
