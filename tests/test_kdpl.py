@@ -292,3 +292,56 @@ def test_vit_b16_student_with_a_vit_b32_teacher_matches_the_official_trainer(dic
     finally:
         teacher.model.logit_scale.data.copy_(saved)
     print("\n" + report_ratios("KDPL ViT-B/16"))
+
+
+def test_the_teacher_and_its_dictionary_are_checked_before_any_image_is_encoded(tmp_path_factory, capsys):
+    """Issue 44: every way the teacher or the class-agnostic dictionary cannot be had is refused when the run is
+    planned (no cache file of the student or the teacher is written), each error naming the teacher's own option or
+    the file, never the student's --model / --pretrained."""
+    from atlas_fast.cli import main
+
+    root = small_pets(tmp_path_factory, "kdpl-checks")
+    folder = root / "files"
+    folder.mkdir()
+    (folder / "garbage.pt").write_bytes(b"not a checkpoint")
+    torch.save(shared_backbone(BackboneConfig("atlas-tiny", None), torch.device("cpu")).model.state_dict(),
+               folder / "student.bin")  # an open_clip file of another architecture than the teacher's
+    (folder / "latin1.txt").write_bytes("caf\xe9\nna\xefve\n".encode("latin-1"))
+
+    def train(*options):
+        return main(["train", "--dataset", "OxfordPets", "--data-root", str(root / "data"), "--model", "atlas-tiny",
+                     "--pretrained", "none", "--shots", "2", "--epochs", "2", "--cache-root", str(root / "cache"),
+                     "--results-dir", str(root / "results"), "--no-progress", "--method", "kdpl-coop",
+                     "--method-option", *options])
+
+    teacher = "teacher=atlas-tiny-teacher"
+    cases = [
+        (["teacher=ViT-Nope", "teacher_pretrained=none"],
+         "error: KDPL's teacher ViT-Nope (none) cannot be loaded: Unknown model 'ViT-Nope'"),
+        ([teacher, f"teacher_pretrained={folder / 'missing.pt'}"],
+         f"error: KDPL's teacher atlas-tiny-teacher ({folder / 'missing.pt'}) cannot be loaded: Checkpoint file not "
+         f"found: {folder / 'missing.pt'}. Pass the path of an existing file, e.g. teacher_pretrained="),
+        ([teacher, f"teacher_pretrained={folder / 'garbage.pt'}"],
+         f"error: KDPL's teacher atlas-tiny-teacher ({folder / 'garbage.pt'}) cannot be loaded: Cannot load checkpoint "
+         f"{folder / 'garbage.pt'}"),
+        ([teacher, f"teacher_pretrained={folder / 'student.bin'}"],
+         "its weights do not fit this architecture"),
+        ([teacher, "teacher_pretrained=none", "class_agnostic=true", f"agnostic_classnames={folder / 'none.csv'}"],
+         f"error: KDPL's class-agnostic dictionary {folder / 'none.csv'} cannot be read (No such file or directory); "
+         f"give a UTF-8 file of class names with --method-option agnostic_classnames=FILE"),
+        ([teacher, "teacher_pretrained=none", "class_agnostic=true", f"agnostic_classnames={folder}"],
+         f"error: KDPL's class-agnostic dictionary {folder} is a folder, not a file; give a UTF-8 file of class names "
+         f"with --method-option agnostic_classnames=FILE"),
+        ([teacher, "teacher_pretrained=none", "class_agnostic=true", f"agnostic_classnames={folder / 'latin1.txt'}"],
+         f"error: KDPL's class-agnostic dictionary {folder / 'latin1.txt'} is not UTF-8 text (byte b'\\xe9' at offset "
+         f"3); give a UTF-8 file of class names with --method-option agnostic_classnames=FILE"),
+    ]
+    for options, message in cases:
+        assert train(*options) == 2, options
+        err = capsys.readouterr().err
+        assert message in err, (options, err)
+        assert "--pretrained" not in err and "--model " not in err and "the --model" not in err, err
+        assert not list((root / "cache").rglob("*.h5")), options  # nothing encoded
+    # the other architecture's file is named with the teacher's option, not the student's --model
+    assert train(teacher, f"teacher_pretrained={folder / 'student.bin'}") == 2
+    assert "and the teacher=MODEL it was trained as" in capsys.readouterr().err

@@ -138,6 +138,35 @@ class MethodConfig:
 MAX_OPTION_SCALE = 1e4
 
 
+# How a user's words for the student's backbone read when the backbone at fault is a teacher's: the loader's messages
+# speak of --model / --pretrained, which would change the student.
+_STUDENT_OPTIONS = (("the --model it was trained as", "the {model}=MODEL it was trained as"),
+                    ("`--pretrained ", "`{weights}="), ("--pretrained ", "{weights}="), ("--model ", "{model}="))
+
+
+def load_teacher(owner: str, model: str, pretrained: str, device: Any, model_option: str = "teacher",
+                 weights_option: str = "teacher_pretrained") -> Backbone:
+    """A teacher-based method's frozen teacher CLIP (open_clip ``model`` with ``pretrained``: a tag, a checkpoint
+    file or ``none``), loaded once per process. Any failure (an unknown model, weights not on this machine, a missing,
+    damaged or other architecture's file) raises the loader's error type with a message that starts with
+    ``owner``'s teacher and names the teacher's own options (``--method-option teacher=... teacher_pretrained=...``)
+    where the loader's would name the student's. The reusable half of a teacher check
+    (:meth:`PromptMethod.check_before_work`)."""
+    from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
+
+    weights = None if pretrained.lower() == "none" else pretrained
+    try:
+        return shared_backbone(BackboneConfig(model, weights), device)
+    except (OSError, ValueError, NotImplementedError) as exc:
+        text = str(exc)
+        for student, teacher in _STUDENT_OPTIONS:
+            text = text.replace(student, teacher.format(model=model_option, weights=weights_option))
+        raise type(exc)(f"{owner}'s teacher {model} ({pretrained}) cannot be loaded: {text} For the teacher "
+                        f"itself: --method-option {model_option}=MODEL {weights_option}=TAG|FILE|none (Python: "
+                        f"method_options), e.g. {model_option}=ViT-B-16 "
+                        f"{weights_option}=~/.cache/clip/ViT-B-16.pt") from None
+
+
 def check_finite_fields(config: Any) -> None:
     """Refuse a config (a dataclass) holding a float field that is NaN or infinite, naming the field: such a value
     passes every ``>= 0`` check and only fails after the features are encoded."""
@@ -207,7 +236,12 @@ class PromptMethod(nn.Module):
     @classmethod
     def check_before_work(cls, config: MethodConfig, backbone: Backbone) -> None:
         """Called when a run is planned, before anything is encoded: refuse what the run cannot use beyond its config
-        (PromptKD: a missing or mismatched teacher), naming the option. Default: nothing to check."""
+        (a missing or mismatched teacher, a dictionary that cannot be read), naming the option or file. Default: a
+        method that declares a teacher (:meth:`view_teacher`) has it loaded and checked here (once per process; the
+        feed reuses it), so a teacher that cannot be had fails before the student's features are encoded; a method
+        without one checks nothing. A teacher-based method loads its teacher with :func:`load_teacher`, whose
+        errors name the teacher's own options, never the student's ``--model``/``--pretrained``."""
+        cls.view_teacher(config, backbone)
 
     @classmethod
     def view_teacher(cls, config: MethodConfig, backbone: Backbone) -> Backbone | None:

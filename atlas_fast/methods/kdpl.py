@@ -34,11 +34,11 @@ from typing import Callable, ClassVar, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.clip.backbones import Backbone, BackboneConfig, WeightsUnavailableError, shared_backbone
+from atlas_fast.clip.backbones import Backbone, BackboneConfig
 from atlas_fast.data.datasets import zeroshot_template
 from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     check_scale, register_method)
+                                     check_scale, load_teacher, register_method)
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
 from atlas_fast.methods.maple import MaPLe, MaPLeConfig
@@ -116,11 +116,17 @@ def read_classnames(path: str | Path) -> tuple[str, ...]:
     """Class names from a file: one per line, or the first column of a CSV whose header is ``ClassName`` (the
     reference's dictionary); blank lines are skipped. An unreadable or empty file is an error naming it."""
     path = Path(path).expanduser()
+    option = "; give a UTF-8 file of class names with --method-option agnostic_classnames=FILE"
+    if path.is_dir():
+        raise ValueError(f"KDPL's class-agnostic dictionary {path} is a folder, not a file{option}")
     try:
         with open(path, newline="", encoding="utf-8") as handle:
             rows = [row[0].strip() for row in csv.reader(handle) if row and row[0].strip()]
     except OSError as exc:
-        raise ValueError(f"KDPL's class-agnostic dictionary {path} cannot be read ({exc.strerror})") from exc
+        raise ValueError(f"KDPL's class-agnostic dictionary {path} cannot be read ({exc.strerror}){option}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"KDPL's class-agnostic dictionary {path} is not UTF-8 text (byte "
+                         f"{exc.object[exc.start:exc.start + 1]!r} at offset {exc.start}){option}") from None
     if rows and rows[0] == "ClassName":
         rows = rows[1:]
     if not rows:
@@ -189,19 +195,21 @@ class KDPL(PromptMethod):
     def view_teacher(cls, config: KDPLConfig, backbone: Backbone) -> Backbone:
         """The teacher (loaded once per process) with ``backbone``'s transform: it encodes the student's views, as
         the reference feeds the student's preprocessed images to the teacher."""
-        try:
-            teacher = shared_backbone(config.teacher_backbone(), backbone.device)
-        except (WeightsUnavailableError, FileNotFoundError) as exc:  # the message speaks of the student's options
-            raise type(exc)(f"KDPL's teacher {config.teacher} ({config.teacher_pretrained}) cannot be loaded. {exc} "
-                            f"For the teacher itself: --method-option teacher=MODEL teacher_pretrained=TAG|FILE|none "
-                            f"(Python: method_options), e.g. teacher=ViT-B-16 "
-                            f"teacher_pretrained=~/.cache/clip/ViT-B-16.pt") from None
+        teacher = load_teacher("KDPL", config.teacher, config.teacher_pretrained, backbone.device)
         size, own = backbone.preprocessing.image_size, teacher.preprocessing.image_size
         if size != own:
             raise ValueError(f"KDPL's teacher {teacher.describe()} takes {own} px images, but the student's views "
                              f"are {size} px (the reference feeds the student's images to the teacher); choose a "
-                             f"teacher of the student's image size")
+                             f"teacher of the student's image size with --method-option teacher=MODEL")
         return dataclasses.replace(teacher, preprocessing=backbone.preprocessing)
+
+    @classmethod
+    def check_before_work(cls, config: KDPLConfig, backbone: Backbone) -> None:
+        """At planning, before any image is encoded: the teacher loads and fits the student's views
+        (:meth:`view_teacher`), and a class-agnostic run's dictionary exists, is a file and decodes."""
+        super().check_before_work(config, backbone)
+        if config.class_agnostic:
+            read_classnames(config.agnostic_classnames)
 
     @property
     def teacher(self) -> Backbone:
