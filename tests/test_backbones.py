@@ -50,9 +50,24 @@ def test_open_clip_safetensors_file_loads_exactly(tiny, tmp_path):
     torch.testing.assert_close(loaded.encode_image(pixels), tiny.encode_image(pixels))
 
 
-def test_missing_local_file_says_how_to_pass_one(tmp_path):
-    with pytest.raises(FileNotFoundError, match="ViT-B-16.pt"):
+def test_missing_local_file_says_where_such_files_come_from(tmp_path):
+    """The message names the file once and then says where such files come from (its folder's weights files when it
+    has some), never the path again."""
+    (tmp_path / "ViT-B-32.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as caught:
         load_backbone(BackboneConfig("ViT-B-16", str(tmp_path / "nope.pt")))
+    message = str(caught.value)
+    assert message.count(str(tmp_path / "nope.pt")) == 1 and "its folder holds ViT-B-32.pt" in message
+    assert "come from" in message and "clip.load" in message
+
+
+def test_none_means_random_weights_in_python_as_on_the_command_line():
+    """``BackboneConfig("atlas-tiny", "none")`` is the CLI's ``--pretrained none``: random weights (it was refused
+    as an unknown pretrained tag whose known tags were 'none')."""
+    for spelling in ("none", "None", "random", ""):
+        assert BackboneConfig("atlas-tiny", spelling) == BackboneConfig("atlas-tiny", None)
+    assert load_backbone(BackboneConfig("atlas-tiny", "none")).fingerprint == \
+        load_backbone(BackboneConfig("atlas-tiny", None)).fingerprint
 
 
 def test_unknown_tag_lists_known_ones():

@@ -85,7 +85,9 @@ def _backbone(argv):
     (["--pretrained", "none"], ("atlas-world", None)),
     (["--model", "ViT-B-32"], ("ViT-B-32", "openai")),
     (["--model", "atlas-world", "--pretrained", "my.safetensors"], ("atlas-world", "my.safetensors"))])
-def test_world_datasets_imply_the_worlds_clip_unless_one_is_given(extra, expected):
+def test_world_datasets_imply_the_worlds_clip_unless_one_is_given(extra, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.safetensors").write_bytes(b"")  # a weights file is checked as the line is parsed
     assert _backbone(["train", "--dataset", "WorldPhotos", "--data-root", "d", *extra]) == expected
     assert _backbone(["cache", "build", "--dataset", "worldsketches", "--data-root", "d", *extra]) == expected
 

@@ -93,3 +93,40 @@ def test_python_m_experiments_help_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "--param" in result.stdout and "HEAVY - STATUS 0" in result.stdout, (result.stdout[-500:],
                                                                               result.stderr[-2000:])
+
+
+def test_a_missing_weights_file_or_data_root_is_refused_before_torch(tmp_path):
+    """A ``--pretrained`` file that is not there (any command: it is checked as the line is parsed) and a data root
+    without the dataset (``cache build``, ``search``, ``eval``, ``train``) are refused with status 2 before torch is
+    imported. The weights hint says where such files come from and never repeats the path just typed: for a file in
+    the clip package's download folder, it does not name that folder again."""
+    absent = str(tmp_path / "clip" / "ViT-B-16.pt")
+    data = tmp_path / "data"
+    (data / "oxford_pets").mkdir(parents=True)
+    record = tmp_path / "run.json"
+    record.write_text("{}")
+    argvs = [["train", "--dataset", "OxfordPets", "--data-root", str(data), "--pretrained", absent],
+             ["experiment", "table3_base_to_new", "--datasets", "OxfordPets", "--data-root", str(data),
+              "--pretrained", absent],
+             ["cache", "build", "--dataset", "OxfordPets", "--data-root", str(tmp_path / "nowhere")],
+             ["search", "--dataset", "OxfordPets", "--data-root", str(tmp_path / "nowhere"), "--method", "coop",
+              "--param", "lr=log:1e-3:1e-2"],
+             ["eval", "--record", str(record), "--dataset", "OxfordPets", "--data-root", str(tmp_path / "nowhere")],
+             ["train", "--dataset", "OxfordPets", "--data-root", str(tmp_path / "nowhere")]]
+    script = EVERY_ARGV.replace("[:300]", "")
+    result = subprocess.run([sys.executable, "-c", script.format(argvs=argvs)], capture_output=True, text=True,
+                            timeout=120, env={**__import__("os").environ, "HOME": str(tmp_path)})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("ARGV")]
+    assert len(lines) == len(argvs), (result.stdout[-1000:], result.stderr[-2000:])
+    for argv, line in zip(argvs, lines):
+        assert line.endswith("HEAVY - STATUS 2"), (argv, line)
+    errors = [line.split(" ERR ", 1)[1] for line in lines]
+    for error in errors[:2]:
+        assert error.count(absent) == 1 and "come from" in error, error
+    for error in errors[2:]:
+        assert str(tmp_path / "nowhere") in error and "not found" in error, error
+    home = subprocess.run([sys.executable, "-c", script.format(argvs=[argvs[0][:-1] + ["~/.cache/clip/ViT-B-16.pt"]])],
+                          capture_output=True, text=True, timeout=60, env={**__import__("os").environ,
+                                                                           "HOME": str(tmp_path)}).stdout
+    error = home.split(" ERR ", 1)[-1]
+    assert "HEAVY - STATUS 2" in error and error.count(".cache/clip") == 1 and "clip.load" in error, home

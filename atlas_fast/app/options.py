@@ -22,8 +22,16 @@ if TYPE_CHECKING:
 
 
 def pretrained_tag(value: str) -> str | None:
-    """``--pretrained``: an open_clip tag or checkpoint file; 'none' (or 'random', '') means random weights."""
-    return None if value.lower() in ("none", "random", "") else value
+    """``--pretrained``: an open_clip tag or checkpoint file; 'none' (or 'random', '') means random weights. A file
+    that is not there is refused here, as the line is parsed: before torch is imported or anything is planned."""
+    from atlas_fast.clip.weights_files import missing_weights_message, random_weights  # no torch
+
+    if random_weights(value):
+        return None
+    missing = missing_weights_message(value, "checkpoint file")
+    if missing is not None:
+        raise argparse.ArgumentTypeError(missing)
+    return value
 
 
 # The backbone --model/--pretrained stand for when neither is given: the paper's CLIP, or for the embedded world's

@@ -56,18 +56,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_cache_build(args: argparse.Namespace) -> int:
-    from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-    from atlas_fast.engine.config import resolve_device
-    from atlas_fast.cache import FeatureCache
-    from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
+    from atlas_fast.data.check import require_layouts  # no torch
 
     if (args.shots is None) != (args.seeds is None):
         raise UsageError("--shots and --seeds go together (e.g. --shots 16 --seeds 1 2 3).")
     if args.views < 0:
         raise UsageError(f"--views must be >= 0, got {args.views}.")
+    require_layouts([args.dataset], args.data_root)  # the data root's faults before torch is imported
+    from atlas_fast.clip.backbones import BackboneConfig, load_backbone
+    from atlas_fast.engine.config import resolve_device
+    from atlas_fast.cache import FeatureCache
+    from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.data.fewshot import MAX_SEED
     from atlas_fast.engine.config import MAX_BATCH_SIZE, MAX_VIEWS, MAX_WORKERS
-    from atlas_fast.data.check import require_layouts
     from atlas_fast.errors import distinct
 
     check_range("--shots", args.shots, 1)  # a K below 1 would encode the whole dataset
@@ -77,7 +78,6 @@ def run_cache_build(args: argparse.Namespace) -> int:
     check_range("--workers", args.workers, 0, MAX_WORKERS)
     for seed in distinct(args.seeds or [], "--seeds"):
         check_range("--seeds", seed, 0, MAX_SEED)
-    require_layouts([args.dataset], args.data_root)
     resolve_backbone(args)  # a World* dataset without --model/--pretrained: the world's CLIP
     splits = load_dataset(args.dataset, args.data_root)
     if args.shots is None:

@@ -28,6 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from atlas_fast.data.check import require_layouts  # no torch
+
+    require_layouts([args.dataset], args.data_root)  # the data root's faults before torch is imported
     from atlas_fast.report.formats import eval_result_line
     from atlas_fast.engine import evaluate_saved
 

@@ -71,6 +71,9 @@ def run_search_command(args: argparse.Namespace) -> int:
     check_methods([args.method], learning_only=True)
     space = dict(parse_param(text) for text in args.param)  # syntax first: nothing heavy imported for a typo
     options = method_options(args.method_option, args.method, [args.method])
+    from atlas_fast.data.check import require_layouts  # no torch
+
+    require_layouts(args.datasets, args.data_root)  # every layout fault at once, before torch is imported
     from atlas_fast.atlas.variants import atlas_variant
     from atlas_fast.report.stats import counted
     from atlas_fast.search import SearchConfig, run_search

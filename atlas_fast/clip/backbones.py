@@ -32,6 +32,7 @@ import open_clip
 # Preprocessing and OpenAI's mean/std live with the transforms (imports run transforms <- backbones); they are
 # importable from here as before.
 from atlas_fast.clip.transforms import OPENAI_MEAN, OPENAI_STD, Preprocessing, TransformSpec
+from atlas_fast.clip.weights_files import missing_weights_message, random_weights
 from atlas_fast.progress import progress_bar
 
 MODEL_CONFIG_DIR = Path(__file__).parents[1] / "model_configs"
@@ -67,11 +68,16 @@ def _register_model_configs() -> None:
 
 @dataclass(frozen=True)
 class BackboneConfig:
-    """Which CLIP to load. ``pretrained``: an open_clip tag, a local file path, a shipped checkpoint name, or None."""
+    """Which CLIP to load. ``pretrained``: an open_clip tag, a local file path, a shipped checkpoint name, or None
+    for random weights (``"none"``, as the command line's ``--pretrained none``, means None here too)."""
 
     model: str = "ViT-B-16"
     pretrained: str | None = "openai"
     init_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.pretrained is not None and random_weights(self.pretrained):
+            object.__setattr__(self, "pretrained", None)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -268,10 +274,8 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
                                                force_quick_gelu=_wants_quick_gelu(name, None))
         except Exception as exc:  # torch, safetensors and open_clip raise many types for a bad file
             raise CheckpointError(_checkpoint_message(path, name, exc)) from exc
-    elif Path(pretrained).suffix in (".pt", ".bin", ".safetensors", ".pth") or os.sep in pretrained:
-        raise FileNotFoundError(
-            f"Checkpoint file not found: {pretrained}. Pass the path of an existing file, e.g. "
-            f"--pretrained ~/.cache/clip/ViT-B-16.pt (OpenAI's file as CoOp uses it) or an open_clip .bin/.safetensors.")
+    elif (missing := missing_weights_message(pretrained, "checkpoint file")) is not None:
+        raise FileNotFoundError(missing)
     else:
         _check_known_tag(name, pretrained)
         local = cached_weights(name, pretrained)
