@@ -465,3 +465,34 @@ def test_the_beyond_base_to_new_experiment_runs_coprompt_on_the_world(tmp_path):
     text = run_experiment(load_experiment("beyond_base_to_new"), args)
     assert "CoPrompt + ATLaS-ISL" in text and "nan" not in text.lower()
     assert (tmp_path / "data" / "coprompt_descriptions" / "WorldSketches.json").is_file()
+
+
+@pytest.mark.slow
+def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pets, monkeypatch):
+    """A seed's plain run and its ATLaS variants train alike in epoch 0: the group trains one trunk run per seed,
+    then forks, each fork carrying its trunk's description seed and step count; every record equals the group
+    trained without the fork."""
+    import atlas_fast.engine.pipeline as pipeline
+    from atlas_fast.atlas.schedules import Atlas, OneHot
+    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.engine.pipeline import run_group
+    from test_batched import _assert_equal_records
+
+    def group(results):
+        common = dict(method="coprompt", method_options=pets_options(pets / "descriptions.json"), epochs=3, views=3,
+                      batch_size=3, lr=0.02, workers=0, shots=4, results_dir=pets / results)
+        return [tiny_pets_config(pets, **common, seed=1, schedule=OneHot()),
+                tiny_pets_config(pets, **common, seed=1, schedule=Atlas(2),
+                                 soft_labels=atlas_preset("base2new", "csl")),
+                tiny_pets_config(pets, **common, seed=1, schedule=Atlas(3),
+                                 soft_labels=atlas_preset("base2new", "isl")),
+                tiny_pets_config(pets, **common, seed=2, schedule=OneHot())]
+
+    forks = []
+    real_plan = pipeline.plan_fork
+    monkeypatch.setattr(pipeline, "plan_fork", lambda *a: forks.append(real_plan(*a)) or forks[-1])
+    forked = run_group(group("forked"))
+    assert forks == [([0, 3], [0, 0, 0, 1], 0)]
+    monkeypatch.setattr(pipeline, "plan_fork", lambda *a: None)
+    unforked = run_group(group("unforked"))
+    _assert_equal_records(forked, unforked)
