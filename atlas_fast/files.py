@@ -19,9 +19,11 @@ is a :class:`JsonFileError` naming it, never a ``RecursionError`` or a read of g
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import socket
 import stat
 import tempfile
@@ -115,11 +117,18 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` with ``write(file)`` atomically (temporary file + fsync + rename), with the umask's mode; the
-    temporary files a killed writer of ``path`` left on this machine are removed first."""
-    make_folder(path.parent)
-    remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(prefix=temporary_path(path).name[:-len(".tmp")] + "-", suffix=".tmp",
-                               dir=path.parent)
+    temporary files a killed writer of ``path`` left on this machine are removed first. A folder with less than
+    :data:`MIN_FREE_BYTES` free is refused before anything is written, and every OS error (out of space, a file-size
+    limit, no permission, a read-only file system) names ``path`` (:func:`os_error_naming`); the file is then as
+    it was."""
+    try:
+        make_folder(path.parent)
+        check_free_space(path)
+        remove_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(prefix=temporary_path(path).name[:-len(".tmp")] + "-", suffix=".tmp",
+                                   dir=path.parent)
+    except OSError as exc:
+        raise os_error_naming(exc, path) from None
     try:
         os.fchmod(fd, umask_mode())
         with os.fdopen(fd, "wb") as f:
@@ -127,9 +136,47 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise os_error_naming(exc, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: The least free space a folder must have for :func:`atomic_write` to start a file there: below it a write is
+#: refused at once, naming the file, instead of failing part way (records and subsets are kilobytes).
+MIN_FREE_BYTES = 1 << 20
+# What to do about an OS error of a write, by errno.
+_WRITE_ADVICE = {errno.ENOSPC: "free some space or write elsewhere",
+                 errno.EDQUOT: "the disk quota is used up; free some space or write elsewhere",
+                 errno.EFBIG: "the file is over a file-size limit (ulimit -f); raise it or write elsewhere",
+                 errno.EROFS: "the file system is read-only; write elsewhere",
+                 errno.EACCES: "no permission to write there; write elsewhere or change its permissions",
+                 errno.EPERM: "no permission to write there; write elsewhere or change its permissions"}
+
+
+def check_free_space(path: Path, needed: int = MIN_FREE_BYTES) -> None:
+    """Refuse (``OSError`` ENOSPC naming ``path``) to write ``path`` where its folder has less than ``needed``
+    bytes free; a folder whose free space cannot be read is let through (the write names any error)."""
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return
+    if free < needed:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: cannot write {path} (only {free} bytes are free "
+                                    f"in {path.parent}; {_WRITE_ADVICE[errno.ENOSPC]})")
+
+
+def os_error_naming(exc: OSError, path: Path) -> OSError:
+    """``exc`` (an OSError of a write to ``path``) as an error of its type whose message names ``path`` and what to
+    do: an error raised by a write to an open file descriptor (out of space, a file-size limit) names no file."""
+    if str(path) in str(exc):
+        return exc
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    advice = _WRITE_ADVICE.get(exc.errno, "") if exc.errno is not None else ""
+    message = f"{reason}: cannot write {path}" + (f" ({advice})" if advice else "")
+    return type(exc)(exc.errno, message) if exc.errno is not None else type(exc)(message)
 
 
 def blake2b_hex(data: bytes) -> str:

@@ -91,10 +91,10 @@ def nearest_records_folder(folder: Path) -> Path | None:
 
 
 def require_records(results_dir: Path) -> None:
-    """Refuse a results folder that is missing or holds no record, at once (before torch is imported) and naming
-    the nearest folder that has records, with the command that reports it."""
-    if results_dir.is_dir() and has_records(results_dir):
-        return
+    """Refuse a results folder that is missing or holds no record file, at once (before torch is imported) and
+    naming the nearest folder that has records, with the command that reports it."""
+    if results_dir.is_dir() and (has_records(results_dir) or next(results_dir.glob("*/*.json"), None) is not None):
+        return  # record files that are all invalid: the report names each and why it leaves it out
     what = (f"Results folder {results_dir} does not exist" if not results_dir.exists()
             else f"No finished result record under {results_dir}")
     nearest = nearest_records_folder(results_dir)

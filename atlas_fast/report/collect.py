@@ -117,7 +117,24 @@ def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = No
         others = f" and {len(unsealed) - 1} more" if len(unsealed) > 1 else ""
         _warn(f"result record {unsealed[0]}{others} have no seal (written before atlas_fast sealed records); their "
               f"numbers are used unverified.")
-    return one_record_per_run(records)
+    kept = one_record_per_run(records)
+    if left_out is not None and len(kept) < len(records):  # another file of a run (a copy, a link): named too
+        used = {record_identity_or_path(r): r["path"] for r in kept}
+        for record in records:
+            if not any(record is k for k in kept):
+                left_out.append((Path(record["path"]), f"another record of the same run is used: "
+                                                       f"{used.get(record_identity_or_path(record))}"))
+    return kept
+
+
+def record_identity_or_path(record: dict[str, Any]) -> str:
+    """The run a record describes (:func:`atlas_fast.engine.run_identity.record_identity`), or its path."""
+    from atlas_fast.engine.run_identity import record_identity
+
+    try:
+        return record_identity(record)
+    except (KeyError, TypeError):
+        return record["path"]
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -309,10 +326,15 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     records = collect_records(root, datasets, methods, paths, left_out)
     if not records:
         found = sorted(p.parent.name for p in root.glob("*/*.json"))
+        why = ""
+        if left_out:  # every record there was left out: say which and why, not just "none"
+            why = (f" {len(left_out)} record file(s) were left out: "
+                   + "; ".join(f"{path}: {reason.rstrip('.')}" for path, reason in left_out[:10])
+                   + (f"; and {len(left_out) - 10} more" if len(left_out) > 10 else "") + ".")
         raise ValueError(f"No finished result record under {root}"
                          f"{' matching the --datasets/--methods given' if datasets or methods else ''} "
                          f"(records are <results_dir>/<dataset>/*.json; dataset folders with records here: "
-                         f"{', '.join(dict.fromkeys(found)) or 'none'}).")
+                         f"{', '.join(dict.fromkeys(found)) or 'none'}).{why}")
     records = label_records(records, left_out)
     tables: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
@@ -366,38 +388,93 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         markdown += ["", f"Left out of the tables ({len(left_out)} record file(s); `atlas-fast report --verify` fails "
                          f"while a damaged one is in the folder):", ""]
         markdown += [f"- {path}: {why}" for path, why in left_out]
-    written: list[Path] = []
-    out.mkdir(parents=True, exist_ok=True)
     text = "\n".join(markdown)
-    if "md" in formats:
-        written.append(out / "report.md")
-        written[-1].write_text(text + "\n")
-    if "tex" in formats:
-        written.append(out / "report.tex")
-        written[-1].write_text("\n\n".join(latex) + "\n")
-    if "csv" in formats:
-        written.append(out / "report.csv")
-        with open(written[-1], "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(csv_lines[0]) if csv_lines else ["setting"])
-            writer.writeheader()
-            writer.writerows(csv_lines)
-    images = [f for f in formats if f in ("png", "pdf")]
-    if images:
-        for name, rows in plots:
-            plot_rows(rows, out / f"{name}.{images[0]}", formats=images)
-            written += [out / f"{name}.{fmt}" for fmt in images]
-        all_shots = sorted({s for curve in few_shot_curves.values() for s in curve})
-        curves = {label: [curve[s] for s in all_shots] for label, curve in few_shot_curves.items()
-                  if set(curve) == set(all_shots)}
-        if curves:
-            plot_series(all_shots, curves, out / f"few_shot.{images[0]}", xlabel="shots per class",
-                        ylabel="accuracy (%)", formats=images, log_x=True)
-            written += [out / f"few_shot.{fmt}" for fmt in images]
-    if "csv" in formats:  # what `report --verify` checks the CSV's cells against
-        written.append(_write_sources(root, out, records, metrics, left_out, datasets, methods))
-    for path in written:
+    with _Staged(out) as stage:  # every file written beside the report first, renamed into place when all are
+        if "md" in formats:
+            stage.write("report.md", lambda path: path.write_text(text + "\n"))
+        if "tex" in formats:
+            stage.write("report.tex", lambda path: path.write_text("\n\n".join(latex) + "\n"))
+        if "csv" in formats:
+            stage.write("report.csv", lambda path: _write_csv(path, csv_lines))
+        images = [f for f in formats if f in ("png", "pdf")]
+        if images:
+            for name, rows in plots:
+                stage.write([f"{name}.{fmt}" for fmt in images],
+                            lambda path, rows=rows: plot_rows(rows, path, formats=images))
+            all_shots = sorted({s for curve in few_shot_curves.values() for s in curve})
+            curves = {label: [curve[s] for s in all_shots] for label, curve in few_shot_curves.items()
+                      if set(curve) == set(all_shots)}
+            if curves:
+                stage.write([f"few_shot.{fmt}" for fmt in images],
+                            lambda path: plot_series(all_shots, curves, path, xlabel="shots per class",
+                                                     ylabel="accuracy (%)", formats=images, log_x=True))
+        if "csv" in formats:  # what `report --verify` checks the CSV's cells against
+            stage.write(SOURCES_FILE, lambda path: _write_sources(root, path, records, metrics, left_out, datasets,
+                                                                  methods))
+    for path in stage.written:
         print(f"written: {path}", file=sys.stderr)
     return text
+
+
+def _write_csv(path: Path, lines: Sequence[dict[str, Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(lines[0]) if lines else ["setting"])
+        writer.writeheader()
+        writer.writerows(lines)
+
+
+class _Staged:
+    """A report written whole or not at all: each file is written into a staging folder beside ``out`` (same file
+    system) and, once every one is written, renamed over its place, so a failure (a full disk, a file-size limit, a
+    read-only folder) leaves the previous report as it was and names the file and folder; the staging folder goes
+    either way."""
+
+    def __init__(self, out: Path) -> None:
+        import os
+
+        self.out, self.written = out, []  # type: ignore[var-annotated]
+        self.folder = out / f".staging-{os.getpid()}"
+        self.names: list[str] = []
+
+    def __enter__(self) -> "_Staged":
+        from atlas_fast.files import make_folder
+
+        try:
+            make_folder(self.out)
+            self.folder.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise _named(exc, self.out, "the report folder cannot be written") from None
+        return self
+
+    def write(self, names: str | list[str], write: Any) -> None:
+        """Write ``names`` (the first is the path ``write(path)`` is given; a plot writes its other formats beside
+        it) into the staging folder."""
+        names = [names] if isinstance(names, str) else names
+        try:
+            write(self.folder / names[0])
+        except OSError as exc:
+            raise _named(exc, self.out / names[0], f"the report in {self.out} is unchanged") from None
+        self.names += names
+
+    def __exit__(self, kind, exc, traceback) -> None:
+        import os
+        import shutil
+
+        try:
+            if kind is None:
+                for name in self.names:
+                    os.replace(self.folder / name, self.out / name)
+                    self.written.append(self.out / name)
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _named(exc: OSError, path: Path, consequence: str) -> OSError:
+    """``exc`` as an error of its type that names ``path`` and says what it left (an OSError raised by a write to
+    an open file names no file)."""
+    reason = exc.strerror or str(exc)
+    return type(exc)(exc.errno, f"{reason}: cannot write {path} ({consequence})") if exc.errno is not None \
+        else type(exc)(f"{reason}: cannot write {path} ({consequence})")
 
 
 
@@ -414,7 +491,7 @@ def _write_sources(root: Path, out: Path, records: Sequence[dict[str, Any]], met
                "records": [{"path": Path(r["path"]).relative_to(root).as_posix(), "seal": r.get(SEAL_FIELD)}
                            for r in sorted(records, key=lambda r: r["path"])],
                "left_out": [{"path": path.relative_to(root).as_posix(), "why": why} for path, why in left_out]}
-    path = out / SOURCES_FILE
+    path = out if out.name == SOURCES_FILE else out / SOURCES_FILE
     path.write_text(json.dumps(sources, indent=1) + "\n")
     return path
 
@@ -435,6 +512,23 @@ def folder_problems(root: Path, skip: Path | None = None, checked: Collection[Pa
         elif not is_sealed(record):
             problems.append(f"{path} has no seal (written before atlas_fast sealed records): its numbers cannot be "
                             f"verified")
+    return problems
+
+
+def _unlisted(root: Path, out: Path, seen: Collection[Path], datasets: Sequence[str] | None,
+              methods: Sequence[str] | None) -> list[str]:
+    """Every valid record file under ``root`` (a symbolic link too, named with its target) of the report's datasets
+    and methods that the report neither used nor left out: written after it. A damaged one is named by
+    :func:`folder_problems`."""
+    problems = []
+    for path in sorted(root.glob("*/*.json")):
+        if path in seen or path.parent.resolve() == out.resolve() or not _matches(path.parent.name, datasets):
+            continue
+        record, _ = _read_valid(path)
+        if record is None or not _matches(record["config"]["method"], methods):
+            continue
+        link = f" (a symbolic link to {path.readlink()})" if path.is_symlink() else ""
+        problems.append(f"{path}{link} is not in the report (written after it?): run atlas-fast report {root} again")
     return problems
 
 
@@ -491,11 +585,8 @@ def verify_report(results_dir: str | Path, out: str | Path | None = None) -> lis
                             f"in {sources_path})")
     listed_paths = {root / relative for relative, _ in listed}
     problems += folder_problems(root, skip=out, checked=listed_paths)
-    if "left_out" in sources:  # written by a report that lists what it left out: a record it never saw is new
-        with contextlib.redirect_stderr(io.StringIO()):  # the damaged ones are named above
-            now = collect_records(root, sources.get("datasets"), sources.get("methods"))
-        problems += [f"{r['path']} is not in the report (written after it?): run atlas-fast report {root} again"
-                     for r in now if Path(r["path"]) not in listed_paths | known]
+    if "left_out" in sources:  # written by a report that lists what it left out: a record file it never saw is new
+        problems += _unlisted(root, out, listed_paths | known, sources.get("datasets"), sources.get("methods"))
     with open(table_path, newline="", encoding="utf-8") as f:
         stored = list(csv.DictReader(f))
     with tempfile.TemporaryDirectory() as scratch:

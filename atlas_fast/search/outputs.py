@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import shlex
 import warnings
@@ -16,6 +17,7 @@ from typing import Any, Sequence
 
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.errors import UsageError
+from atlas_fast.files import atomic_write
 from atlas_fast.search.space import apply_values
 from atlas_fast.search.study import SearchConfig, SearchResult
 from atlas_fast.vocabulary import CLASS_SETS, GRAPH_STEPS
@@ -88,20 +90,26 @@ def config_json(config: TrainConfig) -> dict[str, Any]:
     return out
 
 
+def write_text(path: Path, text: str) -> None:
+    """A study's output file, written atomically (a failure names the file and leaves it as it was)."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
 def write_trials_csv(study, path: Path) -> Path:
     """One row per trial: number, state, value, the parameters, epochs trained, seconds, error."""
     trials = study.get_trials(deepcopy=False)
     params = sorted({name for t in trials for name in t.params})
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["number", "state", "value", *params, "last_step", "epochs", "seconds", "error"])
-        for t in trials:
-            seconds = (t.datetime_complete - t.datetime_start).total_seconds() \
-                if t.datetime_complete and t.datetime_start else ""
-            writer.writerow([t.number, t.state.name, "" if t.value is None else f"{t.value:.4f}",
-                             *[t.params.get(name, "") for name in params],
-                             "" if t.last_step is None else t.last_step, t.user_attrs.get("epochs", ""),
-                             seconds if seconds == "" else f"{seconds:.2f}", t.user_attrs.get("error", "")])
+    handle = io.StringIO(newline="")
+    writer = csv.writer(handle)
+    writer.writerow(["number", "state", "value", *params, "last_step", "epochs", "seconds", "error"])
+    for t in trials:
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds() \
+            if t.datetime_complete and t.datetime_start else ""
+        writer.writerow([t.number, t.state.name, "" if t.value is None else f"{t.value:.4f}",
+                         *[t.params.get(name, "") for name in params],
+                         "" if t.last_step is None else t.last_step, t.user_attrs.get("epochs", ""),
+                         seconds if seconds == "" else f"{seconds:.2f}", t.user_attrs.get("error", "")])
+    write_text(path, handle.getvalue())
     return path
 
 
@@ -178,8 +186,8 @@ def write_outputs(search: SearchConfig, study) -> SearchResult:
                "trials": len(study.get_trials(deepcopy=False)), "epochs_trained": spent,
                "states": {s.name: len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState},
                "best_config": config_json(config), "command": command}
-    (folder / "best.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    (folder / "best_command.txt").write_text(command + "\n", encoding="utf-8")
+    write_text(folder / "best.json", json.dumps(summary, indent=2, default=str) + "\n")
+    write_text(folder / "best_command.txt", command + "\n")
     files.update({"best.json": folder / "best.json", "best_command.txt": folder / "best_command.txt"})
     return SearchResult(study.study_name, search.storage_url(), dict(best.params), float(best.value), config,
                         command, files, trials=summary["trials"], epochs=spent)
@@ -205,6 +213,6 @@ def finalize(search: SearchConfig, result: SearchResult, progress: bool = True) 
         lines.append(f"- {dataset}: " + "  ".join(f"{n} {v:.2f}" for n, v in means.items()))
     lines += ["", f"records: {', '.join(str(r['path']) for r in records)}"]
     path = search.folder() / "final.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text(path, "\n".join(lines) + "\n")
     result.files["final.md"] = path
     return records
