@@ -1,5 +1,6 @@
-"""Beyond the paper: base-to-new of CLIP-LoRA, TCP, KDPL (on CoOp, CoCoOp, MaPLe, PromptSRC), MMRL and CoPrompt with
-and without ATLaS.
+"""Beyond the paper: base-to-new of CLIP-LoRA, TCP, KDPL (on CoOp, CoCoOp, MaPLe, PromptSRC), MMRL, CoPrompt and
+PromptKD with and without
+ATLaS.
 
     atlas-fast experiment beyond_base_to_new --data-root ~/data --pretrained ~/.cache/clip/ViT-B-16.pt
     atlas-fast experiment beyond_base_to_new --world --kinds isl
@@ -15,6 +16,10 @@ paper's base-to-new presets (K=2, θ=0.1, τ_c=0.05, α=0.1):
   method (trained with KDPL's schedule, as the KDPL authors train their baselines) plain and + ATLaS with each kind
   against KDPL on that base, the same prompts distilled from a larger CLIP's zero-shot predictions. ATLaS-ISL uses
   the student CLIP's own zero-shot predictions (with the labels); KDPL a teacher's (without them).
+* PromptKD distils a PromptSRC teacher on a larger CLIP into the student without labels, so ATLaS cannot act on it
+  either: its block is the student's labelled counterpart, PromptSRC on the student's CLIP (trained on PromptKD's
+  schedule, 20 epochs, batch 8, lr 0.005, which is also the official teacher's), plain and + ATLaS with each kind,
+  against PromptKD.
 
 CoPrompt reads LLM-written class descriptions: ``--method-option coprompt:descriptions=FOLDER`` (one
 ``<dataset>.json`` or the official repository's ``<name>_prompt.json`` per dataset; none are shipped); with
@@ -24,7 +29,10 @@ cross-entropy only (its consistency terms are unchanged).
 
 The KDPL teacher is ``--method-option teacher=MODEL teacher_pretrained=TAG|FILE|none`` (default: open_clip's
 ViT-H-14-quickgelu with DFN-5B weights, the paper's); with ``--world`` it defaults to the world's own CLIP (no larger
-world CLIP exists, so there the teacher's predictions are the student's zero-shot ones). Each row is named by its
+world CLIP exists, so there the teacher's predictions are the student's zero-shot ones). PromptKD's teacher adds
+``teacher_prompts=RECORD|FILE|none`` (a PromptSRC record trained on the teacher's CLIP, the official checkpoint, or
+the prompts' initialisation); with ``--world`` it defaults to the world's CLIP with its prompts at their
+initialisation at depth 4 unless ``--method-option promptkd:teacher_prompts=...`` names them. Each row is named by its
 method and variant ("KDPL-CoOp", "CoOp + ATLaS-ISL"); the changes of a block are paired by seed against its first
 row.
 """
@@ -41,8 +49,9 @@ from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 if TYPE_CHECKING:
     from atlas_fast.engine import TrainConfig
 
-PAPER = "Beyond the paper (CLIP-LoRA, TCP, KDPL, MMRL, CoPrompt)"
-METHODS = ("clip-lora", "tcp", "kdpl-coop", "kdpl-cocoop", "kdpl-maple", "kdpl-promptsrc", "mmrl", "coprompt")
+PAPER = "Beyond the paper (CLIP-LoRA, TCP, KDPL, MMRL, CoPrompt, PromptKD)"
+METHODS = ("clip-lora", "tcp", "kdpl-coop", "kdpl-cocoop", "kdpl-maple", "kdpl-promptsrc", "mmrl", "coprompt",
+           "promptkd")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,13 +61,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def teacher_options(args: argparse.Namespace, method: str) -> list[str]:
-    """With ``--world``, KDPL's teacher is the world's CLIP unless ``--method-option`` names one."""
-    from atlas_fast.app.options import WORLD_BACKBONE, method_options
+    """With ``--world``, KDPL's and PromptKD's teacher is the world's CLIP unless ``--method-option`` names one
+    (PromptKD's with its prompts at their initialisation, at the world's depth 4, unless its prompts are named)."""
+    from atlas_fast.app.options import WORLD_BACKBONE, WORLD_TOWER_LAYERS, method_options
+    from atlas_fast.methods.base import method_class
 
     given = method_options(args.method_option, method) or {}
-    if not args.world or "teacher" in given:
+    if not args.world:
         return []
-    return [f"{method}:teacher={WORLD_BACKBONE[0]}", f"{method}:teacher_pretrained={WORLD_BACKBONE[1]}"]
+    options = [] if "teacher" in given else [f"{method}:teacher={WORLD_BACKBONE[0]}",
+                                             f"{method}:teacher_pretrained={WORLD_BACKBONE[1]}"]
+    fields = {f.name for f in dataclasses.fields(method_class(method).config_class)}
+    if "teacher_prompts" in fields and "teacher_prompts" not in given:
+        options += [f"{method}:teacher_prompts=none", f"{method}:teacher_depth_text={WORLD_TOWER_LAYERS}",
+                    f"{method}:teacher_depth_vision={WORLD_TOWER_LAYERS}"]
+    return options
 
 
 def description_options(args: argparse.Namespace, method: str) -> list[str]:
@@ -99,7 +116,7 @@ def method_block(args: argparse.Namespace, method: str) -> list[TrainConfig]:
     options = method_options(args.method_option + teacher_options(args, method), method)
     student = base_config(args, "base2new", method=method, method_options=options, evaluate=BASE_NEW)
     configs = []
-    for dataset in args.datasets:  # the base method on KDPL's own schedule for the dataset, then KDPL
+    for dataset in args.datasets:  # the base method on the distillation's own schedule, then the distillation
         _, recipe = entry.recipe_function(args.recipe_family, "base2new", 16, dataset)
         base = base_config(args, "base2new", method=entry.base_class.name, evaluate=BASE_NEW)
         base = dataclasses.replace(base, epochs=args.epochs or recipe.epochs, batch_size=recipe.batch_size,

@@ -386,6 +386,17 @@ def test_runs_train_without_labels_on_the_domain_and_label_schedules_are_refused
     assert set(record["metrics"]) >= {"base", "new", "H"} and record["epochs"][-1]["loss"] >= 0
 
 
+def test_the_memory_planner_counts_no_text_tower_for_the_student(tiny):
+    """PromptKD's classifier is its teacher's fixed text features: its step keeps no text-tower activations, so the
+    planner's estimate does not grow with C (it did: 94x autograd's saved bytes at C = 1,000 on the tiny model)."""
+    from atlas_fast.engine import memory
+    from atlas_fast.methods.ivlp import IVLP
+
+    assert memory.step_bytes_per_run(PromptKD, tiny, 1000, 8, False) == memory.step_bytes_per_run(
+        PromptKD, tiny, 1, 8, False) > 0
+    assert memory.step_bytes_per_run(IVLP, tiny, 1000, 8, False) > memory.step_bytes_per_run(IVLP, tiny, 1, 8, False)
+
+
 def test_recipes_and_configs():
     config, recipe = promptkd_recipe("paper", "base2new", 16, "OxfordPets")
     assert (config.n_ctx_vision, config.depth_vision, config.kd_weight, config.temperature, config.teacher,
@@ -422,3 +433,62 @@ def test_vit_b16_student_with_a_vit_b32_teacher_matches_the_official_trainer():
     finally:
         teacher.model.logit_scale.data.copy_(saved)
     print("\n" + report_ratios("PromptKD ViT-B/16"))
+
+
+def test_the_experiment_block_sets_promptkd_against_promptsrc_plain_and_with_atlas():
+    """beyond_base_to_new's PromptKD block: PromptSRC on the student's CLIP on PromptKD's schedule (20 epochs, batch
+    8, lr 0.005), plain and + ATLaS, then PromptKD; on the world its teacher is the world's CLIP, its prompts at their
+    initialisation at depth 4 unless named."""
+    from atlas_fast.experiments import beyond_base_to_new as module
+    from atlas_fast.experiments.common import build_parser
+
+    args = build_parser(module).parse_args(["--world", "--methods", "promptkd", "--kinds", "isl", "--datasets",
+                                            "WorldSketches", "--seeds", "1", "2"])
+    args.method_option = []
+    configs = module.method_block(args, "promptkd")
+    assert [(c.method, c.schedule.name, c.seed) for c in configs] == [
+        ("promptsrc", "onehot", 1), ("promptsrc", "onehot", 2), ("promptsrc", "atlas", 1), ("promptsrc", "atlas", 2),
+        ("promptkd", "onehot", 1), ("promptkd", "onehot", 2)]
+    assert {(c.epochs, c.batch_size, c.lr) for c in configs[:4]} == {(20, 8, 0.005)}
+    assert configs[-1].method_options == {"teacher": "atlas-world", "teacher_pretrained": "atlas-world",
+                                          "teacher_prompts": "none", "teacher_depth_text": "4",
+                                          "teacher_depth_vision": "4"}
+    args.method_option = ["promptkd:teacher_prompts=/records/teacher.json"]
+    assert module.method_block(args, "promptkd")[-1].method_options["teacher_prompts"] == "/records/teacher.json"
+
+
+@pytest.mark.slow
+def test_trains_base_to_new_on_the_world_from_the_command_line(tmp_path):
+    """``atlas-fast train`` on a world dataset (the world's CLIP as student and teacher, PromptSRC prompts at their
+    initialisation), base and new evaluated; ATLaS refused with the reason."""
+    from atlas_fast.cli import main
+    from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
+
+    generate_benchmark(tmp_path / "data", ["WorldSketches"], sizes=SplitSizes(train=2, val=1, test=1), progress=False)
+    common = ["train", "--dataset", "WorldSketches", "--data-root", str(tmp_path / "data"), "--method", "promptkd",
+              "--method-option", "teacher=atlas-world", "teacher_pretrained=atlas-world", "teacher_prompts=none",
+              "teacher_depth_text=4", "teacher_depth_vision=4", "--epochs", "2", "--views", "1",
+              "--cache-root", str(tmp_path / "cache"), "--results-dir", str(tmp_path / "results"), "--no-progress"]
+    assert main(common) == 0
+    record = next((tmp_path / "results").rglob("promptkd-*.json")).read_text()
+    assert '"H"' in record and '"new"' in record
+    assert main(common + ["--atlas", "isl"]) != 0
+
+
+@pytest.mark.slow
+def test_the_teacher_benchmark_prints_both_rows_their_ratio_and_the_memory_check(capsys):
+    """benchmarks/promptkd_teacher.py on the tiny models (a smoke test, not a timing): the cached-teacher and
+    teacher-every-step rows side by side, their time and FLOP ratios, and the step at C = 1,000 beside the planner."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "promptkd_teacher.py"
+    spec = importlib.util.spec_from_file_location("promptkd_teacher", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--steps", "1", "--classes", "5", "--batch", "3", "--memory"])
+    out = capsys.readouterr().out
+    assert "| teacher features cached (atlas_fast) |" in out and "| teacher run every step (official) |" in out
+    ratio = float(re.search(r"teacher every step / teacher cached: [\d.]+x time, ([\d.]+)x FLOPs", out).group(1))
+    assert ratio > 1.5  # the tiny teacher's image tower costs more than the student's whole step
+    assert re.search(r"step at C = 1000, batch 3: autograd keeps [\d.]+ MiB .* the planner estimates", out)

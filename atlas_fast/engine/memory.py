@@ -35,6 +35,8 @@ def step_bytes_per_run(entry, backbone: Backbone, classes: int, batch: int, amp:
     ``classes`` classes and batch ``batch``."""
     model = backbone.model
     text = len(model.transformer.resblocks) * int(model.positional_embedding.shape[1]) * PROMPT_POSITIONS * classes
+    if not getattr(entry, "trains_text_tower", True):  # a fixed classifier (PromptKD: its teacher's text)
+        text = 0
     vision = 0
     if entry.reads_pixels:
         visual = model.visual

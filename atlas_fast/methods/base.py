@@ -232,6 +232,9 @@ class PromptMethod(nn.Module):
     #: True for methods that train on the domain's unlabeled images (PromptKD): every training image of every class
     #: of the dataset, whatever the shots and the setting's class subset; evaluation is unchanged.
     trains_on_domain: ClassVar[bool] = False
+    #: False for methods whose training step never runs the text tower with a gradient path (PromptKD scores its
+    #: teacher's fixed text features): the memory planner then counts no text-tower activations for them.
+    trains_text_tower: ClassVar[bool] = True
 
     @classmethod
     def check_before_work(cls, config: MethodConfig, backbone: Backbone) -> None:

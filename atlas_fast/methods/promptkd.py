@@ -366,11 +366,14 @@ class PromptKD(PromptMethod):
     config_class = PromptKDConfig
     reads_pixels = True
     uses_labels = False
+    trains_text_tower = False  # its classifier is the teacher's text features, computed once per class set
     #: trains on every training image of the dataset, all classes, unlabeled (the official base-to-novel and
     #: cross-dataset data: DATASET.NUM_SHOTS 0, SUBSAMPLE_CLASSES all); the engine hands it that list
     trains_on_domain = True
     # Not batched yet: the BatchNorm's statistics would have to leave out a run's padded rows (docs/deviations.md).
     supports_batched_runs = False
+    #: the labelled method to compare with ATLaS (beyond_base_to_new): PromptSRC on the student's CLIP
+    base_class: ClassVar[type[PromptMethod]] = PromptSRC
     # the student's only: the teacher's depths count its own towers (checked when it loads)
     depth_options = ("depth_vision",)
 
