@@ -198,6 +198,13 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
         listing = describe_plan(planned, execution.runs_per_group(device))
         print(listing)
         return listing
+    if args.estimate and not configs:  # e.g. Fig. 3's case study: its report is all it does
+        name = module.__name__.rsplit(".", 1)[-1]
+        text = (f"Estimate: {name} trains nothing (it plans no runs), so there is nothing to price; its report "
+                f"loads the backbone and encodes the few images it draws, in about the time of a `cache build` of "
+                f"them. Run it without --estimate.")
+        print(text)
+        return text
     if args.estimate:
         from atlas_fast.pricing import estimate_configs
 

@@ -278,6 +278,16 @@ def test_case_study_draws_csl_and_isl_rows(world, tmp_path):
     assert (tmp_path / "out" / "fig3_soft_label_case_study.png").stat().st_size > 0
 
 
+def test_an_experiment_that_trains_nothing_says_so_when_estimated(world, tmp_path):
+    """``fig3_soft_label_case_study --estimate`` plans no runs: it says that it trains nothing (it was the pricing's
+    internal 'estimate_configs: no runs to price (an empty list of configs)')."""
+    from atlas_fast.experiments import fig3_soft_label_case_study
+
+    text = run_experiment(fig3_soft_label_case_study, _world_args(world, tmp_path, "--estimate"))
+    assert "fig3_soft_label_case_study trains nothing" in text and "estimate_configs" not in text
+    assert not (tmp_path / "out" / "fig3_soft_label_case_study.png").exists()  # nor drew anything
+
+
 def test_cost_table_measures_training_and_soft_label_time(world, tmp_path):
     from atlas_fast.experiments import table5_cost
 
