@@ -166,7 +166,8 @@ def runs_per_group(method: str, device: torch.device, backbone=None, classes: in
     if backbone is None:
         return runs
     per_run = memory.step_bytes_per_run(entry, backbone, classes, batch, amp)
-    return memory.runs_that_fit(runs, per_run, memory.frozen_bytes(backbone, amp), memory.device_bytes(device))
+    return memory.runs_that_fit(runs, per_run, memory.frozen_bytes(backbone, amp), memory.device_bytes(device),
+                                graphs=device.type == "cuda")  # the steps are graphed there (one-hot, ATLaS)
 
 
 def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool) -> list[est.GroupFacts]:

@@ -297,3 +297,33 @@ def test_a_pixel_group_is_planned_with_its_training_sets_its_distinct_test_image
     monkeypatch.setattr(memory, "device_bytes", lambda device: int(room))
     assert [g.runs for g in est.plan_facts(specs, 4).groups] == [2, 2]
     assert "4 to run in 2 group(s) (R = 2, 2)" in describe_plan(specs, 4)
+
+
+def test_the_memory_plan_counts_a_live_graphs_pool_beside_the_eager_steps(tiny, monkeypatch):
+    """A graphed group holds two sets of a step's activations at once: the live graph's private pool and an eager
+    step beside it (another key's warm-ups, a soft epoch, a ragged last batch, a re-warm). Where 12 CoOp runs at
+    C = 1,000 fit eagerly, 6 fit graphed; the planner counts the pool where the group's steps will be graphed (CUDA,
+    graphs not turned off) and not where they will not."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.engine import memory
+    from atlas_fast.methods.base import method_class
+    from atlas_fast.sweep import grid
+
+    entry = method_class("coop")
+    per_run = memory.step_bytes_per_run(entry, tiny, 1000, 32, True)
+    fixed = memory.frozen_bytes(tiny, True)
+    card = int((fixed + 12 * per_run) / memory.DEVICE_SHARE) + 1
+    config = SimpleNamespace(graph_steps=None, schedule=OneHot())
+    spec = SimpleNamespace(device=torch.device("cuda"), method=entry, backbone=lambda: tiny, amp=True, config=config,
+                           data=SimpleNamespace(train_split=SimpleNamespace(num_classes=1000)),
+                           optim_recipe=SimpleNamespace(batch_size=32))
+    monkeypatch.setattr(memory, "device_bytes", lambda device: card)
+    assert grid.runs_that_fit(spec, 12) == 6
+    config.graph_steps = False  # --graph-steps off: eager steps only
+    assert grid.runs_that_fit(spec, 12) == 12
+    assert memory.runs_that_fit(12, per_run, fixed, card) == 12
+    assert memory.runs_that_fit(12, per_run, fixed, card, graphs=True) == 6

@@ -4,9 +4,14 @@ A training step keeps, for the backward pass, about :data:`KEPT_BYTES` bytes per
 tower that has a gradient path: the text tower over each run's C class prompts (each class's own positions: the
 prefix all classes share is computed once per run), and for a method that prompts the image tower, that tower over
 each run's B images (class token, patches and visual prompts). Each run of a group adds its own (its prompts, its
-images), so a group of R runs needs R times one run's activations plus the frozen CLIP once. The planner
-(:func:`atlas_fast.sweep.group_runs`) lowers R where that would pass :data:`DEVICE_SHARE` of the device's memory; a
-GPU check (``benchmarks/gpu_check.py``) measures the largest pixel group's peak beside this estimate.
+images), so a group of R runs needs R times one run's activations plus the frozen CLIP once. Where the steps are
+CUDA-graphed, a captured step keeps its activations in the graphs' private memory pool, reserved for as long as the
+graph lives, while the eager steps beside it (each key's warm-ups, a soft-label epoch's first steps, a ragged last
+batch, re-warming after a class-set rebuild or a fallback) need a second set of their own:
+:data:`GRAPHED_ACTIVATION_SETS` times the activations. The planner (:func:`atlas_fast.sweep.group_runs`) lowers R
+where that would pass :data:`DEVICE_SHARE` of the device's memory; a GPU check (``benchmarks/gpu_check.py``)
+measures the largest pixel group's peak of reserved memory (what the allocator holds, pools included, not only what
+live tensors use) beside this estimate.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ KEPT_BYTES = {True: 16, False: 60}
 PROMPT_POSITIONS = 16
 #: The share of the device's memory a group may plan to use.
 DEVICE_SHARE = 0.8
+#: The sets of a step's activations a graphed group holds at once: the live graph's private pool and an eager step
+#: beside it (CoOp at C = 1,000, R = 12: about 19 GB in the pool and 19 GB more for an eager step).
+GRAPHED_ACTIVATION_SETS = 2
 
 
 def step_bytes_per_run(entry, backbone: Backbone, classes: int, batch: int, amp: bool) -> int:
@@ -69,9 +77,11 @@ def device_bytes(device: torch.device, cgroup_root: Path = CGROUP_ROOT, proc_cgr
     return min(x for x in (physical, limit) if x is not None) if (physical, limit) != (None, None) else None
 
 
-def runs_that_fit(runs: int, per_run: int, fixed: int, memory: int | None) -> int:
-    """At most ``runs`` runs whose steps need ``fixed + R x per_run`` bytes within :data:`DEVICE_SHARE` of
+def runs_that_fit(runs: int, per_run: int, fixed: int, memory: int | None, graphs: bool = False) -> int:
+    """At most ``runs`` runs whose steps need ``fixed + R x per_run`` bytes (``fixed + R x per_run x``
+    :data:`GRAPHED_ACTIVATION_SETS` when their steps are CUDA-graphed: ``graphs``) within :data:`DEVICE_SHARE` of
     ``memory`` (at least 1; ``runs`` when the memory is unknown)."""
     if memory is None or per_run <= 0:
         return runs
+    per_run *= GRAPHED_ACTIVATION_SETS if graphs else 1
     return max(1, min(runs, int((DEVICE_SHARE * memory - fixed) // per_run)))

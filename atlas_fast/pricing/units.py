@@ -23,7 +23,8 @@ Every unit runs the engine's own code on synthetic inputs of the real shapes, so
 
 Each returns a :class:`Unit` (seconds, and the peak host RSS and peak device memory seen while it ran). Host memory
 is the process's resident set sampled every few milliseconds (the backbone and Python included: it is what the run's
-process will hold); device memory is ``torch.cuda.max_memory_allocated`` (reset before the unit).
+process will hold); device memory is ``torch.cuda.max_memory_reserved`` (reset before the unit): what the
+allocator held, a CUDA graph's private pool included, not only the live tensors.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class PeakMemory:
     def __exit__(self, *exc: Any) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.device_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            self.device_bytes = int(torch.cuda.max_memory_reserved(self.device))
         self._stop.set()
         self._thread.join()
         self.host = max(self.host, host_rss())

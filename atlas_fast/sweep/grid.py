@@ -130,8 +130,10 @@ def group_runs(specs: Sequence[RunSpec], batch_runs: int) -> list[list[RunSpec]]
 
 def runs_that_fit(spec: RunSpec, batch_runs: int) -> int:
     """R for a group of runs like ``spec``: ``batch_runs``, lowered where R runs' training steps would not fit the
-    device's memory (:mod:`atlas_fast.engine.memory`; unchanged where this machine cannot see that device)."""
+    device's memory (:mod:`atlas_fast.engine.memory`, which counts a live step graph's pool beside the eager steps
+    where the steps are graphed; unchanged where this machine cannot see that device)."""
     from atlas_fast.engine import memory
+    from atlas_fast.engine.graphs import use_graph_steps
 
     total = memory.device_bytes(spec.device)
     if batch_runs == 1 or not spec.method.supports_batched_runs or total is None:
@@ -139,7 +141,8 @@ def runs_that_fit(spec: RunSpec, batch_runs: int) -> int:
     backbone = spec.backbone()
     per_run = memory.step_bytes_per_run(spec.method, backbone, spec.data.train_split.num_classes,
                                         spec.optim_recipe.batch_size, spec.amp)
-    return memory.runs_that_fit(batch_runs, per_run, memory.frozen_bytes(backbone, spec.amp), total)
+    graphs = use_graph_steps([spec.config.graph_steps], spec.method, [spec.config.schedule], spec.device)
+    return memory.runs_that_fit(batch_runs, per_run, memory.frozen_bytes(backbone, spec.amp), total, graphs)
 
 
 def describe_groups(groups: Sequence[Sequence[RunSpec]]) -> str:
