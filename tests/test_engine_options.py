@@ -157,6 +157,7 @@ def test_a_cpu_run_with_the_default_graph_steps_trains_eagerly(pets, recwarn):
     record = run(tiny_config(pets, seed=5, results_dir=pets / "results-default-graphs"))
     assert TrainConfig(dataset="x", data_root=".").graph_steps is None
     assert all("graphed_steps" not in epoch for epoch in record["epochs"])
+    assert record["graphs"] == {"on": False}  # the record says its steps ran eagerly (sealed with the rest)
     assert not [w for w in recwarn if "graph" in str(w.message)]
 
 

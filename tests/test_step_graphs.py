@@ -4,7 +4,11 @@ check, the step gathered at the device's step counter, the keys (which runs take
 groups sized for a graph, the whole update inside the step. For every cached method a batched, graphed run equals
 the same group trained eagerly bit for bit and each run trained alone (eagerly, with the CPU's length groups) to
 float rounding; an injected fp16 overflow skips exactly the run that overflowed; a graphed step dispatches nothing
-on the host besides its replay and reads nothing back. The replays themselves run in benchmarks/gpu_check.py."""
+on the host besides its replay. What a real GPU would refuse and the fake's capture cannot see is counted or
+simulated: every registered method's replayed steps (each key, a run sitting out) upload nothing and read nothing
+back; every key's last warm-up is checked; a class-buffer rebuild drops the graphs even at the same addresses; a
+capture or first replay that raises falls back to eager steps with one warning and the same numbers; the capture
+lets other threads work. The replays themselves run in benchmarks/gpu_check.py."""
 
 import contextlib
 
@@ -165,8 +169,8 @@ def _inject_overflow(method, run, at_steps):
         step, calls[0] = calls[0], calls[0] + 1
         if step not in at_steps:
             return losses
-        factors = torch.ones_like(losses)
-        factors[run] = float("inf")
+        # a fill, not ``factors[run] = inf`` (which makes a tensor of the host's number: an upload in the step)
+        factors = torch.ones_like(losses).masked_fill(torch.arange(len(losses)) == run, float("inf"))
         return _Overflow.apply(losses, factors)
 
     method.training_loss = training_loss
@@ -229,7 +233,8 @@ def test_warm_up_check_capture_replay_and_recapture(tiny, fake_graphs):
 def test_steps_that_sync_with_the_host_stay_eager(tiny, fake_graphs):
     fake_graphs["syncs"].append("called a synchronizing CUDA operation")
     method, states = _group(tiny, "coop", runs=1)
-    with pytest.warns(UserWarning, match=r"graph_steps: one step of coop synchronises with the host 1 time"):
+    with pytest.warns(UserWarning, match=r"graph_steps: coop, step run 0 of 1 \(one-hot\): its step synchronises "
+                                         r"with the host .*: called a synchronizing CUDA operation"):
         logs = _train(method, states[:1], epochs=2, graph_steps=True)
     assert fake_graphs["captures"] == 0 and [e["graphed_steps"] for e in logs[0]] == [0, 0]
 
@@ -275,7 +280,7 @@ def test_a_graphed_step_is_its_replay_and_reads_nothing_back(tiny, fake_graphs, 
                    graph_steps=True)
     consecutive = [b[0] - a[0] for a, b in zip(events, events[1:]) if a[1:] == b[1:]]
     assert len(consecutive) >= 6 and set(consecutive) == {0}
-    assert inside.read_backs == 0 and inside.total > 100
+    assert inside.read_backs == 0 and inside.uploads == 0 and inside.total > 100
 
 
 def test_rows_on_the_current_cuda_device_are_on_cuda(monkeypatch):
@@ -363,4 +368,241 @@ def test_adam_recipes_replay_their_steps_and_read_nothing_back(tiny, fake_graphs
             replayed = sum(e["graphed_steps"] for e in logs[0])
             steps = recipe.iterations or 3 * 4  # TCP: 3 epochs of 4 steps
             assert replayed == fake_graphs["replays"] == steps - 2 and inside.read_backs == 0 and inside.total > 50
+            assert inside.uploads == 0, inside.host_traffic()
     assert len(logs[0]) == 3 and all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+#: The cases of the default suite (the rest run with ``-m slow``): one of each path that uploaded before (CLIP-LoRA's
+#: temperature, PromptSRC's and DePT's padding masks for a run that sits out) and CoOp.
+DEFAULT_UPLOAD_CASES = ("coop", "clip-lora-text", "promptsrc", "dept-coop-onehot")
+
+
+def _training_methods():
+    """Every registered method that trains (from the registry), and DePT once more with its head's text rows on
+    one-hot targets (its own cross-entropy, not the criterion's: a path of its own for a run that sits out)."""
+    from atlas_fast.methods.base import METHODS, method_class
+
+    method_class("coop")  # the registry is filled by importing the methods
+    cases = [(name, {}) for name, entry in sorted(METHODS.items()) if entry.learns]
+    cases.append(("dept-coop", {"head_text_targets": "onehot"}))
+    params = []
+    for name, options in cases:
+        case = name + "".join(f"-{value}" for value in options.values())
+        marks = () if case in DEFAULT_UPLOAD_CASES else (pytest.mark.slow,)
+        params.append(pytest.param(name, options, id=case, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("name,options", _training_methods())
+def test_every_methods_replayed_step_uploads_nothing_and_reads_nothing_back(tiny, fake_graphs, name, options):
+    """Each method's own recipe (SGD, Adam, AdamW), with two runs of unequal sizes where it batches runs (steps
+    [B, B] then [B, 0]: run 1 sits the second out, a key of its own): every key is captured and replayed, and the
+    replayed steps make no tensor of host data (``torch.tensor``, ``as_tensor``, a list index: an upload on a GPU,
+    which a graph would replay with the first step's values) and read nothing back. On a GPU both fail a capture or,
+    worse, replay stale values; the fake's capture cannot see them, so they are counted here."""
+    import dataclasses
+
+    from atlas_fast.engine.graphs import DispatchCount
+    from atlas_fast.pricing.units import _SyntheticInputs, _training_inputs, method_config_for
+
+    entry = method_class(name)
+    runs = 2 if entry.supports_batched_runs else 1
+    config = method_config_for(name, runs, None, tiny)
+    if "teacher" in {field.name for field in dataclasses.fields(config)}:  # KDPL: a tiny random teacher
+        options = {"teacher": "atlas-tiny-teacher", "teacher_pretrained": "none", **options}
+    config = dataclasses.replace(config, **options)
+    _, own = entry.recipe_function("paper", "base2new", 16, "ImageNet")
+    batch, epochs = 2, 3
+    recipe = dataclasses.replace(own, epochs=epochs, batch_size=batch, warmup_epochs=min(own.warmup_epochs, 1))
+    if own.iterations is not None:
+        recipe = dataclasses.replace(recipe, iterations=100)
+    inside = DispatchCount()
+    fake_graphs["before"].append(inside.__enter__)
+    fake_graphs["after"].append(lambda: inside.__exit__(None, None, None))
+    torch.manual_seed(0)
+    method = entry.build(tiny, CLASSES, config)
+    states = []
+    for r in range(runs):
+        items = 2 * batch if r == 0 else batch
+        inputs = _training_inputs(entry, tiny, items, torch.device("cpu"), config)
+        labels = torch.arange(items) % len(CLASSES)
+        states.append(RunState(_SyntheticInputs(inputs), labels, None, OneHot(), seed=r + 1,
+                               device=torch.device("cpu")))
+    logs = train_runs(method, states, recipe, torch.device("cpu"), False, progress=False, graph_steps=True)
+    keys = 2 if runs == 2 else 1  # [B, B] and [B, 0]; a lone run's [B]
+    assert fake_graphs["captures"] == keys and fake_graphs["replays"] >= keys, (name, logs[0])
+    assert sum(e["graphed_steps"] for e in logs[0]) == fake_graphs["replays"]
+    assert inside.total > 50
+    assert (inside.uploads, inside.read_backs) == (0, 0), inside.host_traffic()
+
+
+def _upload_when_a_run_sits_out(method):
+    """Make ``method``'s step upload a host number in the steps where a run sits out (as PromptSRC's and DePT's
+    padding masks did), and in no other."""
+    original = method.training_loss
+
+    def training_loss(inputs, labels, criterion):
+        loss = original(inputs, labels, criterion)
+        if 0 in criterion.sizes:
+            loss = loss * torch.tensor(1.0)  # an upload on a GPU
+        return loss
+
+    method.training_loss = training_loss
+
+
+def test_every_keys_last_warm_up_is_checked_for_host_traffic(tiny, fake_graphs):
+    """Host traffic only in the steps where a run sits out (the group's second key): its last warm-up finds it,
+    and the group falls back to eager steps with one warning naming the method and that key, before any capture of
+    it; the record's log names the fallback."""
+    method, states = _group(tiny, "coop", runs=2, sizes=(8, 4), schedules=[OneHot(), OneHot()])
+    _upload_when_a_run_sits_out(method)
+    with pytest.warns(UserWarning) as caught:
+        logs = _train(method, states, epochs=3, graph_steps=True)
+    messages = [str(w.message) for w in caught if "graph_steps" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("graph_steps: coop, step run 0 of 2 (one-hot): its step synchronises with the "
+                                  "host or copies to or from it: 1 upload(s) from the host (lift_fresh)")
+    assert fake_graphs["replays"] == 0
+    fallbacks = [e.get("graph_fallback") for e in logs[0]]
+    assert fallbacks[1] is not None and fallbacks[0] is None and fallbacks[2] is None
+    assert [e["graphed_steps"] + e["eager_steps"] for e in logs[0]] == [2, 2, 2]
+
+
+def _same_addresses(method):
+    """``method.set_classnames`` whose new class buffers land at the addresses of the old ones (as a caching
+    allocator may hand them back): each new buffer is moved into its predecessor's storage."""
+    rebuild = method.set_classnames
+
+    def set_classnames(classnames):
+        old = dict(method.named_buffers())
+        rebuild(classnames)
+        for name, new in method.named_buffers():
+            before = old.get(name)
+            if before is not None and before is not new and before.shape == new.shape and before.dtype == new.dtype:
+                values = new.clone()
+                new.set_(before.untyped_storage(), before.storage_offset(), before.shape, before.stride())
+                new.copy_(values)
+        assert {n: b.data_ptr() for n, b in method.named_buffers()} == {n: b.data_ptr() for n, b in old.items()}
+
+    method.set_classnames = set_classnames
+
+
+@pytest.mark.parametrize("name", ["coop", "dept-kgcoop"])
+def test_a_class_buffer_rebuild_drops_the_graphs_even_at_the_same_addresses(tiny, fake_graphs, name):
+    """A per-epoch evaluation rebuilds the class buffers (and the text layouts cached on them, which a captured step
+    reads); the new buffers land at the old addresses: the graphs are still dropped, warmed up and captured again
+    (each rebuild gives the method, or DePT's base, a new class version)."""
+    method, states = _group(tiny, name, runs=1)
+    _same_addresses(method.base if name.startswith("dept") else method)
+    versions = []
+
+    def rebuild(epoch):
+        versions.append(tuple(getattr(m, "class_version", 0) for m in method.modules()))
+        (method.base if name.startswith("dept") else method).set_classnames(CLASSES)
+        return [{}]
+
+    recipe = OptimRecipe(epochs=3, batch_size=BATCH, lr=0.05)
+    logs = train_runs(method, states[:1], recipe, torch.device("cpu"), False, progress=False, on_epoch_end=rebuild,
+                      graph_steps=True)
+    assert fake_graphs["captures"] == 3 and [e["graphed_steps"] for e in logs[0]] == [2, 2, 2]
+    assert len(set(versions)) == 3
+
+
+def _fails_to_capture(monkeypatch, message="operation not permitted when stream is capturing"):
+    from atlas_fast.engine import graphs
+
+    def capture(body, stream, pool=None):  # a real capture that fails has run no kernel
+        raise RuntimeError(f"CUDA error: {message}\nCUDA kernel errors might be asynchronously reported")
+
+    monkeypatch.setattr(graphs, "capture", capture)
+
+
+def _fails_at_first_replay(monkeypatch, fake_graphs):
+    from atlas_fast.engine import graphs
+
+    def capture(body, stream, pool=None):
+        fake_graphs["captures"] += 1
+
+        def replay():  # a graph that cannot launch fails before any of its kernels runs
+            raise RuntimeError("CUDA error: invalid device function")
+        return replay, None
+
+    monkeypatch.setattr(graphs, "capture", capture)
+
+
+@pytest.mark.parametrize("failure", ["capture", "first replay"])
+def test_a_failed_capture_or_first_replay_falls_back_to_eager_steps_with_one_warning(tiny, fake_graphs,
+                                                                                     monkeypatch, failure):
+    """The group trains on eagerly: one warning naming the method and the key, the numbers of the same group
+    trained eagerly bit for bit, and the fallback in the log (and so in the record)."""
+    method, states = _group(tiny, "coop")
+    initial = method.state_for_checkpoint()
+    if failure == "capture":
+        _fails_to_capture(monkeypatch)
+        reason = "capturing its step failed: CUDA error: operation not permitted when stream is capturing"
+    else:
+        _fails_at_first_replay(monkeypatch, fake_graphs)
+        reason = "the first replay of its graph failed: CUDA error: invalid device function"
+    with pytest.warns(UserWarning) as caught:
+        logs = _train(method, states, graph_steps=True)
+    messages = [str(w.message) for w in caught if "graph_steps" in str(w.message)]
+    assert messages == [f"graph_steps: coop, step runs 0, 1, 2 of 3 (soft labels: 2): {reason}; a CUDA graph "
+                        f"cannot replay that, so these runs train eagerly from here on (the same numbers, without "
+                        f"the graphs' speed)."]
+    assert fake_graphs["replays"] == 0 and all(e["graphed_steps"] == 0 for log in logs for e in log)
+    # epoch 2 holds the third step of the first key (the keys change with the epochs' soft labels)
+    assert [e.get("graph_fallback") for e in logs[0]] == [
+        None, None, f"coop, step runs 0, 1, 2 of 3 (soft labels: 2): {reason}", None, None]
+
+    from atlas_fast.engine.record import graph_summary
+    summary = graph_summary(logs[0])
+    assert summary["on"] and summary["graphed_steps"] == 0 and summary["eager_steps"] == 5 * 4
+    assert summary["fallback"].startswith("coop, step runs 0, 1, 2 of 3")
+
+    eager, _ = _group(tiny, "coop")
+    eager.load_checkpoint_state(initial)
+    with graph_length_groups():
+        eager_logs = _train(eager, _fresh(states))
+    for key, tensor in eager.state_for_checkpoint().items():
+        assert torch.equal(method.state_for_checkpoint()[key], tensor), key
+    assert [[e["loss"] for e in log] for log in logs] == [[e["loss"] for e in log] for log in eager_logs]
+
+
+def test_capture_lets_other_threads_work_and_checks_liveness_on_request(monkeypatch):
+    """A capture fails only on what its own thread does (the pixel loader's pin-memory thread allocates pinned
+    memory meanwhile: under torch's default mode that fails the capture, and the loader's next batch raises the
+    error again); ATLAS_FAST_GRAPH_DEBUG=1 adds torch's check that every tensor a graph reads is still alive at each
+    replay. Both are options of the installed torch's ``torch.cuda.graph``."""
+    import inspect
+
+    from atlas_fast.engine import graphs
+
+    parameters = inspect.signature(torch.cuda.graph.__init__).parameters
+    assert "capture_error_mode" in parameters and "check_input_liveness" in parameters
+    options = {}
+
+    class Graph:
+        def replay(self):
+            pass
+
+    class Capturing:
+        def __init__(self, graph, **kwargs):
+            options.clear()
+            options.update(kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capturing)
+    monkeypatch.delenv("ATLAS_FAST_GRAPH_DEBUG", raising=False)
+    _, outputs = graphs.capture(lambda: "out", stream="stream", pool="pool")
+    assert outputs == "out" and options["capture_error_mode"] == "thread_local"
+    assert not options.get("check_input_liveness", False)
+    monkeypatch.setenv("ATLAS_FAST_GRAPH_DEBUG", "1")
+    graphs.capture(lambda: None, stream="stream", pool="pool")
+    assert options["check_input_liveness"] is True and options["capture_error_mode"] == "thread_local"

@@ -4,13 +4,15 @@ steps, on cached features or on pixels (the prompted image towers), replay a cap
 graph's input buffers (pixels from the loader), the loss, the backward pass, every run's update with its own fp16
 overflow check and the epoch's loss sums. A graphed step is one replay: no host synchronisation, no kernel
 launched one by one. Nothing here runs on a CPU (the refusals and the bookkeeping are tested there with torch.cuda
-faked; the replays themselves by benchmarks/gpu_check.py on a GPU); a step that still reads values back from the
-device trains eagerly with a warning.
+faked, host traffic counted by :class:`DispatchCount`; the replays themselves by benchmarks/gpu_check.py on a GPU);
+a step that still synchronises with the host, uploads from it or reads values back, or whose capture or first
+replay fails, trains eagerly with one warning (docs/protocol.md, "CUDA graphs").
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import warnings
 from collections import Counter
 from typing import Any, Callable, Sequence
@@ -77,29 +79,95 @@ def host_syncs(function: Callable[[], Any]) -> tuple[Any, list[str]]:
 READ_BACK_OPS = frozenset({"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "nonzero_static",
                            "masked_select", "_unique2", "unique_consecutive", "unique_dim", "allclose"})
 
+#: aten operators that turn host data into a tensor (``torch.tensor``, ``torch.as_tensor``, ``from_numpy``, indexing
+#: with a Python list): on a GPU each is an upload from the host, which a captured graph cannot replay (it would
+#: replay the first step's values, and the copy from pageable memory synchronises)
+UPLOAD_OPS = frozenset({"lift_fresh", "lift_fresh_copy", "lift"})
+
+#: aten operators that copy between devices; :class:`DispatchCount` counts those from the host to a device as
+#: uploads and those from a device to the host as reads back (a device only: on the CPU every copy stays there)
+COPY_OPS = frozenset({"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"})
+
+
+def _devices_of_copy(name: str, args: tuple, kwargs: dict) -> tuple[str | None, str | None]:
+    """(source device type, destination device type) of a copy operator's call, None where not known."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if name == "_to_copy" and tensors:
+        target = kwargs.get("device")
+        return tensors[0].device.type, (torch.device(target).type if target is not None else tensors[0].device.type)
+    if name == "copy_" and len(tensors) >= 2:
+        return tensors[1].device.type, tensors[0].device.type
+    if name.startswith("_copy_from") and len(tensors) >= 2:
+        return tensors[0].device.type, tensors[1].device.type
+    return None, None
+
 
 class DispatchCount(TorchDispatchMode):
-    """Counts the aten operators dispatched while active (``ops``, by name) and those of :data:`READ_BACK_OPS`
-    (``read_backs``): what a function asks of the device, measurable on any device (the CPU's tests and benchmarks
-    use it where CUDA's sync debug mode cannot run)."""
+    """Counts the aten operators dispatched while active (``ops``, by name), those that read values back to the host
+    (``read_backs``: :data:`READ_BACK_OPS` and copies from a device to the host) and those that upload host data
+    (``uploads``: :data:`UPLOAD_OPS` and copies from the host to a device): what a function asks of the device,
+    measurable on any device (the CPU's tests and benchmarks use it where CUDA's sync debug mode cannot run). A
+    step a CUDA graph replays must have neither."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.transfers: Counter[str] = Counter()  # "upload:<op>" / "read_back:<op>" of copies across devices
         self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if not self.paused:
-            self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            self.ops[name] += 1
+            if name in COPY_OPS:
+                source, target = _devices_of_copy(name, args, kwargs)
+                if source == "cpu" and target not in (None, "cpu", "meta"):
+                    self.transfers[f"upload:{name}"] += 1
+                elif target == "cpu" and source not in (None, "cpu", "meta"):
+                    self.transfers[f"read_back:{name}"] += 1
+        return func(*args, **kwargs)
 
     @property
     def read_backs(self) -> int:
-        return sum(n for name, n in self.ops.items() if name in READ_BACK_OPS)
+        return (sum(n for name, n in self.ops.items() if name in READ_BACK_OPS)
+                + sum(n for name, n in self.transfers.items() if name.startswith("read_back:")))
+
+    @property
+    def uploads(self) -> int:
+        return (sum(n for name, n in self.ops.items() if name in UPLOAD_OPS)
+                + sum(n for name, n in self.transfers.items() if name.startswith("upload:")))
+
+    def host_traffic(self) -> list[str]:
+        """One line per kind of host traffic counted (empty: none), e.g. ``"2 upload(s) from the host (lift_fresh)"``."""
+        lines = []
+        for what, count, names in (
+                ("upload(s) from the host", self.uploads,
+                 [n for n in self.ops if n in UPLOAD_OPS] + [n for n in self.transfers if n.startswith("upload:")]),
+                ("read(s) back to the host", self.read_backs,
+                 [n for n in self.ops if n in READ_BACK_OPS] + [n for n in self.transfers
+                                                                if n.startswith("read_back:")])):
+            if count:
+                lines.append(f"{count} {what} ({', '.join(sorted(names))})")
+        return lines
 
     @property
     def total(self) -> int:
         return sum(self.ops.values())
+
+
+def host_traffic(function: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """``function()`` and what it asked of the host that a captured graph cannot replay: the synchronisations of
+    torch's sync debug mode (on a GPU, :func:`host_syncs`) and the uploads and reads back :class:`DispatchCount`
+    sees (on any device)."""
+    counter = DispatchCount()
+
+    def counted() -> Any:
+        with counter:
+            return function()
+
+    result, syncs = host_syncs(counted)
+    return result, [*syncs, *counter.host_traffic()]
 
 
 def sync_messages(messages) -> list[str]:
@@ -110,12 +178,33 @@ def sync_messages(messages) -> list[str]:
             if "synchroniz" in message and "debug mode is a prototype" not in message]
 
 
+#: Set to 1 to capture every step graph with torch's input-liveness check (``check_input_liveness``): each replay
+#: then fails, naming the tensor, if a tensor the graph reads was freed since its capture (slow; for debugging).
+GRAPH_DEBUG_VARIABLE = "ATLAS_FAST_GRAPH_DEBUG"
+
+
+def graph_debug() -> bool:
+    """Whether :data:`GRAPH_DEBUG_VARIABLE` turns the input-liveness check on (``1``, ``true``, ``yes``, ``on``)."""
+    return os.environ.get(GRAPH_DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+#: How a capture treats CUDA calls that are unsafe while it runs: only those of the capturing thread fail it. The
+#: pixel loader's pin-memory thread allocates pinned host memory while a step is captured; under torch's default
+#: ("global") that allocation would fail the capture and raise again in the loader at its next batch.
+CAPTURE_ERROR_MODE = "thread_local"
+
+
 def capture(body: Callable[[], Any], stream: torch.cuda.Stream, pool: Any = None) -> tuple[Callable[[], None], Any]:
-    """Capture ``body()`` in a CUDA graph on ``stream`` (nothing runs), its memory from ``pool``; returns the graph's
-    replay and what ``body`` returned while captured (the tensors each replay writes)."""
+    """Capture ``body()`` in a CUDA graph on ``stream`` (nothing runs), its memory from ``pool``, with
+    :data:`CAPTURE_ERROR_MODE` (other threads, e.g. the loader's, may go on working) and, under
+    :data:`GRAPH_DEBUG_VARIABLE`, torch's input-liveness check; returns the graph's replay and what ``body``
+    returned while captured (the tensors each replay writes)."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream, pool=pool):
+    options: dict[str, Any] = {"capture_error_mode": CAPTURE_ERROR_MODE}
+    if graph_debug():
+        options["check_input_liveness"] = True
+    with torch.cuda.graph(graph, stream=stream, pool=pool, **options):
         outputs = body()
     return graph.replay, outputs
 
@@ -125,14 +214,22 @@ class StepGraphs:
 
     A step's shapes are static when every run's batch is full-size (or empty: a run that sits the step out); its
     graph is keyed by which runs take part and which of them use soft labels in the epoch (the only way the
-    supported schedules' losses depend on it). A key's first :data:`GRAPH_WARMUP_STEPS` steps run eagerly; the last
-    warm-up step of the first key runs under torch's sync debug mode, and if the step reads anything back from the
-    device (which a graph cannot replay) the runs stay eager, with a warning saying where. Then the step is captured
-    once and replayed: with :class:`~atlas_fast.engine.step.GatheredBatches` the captured step gathers its batch at
-    the device's step counter and advances it, so a replay is the whole step; otherwise each step's inputs, labels
-    and soft rows are copied into the graph's buffers first. The per-epoch lr lives in device scalars, so it needs
-    no recapture. Graphs are dropped when the method's tensors move (``set_classnames`` during a per-epoch
-    evaluation builds new buffers) and captured again. Partial batches run eagerly."""
+    supported schedules' losses depend on it). Each key's first :data:`GRAPH_WARMUP_STEPS` steps run eagerly, the
+    last of them under :func:`host_traffic`: a step that synchronises with the host, uploads from it or reads back
+    from the device (which a graph cannot replay) falls back. Then the step is captured once and replayed: with
+    :class:`~atlas_fast.engine.step.GatheredBatches` the captured step gathers its batch at the device's step counter
+    and advances it, so a replay is the whole step; otherwise each step's inputs, labels and soft rows are copied
+    into the graph's buffers first. The per-epoch lr lives in device scalars, so it needs no recapture.
+
+    Graphs are dropped (and warmed up and captured again) when a tensor they read is rebuilt: a learned tensor or
+    buffer replaced or moved, or a new class set (``set_classnames`` during a per-epoch evaluation builds new class
+    buffers and the text layouts hanging off them; every call bumps the method's ``class_version``, so a rebuild is
+    seen even when the new buffers land at the old addresses). Until then the tensors they read are held, so none is
+    freed under a live graph. Partial batches run eagerly.
+
+    A fallback (host traffic in a key's last warm-up, a capture that fails, a first replay that fails) ends the
+    graphs of the whole group, with one warning naming the method and the key: the runs train on eagerly, with the
+    same numbers. :attr:`fallback` says why (the record keeps it)."""
 
     def __init__(self, step: TrainStep, batches: GatheredBatches | StreamedBatches, batch_size: int) -> None:
         self.train_step, self.batches, self.batch_size = step, batches, batch_size
@@ -144,10 +241,16 @@ class StepGraphs:
         self.pool: Any = None
         self.graphs: dict[tuple, dict[str, Any]] = {}
         self.seen: dict[tuple, int] = {}
-        self.checked = False
         self.refused: str | None = None
+        self.held: list[torch.Tensor] = []  # the learned tensors and buffers the graphs read, kept alive
         self.pointers: tuple[int, ...] = ()
+        self.versions: tuple[int, ...] = ()
         self.replayed = 0
+
+    @property
+    def fallback(self) -> str | None:
+        """Why these runs stopped replaying graphs (None: they did not)."""
+        return self.refused
 
     def key(self, epoch: int, sizes: list[int]) -> tuple | None:
         if self.refused is not None or any(size not in (0, self.batch_size) for size in sizes) or not any(sizes):
@@ -155,19 +258,34 @@ class StepGraphs:
         runs = self.train_step.runs
         return tuple((size > 0, size > 0 and run.schedule.uses_soft_labels(epoch)) for run, size in zip(runs, sizes))
 
-    def _pointers(self) -> tuple[int, ...]:
-        return tuple(t.data_ptr() for t in itertools.chain(self.method.parameters(), self.method.buffers()))
+    def _read_tensors(self) -> list[torch.Tensor]:
+        return list(itertools.chain(self.method.parameters(), self.method.buffers()))
+
+    def _versions(self) -> tuple[int, ...]:
+        """The class-set versions of the method and every method inside it (DePT's base)."""
+        return tuple(getattr(module, "class_version", 0) for module in self.method.modules())
+
+    def _stale(self) -> bool:
+        """Whether a tensor the graphs read was rebuilt, replaced or moved since :meth:`end_epoch` noted them."""
+        tensors = self._read_tensors()
+        return (self._versions() != self.versions or len(tensors) != len(self.held)
+                or any(now is not held for now, held in zip(tensors, self.held))
+                or tuple(t.data_ptr() for t in tensors) != self.pointers)
 
     def start_epoch(self) -> None:
-        """Drop the graphs if a tensor they read was replaced since the last epoch's steps (new class buffers after
-        a per-epoch evaluation)."""
-        if self.graphs and self._pointers() != self.pointers:
+        """Drop the graphs if a tensor they read was rebuilt since the last epoch's steps (new class buffers after
+        a per-epoch evaluation), so that they are warmed up, checked and captured again."""
+        if self.graphs and self._stale():
             self.graphs.clear()
+            self.held = []  # noted again at the next capture
             self.seen.clear()  # warm up again: a method rebuilds what it caches lazily (KgCoOp's targets)
 
     def end_epoch(self) -> int:
-        """The steps replayed in the epoch; notes the tensors the graphs read (before any per-epoch callback)."""
-        self.pointers = self._pointers()
+        """The steps replayed in the epoch; notes (and holds) the tensors the graphs read, before any per-epoch
+        callback."""
+        self.held = self._read_tensors()
+        self.pointers = tuple(t.data_ptr() for t in self.held)
+        self.versions = self._versions()
         replayed, self.replayed = self.replayed, 0
         return replayed
 
@@ -186,20 +304,19 @@ class StepGraphs:
         graph = self.graphs.get(key)
         if graph is None:
             self.seen[key] = self.seen.get(key, 0) + 1
-            if self.seen[key] <= GRAPH_WARMUP_STEPS:
-                if self.checked or self.seen[key] < GRAPH_WARMUP_STEPS:
-                    return self._eager(epoch, batch)
-                # the last warm-up step (lazy caches are built by now): does it read back from the device?
-                self.checked = True
-                result, syncs = host_syncs(lambda: self._eager(epoch, batch))
-                if syncs:
-                    self._refuse(f"one step of {self.method.name} synchronises with the host {len(syncs)} time(s) "
-                                 f"(first: {syncs[0]!r})")
+            if self.seen[key] < GRAPH_WARMUP_STEPS:
+                return self._eager(epoch, batch)
+            if self.seen[key] == GRAPH_WARMUP_STEPS:
+                # the key's last warm-up step (lazy caches are built by now): does it ask anything of the host?
+                result, traffic = host_traffic(lambda: self._eager(epoch, batch))
+                if traffic:
+                    self._refuse(key, f"its step synchronises with the host or copies to or from it: "
+                                      f"{'; '.join(traffic[:3])}")
                 return result
             try:
                 graph = self._capture(key, epoch, batch)
             except RuntimeError as exc:  # a step torch cannot capture: train on eagerly, the same numbers
-                self._refuse(f"capturing a step of {self.method.name} failed: {str(exc).splitlines()[0][:200]}")
+                self._refuse(key, f"capturing its step failed: {first_line(exc)}")
                 return self._eager(epoch, batch)
         if self.batches.gathers_on_device:
             self.batches.place_counter(batch.index)
@@ -212,12 +329,20 @@ class StepGraphs:
                     static_labels.copy_(run_labels)
                     if soft is not None:
                         static_soft.copy_(soft)
-        graph["replay"]()
+        if graph["replays"]:
+            graph["replay"]()
+        else:  # a graph that cannot launch fails at its first replay, before it ran: fall back, the same numbers
+            try:
+                graph["replay"]()
+            except RuntimeError as exc:
+                self._refuse(key, f"the first replay of its graph failed: {first_line(exc)}")
+                return self._eager(epoch, batch)
+        graph["replays"] += 1
         self.replayed += 1
         return graph["losses"]
 
     def _capture(self, key: tuple, epoch: int, batch: StepBatch) -> dict[str, Any]:
-        captured: dict[str, Any] = {}
+        captured: dict[str, Any] = {"replays": 0}
         if self.batches.gathers_on_device:
             tensors = None
         else:
@@ -237,13 +362,31 @@ class StepGraphs:
 
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
+        if not self.held:  # the tensors this graph reads stay alive while it does (noted again at the epoch's end)
+            self.held = self._read_tensors()
+            self.pointers = tuple(t.data_ptr() for t in self.held)
+            self.versions = self._versions()
         replay, losses = capture(body, self.stream, self.pool)
         captured.update(replay=replay, losses=losses)
         self.graphs[key] = captured
         return captured
 
-    def _refuse(self, reason: str) -> None:
-        self.refused = reason
+    def _refuse(self, key: tuple, reason: str) -> None:
+        self.refused = f"{self.method.name}, step {describe_key(key)}: {reason}"
         self.graphs.clear()
-        warnings.warn(f"graph_steps: {reason}; a CUDA graph cannot replay that, so these runs train eagerly (the "
-                      f"same numbers, without the graphs' speed).", stacklevel=3)
+        self.held = []
+        warnings.warn(f"graph_steps: {self.refused}; a CUDA graph cannot replay that, so these runs train eagerly "
+                      f"from here on (the same numbers, without the graphs' speed).", stacklevel=3)
+
+
+def describe_key(key: tuple) -> str:
+    """A step graph's key in words: ``"runs 0, 2 (soft labels: 2)"``."""
+    runs = [r for r, (takes_part, _) in enumerate(key) if takes_part]
+    soft = [r for r, (_, uses_soft) in enumerate(key) if uses_soft]
+    text = f"run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))} of {len(key)}"
+    return text + (f" (soft labels: {', '.join(map(str, soft))})" if soft else " (one-hot)")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, at most 200 characters."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]

@@ -131,7 +131,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     are rows on the device (cached views), the step gathers its batch there from an order moved once per epoch
     (:class:`~atlas_fast.engine.step.GatheredBatches`). ``graph_steps`` (CUDA): full-size steps replay a CUDA graph
     of the whole step (:class:`~atlas_fast.engine.graphs.StepGraphs`), so such a step is one replay and no host
-    synchronisation; each epoch's log then counts them.
+    synchronisation; each epoch's log then counts them (``graphed_steps``, ``eager_steps``), and a fallback to eager
+    steps (one warning, the same numbers) is named in the log of its epoch (``graph_fallback``).
 
     ``retire_runs(epoch, logs)`` (e.g. a hyper-parameter search's pruner) is asked after each epoch's log and names
     runs to stop training: from the next epoch on a retired run sits out every step as a run whose epoch is over does
@@ -176,6 +177,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     name = method.name + (f" x{num_runs}" if num_runs > 1 else "")
     bar = progress_bar(range(recipe.epochs), desc=f"train {name}", enabled=progress, leave=False)
     steps = 0  # optimiser steps so far (a schedule over iterations sets the lr of each and stops after the last)
+    fallback: str | None = None  # why the step graphs fell back to eager steps (StepGraphs.fallback)
     for epoch in bar:
         start = time.perf_counter()
         lr = set_epoch_lr(optimizer, recipe, epoch) if recipe.iterations is None else recipe.lr_at_step(steps)
@@ -185,6 +187,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
                   for r, run in enumerate(runs)]
         step.totals.zero_()
         seen = [0] * len(runs)  # items each run reached in the epoch
+        epoch_steps = 0
         with _graphed_text(graphs is not None):
             for batch in batches.epoch(epoch, orders):
                 if recipe.iterations is not None:
@@ -192,6 +195,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
                         break
                     set_step_lr(optimizer, recipe, steps)
                 steps += 1
+                epoch_steps += 1
                 seen = [count + size for count, size in zip(seen, batch.sizes)]
                 key = graphs.key(epoch, batch.sizes) if graphs is not None else None
                 if key is None:
@@ -216,7 +220,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
             else:
                 on_failure(slots[r], divergence)
         seconds = time.perf_counter() - start
-        graphed = {"graphed_steps": graphs.end_epoch()} if graphs is not None else {}  # before the callback
+        graphed = _graph_log(graphs, graph_steps, epoch_steps, fallback)  # before the callback
+        fallback = fallback or (graphs.fallback if graphs is not None else None)
         extra = on_epoch_end(epoch) if on_epoch_end is not None else [{} for _ in range(num_runs)]
         for r, run in enumerate(runs):
             if slots[r] not in retired:
@@ -234,7 +239,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
             retired = _fail_forked(fork, failed_trunk, on_failure)
             runs, num_runs, fork = fork.runs, len(fork.runs), None
             slots = list(range(num_runs))
-            step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graphs is not None)
+            step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp,
+                                             graph_steps and fallback is None)
         if retire_runs is not None:
             retired.update(retire_runs(epoch, logs))
         if len(retired) == num_runs:
@@ -243,7 +249,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         if regroup is not None and len(keep) < len(runs):
             method, optimizer = _regrouped(regroup, method, optimizer, recipe, keep, amp)
             runs, slots = [runs[r] for r in keep], [slots[r] for r in keep]
-            step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graphs is not None)
+            step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp,
+                                             graph_steps and fallback is None)
     if fork is not None and failed_trunk:  # every trunk run diverged before the fork: so did each of its runs
         _fail_forked(fork, failed_trunk, on_failure)
     method.finish_training()
@@ -258,6 +265,20 @@ def _stepper(method: PromptMethod, runs: Sequence[RunState], optimizer: RunsOpti
     batches = batches_for(runs, recipe.batch_size, device)
     graphs = StepGraphs(step, batches, recipe.batch_size) if graph_steps else None
     return step, batches, graphs
+
+
+def _graph_log(graphs: StepGraphs | None, graph_steps: bool, epoch_steps: int, fallback: str | None
+               ) -> dict[str, Any]:
+    """An epoch log's graph fields (none without ``graph_steps``): ``graphed_steps`` (replayed) and
+    ``eager_steps`` (warm-ups, partial batches, steps after a fallback), and ``graph_fallback`` (why the graphs
+    fell back to eager steps) in the epoch where that happened."""
+    if not graph_steps:
+        return {}
+    replayed = graphs.end_epoch() if graphs is not None else 0
+    log: dict[str, Any] = {"graphed_steps": replayed, "eager_steps": epoch_steps - replayed}
+    if graphs is not None and graphs.fallback is not None and fallback is None:
+        log["graph_fallback"] = graphs.fallback
+    return log
 
 
 def _graphed_text(graphed: bool):

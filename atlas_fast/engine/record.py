@@ -18,7 +18,9 @@ Layout under ``results_dir`` (default ``results/``)::
 Record fields: ``key`` (full hash of configuration, backbone and data), ``config_key`` (configuration and backbone
 only), ``status`` ("finished"), ``config`` (the run's configuration), ``backbone`` (fingerprint, architecture,
 description), ``data`` (dataset, ``fingerprint``, counts, ``shots_used``), ``metrics`` (final: base/new/all/H, zero-shot references), ``epochs``
-(per-epoch loss, lr, soft-label flag and optional accuracies), ``timings`` (seconds per stage), ``versions``
+(per-epoch loss, lr, soft-label flag and optional accuracies; with CUDA graphs the steps replayed and run eagerly),
+``timings`` (seconds per stage), ``graphs`` (whether the steps were CUDA-graphed, the steps replayed and run eagerly,
+and why the graphs fell back to eager steps if they did: :func:`graph_summary`), ``versions``
 (python/torch/open_clip/numpy/atlas_fast), ``provenance`` (code commit and dirty flag, CUDA version, device type
 and name: :func:`atlas_fast.engine.seal.provenance`), ``created`` (UTC ISO time), ``learned`` (file name of the
 ``.pt``), ``learned_blake2b`` (the checksum of its bytes, checked when it is read) and ``seal`` (the checksum of every
@@ -206,8 +208,20 @@ def build_record(spec: RunSpec, backbone: Backbone, metrics: dict[str, Any], epo
                      "architecture": backbone.architecture},
         "paths": {"data_root": str(config.data_root), "cache_root": str(config.cache_root)},
         "data": spec.data.describe(config.content_hash), "metrics": metrics, "epochs": epochs, "timings": timings,
-        "versions": package_versions(), "provenance": provenance(spec.device),
+        "graphs": graph_summary(epochs), "versions": package_versions(), "provenance": provenance(spec.device),
     }
+
+
+def graph_summary(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record's ``graphs``: whether the run's steps were CUDA-graphed (``on``), and if so how many steps were
+    replayed (``graphed_steps``) and run eagerly (``eager_steps``: warm-ups, partial batches, steps after a
+    fallback), and why the graphs fell back to eager steps (``fallback``, None when they did not), from the
+    per-epoch logs (:func:`atlas_fast.engine.loop.train_runs`)."""
+    if not any("graphed_steps" in epoch for epoch in epochs):
+        return {"on": False}
+    return {"on": True, "graphed_steps": sum(epoch.get("graphed_steps", 0) for epoch in epochs),
+            "eager_steps": sum(epoch.get("eager_steps", 0) for epoch in epochs),
+            "fallback": next((epoch["graph_fallback"] for epoch in epochs if "graph_fallback" in epoch), None)}
 
 
 def _rounded(value: Any) -> Any:

@@ -225,26 +225,27 @@ class TrainStep:
                  amp: bool) -> None:
         self.method, self.runs, self.optimizer, self.device, self.amp = method, runs, optimizer, device, amp
         self.totals = torch.zeros(len(runs), device=device)
-        self._weights: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._weights: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = {}
 
-    def weights(self, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(the runs' batch sizes as floats, which runs take part (None: all)) on the device, made once per pattern
-        of sizes without a copy from the host (fills only)."""
+    def weights(self, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(the runs' batch sizes as floats, which runs take part (None: all), the sizes as integers) on the device,
+        made once per pattern of sizes without a copy from the host (fills only): a step, replayed or not, uploads
+        nothing, and the tensors a captured step reads live as long as the step does."""
         key = tuple(sizes)
         if key not in self._weights:
             weights = torch.zeros(len(sizes), device=self.device)
             for r, size in enumerate(sizes):
-                weights[r] = size
+                weights[r].fill_(size)  # not ``weights[r] = size``: that makes a tensor of the host's number
             active = None if all(sizes) else weights > 0
-            self._weights[key] = (weights, active)
+            self._weights[key] = (weights, active, weights.long())
         return self._weights[key]
 
     def __call__(self, epoch: int, inputs: Any, labels: torch.Tensor, targets: list, sizes: list[int],
                  autocast_cache: bool = True) -> torch.Tensor:
         """Run the step; returns each run's loss (R,) (detached)."""
-        weights, active = self.weights(sizes)
+        weights, active, rows = self.weights(sizes)
         losses, grads = forward_backward(self.method, self.runs, self.optimizer, epoch, inputs, labels, targets,
-                                         sizes, self.device, self.amp, autocast_cache)
+                                         sizes, self.device, self.amp, autocast_cache, rows)
         self.optimizer.step(grads, active)
         losses = losses.detach().float()
         self.totals += losses * weights if active is None else torch.where(active, losses * weights, 0.0)
@@ -253,14 +254,17 @@ class TrainStep:
 
 def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: RunsOptimizer, epoch: int, inputs,
                      labels: torch.Tensor, targets: list, sizes: list[int], device: torch.device, amp: bool,
-                     autocast_cache: bool = True) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+                     autocast_cache: bool = True, rows: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """Each run's loss (R,) and the (scaled) gradients of :attr:`RunsOptimizer.params`.
 
     The criterion gives the sum over the runs in this step of run r's schedule loss of its logits
     (R, B_max, C)[r, :B_r] ((B, C) logits are one run's); ``observe``: these are the method's class predictions
     (OLS learns from them), not an auxiliary head's; ``per_run``: each run's loss (R,) instead of their sum (0 for a
     run that sits out the step). ``criterion.sizes`` are the runs' batch sizes B_r: rows past a run's size are
-    padding, which a method's terms beyond the criterion must leave out. A method's ``training_loss`` returns the
+    padding, which a method's terms beyond the criterion must leave out; ``criterion.rows`` are the same sizes as a
+    device tensor (R,) (``rows``, or made here by fills), so that a method masks its padding without uploading them.
+    A method's ``training_loss`` returns the
     step's loss or, with terms beyond the criterion, each run's loss (R,); each run's loss is the criterion's
     otherwise. The backward pass differentiates ``sum_r scale_r loss_r`` (each run's own fp16 loss scale)."""
     count = len(runs)
@@ -287,6 +291,11 @@ def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: 
         return torch.stack(list(losses.values())).sum()
 
     criterion.sizes = sizes  # type: ignore[attr-defined]
+    if rows is None:
+        rows = torch.zeros(count, dtype=torch.long, device=device)
+        for r, size in enumerate(sizes):
+            rows[r].fill_(size)
+    criterion.rows = rows  # type: ignore[attr-defined]
     with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp, cache_enabled=autocast_cache):
         loss = method.training_loss(inputs, labels, criterion)
     if loss.dim() == 1:  # each run's loss: the method has terms beyond the criterion (KgCoOp, DePT, PromptSRC)

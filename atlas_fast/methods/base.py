@@ -186,6 +186,25 @@ def check_scale(config: Any, name: str, low: float = 0.0, high: float = MAX_OPTI
         raise ValueError(f"{type(config).__name__}.{name} must be in {interval}, got {value}")
 
 
+#: Every rebuild of a method's class buffers gets the next number (:attr:`PromptMethod.class_version`).
+_CLASS_SET_VERSIONS = itertools.count(1)
+
+
+def _versioned(set_classnames: Callable[..., None]) -> Callable[..., None]:
+    """``set_classnames`` that gives the method a new :attr:`PromptMethod.class_version` whenever it returns."""
+    import functools
+
+    @functools.wraps(set_classnames)
+    def wrapper(self: "PromptMethod", classnames: Sequence[str], *args: Any, **kwargs: Any) -> None:
+        try:
+            set_classnames(self, classnames, *args, **kwargs)
+        finally:  # a half-done rebuild is a rebuild too
+            self.class_version = next(_CLASS_SET_VERSIONS)
+
+    wrapper._bumps_class_version = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 class PromptMethod(nn.Module):
     """Base class of the prompt methods (CoOp, CoCoOp, DePT, IVLP, MaPLe, PromptSRC).
 
@@ -245,6 +264,18 @@ class PromptMethod(nn.Module):
         without one checks nothing. A teacher-based method loads its teacher with :func:`load_teacher`, whose
         errors name the teacher's own options, never the student's ``--model``/``--pretrained``."""
         cls.view_teacher(config, backbone)
+
+    #: The version of the class buffers (token ids, EOT positions, the text layouts cached on them, a method's
+    #: class-set caches): a new number whenever :meth:`set_classnames` runs (the wrapper every subclass's override
+    #: gets), so a captured CUDA graph that reads them is dropped even when new buffers land at the old addresses
+    #: (:class:`atlas_fast.engine.graphs.StepGraphs`).
+    class_version: int = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls).get("set_classnames")
+        if own is not None and not getattr(own, "_bumps_class_version", False):
+            cls.set_classnames = _versioned(own)
 
     @classmethod
     def view_teacher(cls, config: MethodConfig, backbone: Backbone) -> Backbone | None:

@@ -181,6 +181,7 @@ class CLIPLoRA(PromptMethod):
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CLIPLoRAConfig) -> None:
         super().__init__(backbone, classnames, config)
         model = backbone.model
+        self._logit_scale: torch.Tensor | None = None  # made on first use, on the device (:attr:`logit_scale`)
         self.text_encoder = PromptTextEncoder(backbone)
         self.image_encoder = PromptedVisionEncoder(backbone)
         self.blocks: dict[str, list[int]] = {}
@@ -206,8 +207,14 @@ class CLIPLoRA(PromptMethod):
 
     @property
     def logit_scale(self) -> torch.Tensor:
-        """The reference's fixed 100 (``logit_scale``), not the backbone's temperature."""
-        return torch.tensor(self.config.logit_scale, device=self.device)
+        """The reference's fixed 100 (``logit_scale``), not the backbone's temperature: a device constant made once
+        per device (a tensor made from the host number in every forward would be an upload in every step, which a
+        CUDA graph cannot replay)."""
+        device = self.device
+        scale = self._logit_scale
+        if scale is None or scale.device != device:
+            scale = self._logit_scale = torch.full((), float(self.config.logit_scale), device=device)
+        return scale
 
     def set_classnames(self, classnames: Sequence[str]) -> None:
         """Tokenize the template for every class (the adapters are kept)."""

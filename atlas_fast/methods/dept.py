@@ -91,10 +91,10 @@ class DePTMaPLeConfig(MaPLeConfig, DePTHeadConfig):
 
 
 def per_run_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
-                          sizes: Sequence[int] | None = None) -> torch.Tensor:
+                          sizes: Sequence[int] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Hard-label CE of logits (R, B, C): the batch mean of each run, summed over runs. With labels (R, B), one
     batch per run (R runs trained together), each run's mean over its first ``sizes[r]`` rows (the rest is padding),
-    as a vector (R,)."""
+    as a vector (R,). ``rows``: ``sizes`` already on the device (the engine's ``criterion.rows``: no upload)."""
     runs = logits.shape[0]
     if labels.dim() == 1:
         per_item = F.cross_entropy(logits.float().flatten(0, 1), labels.repeat(runs), reduction="none")
@@ -102,7 +102,8 @@ def per_run_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
     per_item = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(runs, -1)
     if sizes is None or min(sizes) == labels.shape[1]:
         return per_item.mean(dim=1)
-    rows = torch.tensor(sizes, device=logits.device)
+    if rows is None:
+        rows = torch.tensor(sizes, device=logits.device)
     mask = torch.arange(labels.shape[1], device=logits.device) < rows.unsqueeze(1)
     return (per_item * mask).sum(dim=1) / rows.clamp(min=1)
 
@@ -220,7 +221,8 @@ class DePT(PromptMethod):
         # R runs trained together ((R, B) labels): each run's loss (R,), so each run logs its own
         runs = {"per_run": True} if labels.dim() == 2 else {}
         text_term = (criterion(head_text, observe=False, **runs) if self.config.head_text_targets == "mirror"
-                     else per_run_cross_entropy(head_text, labels, getattr(criterion, "sizes", None)))
+                     else per_run_cross_entropy(head_text, labels, getattr(criterion, "sizes", None),
+                                                 getattr(criterion, "rows", None)))
         lam = self.config.head_lambda
         # only the similarity logits are the method's class predictions (what OLS learns its targets from)
         loss = ((1.0 - lam) * criterion(similarity, **runs)

@@ -152,10 +152,12 @@ class PromptSRC(IVLP):
         return self.backbone.encode_image(pixels)
 
     def self_regulating_loss(self, text: torch.Tensor, image: torch.Tensor, logits: torch.Tensor,
-                             frozen_image: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
+                             frozen_image: torch.Tensor, sizes: Sequence[int] | None = None,
+                             rows: torch.Tensor | None = None) -> torch.Tensor:
         """L_SCL of each run (R,): text (R, C, D) and image (R, B, D) normalised, logits (R, B, C), frozen image
         features (B, D) or (R, B, D) un-normalised. ``sizes``: each run's rows when the batches of R runs trained
-        together are zero-padded to B (the image terms average over a run's own rows only)."""
+        together are zero-padded to B (the image terms average over a run's own rows only); ``rows``: the same sizes
+        on the device (the engine's ``criterion.rows``, so the step uploads nothing)."""
         if tuple(self.classnames) != self.fixed_classnames:
             raise RuntimeError("PromptSRC trains on the class set it was built for (its frozen text targets)")
         if self.fixed_embeddings is None or self.fixed_embeddings.device != text.device:
@@ -172,7 +174,8 @@ class PromptSRC(IVLP):
             image_l1 = image_gap.mean(dim=(1, 2))
             kl = kl.sum(dim=(1, 2)) / logits[0].numel()
         else:  # only the first sizes[r] rows of run r (a run that sits out the step gets 0)
-            rows = torch.tensor(sizes, device=logits.device)
+            if rows is None:
+                rows = torch.tensor(sizes, device=logits.device)
             mask = torch.arange(logits.shape[1], device=logits.device) < rows.unsqueeze(1)
             count = rows.clamp(min=1).float()
             image_l1 = (image_gap.mean(dim=2) * mask).sum(dim=1) / count
@@ -194,7 +197,8 @@ class PromptSRC(IVLP):
             return criterion(logits) + self.self_regulating_loss(text, image, logits, frozen).sum()
         # R runs trained together, one batch per run: each run's loss (R,), so each run logs its own
         sizes = getattr(criterion, "sizes", None)
-        return criterion(logits, per_run=True) + self.self_regulating_loss(text, image, logits, frozen, sizes)
+        return criterion(logits, per_run=True) + self.self_regulating_loss(text, image, logits, frozen, sizes,
+                                                                           getattr(criterion, "rows", None))
 
     def end_epoch(self, epoch: int, num_epochs: int) -> None:
         """Add this epoch's learned tensors, weighted by g_{epoch + 1}, to the GPA aggregate."""
