@@ -372,6 +372,27 @@ def test_adam_recipes_replay_their_steps_and_read_nothing_back(tiny, fake_graphs
     assert len(logs[0]) == 3 and all(torch.equal(states[0][k], states[1][k]) for k in states[0])
 
 
+def _runnable_here(config, folder):
+    """Options a method's paper config needs to build on the tiny model without downloads: a tiny random teacher
+    (KDPL, PromptKD, its prompts at their initialisation) and class descriptions (CoPrompt)."""
+    import dataclasses
+    import json
+
+    fields = {field.name for field in dataclasses.fields(config)}
+    options = {}
+    if "teacher" in fields:
+        options.update(teacher="atlas-tiny-teacher", teacher_pretrained="none")
+    if "teacher_prompts" in fields:
+        options["teacher_prompts"] = "none"
+    options.update({depth: 2 for depth in ("teacher_depth_text", "teacher_depth_vision") if depth in fields})
+    if "descriptions" in fields:
+        path = folder / "descriptions.json"
+        path.write_text(json.dumps({name: [f"a photo of a {name}, description {k}." for k in range(3)]
+                                    for name in CLASSES}))
+        options["descriptions"] = str(path)
+    return options
+
+
 #: The cases of the default suite (the rest run with ``-m slow``): one of each path that uploaded before (CLIP-LoRA's
 #: temperature, PromptSRC's and DePT's padding masks for a run that sits out) and CoOp.
 DEFAULT_UPLOAD_CASES = ("coop", "clip-lora-text", "promptsrc", "dept-coop-onehot")
@@ -394,7 +415,8 @@ def _training_methods():
 
 
 @pytest.mark.parametrize("name,options", _training_methods())
-def test_every_methods_replayed_step_uploads_nothing_and_reads_nothing_back(tiny, fake_graphs, name, options):
+def test_every_methods_replayed_step_uploads_nothing_and_reads_nothing_back(tiny, fake_graphs, tmp_path, name,
+                                                                           options):
     """Each method's own recipe (SGD, Adam, AdamW), with two runs of unequal sizes where it batches runs (steps
     [B, B] then [B, 0]: run 1 sits the second out, a key of its own): every key is captured and replayed, and the
     replayed steps make no tensor of host data (``torch.tensor``, ``as_tensor``, a list index: an upload on a GPU,
@@ -408,9 +430,7 @@ def test_every_methods_replayed_step_uploads_nothing_and_reads_nothing_back(tiny
     entry = method_class(name)
     runs = 2 if entry.supports_batched_runs else 1
     config = method_config_for(name, runs, None, tiny)
-    if "teacher" in {field.name for field in dataclasses.fields(config)}:  # KDPL: a tiny random teacher
-        options = {"teacher": "atlas-tiny-teacher", "teacher_pretrained": "none", **options}
-    config = dataclasses.replace(config, **options)
+    config = dataclasses.replace(config, **{**_runnable_here(config, tmp_path), **options})
     _, own = entry.recipe_function("paper", "base2new", 16, "ImageNet")
     batch, epochs = 2, 3
     recipe = dataclasses.replace(own, epochs=epochs, batch_size=batch, warmup_epochs=min(own.warmup_epochs, 1))

@@ -338,17 +338,18 @@ class CoPrompt(MaPLe):
         return index
 
     def consistency_loss(self, text: torch.Tensor, image: torch.Tensor, frozen: torch.Tensor, index: torch.Tensor,
-                         sizes: Sequence[int] | None = None) -> torch.Tensor:
+                         sizes: Sequence[int] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """W * (text term + image term) of each run (R,) (:meth:`consistency_terms`)."""
-        text_term, image_term = self.consistency_terms(text, image, frozen, index, sizes)
+        text_term, image_term = self.consistency_terms(text, image, frozen, index, sizes, rows)
         return self.config.consistency_weight * (text_term + image_term)
 
     def consistency_terms(self, text: torch.Tensor, image: torch.Tensor, frozen: torch.Tensor, index: torch.Tensor,
-                          sizes: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          sizes: Sequence[int] | None = None, rows: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
         """The text and the image consistency term of each run, (R,) each: text (R, C, D) and image (R, B, D)
         normalised, frozen the second view's frozen features (B, D) or (R, B, D), index (R,) each run's description.
         ``sizes``: each run's rows when the batches of runs trained together are zero-padded (the image term
-        averages a run's own)."""
+        averages a run's own); ``rows``: the same sizes on the device (the engine's ``criterion.rows``: no upload)."""
         if tuple(self.classnames) != self.trained_classnames:
             raise RuntimeError("CoPrompt trains on the class set it was built for (its description targets)")
         config = self.config
@@ -363,7 +364,8 @@ class CoPrompt(MaPLe):
         if sizes is None or min(sizes) == image.shape[1]:
             image_term = image_rows.mean(-1)
         else:  # a run's own rows only (a run that sits the step out gets 0)
-            rows = torch.tensor(sizes, device=image.device)
+            if rows is None:
+                rows = torch.tensor(sizes, device=image.device)
             mask = torch.arange(image.shape[1], device=image.device) < rows.unsqueeze(1)
             image_term = (image_rows * mask).sum(-1) / rows.clamp(min=1).float()
         return text_term, image_term
@@ -386,7 +388,8 @@ class CoPrompt(MaPLe):
         index = self.take_description_step(sizes if labels.dim() == 2 else None)
         if labels.dim() == 1:  # one batch (seen by every run)
             return criterion(logits) + self.consistency_loss(text, image, frozen, index).sum()
-        return criterion(logits, per_run=True) + self.consistency_loss(text, image, frozen, index, sizes)
+        return criterion(logits, per_run=True) + self.consistency_loss(text, image, frozen, index, sizes,
+                                                                       getattr(criterion, "rows", None))
 
     # --- run bookkeeping ---------------------------------------------------------------------------------------
     def state_for_checkpoint(self) -> dict[str, torch.Tensor]:

@@ -369,7 +369,9 @@ class MMRL(PromptMethod):
         if sizes is None or min(sizes) == image_cos.shape[1]:
             image_reg = 1.0 - image_cos.mean(dim=1)
         else:  # only the first sizes[r] rows of run r are its own (a run that sits out the step gets 0)
-            rows = torch.tensor(sizes, device=image_cos.device)
+            rows = getattr(criterion, "rows", None)  # the engine's device tensor of the sizes: no upload
+            if rows is None:
+                rows = torch.tensor(sizes, device=image_cos.device)
             mask = torch.arange(image_cos.shape[1], device=image_cos.device) < rows.unsqueeze(1)
             image_reg = torch.where(rows > 0, 1.0 - (image_cos * mask).sum(dim=1) / rows.clamp(min=1), 0.0)
             text_reg = torch.where(rows > 0, text_reg, 0.0)
