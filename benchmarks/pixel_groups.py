@@ -158,15 +158,18 @@ def count_operations(work: Path, method: str, runs: int) -> tuple[float, int]:
 WALL_EPOCHS = 4
 
 
-def command_seconds(work: Path, method: str, runs: int, tag: str) -> float:
+def command_seconds(work: Path, method: str, runs: int, tag: str, cpu: list[float] | None = None) -> float:
     """Seconds per run of a 4-run command (2 seeds x 2 variants, :data:`WALL_EPOCHS` epochs) trained in groups of
-    ``runs``."""
+    ``runs``; ``cpu`` gets the process's CPU seconds per run (less sensitive than wall time to other jobs on the
+    cores: one thread, so CPU time is the work done)."""
     from atlas_fast.sweep import Execution, run_configs
 
     grid = configs(work, method, f"wall-{method}-{runs}-{tag}", (1, 2), ("plain", "ls"), epochs=WALL_EPOCHS)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     records = run_configs(grid, Execution("local", runs), progress=False)
     seconds = time.perf_counter() - start
+    if cpu is not None:
+        cpu.append((time.process_time() - start_cpu) / len(grid))
     assert not any(r.get("skipped") for r in records)
     return seconds / len(grid)
 
@@ -367,19 +370,22 @@ def main(argv: list[str] | None = None) -> int:
     if "wall" in sections:
         print(f"\n## 2. Wall time per run of a 4-run command (2 seeds x 2 variants, {WALL_EPOCHS} epochs; training, "
               f"evaluation and records), median of {args.repeats} alternating rounds\n")
-        print("| method | R = 1 (s/run) | R = 4 (s/run) | R = 4 / R = 1 | target |"
-              + (" baseline R = 1 / R = 4 (s/run) |" if old else ""))
-        print("|---|---:|---:|---:|---|" + ("---:|" if old else ""))
+        print("| method | R = 1 (s/run) | R = 4 (s/run) | R = 4 / R = 1 | target | CPU s/run R = 1 / R = 4 | "
+              "CPU R = 4 / R = 1 |" + (" baseline R = 1 / R = 4 (s/run) |" if old else ""))
+        print("|---|---:|---:|---:|---|---:|---:|" + ("---:|" if old else ""))
         for method in args.methods:
             command_seconds(work, method, 4, "warmup")  # the cache's views of these epochs, not timed
             times: dict[int, list[float]] = {1: [], 4: []}
+            cpu: dict[int, list[float]] = {1: [], 4: []}
             for repeat in range(args.repeats):
                 for runs in ((1, 4) if repeat % 2 == 0 else (4, 1)):
-                    times[runs].append(command_seconds(work, method, runs, str(repeat)))
+                    times[runs].append(command_seconds(work, method, runs, str(repeat), cpu[runs]))
             one, four = statistics.median(times[1]), statistics.median(times[4])
+            cpu_one, cpu_four = statistics.median(cpu[1]), statistics.median(cpu[4])
             extra = f" {old[method]['wall']['1']:.3f} / {old[method]['wall']['4']:.3f} |" if old else ""
             print(f"| {method} | {one:.3f} | {four:.3f} | {four / one:.2f} | <= 0.5: "
-                  f"{'met' if four / one <= 0.5 else 'NOT met'} |{extra}", flush=True)
+                  f"{'met' if four / one <= 0.5 else 'NOT met'} | {cpu_one:.3f} / {cpu_four:.3f} | "
+                  f"{cpu_four / cpu_one:.2f} |{extra}", flush=True)
 
     if "pools" in sections:
         print(f"\n## 3. A 4-run command (R = 4, 2 epochs, base/new/all evaluated): decoding pools ({args.workers} "

@@ -104,3 +104,26 @@ def test_a_group_reads_its_test_features_and_zero_shot_references_once(data, mon
     assert calls == {"eval": 3, "zero_shot": 1}  # base, new and all, once for the group
     lone = run(config(data, "shared-eval-lone", seed=2))
     assert lone["metrics"] == grouped[1]["metrics"]
+
+
+def test_a_group_checks_each_training_set_against_the_cache_once(data, monkeypatch):
+    """A seed's label variants train on the same images: a group of 2 seeds x 2 variants checks the cache for the
+    training views of each seed's images once (2 checks, not 4: PromptSRC's check covers all V + 1 views)."""
+    from atlas_fast.atlas.schedules import Atlas
+    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.cache import FeatureCache
+
+    checked = []
+    real = FeatureCache.build
+
+    def counted(self, backbone, dataset, items, num_views=0, **kwargs):
+        if num_views > 0:  # training views (the test split is built at view 0)
+            checked.append(tuple(d.impath for d in items))
+        return real(self, backbone, dataset, items, num_views=num_views, **kwargs)
+
+    monkeypatch.setattr(FeatureCache, "build", counted)
+    variants = [LabelVariant("CoOp", OneHot()), LabelVariant("ls", Atlas(2), atlas_preset("base2new", "ls"))]
+    records = run_grid(config(data, "train-checks"), ["OxfordPets"], variants, SEEDS[:2], progress=False,
+                       execution=Execution("local", batch_runs=4))
+    assert [r["timings"]["batch_runs"] for r in records] == [4] * 4
+    assert len(checked) == 2 and len(set(checked)) == 2

@@ -192,8 +192,14 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
     # pixel methods need cached train features only for soft labels (view 0) and their frozen views (PromptSRC:
     # the views they train on; CoPrompt: a second view of each image, views V + 1..2V)
     train_views = method.cached_train_views(spec.views)
-    cache.build(backbone, data.dataset, train_split.train, num_views=train_views, aug_seed=config.aug_seed,
-                progress=config.progress)
+    # checked once per group for the runs on the same training images (a seed's label variants): the check opens
+    # the cache and looks up every (image, view), V + 1 views each for PromptSRC's frozen features
+    train_key = ("train build", data.dataset, tuple(d.impath for d in train_split.train), train_views,
+                 config.aug_seed)
+    if train_key not in shared:
+        cache.build(backbone, data.dataset, train_split.train, num_views=train_views, aug_seed=config.aug_seed,
+                    progress=config.progress)
+        shared[train_key] = True
     evaluated = getattr(data.fewshot, evaluate_on)
     test_key = (evaluate_on, data.dataset, tuple(d.impath for d in evaluated))
     if test_key not in shared:
