@@ -1,6 +1,22 @@
-"""Exercise every GPU path of atlas_fast once and print one table (run through ``benchmarks/gpu_check.sh``).
+"""Exercise every GPU path of atlas_fast once and print one table (run through ``benchmarks/gpu_check.sh``, after
+``atlas-fast doctor``).
 
-Checks, each timed and each allowed to fail on its own (the table says FAIL and why):
+**First contact** (``--block first-contact``; planned under 4 minutes on an H100/H200), every hazard of a first run
+on a real GPU, each a row:
+
+a. a pixel group (IVLP, R = 4) through the real pipeline and loader, 2 decoding workers and pinned memory, the graphs
+   captured while the workers decode: no fallback, steps replayed;
+b. CLIP-LoRA (text tower, AdamW, a cosine over steps) graphed against eager with the graph's length groups: equal;
+c. PromptSRC, three runs of unequal sizes (sit-outs and a partial batch) graphed against eager: equal;
+d. per-epoch evaluation under graphs (CoOp, R = 2; each evaluation rebuilds the class buffers): every epoch's loss
+   and accuracies equal to eager, graphs captured again after each evaluation;
+e. an injected fp16 overflow: atlas_fast's optimiser, eager and replayed from a CUDA graph, against torch's own SGD
+   + ``torch.amp.GradScaler`` on each run alone: equal tensors and scales;
+f. reserved memory (the caching allocator's peak) of CoOp at R = 12, C = 1,000, graphed, each epoch ending on a
+   partial batch, against what the memory plan budgets for that group.
+
+Any ``graph_steps`` fallback warning during any check is a FAIL row. Then the **pricing block** (``--block pricing``)
+within what ``--budget-s`` leaves (a check whose planned time does not fit is skipped with a row saying so):
 
 1. cache build with fp16 autocast: a ViT-B/16-shaped CLIP (random weights: nothing is downloaded) encodes 38 views
    (Table III's mean) of 600 synthetic 500 x 375 JPEGs; features/s of the build, of its encoding alone and of its
@@ -74,17 +90,31 @@ def row(check: str, status: str, value: str = "", note: str = "") -> None:
 
 
 def guarded(check: str):
-    """Run a check; a failure becomes a FAIL row with the error instead of stopping the script."""
+    """Run a check; a failure becomes a FAIL row with the error instead of stopping the script, and so does any
+    graph_steps fallback warning the check did not catch itself (a run that trained eagerly where graphs should
+    have replayed: counted as a failure, never as "ok")."""
     def wrap(function):
         def run(*args, **kwargs):
+            import warnings
+
             start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - every failure must reach the table
-                traceback.print_exc()
-                row(check, "FAIL", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}",
-                    f"after {time.perf_counter() - start:.1f} s")
-                return None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    return function(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - every failure must reach the table
+                    traceback.print_exc()
+                    row(check, "FAIL", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}",
+                        f"after {time.perf_counter() - start:.1f} s")
+                    return None
+                finally:
+                    fallbacks = [str(w.message) for w in caught if "graph_steps" in str(w.message)]
+                    for w in caught:
+                        if "graph_steps" not in str(w.message):
+                            print(f"warning: {w.message}", file=sys.stderr)
+                    if fallbacks:
+                        row(f"{check}: graph fallback", "FAIL", fallbacks[0][:200],
+                            f"{len(fallbacks)} fallback warning(s): a graphed path trained eagerly")
         return run
     return wrap
 
@@ -711,17 +741,311 @@ def check_paper_scale(budget_s: int) -> None:
         + ("" if complete else "; a partial table: the budget ran out"))
 
 
+# ------------------------------------------------------------------------------------------- first contact
+# Every hazard of a real GPU's first run (issue 43), each a row; any graph_steps fallback is a FAIL (guarded()).
+
+def _graph_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "graph_steps" in str(w.message)]
+
+
+def _replayed(records) -> int:
+    return sum(e.get("graphed_steps", 0) for r in records for e in r.get("epochs", []))
+
+
+def _judged(cuda: bool, good: bool) -> str:
+    """ok/FAIL on a GPU; on a CPU (a smoke test of the script) the path ran eagerly: n/a."""
+    return ("ok" if good else "FAIL") if cuda else "n/a"
+
+
+@guarded("first contact: pixel group through the loader")
+def check_loader_group(root: Path, workers: int = 2) -> None:
+    """IVLP, 4 runs as one group (2 seeds x plain/LS) through the real pipeline: the pixel loader with ``workers``
+    decoding processes and pinned memory (CUDA) keeps decoding while the first graphs are captured (3 epochs,
+    graphs by default, AMP). No fallback, steps replayed in every epoch after the first warm-ups, finite metrics."""
+    import warnings
+
+    from atlas_fast.atlas.schedules import Atlas, OneHot
+    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.methods import METHODS
+    from atlas_fast.sweep import Execution, run_configs
+
+    cuda = SETUP["device"] == "cuda"
+    options = {option: 2 for option in METHODS["ivlp"].depth_options} if SETUP["model"] == "atlas-tiny" else None
+    configs = [_config(root, method="ivlp", seed=seed, epochs=3, batch_size=4, workers=workers,
+                       results_dir=root / "fc-loader", method_options=options, schedule=schedule, soft_labels=soft)
+               for seed in (1, 2) for schedule, soft in ((OneHot(), None), (Atlas(2), atlas_preset("base2new", "ls")))]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        records = run_configs(configs, Execution("local", 4), progress=False)
+        seconds = time.perf_counter() - start
+    fallbacks = _graph_warnings(caught)
+    replayed = _replayed(records)
+    finite = all(torch.isfinite(torch.tensor(r["metrics"]["base"])) for r in records)
+    row("first contact: pixel group through the loader", _judged(cuda, not fallbacks and replayed > 0 and finite),
+        f"IVLP R = {records[0]['timings']['batch_runs']}, {workers} decoding workers"
+        f"{', pinned memory' if cuda else ''}: {replayed} steps replayed, {seconds:.1f} s",
+        ("fell back: " + fallbacks[0][:200]) if fallbacks else "3 epochs, graphs by default, finite metrics"
+        if cuda else "CPU smoke test: eager")
+
+
+@guarded("first contact: CLIP-LoRA graphed")
+def check_clip_lora_graphs(backbone, steps: int = 6) -> None:
+    """CLIP-LoRA on the text tower (AdamW, a cosine over optimiser steps): graphed against eager with the graph's
+    length groups, bit for bit, every step after the warm-ups replayed (it once uploaded its logit scale every
+    step, so its graphs were refused)."""
+    cuda = SETUP["device"] == "cuda"
+    classnames = [f"class {i}" for i in range(10)]
+    generator = torch.Generator().manual_seed(4)
+    features = torch.randn(32 * steps, feature_width("clip-lora-text", backbone), generator=generator)
+    features = features.to(SETUP["device"])
+    labels = torch.randint(10, (32 * steps,), generator=generator)
+    eager, *_ = _train_cached("clip-lora-text", backbone, classnames, features, labels, 2, False, groups=True)
+    if not cuda:
+        row("first contact: CLIP-LoRA graphed", "n/a", "eager only", "CPU smoke test: eager")
+        return
+    graphed, logs, _, fallbacks = _train_cached("clip-lora-text", backbone, classnames, features, labels, 2, True)
+    diff = _largest_difference(eager, graphed)
+    replayed = sum(e.get("graphed_steps", 0) for e in logs[0])
+    row("first contact: CLIP-LoRA graphed", _judged(cuda, diff == 0.0 and replayed > 0 and not fallbacks),
+        f"diff {diff:.1e}, {replayed}/{2 * steps} replayed",
+        ("fell back: " + fallbacks[0][:200]) if fallbacks else "must be 0, no fallback")
+
+
+@guarded("first contact: PromptSRC, unequal runs")
+def check_promptsrc_unequal(backbone, steps: int = 5) -> None:
+    """Three PromptSRC runs of unequal training sets as one group (one sits out the last steps, one ends on a
+    partial batch: keys with sit-outs, whose masks once uploaded the run sizes from the host): graphed against the
+    same group eager with the graph's length groups, bit for bit, no fallback."""
+    import warnings
+
+    from atlas_fast.atlas.schedules import OneHot
+    from atlas_fast.clip.text_encoder import graph_length_groups
+    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.step import RunState
+    from atlas_fast.methods.base import OptimRecipe, method_class
+    from atlas_fast.pricing.units import _SyntheticInputs, _training_inputs, method_config_for
+
+    cuda = SETUP["device"] == "cuda"
+    device = torch.device(SETUP["device"])
+    entry = method_class("promptsrc")
+    classnames = [f"class {i}" for i in range(10)]
+    sizes = (4 * steps, 4 * steps - 8, 4 * steps - 2)
+
+    def trained(graph_steps: bool):
+        torch.manual_seed(0)
+        method = entry.build(backbone, classnames, method_config_for("promptsrc", len(sizes), None, backbone))
+        method = method.to(device)
+        states = []
+        for r, n in enumerate(sizes):
+            inputs = _SyntheticInputs(_training_inputs(entry, backbone, n, device))
+            states.append(RunState(inputs, torch.arange(n) % 10, None, OneHot(), seed=r + 1, device=device))
+        with warnings.catch_warnings(record=True) as caught, graph_length_groups():
+            warnings.simplefilter("always")
+            logs = train_runs(method, states, OptimRecipe(epochs=3, batch_size=4, lr=0.002), device, amp=cuda,
+                              progress=False, graph_steps=graph_steps)
+        return method, logs, _graph_warnings(caught)
+
+    eager, _, _ = trained(False)
+    if not cuda:
+        row("first contact: PromptSRC, unequal runs", "n/a", f"runs of {sizes} images, eager only",
+            "CPU smoke test: eager")
+        return
+    graphed, logs, fallbacks = trained(True)
+    diff = _largest_difference(eager, graphed)
+    replayed = sum(e.get("graphed_steps", 0) for e in logs[0])
+    row("first contact: PromptSRC, unequal runs", _judged(cuda, diff == 0.0 and replayed > 0 and not fallbacks),
+        f"runs of {sizes} images, batch 4: diff {diff:.1e}, {replayed} steps replayed",
+        ("fell back: " + fallbacks[0][:200]) if fallbacks else "sit-outs and a partial batch; must be 0")
+
+
+@guarded("first contact: per-epoch evaluation under graphs")
+def check_epoch_evaluation(root: Path) -> None:
+    """CoOp, 2 runs as one group, evaluated after every epoch (each evaluation rebuilds the class buffers the graphs
+    read): graphed against eager, both with the graph's length groups, every epoch's metrics equal and the graphs
+    captured again after each evaluation (steps replayed in every epoch)."""
+    import warnings
+
+    from atlas_fast.clip.text_encoder import graph_length_groups
+    from atlas_fast.sweep import Execution, run_configs
+
+    cuda = SETUP["device"] == "cuda"
+    results = {}
+    for graphs in ((None, False) if cuda else (False,)):
+        configs = [_config(root, seed=seed, epochs=4, eval_every_epoch=True, graph_steps=graphs,
+                           results_dir=root / f"fc-epochs-{graphs}") for seed in (1, 2)]
+        with warnings.catch_warnings(record=True) as caught, graph_length_groups():
+            warnings.simplefilter("always")
+            records = run_configs(configs, Execution("local", 2), progress=False)
+        results[graphs] = (records, _graph_warnings(caught))
+    if not cuda:
+        row("first contact: per-epoch evaluation under graphs", "n/a", "eager only", "CPU smoke test: eager")
+        return
+    (graphed, fallbacks), (eager, _) = results[None], results[False]
+
+    def per_epoch(records):
+        return [[(e["loss"], e.get("accuracy")) for e in r["epochs"]] for r in records]
+
+    same = per_epoch(graphed) == per_epoch(eager)
+    later = [e.get("graphed_steps", 0) for r in graphed for e in r["epochs"][1:]]
+    row("first contact: per-epoch evaluation under graphs",
+        _judged(cuda, same and not fallbacks and all(n > 0 for n in later)),
+        f"every epoch's loss and accuracies equal to eager: {same}; steps replayed per epoch after the first: "
+        f"{later}", ("fell back: " + fallbacks[0][:200]) if fallbacks else
+        "class buffers rebuilt by each evaluation; graphs captured again")
+
+
+@guarded("first contact: injected overflow vs torch's GradScaler")
+def check_overflow(runs: int = 3, steps: int = 6) -> None:
+    """atlas_fast's optimiser (SGD and a scaler per run, device arithmetic) on the device, eagerly and replayed from a
+    CUDA graph, against torch's own SGD + ``torch.amp.GradScaler`` on each run alone: run 1's gradients overflow in
+    steps 0 and 3. Every run's tensor and loss scale equal, bit for bit."""
+    from atlas_fast.engine.optim import RunsSGD
+
+    cuda = SETUP["device"] == "cuda"
+    device = torch.device(SETUP["device"])
+    generator = torch.Generator().manual_seed(5)
+    start = torch.randn(runs, 5, 3, generator=generator) * 0.02
+    grads = []
+    for step in range(steps):
+        grad = torch.randn(runs, 5, 3, generator=generator) * 0.1
+        if step in (0, 3):
+            grad[1, 0, 0] = float("inf")
+        grads.append(grad.to(device))
+    lrs = [1e-5, 0.002, 0.002, 0.0018, 0.0015, 0.001]
+
+    def ours(graphed: bool):
+        param = torch.nn.Parameter(start.clone().to(device))
+        optimizer = RunsSGD([{"params": [param]}], runs=runs, momentum=0.9, weight_decay=5e-4, amp=True)
+        static = grads[0].clone()
+
+        def body():
+            losses = (param * static).flatten(1).sum(dim=1)
+            (scaled,) = torch.autograd.grad(optimizer.scale_losses(losses), [param])
+            optimizer.step([scaled])
+
+        replay = None
+        for step in range(steps):
+            optimizer.set_lrs([lrs[step]])
+            static.copy_(grads[step])
+            if graphed and step >= 2:
+                if replay is None:  # two eager warm-up steps on a side stream, then capture
+                    stream = torch.cuda.Stream(device)
+                    stream.wait_stream(torch.cuda.current_stream(device))
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, stream=stream):
+                        body()
+                    replay = graph.replay
+                replay()
+            else:
+                body()
+        return param.detach().cpu(), optimizer.scale.cpu()
+
+    def reference(r: int):
+        param = torch.nn.Parameter(start[r:r + 1].clone().to(device))
+        optimizer = torch.optim.SGD([param], lr=lrs[0], momentum=0.9, weight_decay=5e-4)
+        scaler = torch.amp.GradScaler(device.type)
+        for step in range(steps):
+            for group in optimizer.param_groups:
+                group["lr"] = lrs[step]
+            optimizer.zero_grad()
+            scaler.scale((param * grads[step][r:r + 1]).sum()).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        return param.detach().cpu(), scaler.get_scale()
+
+    expected = [reference(r) for r in range(runs)]
+    results = {"eager": ours(False)}
+    if cuda:
+        results["graphed"] = ours(True)
+    verdicts = {}
+    for label, (param, scale) in results.items():
+        verdicts[label] = all(torch.equal(param[r:r + 1], expected[r][0]) and scale[r].item() == expected[r][1]
+                              for r in range(runs))
+    row("first contact: injected overflow vs torch's GradScaler", "ok" if all(verdicts.values()) else "FAIL",
+        "; ".join(f"{label}: {'equal' if good else 'DIFFERENT'}" for label, good in verdicts.items()),
+        f"{runs} runs, run 1 overflows in steps 0 and 3; scales {[e[1] for e in expected]}"
+        + ("" if cuda else " (CPU smoke test: eager only)"))
+
+
+@guarded("first contact: reserved memory vs the plan, partial batch")
+def check_reserved_memory(backbone, runs: int = 12, classes: int = 1000) -> None:
+    """CoOp, R = ``runs`` at C = ``classes`` (ImageNet's), batch 32, graphed, each epoch ending on a partial batch
+    (an eager step beside the graphs' pool): the device memory the training reserved (peak, torch's caching
+    allocator) against what the memory plan budgets for that group."""
+    from atlas_fast.cache.space import human_bytes
+    from atlas_fast.engine import memory
+    from atlas_fast.methods.base import method_class
+
+    cuda = SETUP["device"] == "cuda"
+    if not cuda:
+        runs, classes = 2, 10
+    entry = method_class("coop")
+    per_run = memory.step_bytes_per_run(entry, backbone, classes, 32, cuda)
+    planned = memory.frozen_bytes(backbone, cuda) + runs * per_run
+    if hasattr(memory, "planned_bytes"):  # a plan that counts the graphs' pool beside the eager steps
+        planned = memory.planned_bytes(entry, backbone, classes, 32, cuda, runs, graphs=cuda)
+    generator = torch.Generator().manual_seed(6)
+    n = 32 * 3 + 5
+    features = torch.randn(n, backbone.embed_dim, generator=generator).to(SETUP["device"])
+    labels = torch.randint(classes, (n,), generator=generator)
+    classnames = [f"class {i}" for i in range(classes)]
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_reserved()
+    _, logs, seconds, fallbacks = _train_cached("coop", backbone, classnames, features, labels, 2, cuda, runs=runs)
+    if not cuda:
+        row("first contact: reserved memory vs the plan, partial batch", "n/a",
+            f"plan {human_bytes(planned)} for R = {runs}", "CPU smoke test: no device memory to measure")
+        return
+    reserved = torch.cuda.max_memory_reserved() - before + memory.frozen_bytes(backbone, cuda)
+    replayed = sum(e.get("graphed_steps", 0) for e in logs[0])
+    row("first contact: reserved memory vs the plan, partial batch",
+        "ok" if reserved <= planned and not fallbacks and replayed > 0 else "FAIL",
+        f"CoOp R = {runs}, C = {classes}: {human_bytes(reserved)} reserved (peak, frozen CLIP counted as planned), "
+        f"plan {human_bytes(planned)} ({reserved / planned:.2f} of it); {replayed} steps replayed",
+        ("fell back: " + fallbacks[0][:200]) if fallbacks else
+        f"batch 32, {n} images: each epoch ends on a partial batch run eagerly beside the graphs' pool")
+
+
+def first_contact(root: Path, backbone, workers: int) -> None:
+    """The first-contact block: every hazard of a first run on a real GPU (planned under 4 minutes on an H100)."""
+    check_loader_group(root, workers)
+    check_clip_lora_graphs(backbone)
+    check_promptsrc_unequal(backbone)
+    check_epoch_evaluation(root)
+    check_overflow()
+    check_reserved_memory(backbone)
+
+
+#: (check, planned seconds on an H100/H200) of the pricing block, in the order they run: a check starts only while
+#: the budget (--budget-s) leaves it its planned time, so the whole script stays within it.
+PRICING_PLAN = {"cache build": 40, "faiss": 2, "AMP": 15, "batched": 20, "pixels": 15, "step speed": 15,
+                "graph steps": 40, "pixel graphs": 40, "pixel memory": 20, "batched graphs": 20, "syncs": 10,
+                "groups": 20, "runs/hour": 40, "demo": 30, "beyond": 40}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", type=float, default=1.0, help="dataset size multiplier (default 1)")
     p.add_argument("--runs", type=int, default=12, help="runs of the batched check (default 12)")
     p.add_argument("--device", default="cuda", help="cuda (default); cpu only to smoke-test this script")
     p.add_argument("--model", default="ViT-B-16", help="open_clip model, random weights (default ViT-B-16)")
+    p.add_argument("--block", choices=("all", "first-contact", "pricing"), default="all",
+                   help="the first-contact block (every hazard of a first GPU run), the pricing block, or both "
+                        "(default, first contact first)")
+    p.add_argument("--budget-s", type=float, default=420.0,
+                   help="seconds this script may take (default 420: with the doctor before it, gpu_check.sh stays "
+                        "under 8 minutes); pricing checks that would not fit are skipped, each with a row")
+    p.add_argument("--workers", type=int, default=2, help="decoding workers of the first-contact pixel group")
     p.add_argument("--skip-demo", action="store_true", help="leave out the demo's wall time (the longest check)")
     p.add_argument("--beyond-teacher", default="ViT-H-14-quickgelu",
                    help="KDPL's teacher in the cached-vs-pixel check, random weights (default: the paper's ViT-H-14)")
-    p.add_argument("--paper-scale-budget", type=int, default=240,
-                   help="seconds for benchmarks/paper_scale.py's units (default 240; 0 leaves it out)")
+    p.add_argument("--paper-scale-budget", type=int, default=120,
+                   help="at most these seconds for benchmarks/paper_scale.py's units (default 120, less if the "
+                        "budget has less left; 0 leaves it out)")
     args = p.parse_args()
     SETUP.update(device=args.device, model=args.model)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -733,29 +1057,51 @@ def main() -> int:
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (script smoke test)"
     row("device", "ok", name, f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     start = time.perf_counter()
+
+    def fits(check: str) -> bool:
+        """Whether the pricing check ``check`` may start: its planned seconds still fit the budget."""
+        left = args.budget_s - (time.perf_counter() - start)
+        if left >= PRICING_PLAN[check]:
+            return True
+        row(f"pricing: {check}", "skipped", f"{left:.0f} s of the budget left",
+            f"planned {PRICING_PLAN[check]} s on an H100/H200 (--budget-s {args.budget_s:g})")
+        return False
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         classes = max(4, int(100 * args.scale)) // 2 * 2
         write_dataset(root / "data", classes, train=10, test=4)
         backbone = load_backbone(BackboneConfig(args.model, None), args.device)
-        check_cache(backbone, root, load_dataset("OxfordPets", root / "data"), photos=max(8, int(600 * args.scale)))
-        check_faiss()
-        check_amp(root)
-        check_batched(root, args.runs)
-        check_pixels(root)
-        check_step_speed()
-        check_graph_steps(backbone)
-        check_pixel_graphs(backbone)
-        check_pixel_memory(backbone)
-        check_batched_graph_steps(backbone)
-        check_graphed_syncs(backbone)
-        check_graph_groups(backbone)
-        check_runs_per_hour(root)
-        if not args.skip_demo:
-            check_demo(root)
-        if args.paper_scale_budget > 0:
-            check_paper_scale(args.paper_scale_budget)
-        check_beyond_methods(args.beyond_teacher if args.device == "cuda" else args.model)
+        if args.block in ("all", "first-contact"):
+            first_contact(root, backbone, args.workers)
+            seconds = time.perf_counter() - start
+            cuda = args.device == "cuda"
+            row("first-contact block", ("ok" if seconds <= 240 else "WARN") if cuda else "n/a", f"{seconds:.0f} s",
+                "target under 4 minutes on an H100/H200" if cuda else "CPU smoke test: not judged")
+        if args.block in ("all", "pricing"):
+            if fits("cache build"):
+                check_cache(backbone, root, load_dataset("OxfordPets", root / "data"),
+                            photos=max(8, int(600 * args.scale)))
+            steps = [("faiss", check_faiss, ()), ("AMP", check_amp, (root,)), ("batched", check_batched,
+                                                                                 (root, args.runs)),
+                     ("pixels", check_pixels, (root,)), ("step speed", check_step_speed, ()),
+                     ("graph steps", check_graph_steps, (backbone,)), ("pixel graphs", check_pixel_graphs, (backbone,)),
+                     ("pixel memory", check_pixel_memory, (backbone,)),
+                     ("batched graphs", check_batched_graph_steps, (backbone,)),
+                     ("syncs", check_graphed_syncs, (backbone,)), ("groups", check_graph_groups, (backbone,)),
+                     ("runs/hour", check_runs_per_hour, (root,))]
+            if not args.skip_demo:
+                steps.append(("demo", check_demo, (root,)))
+            for check, function, check_args in steps:
+                if fits(check):
+                    function(*check_args)
+            left = args.budget_s - (time.perf_counter() - start) - PRICING_PLAN["beyond"] - 15
+            if args.paper_scale_budget > 0 and left >= 30:
+                check_paper_scale(int(min(args.paper_scale_budget, left)))
+            elif args.paper_scale_budget > 0:
+                row("pricing: paper scale", "skipped", f"{left:.0f} s of the budget left", "")
+            if fits("beyond"):
+                check_beyond_methods(args.beyond_teacher if args.device == "cuda" else args.model)
     total = time.perf_counter() - start
     print(f"\n## atlas_fast GPU check on {name} ({total:.0f} s)\n")
     print("| check | status | measured | note |")

@@ -75,3 +75,30 @@ def test_cached_step_work_counts_fewer_flops_with_length_groups(capsys):
                         "--runs", "12"]) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| coop | 500 |")]
     assert float(line.split("|")[6].strip().rstrip("x")) < 0.6  # graph groups / padded
+
+
+def test_gpu_checks_first_contact_overflow_row_judges_against_torchs_grad_scaler(monkeypatch):
+    """The GPU check's injected-overflow row on the CPU (eager): atlas_fast's optimiser equals torch's SGD +
+    GradScaler (ok); with a different backoff factor injected it does not (FAIL). A graph_steps fallback warning
+    inside any check is a FAIL row of its own."""
+    import warnings
+
+    import atlas_fast.engine.optim as optim
+
+    module = load_benchmark("gpu_check")
+    module.SETUP.update(device="cpu", model="atlas-tiny")
+    module.ROWS.clear()
+    module.check_overflow()
+    assert module.ROWS[-1][:3] == ("first contact: injected overflow vs torch's GradScaler", "ok", "eager: equal")
+    monkeypatch.setattr(optim, "BACKOFF_FACTOR", 0.25)
+    module.check_overflow()
+    assert module.ROWS[-1][1:3] == ("FAIL", "eager: DIFFERENT")
+
+    @module.guarded("a check")
+    def falls_back():
+        warnings.warn("graph_steps: capturing a step of coop failed: ...; these runs train eagerly")
+        module.row("a check", "ok")
+
+    falls_back()
+    assert module.ROWS[-2][:2] == ("a check", "ok")
+    assert module.ROWS[-1][:2] == ("a check: graph fallback", "FAIL")
