@@ -626,3 +626,22 @@ def test_capture_lets_other_threads_work_and_checks_liveness_on_request(monkeypa
     monkeypatch.setenv("ATLAS_FAST_GRAPH_DEBUG", "1")
     graphs.capture(lambda: None, stream="stream", pool="pool")
     assert options["check_input_liveness"] is True and options["capture_error_mode"] == "thread_local"
+
+
+def test_a_rebuild_between_a_keys_warm_ups_starts_its_warm_up_again(tiny, fake_graphs, recwarn):
+    """One full step per epoch and new class buffers after every epoch (a per-epoch evaluation): the first step
+    after a rebuild builds the text layouts of the new buffers (from host data, as it may: it is a warm-up), so it
+    must count as a first warm-up again, never as a key's checked last one (which would refuse graphs for host
+    traffic that no replay has)."""
+    method, states = _group(tiny, "coop", runs=1, sizes=(BATCH + 1,))
+
+    def rebuild(epoch):
+        method.set_classnames(CLASSES)
+        return [{}]
+
+    recipe = OptimRecipe(epochs=3, batch_size=BATCH, lr=0.05)
+    logs = train_runs(method, states[:1], recipe, torch.device("cpu"), False, progress=False, on_epoch_end=rebuild,
+                      graph_steps=True)
+    assert not [str(w.message) for w in recwarn if "graph_steps" in str(w.message)]
+    assert [e.get("graph_fallback") for e in logs[0]] == [None] * 3
+    assert [(e["graphed_steps"], e["eager_steps"]) for e in logs[0]] == [(0, 2)] * 3

@@ -274,11 +274,13 @@ class StepGraphs:
 
     def start_epoch(self) -> None:
         """Drop the graphs if a tensor they read was rebuilt since the last epoch's steps (new class buffers after
-        a per-epoch evaluation), so that they are warmed up, checked and captured again."""
-        if self.graphs and self._stale():
+        a per-epoch evaluation), so that they are warmed up, checked and captured again. Keys still warming up start
+        again too: the first step after a rebuild builds what a method caches lazily (the text layouts of the new
+        buffers, KgCoOp's targets), which no key's checked last warm-up may do."""
+        if self.held and self._stale():
             self.graphs.clear()
-            self.held = []  # noted again at the next capture
-            self.seen.clear()  # warm up again: a method rebuilds what it caches lazily (KgCoOp's targets)
+            self.held = []  # noted again at the next capture or the epoch's end
+            self.seen.clear()
 
     def end_epoch(self) -> int:
         """The steps replayed in the epoch; notes (and holds) the tensors the graphs read, before any per-epoch
