@@ -982,9 +982,8 @@ def check_reserved_memory(backbone, runs: int = 12, classes: int = 1000) -> None
         runs, classes = 2, 10
     entry = method_class("coop")
     per_run = memory.step_bytes_per_run(entry, backbone, classes, 32, cuda)
-    planned = memory.frozen_bytes(backbone, cuda) + runs * per_run
-    if hasattr(memory, "planned_bytes"):  # a plan that counts the graphs' pool beside the eager steps
-        planned = memory.planned_bytes(entry, backbone, classes, 32, cuda, runs, graphs=cuda)
+    # what the plan budgets for R graphed runs: the frozen CLIP and, per run, a live graph's pool beside an eager step
+    planned = memory.frozen_bytes(backbone, cuda) + runs * per_run * (memory.GRAPHED_ACTIVATION_SETS if cuda else 1)
     generator = torch.Generator().manual_seed(6)
     n = 32 * 3 + 5
     features = torch.randn(n, backbone.embed_dim, generator=generator).to(SETUP["device"])

@@ -58,23 +58,29 @@ def test_a_group_unlike_its_run_alone_fails_the_doctor(monkeypatch, capsys):
     assert "1 mismatch(es): cached text (coop): group = alone" in out
 
 
-def test_a_step_that_reads_back_fails_the_doctor(monkeypatch, capsys):
-    """Injected: CoOp's loss read back to the host inside every step (a graph could not replay it)."""
+@pytest.mark.parametrize("traffic, expected", [
+    pytest.param(lambda loss: float(loss.detach().sum()), "1 read(s) back, 0 upload(s)",  # read back to the host
+                 marks=pytest.mark.slow),  # (the default run keeps the upload: one such test is enough there)
+    (lambda loss: loss * torch.tensor(1.0), "0 read(s) back, 1 upload(s)"),  # a constant built on the host
+], ids=["read-back", "upload"])
+def test_a_step_with_host_traffic_fails_the_doctor(monkeypatch, capsys, traffic, expected):
+    """Injected into CoOp's loss in every step (as CLIP-LoRA's logit scale once was built): a graph could not
+    replay it."""
     from atlas_fast.methods.base import method_class
 
     entry = method_class("coop")
     real = entry.training_loss
 
-    def reading(self, *args, **kwargs):
+    def with_traffic(self, *args, **kwargs):
         loss = real(self, *args, **kwargs)
-        float(loss.detach().sum())
-        return loss
+        result = traffic(loss)
+        return result if isinstance(result, torch.Tensor) else loss
 
-    monkeypatch.setattr(entry, "training_loss", reading)
+    monkeypatch.setattr(entry, "training_loss", with_traffic)
     assert main(["doctor", "--methods", "coop", "--steps", "3"]) == MISMATCH_STATUS
     out = capsys.readouterr().out
     assert "| cached text (coop): eager steps | FAIL | " in out
-    assert "host traffic per steady-state step: 1 read(s) back" in out
+    assert f"host traffic per steady-state step: {expected}" in out
 
 
 def test_bad_options_are_named(capsys):

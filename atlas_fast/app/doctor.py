@@ -336,10 +336,12 @@ def plan_rows(device: torch.device) -> list[Row]:
         entry = method_class(name)
         _, recipe = entry.recipe_function("paper", "base2new", 16, "ImageNet")
         per_run = memory.step_bytes_per_run(entry, backbone, PLAN_CLASSES, recipe.batch_size, amp)
-        r = memory.runs_that_fit(most, per_run, fixed, total)
+        r = memory.runs_that_fit(most, per_run, fixed, total, graphs=amp)  # graphed by default on CUDA
         parts.append(f"{name}: R = {r} of {most} (one run's step {human_bytes(per_run)}, batch {recipe.batch_size})")
+    graphed = (f"graphed: a live graph's pool beside an eager step, {memory.GRAPHED_ACTIVATION_SETS} sets of "
+               "activations per run" if amp else "eager")
     return [Row("memory plan", INFO, "; ".join(parts),
-                f"{PLAN_MODEL}, C = {PLAN_CLASSES:,}, {'fp16 autocast' if amp else 'fp32'}; frozen CLIP "
+                f"{PLAN_MODEL}, C = {PLAN_CLASSES:,}, {'fp16 autocast' if amp else 'fp32'}, {graphed}; frozen CLIP "
                 f"{human_bytes(fixed)}; {human_bytes(total) if total else 'unknown'} on {device.type}, "
                 f"{int(100 * memory.DEVICE_SHARE)} % of it planned")]
 
