@@ -22,6 +22,11 @@ SETTINGS: tuple[Setting, ...] = get_args(Setting)
 RecipeFamily = Literal["paper", "original"]
 RECIPE_FAMILIES: tuple[RecipeFamily, ...] = get_args(RecipeFamily)
 
+# The order in which a K-shot subset is drawn from one seed: CoOp's and Dassl's (the training subset, then the
+# validation subset; the default) or CLIP-LoRA's dataset readers' (validation first, classes short of K repeated).
+FewShotOrder = Literal["coop", "clip-lora"]
+FEWSHOT_ORDERS: tuple[FewShotOrder, ...] = get_args(FewShotOrder)
+
 # The class sets a run trains on (``subsample``) and is evaluated on, in the order a record lists them.
 ClassSet = Literal["base", "new", "all"]
 CLASS_SETS: tuple[ClassSet, ...] = get_args(ClassSet)

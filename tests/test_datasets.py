@@ -288,6 +288,60 @@ def test_fewshot_matches_dassl_on_the_global_rng(data_root, name, num_shots):
         assert sub.test == splits.test and sub.subset == {"shots": num_shots, "seed": seed}
 
 
+def clip_lora_fewshot(train, val, num_shots, seed, val_is_test=False):
+    """CLIP-LoRA's dataset readers, literally, on the global ``random`` module: the validation subset (min(K, 4)
+    shots) is drawn before the training subset, both with ``repeat=True`` (a class short of the shots is drawn with
+    replacement); ImageNet draws K + min(K, 4) images of each class at once and trains on the first K."""
+    random.seed(seed)
+    val_shots = min(num_shots, 4)
+
+    def generate(data_source, k):
+        tracker = defaultdict(list)
+        for item in data_source:
+            tracker[item.label].append(item)
+        dataset = []
+        for label, items in tracker.items():
+            dataset.extend(random.sample(items, k) if len(items) >= k else random.choices(items, k=k))
+        return dataset
+
+    if val_is_test:
+        tracker = defaultdict(list)
+        for item in train:
+            tracker[item.label].append(item)
+        return [d for items in tracker.values() for d in random.sample(items, num_shots + val_shots)[:num_shots]], \
+            list(val)
+    new_val = generate(val, val_shots)
+    return generate(train, num_shots), new_val
+
+
+@pytest.mark.parametrize("name", ["StanfordCars", "OxfordPets", "ImageNet"])
+@pytest.mark.parametrize("num_shots", [2, 5])
+def test_the_clip_lora_fewshot_order_matches_its_readers_and_is_not_the_default(data_root, name, num_shots,
+                                                                              tmp_path):
+    """Issue 44: CLIP-LoRA's readers sample validation before training, so with one seed their K-shot training sets
+    differ from CoOp's; ``order="clip-lora"`` draws theirs, the default stays CoOp's."""
+    splits = load_dataset(name, data_root)
+    if splits.val_is_test and num_shots > 1:  # 3 training images per class: K + min(K, 4) = 4 cannot be drawn
+        with pytest.raises(ValueError, match=r"has 3 training images, fewer than the \d \+ \d CLIP-LoRA's order"):
+            fewshot_subset(splits, num_shots, 1, order="clip-lora")
+        num_shots = 1
+    differs = False
+    for seed in (1, 2, 3):
+        sub = fewshot_subset(splits, num_shots, seed, order="clip-lora", store_dir=tmp_path)
+        train, val = clip_lora_fewshot(splits.train, splits.val, num_shots, seed, splits.val_is_test)
+        assert list(sub.train) == train and list(sub.val) == val
+        assert sub.subset == {"shots": num_shots, "seed": seed, "order": "clip-lora"}
+        assert fewshot_subset(splits, num_shots, seed, order="clip-lora", store_dir=tmp_path) == sub  # stored
+        default = fewshot_subset(splits, num_shots, seed, store_dir=tmp_path)
+        assert list(default.train) == dassl_fewshot(splits.train, splits.val, num_shots, seed,
+                                                    sample_val=not splits.val_is_test)[0]
+        differs |= default.train != sub.train
+    assert differs  # the two orders give other training images for the same seed
+    assert len(list(tmp_path.glob(f"shot_{num_shots}-seed_1-clip-lora-*.json"))) == 1
+    with pytest.raises(ValueError, match="few-shot order must be one of coop, clip-lora, got 'lora'"):
+        fewshot_subset(splits, num_shots, 4, order="lora")
+
+
 def test_fewshot_counts_order_and_determinism(data_root):
     splits = load_dataset("StanfordCars", data_root)  # 5 train / 2 val per class, non-ascending label groups
     sub = fewshot_subset(splits, 4, seed=1)
@@ -400,3 +454,20 @@ def test_relabeling_keeps_every_other_field():
 
     datum = Datum("/data/a/b.jpg", 7, "cat", "a/b.jpg", domain=2)
     assert _relabeled(datum, 3) == replace(datum, label=3) and datum.label == 7
+
+
+def test_a_run_with_the_clip_lora_order_is_another_record_and_the_default_names_are_kept(data_root, tmp_path):
+    """The order is part of a run only when it is not the default: records of CoOp's order keep their names."""
+    from atlas_fast.clip.backbones import BackboneConfig
+    from atlas_fast.engine import TrainConfig
+    from atlas_fast.engine.spec import plan_run
+
+    common = dict(dataset="OxfordPets", data_root=data_root, backbone=BackboneConfig("atlas-tiny", None), shots=2,
+                  epochs=2, device="cpu", cache_root=tmp_path / "cache", results_dir=tmp_path / "results",
+                  progress=False)
+    coop, lora = (plan_run(TrainConfig(**common, fewshot_order=order)) for order in ("coop", "clip-lora"))
+    assert "fewshot_order" not in coop.described and lora.described["fewshot_order"] == "clip-lora"
+    assert coop.record_key != lora.record_key and coop.config_key != lora.config_key
+    assert coop.data.fewshot.train != lora.data.fewshot.train
+    with pytest.raises(ValueError, match="fewshot_order must be one of"):
+        TrainConfig(**common, fewshot_order="lora")

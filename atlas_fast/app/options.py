@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from atlas_fast.app.catalogue import method_names
 from atlas_fast.errors import UsageError, distinct, short_repr
-from atlas_fast.vocabulary import (CLASS_SETS, GRAPH_STEPS, GRAPH_STEPS_VARIABLE, PRECISIONS, RECIPE_FAMILIES,
+from atlas_fast.vocabulary import (CLASS_SETS, FEWSHOT_ORDERS, GRAPH_STEPS, GRAPH_STEPS_VARIABLE, PRECISIONS, RECIPE_FAMILIES,
                                    SETTINGS, environment_graph_steps)
 
 if TYPE_CHECKING:
@@ -143,6 +143,11 @@ RUN_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "cache_root": (("--cache-root",), dict(type=Path, default=Path("cache"), help="cache folder (default ./cache)")),
     "results_dir": (("--results-dir",), dict(type=Path, default=Path("results"),
                                              help="records (default ./results)")),
+    "fewshot_order": (("--fewshot-order",), dict(
+        choices=FEWSHOT_ORDERS, default="coop",
+        help="how a seed draws its K-shot subsets: coop = CoOp's and Dassl's order, training then validation "
+             "(default); clip-lora = CLIP-LoRA's dataset readers' order, validation first (its published runs' "
+             "training images)")),
     "content_hash": (("--content-hash",), dict(
         action="store_true", help="identify images by a hash of their bytes, not size+mtime (reads every image)")),
 }

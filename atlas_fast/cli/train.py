@@ -28,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        type=method_name(), action=Distinct, help=f"prompt method(s): {', '.join(method_names())} (default coop); dept-* = DePT's head "
                             "on coop/cocoop/kgcoop/maple, zsclip = zero-shot CLIP (nothing trained); ivlp, maple, "
                             "promptsrc, dept-maple prompt the image encoder and train on pixels")
-    add_run_options(train, ("recipe_family", "setting", "shots"))
+    add_run_options(train, ("recipe_family", "setting", "shots", "fewshot_order"))
     add_seeds(train, [1])
     add_run_options(train, ("subsample",))
     atlas = train.add_argument_group("label schedule (ATLaS and baselines)")

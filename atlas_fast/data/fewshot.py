@@ -43,7 +43,7 @@ from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
 from atlas_fast.data.identity import items_fingerprint
 from atlas_fast.files import JsonFileError, atomic_write, blake2b_hex, read_json
 from atlas_fast.renames import moved_names
-from atlas_fast.vocabulary import CLASS_SETS
+from atlas_fast.vocabulary import CLASS_SETS, FEWSHOT_ORDERS, FewShotOrder
 
 MAX_VAL_SHOTS = 4
 T = TypeVar("T")
@@ -51,15 +51,51 @@ T = TypeVar("T")
 MAX_SEED = 2**32 - 1
 
 
-def sample_per_class(items: Sequence[Datum], num_shots: int, rng: random.Random) -> list[Datum]:
-    """Dassl's ``generate_fewshot_dataset`` on one list (``repeat=False``), drawing from ``rng``."""
+def sample_per_class(items: Sequence[Datum], num_shots: int, rng: random.Random, repeat: bool = False
+                     ) -> list[Datum]:
+    """Dassl's ``generate_fewshot_dataset`` on one list, drawing from ``rng``: a class short of ``num_shots`` gives
+    all its items (``repeat=False``, Dassl's default) or ``num_shots`` drawn with replacement (``repeat=True``, the
+    default of CLIP-LoRA's copy of it)."""
     by_label: dict[int, list[Datum]] = defaultdict(list)  # insertion order = order of first appearance
     for item in items:
         by_label[item.label].append(item)
     sampled: list[Datum] = []
     for group in by_label.values():
-        sampled.extend(rng.sample(group, num_shots) if len(group) >= num_shots else group)
+        if len(group) >= num_shots:
+            sampled.extend(rng.sample(group, num_shots))
+        else:
+            sampled.extend(rng.choices(group, k=num_shots) if repeat else group)
     return sampled
+
+
+def draw_subset(splits: DatasetSplits, num_shots: int, seed: int, order: FewShotOrder = "coop"
+                ) -> tuple[list[Datum], list[Datum]]:
+    """The K-shot training and min(K, 4)-shot validation lists of ``seed``, in ``order``: ``"coop"`` (CoOp's and
+    Dassl's readers: training first, then validation; a list whose validation is its test list samples training
+    only) or ``"clip-lora"`` (CLIP-LoRA's readers: validation first, then training, a class short of the shots
+    repeated; ImageNet, whose validation is its test list, draws K + min(K, 4) images of each class from its
+    training list at once and trains on the first K, the rest being CLIP-LoRA's validation, unused here)."""
+    rng = random.Random(seed)
+    val_shots = min(num_shots, MAX_VAL_SHOTS)
+    if order == "coop":
+        train = sample_per_class(splits.train, num_shots, rng)
+        val = list(splits.val) if splits.val_is_test else sample_per_class(splits.val, val_shots, rng)
+        return train, val
+    if order != "clip-lora":
+        raise ValueError(f"few-shot order must be one of {', '.join(FEWSHOT_ORDERS)}, got {order!r}.")
+    if splits.val_is_test:
+        by_label: dict[int, list[Datum]] = defaultdict(list)
+        for item in splits.train:
+            by_label[item.label].append(item)
+        short = [(label, len(group)) for label, group in by_label.items() if len(group) < num_shots + val_shots]
+        if short:
+            raise ValueError(f"{splits.name}: class {short[0][0]} has {short[0][1]} training images, fewer than the "
+                             f"{num_shots} + {val_shots} CLIP-LoRA's order draws from each class of a dataset whose "
+                             f"validation list is its test list; use --fewshot-order coop or fewer --shots.")
+        train = [d for group in by_label.values() for d in rng.sample(group, num_shots + val_shots)[:num_shots]]
+        return train, list(splits.val)
+    val = sample_per_class(splits.val, val_shots, rng, repeat=True)
+    return sample_per_class(splits.train, num_shots, rng, repeat=True), val
 
 
 def fewshot_source(splits: DatasetSplits) -> str:
@@ -68,14 +104,16 @@ def fewshot_source(splits: DatasetSplits) -> str:
 
 
 def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
-                   store_dir: str | Path | None = None, memo: dict | None = None) -> DatasetSplits:
+                   store_dir: str | Path | None = None, memo: dict | None = None,
+                   order: FewShotOrder = "coop") -> DatasetSplits:
     """K-shot train (and min(K, 4)-shot val) lists, sampled as Dassl does with ``seed``, test untouched.
 
     ``num_shots < 1`` returns ``splits`` unchanged, as do test-only datasets (no train list). With ``store_dir``,
     the subset is read from ``<store_dir>/shot_{K}-seed_{S}-<source fingerprint[:12]>.json`` when that file exists
     (and checked against the current lists) and written there otherwise. Must run before :func:`subsample_classes`,
     as in CoOp. A negative seed is refused: Python seeds ``Random(-1)`` exactly like ``Random(1)``. ``memo``: shared
-    by the plans of one sweep on ``splits`` (see the module's docstring)."""
+    by the plans of one sweep on ``splits`` (see the module's docstring). ``order``: :func:`draw_subset`'s (another
+    order's subsets are stored under another name, ``shot_{K}-seed_{S}-clip-lora-...``)."""
     if num_shots < 1 or not splits.train:
         return splits
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -87,15 +125,13 @@ def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
         raise ValueError(f"{splits.name}: few-shot sampling must run once, on the full class set and before "
                          f"subsample_classes (as in CoOp); these splits are already a subset: {splits.subset}")
     source = _memoized(memo, "fewshot_source", (splits.train, splits.val), lambda: fewshot_source(splits))
-    path = (Path(store_dir) / f"shot_{num_shots}-seed_{seed}-{source[:12]}.json" if store_dir is not None
+    tag = "" if order == "coop" else f"{order}-"
+    path = (Path(store_dir) / f"shot_{num_shots}-seed_{seed}-{tag}{source[:12]}.json" if store_dir is not None
             else None)
     if path is not None and path.is_file():
         train, val = _load_stored(path, splits, num_shots, seed, source, memo)
     else:
-        rng = random.Random(seed)
-        train = sample_per_class(splits.train, num_shots, rng)
-        val = splits.val if splits.val_is_test else sample_per_class(
-            splits.val, min(num_shots, MAX_VAL_SHOTS), rng)
+        train, val = draw_subset(splits, num_shots, seed, order)
         if path is not None:
             try:
                 _store(path, splits, num_shots, seed, source, train, None if splits.val_is_test else val)
@@ -105,7 +141,8 @@ def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
                 print(f"warning: few-shot subset {path} cannot be stored (the folder is read-only: "
                       f"{exc.strerror}); it is drawn from the seed and not kept.", file=sys.stderr)
     return replace(splits, train=tuple(train), val=tuple(val),
-                   subset={**splits.subset, "shots": num_shots, "seed": seed})
+                   subset={**splits.subset, "shots": num_shots, "seed": seed,
+                           **({"order": order} if order != "coop" else {})})
 
 
 def shots_used(splits: DatasetSplits) -> dict[str, int]:

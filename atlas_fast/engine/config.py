@@ -23,7 +23,8 @@ from atlas_fast.methods.base import MethodConfig
 from atlas_fast.atlas.schedules import LabelSchedule, OneHot
 from atlas_fast.renames import moved_names, renamed_fields
 from atlas_fast.vocabulary import (CLASS_SETS, PRECISIONS as _PRECISIONS, RECIPE_FAMILIES, SETTINGS as _SETTINGS,
-                                   ClassSet, Precision, RecipeFamily, Setting, environment_graph_steps)
+                                   FEWSHOT_ORDERS, ClassSet, FewShotOrder, Precision, RecipeFamily, Setting,
+                                   environment_graph_steps)
 
 if TYPE_CHECKING:
     from atlas_fast.atlas.softlabels import SoftLabelConfig
@@ -108,6 +109,7 @@ class TrainConfig:
     progress: bool = True
     content_hash: bool = False
     workers: int | None = None
+    fewshot_order: FewShotOrder = "coop"
 
     def __post_init__(self) -> None:
         if self.setting not in _SETTINGS:
@@ -122,6 +124,8 @@ class TrainConfig:
             raise ValueError(f"snapshot_epochs lists numbers of finished epochs (0 = the initialisation), each an "
                              f"integer >= 0; got {self.snapshot_epochs!r}.")
         self.snapshot_epochs = tuple(sorted(set(self.snapshot_epochs)))
+        if self.fewshot_order not in FEWSHOT_ORDERS:
+            raise ValueError(f"fewshot_order must be one of {FEWSHOT_ORDERS}, got {self.fewshot_order!r}.")
         if self.precision not in _PRECISIONS:
             raise ValueError(f"precision must be one of {_PRECISIONS}, got {self.precision!r}.")
         if isinstance(self.shots, numbers.Integral) and not isinstance(self.shots, bool) and self.shots < 1:

@@ -101,6 +101,8 @@ def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig,
     }
     if config.snapshot_epochs:  # the learned file holds more: such a run is another record (and only then)
         described["snapshot_epochs"] = list(config.snapshot_epochs)
+    if config.fewshot_order != "coop":  # another K-shot draw of the seed: another run (named only then)
+        described["fewshot_order"] = config.fewshot_order
     return described
 
 
@@ -178,7 +180,8 @@ def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: b
     fewshot = full
     if not (evaluation_only and subsamples == ["all"]):
         fewshot = fewshot_subset(full, config.shots, config.seed,
-                                 store_dir=Path(config.cache_root) / full.name / "split_fewshot", memo=memo)
+                                 store_dir=Path(config.cache_root) / full.name / "split_fewshot", memo=memo,
+                                 order=config.fewshot_order)
     splits = {name: subsample_classes(fewshot, name, memo) for name in subsamples}
     whole = subsample_classes(full, "all", memo) if domain and not evaluation_only else None
     train_split = whole if whole is not None else splits[config.train_subsample]
