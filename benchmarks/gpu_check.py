@@ -752,6 +752,11 @@ def _replayed(records) -> int:
     return sum(e.get("graphed_steps", 0) for r in records for e in r.get("epochs", []))
 
 
+def _logged_fallbacks(records) -> list[str]:
+    """The fallbacks the records' epoch logs name (``graph_fallback``), beside the warnings."""
+    return [e["graph_fallback"] for r in records for e in r.get("epochs", []) if e.get("graph_fallback")]
+
+
 def _judged(cuda: bool, good: bool) -> str:
     """ok/FAIL on a GPU; on a CPU (a smoke test of the script) the path ran eagerly: n/a."""
     return ("ok" if good else "FAIL") if cuda else "n/a"
@@ -779,7 +784,7 @@ def check_loader_group(root: Path, workers: int = 2) -> None:
         start = time.perf_counter()
         records = run_configs(configs, Execution("local", 4), progress=False)
         seconds = time.perf_counter() - start
-    fallbacks = _graph_warnings(caught)
+    fallbacks = _graph_warnings(caught) + _logged_fallbacks(records)
     replayed = _replayed(records)
     finite = all(torch.isfinite(torch.tensor(r["metrics"]["base"])) for r in records)
     row("first contact: pixel group through the loader", _judged(cuda, not fallbacks and replayed > 0 and finite),
@@ -877,7 +882,7 @@ def check_epoch_evaluation(root: Path) -> None:
         with warnings.catch_warnings(record=True) as caught, graph_length_groups():
             warnings.simplefilter("always")
             records = run_configs(configs, Execution("local", 2), progress=False)
-        results[graphs] = (records, _graph_warnings(caught))
+        results[graphs] = (records, _graph_warnings(caught) + _logged_fallbacks(records))
     if not cuda:
         row("first contact: per-epoch evaluation under graphs", "n/a", "eager only", "CPU smoke test: eager")
         return

@@ -231,6 +231,7 @@ def train_group(name: str, backbone, device: torch.device, runs: int, steps: int
         seconds = time.perf_counter() - start
     reserved = torch.cuda.max_memory_reserved(device) - before if cuda else None
     fallbacks = [str(w.message) for w in caught if "graph_steps" in str(w.message)]
+    fallbacks += [e["graph_fallback"] for log in logs for e in log if e.get("graph_fallback")]  # the logs say so
     return Trained(method, logs, seconds, fallbacks, reserved)
 
 
