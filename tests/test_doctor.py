@@ -37,6 +37,7 @@ def test_one_family_on_the_cpu_passes(capsys):
     assert out.rstrip().endswith("No mismatch: every check this device can run passed.")
 
 
+@pytest.mark.slow  # (the default run injects an upload and a failing capture instead)
 def test_a_group_unlike_its_run_alone_fails_the_doctor(monkeypatch, capsys):
     """Injected: the run trained alone ends with a learned tensor moved by 0.01."""
     from atlas_fast.app import doctor
@@ -91,3 +92,50 @@ def test_bad_options_are_named(capsys):
     if not torch.cuda.is_available():
         assert main(["doctor", "--device", "cuda"]) == 2
         assert "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """CUDA graphs faked on the CPU (as tests/test_step_graphs.py fakes them): a capture runs nothing and a replay
+    runs the captured step again, so the doctor's graphed rows run their bookkeeping here."""
+    import contextlib
+
+    from atlas_fast.engine import graphs, loop
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(graphs, "graphs_available", lambda device: True)
+    monkeypatch.setattr(loop, "graphs_available", lambda device: True)
+    record = {"fail": False}
+
+    def capture(body, stream, pool=None, **kwargs):
+        if record["fail"]:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return body, None
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    monkeypatch.setattr(graphs, "host_syncs", lambda function: (function(), []))
+    return record
+
+
+def test_the_graphed_rows_judge_replays_and_fallbacks(fake_graphs, capsys):
+    """With CUDA graphs faked, the graphed = eager row is ok when every step after the warm-ups replays the eager
+    step; a capture that raises (as a real one would when a step breaks its rules) is a fallback, and a FAIL."""
+    assert main(["doctor", "--methods", "coop", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "| cached text (coop): graphed = eager | ok | largest learned-tensor difference 0.0e+00; 4/6 steps " \
+           "replayed |" in out
+    fake_graphs["fail"] = True
+    assert main(["doctor", "--methods", "coop", "--steps", "3"]) == MISMATCH_STATUS
+    out = capsys.readouterr().out
+    assert "| cached text (coop): graphed = eager | FAIL | largest learned-tensor difference 0.0e+00; 0/6 steps " \
+           "replayed |" in out and "fell back: graph_steps: " in out

@@ -260,6 +260,7 @@ def step_traffic(name: str, backbone, device: torch.device, amp: bool, steps: in
 def family_rows(family: str, name: str, backbone, device: torch.device, steps: int) -> list[Row]:
     """The rows of one method family: eager steps (finite, host traffic, ms per step), graphed = eager (CUDA) and
     group = alone."""
+    from atlas_fast.engine import graphs as engine_graphs  # (looked up when called: the tests fake CUDA graphs)
     from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS
     from atlas_fast.methods.base import method_class
 
@@ -277,18 +278,19 @@ def family_rows(family: str, name: str, backbone, device: torch.device, steps: i
                     f"step: {reads:g} read(s) back, {upload_text} ({ops:.0f} operators)",
                     f"{CLASSES} classes, batch {BATCH}, {'fp16 autocast' if cuda else 'fp32'}; a CUDA graph can "
                     "replay no host traffic" + ("" if not traffic else ": this step would train eagerly")))
-    if cuda:
-        graphed = train_group(name, backbone, device, runs, steps, 2, graph_steps=True, amp=True, length_groups=False)
+    if engine_graphs.graphs_available(device):
+        graphed = train_group(name, backbone, device, runs, steps, 2, graph_steps=True, amp=cuda, length_groups=False)
         diff = largest_difference(eager.method, graphed.method)
         replayed = sum(e.get("graphed_steps", 0) for e in graphed.logs[0])
         expected = 2 * steps - GRAPH_WARMUP_STEPS
         good = diff == 0.0 and not graphed.fallbacks and replayed >= expected
         from atlas_fast.cache.space import human_bytes
 
+        memory = (f"; {human_bytes(graphed.reserved)} reserved by the graphed steps "
+                  f"({human_bytes(eager.reserved or 0)} eagerly)" if graphed.reserved is not None else "")
         rows.append(Row(f"{label}: graphed = eager", OK if good else FAIL,
-                        f"largest learned-tensor difference {diff:.1e}; {replayed}/{2 * steps} steps replayed; "
-                        f"{human_bytes(graphed.reserved or 0)} reserved by the graphed steps "
-                        f"({human_bytes(eager.reserved or 0)} eagerly)",
+                        f"largest learned-tensor difference {diff:.1e}; {replayed}/{2 * steps} steps replayed"
+                        f"{memory}",
                         "must be 0, every step after the warm-ups replayed, no fallback"
                         + (f"; fell back: {graphed.fallbacks[0][:200]}" if graphed.fallbacks else "")))
     else:
