@@ -352,6 +352,17 @@ def test_python_api_trains_base_to_new_with_and_without_atlas_isl(pets):
         assert set(record["metrics"]) >= {"base", "new", "H"} and record["epochs"][-1]["loss"] > 0
     assert [e["soft"] for e in atlas["epochs"]] == [False, True]
     assert plain["config"]["method_config"]["descriptions_checksum"]
+    # a saved run evaluates without its descriptions (only training reads them), exactly as the run did
+    from atlas_fast.engine.pipeline import evaluate_saved
+
+    moved = pets / "descriptions.moved"
+    (pets / "descriptions.json").rename(moved)
+    try:
+        again = evaluate_saved(plain["path"], "OxfordPets", pets / "data", subsample="new", cache_root=pets / "cache",
+                               device="cpu", progress=False)
+    finally:
+        moved.rename(pets / "descriptions.json")
+    assert again["accuracy"] == pytest.approx(plain["metrics"]["new"])
 
 
 def cli_args(pets):
