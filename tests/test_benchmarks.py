@@ -102,3 +102,15 @@ def test_gpu_checks_first_contact_overflow_row_judges_against_torchs_grad_scaler
     falls_back()
     assert module.ROWS[-2][:2] == ("a check", "ok")
     assert module.ROWS[-1][:2] == ("a check: graph fallback", "FAIL")
+
+
+def test_faiss_sizes_prints_every_search_it_prices(capsys):
+    """benchmarks/faiss_sizes.py at small sizes (not a timing): the CSL search, the whole CSL matrix, and ISL's
+    products by torch and through faiss, each with its shape."""
+    module = load_benchmark("faiss_sizes")
+    assert module.main(["--classes", "20", "--images", "50", "--dim", "16", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| CSL: faiss IndexFlatIP, k = C | 20 x 20 x 16 |" in out
+    assert "| CSL: class_soft_labels (whole) | 20 x 20 |" in out
+    assert "| ISL: torch N x C inner products + softmax | 50 x 20 x 16 |" in out
+    assert "| ISL's search through faiss IndexFlatIP, k = C | 50 x 20 x 16 |" in out
