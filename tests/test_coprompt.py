@@ -11,7 +11,6 @@ Python API, with and without ATLaS-ISL) and batched runs equal runs trained alon
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -430,7 +429,6 @@ def test_a_folder_of_descriptions_gives_each_dataset_its_file(pets, tmp_path):
 
 
 def test_the_world_s_descriptions_say_what_its_class_names_do_not():
-    from atlas_fast.methods.coprompt import read_descriptions
     from atlas_fast.world.benchmark import WORLD_DATASETS
     from atlas_fast.world.descriptions import class_descriptions
 

@@ -33,10 +33,9 @@ drawn from the run's seeded initialisation and saved with its learned tensors.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
