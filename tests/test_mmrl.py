@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
-from atlas_fast.methods.mmrl import LOGIT_SCALE, MMRLConfig, mmrl_recipe
+from atlas_fast.methods.mmrl import MMRLConfig, MMRLppConfig, mmrl_recipe, mmrlpp_recipe
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
 from helpers import eight_class_pets, tiny_pets_config
 
@@ -30,10 +30,11 @@ NEW = ["sea_lion", "pug"]
 TEMPLATE = "a photo of a {}, a type of pet."
 
 
-def build(backbone, moved, **changes):
+def build(backbone, moved, name="mmrl", **changes):
     torch.manual_seed(0)
-    config = dataclasses.replace(MMRLConfig(rep_dim=16, template=TEMPLATE, reg_weight=0.7), **changes)
-    method = build_method("mmrl", backbone, BASE, config)
+    base = (MMRLppConfig(beta=0.6) if name == "mmrl++" else MMRLConfig())
+    config = dataclasses.replace(base, rep_dim=16, template=TEMPLATE, reg_weight=0.7, **changes)
+    method = build_method(name, backbone, BASE, config)
     if moved:
         with torch.no_grad():
             for param in method.parameters():
@@ -56,21 +57,29 @@ def causal(width):
     return mask.triu_(1)
 
 
-def reference_learner(p, layers):
-    """MultiModalRepresentationLearner.forward: per representation layer, the tokens through its two Linears."""
-    text = [F.linear(p["rep_tokens"], p["text_map_weight"][i].t(), p["text_map_bias"][i]) for i in range(layers)]
-    vision = [F.linear(p["rep_tokens"], p["vision_map_weight"][i].t(), p["vision_map_bias"][i]) for i in range(layers)]
-    return text, vision
+def reference_learner(p, layers, plus=False):
+    """MultiModalRepresentationLearner.forward: per representation layer, the tokens through its two Linears;
+    MMRL++ (``MultiModalRepresentationLearner_pp``): through the shared weight plus the layer's A B, with its bias."""
+    def linear(tower, i):
+        if not plus:
+            return F.linear(p["rep_tokens"], p[f"{tower}_map_weight"][i].t(), p[f"{tower}_map_bias"][i])
+        weight = p[f"{tower}_map_weight"].t() + p[f"{tower}_residual_a"][i] @ p[f"{tower}_residual_b"][i]
+        return F.linear(p["rep_tokens"], weight, p[f"{tower}_map_bias"][i])
+
+    return [linear("text", i) for i in range(layers)], [linear("vision", i) for i in range(layers)]
 
 
-def reference_insert(x, tokens, layer, rep_layers, k, counter, add=False):
+def reference_insert(x, tokens, layer, rep_layers, k, counter, add=False, beta=None):
     """The official ResidualAttentionBlock's insertion (LND): after the first token at the first representation
-    layer, in place of positions 1..K at the later ones (``add``: a wrong variant that adds instead)."""
+    layer, in place of positions 1..K at the later ones (MMRL++, ``beta``: blended with the previous layer's output
+    there; ``add``: a wrong variant that adds instead)."""
     if layer not in rep_layers:
         return x, counter
     context = tokens[counter].expand(x.shape[1], -1, -1).permute(1, 0, 2)
     if layer == rep_layers[0]:
         x = torch.cat([x[:1], context, x[1:]], dim=0)
+    elif beta is not None:
+        x = torch.cat([x[:1], beta * context + (1 - beta) * x[1:1 + k], x[1 + k:]], dim=0)
     elif add:
         x = torch.cat([x[:1], x[1:1 + k] + context, x[1 + k:]], dim=0)
     else:
@@ -78,7 +87,7 @@ def reference_insert(x, tokens, layer, rep_layers, k, counter, add=False):
     return x, counter + 1
 
 
-def reference_text(backbone, tokens, names, rep_layers, k, shift=True, add=False):
+def reference_text(backbone, tokens, names, rep_layers, k, shift=True, add=False, beta=None):
     """TextEncoder_MMRL.forward on the template's 77-token prompts (``shift=False``: pooled at the EOT without the
     +K, a wrong variant)."""
     model = backbone.model
@@ -86,7 +95,7 @@ def reference_text(backbone, tokens, names, rep_layers, k, shift=True, add=False
     x = (model.token_embedding(ids) + model.positional_embedding).permute(1, 0, 2)
     mask, counter = model.attn_mask, 0
     for i, block in enumerate(model.transformer.resblocks):
-        x, counter = reference_insert(x, tokens, i + 1, rep_layers, k, counter, add)
+        x, counter = reference_insert(x, tokens, i + 1, rep_layers, k, counter, add, beta)
         if i + 1 >= rep_layers[0]:
             mask = causal(x.shape[0])
         x = reference_block(block, x, mask)
@@ -95,7 +104,7 @@ def reference_text(backbone, tokens, names, rep_layers, k, shift=True, add=False
     return x[torch.arange(x.shape[0]), eot] @ model.text_projection, ids
 
 
-def reference_image(backbone, pixels, tokens, proj_rep, rep_layers, k, mean_first=False):
+def reference_image(backbone, pixels, tokens, proj_rep, rep_layers, k, mean_first=False, beta=None):
     """The official VisionTransformer.forward (model "MMRL"): class-token and representation features
     (``mean_first``: the mean taken before ln_post, a wrong variant)."""
     visual = backbone.model.visual
@@ -105,7 +114,7 @@ def reference_image(backbone, pixels, tokens, proj_rep, rep_layers, k, mean_firs
     x = visual.ln_pre(x + visual.positional_embedding).permute(1, 0, 2)
     counter = 0
     for i, block in enumerate(visual.transformer.resblocks):
-        x, counter = reference_insert(x, tokens, i + 1, rep_layers, k, counter)
+        x, counter = reference_insert(x, tokens, i + 1, rep_layers, k, counter, beta=beta)
         x = reference_block(block, x, None)
     x = x.permute(1, 0, 2)
     rep = (visual.ln_post(x[:, 1:1 + k].mean(dim=1)) if mean_first else visual.ln_post(x[:, 1:1 + k]).mean(dim=1))
@@ -126,11 +135,15 @@ def reference_forward(backbone, p, pixels, names, config, **wrong):
     layers = len(backbone.model.transformer.resblocks)
     rep_layers = list(range(layers - config.depth + 1, layers + 1))
     k = config.n_rep_tokens
-    text_tokens, vision_tokens = reference_learner(p, config.depth)
+    plus = isinstance(config, MMRLppConfig)
+    beta = config.beta if plus and not wrong.get("replace") else None
+    text_tokens, vision_tokens = reference_learner(p, config.depth, plus)
     text, ids = reference_text(backbone, text_tokens, names, rep_layers, k, shift=wrong.get("shift", True),
-                               add=wrong.get("add", False))
-    image, rep = reference_image(backbone, pixels, vision_tokens, p["rep_projection"], rep_layers, k,
-                                 mean_first=wrong.get("mean_first", False))
+                               add=wrong.get("add", False), beta=beta)
+    visual = backbone.model.visual
+    proj_rep = visual.proj + p["proj_lora_a"] @ p["proj_lora_b"] if plus else p["rep_projection"]
+    image, rep = reference_image(backbone, pixels, vision_tokens, proj_rep, rep_layers, k,
+                                 mean_first=wrong.get("mean_first", False), beta=beta)
     image, rep, text = (F.normalize(v, dim=-1) for v in (image, rep, text))
     logits, logits_rep = 100. * image @ text.t(), 100. * rep @ text.t()
     return dict(logits=logits, logits_rep=logits_rep, fusion=config.alpha * logits + (1 - config.alpha) * logits_rep,
@@ -177,53 +190,90 @@ def check(backbone, method, prefix, pixels, labels):
                       reference_loss(ref["logits"], ref["logits_rep"], *args, alpha=1 - config.alpha))
         assert_caught("no text regulariser", loss,
                       reference_loss(ref["logits"], ref["logits_rep"], *args, text_term=False))
-        for wrong in ({"shift": False}, {"mean_first": True}) + (({"add": True},) if config.depth > 1 else ()):
+        no_image = reference_loss(ref["logits"], ref["logits_rep"], *args) - config.reg_weight * (
+            1 - F.cosine_similarity(ref["image"], image_clip, dim=1).mean())
+        assert_caught("no image regulariser", loss, no_image)
+        flipped = F.normalize(model.visual(pixels.flip(-1)), dim=-1)  # the frozen features of another view
+        assert_caught("image regulariser toward another view", terms["image_cos"][0],
+                      F.cosine_similarity(ref["image"], flipped, dim=1))
+    # gradients: the reference with the branch weights swapped gives other gradients for every learned tensor
+    q = {name: t.detach().clone().requires_grad_(True) for name, t in p.items()}
+    swapped = reference_forward(backbone, q, pixels, BASE, config)
+    reference_loss(swapped["logits"], swapped["logits_rep"], swapped["image"], swapped["text"], image_clip, text_clip,
+                   labels, config.reg_weight, alpha=1 - config.alpha).backward()
+    for name, param in method.named_parameters():
+        scale = p[name].grad.abs().max()
+        assert_caught(f"grad {name} with the branch weights swapped", param.grad[0] / scale, q[name].grad / scale,
+                      rtol=0.0)
+        deeper = ({"replace": True} if isinstance(config, MMRLppConfig) else {"add": True},) if config.depth > 1 else ()
+        for wrong in ({"shift": False}, {"mean_first": True}) + deeper:
             other = reference_forward(backbone, p, pixels, BASE, config, **wrong)
             key = "logits_rep" if "mean_first" in wrong else "logits"
             assert_caught(f"{wrong}", terms[key.replace("logits_rep", "rep_logits")][0], other[key], atol=1e-4)
 
 
-@pytest.mark.parametrize("depth,moved", [(1, False), (2, True), pytest.param(1, True, marks=pytest.mark.slow),
-                                         pytest.param(2, False, marks=pytest.mark.slow)])
-def test_logits_loss_and_every_gradient_match_the_official_code(tiny, depth, moved):
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name,depth,moved", [
+    ("mmrl", 1, False), ("mmrl", 2, True), ("mmrl++", 2, True), pytest.param("mmrl", 1, True, marks=SLOW),
+    pytest.param("mmrl", 2, False, marks=SLOW), pytest.param("mmrl++", 2, False, marks=SLOW),
+    pytest.param("mmrl++", 1, True, marks=SLOW)])
+def test_logits_loss_and_every_gradient_match_the_official_code(tiny, name, depth, moved):
     """Tiny towers of 2 blocks: depth 1 (tokens at layer 2 only, under it the frozen states) and depth 2 (inserted
-    at layer 1, replaced at layer 2)."""
-    method = build(tiny, moved, depth=depth)
+    at layer 1, replaced (MMRL) or blended (MMRL++) at layer 2). At MMRL++'s init its residuals' B are zero, so the
+    gradient of each A is zero there (in the reference too); the moved point checks them."""
+    method = build(tiny, moved, name, depth=depth)
     torch.manual_seed(1)
-    check(tiny, method, f"MMRL tiny depth {depth}{' moved' if moved else ''}", torch.randn(3, 3, 32, 32),
+    check(tiny, method, f"{name} tiny depth {depth}{' moved' if moved else ''}", torch.randn(3, 3, 32, 32),
           torch.tensor([0, 2, 1]))
-    print("\n" + report_ratios("MMRL tiny"))
+    print("\n" + report_ratios(f"{name} tiny"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moved", [False, True])
-def test_vit_b16_shapes_match_the_official_code(moved):
+@pytest.mark.parametrize("name,moved", [("mmrl", False), ("mmrl", True), ("mmrl++", True)])
+def test_vit_b16_shapes_match_the_official_code(name, moved):
     """The reference's own shapes: ViT-B/16 (random weights), 224 px, K = 5, r = 512, layers 6..12."""
     from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 
     backbone = load_backbone(BackboneConfig("ViT-B-16", None))
-    method = build(backbone, moved, rep_dim=512, depth=7)
-    assert sum(p.numel() for p in method.parameters()) == 4_992_256  # docs/method-zoo.md, section MMRL
+    method = build(backbone, moved, name, rep_dim=512, depth=7)
+    count = {"mmrl": 4_992_256, "mmrl++": 813_312}[name]  # docs/method-zoo.md, sections MMRL and MMRL++
+    assert sum(p.numel() for p in method.parameters()) == count
     torch.manual_seed(1)
-    check(backbone, method, f"MMRL ViT-B/16{' moved' if moved else ''}", torch.randn(2, 3, 224, 224),
+    check(backbone, method, f"{name} ViT-B/16{' moved' if moved else ''}", torch.randn(2, 3, 224, 224),
           torch.tensor([1, 2]))
-    print("\n" + report_ratios("MMRL ViT-B/16"))
+    print("\n" + report_ratios(f"{name} ViT-B/16"))
 
 
 def test_official_init(tiny):
     """N(0, 0.02^2) tokens, the J maps of a tower copies of one Linear (PyTorch's init), proj_rep N(0, 1/d_v)."""
-    from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-
     torch.manual_seed(0)
-    method = build_method("mmrl", load_backbone(BackboneConfig("atlas-world", None)), BASE, MMRLConfig(depth=3))
+    method = build_method("mmrl", tiny, BASE, MMRLConfig(depth=2))
     assert abs(method.rep_tokens.std().item() - 0.02) < 0.002
     for name in ("text_map_weight", "vision_map_weight", "text_map_bias", "vision_map_bias"):
         tensor = getattr(method, name)[0]
-        assert all(torch.equal(tensor[0], tensor[j]) for j in range(1, 3)), name
+        assert torch.equal(tensor[0], tensor[1]), name
     bound = 512 ** -0.5  # kaiming-uniform(a=sqrt(5)) of Linear(512 -> w): U(-1/sqrt(512), 1/sqrt(512))
     assert method.text_map_weight.abs().max() <= bound and method.text_map_weight.std() > 0.8 * bound / 3 ** 0.5
     width = method.rep_projection.shape[1]
     assert abs(method.rep_projection.std().item() * width ** 0.5 - 1.0) < 0.05
+
+
+def test_mmrlpp_official_init(tiny):
+    """MMRL++: one shared map per tower from a fresh Linear, every block's bias that Linear's, the residuals' A
+    kaiming-uniform (U(-1/sqrt(rank), 1/sqrt(rank))) and B zero, the projection update A U(-1/8, 1/8) and B zero."""
+    torch.manual_seed(0)
+    method = build_method("mmrl++", tiny, BASE, MMRLppConfig(depth=2))
+    for tower in ("text", "vision"):
+        bias = getattr(method, f"{tower}_map_bias")[0]
+        assert torch.equal(bias[0], bias[1]) and getattr(method, f"{tower}_map_weight").abs().max() <= 512 ** -0.5
+        a = getattr(method, f"{tower}_residual_a")
+        assert a.abs().max() <= 0.5 and a.std() > 0.2 and not getattr(method, f"{tower}_residual_b").any()
+    assert method.proj_lora_a.abs().max() <= 1 / 8 and method.proj_lora_a.std() > 0.05
+    assert not method.proj_lora_b.any()
+    # at init the representation tokens are projected by CLIP's own proj
+    torch.testing.assert_close(method.representation_projection()[0], tiny.model.visual.proj)
 
 
 def test_both_classification_terms_take_the_schedule_targets_and_only_z_is_observed(tiny):
@@ -288,6 +338,18 @@ def test_recipes():
     assert (config.reg_weight, recipe.epochs, recipe.warmup_epochs, recipe.batch_size) == (0.2, 1, 0, 32)
     with pytest.raises(ValueError, match="recipe family"):
         mmrl_recipe("mine", "base2new", 16, "ImageNet")
+    config, recipe = mmrlpp_recipe("paper", "base2new", 16, "Food101")
+    assert (config.beta, config.reg_weight, config.rep_dim, config.res_lora_dim, config.proj_lora_dim) == (
+        0.1, 1.0, 512, 4, 64)
+    assert recipe == OptimRecipe(epochs=10, batch_size=4, lr=0.001, optimizer="adamw")
+    config, recipe = mmrlpp_recipe("paper", "few_shot", 4, "EuroSAT")
+    assert (config.beta, config.reg_weight, config.rep_dim, recipe.epochs, recipe.batch_size, recipe.lr) == (
+        0.2, 0.01, 512, 100, 32, 0.002)
+    config, recipe = mmrlpp_recipe("paper", "cross_dataset", 16, "ImageNet")
+    assert (config.beta, config.reg_weight, recipe.epochs, recipe.warmup_epochs) == (0.9, 0.1, 1, 0)
+    assert mmrlpp_recipe("paper", "base2new", 16, "WorldPhotos")[0].beta == 0.9
+    with pytest.raises(ValueError, match=r"MMRLppConfig.beta must be in \[0, 1\]"):
+        MMRLppConfig(beta=-0.1)
     with pytest.raises(ValueError, match=r"MMRLConfig.alpha must be in \[0, 1\]"):
         MMRLConfig(alpha=1.5)
     with pytest.raises(ValueError, match="one '{}'"):
@@ -326,12 +388,13 @@ def test_train_base_to_new_from_the_command_line_with_and_without_atlas_isl(root
     assert record["config"]["method_config"]["rep_dim"] == 16
 
 
-def test_python_api_trains_with_atlas_isl(root):
+@pytest.mark.parametrize("name", ["mmrl", pytest.param("mmrl++", marks=pytest.mark.slow)])
+def test_python_api_trains_with_atlas_isl(root, name):
     from atlas_fast.atlas.schedules import Atlas
     from atlas_fast.atlas.softlabels import atlas_preset
     from atlas_fast.engine import run
 
-    record = run(tiny_pets_config(root, method="mmrl", shots=2, views=2, method_options=dict(depth=2, rep_dim=8),
+    record = run(tiny_pets_config(root, method=name, shots=2, views=2, method_options=dict(depth=2, rep_dim=8),
                                   schedule=Atlas(2), soft_labels=atlas_preset("base2new", "isl")))
     assert record["config"]["recipe"]["optimizer"] == "adamw"
     assert set(record["metrics"]) >= {"base", "new", "H"} and [e["soft"] for e in record["epochs"]] == [False, True]
@@ -353,3 +416,31 @@ def test_train_on_the_world_with_and_without_atlas_isl(root, capsys):
         out = capsys.readouterr().out
         assert status == 0 and re.search(r"WorldSketches mmrl\S*(?: \([^)]*\))?(?: \[[^\]]*\])? seed 1: base", out), out
 
+
+
+@pytest.mark.slow
+def test_the_imagenet_step_fits_the_memory_planner_s_estimate():
+    """One training step at ImageNet's shapes (ViT-B/16, C = 1,000, the recipe's batch 32, fp32 on the CPU): the
+    host memory it adds to a process holding the frozen CLIP stays within what the planner reserves for a run
+    (engine/memory.py), so a group the planner sizes fits. Prints both figures."""
+    from atlas_fast.cache.space import human_bytes
+    from atlas_fast.clip.backbones import BackboneConfig, load_backbone
+    from atlas_fast.engine import memory
+    from atlas_fast.methods.base import method_class
+    from atlas_fast.pricing.units import host_rss, measure_step
+
+    backbone = load_backbone(BackboneConfig("ViT-B-16", None))
+    config, recipe = mmrl_recipe("paper", "base2new", 16, "ImageNet")
+    assert recipe.batch_size == 32
+    from atlas_fast.world.standins import imagenet_classnames
+
+    names = [name for _, name in imagenet_classnames()]  # ImageNet's own names: its longest prompts
+    assert len(names) == 1000
+    before = host_rss()
+    unit = measure_step(backbone, "mmrl", names, recipe.batch_size, config=config, amp=False, steps=1, warmup=False)
+    added = unit.peak_host_bytes - before
+    per_run = memory.step_bytes_per_run(method_class("mmrl"), backbone, len(names), recipe.batch_size, amp=False)
+    print(f"\nMMRL ImageNet step (C=1000, B=32, fp32 CPU): adds {human_bytes(added)} at its peak (RSS "
+          f"{human_bytes(unit.peak_host_bytes)}); the planner reserves {human_bytes(per_run)} per run; "
+          f"{unit.seconds:.1f} s/step")
+    assert 0 < added <= per_run

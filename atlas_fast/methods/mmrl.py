@@ -48,7 +48,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone, encode_class_prompts
-from atlas_fast.clip.prompted_towers import PromptedVisionEncoder, run_blocks
+from atlas_fast.clip.prompted_towers import PromptedVisionEncoder, replace_slot, run_blocks
 from atlas_fast.clip.text_encoder import PromptTextEncoder, tokenize_prompts
 from atlas_fast.data.datasets import find_dataset_spec, zeroshot_template
 from atlas_fast.data.templates import check_template, fill_template
@@ -169,17 +169,7 @@ class MMRL(PromptMethod):
         if config.depth > min(self.text_layers, self.vision_layers):
             raise ValueError(f"MMRL: depth must be in [1, {min(self.text_layers, self.vision_layers)}] (the towers "
                              f"have {self.text_layers} text / {self.vision_layers} vision blocks), got {config.depth}")
-        runs, k, r, depth = config.num_runs, config.n_rep_tokens, config.rep_dim, config.depth
-        text_width, vision_width = self.text_encoder.width, self.image_encoder.width
-        device = backbone.device
-        embed_dim = backbone.embed_dim
-        self.rep_projection = nn.Parameter(
-            (vision_width ** -0.5 * torch.randn(runs, vision_width, embed_dim)).to(device))
-        self.rep_tokens = nn.Parameter(nn.init.normal_(torch.empty(runs, k, r), std=0.02).to(device))
-        weight, bias = cloned_linear_maps(runs, depth, r, vision_width)
-        self.vision_map_weight, self.vision_map_bias = nn.Parameter(weight.to(device)), nn.Parameter(bias.to(device))
-        weight, bias = cloned_linear_maps(runs, depth, r, text_width)
-        self.text_map_weight, self.text_map_bias = nn.Parameter(weight.to(device)), nn.Parameter(bias.to(device))
+        self.create_tensors()
         self.fixed_classnames = tuple(classnames)  # the classes it trains on (its frozen text targets, its fusion)
         self._fixed_text: torch.Tensor | None = None
         self._lower_text: tuple | None = None
@@ -197,6 +187,43 @@ class MMRL(PromptMethod):
         self.prompt_embeddings = tokens.embeddings[:, :n_used]
         self.eot_index = tokens.eot_index
         self._lower_text = None
+
+    def create_tensors(self) -> None:
+        """The learned tensors (module docstring), in the reference's order of drawing."""
+        config, device = self.config, self.backbone.device
+        runs, k, r, depth = config.num_runs, config.n_rep_tokens, config.rep_dim, config.depth
+        text_width, vision_width = self.text_encoder.width, self.image_encoder.width
+        self.rep_projection = nn.Parameter(
+            (vision_width ** -0.5 * torch.randn(runs, vision_width, self.backbone.embed_dim)).to(device))
+        self.rep_tokens = nn.Parameter(nn.init.normal_(torch.empty(runs, k, r), std=0.02).to(device))
+        weight, bias = cloned_linear_maps(runs, depth, r, vision_width)
+        self.vision_map_weight, self.vision_map_bias = nn.Parameter(weight.to(device)), nn.Parameter(bias.to(device))
+        weight, bias = cloned_linear_maps(runs, depth, r, text_width)
+        self.text_map_weight, self.text_map_bias = nn.Parameter(weight.to(device)), nn.Parameter(bias.to(device))
+
+    def representation_projection(self) -> torch.Tensor:
+        """(R, d_v, D): the projection of the representation tokens' pooled output."""
+        return self.rep_projection
+
+    def enter_block(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The states (N, L, w) at the input of a prompted block after the first, given that block's mapped tokens
+        (N, K, w): MMRL replaces positions 1..K by them."""
+        return replace_slot(x, tokens, "text")
+
+    def top_blocks(self, transformer: nn.Module, start: int, x: torch.Tensor, deep: Sequence[torch.Tensor],
+                   mask: torch.Tensor | None, pooled_rows: torch.Tensor | None = None,
+                   fused: bool = True) -> torch.Tensor:
+        """Blocks ``start..`` of a tower over states that already hold the first block's tokens, each later block
+        entered through :meth:`enter_block` with its tokens ``deep[j - 1]``; ``pooled_rows``: only those rows of
+        the last block (the EOT of each prompt)."""
+        blocks = len(transformer.resblocks)
+        for j, index in enumerate(range(start, blocks)):
+            if j:
+                x = self.enter_block(x, deep[j - 1])
+            last = index == blocks - 1
+            x = run_blocks(tower_slice(transformer, index, index + 1), x, mask, [], "text", fused=fused,
+                           pooled_rows=pooled_rows if last else None, causal=mask is not None)
+        return x
 
     @torch.no_grad()
     def lower_text_states(self) -> torch.Tensor:
@@ -242,8 +269,7 @@ class MMRL(PromptMethod):
         mask = torch.full((length, length), float("-inf"), device=x.device).triu_(1)
         eot = self._lower_text[1] + k
         start = self.text_layers - self.config.depth
-        pooled = run_blocks(tower_slice(model.transformer, start), x, mask, deep, "text", causal=True,
-                            pooled_rows=eot.repeat(runs))
+        pooled = self.top_blocks(model.transformer, start, x, deep, mask, pooled_rows=eot.repeat(runs))
         return self.text_encoder.project(pooled).reshape(runs, classes, -1)
 
     def text_features(self) -> torch.Tensor:
@@ -274,12 +300,11 @@ class MMRL(PromptMethod):
         x = torch.cat([x[:, :1], inserted, x[:, 1:]], dim=1)
         deep = [vision_tokens[:, j].unsqueeze(1).expand(runs, batch, k, width).reshape(-1, k, width)
                 for j in range(1, vision_tokens.shape[1])]
-        x = run_blocks(tower_slice(visual.transformer, start), x, None, deep, "text",
-                       fused=self.image_encoder.fused_attention)
+        x = self.top_blocks(visual.transformer, start, x, deep, None, fused=self.image_encoder.fused_attention)
         pooled = visual.ln_post(x[:, :1 + k])
         image = pooled[:, 0] @ visual.proj
         rep = pooled[:, 1:].mean(dim=1).view(runs, batch, width)
-        rep = torch.einsum("rbw,rwd->rbd", rep, self.rep_projection.to(rep.dtype))
+        rep = torch.einsum("rbw,rwd->rbd", rep, self.representation_projection().to(rep.dtype))
         return image.view(runs, batch, -1), rep
 
     # --- logits ------------------------------------------------------------------------------------------------
@@ -384,3 +409,123 @@ class MMRL(PromptMethod):
 
 
 register_method(MMRL)
+
+
+# MMRL++'s per-dataset (beta, lambda) (trainers/config.py): base-to-new and few-shot, and cross-dataset training
+# (ImageNet; its other entries are the target datasets' beta at test time, see docs/deviations.md#mmrl).
+PP_TABLE = {"ImageNet": (0.9, 0.2), "FGVCAircraft": (0.9, 2.0), "UCF101": (0.9, 3.0),
+            "DescribableTextures": (0.9, 7.0), "OxfordPets": (0.7, 0.01), "StanfordCars": (0.7, 6.0),
+            "Caltech101": (0.6, 3.0), "SUN397": (0.5, 3.0), "OxfordFlowers": (0.4, 7.0), "EuroSAT": (0.2, 0.01),
+            "Food101": (0.1, 1.0)}
+PP_CROSS_DATASET = {"ImageNet": (0.9, 0.1)}
+
+
+@dataclass(frozen=True)
+class MMRLppConfig(MMRLConfig):
+    """MMRL++: MMRL's fields plus ``beta`` (the weight of a block's new tokens against the tokens the previous block
+    output), ``res_lora_dim`` (rank of each block's residual on the shared map) and ``proj_lora_dim`` (rank of the
+    update of CLIP's ``proj`` that projects the representation tokens)."""
+
+    beta: float = 0.9
+    res_lora_dim: int = 4
+    proj_lora_dim: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = type(self).__name__
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"{owner}.beta must be in [0, 1], got {self.beta}")
+        for name in ("res_lora_dim", "proj_lora_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{owner}.{name} must be >= 1, got {getattr(self, name)}")
+
+
+def mmrlpp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[MMRLppConfig, OptimRecipe]:
+    """MMRL++'s recipe (``configs/trainers/MMRLpp/*.yaml``, ``trainers/config.py``, ``scripts/mmrlpp``); both
+    families the same. Dassl's AdamW, one constant warmup epoch at 1e-5, per-epoch cosine; K = 5, r = 512, J = 7,
+    alpha = 0.7, residual rank 4, projection rank 64; (beta, lambda) per dataset (:data:`PP_TABLE`; 0.9, 1.0
+    elsewhere); the dataset's CoOp template.
+
+    * base-to-new: 10 epochs, batch 4, lr 0.001; ImageNet: 5 epochs, batch 32.
+    * few-shot: 100 epochs, batch 32, lr 0.002; ImageNet: 5 epochs, batch 32, lr 0.001.
+    * cross-dataset (trained on ImageNet): 1 epoch without warmup, batch 32, lr 0.001, beta 0.9, lambda 0.1.
+    """
+    check_family("MMRL++", family)
+    name = registry_name(dataset)
+    template = zeroshot_template(dataset)
+    if setting == "cross_dataset":
+        beta, weight = PP_CROSS_DATASET.get(name, (0.9, 0.2))
+        return (MMRLppConfig(beta=beta, reg_weight=weight, template=template),
+                OptimRecipe(epochs=1, batch_size=32, lr=0.001, optimizer="adamw", warmup_epochs=0))
+    if setting not in ("base2new", "few_shot"):
+        raise MissingRecipe("MMRL++", setting, MMRLppConfig(template=template))
+    beta, weight = PP_TABLE.get(name, (0.9, 1.0))
+    config = MMRLppConfig(beta=beta, reg_weight=weight, template=template)
+    if name == "ImageNet":
+        return config, OptimRecipe(epochs=5, batch_size=32, lr=0.001, optimizer="adamw")
+    if setting == "base2new":
+        return config, OptimRecipe(epochs=10, batch_size=4, lr=0.001, optimizer="adamw")
+    return config, OptimRecipe(epochs=100, batch_size=32, lr=0.002, optimizer="adamw")
+
+
+def kaiming_uniform(shape: tuple[int, ...]) -> torch.Tensor:
+    """``nn.init.kaiming_uniform_(a=sqrt(5))`` of each trailing (out, rank) matrix: U(-1/sqrt(rank), 1/sqrt(rank))."""
+    bound = shape[-1] ** -0.5
+    return torch.empty(shape).uniform_(-bound, bound)
+
+
+class MMRLpp(MMRL):
+    """MMRL++: one shared map per tower with a low-rank residual per block, the tokens of each later block blended
+    with the previous block's (beta), and the representation tokens projected by CLIP's ``proj`` plus a low-rank
+    update (``docs/method-zoo.md``, section MMRL++)."""
+
+    name = "mmrl++"
+    printed_name = "MMRL++"
+    recipe_function = staticmethod(mmrlpp_recipe)
+    config_class = MMRLppConfig
+
+    def create_tensors(self) -> None:
+        """Per tower: the shared map ``*_map_weight`` (R, r, width) (transposed, from one fresh Linear), the biases
+        ``*_map_bias`` (R, J, width) (that Linear's bias, per block), the residual factors ``*_residual_a``
+        (R, J, width, rank) (kaiming-uniform) and ``*_residual_b`` (R, J, rank, r) (zeros); the projection's
+        ``proj_lora_a`` (R, d_v, rank) (kaiming-uniform) and ``proj_lora_b`` (R, rank, D) (zeros)."""
+        config, device = self.config, self.backbone.device
+        runs, k, r, depth = config.num_runs, config.n_rep_tokens, config.rep_dim, config.depth
+        text_width, vision_width = self.text_encoder.width, self.image_encoder.width
+        embed_dim, rank = self.backbone.embed_dim, config.res_lora_dim
+        self.proj_lora_a = nn.Parameter(kaiming_uniform((runs, vision_width, config.proj_lora_dim)).to(device))
+        self.proj_lora_b = nn.Parameter(torch.zeros(runs, config.proj_lora_dim, embed_dim, device=device))
+        self.rep_tokens = nn.Parameter(nn.init.normal_(torch.empty(runs, k, r), std=0.02).to(device))
+        for tower, width in (("vision", vision_width), ("text", text_width)):
+            layers = [nn.Linear(r, width) for _ in range(runs)]
+            weight = torch.stack([layer.weight.detach().t() for layer in layers])
+            bias = torch.stack([layer.bias.detach() for layer in layers]).unsqueeze(1).repeat(1, depth, 1)
+            setattr(self, f"{tower}_map_weight", nn.Parameter(weight.to(device)))
+            setattr(self, f"{tower}_map_bias", nn.Parameter(bias.to(device)))
+            setattr(self, f"{tower}_residual_a", nn.Parameter(kaiming_uniform((runs, depth, width, rank)).to(device)))
+            setattr(self, f"{tower}_residual_b", nn.Parameter(torch.zeros(runs, depth, rank, r, device=device)))
+
+    def mapped_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block j's tokens: rep (W + A_j B_j)^T + b_j, per tower."""
+        rep = self.rep_tokens.unsqueeze(1)  # (R, 1, K, r)
+        mapped = []
+        for tower in ("text", "vision"):
+            weight = getattr(self, f"{tower}_map_weight").unsqueeze(1)  # (R, 1, r, w)
+            residual = torch.matmul(getattr(self, f"{tower}_residual_a"),
+                                    getattr(self, f"{tower}_residual_b")).transpose(-1, -2)  # (R, J, r, w)
+            mapped.append(torch.matmul(rep, weight + residual) + getattr(self, f"{tower}_map_bias").unsqueeze(2))
+        return mapped[0], mapped[1]
+
+    def representation_projection(self) -> torch.Tensor:
+        """CLIP's frozen ``proj`` + A B."""
+        proj = self.image_encoder.visual.proj.detach()
+        return proj.to(self.proj_lora_a.dtype) + torch.matmul(self.proj_lora_a, self.proj_lora_b)
+
+    def enter_block(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Positions 1..K become beta * the block's tokens + (1 - beta) * the previous block's output there."""
+        k, beta = tokens.shape[1], self.config.beta
+        blended = beta * tokens.to(x.dtype) + (1.0 - beta) * x[:, 1:1 + k]
+        return torch.cat([x[:, :1], blended, x[:, 1 + k:]], dim=1)
+
+
+register_method(MMRLpp)
