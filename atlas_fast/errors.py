@@ -47,6 +47,18 @@ def distinct(values: Sequence[Any], what: str) -> list[Any]:
     return seen
 
 
+def did_you_mean(value: str, known: Sequence[str], aliases: dict[str, str] | None = None) -> str:
+    """`` (did you mean 'coop'?)`` when one of ``known`` is close to ``value`` (difflib's ratio of at least 0.6, case
+    ignored; ``aliases`` maps other lower-case spellings to a known name), else ``""``: what an error line about an
+    unknown name puts before the list of valid ones, so a typo's fix is read first."""
+    import difflib
+
+    table = {name.lower(): name for name in known}
+    table.update(aliases or {})
+    close = difflib.get_close_matches(str(value).lower(), list(table), n=1, cutoff=0.6)
+    return f" (did you mean {table[close[0]]!r}?)" if close else ""
+
+
 def shorten_values(message: str, limit: int = LONGEST_QUOTED) -> str:
     """``message`` with every run of more than ``limit`` non-blank characters cut to its first 60 and last 3
     characters and its length, so an error line that quotes a huge value stays short (paths and names of ordinary

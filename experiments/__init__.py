@@ -12,6 +12,8 @@ import pkgutil
 from pathlib import Path
 from types import ModuleType
 
+from atlas_fast.errors import did_you_mean
+
 NOT_EXPERIMENTS = {"common", "__main__"}
 
 
@@ -23,7 +25,7 @@ def experiment_names() -> list[str]:
 def load_experiment(name: str) -> ModuleType:
     """An experiment module by name, with the valid names in the error."""
     if name not in experiment_names():
-        raise ValueError(f"Unknown experiment {name!r}; valid: {', '.join(experiment_names())}.")
+        raise ValueError(f"Unknown experiment {name!r}{did_you_mean(name, experiment_names())}; valid: {', '.join(experiment_names())}.")
     return importlib.import_module(f"{__name__}.{name}")
 
 

@@ -167,3 +167,22 @@ def test_a_mismatched_torch_pair_is_one_error_line(monkeypatch, capsys):
     assert main(["experiment", "--list"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "torch 2.14.1 and torchvision 0.28.0 do not match" in errors[0]
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "--method", "cooop"], "unknown method 'cooop' (did you mean 'coop'?); valid: "),
+    (["train", "--dataset", "OxfordPetz", "--data-root", "d"], "unknown dataset 'OxfordPetz' (did you mean "
+                                                               "'OxfordPets'?); valid"),
+    (["train", "--dataset", "oxford_petz", "--data-root", "d"], "(did you mean 'OxfordPets'?)"),
+    (["experiment", "table3_base_to_nw"], "Unknown experiment 'table3_base_to_nw' (did you mean "
+                                          "'table3_base_to_new'?); valid: ")])
+def test_a_mistyped_name_is_answered_with_the_nearest_valid_one(argv, hint, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and hint in err, err
+
+
+def test_a_name_near_nothing_gets_no_suggestion(capsys):
+    assert main(["train", "--method", "zzzz"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'zzzz'; valid: " in err and "did you mean" not in err

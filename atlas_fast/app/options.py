@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from atlas_fast.app.catalogue import method_names
-from atlas_fast.errors import UsageError, distinct, short_repr
+from atlas_fast.errors import UsageError, did_you_mean, distinct, short_repr
 from atlas_fast.vocabulary import (CLASS_SETS, FEWSHOT_ORDERS, GRAPH_STEPS, GRAPH_STEPS_VARIABLE, PRECISIONS, RECIPE_FAMILIES,
                                    SETTINGS, environment_graph_steps)
 
@@ -245,7 +245,7 @@ def check_methods(methods: Sequence[str], learning_only: bool = False) -> None:
     known = method_names(learning_only)
     unknown = [m for m in methods if m not in known]
     if unknown:
-        raise UsageError(f"unknown method {unknown[0]!r}; valid: {', '.join(known)}.")
+        raise UsageError(f"unknown method {unknown[0]!r}{did_you_mean(unknown[0], known)}; valid: {', '.join(known)}.")
 
 
 def add_method_options(parser: argparse.ArgumentParser) -> None:

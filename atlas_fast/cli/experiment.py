@@ -7,7 +7,7 @@ import ast
 import textwrap
 from pathlib import Path
 
-from atlas_fast.errors import UsageError
+from atlas_fast.errors import UsageError, did_you_mean
 
 LIST_WIDTH = 100  # columns of ``--list``: each summary is wrapped to them, never cut
 
@@ -29,7 +29,7 @@ def run_experiment_command(args: argparse.Namespace) -> int:
     from atlas_fast.experiments import experiment_names, experiment_table, load_experiment
 
     if args.name is not None and args.name not in experiment_names():  # before torch is imported
-        raise UsageError(f"Unknown experiment {args.name!r}; valid: {', '.join(experiment_names())}.")
+        raise UsageError(f"Unknown experiment {args.name!r}{did_you_mean(args.name, experiment_names())}; valid: {', '.join(experiment_names())}.")
     if args.list or args.name is None:
         print(experiment_listing(experiment_table()))
         return 0 if args.list else 2

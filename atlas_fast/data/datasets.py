@@ -19,6 +19,7 @@ from atlas_fast.data.base import DatasetSplits, check_distinct_classnames, class
 from atlas_fast.data.layouts import (AircraftLayout, ClassFolderLayout, DatasetFormatError, DatasetLayoutError,
                                      ImageNetLayout, ImageNetV2Layout, Layout, SplitJsonLayout, WnidFolderLayout)
 from atlas_fast.data.templates import ATLAS_TEMPLATES, CUSTOM_TEMPLATES, DEFAULT_TEMPLATE
+from atlas_fast.errors import did_you_mean
 from atlas_fast.renames import moved_names
 
 FOLDER_PREFIX = "folder:"
@@ -176,7 +177,8 @@ def dataset_spec(name: str) -> DatasetSpec:
     if spec is None:
         valid = ", ".join(f"{s.name} ({s.config_name})" if s.config_name else s.name
                           for s in registered_datasets().values())
-        raise ValueError(f"unknown dataset {name!r}; valid names (any case): {valid}, or 'folder:<path>' or "
+        hint = did_you_mean(name, [s.name for s in registered_datasets().values()], _aliases())
+        raise ValueError(f"unknown dataset {name!r}{hint}; valid names (any case): {valid}, or 'folder:<path>' or "
                          f"'split:<path>/<split file>.json'")
     return spec
 
