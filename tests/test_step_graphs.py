@@ -645,3 +645,27 @@ def test_a_rebuild_between_a_keys_warm_ups_starts_its_warm_up_again(tiny, fake_g
     assert not [str(w.message) for w in recwarn if "graph_steps" in str(w.message)]
     assert [e.get("graph_fallback") for e in logs[0]] == [None] * 3
     assert [(e["graphed_steps"], e["eager_steps"]) for e in logs[0]] == [(0, 2)] * 3
+
+
+def test_the_text_layouts_a_graph_reads_stay_alive_while_it_lives(tiny, fake_graphs):
+    """The class-index, mask and pooled-row tensors of the packed text layout are cached on the EOT buffer, in a
+    cache that clears itself past 16 variants; a captured step reads them at their addresses, so the graphs hold
+    them: emptied before every replay, the layouts captured first are still alive."""
+    import gc
+    import weakref
+
+    method, states = _group(tiny, "coop", runs=1)
+    captured = []
+
+    def clear_layouts():  # what the cache's bound does when a 17th variant comes
+        layouts = method.eot_index._packed_layouts
+        if not captured:
+            captured.extend(weakref.ref(t) for layout in layouts.values()
+                            for t in [*layout.indices, *layout.masks, layout.pooled])
+        layouts.clear()
+        gc.collect()
+        assert captured and all(ref() is not None for ref in captured)
+
+    fake_graphs["before"].append(clear_layouts)
+    logs = _train(method, states[:1], epochs=2, graph_steps=True)
+    assert fake_graphs["replays"] == sum(e["graphed_steps"] for e in logs[0]) == 6

@@ -162,6 +162,12 @@ def packed_layout(eot_index: torch.Tensor, runs: int, length: int, device: torch
     return layouts[key]
 
 
+def cached_layouts(eot_index: torch.Tensor) -> list[PackedLayout]:
+    """The :class:`PackedLayout` objects cached on an EOT tensor (what a captured step that encodes its classes
+    reads: a CUDA graph holds them so that the cache's bound cannot free them under it)."""
+    return list(getattr(eot_index, "_packed_layouts", {}).values())
+
+
 class PromptTextEncoder:
     """The frozen text tower of ``backbone`` as a function of prompt embeddings.
 

@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from atlas_fast.atlas.schedules import LabelSchedule
+from atlas_fast.clip.text_encoder import cached_layouts
 from atlas_fast.engine.step import GatheredBatches, StepBatch, StreamedBatches, TrainStep
 
 
@@ -243,6 +244,7 @@ class StepGraphs:
         self.seen: dict[tuple, int] = {}
         self.refused: str | None = None
         self.held: list[torch.Tensor] = []  # the learned tensors and buffers the graphs read, kept alive
+        self.held_layouts: list[Any] = []  # the text layouts cached on those buffers when a graph was captured
         self.pointers: tuple[int, ...] = ()
         self.versions: tuple[int, ...] = ()
         self.replayed = 0
@@ -279,7 +281,7 @@ class StepGraphs:
         buffers, KgCoOp's targets), which no key's checked last warm-up may do."""
         if self.held and self._stale():
             self.graphs.clear()
-            self.held = []  # noted again at the next capture or the epoch's end
+            self.held, self.held_layouts = [], []  # noted again at the next capture or the epoch's end
             self.seen.clear()
 
     def end_epoch(self) -> int:
@@ -368,6 +370,8 @@ class StepGraphs:
             self.held = self._read_tensors()
             self.pointers = tuple(t.data_ptr() for t in self.held)
             self.versions = self._versions()
+        # and so do the text layouts cached on the class buffers (the cache's bound may clear it meanwhile)
+        self.held_layouts += [layout for tensor in self.method.buffers() for layout in cached_layouts(tensor)]
         replay, losses = capture(body, self.stream, self.pool)
         captured.update(replay=replay, losses=losses)
         self.graphs[key] = captured
@@ -376,7 +380,7 @@ class StepGraphs:
     def _refuse(self, key: tuple, reason: str) -> None:
         self.refused = f"{self.method.name}, step {describe_key(key)}: {reason}"
         self.graphs.clear()
-        self.held = []
+        self.held, self.held_layouts = [], []
         warnings.warn(f"graph_steps: {self.refused}; a CUDA graph cannot replay that, so these runs train eagerly "
                       f"from here on (the same numbers, without the graphs' speed).", stacklevel=3)
 
