@@ -92,6 +92,32 @@ def test_promptsrc_reads_its_frozen_features_from_the_cache(pets):
         torch.testing.assert_close(from_cache, computed, rtol=1e-3, atol=1e-4)
 
 
+def test_views_too_large_to_preload_are_read_once_per_epoch_for_the_runs_sharing_them(pets, monkeypatch):
+    """Views above the preload budget are read epoch by epoch: the runs of a group on the same images (a seed's
+    label variants, each with its own PixelViews over one CachedViews) read each epoch's view from the cache once,
+    not once per run, and get the cache's features of that view."""
+    import atlas_fast.engine.feed as feed
+
+    backbone = shared_backbone(TINY)
+    split = train_items(pets)
+    cache = FeatureCache(pets / "cache")
+    cache.build(backbone, "OxfordPets", split.train, num_views=2, progress=False)
+    monkeypatch.setattr(feed, "PRELOAD_BYTES", 0)
+    frozen = CachedViews(cache, backbone, "OxfordPets", split.train, 2, 0)
+    reads = []
+    real_load = cache.load
+    monkeypatch.setattr(cache, "load", lambda *args, **kwargs: reads.append(kwargs["views"]) or real_load(*args,
+                                                                                                        **kwargs))
+    runs = [PixelViews(ImageViews(split.train, backbone, workers=0), 2, frozen) for _ in range(4)]
+    order = torch.arange(len(split.train))
+    for epoch in (0, 1, 2):
+        for inputs in runs:
+            batch, index = next(inputs.batches(epoch, order, 4))
+            expected = real_load(backbone, "OxfordPets", split.train, views=[1 + epoch % 2])[:, 0][index]
+            assert torch.equal(batch.frozen_features, expected)
+    assert reads == [[1], [2], [1]]  # one read per epoch for the four runs
+
+
 @pytest.mark.parametrize("method", ["ivlp", "maple", "promptsrc", "dept-maple"])
 def test_pixel_method_end_to_end_with_and_without_atlas(pets, method):
     plain = run(pixel_config(pets, method, results_dir=pets / f"e2e-{method}"))
