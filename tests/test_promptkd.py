@@ -33,6 +33,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: extra threads
 # blocks' own forward, and the BatchNorm over a handful of images divides those float32 differences by the batch's
 # spread (its controls differ by far more).
 GRAD_ATOL = 5e-5
+# At ViT-B/16's shapes float32 itself is that far from the exact gradients: against a float64 run of the official
+# computation, the official float32 code is off by up to 7.6e-5 (visual prompts) and 2.6e-4 (the projector's first
+# map) of each gradient's largest entry, atlas_fast's by 1.0e-4 and 2.5e-4 (random ViT-B/16 weights, 3 images).
+VIT_GRAD_ATOL = 5e-4
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
 TEACHER = dict(teacher="atlas-tiny-teacher", teacher_pretrained="none", teacher_prompts="none",
@@ -127,7 +131,7 @@ def build(student, config, moved):
     return method
 
 
-def check(student, method, prefix, pixels):
+def check(student, method, prefix, pixels, grad_atol=GRAD_ATOL):
     """Every quantity of one training step and the test-time logits against the official trainer."""
     teacher = method.teacher
     tea_model, prompts = teacher.model.clip, teacher.model.prompts
@@ -200,15 +204,15 @@ def check(student, method, prefix, pixels):
         if name == "proj_b1":  # the bias before a training BatchNorm: its gradient is 0 (the batch mean removes it)
             reference_scale = grads["proj_w1"].abs().max()
             assert_equivalent(f"{prefix} grad {name} (0)", param.grad[0] / reference_scale,
-                              torch.zeros_like(grads[name]), atol=GRAD_ATOL)
+                              torch.zeros_like(grads[name]), atol=grad_atol)
             assert_equivalent(f"{prefix} grad {name} (0, official)", grads[name] / reference_scale,
-                              torch.zeros_like(grads[name]), atol=GRAD_ATOL)
+                              torch.zeros_like(grads[name]), atol=grad_atol)
             assert_caught(f"grad {name} with BatchNorm's running statistics", param.grad[0] / reference_scale,
-                          p[name].grad / reference_scale, atol=GRAD_ATOL, rtol=0)
+                          p[name].grad / reference_scale, atol=grad_atol, rtol=0)
             continue
-        assert_gradient_equivalent(f"{prefix} grad {name}", param.grad[0], grads[name], atol=GRAD_ATOL)
+        assert_gradient_equivalent(f"{prefix} grad {name}", param.grad[0], grads[name], atol=grad_atol)
         assert_caught(f"grad {name} with BatchNorm's running statistics", param.grad[0] / scale_g,
-                      p[name].grad / scale_g, atol=GRAD_ATOL, rtol=0)
+                      p[name].grad / scale_g, atol=grad_atol, rtol=0)
 
     # test time: the projector on its running statistics (the official model.eval())
     method.eval()
@@ -429,7 +433,7 @@ def test_vit_b16_student_with_a_vit_b32_teacher_matches_the_official_trainer():
     teacher.model.logit_scale.data.fill_(math.log(40.0))
     try:
         torch.manual_seed(1)
-        check(student, method, "PromptKD ViT-B/16", torch.randn(3, 3, 224, 224))
+        check(student, method, "PromptKD ViT-B/16", torch.randn(3, 3, 224, 224), grad_atol=VIT_GRAD_ATOL)
     finally:
         teacher.model.logit_scale.data.copy_(saved)
     print("\n" + report_ratios("PromptKD ViT-B/16"))

@@ -308,7 +308,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
         raise ValueError(f"{config.method} trains without labels (it distils its teacher's predictions on every "
                          f"view), so the {config.schedule.name!r} label schedule has no cross-entropy to act on; run "
                          f"it with the plain schedule (OneHot, --atlas none) and compare it with the base method "
-                         f"+ ATLaS (docs/method-zoo.md, section KDPL).")
+                         f"+ ATLaS (docs/method-zoo.md, sections KDPL and PromptKD).")
     device = resolve_device(config.device, elsewhere=for_workers)
     here = device.type != "cuda" or torch.cuda.is_available()
     amp = resolve_precision(config.precision, device) == "amp"
