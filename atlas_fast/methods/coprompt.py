@@ -266,6 +266,7 @@ class CoPrompt(MaPLe):
         super().__init__(backbone, classnames, config)
         self.trained_classnames = tuple(classnames)
         self._descriptions: tuple[tuple[str, ...], ...] | None = None  # read at the first training step
+        self._targets: torch.Tensor | None = None  # their features, (K, C, D)
         dim, device = backbone.embed_dim, self.ctx.device
         if dim // config.adapter_reduction < 1:
             raise ValueError(f"CoPromptConfig.adapter_reduction {config.adapter_reduction} leaves no hidden unit "
@@ -316,8 +317,11 @@ class CoPrompt(MaPLe):
         return self._descriptions
 
     def description_targets(self, device: torch.device) -> torch.Tensor:
-        """(K, C, D): the normalised description features of the classes this method was built for."""
-        return description_features(self.backbone, self.descriptions).to(device)
+        """(K, C, D): the normalised description features of the classes this method was built for (looked up once
+        per module and device, not every step)."""
+        if self._targets is None or self._targets.device != torch.device(device):
+            self._targets = description_features(self.backbone, self.descriptions).to(device)
+        return self._targets
 
     def take_description_step(self, sizes: Sequence[int] | None) -> torch.Tensor:
         """Each run's description index (R,) for this step, then each run that takes part counts the step (device
