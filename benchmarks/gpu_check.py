@@ -286,7 +286,8 @@ def check_pixels(root: Path) -> None:
         row("pixel-path method", "n/a", "no pixel-path method in this version")
         return
     # the first of the paper's pixel methods, as before the methods beyond it came (they have a row of their own)
-    name = next((n for n in pixel if not n.startswith(("clip-lora", "kdpl-"))), pixel[0])
+    # (CoPrompt, a method beyond it too, also needs a descriptions file)
+    name = next((n for n in pixel if not n.startswith(("clip-lora", "kdpl-", "coprompt"))), pixel[0])
     # a smoke test's small model (2 blocks per tower) gets prompts 2 blocks deep; ViT-B/16 keeps the recipe's depth
     options = {option: 2 for option in METHODS[name].depth_options} if SETUP["model"] == "atlas-tiny" else None
     record = run(_config(root, method=name, epochs=2, results_dir=root / f"pixels-{name}", method_options=options))
@@ -680,7 +681,8 @@ def check_pixel_memory(backbone) -> None:
 
     cuda = SETUP["device"] == "cuda"
     runs = 12 if cuda else 2
-    cases = [("maple", "cross_dataset", 1000), ("ivlp", "base2new", 500)] if cuda else [("maple", "base2new", 10)]
+    cases = ([("maple", "cross_dataset", 1000), ("ivlp", "base2new", 500), ("coprompt", "base2new", 1000)] if cuda
+             else [("maple", "base2new", 10), ("coprompt", "base2new", 10)])
     device = torch.device(SETUP["device"])
     total = memory.device_bytes(device)
     results = []
@@ -688,6 +690,11 @@ def check_pixel_memory(backbone) -> None:
         entry = method_class(name)
         config, recipe = entry.recipe_function("paper", setting, 16, "ImageNet")
         config = method_config_for(name, 1, config, backbone)
+        if name == "coprompt":  # its class descriptions: two per class (ImageNet's file has 50; K x C x D fp32 once)
+            path = Path(tempfile.mkdtemp()) / "descriptions.json"
+            path.write_text(json.dumps({f"class {i}": [f"a photo of class {i}.", f"class {i}, a kind of thing."]
+                                        for i in range(classes)}))
+            config = dataclasses.replace(config, descriptions=str(path))
         per_run = memory.step_bytes_per_run(entry, backbone, classes, recipe.batch_size, cuda)
         fixed = memory.frozen_bytes(backbone, cuda)
         planned = memory.runs_that_fit(runs, per_run, fixed, total)
