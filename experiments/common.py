@@ -51,7 +51,8 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     add_run_options(p, ("model", "pretrained"))
     add_download(p)
     add_seeds(p, [1, 2, 3])
-    add_run_options(p, ("recipe_family", "epochs", "views", "device", "graph_steps", "cache_root", "results_dir"))
+    add_run_options(p, ("recipe_family", "epochs", "views", "device", "graph_steps", "cache_root", "results_dir",
+                        "save_predictions"))
     p.add_argument("--out", default="results/experiments", help="where tables and plots are written")
     run = p.add_argument_group("execution")
     run.add_argument("--dry-run", action="store_true", help="list the runs (and which are finished); train nothing")

@@ -99,3 +99,22 @@ def run_killed_at_step(monkeypatch, module, step: int, run) -> None:
     with pytest.raises(KeyboardInterrupt):
         run()
     monkeypatch.setattr(module, "_lr_at", real_lr)
+
+
+def assert_same_calibration(got, expected, abs=1e-3):
+    """Two records' calibration figures (``metrics["calibration"]``) equal up to float reordering (a group's pass
+    against a run's own, a resumed sweep against a fresh run): every figure of the method's logits to ``abs`` (ECE and
+    confidence are in percent: 1e-3 is 1e-5 of a probability, what logits 1e-5 apart give); the
+    fitted temperature, the minimum of an NLL that is flat around it (logits 1e-6 apart move it by ~1e-3 relative),
+    to 1e-2 relative, and the figures after dividing by it to 1e-2."""
+    import pytest
+
+    assert got.keys() == expected.keys()
+    for name, figures in got.items():
+        assert figures.keys() == expected[name].keys(), name
+        for key, value in figures.items():
+            if key == "temperature":
+                tolerance = pytest.approx(expected[name][key], rel=1e-2)
+            else:
+                tolerance = pytest.approx(expected[name][key], abs=1e-2 if key.endswith("_ts") else abs)
+            assert value == tolerance, (name, key, value, expected[name][key])

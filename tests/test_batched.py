@@ -13,6 +13,7 @@ from atlas_fast.engine.record import load_learned
 from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
 from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.engine import TrainConfig, run
+from helpers import assert_same_calibration
 from layouts import make_oxford_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,9 +46,10 @@ def _assert_equal_records(batched, alone):
         assert [e["loss"] for e in b["epochs"]] == pytest.approx([e["loss"] for e in a["epochs"]], abs=1e-5)
         assert [e["soft"] for e in b["epochs"]] == [e["soft"] for e in a["epochs"]]
         assert b["metrics"].keys() == a["metrics"].keys()
-        for name in b["metrics"].keys() - {"zero_shot"}:
+        for name in b["metrics"].keys() - {"zero_shot", "calibration"}:
             assert b["metrics"][name] == pytest.approx(a["metrics"][name], abs=1e-5)
         assert b["metrics"]["zero_shot"] == a["metrics"]["zero_shot"]
+        assert_same_calibration(b["metrics"]["calibration"], a["metrics"]["calibration"])
         per_epoch = [e.get("accuracy") for e in b["epochs"]]
         assert per_epoch == [e.get("accuracy") for e in a["epochs"]]
         for name, tensor in load_learned(b["path"]).items():

@@ -29,7 +29,7 @@ tiny_config = tiny_pets_config
 
 def test_evaluating_base_and_new_leaves_out_all_and_is_the_same_run(pets):
     reported = run(tiny_config(pets, evaluate=("base", "new"), eval_every_epoch=True))
-    assert set(reported["metrics"]) == {"base", "new", "H", "zero_shot"}
+    assert set(reported["metrics"]) == {"base", "new", "H", "calibration", "zero_shot"}
     assert set(reported["metrics"]["zero_shot"]) == {"base", "new", "H"}
     assert set(reported["data"]["num_test"]) == {"base", "new"}
     assert all(set(e["accuracy"]) == {"base", "new", "H"} for e in reported["epochs"])
@@ -38,7 +38,7 @@ def test_evaluating_base_and_new_leaves_out_all_and_is_the_same_run(pets):
     default = run(tiny_config(pets, eval_every_epoch=True))
     assert "evaluate" not in reported["config"] and default["skipped"]
     assert reported["key"] == default["key"] and reported["path"] == default["path"]
-    assert set(default["metrics"]) == {"base", "new", "all", "H", "zero_shot"}
+    assert set(default["metrics"]) == {"base", "new", "all", "H", "calibration", "zero_shot"}
     for name in ("base", "new", "H"):
         assert reported["metrics"][name] == default["metrics"][name]
     assert default["epochs"] == reported["epochs"]

@@ -58,7 +58,7 @@ def test_a_request_for_fewer_sets_finds_the_fuller_record(pets, monkeypatch):
 def test_a_missing_set_is_evaluated_on_the_saved_prompts_without_retraining(pets, monkeypatch):
     reference = run(config(pets, "reference"))  # the run evaluated on every set when it trained
     fewer = run(config(pets, "later", evaluate=("base", "new")))
-    assert set(fewer["metrics"]) == {"base", "new", "H", "zero_shot"}
+    assert set(fewer["metrics"]) == {"base", "new", "H", "calibration", "zero_shot"}
     learned = (pets / "later" / "OxfordPets" / f"{plan_run(config(pets, 'later')).stem}.pt").read_bytes()
     no_training(monkeypatch)
     completed = run(config(pets, "later"))

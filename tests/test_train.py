@@ -154,7 +154,7 @@ def test_eval_every_epoch_records_curves(pets):
     record = run(tiny_config(pets, results_dir=pets / "curves", epochs=3, eval_every_epoch=True))
     curves = [row["accuracy"] for row in record["epochs"]]
     assert len(curves) == 3 and all(set(c) == {"base", "new", "all", "H"} for c in curves)
-    assert curves[-1] == {k: v for k, v in record["metrics"].items() if k != "zero_shot"}
+    assert curves[-1] == {k: v for k, v in record["metrics"].items() if k not in ("zero_shot", "calibration")}
 
 
 def test_class_specific_context_is_evaluated_on_base_only(pets):
@@ -162,7 +162,8 @@ def test_class_specific_context_is_evaluated_on_base_only(pets):
 
     record = run(tiny_config(pets, results_dir=pets / "csc", epochs=2,
                              method_config=CoOpConfig(n_ctx=2, ctx_init="", csc=True)))
-    assert set(record["metrics"]) == {"base", "zero_shot"}
+    assert set(record["metrics"]) == {"base", "calibration", "zero_shot"}
+    assert set(record["metrics"]["calibration"]) == {"base"}
     assert record["config"]["method_config"]["csc"] is True
 
 

@@ -148,6 +148,11 @@ RUN_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         help="how a seed draws its K-shot subsets: coop = CoOp's and Dassl's order, training then validation "
              "(default); clip-lora = CLIP-LoRA's dataset readers' order, validation first (its published runs' "
              "training images)")),
+    "save_predictions": (("--save-predictions",), dict(
+        action="store_true",
+        help="also save each run's per-image predictions beside its record (<record>.predictions.npz: the scaled "
+             "logits, float32, and labels of every evaluated class set; 4 MB per 1,000 test images at 1,000 "
+             "classes), covered by the record's seal")),
     "content_hash": (("--content-hash",), dict(
         action="store_true", help="identify images by a hash of their bytes, not size+mtime (reads every image)")),
 }

@@ -22,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           help="class subset of the test split (default all)")
     evaluate.add_argument("--shots", type=int, default=None, help="few-shot K defining base/new (default: the run's)")
     evaluate.add_argument("--seed", type=int, default=None, help="few-shot seed defining base/new (default: the run's)")
-    add_run_options(evaluate, ("cache_root", "device"))
+    add_run_options(evaluate, ("cache_root", "device", "save_predictions"))
     add_progress(evaluate)
     evaluate.set_defaults(func=run_eval)
 
@@ -38,7 +38,7 @@ def run_eval(args: argparse.Namespace) -> int:
     for record in args.record:
         result = evaluate_saved(record, args.dataset, args.data_root, args.subsample, shots=args.shots,
                                 seed=args.seed, cache_root=args.cache_root, device=args.device,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress, save_predictions=args.save_predictions)
         accuracies.append(result["accuracy"])
         print(eval_result_line(result, record))
     if len(accuracies) > 1:

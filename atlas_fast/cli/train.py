@@ -54,7 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     optim = train.add_argument_group("recipe overrides and execution")
     add_method_options(optim)
     add_run_options(optim, ("epochs", "batch_size", "lr", "views", "aug_seed", "eval_every_epoch", "device",
-                            "precision", "graph_steps", "cache_root", "results_dir"))
+                            "precision", "graph_steps", "cache_root", "results_dir", "save_predictions"))
     optim.add_argument("--batch-runs", type=int, default=None,
                        help="seeds trained together in one module (default: all of them, up to 12 on a GPU / 4 on "
                             "the CPU); 1 trains them one by one. Same records either way")

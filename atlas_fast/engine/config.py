@@ -74,8 +74,9 @@ class TrainConfig:
     pixels (None: up to 8 on a GPU, none on the CPU). ``snapshot_epochs`` (off by default) also saves the learned
     tensors after each of these numbers of finished epochs (0 = the initialisation) beside the final ones, for
     analyses along a run (:func:`atlas_fast.engine.record.split_snapshots`); it names the run only when set.
-    ``data_root``, ``cache_root``, ``results_dir``, ``progress``,
-    ``workers`` and ``graph_steps`` do not change the numbers and are not part of the record's name (the data are,
+    ``save_predictions`` (off by default) writes each run's per-image logits and labels beside its record
+    (:data:`atlas_fast.engine.record.PREDICTIONS_SUFFIX`). ``data_root``, ``cache_root``, ``results_dir``,
+    ``progress``, ``save_predictions``, ``workers`` and ``graph_steps`` do not change the numbers and are not part of the record's name (the data are,
     by their fingerprint, see :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of
     their bytes rather than size and mtime (slower; see docs/guarantees.md).
     """
@@ -110,6 +111,7 @@ class TrainConfig:
     content_hash: bool = False
     workers: int | None = None
     fewshot_order: FewShotOrder = "coop"
+    save_predictions: bool = False
 
     def __post_init__(self) -> None:
         if self.setting not in _SETTINGS:

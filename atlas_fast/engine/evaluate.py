@@ -9,6 +9,11 @@ Methods that prompt the image tower (``reads_pixels``) are evaluated on the test
 image, decoded in batches of :data:`EVAL_PIXEL_BATCH` (the references' test batch), with the class prompts encoded
 once per class set; every evaluated set in one pass, each distinct image through the prompted tower once
 (:func:`pixel_accuracies`). A module of R runs (a group) is evaluated in that one pass for all of them.
+
+The same pass scores calibration (:func:`score_method`, :mod:`atlas_fast.engine.calibration`): from each chunk of
+logits it keeps, beside the hits, each image's top-1 confidence, NLL and Brier score (and the same of the logits
+divided by the run's temperature, fitted first on its few-shot validation split), and, when predictions are saved,
+the logits themselves.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from atlas_fast.clip.backbones import Backbone
+from atlas_fast.engine.calibration import PerImage, fit_temperature, per_image_scores, record_figures, scaled, summarise
 from atlas_fast.methods.base import PromptMethod
 
 if TYPE_CHECKING:
@@ -123,39 +129,160 @@ def method_logits(method: PromptMethod, features: torch.Tensor, amp: bool = Fals
     return torch.cat(list(method_logit_chunks(method, features, amp)), dim=1)
 
 
+@dataclass
+class SetScores:
+    """What one pass over an evaluation set gives, per run: the accuracy (percent), the calibration figures
+    (:func:`~atlas_fast.engine.calibration.record_figures` plus the reliability ``bins``) when scored, the
+    temperature when fitted, and the logits (R, N, C) float32 on the CPU when kept."""
+
+    accuracy: list[float]
+    labels: torch.Tensor
+    calibration: list[dict[str, Any]] | None = None
+    logits: torch.Tensor | None = None
+
+    def run_figures(self, r: int) -> dict[str, float] | None:
+        """Run r's entry of ``record["metrics"]["calibration"]`` (no reliability bins), or None."""
+        if self.calibration is None:
+            return None
+        return {name: value for name, value in self.calibration[r].items() if name != "bins"}
+
+    def run_bins(self, r: int) -> dict[str, list] | None:
+        """Run r's reliability table (``record["reliability"][set]``), or None."""
+        return None if self.calibration is None else self.calibration[r]["bins"]
+
+
+class _SetCollector:
+    """Gathers a set's per-image values (R, N) as chunks of its logits arrive, in any order of images."""
+
+    def __init__(self, labels: torch.Tensor, calibrate: bool, temperatures: list[float | None] | None,
+                 keep_logits: bool) -> None:
+        self.labels = labels
+        self.calibrate, self.temperatures, self.keep = calibrate, temperatures, keep_logits
+        self.hits = torch.zeros(1, 0, dtype=torch.bool)
+        self.per: PerImage | None = None
+        self.per_ts: PerImage | None = None
+        self.logits: torch.Tensor | None = None
+        self.seen = 0
+
+    def _allocate(self, runs: int) -> None:
+        """The per-image arrays (R, N), sized by the first chunk's R."""
+        n = self.labels.shape[0]
+        self.hits = torch.zeros(runs, n, dtype=torch.bool)
+        self.per = self._empty(runs, n) if self.calibrate else None
+        self.per_ts = self._empty(runs, n) if self.calibrate and self.temperatures is not None else None
+
+    @staticmethod
+    def _empty(runs: int, n: int) -> PerImage:
+        return PerImage(torch.zeros(runs, n, dtype=torch.float64), torch.zeros(runs, n, dtype=torch.bool),
+                        torch.zeros(runs, n, dtype=torch.float64), torch.zeros(runs, n, dtype=torch.float64))
+
+    @staticmethod
+    def _place(into: PerImage, at, values: PerImage) -> None:
+        for name in ("confidence", "hit", "nll", "brier"):
+            getattr(into, name)[:, at] = getattr(values, name)
+
+    def add(self, logits: torch.Tensor, at: slice | torch.Tensor) -> None:
+        """Score logits (R, n, C) of the images at positions ``at`` of the set."""
+        if self.seen == 0:
+            self._allocate(logits.shape[0])
+        labels = self.labels[at]
+        self.hits[:, at] = top1_hits(logits, labels).cpu()
+        self.seen += logits.shape[1]
+        if self.per is not None:
+            self._place(self.per, at, per_image_scores(logits, labels))
+        if self.per_ts is not None:
+            divide = [1.0 if t is None else t for t in self.temperatures]
+            self._place(self.per_ts, at, per_image_scores(scaled(logits, divide), labels))
+        if self.keep:
+            if self.logits is None:
+                self.logits = torch.zeros(logits.shape[0], self.labels.shape[0], logits.shape[-1])
+            self.logits[:, at] = logits.float().cpu()
+
+    def result(self) -> SetScores:
+        if self.seen != self.labels.shape[0]:
+            raise ValueError(f"the logits cover {self.seen} images but there are {self.labels.shape[0]} labels")
+        calibration = None
+        if self.per is not None:
+            calibration = []
+            for r in range(self.hits.shape[0]):
+                summary = summarise(PerImage(*(getattr(self.per, f)[r] for f in ("confidence", "hit", "nll",
+                                                                                   "brier"))))
+                temperature = None if self.temperatures is None else self.temperatures[r]
+                scaled_summary = None if temperature is None else summarise(PerImage(*(
+                    getattr(self.per_ts, f)[r] for f in ("confidence", "hit", "nll", "brier"))))
+                calibration.append({**record_figures(summary, scaled_summary, temperature),
+                                    "bins": summary["bins"]})
+        return SetScores(accuracy_of_hits(self.hits).tolist(), self.labels, calibration, self.logits)
+
+
 def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,
                     progress: bool = False) -> dict[str, list[float]]:
     """Accuracy (one per run: a module of R runs is evaluated in one pass) of ``method`` on each set, with the
-    classifier rebuilt for each set's class names. The logits stream chunk by chunk (:func:`streamed_top1`); the
-    sets read as pixels go through the image tower together (:func:`pixel_accuracies`). The method's own class set
-    is restored afterwards."""
+    classifier rebuilt for each set's class names (:func:`score_method` without calibration)."""
+    return {name: scores.accuracy for name, scores in score_method(method, sets, amp, progress).items()}
+
+
+def fitted_temperatures(method: PromptMethod, held_out: EvalSet, amp: bool = False) -> list[float]:
+    """Per run, the temperature minimising the NLL of the method's logits on ``held_out`` (the run's few-shot
+    validation split, never its test split): :func:`~atlas_fast.engine.calibration.fit_temperature`."""
+    logits = score_method(method, [held_out], amp, keep_logits=True)[held_out.name].logits
+    return [fit_temperature(run_logits, held_out.labels) for run_logits in logits]
+
+
+def score_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False, progress: bool = False,
+                 calibrate: bool = False, keep_logits: bool = False, held_out: EvalSet | None = None,
+                 temperatures: Sequence[float | None] | None = None) -> dict[str, SetScores]:
+    """Accuracy, and with ``calibrate`` the calibration figures, of ``method`` on each set, per run, in one pass:
+    the logits stream chunk by chunk and only per-image values are kept (the logits too with ``keep_logits``); the
+    sets read as pixels go through the image tower together (:func:`pixel_scores`). With ``held_out`` (and
+    ``calibrate``) each run's temperature is fitted on it first (:func:`fitted_temperatures`) and the figures after
+    dividing by it are added (``temperatures``: the runs' temperatures already fitted; None for a run without
+    one). The method's own class set is restored afterwards."""
     original = tuple(method.classnames)
-    results: dict[str, list[float]] = {}
+    if calibrate and held_out is not None and temperatures is None:
+        temperatures = fitted_temperatures(method, held_out, amp)
+    if not calibrate or temperatures is None or all(t is None for t in temperatures):
+        temperatures = None
+    else:
+        temperatures = list(temperatures)
+    results: dict[str, SetScores] = {}
     try:
         pixel_sets = [eval_set for eval_set in sets if eval_set.images is not None]
         if pixel_sets:  # the feed gives images to the methods that read pixels
-            results.update(pixel_accuracies(method, pixel_sets, amp, progress))
+            results.update(pixel_scores(method, pixel_sets, amp, progress, calibrate, keep_logits, temperatures))
         for eval_set in sets:
             if eval_set.images is None:
                 method.set_classnames(eval_set.classnames)
-                chunks = method_logit_chunks(method, eval_set.features, amp)
-                results[eval_set.name] = streamed_top1(chunks, eval_set.labels).tolist()
+                collector = _SetCollector(eval_set.labels, calibrate, temperatures, keep_logits)
+                start = 0
+                for chunk in method_logit_chunks(method, eval_set.features, amp):
+                    collector.add(chunk, slice(start, start + chunk.shape[1]))
+                    start += chunk.shape[1]
+                results[eval_set.name] = collector.result()
     finally:
         if original:
             method.set_classnames(original)
     return {eval_set.name: results[eval_set.name] for eval_set in sets}
 
 
-@torch.no_grad()
 def pixel_accuracies(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,
                      progress: bool = False) -> dict[str, list[float]]:
-    """Accuracy (one per run) of a prompted-image method on the test view of each set's images, in one pass: each
-    distinct test image is decoded once, however many sets hold it (base, new and all share theirs), and goes
-    through the R runs' prompted image towers together (:meth:`~atlas_fast.methods.base.PromptMethod.
-    eval_pixel_features`, at most :data:`EVAL_PIXEL_SEQUENCES` sequences per call); every set that holds it then
-    scores its features with its own classifier (the class prompts encoded once per set,
-    :meth:`~atlas_fast.methods.base.PromptMethod.pixel_classifier`). Images are taken set by set in each set's
-    order, :data:`EVAL_PIXEL_BATCH` at a time, as a set evaluated alone takes them."""
+    """Accuracy (one per run) of a prompted-image method on the test view of each set's images, in one pass
+    (:func:`pixel_scores` without calibration)."""
+    return {name: scores.accuracy for name, scores in pixel_scores(method, sets, amp, progress).items()}
+
+
+@torch.no_grad()
+def pixel_scores(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False, progress: bool = False,
+                 calibrate: bool = False, keep_logits: bool = False,
+                 temperatures: list[float | None] | None = None) -> dict[str, SetScores]:
+    """Accuracy (one per run), and with ``calibrate`` the calibration figures, of a prompted-image method on the
+    test view of each set's images, in one pass: each distinct test image is decoded once, however many sets hold
+    it (base, new and all share theirs), and goes through the R runs' prompted image towers together
+    (:meth:`~atlas_fast.methods.base.PromptMethod.eval_pixel_features`, at most :data:`EVAL_PIXEL_SEQUENCES`
+    sequences per call); every set that holds it then scores its features with its own classifier (the class
+    prompts encoded once per set, :meth:`~atlas_fast.methods.base.PromptMethod.pixel_classifier`). Images are taken
+    set by set in each set's order, :data:`EVAL_PIXEL_BATCH` at a time, as a set evaluated alone takes them."""
     from atlas_fast.progress import progress_bar
 
     device = method.device
@@ -179,7 +306,8 @@ def pixel_accuracies(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = 
             index = torch.full((len(items),), -1, dtype=torch.long)
             index[place] = torch.arange(len(place))
             where.append(index)
-        hits = [torch.zeros(method.num_runs, len(s.labels), dtype=torch.bool) for s in sets]
+        collectors = [_SetCollector(s.labels, calibrate, temperatures, keep_logits)
+                      for s in sets]
         images = sets[0].images
         starts = sorted(set(bounds))
         per_call = max(1, EVAL_PIXEL_SEQUENCES // method.num_runs)
@@ -194,14 +322,14 @@ def pixel_accuracies(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = 
                     with _autocast(images.device, amp):
                         features = torch.cat([method.eval_pixel_features(part) for part in pixels.split(per_call)],
                                              dim=1)
-                        for classify, index, eval_set, set_hits in zip(classifiers, where, sets, hits):
+                        for classify, index, collector in zip(classifiers, where, collectors):
                             places = index[rows]
                             held = (places >= 0).nonzero().flatten()
                             if len(held):
                                 logits = classify(features[:, held.to(features.device)]).float()
-                                set_hits[:, places[held]] = top1_hits(logits, eval_set.labels[places[held]]).cpu()
+                                collector.add(logits, places[held])
                     bar.update(len(pixels))
-    return {eval_set.name: accuracy_of_hits(set_hits).tolist() for eval_set, set_hits in zip(sets, hits)}
+    return {eval_set.name: collector.result() for eval_set, collector in zip(sets, collectors)}
 
 
 def zero_shot_accuracy(backbone: Backbone, eval_set: EvalSet, template: str) -> float:
@@ -221,15 +349,25 @@ def summarize(accuracies: dict[str, float]) -> dict[str, float]:
 
 
 def evaluate_run(method: PromptMethod, eval_sets: Sequence[EvalSet], backbone: Backbone, dataset: str,
-                 amp: bool = False, progress: bool = False, zero_shot: dict[str, float] | None = None
-                 ) -> dict[str, Any]:
-    """A trained run's final metrics: accuracy on each evaluation set (base/new/all, H) and the zero-shot references
-    with the dataset's CLIP template on the same sets (``zero_shot``: those references when already computed for
-    the same sets, e.g. by another run of the group)."""
-    accuracies = {name: values[0] for name, values in evaluate_method(method, eval_sets, amp, progress).items()}
+                 amp: bool = False, progress: bool = False, zero_shot: dict[str, float] | None = None,
+                 held_out: EvalSet | None = None) -> dict[str, Any]:
+    """A trained run's final metrics: accuracy on each evaluation set (base/new/all, H), the calibration figures
+    of each (``calibration``; after temperature scaling too when ``held_out``, its validation split, is given) and the
+    zero-shot references with the dataset's CLIP template on the same sets (``zero_shot``: those references when
+    already computed for the same sets, e.g. by another run of the group)."""
+    scores = score_method(method, eval_sets, amp, progress, calibrate=True, held_out=held_out)
     if zero_shot is None:
         zero_shot = zero_shot_references(backbone, eval_sets, dataset)
-    return {**summarize(accuracies), "zero_shot": zero_shot}
+    return {**run_metrics(scores, 0), "zero_shot": zero_shot}
+
+
+def run_metrics(scores: dict[str, SetScores], r: int) -> dict[str, Any]:
+    """Run r's accuracies (H added) and, when scored, its ``calibration`` figures per class set."""
+    metrics: dict[str, Any] = summarize({name: s.accuracy[r] for name, s in scores.items()})
+    figures = {name: s.run_figures(r) for name, s in scores.items() if s.calibration is not None}
+    if figures:
+        metrics["calibration"] = figures
+    return metrics
 
 
 def zero_shot_references(backbone: Backbone, eval_sets: Sequence[EvalSet], dataset: str) -> dict[str, float]:

@@ -33,6 +33,8 @@ PRELOAD_BYTES = 1 << 30
 DEVICE_RESIDENT_BYTES = 2 << 30
 # The split an evaluation set is read from: the test split for a run's record, the validation split for a search.
 EvaluationSplit = Literal["test", "val"]
+# The name of the held-out set a run's temperature is fitted on (its training classes' few-shot validation split).
+VALIDATION = "val"
 
 
 class EpochTensorInputs:
@@ -169,6 +171,9 @@ class RunInputs:
     labels: torch.Tensor  # (N,) training labels
     soft_rows: torch.Tensor | None  # (N, C) soft labels, or None
     train_inputs: TrainInputs
+    # the few-shot validation split of the training classes, which the run's temperature is fitted on (None where
+    # the dataset's validation split is its test split, or when the evaluation itself reads the validation split)
+    held_out: EvalSet | None = None
 
 
 def evaluation_set(name: str, split, backbone: Backbone, cache: FeatureCache, method: type[PromptMethod],
@@ -219,6 +224,14 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
             shared[key] = evaluation_set(name, split, backbone, cache, method, config.workers, spec.device,
                                          evaluate_on)
         eval_sets.append(shared[key])
+    held_out = None
+    if evaluate_on == "test" and not data.fewshot.val_is_test and train_split.val:
+        key = ("held out", data.dataset, tuple(train_split.classnames), tuple(d.impath for d in train_split.val))
+        if key not in shared:
+            cache.build(backbone, data.dataset, train_split.val, num_views=0, progress=config.progress)
+            shared[key] = evaluation_set(VALIDATION, train_split, backbone, cache, method, config.workers,
+                                         spec.device, "val")
+        held_out = shared[key]
     labels = torch.tensor([d.label for d in train_split.train])
     soft_rows = None
     if config.soft_labels is not None:
@@ -264,4 +277,4 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
         images = ImageViews(train_split.train, backbone, config.aug_seed, config.workers, spec.device,
                             shared[feed_key])
         train_inputs = PixelViews(images, spec.views, cached, config.progress)
-    return RunInputs(eval_sets, labels, soft_rows, train_inputs)
+    return RunInputs(eval_sets, labels, soft_rows, train_inputs, held_out)

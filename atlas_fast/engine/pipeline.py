@@ -39,8 +39,9 @@ from atlas_fast.atlas.schedules import LabelSchedule
 from atlas_fast.cache import FeatureCache
 from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device
-from atlas_fast.engine.evaluate import evaluate_method, evaluate_run, summarize, zero_shot_references
-from atlas_fast.engine.feed import RunInputs, evaluation_set, prepare_inputs
+from atlas_fast.engine.evaluate import (SetScores, evaluate_method, fitted_temperatures, run_metrics, score_method,
+                                        summarize, zero_shot_references)
+from atlas_fast.engine.feed import VALIDATION, RunInputs, evaluation_set, prepare_inputs
 from atlas_fast.engine.graphs import use_graph_steps
 from atlas_fast.engine.loop import Divergence, Fork, train_runs
 from atlas_fast.engine.record import (FailedRun, ResultStore, RunRecord, adopt_legacy_record, build_record,
@@ -49,7 +50,7 @@ from atlas_fast.engine.record import (FailedRun, ResultStore, RunRecord, adopt_l
 from atlas_fast.engine.run_identity import evaluated_sets
 from atlas_fast.engine.spec import RunSpec, load_run_data, plan_run
 from atlas_fast.engine.step import RunState
-from atlas_fast.engine.validity import SAVED_RUN_FIELDS, check_seal, missing_fields, read_record
+from atlas_fast.engine.validity import CALIBRATION, SAVED_RUN_FIELDS, check_seal, missing_fields, read_record
 from atlas_fast.errors import RunsFailed, user_errors
 from atlas_fast.methods.base import PromptMethod, method_class
 from atlas_fast.threads import small_step_threads
@@ -119,34 +120,87 @@ def missing_sets(spec: RunSpec, record: dict[str, Any]) -> list[str]:
     return [name for name in spec.data.splits if name not in evaluated_sets(record)]
 
 
+def uncalibrated_sets(spec: RunSpec, record: dict[str, Any]) -> list[str]:
+    """The class sets ``spec`` asks for that ``record`` holds an accuracy but no calibration figures for (a record
+    written before records held them)."""
+    calibrated = (record.get("metrics") or {}).get(CALIBRATION) or {}
+    return [name for name in evaluated_sets(record) if name in spec.data.splits and name not in calibrated]
+
+
 def complete_record(spec: RunSpec, record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` with the class sets ``spec`` asks for and it lacks evaluated on its saved learned tensors
-    (:func:`evaluate_saved`, the way a run evaluates) and written back (:func:`~atlas_fast.engine.record.
-    rewrite_record`); no retraining. Unchanged when it holds them all. The per-epoch accuracies of
-    ``eval_every_epoch`` stay those of the sets evaluated then."""
+    """``record`` with what ``spec`` asks for and it lacks evaluated on its saved learned tensors and written back
+    (:func:`~atlas_fast.engine.record.rewrite_record`), no retraining: the class sets it lacks (accuracy, zero-shot
+    reference, calibration), the calibration figures and reliability table of the sets it has without them
+    (records written before they existed), and with ``save_predictions`` its per-image predictions (then every set
+    it asks for is scored again, so the file covers them all). Unchanged when it holds them all. The per-epoch
+    accuracies of ``eval_every_epoch`` stay those of the sets evaluated then."""
     missing = missing_sets(spec, record)
-    if not missing:
+    keep = spec.config.save_predictions and "predictions" not in record or bool(missing and "predictions" in record)
+    rescored = list(spec.data.splits) if keep else [
+        name for name in spec.data.splits if name in missing or name in uncalibrated_sets(spec, record)]
+    if not rescored:
         return record
     clock = time.perf_counter()
     path = Path(record["path"])
-    results = {name: evaluate_saved(path, spec.dataset, spec.config.data_root, name,
-                                    cache_root=spec.config.cache_root, device=str(spec.device),
-                                    progress=spec.config.progress)
-               for name in missing}
+    learned = load_learned(path)
+    backbone = spec.backbone()
+    if backbone.fingerprint != record["backbone"]["fingerprint"]:
+        raise ValueError(f"The backbone {backbone.describe()} differs from the one {path} was trained with.")
+    scores, sets = rescore_saved(spec, record, learned, backbone, rescored, keep)
     metrics = dict(record["metrics"])
     zero_shot = dict(metrics.pop("zero_shot"))
-    for name, result in results.items():
-        metrics[name], zero_shot[name] = result["accuracy"], result["zero_shot"]
+    calibration = dict(metrics.pop(CALIBRATION, None) or {})
+    fresh = run_metrics(scores, 0)
+    for name in missing:
+        metrics[name] = fresh[name]
+    if missing:
+        zero_shot.update(zero_shot_references(backbone, [s for s in sets if s.name in missing], spec.dataset))
+    calibration.update(fresh.get(CALIBRATION, {}))
     others = {k: v for k, v in metrics.items() if k not in CLASS_SETS and k != HARMONIC_MEAN}
     accuracies = summarize({name: metrics[name] for name in CLASS_SETS if name in metrics})
     references = summarize({name: zero_shot[name] for name in CLASS_SETS if name in zero_shot})
     data = dict(record["data"])
-    data["num_test"] = {**data.get("num_test", {}), **{name: r["num_test"] for name, r in results.items()}}
+    data["num_test"] = {**data.get("num_test", {}),
+                        **{name: len(spec.data.splits[name].test) for name in missing}}
     later = list(record.get("evaluated_later", [])) + [
-        {"sets": missing, "created": utc_now(), "seconds": round(time.perf_counter() - clock, 4)}]
-    completed = {**record, "metrics": {**accuracies, **others, "zero_shot": references}, "data": data,
+        {"sets": missing, "calibrated": [name for name in rescored if name not in missing], "created": utc_now(),
+         "seconds": round(time.perf_counter() - clock, 4)}]
+    ordered = {name: calibration[name] for name in CLASS_SETS if name in calibration}
+    completed = {**record, "metrics": {**accuracies, **others, CALIBRATION: ordered, "zero_shot": references},
+                 "reliability": {**(record.get("reliability") or {}), **reliability(scores, 0)}, "data": data,
                  "evaluated_later": later}
-    return rewrite_record(spec, path.stem, completed, load_learned(path))
+    return rewrite_record(spec, path.stem, completed, learned, run_predictions(scores, 0) if keep else None)
+
+
+def scores_sets(spec: RunSpec, names: Sequence[str], backbone) -> list:
+    """The evaluation sets ``names`` of ``spec``'s data (test features from the cache, built where missing)."""
+    cache = FeatureCache(spec.config.cache_root, content_hash=spec.config.content_hash)
+    sets = []
+    for name in names:
+        split = spec.data.splits[name]
+        cache.build(backbone, spec.dataset, split.test, num_views=0, progress=spec.config.progress)
+        sets.append(evaluation_set(name, split, backbone, cache, spec.method, spec.config.workers, spec.device))
+    return sets
+
+
+def rescore_saved(spec: RunSpec, record: dict[str, Any], learned: dict[str, torch.Tensor], backbone,
+                  names: Sequence[str], keep_logits: bool) -> tuple[dict[str, SetScores], list]:
+    """A finished run's accuracy and calibration on the class sets ``names``, scored on its saved learned tensors
+    as the run scored itself: its temperature fitted on its few-shot validation split (where that is not the test
+    split), every set in one pass."""
+    sets = scores_sets(spec, names, backbone)
+    held_out = None
+    train_split = spec.data.train_split
+    if not spec.data.fewshot.val_is_test and train_split.val:
+        cache = FeatureCache(spec.config.cache_root, content_hash=spec.config.content_hash)
+        cache.build(backbone, spec.dataset, train_split.val, num_views=0, progress=spec.config.progress)
+        held_out = evaluation_set(VALIDATION, train_split, backbone, cache, spec.method, spec.config.workers,
+                                  spec.device, "val")
+    trained_on = record.get("data", {}).get("classnames") or train_split.classnames
+    method = spec.method.build(backbone, trained_on, spec.method_config).to(spec.device)
+    method.load_checkpoint_state(split_snapshots(learned)[0])
+    return score_method(method, sets, spec.amp, spec.config.progress, calibrate=True, keep_logits=keep_logits,
+                        held_out=held_out), sets
 
 
 def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False, looked_up: bool = False
@@ -287,7 +341,9 @@ def _train_ready(specs: Sequence[RunSpec], backbone, inputs: list[RunInputs], in
 
     records: list[dict[str, Any] | FailedRun] = []
     zero_shots: dict[tuple[int, ...], dict[str, float]] = {}  # per distinct tuple of (shared) evaluation sets
-    together, shared_seconds = group_accuracies(method, inputs, first.amp, any(s.config.progress for s in specs))
+    keep = [spec.config.save_predictions for spec in specs]
+    progress = any(s.config.progress for s in specs)
+    together, shared_seconds = group_scores(method, inputs, first.amp, progress, any(keep))
     for r, (spec, run_inputs, log) in enumerate(zip(specs, inputs, logs)):
         if r in failed:
             records.append(failed[r])
@@ -306,7 +362,7 @@ def _train_ready(specs: Sequence[RunSpec], backbone, inputs: list[RunInputs], in
 
 
 def _record_run(spec: RunSpec, r: int, backbone, method: PromptMethod, singles: Sequence[PromptMethod],
-                run_inputs: RunInputs, log: list[dict[str, Any]], together: dict[str, list[float]] | None,
+                run_inputs: RunInputs, log: list[dict[str, Any]], together: dict[str, SetScores] | None,
                 zero_shots: dict, shared_seconds: float, snapshots: dict[int, dict[str, torch.Tensor]],
                 timings: dict[str, Any], start: float) -> dict[str, Any]:
     """Evaluate run ``r`` of a trained group (from the group's one pass ``together`` where there is one) and write
@@ -316,33 +372,64 @@ def _record_run(spec: RunSpec, r: int, backbone, method: PromptMethod, singles: 
     sets = tuple(id(eval_set) for eval_set in run_inputs.eval_sets)
     if sets not in zero_shots:
         zero_shots[sets] = zero_shot_references(backbone, run_inputs.eval_sets, spec.dataset)
+    keep = spec.config.save_predictions
     if together is not None:
-        metrics = {**summarize({name: values[r] for name, values in together.items()}),
-                   "zero_shot": zero_shots[sets]}
+        scores, at = together, r
     else:
-        metrics = evaluate_run(view, run_inputs.eval_sets, backbone, spec.dataset, spec.amp,
-                               spec.config.progress, zero_shots[sets])
+        scores = score_method(view, run_inputs.eval_sets, spec.amp, spec.config.progress, calibrate=True,
+                              keep_logits=keep, held_out=run_inputs.held_out)
+        at = 0
+    metrics = {**run_metrics(scores, at), "zero_shot": zero_shots[sets]}
     timings = {"plan": timings["plan"], "inputs": timings["inputs"], "train": timings["train"],
                "evaluate": round(time.perf_counter() - clock + shared_seconds, 4),
                "seconds_per_epoch": timings["seconds_per_epoch"], "batch_runs": timings["batch_runs"],
                "group_total": round(time.perf_counter() - start, 4)}
     record = build_record(spec, backbone, metrics, log, timings)
+    record["reliability"] = reliability(scores, at)
     learned = view.state_for_checkpoint()
-    return save_record(spec, record, with_snapshots(learned, snapshots) if snapshots else learned)
+    return save_record(spec, record, with_snapshots(learned, snapshots) if snapshots else learned,
+                       predictions=run_predictions(scores, at) if keep else None)
 
 
-def group_accuracies(method: PromptMethod, inputs: Sequence[RunInputs], amp: bool, progress: bool
-                     ) -> tuple[dict[str, list[float]] | None, float]:
-    """Every run's accuracies from one pass of the group's module over the evaluation sets the runs share (each
-    test image read, and for pixel methods decoded, once per group; the R runs' heads or prompted towers
-    together), and each run's share of its seconds; (None, 0) for a group of one or runs evaluated on different
-    sets (then each run is evaluated alone)."""
+def reliability(scores: dict[str, SetScores], r: int) -> dict[str, dict[str, list]]:
+    """Run r's reliability table per class set (the record's ``reliability``: image count, correct predictions and
+    summed confidence per confidence bin), what the reliability diagrams are drawn from."""
+    return {name: s.run_bins(r) for name, s in scores.items() if s.calibration is not None}
+
+
+def run_predictions(scores: dict[str, SetScores], r: int) -> dict[str, Any]:
+    """Run r's per-image predictions to save beside its record: ``S_logits`` (N, C) float32 (the scaled logits the
+    softmax is taken of) and ``S_labels`` (N,) int64 per class set S."""
+    out: dict[str, Any] = {}
+    for name, s in scores.items():
+        out[f"{name}_logits"] = s.logits[r].numpy().astype("float32")
+        out[f"{name}_labels"] = s.labels.numpy().astype("int64")
+    return out
+
+
+def group_scores(method: PromptMethod, inputs: Sequence[RunInputs], amp: bool, progress: bool,
+                 keep_logits: bool = False) -> tuple[dict[str, SetScores] | None, float]:
+    """Every run's accuracies and calibration figures from one pass of the group's module over the evaluation sets
+    the runs share (each test image read, and for pixel methods decoded, once per group; the R runs' heads or
+    prompted towers together), each run's temperature fitted first on its own validation split, and each run's
+    share of its seconds; (None, 0) for a group of one or runs evaluated on different sets (then each run is
+    evaluated alone)."""
     first = [id(eval_set) for eval_set in inputs[0].eval_sets]
     if len(inputs) == 1 or any([id(eval_set) for eval_set in i.eval_sets] != first for i in inputs):
         return None, 0.0
     clock = time.perf_counter()
-    accuracies = evaluate_method(method, inputs[0].eval_sets, amp, progress)
-    return accuracies, (time.perf_counter() - clock) / len(inputs)
+    temperatures: list[float | None] = [None] * len(inputs)
+    owners: dict[int, list[int]] = {}  # each distinct validation split -> the runs it belongs to
+    for r, run_inputs in enumerate(inputs):
+        if run_inputs.held_out is not None:
+            owners.setdefault(id(run_inputs.held_out), []).append(r)
+    for runs in owners.values():
+        fitted = fitted_temperatures(method, inputs[runs[0]].held_out, amp)
+        for r in runs:
+            temperatures[r] = fitted[r]
+    scores = score_method(method, inputs[0].eval_sets, amp, progress, calibrate=True, keep_logits=keep_logits,
+                          temperatures=temperatures)
+    return scores, (time.perf_counter() - clock) / len(inputs)
 
 
 def build_group_method(specs: Sequence[RunSpec], backbone, classnames: Sequence[str]
@@ -425,12 +512,17 @@ def saved_method_config(entry, fields: dict[str, Any]):
 
 def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path, subsample: str = "all",
                    shots: int | None = None, seed: int | None = None, cache_root: str | Path = "cache",
-                   device: str = "auto", progress: bool = True) -> dict[str, Any]:
+                   device: str = "auto", progress: bool = True, save_predictions: bool = False) -> dict[str, Any]:
     """Evaluate a saved run's learned tensors on a dataset's test split (e.g. cross-dataset transfer, or the new
     classes of another seed), through the steps a run takes: its config is planned again for ``dataset`` (data
     listed, few-shot subset drawn, classes split), the feed builds the evaluation set, the method is rebuilt from the
     registry. ``subsample`` picks the class set; ``shots``/``seed`` only matter for the base/new split, which is
-    defined by the (few-shot) train list's labels, so they default to the run's own."""
+    defined by the (few-shot) train list's labels, so they default to the run's own. The result holds the
+    accuracy, the zero-shot reference and the ``calibration`` figures (with ``ece_ts``/``nll_ts`` after the run's own
+    temperature, fitted on its validation split when it trained, where its record holds one) and ``reliability``;
+    ``save_predictions`` writes the logits and labels beside the record (``<record>.<dataset>-<subsample>
+    .predictions.npz``; ``predictions`` and ``predictions_blake2b`` in the result: this command writes no record,
+    so no seal covers them)."""
     record = read_record(record_path)
     missing = missing_fields(record, SAVED_RUN_FIELDS)
     if missing:
@@ -459,7 +551,27 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     method = method.to(torch_device)
     method.load_checkpoint_state(split_snapshots(load_learned(record_path))[0])
     amp = saved.get("precision") == "amp" and torch_device.type == "cuda"
-    accuracy = evaluate_method(method, [eval_set], amp, progress)[subsample][0]
-    return {"dataset": data.dataset, "subsample": subsample, "accuracy": accuracy,
-            "zero_shot": zero_shot_references(backbone, [eval_set], data.dataset)[subsample],
-            "record": str(record_path), "num_test": len(split.test), "num_classes": len(split.classnames)}
+    scores = score_method(method, [eval_set], amp, progress, calibrate=True, keep_logits=save_predictions,
+                          temperatures=[run_temperature(record)])
+    result = {"dataset": data.dataset, "subsample": subsample, "accuracy": scores[subsample].accuracy[0],
+              "zero_shot": zero_shot_references(backbone, [eval_set], data.dataset)[subsample],
+              "calibration": scores[subsample].run_figures(0), "reliability": scores[subsample].run_bins(0),
+              "record": str(record_path), "num_test": len(split.test), "num_classes": len(split.classnames)}
+    if save_predictions:
+        from atlas_fast.engine.record import PREDICTIONS_SUFFIX, predictions_bytes
+        from atlas_fast.files import atomic_write, blake2b_hex
+
+        payload = predictions_bytes(run_predictions(scores, 0))
+        target = Path(record_path).with_name(f"{Path(record_path).stem}.{data.dataset}-{subsample}"
+                                             f"{PREDICTIONS_SUFFIX}")
+        atomic_write(target, lambda f: f.write(payload))
+        result.update(predictions=str(target), predictions_blake2b=blake2b_hex(payload))
+    return result
+
+
+def run_temperature(record: dict[str, Any]) -> float | None:
+    """The temperature a run fitted on its validation split (its record's figures of the class set it trained
+    on), or None (a record written before records held one, or a dataset whose validation split is its test)."""
+    trained = (record.get("config") or {}).get("subsample")
+    figures = ((record.get("metrics") or {}).get(CALIBRATION) or {}).get(trained) or {}
+    return figures.get("temperature")

@@ -14,10 +14,13 @@ Layout under ``results_dir`` (default ``results/``)::
 
     <dataset>/<method>-<schedule>-<setting>-<shots>shot-seed<seed>-<hash12>.json   the record
     <dataset>/<method>-<schedule>-<setting>-<shots>shot-seed<seed>-<hash12>.pt     learned tensors (torch.save)
+    <dataset>/<...>-<hash12>.predictions.npz   per-image predictions (``save_predictions`` only)
 
 Record fields: ``key`` (full hash of configuration, backbone and data), ``config_key`` (configuration and backbone
 only), ``status`` ("finished"), ``config`` (the run's configuration), ``backbone`` (fingerprint, architecture,
-description), ``data`` (dataset, ``fingerprint``, counts, ``shots_used``), ``metrics`` (final: base/new/all/H, zero-shot references), ``epochs``
+description), ``data`` (dataset, ``fingerprint``, counts, ``shots_used``), ``metrics`` (final: base/new/all/H, ``calibration``
+per class set, zero-shot references), ``reliability`` (per class set, image count, correct predictions and summed
+confidence in each of the 15 confidence bins), ``epochs``
 (per-epoch loss, lr, soft-label flag and optional accuracies; with CUDA graphs the steps replayed and run eagerly),
 ``timings`` (seconds per stage), ``graphs`` (whether the steps were CUDA-graphed, the steps replayed and run eagerly,
 and why the graphs fell back to eager steps if they did: :func:`graph_summary`), ``versions``
@@ -25,7 +28,9 @@ and why the graphs fell back to eager steps if they did: :func:`graph_summary`),
 and name: :func:`atlas_fast.engine.seal.provenance`), ``created`` (UTC ISO time), ``learned`` (file name of the
 ``.pt``), ``learned_blake2b`` (the checksum of its bytes, checked when it is read) and ``seal`` (the checksum of every
 other field, :mod:`atlas_fast.engine.seal`). A record whose seal does not match is invalid like a damaged one; a
-record from before seals is used with a warning.
+record from before seals is used with a warning. With ``save_predictions`` the record also names its
+``predictions`` file (``S_logits`` (N, C) float32 and ``S_labels`` (N,) int64 per evaluated class set S, numpy's
+``.npz``) and holds the checksum of its bytes (``predictions_blake2b``), so the seal covers them too.
 
 A run of a group that fails on its own (its numbers stopped being finite, or its own inputs, evaluation or record
 raised) gets no record but a failure note, ``<stem>.json.failed`` (JSON: ``status`` "failed", its printed name,
@@ -147,7 +152,11 @@ class ResultStore:
             warn_unsealed(path)
         return record
 
-    def save(self, dataset: str, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor]) -> Path:
+    def predictions_path(self, dataset: str, stem: str) -> Path:
+        return self.record_path(dataset, stem).with_suffix(PREDICTIONS_SUFFIX)
+
+    def save(self, dataset: str, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor],
+             predictions: dict[str, Any] | None = None) -> Path:
         """Write the learned tensors, then the record (so a record never points at a missing ``.pt``). The record
         holds the BLAKE2b of the ``.pt`` bytes (``learned_blake2b``), checked by :meth:`find` and
         :func:`load_learned`. A record with non-finite metrics is refused (it would not be valid JSON). An invalid
@@ -162,6 +171,11 @@ class ResultStore:
         buffer = io.BytesIO()
         torch.save(learned, buffer)
         payload = buffer.getvalue()
+        saved_predictions = None
+        if predictions is not None:
+            saved_predictions = predictions_bytes(predictions)
+            record = {**record, "predictions": self.predictions_path(dataset, stem).name,
+                      "predictions_blake2b": blake2b_hex(saved_predictions)}
         # The record's text is made first: a value JSON cannot hold raises here, before any file is written.
         try:
             record = sealed({**record, "status": "finished", "learned": learned_path.name,
@@ -172,6 +186,8 @@ class ResultStore:
         path = self.record_path(dataset, stem)
         self._move_invalid_aside(path, record.get("key"))
         atomic_write(learned_path, lambda f: f.write(payload))
+        if saved_predictions is not None:
+            atomic_write(self.predictions_path(dataset, stem), lambda f: f.write(saved_predictions))
         atomic_write(path, lambda f: f.write(text))
         path.with_name(path.name + FAILED_SUFFIX).unlink(missing_ok=True)  # an earlier failure of the run: redone
         return path
@@ -279,9 +295,11 @@ def save_failure(spec: RunSpec, reason: str, error: BaseException | None = None,
     return replace(failed, note=str(note))
 
 
-def save_record(spec: RunSpec, record: dict[str, Any], learned: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Write a trained run's record and learned tensors; returns the record as a run returns it."""
-    path = ResultStore(spec.config.results_dir).save(spec.dataset, spec.stem, record, learned)
+def save_record(spec: RunSpec, record: dict[str, Any], learned: dict[str, torch.Tensor],
+                predictions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write a trained run's record and learned tensors (and its per-image ``predictions`` when given); returns the
+    record as a run returns it."""
+    path = ResultStore(spec.config.results_dir).save(spec.dataset, spec.stem, record, learned, predictions)
     return {**record, "status": "finished", "skipped": False, "path": str(path)}
 
 
@@ -290,13 +308,13 @@ def save_record(spec: RunSpec, record: dict[str, Any], learned: dict[str, torch.
 ADDED_FIELDS = ("status", "learned", "learned_blake2b", "seal", "skipped", "path")
 
 
-def rewrite_record(spec: RunSpec, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor]
-                   ) -> dict[str, Any]:
+def rewrite_record(spec: RunSpec, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor],
+                   predictions: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write a finished run's record again under ``stem`` with its fields as in ``record`` (a record as read or
-    returned, with changes) and its ``learned`` tensors (atomically, sealed anew); returns it as a skipped run
-    returns it."""
+    returned, with changes) and its ``learned`` tensors (atomically, sealed anew), and new ``predictions`` when
+    given (else the record keeps naming the ones it has); returns it as a skipped run returns it."""
     fields = {k: v for k, v in record.items() if k not in ADDED_FIELDS}
-    path = ResultStore(spec.config.results_dir).save(spec.dataset, stem, fields, learned)
+    path = ResultStore(spec.config.results_dir).save(spec.dataset, stem, fields, learned, predictions)
     return {**read_record(path), "skipped": True, "path": str(path)}
 
 
@@ -316,6 +334,40 @@ def adopt_legacy_record(spec: RunSpec) -> dict[str, Any] | None:
     adopted = {**record, "key": spec.record_key, "config_key": spec.config_key,
                "config": identity_fields(record["config"]), "adopted_from": f"{stem}.json"}
     return rewrite_record(spec, spec.stem, adopted, learned)
+
+
+# Per-image predictions saved beside a record (``save_predictions``).
+PREDICTIONS_SUFFIX = ".predictions.npz"
+
+
+def predictions_bytes(arrays: dict[str, Any]) -> bytes:
+    """The ``.npz`` bytes of named arrays (uncompressed: N x C float32 logits do not compress much, and reading
+    them back needs no inflating)."""
+    import numpy
+
+    buffer = io.BytesIO()
+    numpy.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def load_predictions(record_path: str | Path) -> dict[str, Any]:
+    """The per-image predictions saved beside a record (``S_logits``, ``S_labels`` per class set S), checked against
+    the record's ``predictions_blake2b``."""
+    import numpy
+
+    record_path = Path(record_path)
+    record = read_record(record_path)
+    if "predictions" not in record:
+        raise FileNotFoundError(f"Record {record_path} saved no predictions (train or evaluate with "
+                                f"--save-predictions).")
+    path = record_path.with_name(record["predictions"])
+    if not path.is_file():
+        raise FileNotFoundError(f"Predictions {path} of record {record_path} are missing.")
+    if file_blake2b(path) != record.get("predictions_blake2b"):
+        raise ValueError(f"Predictions {path} of record {record_path} fail their checksum (predictions_blake2b): "
+                         f"the file is damaged or was replaced.")
+    with numpy.load(path, allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}
 
 
 # Learned tensors saved along a run (TrainConfig.snapshot_epochs) sit beside the final ones in the same file, named

@@ -18,6 +18,11 @@ from typing import Any, Sequence
 from atlas_fast.engine.seal import is_sealed, seal_problem
 from atlas_fast.files import JsonFileError, file_blake2b, read_json
 
+# The entries of a record's metrics that hold a dict (per class set) rather than a number: the zero-shot references
+# and the calibration figures (atlas_fast.engine.calibration).
+CALIBRATION = "calibration"
+NESTED_METRICS = ("zero_shot", CALIBRATION)
+
 # What evaluating a saved run reads from its record.
 SAVED_RUN_FIELDS = ("config.backbone", "config.method", "config.method_config", "config.shots", "config.seed",
                     "backbone.fingerprint")
@@ -95,8 +100,10 @@ def record_problems(record: dict[str, Any], needs: Sequence[str] = ()) -> list[s
         problems.append(f"non-finite metrics {non_finite(metrics)[:3]}")
     elif not isinstance(metrics.get("zero_shot"), dict):
         problems.append("no 'metrics.zero_shot' references")
-    elif any(isinstance(value, dict) for name, value in metrics.items() if name != "zero_shot"):
+    elif any(isinstance(value, dict) for name, value in metrics.items() if name not in NESTED_METRICS):
         problems.append("a metric that is not a number")
+    elif not all(isinstance(value, dict) for value in (metrics.get(CALIBRATION) or {}).values()):
+        problems.append("a calibration entry that is not a class set's figures")
     data = record.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("fingerprint"), str):
         problems.append("no data fingerprint (made before records knew their data)")
@@ -132,7 +139,25 @@ def stored_record_problems(path: Path, key: str | None = None) -> tuple[dict[str
                    and file_blake2b(learned) != record["learned_blake2b"])  # OSError: names the file
     if damaged:
         problems.append(f"its learned tensors {learned} fail their checksum (the file is damaged or was replaced)")
+    if not problems:
+        problems += predictions_problems(path, record)
     return record, problems, damaged
+
+
+def predictions_problems(path: Path, record: dict[str, Any]) -> list[str]:
+    """What is wrong with the per-image predictions a record names (empty when it names none, or they match their
+    checksum ``predictions_blake2b``, which the record's seal covers)."""
+    name = record.get("predictions")
+    if name is None:
+        return []
+    if not isinstance(name, str) or "/" in name or "\\" in name:
+        return [f"its 'predictions' field {name!r} is not a file name beside it"]
+    predictions = path.with_name(name)
+    if not predictions.is_file():
+        return [f"its predictions {predictions} are missing"]
+    if file_blake2b(predictions) != record.get("predictions_blake2b"):
+        return [f"its predictions {predictions} fail their checksum (the file is damaged or was replaced)"]
+    return []
 
 
 def warn_unsealed(path: str | Path) -> None:

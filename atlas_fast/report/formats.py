@@ -72,9 +72,13 @@ def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], re
 
 def eval_result_line(result: dict[str, Any], record: str | Path) -> str:
     """What ``atlas-fast eval`` prints for one saved run tested on a dataset (:func:`atlas_fast.engine.evaluate_saved`)."""
+    figures = result.get("calibration") or {}
+    calibration = (f"  | ECE {figures['ece']:.2f}, NLL {figures['nll']:.3f}" if "ece" in figures else "") + (
+        f" (after T = {figures['temperature']:.3g}: ECE {figures['ece_ts']:.2f})" if "ece_ts" in figures else "")
     return (f"{result['dataset']} ({result['subsample']}, {result['num_classes']} classes, {result['num_test']} "
-            f"test images): accuracy {result['accuracy']:.2f}  | zero-shot CLIP {result['zero_shot']:.2f}  "
-            f"<- {record}")
+            f"test images): accuracy {result['accuracy']:.2f}{calibration}  | zero-shot CLIP "
+            f"{result['zero_shot']:.2f}  <- {record}" + (
+                f"\n  predictions: {result['predictions']}" if result.get("predictions") else ""))
 
 
 def deviation_sentences(table_note: str, row_marks: Iterable[str], in_title: bool = True) -> list[str]:

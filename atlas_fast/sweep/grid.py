@@ -234,7 +234,7 @@ def run_summary(record: dict[str, Any]) -> str:
     """``base 81.20  new 74.10  H 77.49  (12.3 s)``: a finished run's metrics in one line."""
     metrics = record["metrics"]
     names = [name for name in (*CLASS_SETS[:2], HARMONIC_MEAN) if name in metrics] or [
-        n for n in metrics if n != "zero_shot"]
+        n for n in metrics if not isinstance(metrics[n], dict)]  # not the zero-shot references nor calibration
     seconds = record.get("timings", {}).get("group_total")
     timing = f"  ({seconds:.1f} s for its group)" if isinstance(seconds, (int, float)) else ""
     return "  ".join(f"{name} {metrics[name]:.2f}" for name in names) + timing

@@ -1,0 +1,171 @@
+"""Calibration of a classifier's predictions: top-1 ECE, NLL, Brier score and mean confidence, and temperature
+scaling.
+
+Every figure is computed from the logits the softmax is taken of (a method's own scaled logits, ``exp(logit_scale) *
+cos``) and the labels, per image first (:func:`per_image_scores`: the top-1 confidence, whether the top-1 class is
+the label, the negative log-likelihood of the label and the Brier score), then reduced over the split
+(:func:`summarise`). An evaluation streams its logits chunk by chunk and keeps only the per-image values, so the
+figures of a record and those of :func:`calibration_metrics` on the whole split's logits are the same numbers.
+
+* **ECE** (Guo et al. 2017), in percent: the images are put in :data:`CALIBRATION_BINS` = 15 equal-width bins of
+  their top-1 confidence (bin b holds ``b/15 < confidence <= (b+1)/15``) and
+  ``ECE = sum_b (n_b / N) |acc_b - conf_b|``, acc_b and conf_b the accuracy and mean confidence of bin b.
+* **NLL**: the mean of ``-log p(label)`` over the images, in nats.
+* **Brier**: the mean over the images of ``sum_c (p_c - [c = label])^2`` (the multi-class score, between 0 and 2).
+* **confidence**: the mean top-1 probability, in percent (beside the accuracy, in percent, it says over- or
+  under-confidence).
+* **Temperature scaling**: one scalar T > 0 minimising the NLL of ``logits / T`` on held-out images
+  (:func:`fit_temperature`); a run fits it on its few-shot validation split and reports ``ece_ts`` / ``nll_ts``, the
+  test figures after dividing by it.
+
+A user scores their own predictions the same way with :func:`calibration_metrics`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+CALIBRATION_BINS = 15
+# The figures of a class set in ``record["metrics"]["calibration"][set]``, in the order tables list them; the last
+# three only where the run has a validation split distinct from its test split.
+SCORES = ("ece", "nll", "brier", "confidence")
+SCALED_SCORES = ("temperature", "ece_ts", "nll_ts")
+# The search range of the temperature (a grid search in log T, then golden-section refinement).
+TEMPERATURE_RANGE = (1e-2, 1e2)
+
+
+@dataclass
+class PerImage:
+    """Per-image values of logits (..., N, C): top-1 confidence, hit (top-1 == label), NLL and Brier, float64."""
+
+    confidence: torch.Tensor
+    hit: torch.Tensor
+    nll: torch.Tensor
+    brier: torch.Tensor
+
+    @staticmethod
+    def cat(parts: Sequence["PerImage"], dim: int = -1) -> "PerImage":
+        return PerImage(*(torch.cat([getattr(p, f) for p in parts], dim=dim)
+                          for f in ("confidence", "hit", "nll", "brier")))
+
+
+def scaled(logits: torch.Tensor, temperature: float | torch.Tensor | None) -> torch.Tensor:
+    """``logits / temperature`` in the logits' dtype (unchanged for None); the one place logits are rescaled, so a
+    record's figures after temperature scaling are reproduced from its saved logits and temperature."""
+    if temperature is None:
+        return logits
+    t = torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device)
+    return logits / (t.reshape(*t.shape, *([1] * (logits.dim() - t.dim()))) if t.dim() else t)
+
+
+def per_image_scores(logits: torch.Tensor, labels: torch.Tensor) -> PerImage:
+    """Per-image values (..., N) of logits (..., N, C) and labels (N,): each row on its own, so chunks of a split give
+    exactly the values of the whole split. The softmax is taken in float32 (or the logits' wider dtype)."""
+    if logits.shape[-2] != labels.shape[0]:
+        raise ValueError(f"{logits.shape[-2]} rows of logits but {labels.shape[0]} labels")
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    labels = labels.to(logits.device, torch.long)
+    log_p = torch.log_softmax(logits, dim=-1)
+    index = labels.expand(*log_p.shape[:-1]).unsqueeze(-1)
+    log_p_label = log_p.gather(-1, index).squeeze(-1)
+    top = log_p.argmax(dim=-1)
+    p = log_p.exp()
+    confidence = p.gather(-1, top.unsqueeze(-1)).squeeze(-1)
+    p_label = log_p_label.exp()
+    brier = (p.double() ** 2).sum(dim=-1) - 2.0 * p_label.double() + 1.0
+    return PerImage(confidence.double().cpu(), (top == labels).cpu(), (-log_p_label).double().cpu(), brier.cpu())
+
+
+def reliability_bins(confidence: torch.Tensor, hit: torch.Tensor, bins: int = CALIBRATION_BINS
+                     ) -> dict[str, torch.Tensor]:
+    """Per bin (..., bins): the image ``count``, the ``correct`` top-1 predictions and the ``confidence_sum``; bin b
+    holds ``b/bins < confidence <= (b+1)/bins``."""
+    edges = torch.linspace(0.0, 1.0, bins + 1, dtype=torch.float64)
+    index = torch.bucketize(confidence.double(), edges[1:-1], right=False)
+    shape = (*confidence.shape[:-1], bins)
+    count = torch.zeros(shape, dtype=torch.float64).scatter_add_(-1, index, torch.ones_like(confidence.double()))
+    correct = torch.zeros(shape, dtype=torch.float64).scatter_add_(-1, index, hit.double())
+    confidence_sum = torch.zeros(shape, dtype=torch.float64).scatter_add_(-1, index, confidence.double())
+    return {"count": count, "correct": correct, "confidence_sum": confidence_sum}
+
+
+def summarise(scores: PerImage, bins: int = CALIBRATION_BINS) -> dict[str, Any]:
+    """The figures of one run's per-image values (N,): ``ece`` (percent), ``nll``, ``brier``, ``confidence``
+    (percent) and ``accuracy`` (percent), and its ``bins`` (counts, correct, confidence sums, as lists)."""
+    if scores.confidence.dim() != 1:
+        raise ValueError(f"summarise takes one run's per-image values (N,), not {tuple(scores.confidence.shape)}")
+    n = scores.confidence.shape[0]
+    if n == 0:
+        raise ValueError("no images to compute calibration over")
+    table = reliability_bins(scores.confidence, scores.hit, bins)
+    ece = (table["correct"] - table["confidence_sum"]).abs().sum().item() / n
+    return {"ece": 100.0 * ece, "nll": scores.nll.mean().item(), "brier": scores.brier.mean().item(),
+            "confidence": 100.0 * scores.confidence.mean().item(),
+            "accuracy": 100.0 * scores.hit.double().mean().item(),
+            "bins": {"count": [int(c) for c in table["count"].tolist()], "correct": [int(c) for c in
+                                                                                      table["correct"].tolist()],
+                     "confidence_sum": table["confidence_sum"].tolist()}}
+
+
+def calibration_metrics(logits: Any, labels: Any, temperature: float | None = None, bins: int = CALIBRATION_BINS
+                        ) -> dict[str, Any]:
+    """ECE (percent, ``bins`` equal-width bins), NLL (nats), Brier, mean confidence and accuracy (percent) of logits
+    (N, C) and labels (N,) (tensors or arrays), after dividing the logits by ``temperature`` when given; with the
+    reliability table under ``bins``. The function a run's record is computed with: the figures of a record are
+    reproduced from its saved predictions by ``calibration_metrics(logits, labels)`` (and, with the record's
+    temperature, ``ece_ts`` / ``nll_ts``)."""
+    logits, labels = torch.as_tensor(logits), torch.as_tensor(labels)
+    if logits.dim() != 2:
+        raise ValueError(f"calibration_metrics takes logits of shape (N, C), not {tuple(logits.shape)}")
+    return summarise(per_image_scores(scaled(logits, temperature), labels), bins)
+
+
+def mean_nll(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The NLL of logits (N, C) for labels (N,), in float64."""
+    return torch.nn.functional.cross_entropy(logits.double(), labels.long(), reduction="mean").item()
+
+
+def fit_temperature(logits: Any, labels: Any) -> float:
+    """The temperature T minimising the NLL of ``logits / T`` (N, C) on ``labels`` (held-out images, never the test
+    split). The NLL is convex in 1/T, so one minimum: a grid of 41 points over log T in :data:`TEMPERATURE_RANGE`,
+    then 60 golden-section steps around the best, in float64 (deterministic; no optimiser state)."""
+    logits = torch.as_tensor(logits).double().cpu()
+    labels = torch.as_tensor(labels).long().cpu()
+    if logits.dim() != 2 or logits.shape[0] == 0 or logits.shape[0] != labels.shape[0]:
+        raise ValueError(f"fit_temperature needs logits (N, C) with N >= 1 and N labels, not "
+                         f"{tuple(logits.shape)} and {tuple(labels.shape)}")
+
+    def loss(log_t: float) -> float:
+        return mean_nll(logits / math.exp(log_t), labels)
+
+    low, high = (math.log(t) for t in TEMPERATURE_RANGE)
+    grid = [low + (high - low) * i / 40 for i in range(41)]
+    best = min(range(len(grid)), key=lambda i: loss(grid[i]))
+    a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = loss(c), loss(d)
+    for _ in range(60):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = loss(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = loss(d)
+    return math.exp((a + b) / 2.0)
+
+
+def record_figures(summary: dict[str, Any], scaled_summary: dict[str, Any] | None = None,
+                   temperature: float | None = None) -> dict[str, float]:
+    """A class set's entry of ``record["metrics"]["calibration"]``: :data:`SCORES` of ``summary`` and, with a
+    temperature, :data:`SCALED_SCORES` (the ECE and NLL of ``scaled_summary``, the logits divided by it)."""
+    out = {name: summary[name] for name in SCORES}
+    if temperature is not None and scaled_summary is not None:
+        out.update(temperature=temperature, ece_ts=scaled_summary["ece"], nll_ts=scaled_summary["nll"])
+    return out
