@@ -937,20 +937,25 @@ def check_overflow(runs: int = 3, steps: int = 6) -> None:
             optimizer.step([scaled])
 
         replay = None
+        stream = torch.cuda.Stream(device) if graphed else None
         for step in range(steps):
             optimizer.set_lrs([lrs[step]])
             static.copy_(grads[step])
-            if graphed and step >= 2:
-                if replay is None:  # two eager warm-up steps on a side stream, then capture
-                    stream = torch.cuda.Stream(device)
-                    stream.wait_stream(torch.cuda.current_stream(device))
+            if not graphed:
+                body()
+            elif step < 2:  # two eager warm-up steps on the capture stream, as torch asks before a capture
+                stream.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(stream):
+                    body()
+                torch.cuda.current_stream(device).wait_stream(stream)
+            else:
+                if replay is None:  # captured once (nothing runs), then replayed every step
+                    torch.cuda.synchronize(device)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, stream=stream):
                         body()
                     replay = graph.replay
                 replay()
-            else:
-                body()
         return param.detach().cpu(), optimizer.scale.cpu()
 
     def reference(r: int):
