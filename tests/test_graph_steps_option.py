@@ -134,3 +134,14 @@ def test_help_says_the_default_and_the_variable(argv, capsys):
     assert "--graph-steps {auto,on,off}" in text
     assert "for every method, cached or pixel, wherever the device is CUDA" in text
     assert f"Default: the {GRAPH_STEPS_VARIABLE} environment variable" in text
+
+
+def test_a_studys_rerun_line_keeps_its_choice():
+    """The `atlas-fast train` line a search prints for its best configuration keeps --graph-steps when the study
+    set it (flag or variable); auto is the default and is left out."""
+    from atlas_fast.engine.config import TrainConfig
+    from atlas_fast.search.outputs import command_line
+
+    assert "--graph-steps off" in command_line(TrainConfig("OxfordPets", "data", graph_steps=False), [1])
+    assert "--graph-steps on" in command_line(TrainConfig("OxfordPets", "data", graph_steps=True), [1])
+    assert "--graph-steps" not in command_line(TrainConfig("OxfordPets", "data", graph_steps=None), [1])
