@@ -313,7 +313,7 @@ def test_a_bad_descriptions_file_is_refused_when_the_run_is_planned(pets, tmp_pa
     assert not list(cache.rglob("*.h5"))  # nothing encoded
 
 
-def test_the_consistency_reads_the_cached_features_of_a_second_view(pets):
+def test_the_consistency_reads_the_cached_features_of_a_second_view(pets, monkeypatch):
     """The cache holds views 1..2V; epoch e's pixels are view 1 + (e mod V) and its frozen features those of view
     V + 1 + (e mod V), the frozen CLIP's encoding of exactly that view's pixels."""
     from atlas_fast.clip.transforms import load_views
@@ -336,6 +336,17 @@ def test_the_consistency_reads_the_cached_features_of_a_second_view(pets):
         torch.testing.assert_close(batch.frozen_features, backbone.encode_image(torch.stack(views[1])), atol=2e-3,
                                    rtol=2e-3)
         assert not torch.allclose(batch.frozen_features, backbone.encode_image(torch.stack(views[0])), atol=2e-3)
+    # views too large to preload are read epoch by epoch: the same second views
+    from atlas_fast.cache import FeatureCache
+    from atlas_fast.engine import feed
+
+    second = inputs.frozen
+    monkeypatch.setattr(feed, "PRELOAD_BYTES", 0)
+    lazy = feed.CachedViews(FeatureCache(spec.config.cache_root), backbone, spec.dataset, items, 2,
+                            spec.config.aug_seed, first_view=3)
+    assert lazy.preloaded is None and second.preloaded is not None
+    for epoch in (0, 1, 2):
+        assert torch.equal(lazy.for_epoch(epoch), second.for_epoch(epoch))
 
 
 def test_python_api_trains_base_to_new_with_and_without_atlas_isl(pets):
