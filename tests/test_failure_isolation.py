@@ -109,7 +109,8 @@ def test_the_command_exits_non_zero_naming_the_failed_run_and_retries_only_it(pe
             "--no-progress", "--seeds", "1", "2", "3"]
     poison(monkeypatch, seed=3, epoch=0, call=2)  # the first epoch: no finite loss before
     assert main([*args, "--batch-runs", "3"]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "seed 1: base" in out and "seed 2: base" in out and "seed 3" not in out  # the healthy runs, printed
     assert "1 of 3 run(s) failed" in err
     assert ("\n  OxfordPets coop [epochs=3, batch=2, lr=0.05, shots=4, views=1, backbone=atlas-tiny] seed 3: Training "
             "diverged in epoch 0 (step 4, lr 1.00e-05; no finite epoch before): the loss or the learned tensors are "

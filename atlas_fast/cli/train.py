@@ -118,6 +118,16 @@ def run_train(args: argparse.Namespace) -> int:
 
         print(estimate_configs(configs, Execution("local", args.batch_runs), command_start=True).markdown())
         return 0
-    records = run_configs(configs, Execution("local", args.batch_runs), progress=not args.no_progress)
+    from atlas_fast.errors import RunsFailed
+
+    try:
+        records = run_configs(configs, Execution("local", args.batch_runs), progress=not args.no_progress)
+    except RunsFailed as exc:  # the runs that trained are printed before the error names those that failed
+        done = [r for r in exc.records if r is not None]
+        for method in args.methods:
+            runs = [r for r in done if r["config"]["method"] == method]
+            if runs:
+                print(train_results(args.dataset, [method], [r["config"]["seed"] for r in runs], runs))
+        raise
     print(train_results(args.dataset, args.methods, args.seeds, records))
     return 0
