@@ -301,8 +301,9 @@ def test_both_classification_terms_take_the_schedule_targets_and_only_z_is_obser
 def test_runs_trained_together_keep_their_own_rows_and_losses(tiny, name):
     """Two runs in one module, the second with a shorter (zero-padded) batch: each run's loss is the one a module
     holding only that run computes on its own rows. (Whole batched runs are compared in tests/test_batched_pixels.py
-    for MMRL; MMRL++'s are not: AdamW turns the float reordering of a batched pass into differences of 2e-5 in the
-    entries of its projection update whose gradients start at exactly zero, above that test's tolerance.)"""
+    for MMRL; MMRL++'s are not: after 3 epochs of AdamW its batched and lone runs' losses agree to 1e-6 but its
+    learned tensors differ by up to 4e-5, mostly in the low-rank factors whose B start at zero, above that test's
+    tolerance of 1e-5: AdamW's normalised steps enlarge the float reordering of a batched pass.)"""
     together = build(tiny, True, name, depth=2, num_runs=2)
     pixels, labels = torch.randn(2, 3, 3, 32, 32), torch.tensor([[0, 1, 2], [2, 0, 0]])
     pixels[1, 2] = 0.0
