@@ -319,8 +319,8 @@ def test_the_teacher_and_its_dictionary_are_checked_before_any_image_is_encoded(
         (["teacher=ViT-Nope", "teacher_pretrained=none"],
          "error: KDPL's teacher ViT-Nope (none) cannot be loaded: Unknown model 'ViT-Nope'"),
         ([teacher, f"teacher_pretrained={folder / 'missing.pt'}"],
-         f"error: KDPL's teacher atlas-tiny-teacher ({folder / 'missing.pt'}) cannot be loaded: Checkpoint file not "
-         f"found: {folder / 'missing.pt'}. Pass the path of an existing file, e.g. teacher_pretrained="),
+         f"error: KDPL's teacher atlas-tiny-teacher ({folder / 'missing.pt'}) cannot be loaded: checkpoint file not "
+         f"found: {folder / 'missing.pt'} (its folder holds garbage.pt, student.bin)"),
         ([teacher, f"teacher_pretrained={folder / 'garbage.pt'}"],
          f"error: KDPL's teacher atlas-tiny-teacher ({folder / 'garbage.pt'}) cannot be loaded: Cannot load checkpoint "
          f"{folder / 'garbage.pt'}"),
@@ -340,7 +340,7 @@ def test_the_teacher_and_its_dictionary_are_checked_before_any_image_is_encoded(
         assert train(*options) == 2, options
         err = capsys.readouterr().err
         assert message in err, (options, err)
-        assert "--pretrained" not in err and "--model " not in err and "the --model" not in err, err
+        assert "--pretrained" not in err and "--model" not in err and "teacher=naming" not in err, err
         assert not list((root / "cache").rglob("*.h5")), options  # nothing encoded
     # the other architecture's file is named with the teacher's option, not the student's --model
     assert train(teacher, f"teacher_pretrained={folder / 'student.bin'}") == 2

@@ -141,6 +141,7 @@ MAX_OPTION_SCALE = 1e4
 # How a user's words for the student's backbone read when the backbone at fault is a teacher's: the loader's messages
 # speak of --model / --pretrained, which would change the student.
 _STUDENT_OPTIONS = (("the --model it was trained as", "the {model}=MODEL it was trained as"),
+                    ("--model naming", "{model}=MODEL naming"),
                     ("`--pretrained ", "`{weights}="), ("--pretrained ", "{weights}="), ("--model ", "{model}="))
 
 
