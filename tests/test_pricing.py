@@ -327,3 +327,17 @@ def test_the_memory_plan_counts_a_live_graphs_pool_beside_the_eager_steps(tiny, 
     assert grid.runs_that_fit(spec, 12) == 12
     assert memory.runs_that_fit(12, per_run, fixed, card) == 12
     assert memory.runs_that_fit(12, per_run, fixed, card, graphs=True) == 6
+
+
+def test_the_run_and_its_estimate_count_the_groups_that_train_alike(pets, monkeypatch):
+    """A method that does not batch runs trains each seed as its own group: the dry-run listing, the run's progress
+    line and the estimate all say so from one function (``group_runs``); the run said '3 to train in 1 group(s)
+    (R = 1)' where the estimate said 3 groups."""
+    from atlas_fast.methods.base import method_class
+    from atlas_fast.sweep import describe_plan, group_runs, plan_sweep
+
+    monkeypatch.setattr(method_class("coop"), "supports_batched_runs", False)
+    specs = plan_sweep(configs(pets, "unbatched", seeds=(1, 2, 3)))
+    assert [len(group) for group in group_runs(specs, 4)] == [1, 1, 1]
+    assert "3 to run in 3 group(s) (R = 1, 1, 1)" in describe_plan(specs, 4)
+    assert len(est.plan_facts(specs, 4).groups) == 3

@@ -382,27 +382,25 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
     finished, todo = split_finished(specs, complete=False)
     todo_specs = [specs[i] for i in todo]
     groups: list[GroupFacts] = []
-    for group in group_runs(todo_specs, runs_per_group):
-        entry = group[0].method
-        parts = [group] if entry.supports_batched_runs else [[spec] for spec in group]
-        for part in parts:
-            first = part[0]
-            sets = tuple(EvalFacts(name, split.num_classes, len(split.test))
-                         for name, split in first.data.splits.items())
-            training_sets = {(tuple(d.impath for d in s.data.train_split.train), s.views, s.config.aug_seed)
-                             for s in part}
-            test_images = {d.impath for split in first.data.splits.values() for d in split.test}
-            fork = plan_fork(part, [s.config.schedule for s in part])
-            groups.append(GroupFacts(
-                method=first.config.method, dataset=first.dataset, classes=first.data.train_split.num_classes,
-                runs=len(part), batch=first.optim_recipe.batch_size, epochs=first.optim_recipe.epochs,
-                train_images=tuple(len(s.data.train_split.train) for s in part), eval_sets=sets,
-                soft_labels=tuple(s.config.soft_labels.kind if s.config.soft_labels is not None else None
-                                  for s in part),
-                reads_pixels=entry.reads_pixels, views=max(s.views for s in part),
-                config_digest=config_digest(first.method_config), learns=entry.learns,
-                decode=decode_key(first.dataset), training_sets=len(training_sets), test_images=len(test_images),
-                trunk_runs=len(fork[0]) if fork else 0, trunk_epochs=fork[2] + 1 if fork else 0))
+    for part in group_runs(todo_specs, runs_per_group):  # the groups that train (one run each where R = 1)
+        entry = part[0].method
+        first = part[0]
+        sets = tuple(EvalFacts(name, split.num_classes, len(split.test))
+                     for name, split in first.data.splits.items())
+        training_sets = {(tuple(d.impath for d in s.data.train_split.train), s.views, s.config.aug_seed)
+                         for s in part}
+        test_images = {d.impath for split in first.data.splits.values() for d in split.test}
+        fork = plan_fork(part, [s.config.schedule for s in part])
+        groups.append(GroupFacts(
+            method=first.config.method, dataset=first.dataset, classes=first.data.train_split.num_classes,
+            runs=len(part), batch=first.optim_recipe.batch_size, epochs=first.optim_recipe.epochs,
+            train_images=tuple(len(s.data.train_split.train) for s in part), eval_sets=sets,
+            soft_labels=tuple(s.config.soft_labels.kind if s.config.soft_labels is not None else None
+                              for s in part),
+            reads_pixels=entry.reads_pixels, views=max(s.views for s in part),
+            config_digest=config_digest(first.method_config), learns=entry.learns,
+            decode=decode_key(first.dataset), training_sets=len(training_sets), test_images=len(test_images),
+            trunk_runs=len(fork[0]) if fork else 0, trunk_epochs=fork[2] + 1 if fork else 0))
     features = images = 0
     parts: list[tuple[str, int, int]] = []
     if todo_specs:

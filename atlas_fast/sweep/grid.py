@@ -117,7 +117,9 @@ def group_key(spec: RunSpec) -> str:
 
 def group_runs(specs: Sequence[RunSpec], batch_runs: int) -> list[list[RunSpec]]:
     """Pack compatible runs into groups of at most ``batch_runs`` (fewer where that many would not fit the device's
-    memory: :func:`runs_that_fit`), keeping the sweep's order within a group."""
+    memory, one where the method does not batch runs: :func:`runs_that_fit`), keeping the sweep's order within a
+    group. The groups are those that train: the run's listing, its progress lines and the estimate all count
+    these."""
     by_key: dict[str, list[RunSpec]] = {}
     for spec in specs:
         by_key.setdefault(group_key(spec), []).append(spec)
@@ -129,14 +131,17 @@ def group_runs(specs: Sequence[RunSpec], batch_runs: int) -> list[list[RunSpec]]
 
 
 def runs_that_fit(spec: RunSpec, batch_runs: int) -> int:
-    """R for a group of runs like ``spec``: ``batch_runs``, lowered where R runs' training steps would not fit the
-    device's memory (:mod:`atlas_fast.engine.memory`, which counts a live step graph's pool beside the eager steps
-    where the steps are graphed; unchanged where this machine cannot see that device)."""
+    """R for a group of runs like ``spec``: 1 for a method that trains its runs one by one, else ``batch_runs``,
+    lowered where R runs' training steps would not fit the device's memory (:mod:`atlas_fast.engine.memory`, which
+    counts a live step graph's pool beside the eager steps where the steps are graphed; unchanged where this machine
+    cannot see that device)."""
     from atlas_fast.engine import memory
     from atlas_fast.engine.graphs import use_graph_steps
 
+    if not spec.method.supports_batched_runs:
+        return 1
     total = memory.device_bytes(spec.device)
-    if batch_runs == 1 or not spec.method.supports_batched_runs or total is None:
+    if batch_runs == 1 or total is None:
         return batch_runs
     backbone = spec.backbone()
     per_run = memory.step_bytes_per_run(spec.method, backbone, spec.data.train_split.num_classes,
@@ -146,9 +151,8 @@ def runs_that_fit(spec: RunSpec, batch_runs: int) -> int:
 
 
 def describe_groups(groups: Sequence[Sequence[RunSpec]]) -> str:
-    """``2 group(s) (R = 12, 8)``: how many groups and the runs each trains together (1 for a method that trains
-    its runs one by one)."""
-    sizes = [len(group) if group[0].method.supports_batched_runs else 1 for group in groups]
+    """``2 group(s) (R = 12, 8)``: how many groups and the runs each trains together."""
+    sizes = [len(group) for group in groups]
     shown = ", ".join(map(str, sizes[:12])) + (", ..." if len(sizes) > 12 else "")
     return f"{len(groups)} group(s)" + (f" (R = {shown})" if groups else "")
 
