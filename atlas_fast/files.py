@@ -254,8 +254,8 @@ def read_json(path: str | Path, max_bytes: float | None = None, max_depth: int |
 
 
 def check_writable(folder: Path, what: str) -> None:
-    """Create ``folder`` if needed and prove that a file can be created in it; the error names the folder and
-    ``what`` it is for."""
+    """Create ``folder`` if needed and prove that a file can be created in it, with at least
+    :data:`MIN_FREE_BYTES` free; the error names the folder and ``what`` it is for."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".write-check.", dir=folder)
@@ -264,6 +264,13 @@ def check_writable(folder: Path, what: str) -> None:
     except OSError as exc:
         raise PermissionError(f"{what} {folder} is not writable ({exc.strerror or exc}); fix its permissions or "
                               f"choose another folder before any compute is spent.") from exc
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if free < MIN_FREE_BYTES:  # the files written after the work would not fit: say so before it
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {what} {folder} has only {free} bytes free; "
+                                    f"{_WRITE_ADVICE[errno.ENOSPC]} before any compute is spent")
 
 
 def check_folder_name(name: str, root: Path) -> None:

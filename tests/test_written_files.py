@@ -111,3 +111,14 @@ def test_a_report_with_every_record_left_out_says_which_and_why(tmp_path, capsys
     assert "2 record file(s) were left out: " in err
     for path in paths:
         assert f"{path}: not a valid finished record (its seal does not match its content" in err
+
+
+def test_a_results_folder_without_room_is_refused_before_training(tmp_path, monkeypatch):
+    """``ResultStore.check_writable`` (called before a group trains) refuses a folder whose records would not fit."""
+    from atlas_fast.engine.record import ResultStore
+
+    _full_disk(monkeypatch)
+    with pytest.raises(OSError, match=r"\[Errno 28\] No space left on device: The results folder "
+                                      rf"{tmp_path / 'results' / 'OxfordPets'} has only 1000 bytes free; free some "
+                                      r"space or write elsewhere before any compute is spent"):
+        ResultStore(tmp_path / "results").check_writable("OxfordPets")
