@@ -27,7 +27,7 @@ def pets(tmp_path_factory):
 
 def _configs(root, results, seeds=(1, 2, 3), **changes):
     common = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig("atlas-tiny", None),
-                  shots=4, epochs=3, views=1, batch_size=2, lr=0.05, device="cpu", cache_root=root / "cache",
+                  shots=4, epochs=2, views=1, batch_size=4, lr=0.05, device="cpu", cache_root=root / "cache",
                   results_dir=root / results, progress=False)
     return [TrainConfig(**{**common, **changes}, seed=seed) for seed in seeds]
 
@@ -79,12 +79,12 @@ def test_a_diverging_run_costs_its_group_nothing_and_is_retried_alone(pets, monk
     assert failure.label.endswith(" seed 2")
     assert f"  {failure.label}: Training diverged in epoch 1 (step " in message
     # where it stopped: epoch 1, the group's optimiser steps by the end of that epoch, its lr, epoch 0's loss
-    assert (failure.epoch, failure.seed, failure.step) == (1, 2, 8)
+    assert (failure.epoch, failure.seed, failure.step) == (1, 2, 4)
     assert failure.lr == pytest.approx(clean[1]["epochs"][1]["lr"])
     assert failure.last_loss == pytest.approx(clean[1]["epochs"][0]["loss"], abs=0)
     note = json.loads(open(failure.note).read())
     assert note["status"] == "failed" and note["name"] == failure.label and note["seed"] == 2
-    assert (note["epoch"], note["step"], note["last_finite_loss"]) == (1, 8, failure.last_loss)
+    assert (note["epoch"], note["step"], note["last_finite_loss"]) == (1, 4, failure.last_loss)
     # the healthy runs: recorded, bit-equal to the same group trained without the diverging run's NaN
     healthy = caught.value.records
     assert healthy[1] is None
@@ -104,16 +104,16 @@ def test_the_command_exits_non_zero_naming_the_failed_run_and_retries_only_it(pe
     from atlas_fast.cli import main
 
     args = ["train", "--dataset", "OxfordPets", "--data-root", str(pets / "data"), "--model", "atlas-tiny",
-            "--pretrained", "none", "--shots", "4", "--epochs", "3", "--batch-size", "2", "--views", "1",
+            "--pretrained", "none", "--shots", "4", "--epochs", "2", "--batch-size", "4", "--views", "1",
             "--lr", "0.05", "--cache-root", str(pets / "cache"), "--results-dir", str(pets / "cli"),
             "--no-progress", "--seeds", "1", "2", "3"]
-    poison(monkeypatch, seed=3, epoch=0, call=2)  # the first epoch: no finite loss before
+    poison(monkeypatch, seed=3, epoch=0, call=1)  # the first epoch: no finite loss before
     assert main([*args, "--batch-runs", "3"]) == 2
     out, err = capsys.readouterr()
     assert "seed 1: base" in out and "seed 2: base" in out and "seed 3" not in out  # the healthy runs, printed
     assert "1 of 3 run(s) failed" in err
-    assert ("\n  OxfordPets coop [epochs=3, batch=2, lr=0.05, shots=4, views=1, backbone=atlas-tiny] seed 3: Training "
-            "diverged in epoch 0 (step 4, lr 1.00e-05; no finite epoch before): the loss or the learned tensors are "
+    assert ("\n  OxfordPets coop [epochs=2, batch=4, lr=0.05, shots=4, views=1, backbone=atlas-tiny] seed 3: Training "
+            "diverged in epoch 0 (step 2, lr 1.00e-05; no finite epoch before): the loss or the learned tensors are "
             "no longer finite; lower the lr (0.05) or use precision='fp32' [") in err, err
     assert "[3/3] OxfordPets coop" in err and "seed 3: FAILED: Training diverged in epoch 0" in err
     monkeypatch.undo()

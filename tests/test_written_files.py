@@ -58,25 +58,28 @@ def test_the_free_space_is_checked_before_the_first_write_of_a_run(tmp_path, mon
 
 
 def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(tmp_path, monkeypatch):
-    from atlas_fast.report import collect, figures
+    """A report failing part way (here its CSV over a file-size limit, after part of it was written; a plot the same
+    way) leaves every file of the previous report as it was, and names the file."""
+    from atlas_fast.report import collect
 
     results = tmp_path / "results"
     _report_records(results)
-    collect.report_folder(results, formats=["md", "csv", "png"])
+    collect.report_folder(results, formats=["md", "tex", "csv"])
     out = results / "report"
     before = {path.name: path.read_bytes() for path in out.iterdir()}
-    assert "base2new.png" in before and "report.md" in before
+    assert sorted(before) == ["report.csv", "report.md", "report.tex", "sources.json"]
 
-    def too_large(fig, path, formats=None):  # the file-size limit reached while the plot is written
-        Path(path).write_bytes(b"\x89PNG truncated")
+    def too_large(path, lines):
+        Path(path).write_text("setting,shots\nbase2new,")
         raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
 
-    monkeypatch.setattr(figures, "_save", too_large)
+    monkeypatch.setattr(collect, "_write_csv", too_large)
     with pytest.raises(OSError) as caught:
-        collect.report_folder(results, metrics=["base"], formats=["md", "csv", "png"])  # every file would change
-    assert str(caught.value) == (f"[Errno 27] File too large: cannot write {out / 'base2new.png'} (the report in "
+        collect.report_folder(results, metrics=["base"], formats=["md", "tex", "csv"])  # every file would change
+    assert str(caught.value) == (f"[Errno 27] File too large: cannot write {out / 'report.csv'} (the report in "
                                  f"{out} is unchanged)")
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # whole, no staging folder left
+    monkeypatch.undo()
     assert collect.verify_report(results) == []
 
 
