@@ -516,3 +516,13 @@ def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pet
     monkeypatch.setattr(pipeline, "plan_fork", lambda *a: None)
     unforked = run_group(group("unforked"))
     _assert_equal_records(forked, unforked)
+
+
+@pytest.mark.slow
+def test_the_memory_benchmark_s_step_fits_the_planner_s_estimate(capsys):
+    """benchmarks/coprompt_memory.py on the tiny model: what autograd keeps for the backward pass of one step is
+    within engine/memory.py's per-run estimate (its exit status); ViT-B/16 at C = 1,000 in docs/method-zoo.md."""
+    from test_benchmarks import load_benchmark
+
+    assert load_benchmark("coprompt_memory").main(["--classes", "10"]) == 0
+    assert "autograd keeps" in capsys.readouterr().out
