@@ -159,3 +159,35 @@ def test_an_old_record_without_calibration_is_completed_from_its_saved_prompts(p
     assert completed["reliability"] == fresh["reliability"]
     assert completed["evaluated_later"][-1]["calibrated"] == ["base", "new", "all"]
     assert json.loads(open(completed["path"]).read())["metrics"]["calibration"] == fresh["metrics"]["calibration"]
+
+
+def test_the_calibration_tables_show_a_dash_for_old_records_and_bold_the_lowest_ece(pets, tmp_path):
+    from atlas_fast.atlas.schedules import Atlas
+    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.report.figures import plot_reliability
+    from atlas_fast.report.formats import csv_lines, latex_table, markdown_table
+    from atlas_fast.report.rows import aggregate, calibration_columns
+
+    plain = [run(tiny_pets_config(pets))]  # the first test's run, found again
+    smoothed = [run(tiny_pets_config(pets, schedule=Atlas(1), soft_labels=atlas_preset("base2new", "ls")))]
+    # the same variant's run of another seed, as records were written before they held calibration
+    old = {**smoothed[0], "config": {**smoothed[0]["config"], "seed": 2}, "reliability": None,
+           "metrics": {k: v for k, v in smoothed[0]["metrics"].items() if k != "calibration"}}
+    columns = calibration_columns(["ECE", "ECE (T)"])
+    rows = aggregate(plain + [smoothed[0], old], metrics=columns)
+    assert rows[0].metrics["ECE new"] == plain[0]["metrics"]["calibration"]["new"]["ece"]
+    text = markdown_table(rows, "t", paired=columns)
+    line = [row for row in text.splitlines() if row.startswith("| + ATLaS")][0]
+    assert line.split("|")[2].strip() == "–" and "– = not in the records" in text
+    assert "ΔECE base" in text and "ΔECE (T) new" in text
+    # the lower ECE is the better one
+    both = aggregate(plain + smoothed, metrics=columns)
+    lower = min(range(2), key=lambda i: round(both[i].metrics["ECE new"], 2))
+    latex = latex_table(both, "t", paired=columns).splitlines()
+    cell = [row for row in latex if row.strip().startswith(("CoOp", r"+ ATLaS"))][lower]
+    assert r"\textbf{" + f"{both[lower].metrics['ECE new']:.2f}" + "}" in cell
+    assert {"ECE base diff", "ECE (T) new ci95_high"} <= set(csv_lines(both, paired=columns)[1])
+    path = plot_reliability(plain + smoothed, tmp_path / "reliability.png", "new")
+    assert path.stat().st_size > 0 and path.with_suffix(".pdf").stat().st_size > 0
+    with pytest.raises(ValueError, match="No reliability table"):
+        plot_reliability([old], tmp_path / "none.png", "new")

@@ -334,6 +334,7 @@ WORLD_MODULE_ARGS = {
     "table5_cost": [],
     "table_a_per_dataset": ["--methods", "coop", "--datasets", "WorldPhotos", "WorldSymbols"],
     "table_ablation": [],
+    "table_calibration": ["--methods", "coop", "--every-epoch", "ls", "--kinds", "isl", "--datasets", "WorldSketches"],
     "table_cross_dataset": ["--methods", "coop", "--zero-shot"],
     "theorem1_kappa": ["--datasets", "WorldSketches", "--snapshot-fractions", "0.5"],
     "views_study": ["--view-counts", "1", "0"],

@@ -229,3 +229,68 @@ def plot_soft_label_case_study(images: Sequence[Any], titles: Sequence[str], row
                 ax.set_yticks([])
                 ax.set_title(kind)
     return _save(fig, path, formats)
+
+
+def reliability_tables(records: Iterable[dict[str, Any]], class_set: str = "new", label=variant_label
+                       ) -> dict[str, dict[str, list[float]]]:
+    """Per label variant (first-seen order), the reliability table of ``class_set`` summed over its records (seeds
+    and datasets): image ``count``, ``correct`` predictions and ``confidence_sum`` per confidence bin
+    (``record["reliability"]``). Records without one (written before records held it) are left out."""
+    tables: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        table = (record.get("reliability") or {}).get(class_set)
+        if not table:
+            continue
+        total = tables.setdefault(label(record["config"]), {k: [0.0] * len(table["count"]) for k in table})
+        for key, values in table.items():
+            total[key] = [a + float(b) for a, b in zip(total[key], values)]
+    return tables
+
+
+def reliability_figure(tables: dict[str, dict[str, list[float]]], class_set: str = "new"):
+    """One column per label variant: above, the accuracy of each confidence bin (bars at the bin, the diagonal of
+    perfect calibration dashed, the gap to the bin's mean confidence shaded) with the variant's ECE over the summed
+    bins; below, the share of images in each bin. Returns the figure."""
+    if not tables:
+        raise ValueError(f"No reliability table for the {class_set!r} classes in these records (records written "
+                         f"before records held calibration have none).")
+    plt = _pyplot()
+    columns = len(tables)
+    with plt.rc_context(PLOT_STYLE):
+        fig, axes = plt.subplots(2, columns, figsize=(min(7.0, 1.75 * columns + 0.4), 3.3), squeeze=False,
+                                 sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+        for j, (name, table) in enumerate(tables.items()):
+            bins = len(table["count"])
+            width = 1.0 / bins
+            lefts = [b * width for b in range(bins)]
+            total = sum(table["count"]) or 1.0
+            accuracy = [c / n if n else 0.0 for c, n in zip(table["correct"], table["count"])]
+            confidence = [s / n if n else 0.0 for s, n in zip(table["confidence_sum"], table["count"])]
+            ece = sum(abs(c - s) for c, s in zip(table["correct"], table["confidence_sum"])) / total
+            top, bottom = axes[0][j], axes[1][j]
+            top.bar(lefts, accuracy, width, align="edge", color="tab:blue", edgecolor="black", linewidth=0.4,
+                    label="accuracy")
+            held = [b for b in range(bins) if table["count"][b]]
+            top.bar([lefts[b] for b in held], [confidence[b] - accuracy[b] for b in held], width, align="edge",
+                    bottom=[accuracy[b] for b in held], color="tab:red", alpha=0.3, hatch="//", linewidth=0,
+                    label="gap to confidence")
+            top.plot([0, 1], [0, 1], "k--", linewidth=0.8)
+            top.set_xlim(0, 1)
+            top.set_ylim(0, 1)
+            top.set_title(f"{name}\nECE {100 * ece:.2f}", fontsize=8)
+            bottom.bar(lefts, [n / total for n in table["count"]], width, align="edge", color="gray")
+            bottom.set_xlabel("confidence")
+            if j == 0:
+                top.set_ylabel(f"accuracy ({class_set})")
+                bottom.set_ylabel("images")
+            for ax in (top, bottom):
+                ax.spines[["top", "right"]].set_visible(False)
+        axes[0][0].legend(loc="upper left", frameon=False, fontsize=8)
+    return fig
+
+
+def plot_reliability(records: Iterable[dict[str, Any]], path: str | Path, class_set: str = "new", label=variant_label,
+                     formats: Sequence[str] | None = None) -> Path:
+    """The reliability diagram of ``class_set`` per label variant (:func:`reliability_figure` of
+    :func:`reliability_tables`) saved as ``path`` and a PDF of the same stem."""
+    return _save(reliability_figure(reliability_tables(records, class_set, label), class_set), path, formats)

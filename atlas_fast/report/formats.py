@@ -14,6 +14,7 @@ report`` tables from a results folder.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from pathlib import Path
@@ -101,13 +102,20 @@ def _seed_note(rows: Sequence[TableRow]) -> str:
     return counted(low, "seed") if low == high else f"{low} to {high} seeds (rows differ)"
 
 
-def _paired_column(rows: Sequence[TableRow], baseline: int) -> tuple[str, list[PairedDifference | None], str]:
-    """The paired-difference column of a table (header, cells, note), or ``("", [], "")`` when no row has one."""
+def _paired_columns(rows: Sequence[TableRow], baseline: int, metrics: Sequence[str] | None = None
+                    ) -> tuple[list[tuple[str, list[PairedDifference | None]]], str]:
+    """The paired-difference columns of a table, one per metric of ``metrics`` (default: the last column), each
+    (header, cells), and their note; ``([], "")`` when no row has one."""
     cols = metric_columns(rows)
-    paired = paired_differences(rows, baseline)
-    present = [p for p in paired if p is not None]
+    columns, present = [], []
+    for metric in (metrics if metrics is not None else cols[-1:]):
+        paired = paired_differences(rows, baseline, metric)
+        shown = [p for p in paired if p is not None]
+        if shown:
+            columns.append((metric, paired))
+            present += shown
     if not present:
-        return "", [], ""
+        return [], ""
     low, high = min(p.seeds for p in present), max(p.seeds for p in present)
     seeds = f"{low}" if low == high else f"{low} to {high}"
     blocked = any(row.section or row.block for row in rows)
@@ -115,17 +123,24 @@ def _paired_column(rows: Sequence[TableRow], baseline: int) -> tuple[str, list[P
     if low != high:
         note += f" (rows rest on {seeds} seeds)"
     intervals = any(p.has_interval for p in present)
-    return f"Δ{cols[-1]}" + (" (95 % CI)" if intervals else ""), paired, note
+    return [(f"Δ{metric}" + (" (95 % CI)" if intervals else ""), paired) for metric, paired in columns], note
 
 
-def table_notes(rows: Sequence[TableRow], baseline: int = 0, in_title: bool = False) -> list[str]:
+def number(value: float, digits: int = 2) -> str:
+    """A table's number, or "–" for a value the records do not hold (NaN: e.g. the calibration of a record written
+    before records held it)."""
+    return "–" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def table_notes(rows: Sequence[TableRow], baseline: int = 0, in_title: bool = False,
+                paired: Sequence[str] | None = None) -> list[str]:
     """The sentences that say what the table's cells are (one list for the Markdown's closing line and the LaTeX
     caption): over how many seeds and datasets, what ± is (only where a cell shows one), how H is made, what the
     changes and paired differences compare (an interval only where there are seeds for one) and what the marks mean
     (``in_title``: the title shows the marks all rows share)."""
     cols = metric_columns(rows)
     sectioned = any(row.section for row in rows)
-    _, _, paired_note = _paired_column(rows, baseline)
+    _, paired_note = _paired_columns(rows, baseline, paired)
     table_note, marks = _row_marks(rows)
     datasets = sorted({d for r in rows for d in r.datasets})
     notes = [f"Mean over {_seed_note(rows)} per dataset"
@@ -138,6 +153,8 @@ def table_notes(rows: Sequence[TableRow], baseline: int = 0, in_title: bool = Fa
         notes.append("± = population std over seeds")
     if "H" in cols:
         notes.append("H from the mean base and new accuracies")
+    if any(math.isnan(row.metrics[c]) for row in rows for c in cols):
+        notes.append("– = not in the records (written before records held it)")
     if sectioned and any(ref is not None for ref in reference_rows(rows, baseline)):
         notes.append("(change) against the first row of the method's block")
     if paired_note:
@@ -145,33 +162,35 @@ def table_notes(rows: Sequence[TableRow], baseline: int = 0, in_title: bool = Fa
     return notes + deviation_sentences(table_note, marks, in_title=in_title)
 
 
-def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0) -> str:
+def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0,
+                   paired: Sequence[str] | None = None) -> str:
     """A Markdown table; the last metric column carries the change against ``rows[baseline]`` (or the first row of
     the row's block) in parentheses. Rows with a ``section`` get a first column naming it (e.g. the dataset); the
-    table's notes (:func:`table_notes`) close it."""
+    table's notes (:func:`table_notes`) close it. ``paired``: the metrics that get a paired-difference column
+    (default: the last one)."""
     if not rows:
         return "(no results)"
     cols = metric_columns(rows)
     sectioned = any(row.section for row in rows)
-    paired_head, paired, _ = _paired_column(rows, baseline)
+    paired_columns, _ = _paired_columns(rows, baseline, paired)
     table_note, marks = _row_marks(rows)
-    heads = cols + ([paired_head] if paired_head else [])
+    heads = cols + [head for head, _ in paired_columns]
     lines = [f"**{title}{table_note}**", ""] if title else []
     lines.append(("| Dataset " if sectioned else "") + "| Method | " + " | ".join(heads) + " |")
     lines.append(("|---" if sectioned else "") + "|---|" + "---:|" * len(heads))
     for i, (row, ref) in enumerate(zip(rows, reference_rows(rows, baseline))):
         cells = []
         for c in cols:
-            cell = f"{row.metrics[c]:.2f}"
-            if c in row.spread and row.seeds > 1:
+            cell = number(row.metrics[c])
+            if c in row.spread and row.seeds > 1 and not math.isnan(row.spread[c]):
                 cell += f" ± {row.spread[c]:.2f}"
-            if c == cols[-1] and ref is not None:
-                cell += f" ({row.metrics[c] - rows[ref].metrics[c]:+.2f})"
+            change = row.metrics[c] - rows[ref].metrics[c] if ref is not None else math.nan
+            if c == cols[-1] and ref is not None and not math.isnan(change):
+                cell += f" ({change:+.2f})"
             cells.append(cell)
-        if paired_head:
-            cells.append(paired[i].cell() if paired[i] is not None else "")
+        cells += [cells_of[i].cell() if cells_of[i] is not None else "" for _, cells_of in paired_columns]
         lines.append((f"| {row.section} " if sectioned else "") + f"| {row.label}{marks[i]} | " + " | ".join(cells) + " |")
-    lines += ["", "; ".join(table_notes(rows, baseline, in_title=bool(title))) + "."]
+    lines += ["", "; ".join(table_notes(rows, baseline, in_title=bool(title), paired=paired)) + "."]
     return "\n".join(lines)
 
 
@@ -209,7 +228,8 @@ def latex_label(text: str) -> str:
     return "tab:" + ("-".join(words) or "results")
 
 
-def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, label: str | None = None) -> str:
+def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, label: str | None = None,
+                paired: Sequence[str] | None = None) -> str:
     """A booktabs LaTeX table shaped like the paper's Table III: Method | metrics as ``mean ± std`` (std over
     seeds, when there are several), the change of the last metric against the block's first row in parentheses, the
     best value of each column in bold (per method block when rows come in blocks), ``\\midrule`` between blocks
@@ -219,34 +239,34 @@ def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, 
     sectioned = any(row.section for row in rows)
     best = best_cells(rows)
     table_note, marks = _row_marks(rows)
-    notes = "; ".join(table_notes(rows, baseline))  # the caption says what the cells are and names shared marks
+    notes = "; ".join(table_notes(rows, baseline, paired=paired))  # what the cells are; the shared marks
     full_caption = (caption.rstrip(".") + ". " if caption else "") + notes[:1].upper() + notes[1:] + "."
-    paired_head, paired, _ = _paired_column(rows, baseline)
+    paired_columns, _ = _paired_columns(rows, baseline, paired)
     body = []
     previous: tuple[str, str] | None = None
     for i, (row, ref) in enumerate(zip(rows, reference_rows(rows, baseline))):
         cells = []
         for c in cols:
-            value = f"{row.metrics[c]:.2f}"
+            value = number(row.metrics[c]).replace("–", "--")
             cell = rf"\textbf{{{value}}}" if (i, c) in best else value
-            if c in row.spread and row.seeds > 1:
+            if c in row.spread and row.seeds > 1 and not math.isnan(row.spread[c]):
                 cell += rf" {{\scriptsize$\pm${row.spread[c]:.2f}}}"
-            if c == cols[-1] and ref is not None:
-                cell += rf" {{\scriptsize({row.metrics[c] - rows[ref].metrics[c]:+.2f})}}"
+            change = row.metrics[c] - rows[ref].metrics[c] if ref is not None else math.nan
+            if c == cols[-1] and ref is not None and not math.isnan(change):
+                cell += rf" {{\scriptsize({change:+.2f})}}"
             cells.append(cell)
-        if paired_head:
-            cells.append(_latex_paired(paired[i]))
+        cells += [_latex_paired(cells_of[i]) for _, cells_of in paired_columns]
         key = (row.section, row.block)
         first_of_section = previous is None or key[0] != previous[0]
         if previous is not None and key != previous:
-            width = len(cols) + 2 + (1 if paired_head else 0)
+            width = len(cols) + 2 + len(paired_columns)
             body.append(r"    \midrule" if first_of_section or not sectioned else rf"    \cmidrule{{2-{width}}}")
         elif previous is not None and ref is None:  # a new baseline row inside a table without sections or blocks
             body.append(r"    \midrule")
         previous = key
         lead = (latex_escape(row.section) if first_of_section else "") + " & " if sectioned else ""
         body.append(f"    {lead}{latex_escape(row.label + marks[i])} & " + " & ".join(cells) + r" \\")
-    heads = cols + ([paired_head] if paired_head else [])
+    heads = cols + [head for head, _ in paired_columns]
     head = ("Dataset & " if sectioned else "") + "Method & " + " & ".join(latex_escape(c) for c in heads) + r" \\"
     return "\n".join([
         r"% Requires \usepackage{booktabs} in the preamble.",
@@ -270,23 +290,33 @@ def _latex_paired(paired: PairedDifference | None) -> str:
 CSV_FIELDS = ("group", "method", "variant", "seeds", "datasets")
 
 
-def csv_lines(rows: Sequence[TableRow], baseline: int = 0) -> list[dict[str, Any]]:
+def csv_lines(rows: Sequence[TableRow], baseline: int = 0, paired: Sequence[str] | None = None
+              ) -> list[dict[str, Any]]:
     """One dict per row for a CSV file: every metric's mean and std over seeds, and the last metric's mean paired
     difference to the row it is compared with, its 95 % interval and the seeds it rests on (empty where none). A
-    row's variant is marked with all its runs change from the recipes and presets (a CSV line stands alone)."""
+    row's variant is marked with all its runs change from the recipes and presets (a CSV line stands alone).
+    ``paired``: the metrics whose paired differences are given (default the last; beyond one, each metric's as
+    ``<metric> diff`` / ``ci95_low`` / ``ci95_high`` / ``seeds``). A value the records lack is empty."""
     from atlas_fast.engine.deviations import table_marks
 
     cols = metric_columns(rows)
     lines = []
-    for row, paired in zip(rows, paired_differences(rows, baseline)):
+    for row, paired_row in zip(rows, paired_differences(rows, baseline)):
         variant = row.label + table_marks([row.deviations])[0]
         line: dict[str, Any] = {"group": row.section, "method": row.block, "variant": variant, "seeds": row.seeds,
                                 "datasets": len(row.datasets)}
         for c in cols:
-            line[c] = f"{row.metrics[c]:.4f}"
-            line[f"{c}_std"] = f"{row.spread[c]:.4f}" if c in row.spread else ""
-        line.update(paired_csv_fields(paired, cols[-1] if cols else ""))
+            line[c] = "" if math.isnan(row.metrics[c]) else f"{row.metrics[c]:.4f}"
+            line[f"{c}_std"] = f"{row.spread[c]:.4f}" if c in row.spread and not math.isnan(row.spread[c]) else ""
+        if paired is None:
+            line.update(paired_csv_fields(paired_row, cols[-1] if cols else ""))
         lines.append(line)
+    if paired is not None:
+        for metric in paired:
+            for line, each in zip(lines, paired_differences(rows, baseline, metric)):
+                fields = paired_csv_fields(each, metric)
+                line.update({f"{metric} diff": fields["paired_diff"], f"{metric} ci95_low": fields["ci95_low"],
+                             f"{metric} ci95_high": fields["ci95_high"], f"{metric} seeds": fields["paired_seeds"]})
     return lines
 
 
@@ -300,11 +330,12 @@ def paired_csv_fields(paired: PairedDifference | None, metric: str) -> dict[str,
             "ci95_high": f"{paired.high:.4f}" if paired.has_interval else "", "paired_seeds": str(paired.seeds)}
 
 
-def write_csv(rows: Sequence[TableRow], path: str | Path, baseline: int = 0) -> Path:
+def write_csv(rows: Sequence[TableRow], path: str | Path, baseline: int = 0,
+              paired: Sequence[str] | None = None) -> Path:
     """:func:`csv_lines` written to ``path``."""
     import csv
 
-    lines = csv_lines(rows, baseline)
+    lines = csv_lines(rows, baseline, paired)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:

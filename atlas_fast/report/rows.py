@@ -11,6 +11,7 @@ variant labels come from the ATLaS package's variants (:mod:`atlas_fast.atlas.va
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -51,6 +52,43 @@ def strategy_label(config: dict[str, Any]) -> str:
 
 #: the section of a table's rows that average the per-dataset means (after the datasets' sections)
 AVERAGE = "Average"
+
+# The calibration figures a table can show (record["metrics"]["calibration"][class set], atlas_fast.engine.calibration):
+# a column is "<figure> <class set>", e.g. "ECE new" or "ECE (T) new" (after temperature scaling).
+CALIBRATION_FIGURES = {"ECE": "ece", "ECE (T)": "ece_ts", "NLL": "nll", "NLL (T)": "nll_ts", "Brier": "brier",
+                       "conf.": "confidence"}
+# Columns whose best value is the lowest (the tables bold it).
+LOWER_IS_BETTER = ("ECE", "NLL", "Brier")
+
+
+def calibration_columns(figures: Sequence[str], sets: Sequence[str] = ("base", "new")) -> list[str]:
+    """The column names of ``figures`` (keys of :data:`CALIBRATION_FIGURES`) on ``sets``: ``["ECE base", ...]``."""
+    unknown = [f for f in figures if f not in CALIBRATION_FIGURES]
+    if unknown:
+        raise ValueError(f"unknown calibration figure(s) {unknown}; expected some of {list(CALIBRATION_FIGURES)}")
+    return [f"{figure} {name}" for figure in figures for name in sets]
+
+
+def calibration_value(record: dict[str, Any], column: str) -> float | None:
+    """A record's value of a calibration column (``"ECE new"``: ``metrics.calibration.new.ece``), or None where the
+    record has none (written before records held calibration, or no validation split for a temperature)."""
+    figure, _, name = column.rpartition(" ")
+    entry = ((record.get("metrics") or {}).get("calibration") or {}).get(name) or {}
+    value = entry.get(CALIBRATION_FIGURES[figure])
+    return None if value is None else float(value)
+
+
+def metric_value(record: dict[str, Any], metric: str) -> float | None:
+    """A record's value of a table column: an accuracy (``base``, ``new``, ``H``...) or a calibration column."""
+    figure = metric.rpartition(" ")[0]
+    if figure in CALIBRATION_FIGURES:
+        return calibration_value(record, metric)
+    value = (record.get("metrics") or {}).get(metric)
+    return None if value is None else float(value)
+
+
+def lower_is_better(metric: str) -> bool:
+    return metric.split(" ")[0] in LOWER_IS_BETTER
 
 
 @renamed_fields({"group": "section"})
@@ -99,17 +137,20 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
     groups: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     seed_values: dict[str, dict[str, dict[int, dict[str, float]]]] = defaultdict(lambda: defaultdict(dict))
     configs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    nan = float("nan")
     for record in records:
         variant = label(record["config"])
         configs[variant].append(record["config"])
         dataset = record["config"]["dataset"]
+        values = {m: metric_value(record, m) for m in metrics}  # None: a figure the record lacks (shown "–")
         for name in metrics:
-            groups[variant][dataset][name].append(float(record["metrics"][name]))
-        seed_values[variant][dataset][record["config"]["seed"]] = {m: float(record["metrics"][m]) for m in metrics}
+            groups[variant][dataset][name].append(nan if values[name] is None else values[name])
+        seed_values[variant][dataset][record["config"]["seed"]] = {m: nan if v is None else v
+                                                                   for m, v in values.items()}
     rows = []
     for variant, per_dataset in groups.items():
-        means = {m: statistics.fmean(statistics.fmean(d[m]) for d in per_dataset.values()) for m in metrics}
-        spread = {m: statistics.fmean(statistics.pstdev(d[m]) for d in per_dataset.values()) for m in metrics}
+        means = {m: statistics.fmean(_mean(d[m]) for d in per_dataset.values()) for m in metrics}
+        spread = {m: statistics.fmean(_pstdev(d[m]) for d in per_dataset.values()) for m in metrics}
         if "base" in means and "new" in means:
             means["H"] = harmonic_mean(means["base"], means["new"])
         seeds = min(len(next(iter(d.values()))) for d in per_dataset.values())
@@ -117,6 +158,15 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
                              per_seed=_per_seed_means(seed_values[variant], metrics),
                              deviations=runs_deviations(configs[variant], leave_out) if deviations else ()))
     return rows
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean, NaN when any value is missing (NaN): a cell is the mean of every seed or none."""
+    return float("nan") if any(math.isnan(v) for v in values) else statistics.fmean(values)
+
+
+def _pstdev(values: Sequence[float]) -> float:
+    return float("nan") if any(math.isnan(v) for v in values) else statistics.pstdev(values)
 
 
 def deviation_marks(rows: Mapping[Hashable, Sequence[dict[str, Any]]], leave_out: Collection[str] = ()
@@ -139,6 +189,7 @@ def _per_seed_means(per_dataset: dict[str, dict[int, dict[str, float]]], metrics
 
     seeds = sorted(set.intersection(*(set(d) for d in per_dataset.values())))
     values = {m: {s: statistics.fmean(d[s][m] for d in per_dataset.values()) for s in seeds} for m in metrics}
+    values = {m: {s: v for s, v in by_seed.items() if not math.isnan(v)} for m, by_seed in values.items()}
     if "base" in values and "new" in values:
         values["H"] = {s: harmonic_mean(values["base"][s], values["new"][s]) for s in seeds}
     return values
@@ -167,7 +218,8 @@ def reference_rows(rows: Sequence[TableRow], baseline: int) -> list[int | None]:
 
 
 def best_cells(rows: Sequence[TableRow], digits: int = 2) -> set[tuple[int, str]]:
-    """``(row index, metric)`` of the best (highest) value of each metric column as printed (ties all count), per
+    """``(row index, metric)`` of the best value of each metric column as printed (the highest; the lowest for ECE,
+    NLL and Brier; ties all count; missing values never), per
     block of rows when rows carry blocks or sections, else over the table. A block of one row has no best."""
     blocks: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, key in enumerate(_block_keys(rows)):
@@ -177,8 +229,11 @@ def best_cells(rows: Sequence[TableRow], digits: int = 2) -> set[tuple[int, str]
         if len(members) < 2:
             continue
         for c in metric_columns(rows):
-            top = max(round(rows[i].metrics[c], digits) for i in members)
-            best |= {(i, c) for i in members if round(rows[i].metrics[c], digits) == top}
+            shown = {i: round(rows[i].metrics[c], digits) for i in members if not math.isnan(rows[i].metrics[c])}
+            if len(shown) < 2:
+                continue
+            top = (min if lower_is_better(c) else max)(shown.values())
+            best |= {(i, c) for i, value in shown.items() if value == top}
     return best
 
 
