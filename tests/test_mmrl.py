@@ -33,7 +33,7 @@ TEMPLATE = "a photo of a {}, a type of pet."
 def build(backbone, moved, name="mmrl", **changes):
     torch.manual_seed(0)
     base = (MMRLppConfig(beta=0.6) if name == "mmrl++" else MMRLConfig())
-    config = dataclasses.replace(base, rep_dim=16, template=TEMPLATE, reg_weight=0.7, **changes)
+    config = dataclasses.replace(base, **{"rep_dim": 16, "template": TEMPLATE, "reg_weight": 0.7, **changes})
     method = build_method(name, backbone, BASE, config)
     if moved:
         with torch.no_grad():
