@@ -4,6 +4,7 @@ per-image predictions saved on request, covered by the record's seal; old record
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -191,3 +192,32 @@ def test_the_calibration_tables_show_a_dash_for_old_records_and_bold_the_lowest_
     assert path.stat().st_size > 0 and path.with_suffix(".pdf").stat().st_size > 0
     with pytest.raises(ValueError, match="No reliability table"):
         plot_reliability([old], tmp_path / "none.png", "new")
+
+
+def test_the_command_line_saves_predictions_reports_calibration_and_verifies_them(pets, capsys):
+    from atlas_fast.cli import main
+
+    results = pets / "cli"
+    common = ["--dataset", "OxfordPets", "--data-root", str(pets / "data"), "--model", "atlas-tiny", "--pretrained",
+              "none", "--shots", "4", "--epochs", "2", "--batch-size", "3", "--views", "1", "--lr", "0.05",
+              "--cache-root", str(pets / "cache"), "--results-dir", str(results), "--no-progress"]
+    assert main(["train", *common, "--save-predictions"]) == 0
+    record_path = next(results.glob("OxfordPets/*.json"))
+    predictions = record_path.with_suffix(".predictions.npz")
+    assert predictions.is_file() and read_record(record_path)["predictions"] == predictions.name
+    capsys.readouterr()
+    assert main(["eval", "--record", str(record_path), "--dataset", "OxfordPets", "--data-root", str(pets / "data"),
+                 "--subsample", "new", "--cache-root", str(pets / "cache"), "--no-progress"]) == 0
+    assert re.search(r"accuracy \d+\.\d\d  \| ECE \d+\.\d\d, NLL \d+\.\d{3} \(after T = [\d.]+: ECE \d+\.\d\d\)",
+                     capsys.readouterr().out)
+    assert main(["report", str(results), "--metrics", "new", "ECE new", "ECE (T) new", "--format", "md", "csv"]) == 0
+    table = capsys.readouterr().out
+    ece = read_record(record_path)["metrics"]["calibration"]["new"]["ece"]
+    assert "| ECE new | ECE (T) new |" in table and f"| {ece:.2f} |" in table
+    assert main(["report", str(results), "--verify"]) == 0
+    data = bytearray(predictions.read_bytes())
+    data[-100] ^= 1
+    predictions.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["report", str(results), "--verify"]) == 1
+    assert f"verify: {record_path}: its predictions {predictions} fail their checksum" in capsys.readouterr().out

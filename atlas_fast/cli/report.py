@@ -9,7 +9,8 @@ from pathlib import Path
 
 from atlas_fast.errors import UsageError
 from atlas_fast.report.collect import FORMATS, report_folder, verify_report
-from atlas_fast.vocabulary import METRICS
+from atlas_fast.report.rows import CALIBRATION_FIGURES, calibration_columns
+from atlas_fast.vocabulary import CLASS_SETS, METRICS
 
 # How far the search for the nearest folder with records looks: folders below the one given (or beside it), and at
 # most this many folders in all, so a refusal stays instant wherever it is run.
@@ -31,8 +32,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--datasets", nargs="+", default=None, help="only these datasets (default: all found)")
     report.add_argument("--methods", nargs="+", default=None,
                         help="only these methods, by registry name (e.g. coop dept-coop; default: all found)")
-    report.add_argument("--metrics", nargs="+", default=None, choices=METRICS,
-                        help="table columns (default: base new H for base-to-new, all otherwise)")
+    report.add_argument("--metrics", nargs="+", default=None, choices=METRICS + calibration_columns(
+                            tuple(CALIBRATION_FIGURES), CLASS_SETS), metavar="METRIC",
+                        help="table columns: accuracies (base new H all) or calibration figures on a class set, "
+                             "e.g. 'ECE new' 'NLL (T) base' (ECE, ECE (T), NLL, NLL (T), Brier, conf.: "
+                             "docs/experiments.md); a record without them shows '–' (default: base new H for "
+                             "base-to-new, all otherwise)")
     report.add_argument("--out", type=Path, default=None, help="output folder (default RESULTS_DIR/report)")
     report.add_argument("--format", nargs="+", dest="formats", choices=FORMATS, default=list(FORMATS),
                         metavar="FORMAT", help=f"outputs to write, any of {' '.join(FORMATS)} (default: all)")

@@ -256,12 +256,14 @@ def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None
     """The rows of one table (a section per dataset, then the Average section when there are several), its columns
     and a note on variants left out of the average. Rows are named without their marks and carry them as
     ``deviations``, so the outputs mark what every row changes once, in the caption."""
-    from atlas_fast.report.rows import AVERAGE, aggregate
+    from atlas_fast.report.rows import AVERAGE, aggregate, is_calibration_column
 
     setting = records[0]["config"]["setting"]
     wanted = list(metrics) if metrics else (["base", "new", "H"] if setting == "base2new" else ["all"])
     has = [m for m in CLASS_SETS if all(m in r["metrics"] for r in records)]
-    columns = [m for m in wanted if m in has or (m == "H" and {"base", "new"} <= set(has))]
+    # a calibration column ("ECE new") is shown for the records that hold it, "–" for the others
+    columns = [m for m in wanted if m in has or (m == "H" and {"base", "new"} <= set(has))
+               or (is_calibration_column(m) and m.rpartition(" ")[2] in has)]
     needed = [m for m in columns if m != "H"] + [m for m in ("base", "new") if "H" in columns and m not in columns]
     if not columns:
         return [], [], f"none of the metrics {', '.join(wanted)} is in every record of this table"
@@ -544,7 +546,7 @@ def verify_report(results_dir: str | Path, out: str | Path | None = None) -> lis
     import io
     import tempfile
 
-    from atlas_fast.engine.validity import read_record
+    from atlas_fast.engine.validity import predictions_problems, read_record
     from atlas_fast.engine.seal import SEAL_FIELD, is_sealed, seal_problem
     from atlas_fast.files import JsonFileError, read_json
 
@@ -583,6 +585,8 @@ def verify_report(results_dir: str | Path, out: str | Path | None = None) -> lis
         elif record[SEAL_FIELD] != seal:
             problems.append(f"{path} is not the record the report was made from (its seal differs from the one "
                             f"in {sources_path})")
+        else:  # the per-image predictions it names: their checksum is under its seal
+            problems += [f"{path}: {problem}" for problem in predictions_problems(path, record)]
     listed_paths = {root / relative for relative, _ in listed}
     problems += folder_problems(root, skip=out, checked=listed_paths)
     if "left_out" in sources:  # written by a report that lists what it left out: a record file it never saw is new

@@ -61,12 +61,12 @@ CALIBRATION_FIGURES = {"ECE": "ece", "ECE (T)": "ece_ts", "NLL": "nll", "NLL (T)
 LOWER_IS_BETTER = ("ECE", "NLL", "Brier")
 
 
-def calibration_columns(figures: Sequence[str], sets: Sequence[str] = ("base", "new")) -> list[str]:
+def calibration_columns(figures: Sequence[str], sets: Sequence[str] = ("base", "new")) -> tuple[str, ...]:
     """The column names of ``figures`` (keys of :data:`CALIBRATION_FIGURES`) on ``sets``: ``["ECE base", ...]``."""
     unknown = [f for f in figures if f not in CALIBRATION_FIGURES]
     if unknown:
         raise ValueError(f"unknown calibration figure(s) {unknown}; expected some of {list(CALIBRATION_FIGURES)}")
-    return [f"{figure} {name}" for figure in figures for name in sets]
+    return tuple(f"{figure} {name}" for figure in figures for name in sets)
 
 
 def calibration_value(record: dict[str, Any], column: str) -> float | None:
@@ -78,10 +78,14 @@ def calibration_value(record: dict[str, Any], column: str) -> float | None:
     return None if value is None else float(value)
 
 
+def is_calibration_column(metric: str) -> bool:
+    """Whether a table column is a calibration figure on a class set (``"ECE new"``)."""
+    return metric.rpartition(" ")[0] in CALIBRATION_FIGURES
+
+
 def metric_value(record: dict[str, Any], metric: str) -> float | None:
     """A record's value of a table column: an accuracy (``base``, ``new``, ``H``...) or a calibration column."""
-    figure = metric.rpartition(" ")[0]
-    if figure in CALIBRATION_FIGURES:
+    if is_calibration_column(metric):
         return calibration_value(record, metric)
     value = (record.get("metrics") or {}).get(metric)
     return None if value is None else float(value)
