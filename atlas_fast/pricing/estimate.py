@@ -109,6 +109,9 @@ class PlanFacts:
     decode_workers: int = 1  # decoding processes beside the steps (CUDA: the pixel methods)
     report: bool = False  # the command writes a report (tables and plots) once its runs are done
     cache_workers: int = 1  # decoding processes of a cache build beside its encoder (atlas_fast.cache.build)
+    # on the CPU: whether the build's decoding processes have cores of their own beside the encoder's threads (its
+    # threads + workers <= the CPUs this process may use), so that decoding overlaps encoding as on CUDA
+    spare_cores: bool = False
 
 
 # ----------------------------------------------------------------------------------------------------------- units
@@ -246,9 +249,11 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
 
     * setup = the process's start up to planned runs (``facts.startup_seconds``, when the command measured it),
       else backbone load + planning (``facts.plan_seconds``)
-    * cache build = features x (encode + decode per view) + images x decode per image on the CPU; on CUDA the decoding
-      runs in ``cache_workers`` processes beside the encoder (and the writes in a thread beside it): features x
-      max(encode, decode per view / workers) + images x decode per image / workers
+    * cache build = features x (encode + decode per view) + images x decode per image on the CPU when the encoder's
+      threads take every core; on CUDA, and on the CPU when the decoding processes have cores of their own
+      (``spare_cores``: the demo's one thread on two cores), the decoding runs in ``cache_workers`` processes beside
+      the encoder (and the writes in a thread beside it): features x max(encode, decode per view / workers) + images
+      x decode per image / workers
     * soft labels = sum over runs with CSL/ISL/mix of soft(kind, C, N of the run) (LS is free)
     * training = sum over the groups that learn (zero-shot CLIP trains nothing) of epochs x steps per epoch x
       (step(method, C, B, R) + for pixel methods B x S x (decode per view + per image), the views decoded in the
@@ -279,7 +284,7 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     cuda = facts.device == "cuda"
     for key, features, images in encode_parts(facts):
         encode, decode = units[ENCODE_KEY], units[key]
-        if cuda:
+        if cuda or facts.spare_cores:
             workers = max(1, facts.cache_workers)
             phases["cache build"] += (features * max(encode.seconds, decode.seconds / workers)
                                       + images * decode.fixed_seconds / workers)
@@ -425,7 +430,17 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
     return PlanFacts(groups=tuple(groups), runs=len(specs), finished=len(specs) - len(todo),
                      features_to_encode=features, images_to_decode=images, embed_dim=embed_dim, device=device,
                      plan_seconds=sum(spec.plan_seconds for spec in specs), decode_workers=workers,
-                     encode_parts=tuple(parts), cache_workers=default_workers(torch.device(device)))
+                     encode_parts=tuple(parts), cache_workers=default_workers(torch.device(device)),
+                     spare_cores=device == "cpu" and spare_cores(default_workers(torch.device("cpu"))))
+
+
+def spare_cores(workers: int) -> bool:
+    """Whether ``workers`` decoding processes have cores of their own beside this process's torch threads."""
+    import torch
+
+    from atlas_fast.threads import available_cpus
+
+    return torch.get_num_threads() + workers <= available_cpus().count
 
 
 # --------------------------------------------------------------------------------------------------- measuring
