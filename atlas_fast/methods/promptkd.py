@@ -370,8 +370,8 @@ class PromptKD(PromptMethod):
     #: trains on every training image of the dataset, all classes, unlabeled (the official base-to-novel and
     #: cross-dataset data: DATASET.NUM_SHOTS 0, SUBSAMPLE_CLASSES all); the engine hands it that list
     trains_on_domain = True
-    # Not batched yet: the BatchNorm's statistics would have to leave out a run's padded rows (docs/deviations.md).
-    supports_batched_runs = False
+    # R runs train as one module: each run's BatchNorm statistics and loss over its own rows only
+    supports_batched_runs = True
     #: the labelled method to compare with ATLaS (beyond_base_to_new): PromptSRC on the student's CLIP
     base_class: ClassVar[type[PromptMethod]] = PromptSRC
     # the student's only: the teacher's depths count its own towers (checked when it loads)
@@ -458,22 +458,36 @@ class PromptKD(PromptMethod):
     def vision_prompts(self) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         return self.vision_ctx, list(self.deep_vision.unbind(1)) if self.deep_vision is not None else []
 
-    def project(self, features: torch.Tensor) -> torch.Tensor:
+    def project(self, features: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
         """The projector on (R, B, D_s): linear, BatchNorm over the batch (training: the batch's statistics, the
         running ones updated with momentum 0.1 and the unbiased variance; evaluation: the running ones), ReLU,
-        linear."""
+        linear. ``sizes``: each run's own rows when R runs' batches are zero-padded to B (its statistics are over
+        those rows only; a run with none leaves its running statistics)."""
         h = torch.baddbmm(self.proj_b1.unsqueeze(1).to(features.dtype), features,
                           self.proj_w1.transpose(1, 2).to(features.dtype))
         if self.training:
             h32 = h.float()
-            mean = h32.mean(dim=1)
-            var = h32.var(dim=1, unbiased=False)
-            batch = h.shape[1]
+            if sizes is None or min(sizes) == h.shape[1]:  # every row is a run's own
+                mean = h32.mean(dim=1)
+                var = h32.var(dim=1, unbiased=False)
+                counts = torch.full((h.shape[0],), float(h.shape[1]), device=h.device)
+            else:  # each run's statistics over its own rows, as training it alone computes them
+                counts = torch.tensor([float(n) for n in sizes], device=h.device)
+                zeros = h32.new_zeros(h32.shape[-1])
+                mean = torch.stack([h32[r, :n].mean(dim=0) if n else zeros for r, n in enumerate(sizes)])
+                var = torch.stack([h32[r, :n].var(dim=0, unbiased=False) if n else zeros
+                                   for r, n in enumerate(sizes)])
             with torch.no_grad():
-                self.proj_running_mean.mul_(1 - BN_MOMENTUM).add_(BN_MOMENTUM * mean.detach())
-                if batch > 1:  # one image has no unbiased variance (the official loader drops such a batch)
-                    self.proj_running_var.mul_(1 - BN_MOMENTUM).add_(
-                        BN_MOMENTUM * var.detach() * batch / (batch - 1))
+                # a run with one row has no unbiased variance (the official loader drops such a batch), with none
+                # nothing to add
+                seen, spread = (counts > 0).unsqueeze(1), (counts > 1).unsqueeze(1)
+                unbiased = var.detach() * (counts / (counts - 1).clamp(min=1)).unsqueeze(1)
+                self.proj_running_mean.copy_(torch.where(
+                    seen, (1 - BN_MOMENTUM) * self.proj_running_mean + BN_MOMENTUM * mean.detach(),
+                    self.proj_running_mean))
+                self.proj_running_var.copy_(torch.where(
+                    spread, (1 - BN_MOMENTUM) * self.proj_running_var + BN_MOMENTUM * unbiased,
+                    self.proj_running_var))
         else:
             mean, var = self.proj_running_mean, self.proj_running_var
         normed = (h.float() - mean.unsqueeze(1)) * torch.rsqrt(var.unsqueeze(1) + BN_EPS)
@@ -481,15 +495,17 @@ class PromptKD(PromptMethod):
         return torch.baddbmm(self.proj_b2.unsqueeze(1).to(h.dtype), F.relu(normed),
                              self.proj_w2.transpose(1, 2).to(h.dtype))
 
-    def image_batch(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Projected student image features (R, B, D_t) of pixels (B, 3, H, W), un-normalised."""
-        if pixels.dim() != 4:
-            raise ValueError(f"PromptKD reads pixels (B, 3, H, W), got {tuple(pixels.shape)}")
+    def image_batch(self, pixels: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
+        """Projected student image features (R, B, D_t), un-normalised, of pixels (B, 3, H, W) seen by every run, or
+        (R, B, 3, H, W), one batch per run (``sizes``: each run's own rows of a padded batch)."""
+        if pixels.dim() != 4 and not (pixels.dim() == 5 and pixels.shape[0] == self.num_runs):
+            raise ValueError(f"PromptKD reads pixels (B, 3, H, W) or (R={self.num_runs}, B, 3, H, W), got "
+                             f"{tuple(pixels.shape)}")
         prompts, deep = self.vision_prompts()
         features = self.image_encoder(pixels, prompts, deep)
         if features.shape[0] != self.num_runs:
             features = features.expand(self.num_runs, -1, -1)
-        return self.project(features)
+        return self.project(features, sizes)
 
     def text_features(self) -> torch.Tensor:
         return self.teacher_text().unsqueeze(0).expand(self.num_runs, -1, -1)
@@ -517,15 +533,30 @@ class PromptKD(PromptMethod):
                 cached = teacher.encode_image(pixels.to(teacher.device))
         return pixels, cached[..., -self.teacher.embed_dim:]
 
-    def training_loss(self, inputs, labels: torch.Tensor, criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
-        """The distillation loss (labels and ``criterion`` unused: PromptKD learns from its teacher alone), summed
-        over the R runs."""
+    def training_loss(self, inputs, labels: torch.Tensor | None, criterion: Callable[..., torch.Tensor] | None
+                      ) -> torch.Tensor:
+        """The distillation loss (``criterion`` unused and labels only read for their shape: PromptKD learns from its
+        teacher alone): summed over the runs for one batch seen by every run; each run's (R,) for R runs trained
+        together on one batch each ((R, B) labels), over its own rows (``criterion.sizes``) when padded."""
         pixels, teacher_features = self.split_inputs(inputs)
         teacher = self.teacher_logits(teacher_features)
-        student = self.forward(pixels)
         config = self.config
-        return sum(distillation_loss(student[r], teacher, config.kd_weight, config.temperature)
-                   for r in range(student.shape[0]))
+        if labels is None or labels.dim() == 1:  # one batch, seen by every run
+            student = self.forward(pixels)
+            return sum(distillation_loss(student[r], teacher, config.kd_weight, config.temperature)
+                       for r in range(student.shape[0]))
+        sizes = getattr(criterion, "sizes", None)
+        student = self.similarity_logits(self.image_batch(pixels, sizes), self.text_features())
+        T = config.temperature
+        kl = F.kl_div(F.log_softmax(student.float() / T, dim=-1), F.log_softmax(teacher.float() / T, dim=-1),
+                      reduction="none", log_target=True).sum(dim=-1)  # (R, B)
+        rows = student.shape[1]
+        if sizes is None or min(sizes) == rows:
+            counts = torch.full((student.shape[0],), float(rows), device=kl.device)
+        else:
+            counts = torch.tensor([float(n) for n in sizes], device=kl.device)
+            kl = kl * (torch.arange(rows, device=kl.device) < counts.unsqueeze(1))
+        return config.kd_weight * T * T * kl.sum(dim=1) / (counts.clamp(min=1) * student.shape[2])
 
     # --- state --------------------------------------------------------------------------------------------------
     def state_for_checkpoint(self) -> dict[str, torch.Tensor]:
