@@ -91,6 +91,10 @@ def test_a_diverging_run_costs_its_group_nothing_and_is_retried_alone(pets, monk
     _same(healthy[0], clean[0])
     _same(healthy[2], clean[2])
     assert not list((pets / "poisoned").rglob("*seed2*.json"))  # no record describes the diverged run
+    from atlas_fast.report.collect import report_folder
+
+    markdown = report_folder(pets / "poisoned", formats=["md"])
+    assert f"- {failure.note}: {failure.label}: Training diverged in epoch 1" in markdown
     # the same call again trains only the failed run (the others are skipped), and its record replaces the note
     monkeypatch.undo()
     again = run_group(_configs(pets, "poisoned"))

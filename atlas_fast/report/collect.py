@@ -390,6 +390,11 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         markdown += ["", f"Left out of the tables ({len(left_out)} record file(s); `atlas-fast report --verify` fails "
                          f"while a damaged one is in the folder):", ""]
         markdown += [f"- {path}: {why}" for path, why in left_out]
+    failed = _failure_notes(root, datasets)
+    if failed:  # runs that failed on their own have no record: said, so a missing seed is not a mystery
+        markdown += ["", f"Runs that failed and have no record ({len(failed)}; the command that trained them trains "
+                         f"only these again):", ""]
+        markdown += [f"- {path}: {reason}" for path, reason in failed]
     text = "\n".join(markdown)
     with _Staged(out) as stage:  # every file written beside the report first, renamed into place when all are
         if "md" in formats:
@@ -416,6 +421,24 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     for path in stage.written:
         print(f"written: {path}", file=sys.stderr)
     return text
+
+
+def _failure_notes(root: Path, datasets: Sequence[str] | None) -> list[tuple[Path, str]]:
+    """The failure notes (``<dataset>/<stem>.json.failed``, :func:`atlas_fast.engine.record.save_failure`) under
+    ``root`` of ``datasets``, each with its printed name and reason (the note's path alone where it cannot be read)."""
+    from atlas_fast.files import JsonFileError, read_json
+
+    notes = []
+    for path in sorted(root.glob("*/*.json.failed")):
+        if not _matches(path.parent.name, datasets):
+            continue
+        try:
+            note = read_json(path)
+            reason = f"{note.get('name', '?')}: {note.get('reason', '?')}"
+        except (JsonFileError, AttributeError):
+            reason = "a failure note that cannot be read"
+        notes.append((path, reason))
+    return notes
 
 
 def _write_csv(path: Path, lines: Sequence[dict[str, Any]]) -> None:
