@@ -34,6 +34,11 @@ only z feeds a schedule's statistics); the two cosine terms have no labels and a
 Test time: on the class set it trained on (base classes; a few-shot run's classes; ImageNet after a cross-dataset
 run) the logits are the fusion alpha z + (1 - alpha) z_r; on any other class set (new classes, other datasets) z
 alone, since the representation branch only learned the training classes.
+
+MMRL++ (:class:`MMRLpp`, ``mmrl++``) changes three pieces through hooks of :class:`MMRL`: the maps (one shared
+weight per tower plus a low-rank residual per block, :meth:`MMRLpp.mapped_tokens`), the later blocks' tokens (blended
+with the previous block's output by beta, :meth:`MMRLpp.enter_block`) and the representation projection (CLIP's
+``proj`` plus a low-rank update, :meth:`MMRLpp.representation_projection`).
 """
 
 from __future__ import annotations
@@ -167,7 +172,7 @@ class MMRL(PromptMethod):
         self.text_layers = len(model.transformer.resblocks)
         self.vision_layers = self.image_encoder.layers
         if config.depth > min(self.text_layers, self.vision_layers):
-            raise ValueError(f"MMRL: depth must be in [1, {min(self.text_layers, self.vision_layers)}] (the towers "
+            raise ValueError(f"{self.printed_name}: depth must be in [1, {min(self.text_layers, self.vision_layers)}] (the towers "
                              f"have {self.text_layers} text / {self.vision_layers} vision blocks), got {config.depth}")
         self.create_tensors()
         self.fixed_classnames = tuple(classnames)  # the classes it trains on (its frozen text targets, its fusion)
