@@ -104,13 +104,16 @@ def test_a_report_with_every_record_left_out_says_which_and_why(tmp_path, capsys
     paths = _report_records(results)[:2]
     for path in _report_records(results)[2:]:
         path.unlink()
+    assert main(["report", str(results), "--format", "md", "csv"]) == 0  # a report was written before
     for path in paths:
         edited = json.loads(path.read_text())
         edited["metrics"]["new"] = 99.0
         path.write_text(json.dumps(edited))
+    capsys.readouterr()
     assert main(["report", str(results)]) == 2
     err = capsys.readouterr().err
-    assert f"error: No finished result record under {results}" in err
+    assert (f"error: No finished result record under {results} (records are <results_dir>/<dataset>/*.json; "
+            f"dataset folders with records here: OxfordPets). 2 record file(s) were left out: ") in err
     assert "2 record file(s) were left out: " in err
     for path in paths:
         assert f"{path}: not a valid finished record (its seal does not match its content" in err

@@ -327,7 +327,8 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     left_out: list[tuple[Path, str]] = []
     records = collect_records(root, datasets, methods, paths, left_out)
     if not records:
-        found = sorted(p.parent.name for p in root.glob("*/*.json"))
+        found = sorted(p.parent.name for p in root.glob("*/*.json")  # a report's own sources.json is no record
+                       if not (p.name == SOURCES_FILE and (p.parent / "report.csv").is_file()))
         why = ""
         if left_out:  # every record there was left out: say which and why, not just "none"
             why = (f" {len(left_out)} record file(s) were left out: "
