@@ -81,11 +81,12 @@ class Divergence:
     lr: float
     last_loss: float | None
 
-    def describe(self, recipe: OptimRecipe) -> str:
-        """``diverged in epoch 1 (step 8, lr 5.00e-02; last finite loss 1.2345)``, and what to change."""
+    def describe(self, recipe: OptimRecipe, who: str = "") -> str:
+        """``Training diverged in epoch 1 (step 8, lr 5.00e-02; last finite loss 1.2345)``, and what to change;
+        ``who`` follows the epoch (e.g. `` of run [1]``)."""
         last = f"last finite loss {self.last_loss:.6g}" if self.last_loss is not None else "no finite epoch before"
-        return (f"Training diverged in epoch {self.epoch} (step {self.step}, lr {self.lr:.2e}; {last}): the loss or "
-                f"the learned tensors are no longer finite; lower the lr ({recipe.lr}) or use precision='fp32'")
+        return (f"Training diverged in epoch {self.epoch}{who} (step {self.step}, lr {self.lr:.2e}; {last}): the loss "
+                f"or the learned tensors are no longer finite; lower the lr ({recipe.lr}) or use precision='fp32'")
 
 
 @dataclass
@@ -210,10 +211,8 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         for r in _not_finite(method, epoch_losses, [slots[r] in retired for r in range(len(runs))]):
             divergence = Divergence(epoch, steps, lr, logs[slots[r]][-1]["loss"] if logs[slots[r]] else None)
             if on_failure is None:
-                runs_text = f" of run [{r}]" if method.num_runs > 1 else ""
-                raise FloatingPointError(divergence.describe(recipe).replace(f"epoch {epoch}", f"epoch {epoch}"
-                                                                             f"{runs_text}", 1)
-                                         + ". No record is written.")
+                who = f" of run [{r}]" if method.num_runs > 1 else ""  # a caller without names: its position
+                raise FloatingPointError(divergence.describe(recipe, who) + ". No record is written.")
             retired.add(slots[r])
             if fork is not None:
                 failed_trunk[slots[r]] = divergence
