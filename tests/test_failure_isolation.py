@@ -169,6 +169,23 @@ def test_a_diverging_search_trial_fails_alone_and_its_group_is_not_trained_again
     assert bad.state.name == "FAIL"
     assert bad.user_attrs["error"].startswith("WorldPhotos coop")
     assert "seed 1: Training diverged in epoch 1 (step " in bad.user_attrs["error"]
+    # a run whose own inputs raise fails its trial too; the other trial trains, alone now (float reordering only)
+    monkeypatch.undo()
+    from atlas_fast.search import trials
+
+    prepare, seen = trials.prepare_inputs, []
+
+    def damaged(spec, *args, **kwargs):
+        seen.append(spec)
+        if len(seen) == 2:
+            raise ValueError("image x.png of the second trial cannot be decoded")
+        return prepare(spec, *args, **kwargs)
+
+    monkeypatch.setattr(trials, "prepare_inputs", damaged)
+    good, bad = study("inputs").trials
+    assert good.state.name == "COMPLETE" and good.value == pytest.approx(clean.trials[0].value, abs=1e-4)
+    assert bad.state.name == "FAIL" and bad.user_attrs["error"].endswith(
+        "seed 1: ValueError: image x.png of the second trial cannot be decoded")
 
 
 @pytest.mark.slow  # two groups of four pixel runs: about 4 s here

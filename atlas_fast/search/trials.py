@@ -24,7 +24,7 @@ from atlas_fast.engine.feed import RunInputs, prepare_inputs
 from atlas_fast.engine.loop import RunState, train_runs
 from atlas_fast.engine.pipeline import build_group_method, shared_fields
 from atlas_fast.engine.spec import RunSpec, plan_run
-from atlas_fast.errors import UsageError
+from atlas_fast.errors import UsageError, user_errors
 from atlas_fast.sweep.grid import group_key
 
 
@@ -111,14 +111,27 @@ def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: R
     """Train the runs of ``works`` as one group. A run that diverges fails its trial (the run's printed name, epoch,
     step, lr and last finite loss in ``error``) and the trial's other runs are retired with it, while the other
     trials train on, once, exactly as they would have without it (the loop's ``on_failure``; the group used to be
-    trained again trial by trial)."""
+    trained again trial by trial). A run whose own inputs raise fails its trial the same way, before the group's
+    module is built from the other trials' runs."""
     flat = [spec for trial_specs in specs for spec in trial_specs]
     owner = [w for w, trial_specs in enumerate(specs) for _ in trial_specs]
     first = flat[0]
     assert all(shared_fields(spec) == shared_fields(first) for spec in flat)
     backbone = first.backbone()
     shared: dict = {}
-    inputs: list[RunInputs] = [prepare_inputs(spec, backbone, shared, evaluate_on="val") for spec in flat]
+    prepared: list[RunInputs | None] = []
+    for spec, w in zip(flat, owner):
+        try:
+            prepared.append(prepare_inputs(spec, backbone, shared, evaluate_on="val") if works[w].live else None)
+        except user_errors() as exc:
+            works[w].error = works[w].error or f"{spec.label}: {type(exc).__name__}: {exc}"
+            prepared.append(None)
+    kept = [r for r in range(len(flat)) if works[owner[r]].live]
+    if not kept:
+        return
+    flat, owner = [flat[r] for r in kept], [owner[r] for r in kept]
+    inputs: list[RunInputs] = [prepared[r] for r in kept]  # type: ignore[misc]
+    first = flat[0]
     method, _ = build_group_method(flat, backbone, first.data.train_split.classnames)
     states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
                        first.device) for s, i in zip(flat, inputs)]
