@@ -4,8 +4,9 @@ prompts replacing positions 1..M of blocks 1..J-1, visual prompts = Linear maps 
 the patches, the image adapter mixed in at 0.1 and the text adapter at 0.2, CE + W [(1 - mean cos(t, g_k)) +
 (1 - mean cos(v, u))] with g_k the k-th description's frozen text features and u the frozen image features of a
 second view) in token ids, logits, every loss term and the gradient of every learned tensor, at the official init and
-at a moved point; the negative controls (the adapters' ratios swapped, the adapter's last ReLU left out, the frozen
-features of the same view, another description) are caught at the same tolerance. Also: the second view's features
+at a moved point; the negative controls (class names tokenized with '_', the adapters' ratios swapped, the adapter's
+last ReLU left out, the frozen features of the same view, another description, the consistency at weight 1, every
+gradient of the cross-entropy alone) are caught at the same tolerance. Also: the second view's features
 come from the cache, the descriptions file is checked before any work, runs train end to end (command line and
 Python API, with and without ATLaS-ISL) and batched runs equal runs trained alone."""
 
@@ -71,6 +72,18 @@ def official_leaves(method):
               "adapter_text.fc.0.weight": r0["text_adapter_down"].t(),
               "adapter_text.fc.2.weight": r0["text_adapter_up"].t()}
     return {name: value.contiguous().requires_grad_(True) for name, value in leaves.items()}
+
+
+def official_grads(p):
+    """The official leaves' gradients in ``CoPrompt``'s layouts (R dropped), by parameter name."""
+    return {"ctx": p["ctx"].grad, "deep_text": p["compound_prompts_text"].grad,
+            "coupling_weight": torch.cat([p["proj.weight"].grad.t().unsqueeze(0),
+                                          p["compound_projections.weight"].grad.transpose(1, 2)]),
+            "coupling_bias": torch.cat([p["proj.bias"].grad.unsqueeze(0), p["compound_projections.bias"].grad]),
+            "image_adapter_down": p["adapter_image.fc.0.weight"].grad.t(),
+            "image_adapter_up": p["adapter_image.fc.2.weight"].grad.t(),
+            "text_adapter_down": p["adapter_text.fc.0.weight"].grad.t(),
+            "text_adapter_up": p["adapter_text.fc.2.weight"].grad.t()}
 
 
 def official_adapter(x, fc0, fc2, last_relu=True):
@@ -184,17 +197,17 @@ def check(backbone, method, prefix, pixels, second, labels, table):
     assert_equivalent(f"{prefix} text consistency", text_term[0], ref_text)
     assert_equivalent(f"{prefix} image consistency", image_term[0], ref_image)
     assert_equivalent(f"{prefix} loss", loss, total)
-    grads = {"ctx": p["ctx"].grad, "deep_text": p["compound_prompts_text"].grad,
-             "coupling_weight": torch.cat([p["proj.weight"].grad.t().unsqueeze(0),
-                                           p["compound_projections.weight"].grad.transpose(1, 2)]),
-             "coupling_bias": torch.cat([p["proj.bias"].grad.unsqueeze(0), p["compound_projections.bias"].grad]),
-             "image_adapter_down": p["adapter_image.fc.0.weight"].grad.t(),
-             "image_adapter_up": p["adapter_image.fc.2.weight"].grad.t(),
-             "text_adapter_down": p["adapter_text.fc.0.weight"].grad.t(),
-             "text_adapter_up": p["adapter_text.fc.2.weight"].grad.t()}
+    grads = official_grads(p)
     assert sorted(grads) == sorted(name for name, _ in method.named_parameters())
     for name, param in method.named_parameters():
         assert_gradient_equivalent(f"{prefix} grad {name}", param.grad[0], grads[name])
+    # negative control of every gradient: the reference's gradient of its cross-entropy alone
+    plain = official_leaves(method)
+    official_loss(backbone, plain, *args[2:])[3].backward()
+    for name, wrong in official_grads(plain).items():
+        scale = grads[name].abs().max()
+        assert_caught(f"grad {name} without the consistency terms", method.get_parameter(name).grad[0] / scale,
+                      wrong / scale, rtol=0)
     with torch.no_grad():  # negative controls: one detail of the reference changed each
         swapped = official_loss(*args, image_ratio=0.2, text_ratio=0.1)
         assert_caught("adapter ratios swapped", seen["logits"][0], swapped[2], atol=1e-4)
@@ -204,6 +217,9 @@ def check(backbone, method, prefix, pixels, second, labels, table):
         assert_caught("frozen features of the same view", image_term[0], same_view[5])
         other = official_loss(*args[:7], (k + 1) % 3, table)
         assert_caught("another description", text_term[0], other[4])
+        assert_caught("consistency at weight 1, not W", loss, ce + ref_text + ref_image)
+        kept = backbone.tokenizer([f"{method.prompt_prefix} {c}." for c in CLASSNAMES])  # '_' not read as ' '
+        assert not torch.equal(kept[:, :n_used], ids[:, :n_used])
 
 
 CASES = [(False, "cosine"), (True, "cosine"), pytest.param(True, "mse", marks=pytest.mark.slow)]
