@@ -222,47 +222,118 @@ def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = F
     return {name: scores.accuracy for name, scores in score_method(method, sets, amp, progress).items()}
 
 
-def fitted_temperatures(method: PromptMethod, held_out: EvalSet, amp: bool = False) -> list[float]:
-    """Per run, the temperature minimising the NLL of the method's logits on ``held_out`` (the run's few-shot
-    validation split, never its test split): :func:`~atlas_fast.engine.calibration.fit_temperature`."""
-    logits = score_method(method, [held_out], amp, keep_logits=True)[held_out.name].logits
-    return [fit_temperature(run_logits, held_out.labels) for run_logits in logits]
+def fitted_temperatures(method: PromptMethod, held_out: EvalSet | Sequence[EvalSet | None], amp: bool = False
+                        ) -> list[float | None]:
+    """Per run, the temperature minimising the NLL of the method's logits on its held-out set (the run's few-shot
+    validation split, never its test split; one set for every run, or one per run, None for a run without):
+    :func:`~atlas_fast.engine.calibration.fit_temperature`, each distinct set scored once for all runs."""
+    per_run = _per_run(method, held_out)
+    temperatures: list[float | None] = [None] * len(per_run)
+    for held, runs in _owners(per_run):
+        logits = score_method(method, [held], amp, keep_logits=True)[held.name].logits
+        for r in runs:
+            temperatures[r] = fit_temperature(logits[r], held.labels)
+    return temperatures
+
+
+def _per_run(method: PromptMethod, held_out: EvalSet | Sequence[EvalSet | None] | None) -> list[EvalSet | None]:
+    if held_out is None or isinstance(held_out, EvalSet):
+        return [held_out] * method.num_runs
+    if len(held_out) != method.num_runs:
+        raise ValueError(f"{len(held_out)} held-out sets for a module of {method.num_runs} runs")
+    return list(held_out)
+
+
+def _owners(per_run: Sequence[EvalSet | None]) -> list[tuple[EvalSet, list[int]]]:
+    """The distinct held-out sets (first-seen order) and the runs each belongs to."""
+    owners: dict[int, tuple[EvalSet, list[int]]] = {}
+    for r, held in enumerate(per_run):
+        if held is not None:
+            owners.setdefault(id(held), (held, []))[1].append(r)
+    return list(owners.values())
 
 
 def score_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False, progress: bool = False,
-                 calibrate: bool = False, keep_logits: bool = False, held_out: EvalSet | None = None,
+                 calibrate: bool = False, keep_logits: bool = False,
+                 held_out: EvalSet | Sequence[EvalSet | None] | None = None,
                  temperatures: Sequence[float | None] | None = None) -> dict[str, SetScores]:
     """Accuracy, and with ``calibrate`` the calibration figures, of ``method`` on each set, per run, in one pass:
     the logits stream chunk by chunk and only per-image values are kept (the logits too with ``keep_logits``); the
     sets read as pixels go through the image tower together (:func:`pixel_scores`). With ``held_out`` (and
-    ``calibrate``) each run's temperature is fitted on it first (:func:`fitted_temperatures`) and the figures after
-    dividing by it are added (``temperatures``: the runs' temperatures already fitted; None for a run without
-    one). The method's own class set is restored afterwards."""
+    ``calibrate``: one set for every run, or one per run) each run's temperature is fitted on it and the figures
+    after dividing by it are added; ``temperatures``: the runs' temperatures already fitted (None for a run without
+    one). On cached features the held-out images go through the pass of the set with their class names, first (the
+    classifier built once for both); on pixels they are scored first, alone (:func:`fitted_temperatures`). The
+    method's own class set is restored afterwards."""
     original = tuple(method.classnames)
-    if calibrate and held_out is not None and temperatures is None:
-        temperatures = fitted_temperatures(method, held_out, amp)
-    if not calibrate or temperatures is None or all(t is None for t in temperatures):
-        temperatures = None
-    else:
-        temperatures = list(temperatures)
+    held = _per_run(method, held_out) if calibrate and temperatures is None and held_out is not None else []
+    owners = _owners(held)
+    host = None  # the feature set whose pass scores the held-out images first
+    if owners and all(h.images is None for h, _ in owners):
+        names = {tuple(h.classnames) for h, _ in owners}
+        host = next((s for s in sets if s.images is None and len(names) == 1 and tuple(s.classnames) in names), None)
+    if owners and host is None:
+        temperatures = fitted_temperatures(method, held, amp)
+    state = {"temperatures": None if host is not None else _checked(calibrate, temperatures)}
     results: dict[str, SetScores] = {}
     try:
+        ordered = ([host] if host is not None else []) + [s for s in sets if s is not host]
+        feature_sets = [eval_set for eval_set in ordered if eval_set.images is None]
+        for eval_set in feature_sets:
+            method.set_classnames(eval_set.classnames)
+            features, skip = eval_set.features, 0
+            if eval_set is host:
+                features = torch.cat([h.features for h, _ in owners] + [eval_set.features])
+                skip = sum(len(h.labels) for h, _ in owners)
+                kept: list[torch.Tensor] = []
+            collector = None
+            start = 0
+            for chunk in method_logit_chunks(method, features, amp):
+                rows = chunk.shape[1]
+                if start < skip:  # held-out rows first: kept until they are all there, then the temperatures
+                    take = min(rows, skip - start)
+                    kept.append(chunk[:, :take].cpu())
+                    chunk, start, rows = chunk[:, take:], start + take, rows - take
+                    if start == skip:
+                        state["temperatures"] = _fit_owned(torch.cat(kept, dim=1), owners, len(held))
+                        kept = []
+                    if rows == 0:
+                        continue
+                if collector is None:
+                    collector = _SetCollector(eval_set.labels, calibrate, state["temperatures"], keep_logits)
+                collector.add(chunk, slice(start - skip, start - skip + rows))
+                start += rows
+            if collector is None:
+                collector = _SetCollector(eval_set.labels, calibrate, state["temperatures"], keep_logits)
+            results[eval_set.name] = collector.result()
         pixel_sets = [eval_set for eval_set in sets if eval_set.images is not None]
         if pixel_sets:  # the feed gives images to the methods that read pixels
-            results.update(pixel_scores(method, pixel_sets, amp, progress, calibrate, keep_logits, temperatures))
-        for eval_set in sets:
-            if eval_set.images is None:
-                method.set_classnames(eval_set.classnames)
-                collector = _SetCollector(eval_set.labels, calibrate, temperatures, keep_logits)
-                start = 0
-                for chunk in method_logit_chunks(method, eval_set.features, amp):
-                    collector.add(chunk, slice(start, start + chunk.shape[1]))
-                    start += chunk.shape[1]
-                results[eval_set.name] = collector.result()
+            results.update(pixel_scores(method, pixel_sets, amp, progress, calibrate, keep_logits,
+                                        state["temperatures"]))
     finally:
         if original:
             method.set_classnames(original)
     return {eval_set.name: results[eval_set.name] for eval_set in sets}
+
+
+def _checked(calibrate: bool, temperatures: Sequence[float | None] | None) -> list[float | None] | None:
+    """The runs' temperatures to divide by, or None when there are none to use."""
+    if not calibrate or temperatures is None or all(t is None for t in temperatures):
+        return None
+    return list(temperatures)
+
+
+def _fit_owned(logits: torch.Tensor, owners: Sequence[tuple[EvalSet, list[int]]], runs: int
+               ) -> list[float | None] | None:
+    """Each run's temperature from the held-out logits (R, sum of the held-out sets' images, C) of its own set."""
+    temperatures: list[float | None] = [None] * runs
+    start = 0
+    for held, members in owners:
+        rows = slice(start, start + len(held.labels))
+        for r in members:
+            temperatures[r] = fit_temperature(logits[r, rows], held.labels)
+        start += len(held.labels)
+    return _checked(True, temperatures)
 
 
 def pixel_accuracies(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,

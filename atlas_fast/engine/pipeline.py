@@ -39,8 +39,8 @@ from atlas_fast.atlas.schedules import LabelSchedule
 from atlas_fast.cache import FeatureCache
 from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device
-from atlas_fast.engine.evaluate import (SetScores, evaluate_method, fitted_temperatures, run_metrics, score_method,
-                                        summarize, zero_shot_references)
+from atlas_fast.engine.evaluate import (SetScores, evaluate_method, run_metrics, score_method, summarize,
+                                        zero_shot_references)
 from atlas_fast.engine.feed import VALIDATION, RunInputs, evaluation_set, prepare_inputs
 from atlas_fast.engine.graphs import use_graph_steps
 from atlas_fast.engine.loop import Divergence, Fork, train_runs
@@ -418,17 +418,8 @@ def group_scores(method: PromptMethod, inputs: Sequence[RunInputs], amp: bool, p
     if len(inputs) == 1 or any([id(eval_set) for eval_set in i.eval_sets] != first for i in inputs):
         return None, 0.0
     clock = time.perf_counter()
-    temperatures: list[float | None] = [None] * len(inputs)
-    owners: dict[int, list[int]] = {}  # each distinct validation split -> the runs it belongs to
-    for r, run_inputs in enumerate(inputs):
-        if run_inputs.held_out is not None:
-            owners.setdefault(id(run_inputs.held_out), []).append(r)
-    for runs in owners.values():
-        fitted = fitted_temperatures(method, inputs[runs[0]].held_out, amp)
-        for r in runs:
-            temperatures[r] = fitted[r]
     scores = score_method(method, inputs[0].eval_sets, amp, progress, calibrate=True, keep_logits=keep_logits,
-                          temperatures=temperatures)
+                          held_out=[run_inputs.held_out for run_inputs in inputs])
     return scores, (time.perf_counter() - clock) / len(inputs)
 
 
