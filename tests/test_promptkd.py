@@ -391,6 +391,12 @@ def test_runs_train_without_labels_on_the_domain_and_label_schedules_are_refused
     assert record["config"]["method_config"]["teacher"] == "atlas-tiny-teacher"
     assert record["data"]["num_train"] == 16 and len(record["data"]["classnames"]) == 4
     assert set(record["metrics"]) >= {"base", "new", "H"} and record["epochs"][-1]["loss"] >= 0
+    # a saved run evaluates again through its teacher's text (the projector on its saved running statistics)
+    from atlas_fast.engine.pipeline import evaluate_saved
+
+    again = evaluate_saved(record["path"], "OxfordPets", root / "data", subsample="new", cache_root=root / "cache",
+                           device="cpu", progress=False)
+    assert again["accuracy"] == pytest.approx(record["metrics"]["new"], abs=1e-6)
 
 
 def test_the_memory_planner_counts_no_text_tower_for_the_student(tiny):
