@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
