@@ -12,5 +12,22 @@ import pkgutil
 
 from atlas_fast.methods.base import METHODS  # noqa: F401  (the registry: complete once this package is imported)
 
-for _module in pkgutil.iter_modules(__path__):  # every method file registers its methods on import
-    importlib.import_module(f"{__name__}.{_module.name}")
+# The registry's order (the command line's choices, the report's rows): the paper's hosts in its order, then the
+# methods added after it, each file's methods in the order they are defined, then any other file by name. It is set
+# here and not by import order, which a file importing another (CoPrompt imports MaPLe) would shuffle.
+ORDER = ("zsclip", "coop", "cocoop", "kgcoop", "ivlp", "maple", "dept", "promptsrc", "clip_lora", "tcp", "kdpl",
+         "coprompt", "mmrl", "promptkd")
+
+_FILES = [module.name for module in pkgutil.iter_modules(__path__)]
+for _file in _FILES:  # every method file registers its methods on import
+    importlib.import_module(f"{__name__}.{_file}")
+
+
+def _place(item) -> tuple:
+    file = item[1].__module__.rpartition(".")[2]
+    return (ORDER.index(file), "") if file in ORDER else (len(ORDER), file)
+
+
+_ordered = sorted(METHODS.items(), key=_place)  # stable: a file's methods keep their definition order
+METHODS.clear()
+METHODS.update(_ordered)
