@@ -577,3 +577,23 @@ def test_a_group_of_runs_equals_its_runs_trained_alone(tmp_path_factory):
             drift = name in ("proj_b1", "proj_running_mean")
             torch.testing.assert_close(tensor, own[name], atol=1e-4 if drift else 1e-5, rtol=1.3e-6,
                                        msg=lambda text, name=name: f"{name}: {text}")
+
+
+def test_the_group_planner_counts_the_resident_teacher(tmp_path_factory, monkeypatch):
+    """A group's R leaves room for the teacher's weights beside the student's (they stay on the device for the text
+    features of each class set): with memory for 3 runs' steps besides the student alone, the teacher's weights
+    lower R."""
+    from atlas_fast.engine import memory
+    from atlas_fast.engine.spec import plan_run
+    from atlas_fast.sweep import grid
+
+    root = small_pets(tmp_path_factory, "promptkd-plan")
+    spec = plan_run(tiny_pets_config(root, method="promptkd", method_options={**TEACHER, "depth_vision": 2}))
+    backbone = spec.backbone()
+    per_run = memory.step_bytes_per_run(spec.method, backbone, spec.data.train_split.num_classes,
+                                        spec.optim_recipe.batch_size, spec.amp)
+    student = memory.frozen_bytes(backbone, spec.amp)
+    teacher = memory.frozen_bytes(spec.method.view_teacher(spec.method_config, backbone), spec.amp)
+    assert teacher > per_run  # the tiny teacher's weights outweigh a run's step
+    monkeypatch.setattr(memory, "device_bytes", lambda device: int((student + 3 * per_run) / memory.DEVICE_SHARE) + 1)
+    assert grid.runs_that_fit(spec, 8) == max(1, int(3 - teacher / per_run))

@@ -147,7 +147,12 @@ def runs_that_fit(spec: RunSpec, batch_runs: int) -> int:
     per_run = memory.step_bytes_per_run(spec.method, backbone, spec.data.train_split.num_classes,
                                         spec.optim_recipe.batch_size, spec.amp)
     graphs = use_graph_steps([spec.config.graph_steps], spec.method, [spec.config.schedule], spec.device)
-    return memory.runs_that_fit(batch_runs, per_run, memory.frozen_bytes(backbone, spec.amp), total, graphs)
+    fixed = memory.frozen_bytes(backbone, spec.amp)
+    method_config = getattr(spec, "method_config", None)
+    teacher = spec.method.view_teacher(method_config, backbone) if method_config is not None else None
+    if teacher is not None:  # resident beside the student (PromptKD's text features of each class set)
+        fixed += memory.frozen_bytes(teacher, spec.amp)
+    return memory.runs_that_fit(batch_runs, per_run, fixed, total, graphs)
 
 
 def describe_groups(groups: Sequence[Sequence[RunSpec]]) -> str:
