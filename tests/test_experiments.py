@@ -191,12 +191,14 @@ def test_table3_has_ivlp_and_maple_blocks_and_the_appendix_a_promptsrc_block(tmp
     options = ["--method-option", "maple:depth=2", "ivlp:depth_text=2", "ivlp:depth_vision=2",
                "promptsrc:depth_text=2", "promptsrc:depth_vision=2", "promptsrc:gpa_mean=2"]
     table = run_experiment(table3_base_to_new, args + ["--methods", "ivlp", "maple", *options])
-    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
+    marked = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
+    rows = [row.split(" [")[0] for row in marked]  # each block's own --method-option marks its rows
     variants = ["| + ATLaS", "| + ATLaS-CSL", "| + ATLaS-ISL"]
     assert rows == ["| IVLP", *variants, "| MaPLe", *variants]
+    assert marked[0] == "| IVLP [depth_text=2, depth_vision=2]" and marked[4] == "| MaPLe [depth=2]"
     table = run_experiment(table_a_per_dataset, args + ["--methods", "maple", "promptsrc", *options])
     average = table.split("\n\n**OxfordPets")[0]  # the title goes on with what every run changes
-    rows = [line.split(" | ")[0] for line in average.splitlines() if line.startswith("| ")][1:]
+    rows = [line.split(" | ")[0].split(" [")[0] for line in average.splitlines() if line.startswith("| ")][1:]
     assert rows == ["| MaPLe", *variants, "| PromptSRC", *variants]
 
 

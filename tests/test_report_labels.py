@@ -47,7 +47,8 @@ def test_a_mixed_method_sweep_without_plain_rows_names_each_rows_method(mixed_sw
     markdown = report_folder(root / "results", out=tmp_path / "report", formats=["md", "tex", "csv"])
     names = [row[1] for row in _table_rows(markdown)[1:]]
     assert len(names) == 2
-    assert names[0].startswith("KgCoOp + ATLaS-ISL") and names[1].startswith("MaPLe + ATLaS-ISL")
+    assert sorted(name.split(" [")[0] for name in names) == ["KgCoOp + ATLaS-ISL", "MaPLe + ATLaS-ISL"]
+    assert "MaPLe + ATLaS-ISL [depth=2]" in names  # its --method-option, which changes MaPLe's recipe
     tex = (tmp_path / "report" / "report.tex").read_text()
     assert "KgCoOp + ATLaS-ISL" in tex and "MaPLe + ATLaS-ISL" in tex
     assert not re.search(r"^\s*\+ ATLaS", tex, re.M)  # no row begins without its method
@@ -59,7 +60,9 @@ def test_report_rows_mark_what_differs_from_the_recipe_and_presets(mixed_sweep, 
 
     root, _ = mixed_sweep
     markdown = report_folder(root / "results", out=tmp_path / "report", formats=["md", "tex", "csv"])
-    kgcoop = _table_rows(markdown)[1][1]
+    names = [row[1] for row in _table_rows(markdown)[1:]]
+    kgcoop = next(name for name in names if name.startswith("KgCoOp"))
+    assert "MaPLe + ATLaS-ISL [depth=2]" in names  # its own --method-option, beside the marks every row shares
     # the tiny runs are shortened to 2 epochs, 1 view, batch 3, lr 0.05, 4 shots, on the tiny backbone; θ and K are
     # the paper's, so they are not marked. Every row shares those marks: they are said once, under the table and in
     # the LaTeX caption, not on each row (MaPLe's row keeps its own depth)
@@ -163,3 +166,25 @@ def test_api_records_print_without_float32_noise(pets):
     assert str(record) == repr(record)
     decimals = re.findall(r"\d+\.\d+", str(record))
     assert decimals and all(len(d.replace(".", "").lstrip("0")) <= 6 for d in decimals)  # 6 significant digits
+
+
+def test_every_method_option_and_kdpl_s_teacher_show_in_the_label():
+    """``--method tcp --method-option depth=2`` and KDPL with another teacher change the recipe: the label says so
+    (they printed ``tcp [epochs=2, backbone=atlas-tiny]``); the R of a group is no option and stays out."""
+    import dataclasses
+
+    import atlas_fast.methods  # noqa: F401  (registers the methods)
+    from atlas_fast.engine.deviations import run_name
+    from atlas_fast.methods.base import METHODS
+
+    def described(method, **options):
+        method_config, recipe = METHODS[method].recipe_function("paper", "base2new", 16, "OxfordPets")
+        return {"method": method, "schedule": {"name": "onehot"}, "setting": "base2new", "shots": 16,
+                "dataset": "OxfordPets", "recipe": {**dataclasses.asdict(recipe), "epochs": 2}, "views": 2,
+                "method_config": {**dataclasses.asdict(method_config), "num_runs": 3, **options},
+                "backbone": {"model": "atlas-tiny"}}
+
+    assert run_name(described("tcp", depth=2)) == "tcp [epochs=2, backbone=atlas-tiny, depth=2]"
+    assert run_name(described("kdpl-coop", teacher="ViT-B-32", teacher_pretrained="openai")) == (
+        "kdpl-coop [epochs=2, backbone=atlas-tiny, teacher=ViT-B-32, teacher_pretrained=openai]")
+    assert run_name(described("tcp")) == "tcp [epochs=2, backbone=atlas-tiny]"

@@ -39,25 +39,33 @@ def _text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _recipe(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The method's own recipe for the run's family, setting, shots and dataset (None when there is none)."""
+def _recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The method's own method config and optimisation recipe for the run's family, setting, shots and dataset, as
+    dicts (None where there is none)."""
     from atlas_fast.methods.base import METHODS, MissingRecipe
 
     entry = METHODS.get(config.get("method", ""))
     if entry is None:
-        return None
+        return None, None
     try:
-        _, recipe = entry.recipe_function(config.get("recipe_family", "paper"), config["setting"], config["shots"],
-                                          config["dataset"])
-    except (MissingRecipe, KeyError, ValueError, TypeError):
-        return None
-    return dataclasses.asdict(recipe)
+        method_config, recipe = entry.recipe_function(config.get("recipe_family", "paper"), config["setting"],
+                                                      config["shots"], config["dataset"])
+    except MissingRecipe as missing:  # no optimisation recipe; the method's config is still its own
+        return dataclasses.asdict(missing.method_config) if missing.method_config is not None else None, None
+    except (KeyError, ValueError, TypeError):
+        return None, None
+    return (dataclasses.asdict(method_config) if method_config is not None else None), dataclasses.asdict(recipe)
+
+
+# Method config fields that are no choice of the user's (the runs a group trains together)
+NOT_OPTIONS = {"num_runs"}
 
 
 def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
     """Dotted config field -> printed ``name=value`` for every field of ``config`` (a record's ``config``) that
     differs from its method's recipe or the paper's presets, in the order θ, τ_c, α, δ, w, top_k, K, epochs, batch,
-    lr, shots, views, backbone. Fields a record lacks (older records) are not compared."""
+    lr, shots, views, backbone, then the method's options (``depth=2``, KDPL's ``teacher=ViT-B-32``: every field of
+    its method config that is not the recipe's). Fields a record lacks (older records) are not compared."""
     from atlas_fast.atlas.softlabels import atlas_preset
     from atlas_fast.atlas.variants import ATLAS_PERIODS
 
@@ -78,7 +86,8 @@ def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
     if schedule.get("name") == "atlas" and setting in ATLAS_PERIODS:
         if schedule.get("period") != ATLAS_PERIODS[setting]:
             found["schedule.period"] = schedule.get("period")
-    recipe, own = config.get("recipe") or {}, _recipe(config)
+    own_method, own = _recipe(config)
+    recipe = config.get("recipe") or {}
     if own is not None:
         names = ["epochs", "batch_size", "lr"]
         if own.get("iterations"):  # a schedule over iterations: its epochs follow from the training images
@@ -95,7 +104,17 @@ def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
     model = (config.get("backbone") or {}).get("model")
     if model is not None and model != PAPER_BACKBONE:
         found["backbone.model"] = model
-    return {key: f"{PRINTED_NAMES[key]}={_text(value)}" for key, value in found.items()}
+    method_config = config.get("method_config")
+    if isinstance(method_config, Mapping) and own_method is not None:  # --method-option, KDPL's teacher, ...
+        for name, value in method_config.items():
+            if name not in NOT_OPTIONS and name in own_method and _json(value) != _json(own_method[name]):
+                found[f"method_config.{name}"] = value
+    return {key: f"{PRINTED_NAMES.get(key, key.rpartition('.')[2])}={_text(value)}" for key, value in found.items()}
+
+
+def _json(value: Any) -> Any:
+    """A value as a record stores it (tuples are lists in JSON), so a stored config compares equal to its own."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _note(items: Iterable[str]) -> str:
@@ -147,6 +166,6 @@ def deviation_legend(table_note: str = "", in_title: bool = False) -> str:
     table shares (:func:`table_marks`), of that table (naming it, or pointing at the title that shows it)."""
     if not table_note:
         return ("[...] after a row's name: what its runs change from the method's recipe or the paper's presets (θ, "
-                "τ_c, α, δ, K, epochs, batch, lr, shots, views, backbone)")
+                "τ_c, α, δ, K, epochs, batch, lr, shots, views, backbone, the method's options)")
     where = "[...] after the title" if in_title else table_note.strip()
     return f"{where}: what every run of the table changes from its method's recipe or the paper's presets"
