@@ -188,3 +188,25 @@ def test_every_method_option_and_kdpl_s_teacher_show_in_the_label():
     assert run_name(described("kdpl-coop", teacher="ViT-B-32", teacher_pretrained="openai")) == (
         "kdpl-coop [epochs=2, backbone=atlas-tiny, teacher=ViT-B-32, teacher_pretrained=openai]")
     assert run_name(described("tcp")) == "tcp [epochs=2, backbone=atlas-tiny]"
+
+
+def test_heading_and_plot_say_the_shots_the_runs_had_and_the_note_is_said_once(tmp_path_factory, capsys,
+                                                                              monkeypatch):
+    """Runs asked for 16 shots of classes that hold 4 training images: the command says so once (it said it once
+    per run), and the report's heading and its plot's title give the 4 shots the runs had (the heading read '16
+    shots'), the plot with what the table changes from the recipe (it carried no mark)."""
+    from atlas_fast.report import figures
+    from atlas_fast.report.collect import report_folder
+    from atlas_fast.sweep import run_configs
+
+    root = small_pets(tmp_path_factory, "asked16")
+    run_configs([tiny_pets_config(root, shots=16, seed=seed) for seed in (1, 2)], progress=False)
+    assert capsys.readouterr().err.count("fewer than 16 training images") == 1
+    titles = []
+    drawn = figures.plot_rows
+    monkeypatch.setattr(figures, "plot_rows", lambda rows, path, title=None, **kw: (
+        titles.append(title), drawn(rows, path, title, **kw))[1])
+    markdown = report_folder(root / "results", out=tmp_path_factory.mktemp("asked16_report"), formats=["md", "png"])
+    heading = "Base-to-new generalisation, 4 shots per class (16 asked; no class held more)"
+    assert f"## {heading}\n" in markdown
+    assert titles == [f"{heading} [epochs=2, batch=3, lr=0.05, views=1, backbone=atlas-tiny]"]

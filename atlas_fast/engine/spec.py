@@ -31,6 +31,17 @@ from atlas_fast.renames import renamed_fields
 from atlas_fast.vocabulary import CLASS_SETS
 
 
+_SAID: set[tuple] = set()  # notes this process has printed (a command's runs share one: said once per command)
+
+
+def _first_time(note: tuple) -> bool:
+    """Whether ``note`` is said for the first time in this process (then it is remembered)."""
+    if note in _SAID:
+        return False
+    _SAID.add(note)
+    return True
+
+
 def resolve_recipe(config: TrainConfig, dataset: str) -> tuple[MethodConfig, OptimRecipe]:
     """The method config and optimisation recipe of a run on ``dataset`` (registry name): what the method's recipe
     function gives for the config's recipe family, setting and shots, with the overrides."""
@@ -338,7 +349,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
     if config.snapshot_epochs and config.snapshot_epochs[-1] > optim_recipe.epochs:
         raise ValueError(f"snapshot_epochs {list(config.snapshot_epochs)} go past the run's {optim_recipe.epochs} "
                          f"epochs.")
-    if data.shots_used["min"] < config.shots:
+    if data.shots_used["min"] < config.shots and _first_time((dataset, config.shots, *data.shots_used.values())):
         used = data.shots_used
         print(f"note: {dataset}: some classes have fewer than {config.shots} training images; the run uses "
               f"{used['min']}..{used['max']} per class (recorded in the record's data.shots_used).", file=sys.stderr)

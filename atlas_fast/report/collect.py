@@ -358,7 +358,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     for setting, shots in keys:
         rows, columns, note = _table_rows(tables[(setting, shots)], metrics)
         name = _table_name(setting, shots, shot_counts[setting])
-        title = f"{SETTING_TITLES.get(setting, setting)}, {shots} shots"
+        title = f"{SETTING_TITLES.get(setting, setting)}, {shots_text(shots, tables[(setting, shots)])}"
         markdown += ["", f"## {title}", "", markdown_table(rows) if rows else f"(no table: {note})"]
         if rows and note:
             markdown.append(note)
@@ -384,7 +384,9 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
                 if row.section == summary:
                     few_shot_curves[display_label(row)][shots] = row.metrics[columns[0]]
         else:  # the summary (the Average, or the one dataset), then each dataset of several
-            plots += [(name if section == summary else f"{name}_{section}", [r for r in rows if r.section == section])
+            mark = table_marks([row.deviations for row in rows])[0]  # the plot carries what the table changes
+            plots += [(name if section == summary else f"{name}_{section}", [r for r in rows if r.section == section],
+                       f"{title}{mark}" + ("" if section == summary else f": {section}"))
                       for section in [summary] + [s for s in sections if s != summary and len(sections) > 1]]
 
     if left_out:  # a row that lost a record must not vanish silently
@@ -406,9 +408,10 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
             stage.write("report.csv", lambda path: _write_csv(path, csv_lines))
         images = [f for f in formats if f in ("png", "pdf")]
         if images:
-            for name, rows in plots:
+            for name, rows, plot_title in plots:
                 stage.write([f"{name}.{fmt}" for fmt in images],
-                            lambda path, rows=rows: plot_rows(rows, path, formats=images))
+                            lambda path, rows=rows, plot_title=plot_title: plot_rows(rows, path, plot_title,
+                                                                                     formats=images))
             all_shots = sorted({s for curve in few_shot_curves.values() for s in curve})
             curves = {label: [curve[s] for s in all_shots] for label, curve in few_shot_curves.items()
                       if set(curve) == set(all_shots)}
@@ -422,6 +425,22 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     for path in stage.written:
         print(f"written: {path}", file=sys.stderr)
     return text
+
+
+def shots_text(shots: int, records: Sequence[dict[str, Any]]) -> str:
+    """``16 shots``, or what the runs trained on where a class held fewer images than asked (the records'
+    ``data.shots_used``): ``4 shots per class (16 asked; no class held more)``, ``2 to 4 shots per class (16
+    asked)``. A heading then says the shots the table's runs had, not the number on their command line."""
+    used = [r["data"]["shots_used"] for r in records
+            if isinstance((r.get("data") or {}).get("shots_used"), dict)]
+    try:
+        low, high = min(int(u["min"]) for u in used), max(int(u["max"]) for u in used)
+    except (KeyError, TypeError, ValueError):  # older records: the asked shots are all there is
+        return f"{shots} shots"
+    if low >= shots:
+        return f"{shots} shots"
+    counted = f"{low} shots" if low == high else f"{low} to {high} shots"
+    return f"{counted} per class ({shots} asked; {'no class held more' if high < shots else 'some classes held fewer'})"
 
 
 def _failure_notes(root: Path, datasets: Sequence[str] | None) -> list[tuple[Path, str]]:
