@@ -182,7 +182,8 @@ def test_the_kappa_sentence_compares_the_order_of_kappa_with_the_order_of_h():
     records = [record("ls", 1, 40.0), record("csl", 1, 50.0), record("isl", 1, 60.0)]
     text = kappa_sentence(rows, records, "W")
     assert "LS 3.00 -> 4.00, CSL 1.00 -> 1.50, ISL 0.20 -> 0.50" in text  # ISL's end: mean of seeds 1 and 2
-    assert "Highest H first: ISL 72.00, CSL 64.29, LS 55.38 (one seed: the H order has no interval)" in text
+    assert ("Highest H first (the table's: H of the mean base and new accuracies): ISL 72.00, CSL 64.29, LS 55.38 "
+            "(one seed: the H order has no interval)") in text
     assert "at the initial context (known before training): ISL, CSL, LS (the same order)" in text
     assert text.endswith("at the end of the runs: ISL, CSL, LS (the same order).")
     records[0]["metrics"]["new"] = 70.0  # LS now reaches the highest H
@@ -192,6 +193,21 @@ def test_the_kappa_sentence_compares_the_order_of_kappa_with_the_order_of_h():
                for kind, new in zip(("ls", "csl", "isl"), news)]
     assert "(of the 2 steps of the H order, 1 holds at 95 %, paired by seed)" in kappa_sentence(rows, records, "W")
     assert kappa_sentence(rows, records, "Other") == ""
+
+
+def test_the_kappa_sentence_gives_the_tables_h_not_the_mean_of_per_seed_h():
+    """``demo --kappa`` printed the table's CSL H 68.97 and then 'CSL 68.91' (the mean of per-seed H, unsaid): the
+    sentence now gives the table's H, of the mean base and mean new accuracies (two seeds at (95, 40) and (60, 80):
+    H(77.5, 60) = 67.64, where the mean of per-seed H is 62.43)."""
+    from atlas_fast.app.kappa_runs import kappa_sentence
+
+    def record(seed, base, new):
+        return {"config": {"dataset": "W", "seed": seed, "method": "coop", "schedule": {"name": "atlas", "period": 2},
+                           "soft_labels": {"kind": "isl"}}, "metrics": {"base": base, "new": new}}
+
+    rows = [{"dataset": "W", "seed": 1, "run": "+ ATLaS-ISL", "epochs": e, "kind": "isl", "kappa": 0.5} for e in (0, 2)]
+    text = kappa_sentence(rows, [record(1, 95.0, 40.0), record(2, 60.0, 80.0)], "W")
+    assert "accuracies): ISL 67.64 " in text and "62.43" not in text
 
 
 def test_snapshot_points_follow_the_recipe_s_epochs(tmp_path):
