@@ -207,9 +207,13 @@ def test_the_command_line_saves_predictions_reports_calibration_and_verifies_the
     assert predictions.is_file() and read_record(record_path)["predictions"] == predictions.name
     capsys.readouterr()
     assert main(["eval", "--record", str(record_path), "--dataset", "OxfordPets", "--data-root", str(pets / "data"),
-                 "--subsample", "new", "--cache-root", str(pets / "cache"), "--no-progress"]) == 0
-    assert re.search(r"accuracy \d+\.\d\d  \| ECE \d+\.\d\d, NLL \d+\.\d{3} \(after T = [\d.]+: ECE \d+\.\d\d\)",
-                     capsys.readouterr().out)
+                 "--subsample", "new", "--cache-root", str(pets / "cache"), "--no-progress", "--save-predictions"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"accuracy \d+\.\d\d  \| ECE \d+\.\d\d, NLL \d+\.\d{3} \(after T = [\d.]+: ECE \d+\.\d\d\)", out)
+    evaluated = record_path.with_name(f"{record_path.stem}.OxfordPets-new.predictions.npz")
+    assert f"predictions: {evaluated}" in out
+    with np.load(evaluated) as saved:  # the new classes again, as the record's own file holds them
+        assert np.array_equal(saved["new_logits"], load_predictions(record_path)["new_logits"])
     assert main(["report", str(results), "--metrics", "new", "ECE new", "ECE (T) new", "--format", "md", "csv"]) == 0
     table = capsys.readouterr().out
     ece = read_record(record_path)["metrics"]["calibration"]["new"]["ece"]
