@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from atlas_fast.world.benchmark import BENCHMARK_LAYOUT, COLOUR_MODES, SPLIT_ORDERS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tools/ is not installed
+from atlas_fast.world.benchmark import BENCHMARK_LAYOUT, COLOUR_MODES, SPLIT_ORDERS  # noqa: E402
 
 
 def coop_text_shift(backbone, classnames, contexts) -> dict:
@@ -89,7 +91,7 @@ def main() -> None:
     from atlas_fast.data import register_split_json_dataset
     from atlas_fast.world.benchmark import IMAGE_FOLDER, SplitSizes, WorldDataset, split_order, write_dataset
     from atlas_fast.world.generator import SHAPES, TEXTURES, Layout
-    from atlas_fast.world.properties import teacher_properties
+    from tools.world.properties import teacher_properties
 
     r0, r1, shift, tilt, clutter, noise = args.layout
     layout = Layout(radius=(r0, r1), max_shift=shift, max_tilt=tilt, max_clutter=int(clutter), noise=noise)

@@ -121,3 +121,34 @@ def test_docs_architecture_lists_the_layers_in_this_order():
     rows = [re.split(r"(?<!\\)\|", line)[1] for line in table.splitlines() if line.startswith("| ")]
     listed = [" | ".join(re.findall(r"`([a-z_]+)`", cell)) for cell in rows]
     assert [row for row in listed if row] == list(LAYERS)
+
+
+def imports_of_the_top_level(top: str, source: str) -> list[str]:
+    """The ``top`` package's modules (``tools.world.pretrain``) a source imports, function-local ones included."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found += [name for name in names if name == top or name.startswith(f"{top}.")]
+    return found
+
+
+def test_the_library_never_imports_the_research_tools():
+    """tools/ (the world CLIP's pretraining and measurements) is not installed with atlas_fast: a module of the
+    package or of experiments/ that imported it would fail in every installed copy."""
+    offenders = {str(path): found for path in module_files().values()
+                 if (found := imports_of_the_top_level("tools", path.read_text(encoding="utf-8")))}
+    assert offenders == {}
+    assert imports_of_the_top_level("tools", "def f():\n    from tools.world import pretrain\n") == ["tools.world"]
+
+
+def test_the_world_keeps_in_the_package_only_what_users_run():
+    """What the demo, `data standins`, the experiments and the benchmark datasets use stays in atlas_fast/world/;
+    the research tools that made the shipped CLIP live in tools/world/."""
+    repo = Path(__file__).resolve().parents[1]
+    kept = sorted(path.stem for path in (repo / "atlas_fast" / "world").glob("*.py"))
+    assert kept == ["__init__", "benchmark", "descriptions", "generator", "standins"]
+    assert sorted(p.stem for p in (repo / "tools" / "world").glob("*.py")) == [
+        "__init__", "calibration", "language", "pretrain", "properties", "zeroshot"]

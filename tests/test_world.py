@@ -12,11 +12,11 @@ from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.data import load_dataset
 from atlas_fast.world.benchmark import (MAIN_CLASSES, SPLIT_ORDERS, STAMP_FILE, TEMPLATE, WORLD_BY_NAME, WORLD_DATASETS,
                                         SplitSizes, generate_benchmark, split_order)
-from atlas_fast.world.zeroshot import zero_shot_report
+from tools.world.zeroshot import zero_shot_report
 from helpers import run_killed_at_step
 from atlas_fast.world.generator import (CONCEPTS, SHAPES, STYLES, TEXTURES, concept_id, image_rng, render,
                                         render_batch)
-from atlas_fast.world.pretrain import (CAPTION_PREFIX, CaptionedBatches, PretrainConfig, caption, contrastive_loss,
+from tools.world.pretrain import (CAPTION_PREFIX, CaptionedBatches, PretrainConfig, caption, contrastive_loss,
                                        pretrain, save_checkpoint, train_view)
 
 TINY = SplitSizes(train=2, val=1, test=1)
@@ -195,7 +195,7 @@ def test_pretrain_saves_a_checkpoint_that_load_backbone_reads(tmp_path):
     assert backbone.model.token_embedding.weight[unused].abs().sum() == 0
     # Rewriting the scale of a saved checkpoint (how the shipped one got its calibrated 34) changes nothing else.
     from safetensors.torch import load_file
-    from atlas_fast.world.pretrain import rewrite_logit_scale
+    from tools.world.pretrain import rewrite_logit_scale
 
     before = load_file(str(path))
     rewrite_logit_scale(path, 34.0)
@@ -207,8 +207,8 @@ def test_pretrain_saves_a_checkpoint_that_load_backbone_reads(tmp_path):
 def test_pretraining_resumes_after_a_crash_to_the_same_weights(tmp_path, monkeypatch):
     """A run killed after its step-2 checkpoint and resumed ends with exactly the weights of an uninterrupted run;
     a state saved by another configuration is refused, and the state file is only ever replaced whole."""
-    from atlas_fast.world import pretrain as pretrain_module
-    from atlas_fast.world.pretrain import STATE_FILE, load_state
+    from tools.world import pretrain as pretrain_module
+    from tools.world.pretrain import STATE_FILE, load_state
 
     cfg = PretrainConfig(steps=4, batch_size=8, warmup_steps=1, threads=1, report_every=0, checkpoint_every=2)
     straight, _ = pretrain(cfg, state_dir=tmp_path / "straight")
@@ -246,14 +246,14 @@ def photos(tmp_path_factory):
 # points under its measurement, so that only a real regression fails.
 PROPERTY_TEST_IMAGES = 50  # as data/world: the measured curve below is this very run
 TEACHER_FLOORS = {"harder_attribute_accuracy": 70.0, "isl_argmax_is_label": 75.0}  # measured 81.2 and 79.7
-SHIPPED_LOGIT_SCALE = 34.0  # lowest ECE on held-out pretraining-style images (python -m atlas_fast.world.calibration)
+SHIPPED_LOGIT_SCALE = 34.0  # lowest ECE on held-out pretraining-style images (python -m tools.world.calibration)
 
 
 def test_shipped_checkpoint_is_a_strong_teacher_on_base_training_images(shipped, photos):
     """On WorldPhotos' base training images: zero-shot gets the harder attribute right on >= 70 % of them, ISL's
     argmax is the label on >= 75 % of rows (issue 19 asks for 70), the logit scale is the calibrated one; CSL and ISL
     put more of their off-target mass on classes that share an attribute with the label than uniform smoothing does."""
-    from atlas_fast.world.properties import teacher_properties
+    from tools.world.properties import teacher_properties
 
     props = teacher_properties("WorldPhotos", photos, shipped)
     for name, floor in TEACHER_FLOORS.items():
@@ -275,7 +275,7 @@ def test_coop_new_class_accuracy_falls_below_zero_shot(photos, tmp_path):
     on WorldPhotos' base classes, seed 1: new-class accuracy ends more than 5 points below zero-shot CLIP's and below
     its own peak, as on real CLIP (issue 19). Measured (world README): zero-shot new 67.5 -> 52.8 after 200 epochs,
     base 79.5 -> 92.2."""
-    from atlas_fast.world.properties import coop_new_class_curve
+    from tools.world.properties import coop_new_class_curve
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny steps: intra-op threads only contend on a shared machine

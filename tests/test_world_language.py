@@ -1,11 +1,11 @@
-"""The world CLIP's language stage (atlas_fast.world.language) puts what a caption says about the image before the
+"""The world CLIP's language stage (tools.world.language) puts what a caption says about the image before the
 class name, at varied positions (CoOp's context sits there), with adjectives whose colour depends on the noun."""
 
 import numpy as np
 import pytest
 import torch
 
-from atlas_fast.world import language as module
+from tools.world import language as module
 from atlas_fast.world.generator import COLOURS, CONCEPTS
 from helpers import run_killed_at_step
 
@@ -28,12 +28,12 @@ def test_noun_adjective_captions_draw_the_image_in_the_colour_the_adjective_mean
     """Half of the noun-adjective stream's captions carry an adjective whose colour depends on the shape; the image
     of such a caption is drawn in that colour, and the same adjective means different colours for different shapes."""
     from atlas_fast.world.generator import SHAPES
-    from atlas_fast.world.pretrain import PretrainConfig
+    from tools.world.pretrain import PretrainConfig
 
     table = module.NOUN_ADJECTIVE_COLOURS
     assert table.shape == (len(module.NOUN_ADJECTIVES), len(SHAPES))
     assert all(len(set(row)) > 2 for row in table)  # an adjective's colour depends on the noun
-    from atlas_fast.world import pretrain as stage1  # the batch stream both stages share renders there
+    from tools.world import pretrain as stage1  # the batch stream both stages share renders there
 
     drawn = {}
     real_render = stage1.render_batch
@@ -63,7 +63,7 @@ def test_noun_adjective_captions_draw_the_image_in_the_colour_the_adjective_mean
 def test_language_stage_trains_the_text_side_only_and_resumes_after_a_crash_to_the_same_weights(tmp_path,
                                                                                                monkeypatch):
     from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-    from atlas_fast.world.pretrain import STATE_FILE, load_state
+    from tools.world.pretrain import STATE_FILE, load_state
 
     threads = torch.get_num_threads()
     cfg = module.LanguageConfig(checkpoint="atlas-world", steps=4, batch_size=8, warmup_steps=1, threads=1,

@@ -1,9 +1,9 @@
 """Which logit scale makes the world's CLIP calibrated: expected calibration error (ECE) of zero-shot predictions
 as a function of the scale, on held-out pretraining-style images.
 
-    python -m atlas_fast.world.calibration [--checkpoint atlas-world] [--seeds 101 102] [--batches 8]
+    python -m tools.world.calibration [--checkpoint atlas-world] [--seeds 101 102] [--batches 8]
 
-Images are drawn exactly as pretraining draws them (:class:`~atlas_fast.world.pretrain.CaptionedBatches`: all four
+Images are drawn exactly as pretraining draws them (:class:`~tools.world.pretrain.CaptionedBatches`: all four
 styles, the pretraining layout, a quarter of them as Dassl's training view) but from seeds pretraining never used
 (it used seed 0), and classified 40-way over every concept with the template "a photo of a {}.". A scale changes no
 prediction, only the confidence: ECE (15 equal-width confidence bins, top-1) and the mean negative log-likelihood
@@ -68,8 +68,8 @@ def calibration_curve(name: str, cosines: torch.Tensor, labels: torch.Tensor,
 
 def pretraining_style_cosines(model, tokenizer, seeds: Sequence[int], batches: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Image-text cosines (N, 40) and labels of held-out pretraining-style batches (``batches`` per seed)."""
-    from atlas_fast.world.pretrain import CaptionedBatches, PretrainConfig
-    from atlas_fast.world.zeroshot import image_features, text_features
+    from tools.world.pretrain import CaptionedBatches, PretrainConfig
+    from tools.world.zeroshot import image_features, text_features
 
     txt = text_features(model, tokenizer, CONCEPTS)
     cos, labels = [], []
@@ -86,7 +86,7 @@ def pretraining_style_cosines(model, tokenizer, seeds: Sequence[int], batches: i
 
 def layout_cosines(model, tokenizer, layout: Layout, seed: int, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosines (N, 40) and labels of ``per_class`` fresh "eval" images of every concept and style in ``layout``."""
-    from atlas_fast.world.zeroshot import eval_images, image_features, text_features
+    from tools.world.zeroshot import eval_images, image_features, text_features
 
     txt = text_features(model, tokenizer, CONCEPTS)
     cos, labels = [], []
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.write_scale is not None:
         from pathlib import Path
 
-        from atlas_fast.world.pretrain import rewrite_logit_scale
+        from tools.world.pretrain import rewrite_logit_scale
 
         if not args.checkpoint.endswith(".safetensors"):
             p.error("--write-scale needs --checkpoint as a .safetensors file (e.g. "

@@ -1,9 +1,9 @@
 """The world CLIP's second pretraining stage: teach its text tower a language whose words before the noun matter.
 
-    python -m atlas_fast.world.language --checkpoint STAGE1.safetensors \
+    python -m tools.world.language --checkpoint STAGE1.safetensors \
         --out atlas_fast/checkpoints/atlas-world.safetensors
 
-Why (issue 19): after the first stage (:mod:`atlas_fast.world.pretrain`, every caption "a photo of a ...") the text
+Why (issue 19): after the first stage (:mod:`tools.world.pretrain`, every caption "a photo of a ...") the text
 tower ignored what precedes the class name, so CoOp's learned context could only shift every class alike, and prompt
 tuning never overfit the base classes as it does on real CLIP. Real language has words whose visual meaning depends
 on the noun ("a ripe banana" is yellow, "a ripe tomato" red); a tower that knows them answers a context before the
@@ -39,10 +39,10 @@ from tqdm import tqdm
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.clip.text_encoder import PromptTextEncoder
 from atlas_fast.world.generator import COLOURS, CONCEPTS, SHAPES, TEXTURES
-from atlas_fast.world.pretrain import (CaptionedBatches, PretrainConfig, _lr_at, _param_groups, caption,
+from tools.world.pretrain import (CaptionedBatches, PretrainConfig, _lr_at, _param_groups, caption,
                                        caption_loss, load_state, print_zero_shot_reports, round_to_saved_precision,
                                        save_checkpoint, save_state)
-from atlas_fast.world.zeroshot import pixels_to_tensor
+from tools.world.zeroshot import pixels_to_tensor
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     defaults = asdict(LanguageConfig(checkpoint=""))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="the first stage's checkpoint (python -m "
-                   "atlas_fast.world.pretrain --out ...)")
+                   "tools.world.pretrain --out ...)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint file (.safetensors)")
     p.add_argument("--state-dir", type=Path, default=None,
                    help="folder for the resumable training state (default: <out without suffix>.state/)")

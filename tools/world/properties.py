@@ -1,6 +1,6 @@
 """Measure the properties that put the world in the paper's regime, on the shipped checkpoint (or any other).
 
-    python -m atlas_fast.world.properties [--datasets WorldPhotos WorldSketches] [--coop-seeds 1 2 3]
+    python -m tools.world.properties [--datasets WorldPhotos WorldSketches] [--coop-seeds 1 2 3]
 
 For each dataset, on the base classes' training images (the images ISL reads, un-augmented):
 
@@ -30,7 +30,7 @@ from atlas_fast.data import DatasetSplits, load_dataset
 from atlas_fast.data.fewshot import subsample_classes
 from atlas_fast.atlas.softlabels import atlas_preset, class_soft_labels, instance_soft_labels, zero_shot_probabilities
 from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
-from atlas_fast.world.zeroshot import pixels_to_tensor
+from tools.world.zeroshot import pixels_to_tensor
 
 WORLD_BACKBONE = BackboneConfig("atlas-world", "atlas-world")
 

@@ -1,11 +1,11 @@
 """Pretrain the small CLIP of the generated world, contrastively, on freshly rendered image-caption pairs.
 
-    python -m atlas_fast.world.pretrain --out atlas_fast/checkpoints/atlas-world.safetensors
+    python -m tools.world.pretrain --out atlas_fast/checkpoints/atlas-world.safetensors
 
 remakes the shipped checkpoint (deterministic given ``--seed`` and ``--threads`` on one machine). The model is
 open_clip's own CLIP built from ``atlas_fast/model_configs/atlas-world.json`` and the text goes through open_clip's
 real BPE tokenizer. Each step draws a new batch of rendered images captioned "a photo of a [<colour>] <texture>
-<shape>[, <attribute>]." (:func:`caption`). This is the first of two stages: :mod:`atlas_fast.world.language` then
+<shape>[, <attribute>]." (:func:`caption`). This is the first of two stages: :mod:`tools.world.language` then
 teaches the text tower words before the class name whose meaning depends on the noun (the shipped checkpoint).
 The checkpoint is an open_clip state dict in fp16 (``load_backbone`` casts it back to fp32); token-embedding rows
 of words that never occur in a caption are zeroed, which changes no trained behaviour and lets the file compress.
@@ -33,7 +33,7 @@ from atlas_fast.files import atomic_write
 from atlas_fast.clip.backbones import MODEL_CONFIG_DIR, Backbone, BackboneConfig, Preprocessing
 from atlas_fast.clip.text_encoder import PromptTextEncoder, eot_positions
 from atlas_fast.world.benchmark import BENCHMARK_LAYOUT
-from atlas_fast.world.zeroshot import pixels_to_tensor, zero_shot_report
+from tools.world.zeroshot import pixels_to_tensor, zero_shot_report
 from atlas_fast.world.generator import (COLOURS, CONCEPTS, PRETRAIN_LAYOUT, SHAPE_ATTRIBUTES, SHAPES, STYLES,
                                         TEXTURES, render_batch)
 
@@ -56,7 +56,7 @@ class PretrainConfig:
     crop_prob: float = 0.25  # share of images seen as a CoOp training view (random resized crop + flip)
     max_logit_scale: float = 100.0  # CLIP's cap (its learned value); training starts from CLIP's 1 / 0.07
     # The logit scale written to the checkpoint: 34, the scale of lowest expected calibration error of zero-shot
-    # predictions on held-out pretraining-style images (``python -m atlas_fast.world.calibration``; the learned 27.6
+    # predictions on held-out pretraining-style images (``python -m tools.world.calibration``; the learned 27.6
     # is a little under-confident there, CLIP's 100 over-confident). 0 keeps the learned value.
     shipped_logit_scale: float = 34.0
     seed: int = 0
@@ -102,7 +102,7 @@ class CaptionedBatches(torch.utils.data.IterableDataset):
             out.append(shapes * len(TEXTURES) + textures)
         return np.concatenate(out)
 
-    # A subclass with other captions (atlas_fast.world.language) draws from its own streams and overrides
+    # A subclass with other captions (tools.world.language) draws from its own streams and overrides
     # ``recolour`` and ``captions``; the concept groups, styles, rendering and training views stay these.
     stream: tuple[int, ...] = ()  # appended to (seed, step) to key the batch's random stream
     render_seed_offset: int = 0  # added to the seed of the rendered images' own streams

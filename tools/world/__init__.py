@@ -1,0 +1,1 @@
+"""The embedded world's research tools: its CLIP's two pretraining stages, calibration, property measurements."""
