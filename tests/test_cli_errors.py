@@ -169,6 +169,43 @@ def test_a_mismatched_torch_pair_is_one_error_line(monkeypatch, capsys):
     assert len(errors) == 1 and "torch 2.14.1 and torchvision 0.28.0 do not match" in errors[0]
 
 
+def test_a_cpu_torch_beside_pypis_torchvision_is_refused_though_their_numbers_match(monkeypatch, capsys):
+    """torch 2.13.0+cpu with torchvision 0.28.0 passed (the numbers pair) and the demo died with 'operator
+    torchvision::nms does not exist': the builds are compared too, before any import."""
+    from atlas_fast.app.torch_pair import build_problem
+
+    monkeypatch.setattr("atlas_fast.app.torch_pair.installed_pair", lambda: ("2.13.0+cpu", "0.28.0"))
+    assert main(["experiment", "--list"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "torch 2.13.0+cpu is a CPU build and torchvision 0.28.0" in errors[0]
+    assert "torchvision::nms" in errors[0] and '"torchvision==0.28.*" --index-url' in errors[0]
+    for same in (("2.14.1", "0.29.1"), ("2.14.1+cu130", "0.29.1+cu130"), ("2.13.0+cpu", "0.28.0+cpu")):
+        assert build_problem(*same, platform="linux") is None
+    assert build_problem("2.13.0+cpu", "0.28.0", platform="darwin") is None  # PyPI's macOS wheels are CPU builds
+
+
+def test_torchvision_operators_needing_a_library_torch_lacks_are_found_from_the_files(tmp_path):
+    """The installed torchvision's compiled operators (its _C file's ELF needs, read without loading it) against a
+    torch folder holding only a CPU build's libraries: the CUDA libraries it lacks are named."""
+    import glob
+    import importlib.util
+    import os
+
+    from atlas_fast.app.torch_pair import library_problem, needed_libraries
+
+    vision = os.path.dirname(importlib.util.find_spec("torchvision").origin)
+    compiled = sorted(glob.glob(os.path.join(vision, "_C*.so")))
+    if not compiled or "libtorch_cuda.so" not in needed_libraries(compiled[0]):
+        pytest.skip("the installed torchvision is not a CUDA build: nothing a CPU torch would lack")
+    assert "libtorch_cpu.so" in needed_libraries(compiled[0])
+    (tmp_path / "lib").mkdir()
+    for name in ("libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_python.so"):  # a CPU torch's
+        (tmp_path / "lib" / name).write_bytes(b"")
+    problem = library_problem("2.13.0+cpu", "0.28.0", str(tmp_path), vision)
+    assert problem is not None and "libtorch_cuda.so" in problem and "libc10_cuda.so" in problem
+    assert library_problem("2.14.1", "0.29.1") is None  # this machine's own pair loads
+
+
 @pytest.mark.parametrize("argv, hint", [
     (["train", "--method", "cooop"], "unknown method 'cooop' (did you mean 'coop'?); valid: "),
     (["train", "--dataset", "OxfordPetz", "--data-root", "d"], "unknown dataset 'OxfordPetz' (did you mean "
