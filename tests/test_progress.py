@@ -48,3 +48,16 @@ def test_a_terminal_gets_bars_and_no_progress_is_quiet(data, capsys, monkeypatch
     assert "runs:" in err and "train coop" in err  # the sweep's bar and the group's epoch bar
     grid(data, "quiet", progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_from_python_says_how_its_epochs_go_where_no_bar_can_redraw(tmp_path_factory, capsys, monkeypatch):
+    """The README's Python loop printed nothing for the ~36 s of a run's training (bars need a terminal): where
+    standard error is no terminal, ``run`` prints a line about its epochs every so often, as the cache build does."""
+    from atlas_fast.engine import loop, run
+    from helpers import small_pets, tiny_pets_config
+
+    monkeypatch.setattr(loop, "EPOCH_LINE_SECONDS", 0.0)  # a line after every epoch (10 s apart by default)
+    root = small_pets(tmp_path_factory, "epoch_lines")
+    run(tiny_pets_config(root, epochs=3, progress=True))
+    err = capsys.readouterr().err
+    assert "train coop: 1 of 3 epochs (33 %)" in err and "train coop: 2 of 3 epochs (67 %)" in err

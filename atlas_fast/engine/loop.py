@@ -25,7 +25,11 @@ from atlas_fast.engine.graphs import StepGraphs, graphs_available
 from atlas_fast.engine.optim import RunsAdam, RunsOptimizer, RunsSGD
 from atlas_fast.engine.step import RunState, TrainStep, batches_for
 from atlas_fast.methods.base import OptimRecipe, PromptMethod
-from atlas_fast.progress import progress_bar
+from atlas_fast.progress import ProgressLines, progress_bar
+
+#: where no bar can redraw (a log, a notebook's captured output, the README's Python loop), a line about the epochs at
+#: most this often, so a long run is not silent
+EPOCH_LINE_SECONDS = 10.0
 
 
 def lr_at_epoch(recipe: OptimRecipe, epoch: int, lr_scale: float = 1.0) -> float:
@@ -177,6 +181,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     slots = list(range(num_runs))  # the run (index into ``logs``) at each position of the module
     name = method.name + (f" x{num_runs}" if num_runs > 1 else "")
     bar = progress_bar(range(recipe.epochs), desc=f"train {name}", enabled=progress, leave=False)
+    lines = ProgressLines(recipe.epochs, f"train {name}", "epoch", enabled=progress, every=EPOCH_LINE_SECONDS)
     steps = 0  # optimiser steps so far (a schedule over iterations sets the lr of each and stops after the last)
     fallback: str | None = None  # why the step graphs fell back to eager steps (StepGraphs.fallback)
     for epoch in bar:
@@ -229,6 +234,7 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
                                        **extra[slots[r]], **graphed})
         finite = [loss for r, loss in enumerate(epoch_losses) if slots[r] not in retired]
         bar.set_postfix(loss=f"{sum(finite) / max(len(finite), 1):.4f}", lr=f"{lr:.2e}")
+        lines.update(1)
         if recipe.iterations is not None and steps >= recipe.iterations:
             break
         if fork is not None and epoch == fork.after:  # the shared epochs are over: each trunk run into its runs
