@@ -403,3 +403,19 @@ def test_search_help_does_not_import_torch():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env).stdout
     assert "HEAVY []" in out, out[-500:]
+
+
+def test_a_search_config_uses_no_deprecated_name():
+    """SearchConfig's check of its datasets looked them up through the registry's deprecated ``find_spec``, which
+    warned on every search; with DeprecationWarning as an error it builds, and a dataset named twice (two spellings)
+    is still refused."""
+    import warnings
+
+    from atlas_fast.errors import UsageError
+
+    base = TrainConfig("OxfordPets", "d", backbone=BackboneConfig("atlas-tiny", None), device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        SearchConfig(base, {"lr": uniform(0.001, 0.01)}, datasets=["OxfordPets"], seeds=[1])
+        with pytest.raises(UsageError, match="twice"):
+            SearchConfig(base, {"lr": uniform(0.001, 0.01)}, datasets=["OxfordPets", "oxford_pets"], seeds=[1])
