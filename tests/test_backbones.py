@@ -41,6 +41,22 @@ def test_openai_state_dict_file_runs_like_openai_clip(tiny, tmp_path):
     assert loaded.fingerprint != tiny.fingerprint  # fp16-rounded weights are other weights
 
 
+def test_an_openai_layout_file_of_another_architecture_than_the_model_is_refused(tiny, tmp_path):
+    """An OpenAI-layout ``.pt`` whose shapes are no known OpenAI model and not ``--model``'s: refused, naming the
+    file and both architectures (it was loaded as the file's own CLIP and recorded under the asked name,
+    ``ViT-B-16`` with a 64-wide embedding; for KDPL a teacher of another architecture trained unannounced)."""
+    path = tmp_path / "tiny.pt"
+    torch.save(tiny.model.state_dict(), path)
+    for asked in ("ViT-B-16", "atlas-tiny-teacher"):
+        with pytest.raises(backbones.CheckpointError) as caught:
+            load_backbone(BackboneConfig(asked, str(path)))
+        message = str(caught.value)
+        assert message.startswith(f"Cannot load checkpoint {path} as model '{asked}' (embed ")
+        assert ("it holds a CLIP of another architecture (embed 64; vision width 64, 2 layers, patch 8, 32 px; "
+                "text width 64, 2 layers)") in message and "the --model it was trained as" in message
+    assert load_backbone(BackboneConfig("atlas-tiny", str(path))).architecture["embed_dim"] == 64  # its own: loads
+
+
 def test_open_clip_safetensors_file_loads_exactly(tiny, tmp_path):
     path = tmp_path / "tiny.safetensors"
     save_file({k: v.contiguous() for k, v in tiny.model.state_dict().items()}, str(path))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -306,6 +307,7 @@ def test_the_teacher_and_its_dictionary_are_checked_before_any_image_is_encoded(
     (folder / "garbage.pt").write_bytes(b"not a checkpoint")
     torch.save(shared_backbone(BackboneConfig("atlas-tiny", None), torch.device("cpu")).model.state_dict(),
                folder / "student.bin")  # an open_clip file of another architecture than the teacher's
+    shutil.copy(folder / "student.bin", folder / "student.pt")  # the same in OpenAI's layout (it trained unannounced)
     (folder / "latin1.txt").write_bytes("caf\xe9\nna\xefve\n".encode("latin-1"))
 
     def train(*options):
@@ -320,12 +322,16 @@ def test_the_teacher_and_its_dictionary_are_checked_before_any_image_is_encoded(
          "error: KDPL's teacher ViT-Nope (none) cannot be loaded: Unknown model 'ViT-Nope'"),
         ([teacher, f"teacher_pretrained={folder / 'missing.pt'}"],
          f"error: KDPL's teacher atlas-tiny-teacher ({folder / 'missing.pt'}) cannot be loaded: checkpoint file not "
-         f"found: {folder / 'missing.pt'} (its folder holds garbage.pt, student.bin)"),
+         f"found: {folder / 'missing.pt'} (its folder holds garbage.pt, student.bin, student.pt)"),
         ([teacher, f"teacher_pretrained={folder / 'garbage.pt'}"],
          f"error: KDPL's teacher atlas-tiny-teacher ({folder / 'garbage.pt'}) cannot be loaded: Cannot load checkpoint "
          f"{folder / 'garbage.pt'}"),
         ([teacher, f"teacher_pretrained={folder / 'student.bin'}"],
          "its weights do not fit this architecture"),
+        ([teacher, f"teacher_pretrained={folder / 'student.pt'}"],
+         "it holds a CLIP of another architecture (embed 64; vision width 64, 2 layers, patch 8, 32 px; text width 64, "
+         "2 layers). Pass a complete CLIP checkpoint (OpenAI .pt, open_clip .bin/.pt/.safetensors) and the "
+         "teacher=MODEL it was trained as."),
         ([teacher, "teacher_pretrained=none", "class_agnostic=true", f"agnostic_classnames={folder / 'none.csv'}"],
          f"error: KDPL's class-agnostic dictionary {folder / 'none.csv'} cannot be read (No such file or directory); "
          f"give a UTF-8 file of class names with --method-option agnostic_classnames=FILE"),

@@ -5,8 +5,8 @@ A backbone is named by a :class:`BackboneConfig`:
 * ``model="ViT-B-16", pretrained="openai"`` -- an open_clip model name with a pretrained tag, downloaded on the
   user's machine the way open_clip does it (QuickGELU is switched on when the tag needs it, as OpenAI's CLIP has it);
 * ``pretrained="/path/to/ViT-B-16.pt"`` -- a local file: OpenAI's JIT/state-dict ``.pt`` (as CoOp users have it,
-  the architecture is read from the weights) or an open_clip ``.bin``/``.pt``/``.safetensors`` checkpoint for
-  ``model``;
+  the architecture is read from the weights; one that is no known OpenAI shape and not ``model``'s is refused) or
+  an open_clip ``.bin``/``.pt``/``.safetensors`` checkpoint for ``model``;
 * ``pretrained=None`` -- random weights from the model's config, seeded by ``init_seed`` (tests, benchmarks).
 
 Model configs shipped in ``atlas_fast/model_configs/`` (e.g. ``atlas-tiny``) are registered with open_clip, so they
@@ -268,10 +268,17 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
         try:
             if _is_openai_checkpoint(path):
                 model = open_clip.load_openai_model(str(path), precision="fp32", device="cpu")
-                name = _openai_name_for(model, name)
+                asked, name = name, _openai_name_for(model, name)
+                if name == asked and (held := _other_architecture(model, asked)) is not None:
+                    raise CheckpointError(
+                        f"Cannot load checkpoint {path} as model {_architecture_summary(asked)}: it holds a CLIP of "
+                        f"another architecture ({held}). Pass a complete CLIP checkpoint (OpenAI .pt, open_clip "
+                        f".bin/.pt/.safetensors) and the --model it was trained as.")
             else:
                 model = open_clip.create_model(name, pretrained=str(path),
                                                force_quick_gelu=_wants_quick_gelu(name, None))
+        except CheckpointError:
+            raise
         except Exception as exc:  # torch, safetensors and open_clip raise many types for a bad file
             raise CheckpointError(_checkpoint_message(path, name, exc)) from exc
     elif (missing := missing_weights_message(pretrained, "checkpoint file")) is not None:
@@ -443,6 +450,37 @@ def _openai_name_for(model: nn.Module, fallback: str) -> str:
     width, patch = conv.weight.shape[0], conv.weight.shape[-1]
     known = {(768, 16): "ViT-B-16", (768, 32): "ViT-B-32", (1024, 14): "ViT-L-14"}
     return known.get((int(width), int(patch)), fallback)
+
+
+
+def _other_architecture(model: nn.Module, name: str) -> str | None:
+    """The shape of ``model`` (an OpenAI-layout file's CLIP, built from its weights) in the words of
+    :func:`_architecture_summary` when it is not open_clip's config ``name`` (embedding, towers' widths and depths,
+    patch, image size; a ResNet tower's width is not compared); None when it is, or ``name`` has no config."""
+    try:
+        cfg = open_clip.get_model_config(name) or {}
+    except Exception:
+        cfg = {}
+    if not cfg:
+        return None
+    vision, text = cfg.get("vision_cfg", {}), cfg.get("text_cfg", {})
+    conv = getattr(model.visual, "conv1", None)
+    vit = type(model.visual).__name__ == "VisionTransformer" and conv is not None
+    held = {"embed": int(model.text_projection.shape[1]), "text width": int(model.token_embedding.weight.shape[1]),
+            "text layers": len(model.transformer.resblocks), "px": _image_size(model)}
+    wanted = {"embed": cfg.get("embed_dim"), "text width": text.get("width"), "text layers": text.get("layers"),
+              "px": vision.get("image_size")}
+    if vit:
+        held.update({"vision width": int(conv.weight.shape[0]), "vision layers": len(model.visual.transformer.resblocks),
+                     "patch": int(conv.weight.shape[-1])})
+        wanted.update({"vision width": vision.get("width"), "vision layers": vision.get("layers"),
+                       "patch": vision.get("patch_size")})
+    if all(wanted[key] is None or wanted[key] == value for key, value in held.items()):
+        return None
+    tower = (f"vision width {held['vision width']}, {held['vision layers']} layers, patch {held['patch']}, "
+             if vit else "")
+    return (f"embed {held['embed']}; {tower}{held['px']} px; text width {held['text width']}, "
+            f"{held['text layers']} layers")
 
 
 _SHARED: dict[tuple, Backbone] = {}
