@@ -1,5 +1,7 @@
 """R runs trained as one module give the records of the same runs trained alone: learned tensors, per-epoch losses
-and metrics at 1e-5, for runs that differ in seed, shots (training-set size), label schedule and soft labels."""
+and metrics at 1e-5, for runs that differ in seed, shots (training-set size), label schedule and soft labels. The
+methods are every registered one that batches on cached features (tests/registry_cases.py says which run by
+default)."""
 
 
 import pytest
@@ -7,14 +9,15 @@ import torch
 
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.pipeline import run_group, stack_runs
+from atlas_fast.methods.base import method_class
 from atlas_fast.methods.coop import CoOpConfig
-from atlas_fast.methods.tcp import TCPConfig
 from atlas_fast.engine.record import load_learned
 from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
 from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.engine import TrainConfig, run
 from helpers import assert_same_calibration
 from layouts import make_oxford_pets
+from registry_cases import batches_cached_features, cases, small_options
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,10 +29,13 @@ def pets(tmp_path_factory):
     return root
 
 
-def _configs(root, results, method_config=None, method="coop"):
+def _configs(root, results, method_config=None, method="coop", method_options=None):
     common = dict(dataset="OxfordPets", data_root=root / "data", backbone=BackboneConfig("atlas-tiny", None),
                   method=method, epochs=4, views=2, batch_size=4, lr=0.05, device="cpu", cache_root=root / "cache",
-                  results_dir=root / results, progress=False, method_config=method_config)
+                  results_dir=root / results, progress=False, method_config=method_config,
+                  method_options=method_options or None)
+    if not method_class(method).uses_labels:  # a label-free method's runs differ in seed and shots only
+        return [TrainConfig(**common, seed=seed, shots=shots) for seed, shots in ((1, 5), (2, 2), (3, 7), (1, 4))]
     return [
         TrainConfig(**common, seed=1, shots=5, schedule=OneHot()),
         TrainConfig(**common, seed=2, shots=2, schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl")),
@@ -39,7 +45,9 @@ def _configs(root, results, method_config=None, method="coop"):
     ]
 
 
-def _assert_equal_records(batched, alone):
+def _assert_equal_records(batched, alone, noisy=False):
+    """Batched records equal lone ones: learned tensors to 1e-5 and calibration figures to 1e-3, or for a ``noisy``
+    method (:data:`registry_cases.NOISY`) to 2e-4 and 2e-3."""
     for b, a in zip(batched, alone):
         assert b["key"] == a["key"] and b["path"] != a["path"] and b["config"] == a["config"]
         assert b["data"] == a["data"]
@@ -49,23 +57,30 @@ def _assert_equal_records(batched, alone):
         for name in b["metrics"].keys() - {"zero_shot", "calibration"}:
             assert b["metrics"][name] == pytest.approx(a["metrics"][name], abs=1e-5)
         assert b["metrics"]["zero_shot"] == a["metrics"]["zero_shot"]
-        assert_same_calibration(b["metrics"]["calibration"], a["metrics"]["calibration"])
+        assert_same_calibration(b["metrics"]["calibration"], a["metrics"]["calibration"], abs=2e-3 if noisy else 1e-3)
         per_epoch = [e.get("accuracy") for e in b["epochs"]]
         assert per_epoch == [e.get("accuracy") for e in a["epochs"]]
         for name, tensor in load_learned(b["path"]).items():
             # float32 defaults: atol 1e-5 plus rtol 1.3e-6 (float reordering in the R x C text pass on values ~10)
-            torch.testing.assert_close(tensor, load_learned(a["path"])[name], atol=1e-5, rtol=1.3e-6)
+            torch.testing.assert_close(tensor, load_learned(a["path"])[name], atol=2e-4 if noisy else 1e-5,
+                                       rtol=1.3e-6, msg=lambda text, name=name: f"{name}: {text}")
 
 
-@pytest.mark.parametrize("method, method_config", [
-    ("coop", None), ("coop", CoOpConfig(n_ctx=3, csc=True)), ("cocoop", None), ("kgcoop", None),
-    ("dept-coop", None), ("dept-cocoop", None), ("dept-kgcoop", None), ("tcp", TCPConfig(depth=2))],
-    ids=["coop-paper-init", "coop-random-csc", "cocoop", "kgcoop", "dept-coop", "dept-cocoop", "dept-kgcoop", "tcp"])
-def test_batched_runs_equal_runs_trained_alone(pets, method, method_config):
-    suffix = f"{method}-{'csc' if method_config is not None else 'recipe'}"
-    alone = [run(config) for config in _configs(pets, f"alone-{suffix}", method_config, method)]
+@pytest.mark.parametrize("method", cases(batches_cached_features))
+def test_batched_runs_equal_runs_trained_alone(pets, method):
+    _check_batched_equals_alone(pets, method, None, f"{method}-recipe")
+
+
+def test_batched_runs_with_class_specific_random_contexts_equal_runs_trained_alone(pets):
+    """CoOp's other initialisation (random class-specific contexts) batches as its paper init does."""
+    _check_batched_equals_alone(pets, "coop", CoOpConfig(n_ctx=3, csc=True), "coop-csc")
+
+
+def _check_batched_equals_alone(pets, method, method_config, suffix):
+    options = small_options(method, pets / "data", []) if method_config is None else {}
+    alone = [run(config) for config in _configs(pets, f"alone-{suffix}", method_config, method, options)]
     assert len({r["data"]["num_train"] for r in alone}) == 4  # the training sets differ in size
-    batched = run_group(_configs(pets, f"batched-{suffix}", method_config, method))
+    batched = run_group(_configs(pets, f"batched-{suffix}", method_config, method, options))
     assert all(r["timings"]["batch_runs"] == 4 for r in batched)
     _assert_equal_records(batched, alone)
     # the learned tensors moved away from their (seeded) initialisation, differently per run

@@ -1,6 +1,8 @@
-"""R pixel runs (IVLP, MaPLe, PromptSRC, DePT-MaPLe, MMRL) trained as one module give every run the record of training it
-alone: per-epoch losses, learned tensors and metrics at the tolerances of tests/test_batched.py, for runs that differ
-in seed, shots, label schedule and soft labels."""
+"""R pixel runs trained as one module give every run the record of training it alone: per-epoch losses, learned
+tensors and metrics at the tolerances of tests/test_batched.py, for runs that differ in seed, shots, label schedule
+and soft labels. The methods are every registered one that batches on pixels (tests/registry_cases.py); the default
+run trains groups of 2 runs of each file's first such method and a group of 4 of the first such method overall, the
+slow suite groups of 2 and 4 of every one."""
 
 import pytest
 import torch
@@ -10,23 +12,15 @@ from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.pipeline import run_group
-from atlas_fast.methods.dept import DePTMaPLeConfig
-from atlas_fast.methods.ivlp import IVLPConfig
-from atlas_fast.methods.maple import MaPLeConfig
-from atlas_fast.methods.mmrl import MMRLConfig
-from atlas_fast.methods.promptsrc import PromptSRCConfig
+from atlas_fast.methods.base import method_class
 from layouts import make_oxford_pets
+from registry_cases import NOISY, batches_pixels, capable, cases, small_options
 from test_batched import _assert_equal_records
 
 TINY = BackboneConfig("atlas-tiny", None)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-CONFIGS = {"ivlp": IVLPConfig(n_ctx_text=2, n_ctx_vision=2, depth_text=2, depth_vision=2),
-           "maple": MaPLeConfig(n_ctx=2, depth=2),
-           "promptsrc": PromptSRCConfig(depth_text=2, depth_vision=2, gpa_mean=2, gpa_std=1),
-           "dept-maple": DePTMaPLeConfig(n_ctx=2, depth=2),
-           "mmrl": MMRLConfig(depth=1, rep_dim=16)}
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +30,18 @@ def pets(tmp_path_factory):
     return root
 
 
+def options(root, method):
+    from atlas_fast.data import load_dataset
+
+    return small_options(method, root / "data", load_dataset("OxfordPets", root / "data").classnames)
+
+
 def pixel_configs(root, method, results):
     common = dict(dataset="OxfordPets", data_root=root / "data", backbone=TINY,
-                  method=method, method_config=CONFIGS[method], epochs=3, views=2, batch_size=3, lr=0.02,
+                  method=method, method_options=options(root, method), epochs=3, views=2, batch_size=3, lr=0.02,
                   device="cpu", cache_root=root / "cache", results_dir=root / results, progress=False, workers=0)
+    if not method_class(method).uses_labels:  # a label-free method's runs differ in seed (no schedules to vary)
+        return [TrainConfig(**common, seed=seed, shots=4) for seed in (1, 4, 2, 3)]
     return [
         TrainConfig(**common, seed=1, shots=4, schedule=OneHot()),
         TrainConfig(**common, seed=1, shots=4, schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl")),
@@ -48,16 +50,22 @@ def pixel_configs(root, method, results):
     ]
 
 
-# MMRL's two runs already differ in batch size (shots 2 and 5); its four-run case is in the slow suite
-@pytest.mark.parametrize("method,runs", [(method, runs) for runs in (4, 2) for method in CONFIGS
-                                         if (method, runs) != ("mmrl", 4)]
-                         + [pytest.param("mmrl", 4, marks=pytest.mark.slow)])
+def _groups():
+    """Groups of 2 runs per :func:`registry_cases.cases`; groups of 4 in the slow suite, but for the first method
+    (the 2-run groups already differ in seed, shots, schedule, soft labels and batch size)."""
+    first = capable(batches_pixels)[0]
+    return ([pytest.param(p.values[0], 2, id=f"{p.id}-2", marks=p.marks) for p in cases(batches_pixels)]
+            + [pytest.param(name, 4, id=f"{name}-4", marks=() if name == first else pytest.mark.slow)
+               for name in capable(batches_pixels)])
+
+
+@pytest.mark.parametrize("method,runs", _groups())
 def test_batched_pixel_runs_equal_runs_trained_alone(pets, method, runs):
     configs = pixel_configs(pets, method, f"alone-{method}")[-runs:]
     alone = [run(config) for config in configs]
     batched = run_group(pixel_configs(pets, method, f"batched-{method}-{runs}")[-runs:])
     assert all(r["timings"]["batch_runs"] == runs for r in batched)
-    _assert_equal_records(batched, alone)
+    _assert_equal_records(batched, alone, method in NOISY)
 
 
 @pytest.mark.parametrize("method", ["maple", "promptsrc"])
@@ -68,7 +76,7 @@ def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pet
     import atlas_fast.engine.pipeline as pipeline
 
     common = dict(dataset="OxfordPets", data_root=pets / "data", backbone=TINY, method=method,
-                  method_config=CONFIGS[method], epochs=3, views=3, batch_size=3, lr=0.02, device="cpu",
+                  method_options=options(pets, method), epochs=3, views=3, batch_size=3, lr=0.02, device="cpu",
                   cache_root=pets / "cache", progress=False, workers=0, shots=4)
 
     def group(results):

@@ -1,6 +1,9 @@
-"""The pixel input path (IVLP, MaPLe, PromptSRC) end to end on the tiny model and a synthetic OxfordPets: seeded
-views are the cached views, PromptSRC reads its frozen features from the cache, runs are deterministic and
-evaluable on new classes, and ATLaS reaches the pixel methods."""
+"""The pixel input path end to end on the tiny model and a synthetic OxfordPets: seeded views are the cached views,
+PromptSRC reads its frozen features from the cache, runs are deterministic and evaluable on new classes, and ATLaS
+reaches the pixel methods: every registered method that reads pixels (tests/registry_cases.py says which run by
+default)."""
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ from atlas_fast.atlas.schedules import Atlas
 from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.engine import TrainConfig, run
 from layouts import make_oxford_pets
+from registry_cases import cases, reads_pixels, small_options
 
 TINY = BackboneConfig("atlas-tiny", None)
 CONFIGS = {"ivlp": IVLPConfig(n_ctx_text=2, n_ctx_vision=2, depth_text=2, depth_vision=2),
@@ -118,21 +122,28 @@ def test_views_too_large_to_preload_are_read_once_per_epoch_for_the_runs_sharing
     assert reads == [[1], [2], [1]]  # one read per epoch for the four runs
 
 
-@pytest.mark.parametrize("method", ["ivlp", "maple", "promptsrc", "dept-maple"])
+@pytest.mark.parametrize("method", cases(reads_pixels))
 def test_pixel_method_end_to_end_with_and_without_atlas(pets, method):
-    plain = run(pixel_config(pets, method, results_dir=pets / f"e2e-{method}"))
-    atlas = run(pixel_config(pets, method, results_dir=pets / f"e2e-{method}", schedule=Atlas(2),
-                             soft_labels=atlas_preset("base2new", "ls")))
-    for record in (plain, atlas):
+    """A run trains and evaluates on base, new and all classes, its saved learned tensors evaluate as it did, and
+    ATLaS changes the soft epochs of a method that trains on labels (a label-free one refuses label schedules)."""
+    from atlas_fast.methods.base import method_class
+
+    options = small_options(method, pets / "data", load_dataset("OxfordPets", pets / "data").classnames)
+    config = pixel_config(pets, method, method_config=None, method_options=options, results_dir=pets / f"e2e-{method}")
+    plain = run(config)
+    labels = method_class(method).uses_labels
+    atlas = run(replace(config, schedule=Atlas(2), soft_labels=atlas_preset("base2new", "ls"))) if labels else None
+    for record in filter(None, (plain, atlas)):
         metrics = record["metrics"]
         assert set(metrics) >= {"base", "new", "all", "H"}
         assert metrics["H"] == pytest.approx(harmonic_mean(metrics["base"], metrics["new"]))
         assert record["data"]["num_test"] == {"base": 6, "new": 6, "all": 12}
         assert all(torch.isfinite(torch.tensor(row["loss"])) for row in record["epochs"])
         assert record["config"]["method"] == method
-    assert [row["soft"] for row in atlas["epochs"]] == [False, True, False]
-    assert [row["loss"] for row in plain["epochs"]][1] != [row["loss"] for row in atlas["epochs"]][1]
-    # the saved prompts evaluate on the new classes exactly as the run did
+    if atlas is not None:
+        assert [row["soft"] for row in atlas["epochs"]] == [False, True, False]
+        assert [row["loss"] for row in plain["epochs"]][1] != [row["loss"] for row in atlas["epochs"]][1]
+    # the saved learned tensors evaluate on the new classes exactly as the run did
     again = evaluate_saved(plain["path"], "OxfordPets", pets / "data", subsample="new",
                             cache_root=pets / "cache", device="cpu", progress=False)
     assert again["accuracy"] == pytest.approx(plain["metrics"]["new"])

@@ -127,3 +127,25 @@ def test_the_static_method_catalogue_agrees_with_the_registry():
     shipped = {name: cls.learns for name, cls in METHODS.items() if cls.__module__.startswith("atlas_fast.methods.")}
     assert declared_methods() == dict(sorted(shipped.items()))
     assert set(method_names(learning_only=True)) >= {name for name, learns in shipped.items() if learns}
+
+
+def test_capability_tests_cover_every_registered_method_that_declares_it(monkeypatch):
+    """The batched and pixel-path tests take their methods from the registry (tests/registry_cases.py): a newly
+    registered method that batches on pixels is a case at once, in the slow suite when its file already has one in
+    the default run, in the default run when its file is new."""
+    from atlas_fast.methods.base import METHODS
+    from atlas_fast.methods.maple import MaPLe
+    from registry_cases import batches_pixels, cases, reads_pixels
+
+    def names(params, slow):
+        return [p.values[0] for p in params if any(m.name == "slow" for m in p.marks) == slow]
+
+    assert names(cases(reads_pixels), False) + names(cases(reads_pixels), True) != []
+    assert set(names(cases(batches_pixels), False)) >= {"ivlp", "maple", "promptsrc"}
+    assert "dept-maple" in names(cases(batches_pixels), False) and "mmrl++" in names(cases(batches_pixels), True)
+    sibling = type("MaPLeSibling", (MaPLe,), {"name": "maple-sibling", "__module__": MaPLe.__module__})
+    elsewhere = type("Elsewhere", (MaPLe,), {"name": "elsewhere", "__module__": "plugin.elsewhere"})
+    monkeypatch.setitem(METHODS, "maple-sibling", sibling)
+    monkeypatch.setitem(METHODS, "elsewhere", elsewhere)
+    assert "maple-sibling" in names(cases(batches_pixels), True)
+    assert "elsewhere" in names(cases(batches_pixels), False)
