@@ -210,3 +210,21 @@ def test_heading_and_plot_say_the_shots_the_runs_had_and_the_note_is_said_once(t
     heading = "Base-to-new generalisation, 4 shots per class (16 asked; no class held more)"
     assert f"## {heading}\n" in markdown
     assert titles == [f"{heading} [epochs=2, batch=3, lr=0.05, views=1, backbone=atlas-tiny]"]
+
+
+def test_clip_lora_s_few_shot_order_shows_in_the_label_and_the_report_names_the_default():
+    """``--fewshot-order clip-lora`` trains on other images: its label says so (both orders printed the same
+    ``clip-lora-text [epochs=2, ...]``), and a report row of the default order reads ``fewshot_order=coop`` (it read
+    ``fewshot_order=None``: the default is not stored)."""
+    from atlas_fast.engine.deviations import run_name
+    from atlas_fast.report.collect import label_records
+
+    def described(**changes):
+        return {"method": "coop", "schedule": {"name": "onehot"}, "setting": "base2new", "shots": 16,
+                "dataset": "OxfordPets", "recipe": {}, "seed": 1, "backbone": {"model": "ViT-B-16"}, **changes}
+
+    assert run_name(described(fewshot_order="clip-lora")) == "coop [fewshot_order=clip-lora]"
+    assert run_name(described()) == "coop"
+    labelled = label_records([{"config": described(), "created": "1"},
+                              {"config": described(fewshot_order="clip-lora"), "created": "2"}])
+    assert [r["label"] for r in labelled] == ["CoOp (fewshot_order=coop)", "CoOp (fewshot_order=clip-lora)"]

@@ -59,12 +59,15 @@ def _recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str,
 
 # Method config fields that are no choice of the user's (the runs a group trains together)
 NOT_OPTIONS = {"num_runs"}
+# Run fields a described configuration (a record's ``config``) holds only when they are not these defaults
+# (:func:`atlas_fast.engine.spec.describe`): a record without one ran with the default.
+UNSTORED_DEFAULTS = {"fewshot_order": "coop"}
 
 
 def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
     """Dotted config field -> printed ``name=value`` for every field of ``config`` (a record's ``config``) that
     differs from its method's recipe or the paper's presets, in the order θ, τ_c, α, δ, w, top_k, K, epochs, batch,
-    lr, shots, views, backbone, then the method's options (``depth=2``, KDPL's ``teacher=ViT-B-32``: every field of
+    lr, shots, fewshot_order, views, backbone, then the method's options (``depth=2``, KDPL's ``teacher=ViT-B-32``: every field of
     its method config that is not the recipe's). Fields a record lacks (older records) are not compared."""
     from atlas_fast.atlas.softlabels import atlas_preset
     from atlas_fast.atlas.variants import ATLAS_PERIODS
@@ -99,6 +102,9 @@ def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
                 found[f"recipe.{name}"] = recipe[name]
     if setting in ("base2new", "cross_dataset") and config.get("shots") not in (None, PAPER_SHOTS):
         found["shots"] = config["shots"]
+    for name, default in UNSTORED_DEFAULTS.items():  # CLIP-LoRA's K-shot draw: other training images
+        if config.get(name, default) != default:
+            found[name] = config[name]
     if "views" in config and "epochs" in recipe and config["views"] != recipe["epochs"]:
         found["views"] = config["views"]
     model = (config.get("backbone") or {}).get("model")

@@ -23,7 +23,7 @@ import torch
 
 from atlas_fast.clip.backbones import Backbone, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device, resolve_precision
-from atlas_fast.engine.deviations import run_name
+from atlas_fast.engine.deviations import UNSTORED_DEFAULTS, run_name
 from atlas_fast.engine.graphs import graph_steps_refusal
 from atlas_fast.engine.run_identity import config_key, data_record_key
 from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, method_class
@@ -112,7 +112,7 @@ def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig,
     }
     if config.snapshot_epochs:  # the learned file holds more: such a run is another record (and only then)
         described["snapshot_epochs"] = list(config.snapshot_epochs)
-    if config.fewshot_order != "coop":  # another K-shot draw of the seed: another run (named only then)
+    if config.fewshot_order != UNSTORED_DEFAULTS["fewshot_order"]:  # another K-shot draw: another run (named then)
         described["fewshot_order"] = config.fewshot_order
     return described
 

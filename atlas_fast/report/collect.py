@@ -148,7 +148,12 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _signature(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in _flat(config).items() if k.split(".")[0] not in _NOT_A_VARIANT}
+    """The record's variant fields, with the defaults a record does not store filled in (a row of the default few-shot
+    order reads ``fewshot_order=coop`` beside a CLIP-LoRA-order row, not ``None``)."""
+    from atlas_fast.engine.deviations import UNSTORED_DEFAULTS
+
+    flat = {**UNSTORED_DEFAULTS, **_flat(config)}
+    return {k: v for k, v in flat.items() if k.split(".")[0] not in _NOT_A_VARIANT}
 
 
 def _base_label(config: dict[str, Any]) -> str:
@@ -186,7 +191,7 @@ def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, 
     order), the plain method first in its block, then the ATLaS variants; one record per seed and row (of two, the
     newer one is kept, with a warning naming both files, and the older one appended to ``left_out`` when given)."""
     from atlas_fast.atlas.variants import row_order
-    from atlas_fast.engine.deviations import deviation_note, run_deviations
+    from atlas_fast.engine.deviations import UNSTORED_DEFAULTS, deviation_note, run_deviations
     from atlas_fast.methods import METHODS
     from atlas_fast.report.rows import method_name
 
@@ -213,8 +218,9 @@ def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, 
             suffix = ", ".join(f"{names[k]}={_value_text(v)}" for k, v in zip(varying, values))
             name = f"{base} ({suffix})" if suffix else base
             marks = tuple((k, t) for k, t in run_deviations(record["config"]).items() if k not in varying)
+            ranks = [(-1, "") if UNSTORED_DEFAULTS.get(k, ...) == v else _sortable(v) for k, v in zip(varying, values)]
             labelled.append({**record, "table": table, "label": name + deviation_note(record["config"], varying),
-                             "row_name": name, "marks": marks, "_values": values})
+                             "row_name": name, "marks": marks, "_values": ranks})  # a default's row first
 
     registry = ["zsclip"] + [m for m in METHODS if m != "zsclip"]
 
@@ -224,7 +230,7 @@ def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, 
         return (record["table"][0], record["table"][1],
                 registry.index(c["method"]) if c["method"] in registry else len(registry), c["method"],
                 *row_order(schedule, soft), _sortable(schedule.get("period", 0)),
-                [_sortable(v) for v in record["_values"]], record["label"], c["dataset"], c["seed"])
+                record["_values"], record["label"], c["dataset"], c["seed"])
 
     kept: dict[tuple, dict[str, Any]] = {}
     for record in sorted(labelled, key=order):
