@@ -10,15 +10,20 @@ import torch
 import atlas_fast.engine.pixels as pixels_module
 from atlas_fast.atlas.schedules import Atlas, OneHot
 from atlas_fast.atlas.softlabels import atlas_preset
-from atlas_fast.clip.backbones import shared_backbone
+from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.clip.transforms import load_views
 from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
 from atlas_fast.engine import TrainConfig
 from atlas_fast.engine.pipeline import run_group
 from atlas_fast.engine.pixels import DecodingPool, ImageViews, ViewFeed
-from atlas_fast.methods.base import build_method
+from atlas_fast.methods.base import build_method, method_class
 from layouts import make_oxford_pets
-from test_batched_pixels import CONFIGS, TINY
+from registry_cases import SMALL_OPTIONS
+
+TINY = BackboneConfig("atlas-tiny", None)
+# each method's config at its small setting for the tiny model (tests/registry_cases.py)
+CONFIGS = {name: method_class(name).config_class(**SMALL_OPTIONS[name])
+           for name in ("ivlp", "maple", "promptsrc", "dept-maple")}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -83,7 +88,8 @@ def test_a_run_left_behind_is_an_error_not_a_second_decode(pets):
 
 def test_a_group_decodes_each_view_of_a_step_and_each_test_image_once(pets, monkeypatch):
     """Four runs (two seeds x two label variants; a seed's variants read the same images in the same order):
-    training decodes each (image, view) of a step once, evaluation each test image once for base, new and all."""
+    training decodes each (image, view) of a step once, evaluation each test image once for base, new and all, and
+    each few-shot validation image once (the temperature scaling's)."""
     calls = []
 
     def counting(impath, key, views, spec):
@@ -111,8 +117,12 @@ def test_a_group_decodes_each_view_of_a_step_and_each_test_image_once(pets, monk
                              for i in order[4 * step:4 * step + 4].tolist()})
     trained = [c for c in calls if c[1] != (0,)]
     assert len(trained) == expected < 4 * 2 * len(trains[0])  # 4 runs x 2 epochs decoding alone
+    # evaluation decodes each test image once, and each few-shot validation image of the training classes once (the
+    # temperature of the calibration figures is fitted on their logits, scored in the same pass; by design)
     tested = [key for key, views in calls if views == (0,)]
-    assert len(tested) == len(set(tested)) == records[0]["data"]["num_test"]["all"]
+    validation = {item.key for seed in (1, 2) for item in split(pets, seed).val}
+    assert validation and validation <= set(tested)
+    assert len(tested) == len(set(tested)) == records[0]["data"]["num_test"]["all"] + len(validation)
 
 
 @pytest.mark.parametrize("method", ["ivlp", "maple", "promptsrc", "dept-maple"])
