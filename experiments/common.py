@@ -23,7 +23,6 @@ from atlas_fast.app.options import (add_download, add_method_options, add_method
                                     resolve_backbone, train_config)
 from atlas_fast.data.check import require_layouts
 from atlas_fast.errors import UsageError
-from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import EXECUTORS
 from atlas_fast.report.figures import plot_rows
 from atlas_fast.report.formats import latex_label, latex_table, markdown_table, write_csv
@@ -270,8 +269,3 @@ def write_table(rows: Sequence[TableRow], name: str, title: str, out: str | Path
     write_csv(rows, Path(out) / f"{name}.csv")
     plot_rows(rows, Path(out) / f"{name}.png")
     return publish(out, f"{name}.md", markdown_table(rows, title))
-
-
-# Moved to atlas_fast.app.options (train, the demo and the experiments share it).
-__getattr__ = moved_names(__name__, {"world_method_options": "atlas_fast.app.options:world_method_options",
-                                     "WORLD_TOWER_LAYERS": "atlas_fast.app.options:WORLD_TOWER_LAYERS"})

@@ -24,7 +24,7 @@ LAYERS = (
     "data",
     "clip",
     "threads",
-    "files | errors | progress | vocabulary | renames",
+    "files | errors | progress | vocabulary",
 )
 
 

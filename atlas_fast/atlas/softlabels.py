@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.data.base import DatasetSplits
 from atlas_fast.files import atomic_write, blake2b_hex
-from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import DELTAS as _DELTAS, SOFT_LABEL_KINDS, Delta, SoftLabelKind
 
 STORE_VERSION = 1
@@ -246,10 +245,3 @@ def _store_key(config: SoftLabelConfig, backbone: Backbone, splits: DatasetSplit
     if config.kind in ("isl", "mix"):
         digest.update(features.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-# Moved to atlas_fast.vocabulary (the one home of the run's words).
-__getattr__ = moved_names(__name__, {"KINDS": "atlas_fast.vocabulary:SOFT_LABEL_KINDS",
-                                     "DELTAS": "atlas_fast.vocabulary:DELTAS",
-                                     "SoftLabelKind": "atlas_fast.vocabulary:SoftLabelKind",
-                                     "Delta": "atlas_fast.vocabulary:Delta"})

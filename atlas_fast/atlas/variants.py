@@ -18,7 +18,6 @@ from typing import Any, Mapping, Sequence
 
 from atlas_fast.atlas.schedules import Atlas, Joint, LabelSchedule, OneHot, OnlineLabelSmoothing, TeacherFreeKD
 from atlas_fast.atlas.softlabels import SoftLabelConfig, atlas_preset
-from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import (NO_SOFT_LABELS, PAPER_SOFT_LABEL_KINDS, SCHEDULE_CHOICES as _SCHEDULE_CHOICES, SCHEDULES,
                                    SOFT_LABEL_CHOICES, SOFT_LABEL_KINDS, SOFT_LABEL_SCHEDULES)
 
@@ -160,8 +159,3 @@ def run_label(method: str, schedule: Mapping[str, Any], soft_kind: str | None) -
     if name == "joint":
         return f"{method}+{SOFT_LABEL_NAMES[soft_kind].every_epoch}+y"  # type: ignore[index]
     return f"{method}+{name.upper()}"
-
-
-# Moved to atlas_fast.vocabulary (the one home of the run's words).
-__getattr__ = moved_names(__name__, {"SOFT_CHOICES": "atlas_fast.vocabulary:SOFT_LABEL_CHOICES",
-                                     "SCHEDULE_CHOICES": "atlas_fast.vocabulary:SCHEDULE_CHOICES"})

@@ -22,7 +22,6 @@ from atlas_fast.cache.errors import (CacheCorruptError, CacheError, CacheMismatc
 from atlas_fast.cache.format import FORMAT, FORMAT_VERSION, MAX_VIEWS
 from atlas_fast.cache.inspect import CacheEntry, CacheInspector
 from atlas_fast.cache.read import CacheReader
-from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import STORAGE_DTYPES
 
 __all__ = ["FeatureCache", "BuildReport", "CacheEntry", "CacheError", "CacheMismatchError", "CacheCorruptError",
@@ -44,6 +43,3 @@ class FeatureCache(CacheBuilder, CacheReader, CacheInspector):
     read on each build and load), but it also catches edits that keep size and mtime, and survives copies that
     reset the mtime.
     """
-
-# Moved to atlas_fast.vocabulary (the one home of the run's words).
-__getattr__ = moved_names(__name__, {"PRECISIONS": "atlas_fast.vocabulary:CACHE_PRECISIONS"})

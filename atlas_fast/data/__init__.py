@@ -15,7 +15,6 @@ from atlas_fast.data.datasets import (
 )
 from atlas_fast.data.fewshot import fewshot_subset, sample_per_class, subsample_classes
 from atlas_fast.data.layouts import DatasetFormatError, DatasetLayoutError
-from atlas_fast.renames import moved_names
 from atlas_fast.data.templates import (
     ATLAS_TEMPLATES,
     CUSTOM_TEMPLATES,
@@ -28,7 +27,3 @@ __all__ = [
     "list_datasets", "load_dataset", "load_folder_dataset", "register_split_json_dataset", "registered_datasets",
     "sample_per_class", "subsample_classes", "zeroshot_template",
 ]
-
-
-# Moved to atlas_fast.vocabulary (the one home of the run's words).
-__getattr__ = moved_names(__name__, {"SUBSAMPLE_MODES": "atlas_fast.vocabulary:CLASS_SETS"})

@@ -20,7 +20,6 @@ from atlas_fast.data.layouts import (AircraftLayout, ClassFolderLayout, DatasetF
                                      ImageNetLayout, ImageNetV2Layout, Layout, SplitJsonLayout, WnidFolderLayout)
 from atlas_fast.data.templates import ATLAS_TEMPLATES, CUSTOM_TEMPLATES, DEFAULT_TEMPLATE
 from atlas_fast.errors import did_you_mean
-from atlas_fast.renames import moved_names
 
 FOLDER_PREFIX = "folder:"
 SPLIT_PREFIX = "split:"
@@ -234,11 +233,3 @@ def zeroshot_template(name: str) -> str:
 def _template_of(table: Mapping[str, str], name: str) -> str:
     spec = find_dataset_spec(name)
     return DEFAULT_TEMPLATE if spec is None else table.get(spec.name, spec.template)
-
-
-# Old names: the registry's lookups (``spec`` alone now means a run's RunSpec) and what moved to data.layouts.
-__getattr__ = moved_names(__name__, {"get_spec": "atlas_fast.data.datasets:dataset_spec",
-                                     "find_spec": "atlas_fast.data.datasets:find_dataset_spec",
-                                     "IMAGE_SUFFIXES": "atlas_fast.data.layouts:IMAGE_SUFFIXES",
-                                     "read_wnid_classnames": "atlas_fast.data.layouts:read_wnid_classnames",
-                                     "SplitLists": "atlas_fast.data.layouts:SplitLists"})

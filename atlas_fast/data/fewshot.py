@@ -42,7 +42,6 @@ from typing import Callable, Sequence, TypeVar
 from atlas_fast.data.base import DatasetSplits, Datum, classnames_from
 from atlas_fast.data.identity import items_fingerprint
 from atlas_fast.files import JsonFileError, atomic_write, blake2b_hex, read_json
-from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import CLASS_SETS, FEWSHOT_ORDERS, FewShotOrder
 
 MAX_VAL_SHOTS = 4
@@ -272,7 +271,3 @@ def subsample_classes(splits: DatasetSplits, subsample: str, memo: dict | None =
     train = keep(splits.train)
     return replace(splits, train=train, val=shared_keep(splits.val), test=shared_keep(splits.test),
                    classnames=classnames_from(train), subset={**splits.subset, "classes": subsample})
-
-
-# Moved to atlas_fast.vocabulary (the one home of the run's words).
-__getattr__ = moved_names(__name__, {"SUBSAMPLE_MODES": "atlas_fast.vocabulary:CLASS_SETS"})

@@ -21,7 +21,6 @@ from atlas_fast.data.fewshot import MAX_SEED
 from atlas_fast.errors import short_repr
 from atlas_fast.methods.base import MethodConfig
 from atlas_fast.atlas.schedules import LabelSchedule, OneHot
-from atlas_fast.renames import moved_names, renamed_fields
 from atlas_fast.vocabulary import (CLASS_SETS, PRECISIONS as _PRECISIONS, RECIPE_FAMILIES, SETTINGS as _SETTINGS,
                                    FEWSHOT_ORDERS, ClassSet, FewShotOrder, Precision, RecipeFamily, Setting,
                                    environment_graph_steps)
@@ -53,7 +52,6 @@ def check_int(owner: str, name: str, value: Any, low: int, high: int | None = No
         raise ValueError(f"{owner}{name} must be a whole number {bound}, got {short_repr(value)}.")
 
 
-@renamed_fields({"recipe": "recipe_family"})
 @dataclass
 class TrainConfig:
     """Everything that defines one training run (and, hashed with the backbone fingerprint, names its record).
@@ -205,10 +203,3 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "amp" if device.type == "cuda" else "fp32"
     return precision
-
-
-# Moved to atlas_fast.vocabulary (the one home of the run's words).
-__getattr__ = moved_names(__name__, {"SETTINGS": "atlas_fast.vocabulary:SETTINGS",
-                                     "EVALUATION_SETS": "atlas_fast.vocabulary:CLASS_SETS",
-                                     "PRECISIONS": "atlas_fast.vocabulary:PRECISIONS",
-                                     "Setting": "atlas_fast.vocabulary:Setting"})

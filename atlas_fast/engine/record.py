@@ -55,7 +55,6 @@ from atlas_fast.engine.run_identity import evaluated_sets, identity_fields
 from atlas_fast.engine.seal import is_sealed, provenance, sealed
 from atlas_fast.engine.validity import non_finite, read_record, stored_record_problems, warn_unsealed
 from atlas_fast.files import atomic_write, blake2b_hex, check_folder_name, check_writable, file_blake2b
-from atlas_fast.renames import moved_names
 
 if TYPE_CHECKING:
     from atlas_fast.clip.backbones import Backbone
@@ -416,8 +415,3 @@ def load_learned(record_path: str | Path) -> dict[str, torch.Tensor]:
     except Exception as exc:  # truncated, garbage, or pickled code (never executed)
         raise ValueError(f"Learned tensors {learned} of record {record_path} cannot be read ({type(exc).__name__}): "
                          f"the file is damaged or not a tensor checkpoint. Train the run again.") from exc
-
-
-# Moved to atlas_fast.engine.validity (the one validator of records).
-__getattr__ = moved_names(__name__, {name: f"atlas_fast.engine.validity:{name}" for name in (
-    "SAVED_RUN_FIELDS", "check_seal", "missing_fields", "record_problems")})

@@ -27,7 +27,6 @@ from atlas_fast.engine.deviations import UNSTORED_DEFAULTS, run_name
 from atlas_fast.engine.graphs import graph_steps_refusal
 from atlas_fast.engine.run_identity import config_key, data_record_key
 from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, method_class
-from atlas_fast.renames import renamed_fields
 from atlas_fast.vocabulary import CLASS_SETS
 
 
@@ -210,7 +209,6 @@ def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: b
                    shots_used(train_split), whole)
 
 
-@renamed_fields({"recipe": "optim_recipe", "key": "config_key"})
 @dataclass
 class RunSpec:
     """A planned run: its config (paths absolute), everything resolved, its data listed, its record named. Small and

@@ -21,7 +21,6 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.renames import moved_names, renamed_attribute
 from atlas_fast.vocabulary import OPTIMIZERS, RECIPE_FAMILIES as _RECIPE_FAMILIES, SETTINGS, Optimizer
 
 # Images per chunk when a method evaluates cached test features chunk by chunk.
@@ -225,8 +224,6 @@ class PromptMethod(nn.Module):
     #: recipe of a family (a ``staticmethod``); raises :class:`MissingRecipe` where no reference repository defines
     #: one.
     recipe_function: ClassVar[RecipeFunction]
-    #: The old name of ``recipe_function``.
-    recipe = renamed_attribute("recipe_function")
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
     #: True when the method prompts the image tower, so it trains and evaluates on decoded pixels, not cached features.
     reads_pixels: ClassVar[bool] = False
@@ -502,14 +499,7 @@ OWN_DECLARATIONS = ("name", "printed_name", "recipe_function")
 
 
 def register_method(cls: type[PromptMethod]) -> type[PromptMethod]:
-    """Make ``cls`` known under ``cls.name``; every method file calls this once for each method it defines. A class
-    that declares its recipe function under the old name ``recipe`` is taken with a deprecation warning."""
-    if "recipe" in vars(cls) and "recipe_function" not in vars(cls):
-        import warnings
-
-        warnings.warn(f"{cls.__name__} declares `recipe`, the old name of `recipe_function`; rename it.",
-                      DeprecationWarning, stacklevel=2)
-        cls.recipe_function = vars(cls)["recipe"]
+    """Make ``cls`` known under ``cls.name``; every method file calls this once for each method it defines."""
     missing = [attribute for attribute in OWN_DECLARATIONS if attribute not in vars(cls)]
     if missing:
         raise ValueError(f"{cls.__name__} must declare {', '.join(missing)} itself to be registered")
@@ -536,7 +526,3 @@ def build_method(name: str, backbone: Backbone, classnames: Sequence[str],
                  config: MethodConfig | None = None) -> PromptMethod:
     """Build a registered method for ``classnames`` (config defaults to the method's config class defaults)."""
     return method_class(name).build(backbone, classnames, config)
-
-
-# Moved to atlas_fast.vocabulary (the one home of the run's words).
-__getattr__ = moved_names(__name__, {"RECIPE_FAMILIES": "atlas_fast.vocabulary:RECIPE_FAMILIES"})

@@ -22,7 +22,6 @@ from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, c
 from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition,
                                         ContextPromptMethod, init_phrase, initial_context)
 from atlas_fast.clip.text_encoder import PromptTextEncoder
-from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import RecipeFamily
 
 if TYPE_CHECKING:
@@ -163,8 +162,3 @@ class CoOp(ContextPromptMethod):
 
 
 register_method(CoOp)
-
-
-# Moved to atlas_fast.vocabulary.
-__getattr__ = moved_names(__name__, {"Family": "atlas_fast.vocabulary:RecipeFamily",
-                                     "Setting": "atlas_fast.vocabulary:Setting"})

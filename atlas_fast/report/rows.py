@@ -17,7 +17,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Collection, Hashable, Iterable, Mapping, Sequence
 
-from atlas_fast.renames import renamed_fields
 from atlas_fast.report.stats import PairedDifference, paired_by_seed
 
 # The engine and the ATLaS package (torch) are imported by the functions that need them, so that importing this
@@ -95,12 +94,11 @@ def lower_is_better(metric: str) -> bool:
     return metric.split(" ")[0] in LOWER_IS_BETTER
 
 
-@renamed_fields({"group": "section"})
 @dataclass
 class TableRow:
     """One method variant: metric means (over seeds, then datasets) and the per-seed spread of each metric.
     ``section`` (e.g. a dataset) puts rows under a first column of their own; ``block`` (a method) gathers the rows
-    compared with the block's first row. (``group`` is the old name of ``section``.)"""
+    compared with the block's first row."""
 
     label: str
     metrics: dict[str, float]

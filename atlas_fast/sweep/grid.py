@@ -26,7 +26,6 @@ from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.atlas.variants import LabelVariant
 from atlas_fast.errors import Interrupted, RunFailed, RunsFailed, UsageError, distinct, short_repr
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
-from atlas_fast.renames import moved_names
 from atlas_fast.vocabulary import CLASS_SETS, EXECUTORS, HARMONIC_MEAN
 
 # Runs trained together by default: a GPU step of one cached CoOp run is far too small to fill the device (it is
@@ -256,7 +255,3 @@ def run_grid(base: TrainConfig, datasets: Sequence[str], variants: Sequence[Labe
 
     ``on_result`` is called after each run (e.g. to print a line); inner progress bars follow ``base.progress``."""
     return run_configs(grid_configs(base, datasets, variants, seeds), execution, on_result, progress)
-
-
-# ``Variant`` was another name of the ATLaS package's LabelVariant.
-__getattr__ = moved_names(__name__, {"Variant": "atlas_fast.atlas.variants:LabelVariant"})
