@@ -62,9 +62,19 @@ def test_devices_that_do_not_exist_are_refused_before_any_work(data, capsys):
     assert not (data / "results").exists()
 
 
-def test_graph_steps_on_where_no_graph_applies_is_one_error_line(data, capsys):
+def test_graph_steps_on_where_no_graph_applies_is_one_error_line(data, capsys, monkeypatch):
+    """The refusal says what asked for graphs and the way out in the command line's words (the flag, and the
+    environment variable where that is what said on), not only the Python API's."""
+    monkeypatch.delenv("ATLAS_FAST_GRAPH_STEPS", raising=False)
     assert main(train_args(data, "--device", "cpu", "--graph-steps", "on")) == 2
-    one_error_line(capsys, "needs a CUDA device; this run is on cpu", "graph_steps")
+    line = one_error_line(capsys, "needs a CUDA device; this run is on cpu", "--graph-steps on",
+                          "use --graph-steps auto", "graph_steps=None or False")
+    assert "ATLAS_FAST_GRAPH_STEPS" not in line
+    monkeypatch.setenv("ATLAS_FAST_GRAPH_STEPS", "on")
+    assert main(train_args(data, "--device", "cpu")) == 2
+    one_error_line(capsys, "needs a CUDA device; this run is on cpu", "ATLAS_FAST_GRAPH_STEPS=on in the environment",
+                   "use --graph-steps auto")
+    monkeypatch.delenv("ATLAS_FAST_GRAPH_STEPS")
     assert not (data / "results").exists()
     assert main(train_args(data, "--device", "cpu", "--graph-steps", "off", "--seeds", "1",
                            "--results-dir", str(data / "results-eager"))) == 0  # eager steps: it trains

@@ -12,6 +12,7 @@ decoded and no feature is read here.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 import warnings
@@ -27,7 +28,7 @@ from atlas_fast.engine.deviations import UNSTORED_DEFAULTS, run_name
 from atlas_fast.engine.graphs import graph_steps_refusal
 from atlas_fast.engine.run_identity import config_key, data_record_key
 from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, method_class
-from atlas_fast.vocabulary import CLASS_SETS
+from atlas_fast.vocabulary import CLASS_SETS, GRAPH_STEPS_VARIABLE
 
 
 _SAID: set[tuple] = set()  # notes this process has printed (a command's runs share one: said once per command)
@@ -302,6 +303,15 @@ def absolute_paths(config: TrainConfig) -> TrainConfig:
                                           for k in ("data_root", "cache_root", "results_dir")})
 
 
+def graph_steps_asked() -> str:
+    """How graph steps came to be asked for, in the command line's words and the API's: ``--graph-steps on``, the
+    environment variable where it says on, ``graph_steps=True`` (a refusal names what the user set)."""
+    asked = "--graph-steps on"
+    if os.environ.get(GRAPH_STEPS_VARIABLE, "").strip().lower() == "on":
+        asked += f", or {GRAPH_STEPS_VARIABLE}=on in the environment"
+    return asked + "; Python: graph_steps=True"
+
+
 def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | None = None) -> RunSpec:
     """Resolve ``config`` into a :class:`RunSpec` (loads the backbone once per process to fingerprint it, lists and
     fingerprints the data). ``for_workers``: the run trains elsewhere (Ray, SLURM), so its device may be one this
@@ -326,8 +336,9 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
     if config.graph_steps:
         refusal = graph_steps_refusal(entry, [config.schedule], device)
         if refusal:
-            raise ValueError(f"{refusal}; leave graph_steps at None (graphs wherever they apply) or set it to "
-                             f"False (it only changes the speed).")
+            raise ValueError(f"{refusal} (asked for by {graph_steps_asked()}); use --graph-steps auto (graphs "
+                             f"wherever they apply) or off (Python: graph_steps=None or False): it only changes the "
+                             f"speed.")
     from atlas_fast.clip.backbones import model_name
     from atlas_fast.data.datasets import dataset_spec
 
