@@ -4,6 +4,7 @@
 #     bash benchmarks/gpu_check.sh                      # with atlas_fast's dependencies installed
 #     bash benchmarks/gpu_check.sh --wheels DIR         # offline machine with torch only: install the rest from DIR
 #     bash benchmarks/gpu_check.sh --smoke              # no GPU: the same script on the CPU, tiny model (a smoke test)
+#     bash benchmarks/gpu_check.sh --help               # this text and gpu_check.py's options; runs nothing
 #
 # It first lists which dependencies this Python lacks. With --wheels DIR (wheel files, e.g. made elsewhere with
 # `pip download open_clip_torch h5py faiss-cpu ftfy regex wcwidth tqdm --no-deps --only-binary=:all: --python-version X.Y
@@ -28,16 +29,25 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 WHEELS=""
 SMOKE=""
+HELP=""
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) WHEELS="$2"; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
+    -h|--help) HELP=1; shift ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
-START=$SECONDS
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # atlas_fast from this checkout, installed or not
+if [ -n "$HELP" ]; then  # what the script does and its options; nothing is checked or run
+  sed -n '2,/^set -uo pipefail/p' benchmarks/gpu_check.sh | sed -e '$d' -e 's/^# \{0,1\}//'
+  echo ""
+  "$PYTHON" benchmarks/gpu_check.py --help 2>/dev/null \
+    || echo "(python benchmarks/gpu_check.py --help lists the options passed on to it; it needs torch)"
+  exit 0
+fi
+START=$SECONDS
 
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   echo "MISSING: torch is not importable by $PYTHON; install torch with CUDA support first." >&2

@@ -114,3 +114,19 @@ def test_faiss_sizes_prints_every_search_it_prices(capsys):
     assert "| CSL: class_soft_labels (whole) | 20 x 20 |" in out
     assert "| ISL: torch N x C inner products + softmax | 50 x 20 x 16 |" in out
     assert "| ISL's search through faiss IndexFlatIP, k = C | 50 x 20 x 16 |" in out
+
+
+def test_gpu_check_sh_help_prints_its_usage_and_runs_nothing(tmp_path):
+    """``bash benchmarks/gpu_check.sh --help`` says what the script does and exits 0 without checking or running
+    anything: it ran the doctor (a minute) and then the checks with --help passed on, and where torch is missing it
+    said MISSING instead. ``PYTHON=false`` stands for a Python without torch, so no check could start."""
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+    done = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHON": "false"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "--smoke" in done.stdout and "--wheels DIR" in done.stdout and "Exit status" in done.stdout
+    assert "atlas-fast doctor\n" not in done.stdout and "MISSING" not in done.stdout + done.stderr
+    assert not done.stdout.startswith("#!")
