@@ -313,6 +313,15 @@ def test_teacher_prompts_load_from_the_official_checkpoint_and_mismatches_are_re
     with pytest.raises(ValueError, match=r"teacher prompts \(Dassl checkpoint .*narrow.pth.tar\) do not fit the "
                                          r"teacher atlas-tiny-teacher.*teacher_prompts=RECORD\|FILE\|none"):
         planned(teacher_prompts=str(narrow))
+    # the initial teacher's shapes are PromptKD's teacher_* options, named as the user sets them (PromptSRC's own
+    # field names alone sent users to depth_text=, the student's option space)
+    with pytest.raises(ValueError, match=r"teacher_prompts=none\): PromptSRC: depth_text must be in \[1, 3\] \(the tower has 3 blocks\), got 9; "
+                                         r"PromptSRC's field X is PromptKD's option teacher_X: set them with "
+                                         r"--method-option .*teacher_depth_text=J"):
+        planned(teacher_depth_text=9)
+    with pytest.raises(ValueError, match=r"teacher_prompts=none\): PromptSRCConfig.depth_vision must be .*got -1; "
+                                         r".*teacher_depth_vision=J"):
+        dataclasses.replace(CONFIG, teacher_depth_vision=-1)  # the config's own check
     wrong = tmp_path_factory.mktemp("dassl") / "other.pth"
     torch.save({"state_dict": {"weight": torch.zeros(2)}}, wrong)
     with pytest.raises(ValueError, match=r"is not a PromptSRC prompt-learner checkpoint"):

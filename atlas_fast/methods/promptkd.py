@@ -60,6 +60,16 @@ BN_EPS, BN_MOMENTUM = 1e-5, 0.1
 # Datasets whose KD weight is 200 in the official base-to-new script's note (1000 elsewhere).
 KD_WEIGHT_200 = ("FGVCAircraft", "OxfordFlowers", "DescribableTextures")
 TEACHER_OPTIONS = "--method-option teacher=MODEL teacher_pretrained=TAG|FILE|none teacher_prompts=RECORD|FILE|none"
+# The teacher's PromptSRC fields for teacher_prompts=none: PromptSRC's own field names prefixed with teacher_.
+TEACHER_SHAPE_OPTIONS = ("--method-option teacher_n_ctx_text=N teacher_n_ctx_vision=N teacher_depth_text=J "
+                         "teacher_depth_vision=J")
+
+
+def teacher_shape_error(exc: Exception) -> str:
+    """PromptSRC's refusal of the teacher's initial prompts, said with PromptKD's options: its field ``depth_text`` is
+    PromptKD's ``teacher_depth_text`` (a user sets only the latter)."""
+    return (f"PromptKD's teacher prompts at their initialisation (teacher_prompts=none): {exc}; PromptSRC's field X "
+            f"is PromptKD's option teacher_X: set them with {TEACHER_SHAPE_OPTIONS}")
 
 
 @dataclass(frozen=True)
@@ -100,9 +110,12 @@ class PromptKDConfig(MethodConfig):
             if path.suffix == ".json":
                 check_teacher_record(self, path)
         # the teacher's own shape fields, for teacher_prompts=none (a record or a file brings its own)
-        PromptSRCConfig(n_ctx_text=self.teacher_n_ctx_text, n_ctx_vision=self.teacher_n_ctx_vision,
-                        ctx_init=self.teacher_ctx_init, depth_text=self.teacher_depth_text,
-                        depth_vision=self.teacher_depth_vision)
+        try:
+            PromptSRCConfig(n_ctx_text=self.teacher_n_ctx_text, n_ctx_vision=self.teacher_n_ctx_vision,
+                            ctx_init=self.teacher_ctx_init, depth_text=self.teacher_depth_text,
+                            depth_vision=self.teacher_depth_vision)
+        except ValueError as exc:
+            raise ValueError(teacher_shape_error(exc)) from None
 
     def teacher_backbone(self) -> BackboneConfig:
         pretrained = None if self.teacher_pretrained.lower() == "none" else self.teacher_pretrained
@@ -279,6 +292,8 @@ def load_teacher(config: PromptKDConfig, device: torch.device | str) -> Backbone
         try:
             module = PromptSRC(backbone, ["teacher"], prompt_config)
         except ValueError as exc:
+            if loaded is None:
+                raise ValueError(f"PromptKD's teacher {backbone.describe()}: {teacher_shape_error(exc)}") from None
             raise ValueError(f"PromptKD's teacher prompts ({source}) do not fit the teacher {backbone.describe()}: "
                              f"{exc} ({TEACHER_OPTIONS})") from None
     module = module.to(backbone.device)
