@@ -113,6 +113,10 @@ def test_a_missing_weights_file_or_data_root_is_refused_before_torch(tmp_path):
               "--param", "lr=log:1e-3:1e-2"],
              ["eval", "--record", str(record), "--dataset", "OxfordPets", "--data-root", str(tmp_path / "nowhere")],
              ["train", "--dataset", "OxfordPets", "--data-root", str(tmp_path / "nowhere")],
+             *[["train", "--dataset", "OxfordPets", "--data-root", str(data), "--model", "atlas-tiny", "--pretrained",
+                "none", "--method", "kdpl-coop", "--method-option", *options]
+               for options in ([f"teacher_pretrained={absent}"],
+                               ["class_agnostic=true", f"agnostic_classnames={tmp_path / 'names.csv'}"])],
              ["train", "--dataset", "OxfordPets", "--data-root", str(data), "--pretrained",
               "~/.cache/clip/ViT-B-16.pt"]]
     script = EVERY_ARGV.replace("[:300]", "")
@@ -125,6 +129,10 @@ def test_a_missing_weights_file_or_data_root_is_refused_before_torch(tmp_path):
     errors = [line.split(" ERR ", 1)[1] for line in lines]
     for error in errors[:2]:
         assert error.count(absent) == 1 and "come from" in error, error
-    for error in errors[2:-1]:
+    for error in errors[2:-3]:
         assert str(tmp_path / "nowhere") in error and "not found" in error, error
+    # a teacher's weights file and KDPL-CA's dictionary (--method-option) too: they were read after imports and planning
+    assert "error: --method-option teacher_pretrained: the teacher's checkpoint file not found" in errors[-3]
+    assert errors[-3].count(absent) == 1 and "--model" not in errors[-3], errors[-3]
+    assert f"error: KDPL's class-agnostic dictionary {tmp_path / 'names.csv'} cannot be read" in errors[-2], errors[-2]
     assert errors[-1].count(".cache/clip") == 1 and "clip.load" in errors[-1], errors[-1]  # the folder named once

@@ -321,8 +321,8 @@ def test_the_teacher_and_its_dictionary_are_checked_before_any_image_is_encoded(
         (["teacher=ViT-Nope", "teacher_pretrained=none"],
          "error: KDPL's teacher ViT-Nope (none) cannot be loaded: Unknown model 'ViT-Nope'"),
         ([teacher, f"teacher_pretrained={folder / 'missing.pt'}"],
-         f"error: KDPL's teacher atlas-tiny-teacher ({folder / 'missing.pt'}) cannot be loaded: checkpoint file not "
-         f"found: {folder / 'missing.pt'} (its folder holds garbage.pt, student.bin, student.pt)"),
+         f"error: --method-option teacher_pretrained: the teacher's checkpoint file not found: "
+         f"{folder / 'missing.pt'} (its folder holds garbage.pt, student.bin, student.pt)"),
         ([teacher, f"teacher_pretrained={folder / 'garbage.pt'}"],
          f"error: KDPL's teacher atlas-tiny-teacher ({folder / 'garbage.pt'}) cannot be loaded: Cannot load checkpoint "
          f"{folder / 'garbage.pt'}"),

@@ -280,7 +280,28 @@ def method_options(items: Sequence[str], method: str, methods: Sequence[str] | N
                              f"every method.")
         if target in ("", method):
             options[name.replace("-", "_")] = value
+    check_option_files(options)
     return options or None
+
+
+def check_option_files(options: dict[str, str]) -> None:
+    """Refuse a ``--method-option`` file that is not there as the line is read, before torch is imported or anything
+    is planned (a teacher's weights file, ``teacher_pretrained=``; KDPL-CA's dictionary, ``agnostic_classnames=``:
+    it was refused after seconds of imports and planning), in the words the run's own checks use."""
+    from atlas_fast.clip.weights_files import in_teacher_words, missing_weights_message, random_weights  # no torch
+    from atlas_fast.data.dictionary import read_classnames  # no torch
+
+    for name, value in options.items():
+        if name.endswith("_pretrained") and not random_weights(value):
+            missing = missing_weights_message(value, "checkpoint file")
+            if missing is not None:
+                words = in_teacher_words(missing, name.removesuffix("_pretrained"), name)
+                raise UsageError(f"--method-option {name}: the teacher's {words}")
+        elif name == "agnostic_classnames" and value:
+            try:
+                read_classnames(value)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
 
 
 def add_workers(parser: argparse.ArgumentParser) -> None:

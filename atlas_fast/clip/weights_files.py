@@ -70,3 +70,18 @@ def _where_they_come_from(path: Path | None = None) -> str:
     return (f"{openai}; open_clip's .safetensors/.bin come from its Hugging Face downloads (with --model naming their "
             f"architecture). Or give an open_clip tag (e.g. openai, with --download to fetch it once) or 'none' for "
             f"random weights.")
+
+
+# How a user's words for the student's backbone read when the backbone at fault is a teacher's: the loader's messages
+# speak of --model / --pretrained, which would change the student.
+_STUDENT_OPTIONS = (("the --model it was trained as", "the {model}=MODEL it was trained as"),
+                    ("--model naming", "{model}=MODEL naming"),
+                    ("`--pretrained ", "`{weights}="), ("--pretrained ", "{weights}="), ("--model ", "{model}="))
+
+
+def in_teacher_words(text: str, model_option: str = "teacher", weights_option: str = "teacher_pretrained") -> str:
+    """``text`` (a loader's message about the student's ``--model`` / ``--pretrained``) with the teacher's own
+    ``--method-option`` names in their place."""
+    for student, teacher in _STUDENT_OPTIONS:
+        text = text.replace(student, teacher.format(model=model_option, weights=weights_option))
+    return text

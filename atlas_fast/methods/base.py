@@ -137,13 +137,6 @@ class MethodConfig:
 MAX_OPTION_SCALE = 1e4
 
 
-# How a user's words for the student's backbone read when the backbone at fault is a teacher's: the loader's messages
-# speak of --model / --pretrained, which would change the student.
-_STUDENT_OPTIONS = (("the --model it was trained as", "the {model}=MODEL it was trained as"),
-                    ("--model naming", "{model}=MODEL naming"),
-                    ("`--pretrained ", "`{weights}="), ("--pretrained ", "{weights}="), ("--model ", "{model}="))
-
-
 def load_teacher(owner: str, model: str, pretrained: str, device: Any, model_option: str = "teacher",
                  weights_option: str = "teacher_pretrained") -> Backbone:
     """A teacher-based method's frozen teacher CLIP (open_clip ``model`` with ``pretrained``: a tag, a checkpoint
@@ -153,14 +146,13 @@ def load_teacher(owner: str, model: str, pretrained: str, device: Any, model_opt
     where the loader's would name the student's. The reusable half of a teacher check
     (:meth:`PromptMethod.check_before_work`)."""
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
+    from atlas_fast.clip.weights_files import in_teacher_words
 
     weights = None if pretrained.lower() == "none" else pretrained
     try:
         return shared_backbone(BackboneConfig(model, weights), device)
     except (OSError, ValueError, NotImplementedError) as exc:
-        text = str(exc)
-        for student, teacher in _STUDENT_OPTIONS:
-            text = text.replace(student, teacher.format(model=model_option, weights=weights_option))
+        text = in_teacher_words(str(exc), model_option, weights_option)
         raise type(exc)(f"{owner}'s teacher {model} ({pretrained}) cannot be loaded: {text} For the teacher "
                         f"itself: --method-option {model_option}=MODEL {weights_option}=TAG|FILE|none (Python: "
                         f"method_options), e.g. {model_option}=ViT-B-16 "

@@ -24,7 +24,6 @@ fp32. Learned tensors are the base method's. KDPL uses no labels: a label schedu
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone, BackboneConfig
 from atlas_fast.data.datasets import zeroshot_template
+from atlas_fast.data.dictionary import read_classnames
 from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
                                      check_scale, load_teacher, register_method)
@@ -110,28 +110,6 @@ class KDPLMaPLeConfig(MaPLeConfig, KDPLConfig):
 @dataclass(frozen=True)
 class KDPLPromptSRCConfig(PromptSRCConfig, KDPLConfig):
     """KDPL on PromptSRC: PromptSRC's fields (its self-regulating weights and GPA) + the distillation's."""
-
-
-def read_classnames(path: str | Path) -> tuple[str, ...]:
-    """Class names from a file: one per line, or the first column of a CSV whose header is ``ClassName`` (the
-    reference's dictionary); blank lines are skipped. An unreadable or empty file is an error naming it."""
-    path = Path(path).expanduser()
-    option = "; give a UTF-8 file of class names with --method-option agnostic_classnames=FILE"
-    if path.is_dir():
-        raise ValueError(f"KDPL's class-agnostic dictionary {path} is a folder, not a file{option}")
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            rows = [row[0].strip() for row in csv.reader(handle) if row and row[0].strip()]
-    except OSError as exc:
-        raise ValueError(f"KDPL's class-agnostic dictionary {path} cannot be read ({exc.strerror}){option}") from exc
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"KDPL's class-agnostic dictionary {path} is not UTF-8 text (byte "
-                         f"{exc.object[exc.start:exc.start + 1]!r} at offset {exc.start}){option}") from None
-    if rows and rows[0] == "ClassName":
-        rows = rows[1:]
-    if not rows:
-        raise ValueError(f"KDPL's class-agnostic dictionary {path} holds no class names")
-    return tuple(dict.fromkeys(rows))
 
 
 # The teacher's normalised text features by (teacher, device, prompts): the same for every run and seed of a sweep
