@@ -129,6 +129,23 @@ def test_the_static_method_catalogue_agrees_with_the_registry():
     assert set(method_names(learning_only=True)) >= {name for name, learns in shipped.items() if learns}
 
 
+def test_train_help_names_every_pixel_method_as_the_registry_declares_it(capsys):
+    """``atlas-fast train --help`` says which methods train on pixels from the catalogue, which follows inherited
+    class attributes as Python does (CoPrompt's reads_pixels is IVLP's through MaPLe): a hand list there named 4 of
+    the 11 (no MMRL, CoPrompt, PromptKD, CLIP-LoRA or KDPL's pixel hosts)."""
+    import atlas_fast.methods  # noqa: F401  (registers every shipped method)
+    from atlas_fast.app.catalogue import pixel_method_names
+    from atlas_fast.cli import main
+
+    pixels = sorted(name for name, cls in METHODS.items()
+                    if cls.__module__.startswith("atlas_fast.methods.") and cls.reads_pixels)
+    assert pixel_method_names() == pixels and {"coprompt", "mmrl++", "promptkd", "kdpl-maple"} <= set(pixels)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"{', '.join(pixels)} prompt or adapt the image encoder and train on pixels" in text.replace("- ", "-")
+
+
 def test_capability_tests_cover_every_registered_method_that_declares_it(monkeypatch):
     """The batched and pixel-path tests take their methods from the registry (tests/registry_cases.py): a newly
     registered method that batches on pixels is a case at once, in the slow suite when its file already has one in

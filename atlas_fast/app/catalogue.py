@@ -15,19 +15,41 @@ METHODS_DIR = Path(__file__).resolve().parents[1] / "methods"
 
 
 @lru_cache(maxsize=1)
-def declared_methods() -> dict[str, bool]:
-    """``{name: learns}`` of every method registered in the package's method files, sorted by name."""
-    found: dict[str, bool] = {}
+def declared_classes() -> tuple[type, ...]:
+    """The registered classes of the package's method files as stand-ins: plain classes holding each method class's
+    constant attributes, with its bases among the method files' classes, so that an attribute a class inherits
+    (CoPrompt's ``reads_pixels`` from IVLP through MaPLe) is found by Python's own lookup, as on the real class."""
+    nodes: dict[str, ast.ClassDef] = {}
+    registered: list[str] = []
     for path in sorted(METHODS_DIR.glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "register_method" and node.args
-                    and isinstance(node.args[0], ast.Name) and node.args[0].id in classes):
-                attributes = _class_constants(classes[node.args[0].id])
-                if "name" in attributes:
-                    found[attributes["name"]] = attributes.get("learns", True)
-    return dict(sorted(found.items()))
+        nodes.update({node.name: node for node in tree.body if isinstance(node, ast.ClassDef)})
+        registered += [node.args[0].id for node in ast.walk(tree)
+                       if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "register_method"
+                       and node.args and isinstance(node.args[0], ast.Name)]
+    made: dict[str, type] = {}
+
+    def stand_in(name: str) -> type:
+        if name not in made:
+            node = nodes[name]
+            bases = tuple(stand_in(b.id) for b in node.bases if isinstance(b, ast.Name) and b.id in nodes)
+            made[name] = type(name, bases or (object,), _class_constants(node))
+        return made[name]
+
+    return tuple(stand_in(name) for name in registered if name in nodes)
+
+
+def declared_methods() -> dict[str, bool]:
+    """``{name: learns}`` of every method registered in the package's method files, sorted by name."""
+    return dict(sorted((cls.name, getattr(cls, "learns", True)) for cls in declared_classes()
+                       if isinstance(getattr(cls, "name", None), str)))
+
+
+def pixel_method_names() -> list[str]:
+    """The shipped methods that train on decoded pixels (``reads_pixels``: they prompt or adapt the image encoder),
+    sorted; the others train on cached image features."""
+    return sorted(cls.name for cls in declared_classes()
+                  if isinstance(getattr(cls, "name", None), str) and getattr(cls, "reads_pixels", False))
 
 
 def _class_constants(cls: ast.ClassDef) -> dict[str, object]:
@@ -36,6 +58,9 @@ def _class_constants(cls: ast.ClassDef) -> dict[str, object]:
         if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
                 and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Constant)):
             constants[statement.targets[0].id] = statement.value.value
+        elif (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+              and isinstance(statement.value, ast.Constant)):  # ``learns: ClassVar[bool] = True``
+            constants[statement.target.id] = statement.value.value
     return constants
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from atlas_fast.app.catalogue import method_names
+from atlas_fast.app.catalogue import method_names, pixel_method_names
 from atlas_fast.app.options import (Distinct, add_data_and_backbone, add_method_options, add_progress, add_run_options,
                                     add_seeds, add_workers, check_methods, method_name, method_options,
                                     resolve_backbone, train_config, world_method_options, WORLD_BACKBONE)
@@ -18,16 +18,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """``atlas-fast train``."""
     train = subparsers.add_parser(
         "train", help="train a prompt method (optionally with ATLaS) and print base/new/H",
-        description="Train a prompt method (text-prompt methods from cached image features; ivlp, maple and "
-                    "promptsrc, which prompt the image encoder, on decoded pixels of the same seeded views), "
+        description="Train a prompt method (text-prompt methods from cached image features; those that prompt or "
+                    "adapt the image encoder on decoded pixels of the same seeded views), "
                     "evaluate it and write a result record; the cache is built for what is missing and an identical "
                     "finished run is skipped. One run per method and seed; a table with the mean over seeds closes "
                     "the output.")
     add_data_and_backbone(train)
     train.add_argument("--methods", "--method", dest="methods", nargs="+", default=["coop"], metavar="METHOD",
                        type=method_name(), action=Distinct, help=f"prompt method(s): {', '.join(method_names())} (default coop); dept-* = DePT's head "
-                            "on coop/cocoop/kgcoop/maple, zsclip = zero-shot CLIP (nothing trained); ivlp, maple, "
-                            "promptsrc, dept-maple prompt the image encoder and train on pixels")
+                            "on coop/cocoop/kgcoop/maple, zsclip = zero-shot CLIP (nothing trained); "
+                            f"{', '.join(pixel_method_names())} prompt or adapt the image encoder and train on "
+                            "pixels, the others on cached image features")
     add_run_options(train, ("recipe_family", "setting", "shots", "fewshot_order"))
     add_seeds(train, [1])
     add_run_options(train, ("subsample",))
