@@ -61,6 +61,15 @@ def test_a_variant_keeps_its_record_name_and_labels(args, kwargs, stem, line, ro
         assert ablation_row_label(described, kind) == ablation
 
 
+def test_a_method_name_ending_in_plus_is_set_apart_from_its_label_schedule():
+    """MMRL++'s runs printed 'mmrl+++ATLaS-ISL (K=2)' (which plus is whose?); the others keep their names."""
+    described = atlas_variant("base2new", "isl").schedule.describe()
+    assert run_label("mmrl++", described, "isl") == "mmrl++ + ATLaS-ISL (K=2)"
+    assert run_label("mmrl++", atlas_variant("base2new", "none", "ols").schedule.describe(), None) == "mmrl++ + OLS"
+    assert run_label("mmrl++", OneHot().describe(), None) == "mmrl++"
+    assert run_label("mmrl", described, "isl") == "mmrl+ATLaS-ISL (K=2)"
+
+
 def test_presets_are_the_papers():
     assert [atlas_period(s) for s in ("base2new", "few_shot", "cross_dataset")] == [2, 3, 3]
     few_shot = atlas_variant("few_shot", "isl")

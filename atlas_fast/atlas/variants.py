@@ -148,14 +148,16 @@ def ablation_row_label(schedule: Mapping[str, Any], soft_kind: str | None) -> st
 
 def run_label(method: str, schedule: Mapping[str, Any], soft_kind: str | None) -> str:
     """A run as the ``train`` command prints it: ``coop``, ``coop+ATLaS-CSL (K=2)``, ``coop+CSL`` (K = 1),
-    ``coop+ISL+y`` (joint), ``coop+OLS``."""
+    ``coop+ISL+y`` (joint), ``coop+OLS``; ``mmrl++ + ATLaS-ISL (K=2)``."""
     name = schedule["name"]
     if name == "onehot":
         return method
+    # a name ending in '+' (mmrl++) is set apart: 'mmrl++ + ATLaS-ISL (K=2)', not 'mmrl+++ATLaS-ISL (K=2)'
+    host = f"{method} + " if method.endswith("+") else f"{method}+"
     if name == "atlas":
         names = SOFT_LABEL_NAMES[soft_kind]  # type: ignore[index]
         period = schedule["period"]
-        return f"{method}+{names.every_epoch}" if period == 1 else f"{method}+{names.run} (K={period})"
+        return f"{host}{names.every_epoch}" if period == 1 else f"{host}{names.run} (K={period})"
     if name == "joint":
-        return f"{method}+{SOFT_LABEL_NAMES[soft_kind].every_epoch}+y"  # type: ignore[index]
-    return f"{method}+{name.upper()}"
+        return f"{host}{SOFT_LABEL_NAMES[soft_kind].every_epoch}+y"  # type: ignore[index]
+    return f"{host}{name.upper()}"
