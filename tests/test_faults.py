@@ -371,7 +371,7 @@ def test_no_test_images_for_the_new_classes_is_an_error_before_training(pets, tm
 def test_fewer_images_than_shots_are_recorded(pets, tmp_path, capsys):
     record = run(config(tmp_path, pets, shots=4, setting="few_shot"))  # 3 train images per class
     assert record["data"]["shots_used"] == {"min": 3, "max": 3}
-    assert "uses 3..3 per class" in capsys.readouterr().err
+    assert "every class has fewer than 4 training images; the run uses 3 per class" in capsys.readouterr().err
 
 
 def test_a_negative_seed_is_refused(pets, tmp_path, capsys):

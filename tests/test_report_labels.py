@@ -201,7 +201,10 @@ def test_heading_and_plot_say_the_shots_the_runs_had_and_the_note_is_said_once(t
 
     root = small_pets(tmp_path_factory, "asked16")
     run_configs([tiny_pets_config(root, shots=16, seed=seed) for seed in (1, 2)], progress=False)
-    assert capsys.readouterr().err.count("fewer than 16 training images") == 1
+    err = capsys.readouterr().err
+    assert err.count("fewer than 16 training images") == 1
+    assert ("note: OxfordPets: every class has fewer than 16 training images; the run uses 4 per class (recorded in "
+            "the record's data.shots_used).") in err  # it read 'some classes ...; the run uses 4..4 per class'
     titles = []
     drawn = figures.plot_rows
     monkeypatch.setattr(figures, "plot_rows", lambda rows, path, title=None, **kw: (

@@ -360,8 +360,10 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
                          f"epochs.")
     if data.shots_used["min"] < config.shots and _first_time((dataset, config.shots, *data.shots_used.values())):
         used = data.shots_used
-        print(f"note: {dataset}: some classes have fewer than {config.shots} training images; the run uses "
-              f"{used['min']}..{used['max']} per class (recorded in the record's data.shots_used).", file=sys.stderr)
+        which, uses = (("every class has", f"{used['min']}") if used["max"] < config.shots and used["min"] == used["max"]
+                       else ("some classes have", f"{used['min']}..{used['max']}"))
+        print(f"note: {dataset}: {which} fewer than {config.shots} training images; the run uses {uses} per class "
+              f"(recorded in the record's data.shots_used).", file=sys.stderr)
     backbone = shared_backbone(config.backbone, device if here else torch.device("cpu"))
     check_prompt_depths(entry, method_config, backbone)
     entry.check_before_work(method_config, backbone)
