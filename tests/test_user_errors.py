@@ -81,6 +81,20 @@ def test_graph_steps_on_where_no_graph_applies_is_one_error_line(data, capsys, m
     assert list((data / "results-eager").rglob("*.json"))
 
 
+def test_graph_steps_on_off_cuda_is_refused_before_the_world_is_generated(tmp_path, capsys):
+    """An experiment with --world and the demo refuse --graph-steps on on the CPU before they write the world (they
+    generated its images, 8 MB and seconds of CPU, and then refused at the first run's plan)."""
+    world = tmp_path / "world"
+    assert main(["experiment", "table_calibration", "--world", "--data-root", str(world), "--datasets",
+                 "WorldPhotos", "--methods", "coop", "--seeds", "1", "--device", "cpu", "--graph-steps", "on",
+                 "--results-dir", str(tmp_path / "results"), "--no-progress"]) == 2
+    one_error_line(capsys, "needs a CUDA device; this run is on cpu", "--graph-steps on")
+    assert main(["demo", "--data-root", str(world), "--cache-root", str(tmp_path / "cache"), "--results-dir",
+                 str(tmp_path / "results"), "--device", "cpu", "--graph-steps", "on", "--no-progress"]) == 2
+    one_error_line(capsys, "needs a CUDA device; this run is on cpu", "--graph-steps on")
+    assert not world.exists()
+
+
 def test_an_unknown_model_is_refused_with_the_closest_names(data, capsys):
     assert main(train_args(data, "--model", "ViT-B-61")) == 2
     one_error_line(capsys, "Unknown model 'ViT-B-61'", "did you mean ViT-B-16")

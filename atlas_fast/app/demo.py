@@ -57,6 +57,9 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
 
     from atlas_fast.progress import process_seconds, say
 
+    from atlas_fast.engine.spec import refuse_graph_steps_off_cuda
+
+    refuse_graph_steps_off_cuda(config.graph_steps, config.device)  # before the world is generated
     stage = say if progress else (lambda message: None)
     phases: dict[str, float] = {"start-up": process_seconds()}  # imports and parsing, before this function
     count = 4 if config.kappa else 3

@@ -36,10 +36,17 @@ def graphs_available(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def graph_steps_refusal(entry, schedules: Sequence[LabelSchedule], device: torch.device) -> str | None:
-    """Why ``graph_steps`` cannot give exactly the eager steps of these runs (None when it can)."""
+def device_refusal(device: torch.device) -> str | None:
+    """Why ``graph_steps`` cannot run on ``device`` at all (None on CUDA)."""
     if not graphs_available(device):
         return f"graph_steps replays CUDA graphs and needs a CUDA device; this run is on {device.type}"
+    return None
+
+
+def graph_steps_refusal(entry, schedules: Sequence[LabelSchedule], device: torch.device) -> str | None:
+    """Why ``graph_steps`` cannot give exactly the eager steps of these runs (None when it can)."""
+    if refusal := device_refusal(device):
+        return refusal
     if not entry.learns:
         return f"graph_steps replays training steps; {entry.name} learns nothing"
     for schedule in schedules:

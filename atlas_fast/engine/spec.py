@@ -25,7 +25,7 @@ import torch
 from atlas_fast.clip.backbones import Backbone, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device, resolve_precision
 from atlas_fast.engine.deviations import UNSTORED_DEFAULTS, run_name
-from atlas_fast.engine.graphs import graph_steps_refusal
+from atlas_fast.engine.graphs import device_refusal, graph_steps_refusal
 from atlas_fast.engine.run_identity import config_key, data_record_key
 from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, method_class
 from atlas_fast.vocabulary import CLASS_SETS, GRAPH_STEPS_VARIABLE
@@ -312,6 +312,21 @@ def graph_steps_asked() -> str:
     return asked + "; Python: graph_steps=True"
 
 
+def graph_steps_error(refusal: str) -> str:
+    """The error of graph steps asked for where they cannot run: why, what asked for them, the way out."""
+    return (f"{refusal} (asked for by {graph_steps_asked()}); use --graph-steps auto (graphs wherever they apply) or "
+            f"off (Python: graph_steps=None or False): it only changes the speed.")
+
+
+def refuse_graph_steps_off_cuda(graph_steps: bool | None, device: str) -> None:
+    """Graph steps asked for (``True``) on a device without CUDA graphs are refused before a command's own work
+    (the world generated, data listed, weights loaded), with the error :func:`plan_run` would give each run."""
+    if graph_steps:
+        refusal = device_refusal(resolve_device(device))
+        if refusal:
+            raise ValueError(graph_steps_error(refusal))
+
+
 def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | None = None) -> RunSpec:
     """Resolve ``config`` into a :class:`RunSpec` (loads the backbone once per process to fingerprint it, lists and
     fingerprints the data). ``for_workers``: the run trains elsewhere (Ray, SLURM), so its device may be one this
@@ -336,9 +351,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
     if config.graph_steps:
         refusal = graph_steps_refusal(entry, [config.schedule], device)
         if refusal:
-            raise ValueError(f"{refusal} (asked for by {graph_steps_asked()}); use --graph-steps auto (graphs "
-                             f"wherever they apply) or off (Python: graph_steps=None or False): it only changes the "
-                             f"speed.")
+            raise ValueError(graph_steps_error(refusal))
     from atlas_fast.clip.backbones import model_name
     from atlas_fast.data.datasets import dataset_spec
 
