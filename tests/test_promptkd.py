@@ -313,6 +313,10 @@ def test_teacher_prompts_load_from_the_official_checkpoint_and_mismatches_are_re
     with pytest.raises(ValueError, match=r"teacher prompts \(Dassl checkpoint .*narrow.pth.tar\) do not fit the "
                                          r"teacher atlas-tiny-teacher.*teacher_prompts=RECORD\|FILE\|none"):
         planned(teacher_prompts=str(narrow))
+    # a teacher that cannot be loaded names the teacher's options (an unknown model read only "Unknown model")
+    with pytest.raises(ValueError, match=r"PromptKD's teacher atlas-tny \(none\) cannot be loaded: Unknown model "
+                                         r"'atlas-tny'.*did you mean atlas-tiny.*--method-option teacher=MODEL"):
+        planned(teacher="atlas-tny")
     # the initial teacher's shapes are PromptKD's teacher_* options, named as the user sets them (PromptSRC's own
     # field names alone sent users to depth_text=, the student's option space)
     with pytest.raises(ValueError, match=r"teacher_prompts=none\): PromptSRC: depth_text must be in \[1, 3\] \(the tower has 3 blocks\), got 9; "

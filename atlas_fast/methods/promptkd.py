@@ -43,11 +43,12 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from atlas_fast.clip.backbones import Backbone, BackboneConfig, WeightsUnavailableError, shared_backbone
+from atlas_fast.clip.backbones import Backbone, BackboneConfig
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
 from atlas_fast.files import file_blake2b, read_json
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
                                      check_scale, register_method)
+from atlas_fast.methods.base import load_teacher as load_teacher_clip
 from atlas_fast.methods.ivlp import PAPER_CTX_INIT, check_depth, normal_prompts
 from atlas_fast.methods.promptsrc import PromptSRC, PromptSRCConfig
 
@@ -276,11 +277,9 @@ def load_teacher(config: PromptKDConfig, device: torch.device | str) -> Backbone
            config.teacher_depth_vision, str(torch.device(device)))
     if key in _TEACHERS:
         return _TEACHERS[key]
-    try:
-        backbone = shared_backbone(config.teacher_backbone(), device)
-    except (WeightsUnavailableError, FileNotFoundError) as exc:
-        raise type(exc)(f"PromptKD's teacher {config.teacher} ({config.teacher_pretrained}) cannot be loaded. {exc} "
-                        f"For the teacher itself: {TEACHER_OPTIONS} (Python: method_options)") from None
+    # any failure (an unknown model, weights not here, a damaged or other architecture's file) names the teacher's
+    # own options, as KDPL's teacher does
+    backbone = load_teacher_clip("PromptKD", config.teacher, config.teacher_pretrained, device)
     loaded = teacher_prompts(config)
     prompt_config = loaded.config if loaded is not None else PromptSRCConfig(
         n_ctx_text=config.teacher_n_ctx_text, n_ctx_vision=config.teacher_n_ctx_vision,
