@@ -172,11 +172,14 @@ def run_experiment(module: ModuleType | str, argv: Sequence[str] | None = None) 
     module_parser = build_parser(module)
     args = module_parser.parse_args(argv)
     apply_download(args)
-    if args.executor == "local":  # a sweep's workers elsewhere may hold the GPU this machine lacks
-        from atlas_fast.app.options import command_graph_steps
+    from atlas_fast.app.options import command_graph_steps
+
+    # graphs asked for on a device without them: refused before the world is generated (torch is imported only then;
+    # a sweep's workers elsewhere may hold the GPU this machine lacks)
+    if command_graph_steps(args) and args.executor == "local":
         from atlas_fast.engine.spec import refuse_graph_steps_off_cuda
 
-        refuse_graph_steps_off_cuda(command_graph_steps(args), getattr(args, "device", "auto"))  # before the world
+        refuse_graph_steps_off_cuda(True, getattr(args, "device", "auto"))
     if args.world:
         apply_world(args, module_parser, module)
     elif args.data_root is None:
