@@ -118,3 +118,23 @@ def assert_same_calibration(got, expected, abs=1e-3):
             else:
                 tolerance = pytest.approx(expected[name][key], abs=1e-2 if key.endswith("_ts") else abs)
             assert value == tolerance, (name, key, value, expected[name][key])
+
+
+def fake_cuda_streams(monkeypatch) -> None:
+    """torch.cuda's streams, stream context and graph pool faked on the CPU, and CUDA graphs declared available to the
+    engine: what every fake of graphed steps starts from (each test file fakes the capture and replay itself)."""
+    from atlas_fast.engine import graphs, loop
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(graphs, "graphs_available", lambda device: True)
+    monkeypatch.setattr(loop, "graphs_available", lambda device: True)

@@ -6,6 +6,7 @@ import torch
 
 from atlas_fast.cli import main
 from atlas_fast.cli.doctor import MISMATCH_STATUS
+from helpers import fake_cuda_streams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,23 +99,9 @@ def test_bad_options_are_named(capsys):
 def fake_graphs(monkeypatch):
     """CUDA graphs faked on the CPU (as tests/test_step_graphs.py fakes them): a capture runs nothing and a replay
     runs the captured step again, so the doctor's graphed rows run their bookkeeping here."""
-    import contextlib
+    from atlas_fast.engine import graphs
 
-    from atlas_fast.engine import graphs, loop
-
-    class Stream:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def wait_stream(self, other):
-            pass
-
-    monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
-    monkeypatch.setattr(graphs, "graphs_available", lambda device: True)
-    monkeypatch.setattr(loop, "graphs_available", lambda device: True)
+    fake_cuda_streams(monkeypatch)
     record = {"fail": False}
 
     def capture(body, stream, pool=None, **kwargs):

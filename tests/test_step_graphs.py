@@ -20,6 +20,7 @@ from atlas_fast.clip.text_encoder import graph_length_groups
 from atlas_fast.engine.loop import train_runs
 from atlas_fast.engine.step import RunState
 from atlas_fast.methods.base import OptimRecipe, method_class
+from helpers import fake_cuda_streams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,21 +46,9 @@ class Rows:
 @pytest.fixture
 def fake_graphs(monkeypatch):
     """torch.cuda's streams faked, graphs "captured" without running and replayed by running the step again."""
-    from atlas_fast.engine import graphs, loop
+    from atlas_fast.engine import graphs
 
-    class Stream:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def wait_stream(self, other):
-            pass
-
-    monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
-    monkeypatch.setattr(graphs, "graphs_available", lambda device: True)
-    monkeypatch.setattr(loop, "graphs_available", lambda device: True)
+    fake_cuda_streams(monkeypatch)
     record = {"captures": 0, "replays": 0, "syncs": [], "before": [], "after": []}
 
     def capture(body, stream, pool=None):

@@ -159,6 +159,18 @@ def load_teacher(owner: str, model: str, pretrained: str, device: Any, model_opt
                         f"{weights_option}=~/.cache/clip/ViT-B-16.pt") from None
 
 
+def teacher_for_views(owner: str, teacher: Backbone, student: Backbone, choose: str) -> Backbone:
+    """``teacher`` with ``student``'s image transform: the teacher-based reference trainers feed the student's
+    preprocessed images to the teacher, so the feed encodes the student's views with it. A teacher of another image
+    size is refused, ``choose`` saying how to pick one."""
+    size, own = student.preprocessing.image_size, teacher.preprocessing.image_size
+    if size != own:
+        raise ValueError(f"{owner}'s teacher {teacher.describe()} takes {own} px images, but the student's views are "
+                         f"{size} px (the reference feeds the student's images to the teacher); choose a teacher of "
+                         f"the student's image size {choose}")
+    return replace(teacher, preprocessing=student.preprocessing)
+
+
 def check_finite_fields(config: Any) -> None:
     """Refuse a config (a dataclass) holding a float field that is NaN or infinite, naming the field: such a value
     passes every ``>= 0`` check and only fails after the features are encoded."""

@@ -38,7 +38,7 @@ from atlas_fast.data.datasets import zeroshot_template
 from atlas_fast.data.dictionary import read_classnames
 from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     check_scale, load_teacher, register_method)
+                                     check_scale, load_teacher, register_method, teacher_for_views)
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
 from atlas_fast.methods.maple import MaPLe, MaPLeConfig
@@ -174,12 +174,7 @@ class KDPL(PromptMethod):
         """The teacher (loaded once per process) with ``backbone``'s transform: it encodes the student's views, as
         the reference feeds the student's preprocessed images to the teacher."""
         teacher = load_teacher("KDPL", config.teacher, config.teacher_pretrained, backbone.device)
-        size, own = backbone.preprocessing.image_size, teacher.preprocessing.image_size
-        if size != own:
-            raise ValueError(f"KDPL's teacher {teacher.describe()} takes {own} px images, but the student's views "
-                             f"are {size} px (the reference feeds the student's images to the teacher); choose a "
-                             f"teacher of the student's image size with --method-option teacher=MODEL")
-        return dataclasses.replace(teacher, preprocessing=backbone.preprocessing)
+        return teacher_for_views("KDPL", teacher, backbone, "with --method-option teacher=MODEL")
 
     @classmethod
     def check_before_work(cls, config: KDPLConfig, backbone: Backbone) -> None:

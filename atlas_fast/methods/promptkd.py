@@ -47,7 +47,7 @@ from atlas_fast.clip.backbones import Backbone, BackboneConfig
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
 from atlas_fast.files import file_blake2b, read_json
 from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     check_scale, register_method)
+                                     check_scale, register_method, teacher_for_views)
 from atlas_fast.methods.base import load_teacher as load_teacher_clip
 from atlas_fast.methods.ivlp import PAPER_CTX_INIT, check_depth, normal_prompts
 from atlas_fast.methods.promptsrc import PromptSRC, PromptSRCConfig
@@ -432,13 +432,7 @@ class PromptKD(PromptMethod):
     def view_teacher(cls, config: PromptKDConfig, backbone: Backbone) -> Backbone:
         """The prompted teacher with ``backbone``'s transform: the feed caches its prompted image features of every
         training view in a file of its fingerprint (weights and prompts)."""
-        teacher = load_teacher(config, backbone.device)
-        size, own = backbone.preprocessing.image_size, teacher.preprocessing.image_size
-        if size != own:
-            raise ValueError(f"PromptKD's teacher {teacher.describe()} takes {own} px images, but the student's views "
-                             f"are {size} px (the official trainer feeds the student's images to the teacher); "
-                             f"choose a teacher of the student's image size ({TEACHER_OPTIONS})")
-        return dataclasses.replace(teacher, preprocessing=backbone.preprocessing)
+        return teacher_for_views("PromptKD", load_teacher(config, backbone.device), backbone, f"({TEACHER_OPTIONS})")
 
     @classmethod
     def check_before_work(cls, config: PromptKDConfig, backbone: Backbone) -> None:
