@@ -38,6 +38,26 @@ def test_one_family_on_the_cpu_passes(capsys):
     assert out.rstrip().endswith("No mismatch: every check this device can run passed.")
 
 
+def test_a_graph_steps_setting_that_refuses_every_run_here_fails_the_doctor(monkeypatch):
+    """ATLAS_FAST_GRAPH_STEPS=on on a CPU, or a value that is not auto/on/off, makes every command that trains refuse
+    to start: the doctor says so in a FAIL row (it printed the value and 'No mismatch'); unset, auto and off add no
+    row."""
+    from atlas_fast.app.doctor import FAIL, graph_setting_rows
+
+    cpu = torch.device("cpu")
+    for value in ("", "auto", "off", "OFF"):
+        monkeypatch.setenv("ATLAS_FAST_GRAPH_STEPS", value)
+        assert graph_setting_rows(cpu) == []
+    monkeypatch.setenv("ATLAS_FAST_GRAPH_STEPS", "on")
+    [row] = graph_setting_rows(cpu)
+    assert row.status == FAIL and "every command that trains on cpu refuses to start" in row.measured
+    assert "needs a CUDA device" in row.note and "unset it or set it to auto or off" in row.note
+    assert graph_setting_rows(torch.device("cuda")) == []  # a device object only: nothing runs
+    monkeypatch.setenv("ATLAS_FAST_GRAPH_STEPS", "bogus")
+    [row] = graph_setting_rows(cpu)
+    assert row.status == FAIL and "'bogus' is not a --graph-steps choice" in row.note
+
+
 @pytest.mark.slow  # (the default run injects an upload and a failing capture instead)
 def test_a_group_unlike_its_run_alone_fails_the_doctor(monkeypatch, capsys):
     """Injected: the run trained alone ends with a learned tensor moved by 0.01."""

@@ -161,6 +161,25 @@ def device_rows(device: torch.device) -> list[Row]:
                 f"CUDA available to torch: {torch.cuda.is_available()}; checks on the CPU")]
 
 
+def graph_setting_rows(device: torch.device) -> list[Row]:
+    """What the environment's graph-steps setting does to this machine's commands: a FAIL where it makes every command
+    that trains refuse to start (a value that is not auto/on/off, or on where the device has no CUDA graphs); no row
+    where it leaves them alone (unset, auto, off)."""
+    from atlas_fast.engine.graphs import device_refusal
+    from atlas_fast.vocabulary import GRAPH_STEPS_VARIABLE, environment_graph_steps
+
+    check = f"graph steps setting ({GRAPH_STEPS_VARIABLE})"
+    try:
+        asked = environment_graph_steps()
+    except ValueError as exc:
+        return [Row(check, FAIL, "every command that trains refuses to start", str(exc))]
+    refusal = device_refusal(device) if asked else None
+    if refusal:
+        return [Row(check, FAIL, f"{GRAPH_STEPS_VARIABLE}=on: every command that trains on {device.type} refuses "
+                                 f"to start", f"{refusal}; unset it or set it to auto or off (or pass --graph-steps)")]
+    return []
+
+
 # --- the method families -------------------------------------------------------------------------------------------
 
 @dataclass
@@ -397,6 +416,7 @@ def run_doctor(device: str = "auto", model: str | None = None, families: Sequenc
     rows = report.rows
     _guarded(rows, "versions", version_rows)
     _guarded(rows, "device", lambda: device_rows(resolved))
+    _guarded(rows, "graph steps setting", lambda: graph_setting_rows(resolved))
     model = model or ("ViT-B-16" if cuda else "atlas-tiny")
     backbone = load_backbone(BackboneConfig(model, None), str(resolved))
     wanted = [(family, method) for family, method in FAMILIES if families is None or method in families]
