@@ -351,3 +351,16 @@ def test_the_teacher_and_its_dictionary_are_checked_before_any_image_is_encoded(
     # the other architecture's file is named with the teacher's option, not the student's --model
     assert train(teacher, f"teacher_pretrained={folder / 'student.bin'}") == 2
     assert "and the teacher=MODEL it was trained as" in capsys.readouterr().err
+
+
+def test_a_teacher_of_another_image_size_is_refused_and_a_fitting_one_takes_the_students_transform(tiny):
+    """The reference trainers feed the student's preprocessed images to the teacher: KDPL's and PromptKD's teacher
+    must take the student's image size, and then encodes with the student's transform."""
+    from atlas_fast.methods.base import teacher_for_views
+
+    larger = dataclasses.replace(tiny, preprocessing=dataclasses.replace(tiny.preprocessing, image_size=64,
+                                                                          mean=(0.5, 0.5, 0.5)))
+    with pytest.raises(ValueError, match=r"KDPL's teacher .* takes 64 px images, but the student's views are 32 px"):
+        teacher_for_views("KDPL", larger, tiny, "with --method-option teacher=MODEL")
+    same_size = dataclasses.replace(tiny, preprocessing=dataclasses.replace(tiny.preprocessing, mean=(0.5, 0.5, 0.5)))
+    assert teacher_for_views("KDPL", same_size, tiny, "").preprocessing == tiny.preprocessing
