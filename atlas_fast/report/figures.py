@@ -272,8 +272,8 @@ def reliability_figure(tables: dict[str, dict[str, list[float]]], class_set: str
                     label="accuracy")
             held = [b for b in range(bins) if table["count"][b]]
             top.bar([lefts[b] for b in held], [confidence[b] - accuracy[b] for b in held], width, align="edge",
-                    bottom=[accuracy[b] for b in held], color="tab:red", alpha=0.3, hatch="//", linewidth=0,
-                    label="gap to confidence")
+                    bottom=[accuracy[b] for b in held], color="tab:red", alpha=0.3, linewidth=0,
+                    label="gap to the bin's mean confidence")
             top.plot([0, 1], [0, 1], "k--", linewidth=0.8)
             top.set_xlim(0, 1)
             top.set_ylim(0, 1)
@@ -285,7 +285,8 @@ def reliability_figure(tables: dict[str, dict[str, list[float]]], class_set: str
                 bottom.set_ylabel("images")
             for ax in (top, bottom):
                 ax.spines[["top", "right"]].set_visible(False)
-        axes[0][0].legend(loc="upper left", frameon=False, fontsize=8)
+        handles, names = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="lower center", bbox_to_anchor=(0.5, -0.06), ncol=2, frameon=False, fontsize=8)
     return fig
 
 
