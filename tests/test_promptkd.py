@@ -112,9 +112,15 @@ def official_loss(stu_logits, tea_logits, weight, temperature, reduction="sum", 
 
 
 @pytest.fixture()
-def teacher_at_another_temperature():
+def teacher_at_another_temperature(monkeypatch):
     """The tiny teacher's logit scale moved off the student's (both start at 1/0.07), so that scoring the teacher at
-    the student's temperature differs from the official (its own)."""
+    the student's temperature differs from the official (its own). PromptKD's prompted teachers kept by an earlier
+    test may wrap a teacher CLIP the backbone store has since let go, so they are set aside: the method's teacher is
+    then built on the one moved here."""
+    import atlas_fast.methods.promptkd as promptkd
+
+    monkeypatch.setattr(promptkd, "_TEACHERS", {})
+    monkeypatch.setattr(promptkd, "_TEACHER_TEXT", {})
     teacher = shared_backbone(BackboneConfig("atlas-tiny-teacher", None))
     saved = teacher.model.logit_scale.detach().clone()
     teacher.model.logit_scale.data.fill_(math.log(40.0))

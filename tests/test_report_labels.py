@@ -195,10 +195,12 @@ def test_heading_and_plot_say_the_shots_the_runs_had_and_the_note_is_said_once(t
     """Runs asked for 16 shots of classes that hold 4 training images: the command says so once (it said it once
     per run), and the report's heading and its plot's title give the 4 shots the runs had (the heading read '16
     shots'), the plot with what the table changes from the recipe (it carried no mark)."""
+    from atlas_fast.engine import spec
     from atlas_fast.report import figures
     from atlas_fast.report.collect import report_folder
     from atlas_fast.sweep import run_configs
 
+    monkeypatch.setattr(spec, "_SAID", set())  # a note is said once per process: start as a new command does
     root = small_pets(tmp_path_factory, "asked16")
     run_configs([tiny_pets_config(root, shots=16, seed=seed) for seed in (1, 2)], progress=False)
     err = capsys.readouterr().err
