@@ -180,6 +180,7 @@ def test_captions_and_contrastive_targets():
     assert perfect.item() == pytest.approx(np.log(2) * 2 / 3, abs=1e-3)
 
 
+@pytest.mark.slow  # the world's CLIP pretraining is a research tool (tools/world/), not a user's path
 def test_pretrain_saves_a_checkpoint_that_load_backbone_reads(tmp_path):
     cfg = PretrainConfig(steps=2, batch_size=8, warmup_steps=1, threads=1)
     model, tokenizer = pretrain(cfg)
@@ -204,6 +205,7 @@ def test_pretrain_saves_a_checkpoint_that_load_backbone_reads(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before if k != "logit_scale")
 
 
+@pytest.mark.slow  # the world's CLIP pretraining is a research tool (tools/world/), not a user's path
 def test_pretraining_resumes_after_a_crash_to_the_same_weights(tmp_path, monkeypatch):
     """A run killed after its step-2 checkpoint and resumed ends with exactly the weights of an uninterrupted run;
     a state saved by another configuration is refused, and the state file is only ever replaced whole."""

@@ -60,6 +60,7 @@ def test_noun_adjective_captions_draw_the_image_in_the_colour_the_adjective_mean
     assert not any(w in module.NOUN_ADJECTIVES for t in plain.batch(0)[2] for w in t[:-1].split(" "))
 
 
+@pytest.mark.slow  # the world's CLIP pretraining is a research tool (tools/world/), not a user's path
 def test_language_stage_trains_the_text_side_only_and_resumes_after_a_crash_to_the_same_weights(tmp_path,
                                                                                                monkeypatch):
     from atlas_fast.clip.backbones import BackboneConfig, load_backbone
