@@ -338,7 +338,7 @@ WORLD_MODULE_ARGS = {
     "table_ablation": [],
     "table_calibration": ["--methods", "coop", "--every-epoch", "ls", "--kinds", "isl", "--datasets", "WorldSketches"],
     "table_cross_dataset": ["--methods", "coop", "--zero-shot"],
-    "theorem1_kappa": ["--datasets", "WorldSketches", "--snapshot-fractions", "0.5"],
+    "theorem1_kappa": ["--datasets", "WorldSketches", "--snapshot-fractions", "0.5", "--kinds", "csl", "isl"],
     "views_study": ["--view-counts", "1", "0"],
 }
 
