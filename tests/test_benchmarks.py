@@ -130,3 +130,26 @@ def test_gpu_check_sh_help_prints_its_usage_and_runs_nothing(tmp_path):
     assert "--smoke" in done.stdout and "--wheels DIR" in done.stdout and "Exit status" in done.stdout
     assert "atlas-fast doctor\n" not in done.stdout and "MISSING" not in done.stdout + done.stderr
     assert not done.stdout.startswith("#!")
+
+
+@pytest.mark.slow
+def test_pinned_runs_are_identical_twice_and_a_changed_field_is_a_difference(capsys, tmp_path):
+    """benchmarks/pinned_runs.py on two of its cases (a lone and a batched CoOp): two runs write identical summaries
+    (compare exits 0); a changed loss and a missing run are named, field by field, and compare exits 1."""
+    module = load_benchmark("pinned_runs")
+    first, second, changed = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    for out in (first, second):
+        assert module.main(["--out", str(out), "--only", "lone/coop", "batched/coop",
+                            "--work", str(tmp_path / "work")]) == 0
+    assert module.main(["--compare", str(first), str(second)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("3 runs: identical")
+    summary = json.loads(first.read_text())
+    assert {"lone/coop#0", "batched/coop#0", "batched/coop#1"} <= summary["runs"].keys()
+    assert summary["runs"]["batched/coop#1"]["batch_runs"] == 2 and summary["runs"]["lone/coop#0"]["tensors"]["ctx"]
+    summary["runs"]["lone/coop#0"]["epochs"][1]["loss"] += 1e-7
+    del summary["runs"]["batched/coop#1"]
+    changed.write_text(json.dumps(summary))
+    assert module.main(["--compare", str(first), str(changed)]) == 1
+    out = capsys.readouterr().out
+    assert "lone/coop#0: 1 difference(s)\n  epochs[1].loss:" in out and "batched/coop#1: 1 difference(s)" in out
+    assert out.rstrip().endswith("3 runs, 2 differ")
