@@ -18,7 +18,7 @@ Setting = Literal["base2new", "few_shot", "cross_dataset"]
 SETTINGS: tuple[Setting, ...] = get_args(Setting)
 
 # A family of training recipes: the ATLaS paper's, or each method repository's own (TrainConfig.recipe_family,
-# ``--recipe``). The optimisation recipe a family gives a run is an OptimRecipe (atlas_fast.methods.base).
+# ``--recipe``). The optimisation recipe a family gives a run is an OptimRecipe (atlas_fast.methods.config).
 RecipeFamily = Literal["paper", "original"]
 RECIPE_FAMILIES: tuple[RecipeFamily, ...] = get_args(RecipeFamily)
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.clip.transforms import load_views  # noqa: E402
 from atlas_fast.engine.loop import build_optimizer, set_epoch_lr, set_step_lr  # noqa: E402
-from atlas_fast.methods.base import method_class  # noqa: E402
+from atlas_fast.methods.registry import method_class  # noqa: E402
 from train_speed import write_images  # noqa: E402
 
 METHODS = ("tcp", "clip-lora-text", "kdpl-coop", "kdpl-cocoop")

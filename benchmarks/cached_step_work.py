@@ -44,7 +44,7 @@ from atlas_fast.data.datasets import ELEVEN  # noqa: E402
 from atlas_fast.engine.graphs import DispatchCount  # noqa: E402
 from atlas_fast.engine.optim import RunsSGD  # noqa: E402
 from atlas_fast.engine.step import RunState, forward_backward  # noqa: E402
-from atlas_fast.methods.base import method_class  # noqa: E402
+from atlas_fast.methods.registry import method_class  # noqa: E402
 from atlas_fast.world.standins import real_classes  # noqa: E402
 
 #: an H100 SXM's dense fp16 tensor peak, and the share of it a well-fed step reaches (the issues' floor)
@@ -210,7 +210,7 @@ def host_counts(backbone, method: str, runs: int, amp: bool, batch: int = 8, ste
     """Per step: operators the host dispatches and read-backs, eager and graphed (between replays; inside the
     replayed step), through the training loop."""
     from atlas_fast.engine.loop import train_runs
-    from atlas_fast.methods.base import OptimRecipe
+    from atlas_fast.methods.config import OptimRecipe
 
     entry = method_class(method)
     names = [f"class {i}" for i in range(10)]

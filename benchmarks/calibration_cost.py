@@ -24,7 +24,7 @@ from atlas_fast.engine.calibration import per_image_scores
 from atlas_fast.engine.evaluate import EvalSet, score_method
 from atlas_fast.engine.record import predictions_bytes
 import atlas_fast.methods.base as method_base
-from atlas_fast.methods.base import build_method
+from atlas_fast.methods.registry import build_method
 
 
 def timed(function) -> float:

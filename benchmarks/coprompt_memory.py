@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.engine import memory  # noqa: E402
 from atlas_fast.engine.feed import PixelBatch  # noqa: E402
-from atlas_fast.methods.base import build_method  # noqa: E402
+from atlas_fast.methods.registry import build_method  # noqa: E402
 from atlas_fast.methods.coprompt import coprompt_recipe  # noqa: E402
 from atlas_fast.pricing.units import PeakMemory, host_rss  # noqa: E402
 

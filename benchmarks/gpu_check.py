@@ -323,7 +323,8 @@ def _train_cached(name: str, backbone, classnames, features, labels, epochs: int
     from atlas_fast.clip.text_encoder import graph_length_groups
     from atlas_fast.engine.loop import train_runs
     from atlas_fast.engine.step import RunState
-    from atlas_fast.methods.base import OptimRecipe, method_class
+    from atlas_fast.methods.config import OptimRecipe
+    from atlas_fast.methods.registry import method_class
 
     from atlas_fast.engine.pipeline import stack_runs
 
@@ -379,7 +380,7 @@ def cached_method_config(name: str, backbone, runs: int = 1):
 
 def feature_width(name: str, backbone) -> int:
     """The width of a cached method's training features: the backbone's, and its teacher's appended (KDPL)."""
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     teacher = method_class(name).view_teacher(cached_method_config(name, backbone), backbone)
     return backbone.embed_dim + (teacher.embed_dim if teacher is not None else 0)
@@ -614,7 +615,8 @@ def _train_pixels(name: str, backbone, classnames, runs: int, steps: int, epochs
     from atlas_fast.clip.text_encoder import graph_length_groups
     from atlas_fast.engine.loop import train_runs
     from atlas_fast.engine.step import RunState
-    from atlas_fast.methods.base import OptimRecipe, method_class
+    from atlas_fast.methods.config import OptimRecipe
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.pricing.units import method_config_for
 
     device = torch.device(SETUP["device"])
@@ -676,7 +678,7 @@ def check_pixel_memory(backbone) -> None:
     planner's estimate, and the R the planner picks for them on this device."""
     from atlas_fast.cache.space import human_bytes
     from atlas_fast.engine import memory
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.pricing.units import measure_step, method_config_for
 
     cuda = SETUP["device"] == "cuda"
@@ -835,7 +837,8 @@ def check_promptsrc_unequal(backbone, steps: int = 5) -> None:
     from atlas_fast.clip.text_encoder import graph_length_groups
     from atlas_fast.engine.loop import train_runs
     from atlas_fast.engine.step import RunState
-    from atlas_fast.methods.base import OptimRecipe, method_class
+    from atlas_fast.methods.config import OptimRecipe
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.pricing.units import _SyntheticInputs, _training_inputs, method_config_for
 
     cuda = SETUP["device"] == "cuda"
@@ -992,7 +995,7 @@ def check_reserved_memory(backbone, runs: int = 12, classes: int = 1000) -> None
     allocator) against what the memory plan budgets for that group."""
     from atlas_fast.cache.space import human_bytes
     from atlas_fast.engine import memory
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     cuda = SETUP["device"] == "cuda"
     if not cuda:

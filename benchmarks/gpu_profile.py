@@ -44,7 +44,8 @@ def profile(backbone, classes: int, runs: int, steps: int, device: torch.device,
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.engine.loop import train_runs
     from atlas_fast.engine.step import RunState
-    from atlas_fast.methods.base import OptimRecipe, method_class
+    from atlas_fast.methods.config import OptimRecipe
+    from atlas_fast.methods.registry import method_class
 
     entry = method_class("coop")
     classnames = [f"class number {i}" for i in range(classes)]

@@ -60,7 +60,7 @@ from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E40
 from atlas_fast.data.check import PUBLISHED_SIZES  # noqa: E402
 from atlas_fast.data.datasets import ELEVEN  # noqa: E402
 from atlas_fast.engine import memory  # noqa: E402
-from atlas_fast.methods.base import method_class  # noqa: E402
+from atlas_fast.methods.registry import method_class  # noqa: E402
 from atlas_fast.pricing import estimate as est  # noqa: E402
 from atlas_fast.pricing import units as measure  # noqa: E402
 from atlas_fast.pricing.units import Unit  # noqa: E402

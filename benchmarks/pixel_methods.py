@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.engine.feed import PixelBatch  # noqa: E402
-from atlas_fast.methods.base import build_method  # noqa: E402
+from atlas_fast.methods.registry import build_method  # noqa: E402
 from atlas_fast.methods.coop import CoOpConfig  # noqa: E402
 from atlas_fast.methods.dept import DePTMaPLeConfig  # noqa: E402
 from atlas_fast.methods.ivlp import IVLPConfig  # noqa: E402

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
-from atlas_fast.methods.base import build_method  # noqa: E402
+from atlas_fast.methods.registry import build_method  # noqa: E402
 from atlas_fast.methods.coop import CoOpConfig  # noqa: E402
 from atlas_fast.methods.maple import MaPLeConfig  # noqa: E402
 

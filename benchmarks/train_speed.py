@@ -45,7 +45,7 @@ from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E40
 from atlas_fast.cache import FeatureCache  # noqa: E402
 from atlas_fast.data.base import Datum  # noqa: E402
 from atlas_fast.engine.evaluate import top1_accuracy  # noqa: E402
-from atlas_fast.methods.base import OptimRecipe  # noqa: E402
+from atlas_fast.methods.config import OptimRecipe  # noqa: E402
 from atlas_fast.methods.coop import CoOp, CoOpConfig  # noqa: E402
 from atlas_fast.atlas.schedules import OneHot  # noqa: E402
 from atlas_fast.engine.feed import CachedViews, EpochTensorInputs  # noqa: E402

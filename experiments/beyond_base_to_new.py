@@ -64,7 +64,7 @@ def teacher_options(args: argparse.Namespace, method: str) -> list[str]:
     """With ``--world``, KDPL's and PromptKD's teacher is the world's CLIP unless ``--method-option`` names one
     (PromptKD's with its prompts at their initialisation, at the world's depth 4, unless its prompts are named)."""
     from atlas_fast.app.options import WORLD_BACKBONE, WORLD_TOWER_LAYERS, method_options
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     given = method_options(args.method_option, method) or {}
     if not args.world:
@@ -101,7 +101,7 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 def method_block(args: argparse.Namespace, method: str) -> list[TrainConfig]:
     """The runs of ``method``'s block, in a fixed order."""
     from atlas_fast.app.options import method_options
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.sweep import atlas_variants, grid_configs
 
     variants = atlas_variants("base2new", args.kinds)
@@ -136,7 +136,7 @@ def row_name(config: dict) -> str:
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.report.rows import aggregate, method_name
 
     rows, start = [], 0

@@ -9,7 +9,7 @@ import torch
 
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.pipeline import run_group, stack_runs
-from atlas_fast.methods.base import method_class
+from atlas_fast.methods.registry import method_class
 from atlas_fast.methods.coop import CoOpConfig
 from atlas_fast.engine.record import load_learned
 from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
@@ -90,7 +90,7 @@ def _check_batched_equals_alone(pets, method, method_config, suffix):
 
 @pytest.mark.parametrize("method", ["kgcoop", "dept-coop"])
 def test_methods_that_cannot_batch_train_their_runs_one_by_one(pets, method, monkeypatch):
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     monkeypatch.setattr(method_class(method), "supports_batched_runs", False)  # e.g. a method of a plugin
     configs = _configs(pets, f"alone-{method}", method=method)[:2]

@@ -12,7 +12,7 @@ from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.pipeline import run_group
-from atlas_fast.methods.base import method_class
+from atlas_fast.methods.registry import method_class
 from layouts import make_oxford_pets
 from registry_cases import NOISY, batches_pixels, capable, cases, small_options
 from test_batched import _assert_equal_records

@@ -16,7 +16,8 @@ from atlas_fast.engine import run
 from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.engine.loop import build_optimizer, set_step_lr
 from atlas_fast.engine.optim import RunsAdam
-from atlas_fast.methods.base import OptimRecipe, build_method
+from atlas_fast.methods.config import OptimRecipe
+from atlas_fast.methods.registry import build_method
 from helpers import eight_class_pets, tiny_pets_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

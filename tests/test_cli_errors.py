@@ -119,7 +119,7 @@ def test_a_warning_is_one_line_without_its_source(monkeypatch, capsys):
 
 
 def test_no_unbatched_warning_unless_batching_was_asked_for(tmp_path, capsys, monkeypatch):
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     monkeypatch.setattr(method_class("kgcoop"), "supports_batched_runs", False)  # as a plugin's method may be
     make_oxford_pets(tmp_path / "data", n_classes=4, n_train=3, n_val=1, n_test=2, size=32)

@@ -11,7 +11,7 @@ import pytest
 from atlas_fast.cli import main
 from atlas_fast.engine.loop import build_optimizer, lr_at_epoch, set_epoch_lr
 from atlas_fast.engine.evaluate import harmonic_mean
-from atlas_fast.methods.base import build_method
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.dept import dept_coop_recipe
 from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
 from layouts import make_imagenet, make_oxford_pets

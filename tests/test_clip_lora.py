@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-from atlas_fast.methods.base import OptimRecipe, build_method
+from atlas_fast.methods.config import OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.clip_lora import (CLIPLoRA, CLIPLoRAConfig, CLIPLoRAText, CLIPLoRATextConfig, adapted_blocks,
                                           clip_lora_recipe)
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios

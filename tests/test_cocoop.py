@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.methods import METHODS
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.config import MissingRecipe, OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig, cocoop_recipe
 from helpers import assert_gradients_close, reference_text_features
 

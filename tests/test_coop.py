@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.methods import METHODS
-from atlas_fast.methods.base import OptimRecipe, build_method
+from atlas_fast.methods.config import OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.cocoop import CoCoOpConfig
 from atlas_fast.methods.coop import CoOp, CoOpConfig, coop_recipe
 from atlas_fast.methods.dept import DePTCoOpConfig, DePTKgCoOpConfig

@@ -20,7 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.methods.base import MissingRecipe, build_method
+from atlas_fast.methods.config import MissingRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.coprompt import CoPromptConfig, coprompt_recipe, description_index
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
 from helpers import small_pets, tiny_pets_config

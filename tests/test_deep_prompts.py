@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-from atlas_fast.methods.base import MissingRecipe, build_method
+from atlas_fast.methods.config import MissingRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.coop import CoOpConfig
 from atlas_fast.methods.dept import dept_maple_recipe
 from atlas_fast.methods.ivlp import IVLPConfig, ivlp_recipe

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.methods import METHODS
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.config import MissingRecipe, OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.dept import (DePTCoCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig, dept_cocoop_recipe,
                                      dept_coop_recipe, dept_kgcoop_recipe)
 from atlas_fast.atlas.schedules import soft_cross_entropy

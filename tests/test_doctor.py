@@ -88,7 +88,7 @@ def test_a_group_unlike_its_run_alone_fails_the_doctor(monkeypatch, capsys):
 def test_a_step_with_host_traffic_fails_the_doctor(monkeypatch, capsys, traffic, expected):
     """Injected into CoOp's loss in every step (as CLIP-LoRA's logit scale once was built): a graph could not
     replay it."""
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     entry = method_class("coop")
     real = entry.training_loss

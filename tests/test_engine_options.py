@@ -10,7 +10,7 @@ from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.spec import evaluation_subsamples, plan_run
-from atlas_fast.methods.base import method_class
+from atlas_fast.methods.registry import method_class
 from helpers import eight_class_pets, tiny_pets_config
 
 TINY = BackboneConfig("atlas-tiny", None)

@@ -72,7 +72,7 @@ def test_split_option_parser(value):
        method=st.sampled_from(["coop", "kgcoop", "dept-coop", "maple", "promptsrc"]))
 def test_method_config_options(option, value, method):
     from atlas_fast.engine.spec import with_options
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     entry = method_class(method)
     config, _ = entry.recipe_function("paper", "base2new", 16, "OxfordPets")

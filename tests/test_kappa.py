@@ -14,7 +14,7 @@ from atlas_fast.atlas.schedules import soft_cross_entropy
 from atlas_fast.atlas.softlabels import uniform_ls
 from atlas_fast.engine import run
 from atlas_fast.engine.record import load_learned, split_snapshots, with_snapshots
-from atlas_fast.methods.base import build_method
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.coop import CoOp, CoOpConfig
 from atlas_fast.methods.ivlp import IVLPConfig
 from atlas_fast.methods.kgcoop import KgCoOpConfig

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.data.templates import IMAGENET_TEMPLATES
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.config import MissingRecipe, OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.kdpl import (KDPLCoCoOpConfig, KDPLCoOpConfig, KDPLMaPLeConfig, KDPLPromptSRCConfig,
                                      kdpl_coop_recipe, kdpl_maple_recipe, kdpl_promptsrc_recipe, read_classnames)
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
@@ -356,7 +357,7 @@ def test_the_teacher_and_its_dictionary_are_checked_before_any_image_is_encoded(
 def test_a_teacher_of_another_image_size_is_refused_and_a_fitting_one_takes_the_students_transform(tiny):
     """The reference trainers feed the student's preprocessed images to the teacher: KDPL's and PromptKD's teacher
     must take the student's image size, and then encodes with the student's transform."""
-    from atlas_fast.methods.base import teacher_for_views
+    from atlas_fast.methods.teachers import teacher_for_views
 
     larger = dataclasses.replace(tiny, preprocessing=dataclasses.replace(tiny.preprocessing, image_size=64,
                                                                           mean=(0.5, 0.5, 0.5)))

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.config import MissingRecipe, OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.kgcoop import KgCoOp, KgCoOpConfig, kgcoop_recipe
 from helpers import assert_gradients_close, reference_text_features
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.config import MissingRecipe, OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.mmrl import MMRLConfig, MMRLppConfig, mmrl_recipe, mmrlpp_recipe
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
 from helpers import eight_class_pets, tiny_pets_config
@@ -432,7 +433,7 @@ def test_the_imagenet_step_fits_the_memory_planner_s_estimate():
     from atlas_fast.cache.space import human_bytes
     from atlas_fast.clip.backbones import BackboneConfig, load_backbone
     from atlas_fast.engine import memory
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.pricing.units import host_rss, measure_step
 
     backbone = load_backbone(BackboneConfig("ViT-B-16", None))

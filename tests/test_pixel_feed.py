@@ -16,7 +16,7 @@ from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
 from atlas_fast.engine import TrainConfig
 from atlas_fast.engine.pipeline import run_group
 from atlas_fast.engine.pixels import DecodingPool, ImageViews, ViewFeed
-from atlas_fast.methods.base import build_method, method_class
+from atlas_fast.methods.registry import build_method, method_class
 from layouts import make_oxford_pets
 from registry_cases import SMALL_OPTIONS
 

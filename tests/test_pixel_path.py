@@ -15,7 +15,7 @@ from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
 from atlas_fast.engine import evaluate_saved
 from atlas_fast.engine.evaluate import harmonic_mean
 from atlas_fast.engine.feed import CachedViews, PixelBatch, PixelViews
-from atlas_fast.methods.base import build_method
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.coop import CoOpConfig
 from atlas_fast.methods.dept import DePTMaPLeConfig
 from atlas_fast.methods.ivlp import IVLPConfig
@@ -126,7 +126,7 @@ def test_views_too_large_to_preload_are_read_once_per_epoch_for_the_runs_sharing
 def test_pixel_method_end_to_end_with_and_without_atlas(pets, method):
     """A run trains and evaluates on base, new and all classes, its saved learned tensors evaluate as it did, and
     ATLaS changes the soft epochs of a method that trains on labels (a label-free one refuses label schedules)."""
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     options = small_options(method, pets / "data", load_dataset("OxfordPets", pets / "data").classnames)
     config = pixel_config(pets, method, method_config=None, method_options=options, results_dir=pets / f"e2e-{method}")

@@ -273,7 +273,7 @@ def test_estimate_refuses_an_empty_sweep():
 
 
 def test_measure_step_refuses_batched_runs_of_a_method_that_does_not_batch(tiny, monkeypatch):
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     monkeypatch.setattr(method_class("kgcoop"), "supports_batched_runs", False)
     with pytest.raises(ValueError, match="one by one"):
@@ -320,7 +320,7 @@ def test_the_memory_plan_counts_a_live_graphs_pool_beside_the_eager_steps(tiny, 
 
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.engine import memory
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.sweep import grid
 
     entry = method_class("coop")
@@ -343,7 +343,7 @@ def test_the_run_and_its_estimate_count_the_groups_that_train_alike(pets, monkey
     """A method that does not batch runs trains each seed as its own group: the dry-run listing, the run's progress
     line and the estimate all say so from one function (``group_runs``); the run said '3 to train in 1 group(s)
     (R = 1)' where the estimate said 3 groups."""
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.sweep import describe_plan, group_runs, plan_sweep
 
     monkeypatch.setattr(method_class("coop"), "supports_batched_runs", False)

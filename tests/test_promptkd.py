@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.config import MissingRecipe, OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.promptkd import PromptKD, PromptKDConfig, load_teacher, promptkd_recipe
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
 from helpers import small_pets, tiny_pets_config

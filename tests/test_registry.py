@@ -13,7 +13,9 @@ from torch import nn
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run, run_group
 from atlas_fast.app.catalogue import method_names
-from atlas_fast.methods.base import METHODS, MethodConfig, OptimRecipe, PromptMethod, method_class, register_method
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import MethodConfig, OptimRecipe
+from atlas_fast.methods.registry import METHODS, method_class, register_method
 from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -150,7 +152,7 @@ def test_capability_tests_cover_every_registered_method_that_declares_it(monkeyp
     """The batched and pixel-path tests take their methods from the registry (tests/registry_cases.py): a newly
     registered method that batches on pixels is a case at once, in the slow suite when its file already has one in
     the default run, in the default run when its file is new."""
-    from atlas_fast.methods.base import METHODS
+    from atlas_fast.methods.registry import METHODS
     from atlas_fast.methods.maple import MaPLe
     from registry_cases import batches_pixels, cases, reads_pixels
 

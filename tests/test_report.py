@@ -27,7 +27,7 @@ SCHEDULES = {"coop": ({"name": "onehot"}, None), "atlas": ({"name": "atlas", "pe
 def _recipe_epochs(method, setting, shots, dataset):
     """The epochs of the method's paper recipe (10 where it has none)."""
     from atlas_fast.methods import METHODS
-    from atlas_fast.methods.base import MissingRecipe
+    from atlas_fast.methods.config import MissingRecipe
 
     try:
         return METHODS[method].recipe_function("paper", setting, shots, dataset)[1].epochs

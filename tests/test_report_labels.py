@@ -175,7 +175,7 @@ def test_every_method_option_and_kdpl_s_teacher_show_in_the_label():
 
     import atlas_fast.methods  # noqa: F401  (registers the methods)
     from atlas_fast.engine.deviations import run_name
-    from atlas_fast.methods.base import METHODS
+    from atlas_fast.methods.registry import METHODS
 
     def described(method, **options):
         method_config, recipe = METHODS[method].recipe_function("paper", "base2new", 16, "OxfordPets")

@@ -13,7 +13,8 @@ import torch
 
 import atlas_fast.methods.base as method_base
 from atlas_fast.engine.evaluate import EvalSet, evaluate_method, streamed_top1, top1_accuracy
-from atlas_fast.methods.base import PromptMethod, build_method
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.registry import build_method
 
 CLASSNAMES = tuple(f"class {i}" for i in range(9))
 

@@ -208,7 +208,7 @@ def test_a_method_that_does_not_batch_trains_each_run_of_a_trial_alone(world, mo
     """A method that trains runs one by one (KgCoOp made so here, as a plugin's method may be): a trial of two seeds
     trains them in turn (steps continue over the second seed) and its value is the mean of the two runs' final
     values."""
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     monkeypatch.setattr(method_class("kgcoop"), "supports_batched_runs", False)
     search = search_config(world, "kgcoop", base=base_config(world, "kgcoop", method="kgcoop", method_options=None),

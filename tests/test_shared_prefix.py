@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from open_clip.transformer import Transformer
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-from atlas_fast.methods.base import build_method
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.cocoop import CoCoOpConfig
 from atlas_fast.methods.coop import CoOpConfig
 from atlas_fast.methods.dept import DePTCoCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig, DePTMaPLeConfig
@@ -213,7 +213,7 @@ def test_fused_blocks_are_used_and_unsupported_blocks_run_their_own_forward(monk
 def test_a_step_reads_no_values_back_from_the_device_after_the_first(tiny, monkeypatch, name, config):
     """A class set's EOT positions and packing are read to the host once: later passes read nothing back (on a GPU
     every such read waits for the device and forbids capturing the step in a CUDA graph)."""
-    from atlas_fast.methods.base import build_method
+    from atlas_fast.methods.registry import build_method
 
     method = build_method(name, tiny, ["cat", "great crested newt", "dog", "sea lion"], config)
     features = torch.randn(3, tiny.embed_dim)

@@ -19,7 +19,8 @@ from atlas_fast.atlas.schedules import Atlas, OneHot
 from atlas_fast.clip.text_encoder import graph_length_groups
 from atlas_fast.engine.loop import train_runs
 from atlas_fast.engine.step import RunState
-from atlas_fast.methods.base import OptimRecipe, method_class
+from atlas_fast.methods.config import OptimRecipe
+from atlas_fast.methods.registry import method_class
 from helpers import fake_cuda_streams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -390,7 +391,7 @@ DEFAULT_UPLOAD_CASES = ("coop", "clip-lora-text", "promptsrc", "dept-coop-onehot
 def _training_methods():
     """Every registered method that trains (from the registry), and DePT once more with its head's text rows on
     one-hot targets (its own cross-entropy, not the criterion's: a path of its own for a run that sits out)."""
-    from atlas_fast.methods.base import METHODS, method_class
+    from atlas_fast.methods.registry import METHODS, method_class
 
     method_class("coop")  # the registry is filled by importing the methods
     cases = [(name, {}) for name, entry in sorted(METHODS.items()) if entry.learns]

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, build_method
+from atlas_fast.methods.config import MissingRecipe, OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.coop import CoOpConfig
 from atlas_fast.methods.tcp import TCP, TCPConfig, tcp_recipe
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios

@@ -8,7 +8,7 @@ import torch
 
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.evaluate import harmonic_mean, top1_accuracy
-from atlas_fast.methods.base import OptimRecipe
+from atlas_fast.methods.config import OptimRecipe
 from atlas_fast.atlas.schedules import Atlas, OneHot
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.loop import lr_at_epoch

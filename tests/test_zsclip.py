@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from atlas_fast.engine.evaluate import EvalSet, evaluate_method, zero_shot_accuracy
-from atlas_fast.methods.base import OptimRecipe, build_method
+from atlas_fast.methods.config import OptimRecipe
+from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.zsclip import ZeroShotConfig, zsclip_recipe
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog"]

@@ -1,7 +1,7 @@
 """The registered methods' names, read from the method files without importing them (so the command line's
 ``--help`` and argument checks do not import torch): every ``register_method(Cls)`` call in
 ``atlas_fast/methods/*.py`` and the ``name`` and ``learns`` that class declares, the same class attributes the
-registry reads. The registry itself (:data:`atlas_fast.methods.base.METHODS`) stays the truth;
+registry reads. The registry itself (:data:`atlas_fast.methods.registry.METHODS`) stays the truth;
 ``tests/test_registry.py`` checks the two agree."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def method_names(learning_only: bool = False) -> list[str]:
     """The methods' names, sorted (``learning_only``: without zero-shot CLIP, which learns nothing): those the method
     files declare and, once the registry is imported, any method registered in this process (a user's own)."""
     found = dict(declared_methods())
-    registry = sys.modules.get("atlas_fast.methods.base")  # looked up, not imported: no torch for --help
+    registry = sys.modules.get("atlas_fast.methods.registry")  # looked up, not imported: no torch for --help
     if registry is not None:
         found.update({name: cls.learns for name, cls in registry.METHODS.items()})
     return sorted(name for name, learns in found.items() if learns or not learning_only)

@@ -197,7 +197,7 @@ class Trained:
 def _recipe(entry, epochs: int, steps: int):
     """Plain SGD at a visible lr (no warmup), or the method's own optimiser (TCP's Adam) with a cosine over the
     steps, at the doctor's batch size."""
-    from atlas_fast.methods.base import OptimRecipe
+    from atlas_fast.methods.config import OptimRecipe
 
     _, own = entry.recipe_function("paper", "base2new", 16, "ImageNet")
     if own.optimizer != "sgd":
@@ -217,7 +217,7 @@ def train_group(name: str, backbone, device: torch.device, runs: int, steps: int
     from atlas_fast.engine.loop import train_runs
     from atlas_fast.engine.pipeline import stack_runs
     from atlas_fast.engine.step import RunState
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.pricing.units import _SyntheticInputs, _training_inputs, method_config_for
 
     entry = method_class(name)
@@ -281,7 +281,7 @@ def family_rows(family: str, name: str, backbone, device: torch.device, steps: i
     group = alone."""
     from atlas_fast.engine import graphs as engine_graphs  # (looked up when called: the tests fake CUDA graphs)
     from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     cuda = device.type == "cuda"
     label = f"{family} ({name})"
@@ -337,7 +337,7 @@ def plan_rows(device: torch.device) -> list[Row]:
 
     from atlas_fast.cache.space import human_bytes
     from atlas_fast.engine import memory
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
     from atlas_fast.sweep import DEFAULT_BATCH_RUNS
 
     import logging

@@ -108,7 +108,7 @@ def run_train(args: argparse.Namespace) -> int:
                             schedule=variant.schedule)
                for method in args.methods for seed in args.seeds]
     if args.batch_runs is not None and args.batch_runs > 1 and len(args.seeds) > 1:  # asked for, so say so
-        from atlas_fast.methods.base import method_class
+        from atlas_fast.methods.registry import method_class
 
         for method in args.methods:
             if not method_class(method).supports_batched_runs:

@@ -19,7 +19,7 @@ import torch
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.data.fewshot import MAX_SEED
 from atlas_fast.errors import short_repr
-from atlas_fast.methods.base import MethodConfig
+from atlas_fast.methods.config import MethodConfig
 from atlas_fast.atlas.schedules import LabelSchedule, OneHot
 from atlas_fast.vocabulary import (CLASS_SETS, PRECISIONS as _PRECISIONS, RECIPE_FAMILIES, SETTINGS as _SETTINGS,
                                    FEWSHOT_ORDERS, ClassSet, FewShotOrder, Precision, RecipeFamily, Setting,

@@ -42,7 +42,8 @@ def _text(value: Any) -> str:
 def _recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The method's own method config and optimisation recipe for the run's family, setting, shots and dataset, as
     dicts (None where there is none)."""
-    from atlas_fast.methods.base import METHODS, MissingRecipe
+    from atlas_fast.methods.config import MissingRecipe
+    from atlas_fast.methods.registry import METHODS
 
     entry = METHODS.get(config.get("method", ""))
     if entry is None:

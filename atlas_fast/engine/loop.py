@@ -24,7 +24,8 @@ from atlas_fast.clip.text_encoder import graph_length_groups
 from atlas_fast.engine.graphs import StepGraphs, graphs_available
 from atlas_fast.engine.optim import RunsAdam, RunsOptimizer, RunsSGD
 from atlas_fast.engine.step import RunState, TrainStep, batches_for
-from atlas_fast.methods.base import OptimRecipe, PromptMethod
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import OptimRecipe
 from atlas_fast.progress import ProgressLines, progress_bar
 
 #: where no bar can redraw (a log, a notebook's captured output, the README's Python loop), a line about the epochs at

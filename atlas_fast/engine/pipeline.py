@@ -52,7 +52,8 @@ from atlas_fast.engine.spec import RunSpec, load_run_data, plan_run
 from atlas_fast.engine.step import RunState
 from atlas_fast.engine.validity import CALIBRATION, SAVED_RUN_FIELDS, check_seal, missing_fields, read_record
 from atlas_fast.errors import RunsFailed, user_errors
-from atlas_fast.methods.base import PromptMethod, method_class
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.registry import method_class
 from atlas_fast.threads import small_step_threads
 from atlas_fast.vocabulary import CLASS_SETS, HARMONIC_MEAN
 

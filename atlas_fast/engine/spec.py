@@ -27,7 +27,9 @@ from atlas_fast.engine.config import TrainConfig, resolve_device, resolve_precis
 from atlas_fast.engine.deviations import UNSTORED_DEFAULTS, run_name
 from atlas_fast.engine.graphs import device_refusal, graph_steps_refusal
 from atlas_fast.engine.run_identity import config_key, data_record_key
-from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, method_class
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe
+from atlas_fast.methods.registry import method_class
 from atlas_fast.vocabulary import CLASS_SETS, GRAPH_STEPS_VARIABLE
 
 

@@ -1,16 +1,16 @@
 """Prompt-tuning methods behind one interface (:class:`~atlas_fast.methods.base.PromptMethod`).
 
 Each method's file defines its class (which declares its name, printed name, recipe and data path), config and
-recipe, and registers the class with :func:`~atlas_fast.methods.base.register_method`; importing this package
+recipe, and registers the class with :func:`~atlas_fast.methods.registry.register_method`; importing this package
 imports every module in it, so a new method is one new file here (docs/method-zoo.md, section Adding a method).
-The registry, :data:`atlas_fast.methods.base.METHODS`, is what the rest of atlas_fast reads; import a method's
+The registry, :data:`atlas_fast.methods.registry.METHODS`, is what the rest of atlas_fast reads; import a method's
 names from its own module (``from atlas_fast.methods.coop import CoOp``).
 """
 
 import importlib
 import pkgutil
 
-from atlas_fast.methods.base import METHODS  # noqa: F401  (the registry: complete once this package is imported)
+from atlas_fast.methods.registry import METHODS  # noqa: F401  (the registry: complete once this package is imported)
 
 # The registry's order (the command line's choices, the report's rows): the paper's hosts in its order, then the
 # methods added after it, each file's methods in the order they are defined, then any other file by name. It is set

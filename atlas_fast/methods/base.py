@@ -1,4 +1,4 @@
-"""The interface every prompt-tuning method implements, its registry, and the optimisation recipe type.
+"""The interface every prompt-tuning method implements (:class:`PromptMethod`).
 
 A method owns its *learned* tensors (prompts, meta-nets, heads) and the class-name buffers it builds from the current
 class set; the frozen CLIP stays in the :class:`~atlas_fast.clip.backbones.Backbone` and is **not** part of the method's
@@ -7,187 +7,25 @@ module tree, so ``.to()``, ``.train()``, ``parameters()`` and checkpoints touch 
 ``R`` (number of runs trained together, e.g. several seeds of one sweep) is the leading dimension of every learned
 tensor and of the text path: ``text_features()`` is (R, C, D) and ``forward()`` gives logits (R, B, C), so runs can
 share one batched text-encoder pass. ``R = 1`` is an ordinary single run.
+
+Its config and recipe types are in :mod:`atlas_fast.methods.config`, the registry of method classes in
+:mod:`atlas_fast.methods.registry`.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, ClassVar, Iterator, Literal, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.vocabulary import OPTIMIZERS, RECIPE_FAMILIES as _RECIPE_FAMILIES, SETTINGS, Optimizer
+from atlas_fast.methods.config import MethodConfig, RecipeFunction
 
 # Images per chunk when a method evaluates cached test features chunk by chunk.
 EVAL_BATCH = 1024
-
-
-@dataclass(frozen=True)
-class OptimRecipe:
-    """A method's optimisation recipe (``docs/protocol.md``, section Optimisation). Default: Dassl's SGD + per-epoch
-    cosine after a constant warmup.
-
-    The warmup epochs count inside ``epochs``; lr of 0-based epoch e is ``warmup_lr`` for e < warmup_epochs, then
-    ``0.5 * lr * (1 + cos(pi * (e - warmup_epochs) / epochs))``.
-
-    ``optimizer``: ``sgd`` (``momentum``, ``weight_decay``), ``adam`` (Dassl's: L2 ``weight_decay`` added to the
-    gradient, TCP) or ``adamw`` (decoupled weight decay, CLIP-LoRA), both with ``betas``. ``iterations``: the
-    schedule counts optimiser steps instead of epochs (CLIP-LoRA's ``CosineAnnealingLR`` stepped every iteration):
-    step t runs at ``min_lr + 0.5 * (lr - min_lr) * (1 + cos(pi * t / iterations))``, there is no warmup, and
-    training stops after ``iterations`` steps, inside an epoch if it must. ``epochs`` is then resolved when a run is
-    planned, from its training images: ``ceil(iterations / steps per epoch)``.
-    """
-
-    epochs: int
-    batch_size: int
-    lr: float
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    warmup_epochs: int = 1
-    warmup_lr: float = 1e-5
-    scheduler: Literal["cosine"] = "cosine"
-    optimizer: Optimizer = "sgd"
-    betas: tuple[float, float] = (0.9, 0.999)
-    iterations: int | None = None
-    min_lr: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ValueError(f"OptimRecipe.epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise ValueError(f"OptimRecipe.batch_size must be >= 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise ValueError(f"OptimRecipe.lr must be > 0, got {self.lr}")
-        if not 0 <= self.warmup_epochs < self.epochs + 1:
-            raise ValueError(f"OptimRecipe.warmup_epochs must be in [0, epochs={self.epochs}], got {self.warmup_epochs}")
-        if self.scheduler != "cosine":
-            raise ValueError(f"OptimRecipe.scheduler must be 'cosine' (the only schedule the recipes use), "
-                             f"got {self.scheduler!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"OptimRecipe.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"OptimRecipe.betas must be two numbers in [0, 1), got {self.betas}")
-        if self.iterations is not None:
-            if self.iterations < 1:
-                raise ValueError(f"OptimRecipe.iterations must be >= 1 optimiser steps, got {self.iterations}")
-            if self.warmup_epochs:
-                raise ValueError("OptimRecipe: a schedule over iterations has no warmup epochs (warmup_epochs=0)")
-        if not 0.0 <= self.min_lr <= self.lr:
-            raise ValueError(f"OptimRecipe.min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as a record stores them; those added after the first records (``ADDED_FIELDS``) only where they
-        differ from their defaults, so every earlier run keeps its record name."""
-        described = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name, default in ADDED_FIELDS.items():
-            if described[name] == default:
-                del described[name]
-        if "betas" in described:
-            described["betas"] = list(described["betas"])
-        return described
-
-    def lr_at_step(self, step: int) -> float:
-        """The lr of 0-based optimiser step ``step`` of a schedule over :attr:`iterations`."""
-        if self.iterations is None:
-            raise ValueError("lr_at_step needs a recipe with iterations (its schedule counts epochs otherwise)")
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * step / self.iterations))
-
-    def for_training_images(self, images: int, epochs: int | None = None) -> "OptimRecipe":
-        """A schedule over iterations with its epochs resolved for ``images`` training images (the last partial
-        batch is a step); ``epochs`` (an override) instead trains that many whole epochs, the iterations with them.
-        Recipes without iterations are returned unchanged."""
-        if self.iterations is None:
-            return self
-        steps = -(-images // self.batch_size)
-        if epochs is not None:
-            return replace(self, epochs=epochs, iterations=epochs * steps)
-        return replace(self, epochs=-(-self.iterations // steps))
-
-
-# OptimRecipe's fields added after records were first written, with their defaults (OptimRecipe.to_dict).
-ADDED_FIELDS: dict[str, Any] = {"optimizer": "sgd", "betas": (0.9, 0.999), "iterations": None, "min_lr": 0.0}
-
-
-RecipeFunction = Callable[[str, str, int, str], "tuple[MethodConfig, OptimRecipe]"]
-
-
-@dataclass(frozen=True)
-class MethodConfig:
-    """Fields shared by every method's config. ``num_runs`` = R, the runs trained together in one module."""
-
-    num_runs: int = 1
-
-    def __post_init__(self) -> None:
-        if self.num_runs < 1:
-            raise ValueError(f"{type(self).__name__}.num_runs must be >= 1, got {self.num_runs}")
-        check_finite_fields(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-# The largest weight or scale a method option may take: loss weights and lr scales beyond it are no recipe (the
-# references use at most 25) and overflow float32 losses, so a typo is refused here rather than as a divergence.
-MAX_OPTION_SCALE = 1e4
-
-
-def load_teacher(owner: str, model: str, pretrained: str, device: Any, model_option: str = "teacher",
-                 weights_option: str = "teacher_pretrained") -> Backbone:
-    """A teacher-based method's frozen teacher CLIP (open_clip ``model`` with ``pretrained``: a tag, a checkpoint
-    file or ``none``), loaded once per process. Any failure (an unknown model, weights not on this machine, a missing,
-    damaged or other architecture's file) raises the loader's error type with a message that starts with
-    ``owner``'s teacher and names the teacher's own options (``--method-option teacher=... teacher_pretrained=...``)
-    where the loader's would name the student's. The reusable half of a teacher check
-    (:meth:`PromptMethod.check_before_work`)."""
-    from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
-    from atlas_fast.clip.weights_files import in_teacher_words
-
-    weights = None if pretrained.lower() == "none" else pretrained
-    try:
-        return shared_backbone(BackboneConfig(model, weights), device)
-    except (OSError, ValueError, NotImplementedError) as exc:
-        text = in_teacher_words(str(exc), model_option, weights_option)
-        raise type(exc)(f"{owner}'s teacher {model} ({pretrained}) cannot be loaded: {text} For the teacher "
-                        f"itself: --method-option {model_option}=MODEL {weights_option}=TAG|FILE|none (Python: "
-                        f"method_options), e.g. {model_option}=ViT-B-16 "
-                        f"{weights_option}=~/.cache/clip/ViT-B-16.pt") from None
-
-
-def teacher_for_views(owner: str, teacher: Backbone, student: Backbone, choose: str) -> Backbone:
-    """``teacher`` with ``student``'s image transform: the teacher-based reference trainers feed the student's
-    preprocessed images to the teacher, so the feed encodes the student's views with it. A teacher of another image
-    size is refused, ``choose`` saying how to pick one."""
-    size, own = student.preprocessing.image_size, teacher.preprocessing.image_size
-    if size != own:
-        raise ValueError(f"{owner}'s teacher {teacher.describe()} takes {own} px images, but the student's views are "
-                         f"{size} px (the reference feeds the student's images to the teacher); choose a teacher of "
-                         f"the student's image size {choose}")
-    return replace(teacher, preprocessing=student.preprocessing)
-
-
-def check_finite_fields(config: Any) -> None:
-    """Refuse a config (a dataclass) holding a float field that is NaN or infinite, naming the field: such a value
-    passes every ``>= 0`` check and only fails after the features are encoded."""
-    for f in fields(config):
-        value = getattr(config, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{type(config).__name__}.{f.name} must be a finite number, got {value}")
-
-
-def check_scale(config: Any, name: str, low: float = 0.0, high: float = MAX_OPTION_SCALE,
-                low_open: bool = False) -> None:
-    """Refuse ``config.<name>`` outside ``[low, high]`` (``(low, high]`` with ``low_open``), naming the field."""
-    value = getattr(config, name)
-    inside = (low < value if low_open else low <= value) and value <= high
-    if not inside:
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise ValueError(f"{type(config).__name__}.{name} must be in {interval}, got {value}")
 
 
 #: Every rebuild of a method's class buffers gets the next number (:attr:`PromptMethod.class_version`).
@@ -263,7 +101,7 @@ class PromptMethod(nn.Module):
         (a missing or mismatched teacher, a dictionary that cannot be read), naming the option or file. Default: a
         method that declares a teacher (:meth:`view_teacher`) has it loaded and checked here (once per process; the
         feed reuses it), so a teacher that cannot be had fails before the student's features are encoded; a method
-        without one checks nothing. A teacher-based method loads its teacher with :func:`load_teacher`, whose
+        without one checks nothing. A teacher-based method loads its teacher with :func:`~atlas_fast.methods.teachers.load_teacher`, whose
         errors name the teacher's own options, never the student's ``--model``/``--pretrained``."""
         cls.view_teacher(config, backbone)
 
@@ -468,65 +306,3 @@ class PromptMethod(nn.Module):
                                  f"expected {tuple(param.shape)} (R, class count or prompt length differ?)")
             with torch.no_grad():
                 param.copy_(value.to(device=param.device, dtype=param.dtype))
-
-
-class MissingRecipe(ValueError):
-    """No reference repository defines a recipe for this (method, setting). ``method_config`` is the method's
-    configuration to train with when the caller gives epochs, batch size and lr explicitly."""
-
-    def __init__(self, method: str, setting: str, method_config: MethodConfig) -> None:
-        super().__init__(
-            f"{method} has no {setting!r} recipe in its reference repositories (docs/method-zoo.md, section "
-            f"Recipes). Give the schedule yourself, all three of epochs, batch size and lr: "
-            f"TrainConfig(epochs=..., batch_size=..., lr=...) or "
-            f"`atlas-fast train --epochs E --batch-size B --lr LR` (the method's base-to-new recipe is a starting "
-            f"point).")
-        self.method_config = method_config
-
-
-def check_family(method: str, family: str) -> None:
-    """Reject a recipe family that is not one of :data:`~atlas_fast.vocabulary.RECIPE_FAMILIES`."""
-    if family not in _RECIPE_FAMILIES:
-        raise ValueError(f"{method} recipe family must be {' or '.join(map(repr, _RECIPE_FAMILIES))}, got {family!r}")
-
-
-def check_setting_name(method: str, setting: str) -> None:
-    """Reject a setting that is not one of :data:`~atlas_fast.vocabulary.SETTINGS`."""
-    if setting not in SETTINGS:
-        raise ValueError(f"{method} recipe setting must be one of {', '.join(map(repr, SETTINGS))}, got {setting!r}")
-
-
-METHODS: dict[str, type[PromptMethod]] = {}
-# What a registered class must declare itself (inheriting them would register a second method under its base's
-# name, recipe function or printed name).
-OWN_DECLARATIONS = ("name", "printed_name", "recipe_function")
-
-
-def register_method(cls: type[PromptMethod]) -> type[PromptMethod]:
-    """Make ``cls`` known under ``cls.name``; every method file calls this once for each method it defines."""
-    missing = [attribute for attribute in OWN_DECLARATIONS if attribute not in vars(cls)]
-    if missing:
-        raise ValueError(f"{cls.__name__} must declare {', '.join(missing)} itself to be registered")
-    if cls.name in METHODS and METHODS[cls.name] is not cls:
-        raise ValueError(f"Two prompt methods are registered as {cls.name!r}")
-    config_fields = {f.name for f in fields(cls.config_class)}
-    unknown = sorted(set(cls.depth_options) - config_fields)
-    if unknown:
-        raise ValueError(f"{cls.name}: depth options {unknown} are not fields of {cls.config_class.__name__}")
-    METHODS[cls.name] = cls
-    return cls
-
-
-def method_class(name: str) -> type[PromptMethod]:
-    """The registered method ``name``, with the known names in the error."""
-    import atlas_fast.methods  # noqa: F401  (importing the package registers every method)
-
-    if name not in METHODS:
-        raise ValueError(f"Unknown prompt method {name!r}; known: {', '.join(sorted(METHODS))}.")
-    return METHODS[name]
-
-
-def build_method(name: str, backbone: Backbone, classnames: Sequence[str],
-                 config: MethodConfig | None = None) -> PromptMethod:
-    """Build a registered method for ``classnames`` (config defaults to the method's config class defaults)."""
-    return method_class(name).build(backbone, classnames, config)

@@ -34,7 +34,9 @@ from atlas_fast.clip.backbones import Backbone
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder, fused_attention_supported, merge_heads, split_heads
 from atlas_fast.clip.text_encoder import PromptTextEncoder, tokenize_prompts
 from atlas_fast.data.templates import check_template, fill_template
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import MethodConfig, OptimRecipe, check_family
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.ivlp import IVLP
 
 Encoder = Literal["text", "vision", "both"]

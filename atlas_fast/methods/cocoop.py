@@ -22,7 +22,8 @@ from torch import nn
 from atlas_fast.progress import progress_bar
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, register_method
+from atlas_fast.methods.config import MissingRecipe, OptimRecipe, check_family
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
 from atlas_fast.vocabulary import RecipeFamily, Setting
 

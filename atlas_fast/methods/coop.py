@@ -17,8 +17,8 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, check_family, check_setting_name,
-                                    register_method)
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_setting_name
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.prompts import (CLASS_TOKEN_POSITIONS, ClassPrompts, ClassTokenPosition,
                                         ContextPromptMethod, init_phrase, initial_context)
 from atlas_fast.clip.text_encoder import PromptTextEncoder

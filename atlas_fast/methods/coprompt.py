@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.files import JsonFileError, blake2b_hex, read_json
-from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale, register_method
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.ivlp import PAPER_CTX_INIT
 from atlas_fast.methods.maple import MaPLe, MaPLeConfig
 
@@ -107,7 +108,7 @@ def coprompt_recipe(family: str, setting: str, shots: int, dataset: str) -> tupl
     * base-to-new: 8 epochs (Food101 5), batch 4, lr 0.0035, cosine consistency; J, M and W per dataset
       (:data:`DATASET_RECIPES`; other datasets J 9, M 2, W 1). ``paper`` sets M = 4 (all four words learnable).
     * cross-dataset (train on ImageNet): the same code and table, so ImageNet's row (J 12, M 4, W 8).
-    * few-shot: the reference defines none (:class:`~atlas_fast.methods.base.MissingRecipe`).
+    * few-shot: the reference defines none (:class:`~atlas_fast.methods.config.MissingRecipe`).
     """
     check_family("CoPrompt", family)
     row = dict(DATASET_RECIPES.get(dataset, {}))

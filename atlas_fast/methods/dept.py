@@ -34,9 +34,9 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import atlas_template
-from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     check_scale,
-                                     register_method)
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
 from atlas_fast.methods.kgcoop import KgCoOp, KgCoOpConfig

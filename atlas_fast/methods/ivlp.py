@@ -25,7 +25,8 @@ from torch import nn
 import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, check_family, register_method
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.prompts import ClassPrompts, ContextPromptMethod, init_phrase, initial_context
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
 from atlas_fast.clip.text_encoder import PromptTextEncoder
@@ -80,7 +81,7 @@ class IVLPConfig(MethodConfig):
 
 def check_setting(method: str, family: str, setting: str, config: MethodConfig, settings: Sequence[str]) -> None:
     """Reject an unknown recipe family; a setting the references define no recipe for raises
-    :class:`~atlas_fast.methods.base.MissingRecipe` (the run then needs explicit epochs, batch size and lr)."""
+    :class:`~atlas_fast.methods.config.MissingRecipe` (the run then needs explicit epochs, batch size and lr)."""
     check_family(method, family)
     if setting not in settings:
         raise MissingRecipe(method, setting, config)
@@ -92,7 +93,7 @@ def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IV
     * base-to-new and cross-dataset: 5 epochs, batch 4, lr 0.0035, depth 12 / 12 (the cross-dataset scripts reuse
       the base-to-new config). ``original``: 2 + 2 tokens, first 2 words of "a photo of a" learnable; ``paper``:
       4 + 4 tokens with all four words learnable (the ATLaS paper's prompt length 4).
-    * few-shot: the references define none (:class:`~atlas_fast.methods.base.MissingRecipe`).
+    * few-shot: the references define none (:class:`~atlas_fast.methods.config.MissingRecipe`).
     """
     n_ctx = 2 if family == "original" else 4
     config = IVLPConfig(n_ctx_text=n_ctx, n_ctx_vision=n_ctx, ctx_init=PAPER_CTX_INIT, depth_text=12,

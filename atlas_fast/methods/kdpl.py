@@ -37,8 +37,10 @@ from atlas_fast.clip.backbones import Backbone, BackboneConfig
 from atlas_fast.data.datasets import zeroshot_template
 from atlas_fast.data.dictionary import read_classnames
 from atlas_fast.data.templates import check_template, fill_template
-from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     check_scale, load_teacher, register_method, teacher_for_views)
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
+from atlas_fast.methods.registry import register_method
+from atlas_fast.methods.teachers import load_teacher, teacher_for_views
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
 from atlas_fast.methods.maple import MaPLe, MaPLeConfig

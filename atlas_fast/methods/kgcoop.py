@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import atlas_template
 from atlas_fast.data.templates import check_template, fill_template
-from atlas_fast.methods.base import MissingRecipe, OptimRecipe, check_family, check_scale, register_method
+from atlas_fast.methods.config import MissingRecipe, OptimRecipe, check_family, check_scale
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
 from atlas_fast.vocabulary import RecipeFamily, Setting
 

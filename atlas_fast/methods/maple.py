@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, register_method
+from atlas_fast.methods.config import MethodConfig, OptimRecipe
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.ivlp import (IVLP, PAPER_CTX_INIT, check_context_init, check_depth, check_setting,
                                      normal_prompts)
 from atlas_fast.methods.prompts import init_phrase
@@ -52,7 +53,7 @@ def maple_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[M
     * base-to-new: J = 9, 5 epochs, batch 4, lr 0.0035.
     * cross-dataset (train on ImageNet): J = 3, 2 epochs (1 warmup + 1 at lr), batch 4, lr 0.0026.
     * ``original``: M = 2 (the first two words of "a photo of a" learnable, "of a" fixed); ``paper``: M = 4.
-    * few-shot: the references define none (:class:`~atlas_fast.methods.base.MissingRecipe`).
+    * few-shot: the references define none (:class:`~atlas_fast.methods.config.MissingRecipe`).
     """
     n_ctx = 2 if family == "original" else 4
     config = MaPLeConfig(n_ctx=n_ctx, depth=3 if setting == "cross_dataset" else 9)

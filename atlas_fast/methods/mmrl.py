@@ -57,8 +57,9 @@ from atlas_fast.clip.prompted_towers import PromptedVisionEncoder, replace_slot,
 from atlas_fast.clip.text_encoder import PromptTextEncoder, tokenize_prompts
 from atlas_fast.data.datasets import find_dataset_spec, zeroshot_template
 from atlas_fast.data.templates import check_template, fill_template
-from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     check_scale, register_method)
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
+from atlas_fast.methods.registry import register_method
 
 #: The reference's logit scale (``100. * image_features @ text_features.t()``), fixed whatever the weights' own.
 LOGIT_SCALE = 100.0

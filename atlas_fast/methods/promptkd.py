@@ -46,9 +46,10 @@ import torch.nn.functional as F
 from atlas_fast.clip.backbones import Backbone, BackboneConfig
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
 from atlas_fast.files import file_blake2b, read_json
-from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     check_scale, register_method, teacher_for_views)
-from atlas_fast.methods.base import load_teacher as load_teacher_clip
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
+from atlas_fast.methods.registry import register_method
+from atlas_fast.methods.teachers import load_teacher as load_teacher_clip, teacher_for_views
 from atlas_fast.methods.ivlp import PAPER_CTX_INIT, check_depth, normal_prompts
 from atlas_fast.methods.promptsrc import PromptSRC, PromptSRCConfig
 

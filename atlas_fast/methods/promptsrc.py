@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.data.templates import IMAGENET_TEMPLATES
-from atlas_fast.methods.base import MethodConfig, MissingRecipe, OptimRecipe, check_family, register_method
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.ivlp import IVLP, PAPER_CTX_INIT, IVLPConfig
 
 # Few-shot datasets whose GPA is mean 45, std 5 (the others: 30 / 30)

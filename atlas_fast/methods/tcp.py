@@ -34,8 +34,9 @@ from atlas_fast.clip.prompted_towers import fused_block, fused_tower_supported, 
 from atlas_fast.clip.text_encoder import PromptTextEncoder, host_positions, tokenize_prompts
 from atlas_fast.data.datasets import atlas_template, find_dataset_spec
 from atlas_fast.data.templates import check_template, fill_template
-from atlas_fast.methods.base import (MethodConfig, MissingRecipe, OptimRecipe, PromptMethod, check_family,
-                                     check_scale, register_method)
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
+from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.kgcoop import KgCoOp
 from atlas_fast.methods.prompts import init_phrase, initial_context
 

@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import zeroshot_template
 from atlas_fast.data.templates import check_template, fill_template
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, PromptMethod, check_family, register_method
+from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.config import MethodConfig, OptimRecipe, check_family
+from atlas_fast.methods.registry import register_method
 from atlas_fast.vocabulary import RecipeFamily, Setting
 
 

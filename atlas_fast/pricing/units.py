@@ -44,7 +44,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from atlas_fast.clip.backbones import Backbone
-from atlas_fast.methods.base import MethodConfig, OptimRecipe, method_class
+from atlas_fast.methods.config import MethodConfig, OptimRecipe
+from atlas_fast.methods.registry import method_class
 
 #: shortest time a unit is timed for (repeats are added until it is reached, up to ``max_repeats``)
 MIN_TIMED_SECONDS = 0.3

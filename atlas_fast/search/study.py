@@ -400,7 +400,7 @@ def _trials_in(storage, search: SearchConfig, progress: bool, max_steps: int):
 
 def _default_batch(search: SearchConfig) -> int:
     from atlas_fast.engine.config import resolve_device
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods.registry import method_class
 
     if resolve_device(search.base.device).type == "cuda" and method_class(search.base.method).supports_batched_runs:
         return max(1, GPU_GROUP_RUNS // len(search.seeds))
