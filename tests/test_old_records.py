@@ -27,7 +27,8 @@ def old_results(tmp_path_factory):
 def test_a_record_of_23cca8b_is_valid_evaluable_and_reported(old_results):
     from atlas_fast.engine import evaluate_saved
     from atlas_fast.engine.validity import read_record, record_problems
-    from atlas_fast.report.collect import collect_records, report_folder
+    from atlas_fast.report.collect import report_folder
+    from atlas_fast.report.results_folder import collect_records
 
     path = next((old_results / "results" / "OxfordPets").glob("*.json"))
     record = read_record(path)

@@ -11,7 +11,8 @@ import subprocess
 import matplotlib.text
 import pytest
 
-from atlas_fast.report.collect import collect_records, report_folder
+from atlas_fast.report.collect import report_folder
+from atlas_fast.report.results_folder import collect_records
 from atlas_fast.cli.report import add_parser as add_report_command, run_report_command
 from atlas_fast.report.figures import curves_figure, plot_rows, rows_figure, series_figure
 from atlas_fast.report.formats import latex_table, markdown_table

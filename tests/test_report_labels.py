@@ -222,7 +222,7 @@ def test_clip_lora_s_few_shot_order_shows_in_the_label_and_the_report_names_the_
     ``clip-lora-text [epochs=2, ...]``), and a report row of the default order reads ``fewshot_order=coop`` (it read
     ``fewshot_order=None``: the default is not stored)."""
     from atlas_fast.engine.deviations import run_name
-    from atlas_fast.report.collect import label_records
+    from atlas_fast.report.grouping import label_records
 
     def described(**changes):
         return {"method": "coop", "schedule": {"name": "onehot"}, "setting": "base2new", "shots": 16,
@@ -231,5 +231,8 @@ def test_clip_lora_s_few_shot_order_shows_in_the_label_and_the_report_names_the_
     assert run_name(described(fewshot_order="clip-lora")) == "coop [fewshot_order=clip-lora]"
     assert run_name(described()) == "coop"
     labelled = label_records([{"config": described(), "created": "1"},
-                              {"config": described(fewshot_order="clip-lora"), "created": "2"}])
-    assert [r["label"] for r in labelled] == ["CoOp (fewshot_order=coop)", "CoOp (fewshot_order=clip-lora)"]
+                              {"config": described(fewshot_order="clip-lora"), "created": "2"},
+                              # a legacy record names its evaluated sets: not part of its run, nor of its row
+                              {"config": described(seed=2, evaluate=["base", "new"]), "created": "3"}])
+    assert [r["label"] for r in labelled] == ["CoOp (fewshot_order=coop)", "CoOp (fewshot_order=coop)",
+                                              "CoOp (fewshot_order=clip-lora)"]

@@ -99,7 +99,8 @@ def _make_legacy(results, dataset_dir, stem, legacy_stem, legacy_key):
 
 
 def test_a_legacy_record_is_taken_over_and_the_report_lists_the_run_once(pets, monkeypatch, capsys):
-    from atlas_fast.report.collect import collect_records, label_records
+    from atlas_fast.report.grouping import label_records
+    from atlas_fast.report.results_folder import collect_records
 
     results = pets / "legacy"
     spec = plan_run(config(pets, "legacy", evaluate=("base", "new")))

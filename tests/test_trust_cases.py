@@ -238,7 +238,9 @@ def _report_records(root):
 
 
 def test_report_skips_a_record_whose_seal_fails_and_verify_finds_every_difference(tmp_path, capsys):
-    from atlas_fast.report.collect import collect_records, report_folder, verify_report
+    from atlas_fast.report.collect import report_folder
+    from atlas_fast.report.results_folder import collect_records
+    from atlas_fast.report.verify import verify_report
 
     paths = _report_records(tmp_path / "results")
     report_folder(tmp_path / "results", formats=["md", "csv"])
@@ -268,7 +270,7 @@ def test_verify_checks_the_folder_not_only_the_last_report(tmp_path, capsys):
     """Edit a record, run a plain report (it leaves the record out and rewrites the tables), then verify: it must
     still fail, naming the file; the report lists what it left out under its tables and in sources.json."""
     from atlas_fast.engine.seal import sealed
-    from atlas_fast.report.collect import SOURCES_FILE
+    from atlas_fast.report.results_folder import SOURCES_FILE
     from test_report import record, write
 
     results = tmp_path / "results"
@@ -301,7 +303,9 @@ def test_verify_checks_the_folder_not_only_the_last_report(tmp_path, capsys):
 
 
 def test_records_from_before_seals_still_report_with_a_warning(tmp_path, capsys):
-    from atlas_fast.report.collect import collect_records, verify_report, report_folder
+    from atlas_fast.report.collect import report_folder
+    from atlas_fast.report.results_folder import collect_records
+    from atlas_fast.report.verify import verify_report
     from test_report import record, write
 
     path = write(tmp_path / "results", record("OxfordPets", "coop", "coop", 1, {"base": 90.0, "new": 80.0}))

@@ -61,6 +61,7 @@ def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(tmp_path,
     """A report failing part way (here its CSV over a file-size limit, after part of it was written; a plot the same
     way) leaves every file of the previous report as it was, and names the file."""
     from atlas_fast.report import collect
+    from atlas_fast.report.verify import verify_report
 
     results = tmp_path / "results"
     _report_records(results)
@@ -80,7 +81,7 @@ def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(tmp_path,
                                  f"{out} is unchanged)")
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # whole, no staging folder left
     monkeypatch.undo()
-    assert collect.verify_report(results) == []
+    assert verify_report(results) == []
 
 
 def test_verify_names_a_record_linked_in_after_the_report(tmp_path, capsys):

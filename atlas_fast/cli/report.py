@@ -8,8 +8,9 @@ from collections import deque
 from pathlib import Path
 
 from atlas_fast.errors import UsageError
-from atlas_fast.report.collect import FORMATS, report_folder, verify_report
+from atlas_fast.report.collect import FORMATS, report_folder
 from atlas_fast.report.rows import CALIBRATION_FIGURES, calibration_columns
+from atlas_fast.report.verify import verify_report
 from atlas_fast.vocabulary import CLASS_SETS, METRICS
 
 # How far the search for the nearest folder with records looks: folders below the one given (or beside it), and at

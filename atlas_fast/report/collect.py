@@ -1,17 +1,11 @@
 """``atlas-fast report RESULTS_DIR``: every finished run under a results folder as paper tables and plots.
 
 Runs write one record per run to ``<results_dir>/<dataset>/<stem>.json`` (:mod:`atlas_fast.engine.record`), whichever
-command trained them (``train``, ``demo``, ``experiment``, the Python API). :func:`collect_records` reads them back
-(damaged or unfinished ones are skipped with a warning naming the file; nothing is moved or changed) and
-:func:`report_folder` turns them into one table per setting (per shot count for few-shot):
+command trained them (``train``, ``demo``, ``experiment``, the Python API). :func:`report_folder` reads them back
+(:mod:`~atlas_fast.report.results_folder`: damaged or unfinished ones are skipped with a warning naming the file;
+nothing is moved or changed), gives each its table and row (:mod:`~atlas_fast.report.grouping`) and writes one table
+per setting (per shot count for few-shot):
 
-- rows are grouped by dataset, then method (a block of rows each, compared with its first row, the plain method),
-  then label variant (``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``...: :func:`atlas_fast.report.rows.variant_label`);
-  records of one variant whose configurations differ otherwise (a sensitivity sweep's α, an ``--epochs``
-  override, another backbone) become separate rows named by what differs, e.g. ``+ ATLaS-ISL (α=0.3)``, so
-  they are never averaged together; a block without a plain-method row names the method in each row
-  (``KgCoOp + ATLaS-ISL``), and whatever else a row's runs change from the method's recipe or the paper's presets
-  follows in brackets (``[epochs=2, θ=0.3]``, :func:`atlas_fast.engine.deviations.run_deviations`);
 - each cell is the mean over seeds ± the *population* standard deviation over seeds (``statistics.pstdev``, as
   CoOp's ``parse_test_res``); an "Average" section (several datasets; last) averages the per-dataset means (± the mean of
   the per-dataset stds) of the variants every dataset has;
@@ -25,230 +19,30 @@ each, pure ASCII; :func:`atlas_fast.report.formats.latex_table`), ``report.csv``
 mean and std, the last metric's mean paired difference to the block's first row with its 95 % interval), per table a
 plot ``<table>.png`` / ``<table>.pdf`` (bars of the Average or single-dataset rows; few-shot over several shot counts:
 accuracy against shots) and, with several datasets, ``<table>_<dataset>.png`` / ``.pdf`` per dataset, and
-``sources.json``. What every row of a table changes from the recipes and presets is said once, in its notes and
-caption, not on each row; the records left out are listed under the tables. This module imports neither torch nor
-the engine until a report is made, so the command line stays quick.
+``sources.json`` (what :mod:`atlas_fast.report.verify` checks). What every row of a table changes from the recipes
+and presets is said once, in its notes and caption, not on each row; the records left out are listed under the
+tables. This module imports neither torch nor the engine until a report is made, so the command line stays quick.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Collection, Sequence
+from typing import Any, Sequence
 
+from atlas_fast.report.results_folder import SOURCES_FILE, collect_records, failure_notes
 from atlas_fast.vocabulary import CLASS_SETS, METRICS, SETTINGS
 
 FORMATS = ("md", "tex", "csv", "png", "pdf")
 # Each setting's table title (a setting without one is titled by its name).
 SETTING_TITLES = {"base2new": "Base-to-new generalisation", "few_shot": "Few-shot classification",
                   "cross_dataset": "Cross-dataset transfer, source dataset"}
-# Config fields that never make two records different variants: the grouping keys themselves, where the run ran
-# whether it was also evaluated after every epoch (which changes no final number) and on which class sets (legacy
-# records name them; a run is one run whatever was evaluated).
-_NOT_A_VARIANT = ("seed", "dataset", "setting", "shots", "method", "device", "eval_every_epoch", "evaluate")
-SOURCES_FILE = "sources.json"  # beside a report's tables: the records its cells come from, and those left out
-# What the report reads of a record beyond what every valid record holds (atlas_fast.engine.validity).
-_REQUIRED = ("config.dataset", "config.method", "config.setting", "config.shots", "config.seed",
-             "config.schedule.name")
 
-
-def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
-
-
-def _matches(value: str, wanted: Sequence[str] | None) -> bool:
-    return wanted is None or value.lower() in {w.lower() for w in wanted}
-
-
-def _read_valid(path: Path) -> tuple[dict[str, Any] | None, str]:
-    """(the record of ``path``, "") when it is a finished, valid record the report can use, else (None, why not)."""
-    from atlas_fast.engine.validity import read_record, record_problems
-
-    try:
-        record = read_record(path)
-        problems = record_problems(record, needs=_REQUIRED)
-    except ValueError as exc:
-        return None, str(exc).removeprefix(f"{path} is ")
-    if problems:
-        return None, f"not a valid finished record ({'; '.join(problems[:3])})."
-    return record, ""
-
-
-def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = None,
-                    methods: Sequence[str] | None = None,
-                    paths: Sequence[str | Path] | None = None,
-                    left_out: list[tuple[Path, str]] | None = None) -> list[dict[str, Any]]:
-    """Every finished, valid record under ``results_dir`` (``<dataset>/*.json``), in file-name order, optionally
-    only those of ``datasets`` and ``methods`` (registry names such as ``coop``, ``dept-coop``; case-insensitive)
-    or only the files ``paths`` (relative to ``results_dir``, as a report's ``sources.json`` lists them). Each record
-    gets ``path`` (its file). A file that cannot be read, is not finished, fails its seal, or lacks what the report
-    needs is skipped with a warning on stderr naming it (it is left where it is, and ``(path, why)`` is appended to
-    ``left_out`` when given); one from before seals is used with a warning. A run with several records is listed
-    once (:func:`atlas_fast.engine.run_identity.one_record_per_run`)."""
-    from atlas_fast.engine.run_identity import one_record_per_run
-    from atlas_fast.engine.seal import is_sealed
-
-    root = Path(results_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"Results folder {root} does not exist (runs write <results_dir>/<dataset>/*.json).")
-    records = []
-    unsealed: list[Path] = []
-    files = sorted(root.glob("*/*.json")) if paths is None else [root / p for p in paths]
-    for path in files:
-        if not _matches(path.parent.name, datasets):  # the folder is named by the dataset
-            continue
-        if paths is None and path.name == SOURCES_FILE and (path.parent / "report.csv").is_file():
-            continue  # a report written inside the results folder (its default place) is not a record
-        record, why = _read_valid(path)
-        if record is None:
-            _warn(f"skipped {path}: {why}")
-            if left_out is not None:
-                left_out.append((path, why))
-            continue
-        if not is_sealed(record):
-            unsealed.append(path)
-        config = record["config"]
-        if _matches(config["dataset"], datasets) and _matches(config["method"], methods):
-            records.append({**record, "path": str(path)})
-    if unsealed:
-        others = f" and {len(unsealed) - 1} more" if len(unsealed) > 1 else ""
-        _warn(f"result record {unsealed[0]}{others} have no seal (written before atlas_fast sealed records); their "
-              f"numbers are used unverified.")
-    kept = one_record_per_run(records)
-    if left_out is not None and len(kept) < len(records):  # another file of a run (a copy, a link): named too
-        used = {record_identity_or_path(r): r["path"] for r in kept}
-        for record in records:
-            if not any(record is k for k in kept):
-                left_out.append((Path(record["path"]), f"another record of the same run is used: "
-                                                       f"{used.get(record_identity_or_path(record))}"))
-    return kept
-
-
-def record_identity_or_path(record: dict[str, Any]) -> str:
-    """The run a record describes (:func:`atlas_fast.engine.run_identity.record_identity`), or its path."""
-    from atlas_fast.engine.run_identity import record_identity
-
-    try:
-        return record_identity(record)
-    except (KeyError, TypeError):
-        return record["path"]
-
-
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config as ``{"soft_labels.alpha": 0.1, ...}`` (lists as JSON text)."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flat(item, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): json.dumps(value) if isinstance(value, list) else value}
-
-
-def _signature(config: dict[str, Any]) -> dict[str, Any]:
-    """The record's variant fields, with the defaults a record does not store filled in (a row of the default few-shot
-    order reads ``fewshot_order=coop`` beside a CLIP-LoRA-order row, not ``None``)."""
-    from atlas_fast.engine.deviations import UNSTORED_DEFAULTS
-
-    flat = {**UNSTORED_DEFAULTS, **_flat(config)}
-    return {k: v for k, v in flat.items() if k.split(".")[0] not in _NOT_A_VARIANT}
-
-
-def _base_label(config: dict[str, Any]) -> str:
-    from atlas_fast.report.rows import method_name, variant_label
-
-    try:
-        return variant_label(config)
-    except (KeyError, TypeError, AttributeError):  # a schedule or soft-label kind this version does not name
-        return f"{method_name(config['method'])} ({config['schedule'].get('name')})"
-
-
-def _short_names(keys: Sequence[str]) -> dict[str, str]:
-    """``soft_labels.alpha`` -> ``α``, ``recipe.epochs`` -> ``epochs`` (as the deviation marks print them,
-    :data:`atlas_fast.engine.deviations.PRINTED_NAMES`); other keys by their last part unless two end alike (then
-    the full dotted name)."""
-    from atlas_fast.engine.deviations import PRINTED_NAMES
-
-    ends = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: PRINTED_NAMES.get(k, e if ends.count(e) == 1 else k) for k, e in zip(keys, ends)}
-
-
-def _value_text(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _sortable(value: Any) -> tuple[int, Any]:
-    return (0, value) if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, str(value))
-
-
-def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, str]] | None = None
-                  ) -> list[dict[str, Any]]:
-    """Records with ``label`` (the row: its name and the marks of what its runs change), ``row_name`` (the name
-    alone), ``marks`` (those changes, :func:`atlas_fast.engine.deviations.run_deviations` less what the name says)
-    and ``table`` (``(setting, shots)``), in table order: method blocks (zero-shot CLIP first, then the registry's
-    order), the plain method first in its block, then the ATLaS variants; one record per seed and row (of two, the
-    newer one is kept, with a warning naming both files, and the older one appended to ``left_out`` when given)."""
-    from atlas_fast.atlas.variants import row_order
-    from atlas_fast.engine.deviations import UNSTORED_DEFAULTS, deviation_note, run_deviations
-    from atlas_fast.methods import METHODS
-    from atlas_fast.report.rows import method_name
-
-    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    with_plain = set()  # (table, method) blocks that have a plain-method row to name the block
-    for record in records:
-        c = record["config"]
-        groups[((c["setting"], c["shots"]), c["method"], _base_label(c))].append(record)
-        if c["schedule"]["name"] == "onehot":
-            with_plain.add(((c["setting"], c["shots"]), c["method"]))
-    labelled = []
-    for (table, method, base), members in groups.items():
-        if (table, method) not in with_plain and base.startswith("+"):
-            base = f"{method_name(method)} {base}"  # no "CoOp" row above it says whose "+ ATLaS" this is
-        per_dataset: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for record in members:
-            per_dataset[record["config"]["dataset"]].append(_signature(record["config"]))
-        varying = sorted({k for sigs in per_dataset.values() for k in set().union(*sigs)
-                          if len({json.dumps(s.get(k), sort_keys=True) for s in sigs}) > 1})
-        names = _short_names(varying)
-        for record in members:
-            signature = _signature(record["config"])
-            values = [signature.get(k) for k in varying]
-            suffix = ", ".join(f"{names[k]}={_value_text(v)}" for k, v in zip(varying, values))
-            name = f"{base} ({suffix})" if suffix else base
-            marks = tuple((k, t) for k, t in run_deviations(record["config"]).items() if k not in varying)
-            ranks = [(-1, "") if UNSTORED_DEFAULTS.get(k, ...) == v else _sortable(v) for k, v in zip(varying, values)]
-            labelled.append({**record, "table": table, "label": name + deviation_note(record["config"], varying),
-                             "row_name": name, "marks": marks, "_values": ranks})  # a default's row first
-
-    registry = ["zsclip"] + [m for m in METHODS if m != "zsclip"]
-
-    def order(record: dict[str, Any]) -> tuple:
-        c = record["config"]
-        schedule, soft = c["schedule"], (c.get("soft_labels") or {}).get("kind")
-        return (record["table"][0], record["table"][1],
-                registry.index(c["method"]) if c["method"] in registry else len(registry), c["method"],
-                *row_order(schedule, soft), _sortable(schedule.get("period", 0)),
-                record["_values"], record["label"], c["dataset"], c["seed"])
-
-    kept: dict[tuple, dict[str, Any]] = {}
-    for record in sorted(labelled, key=order):
-        c = record["config"]
-        key = (record["table"], c["dataset"], c["method"], record["label"], c["seed"])
-        if key in kept:
-            older, newer = sorted([kept[key], record], key=lambda r: str(r.get("created", "")))
-            _warn(f"two records of {c['dataset']} {record['label']} seed {c['seed']} (trained on other data or "
-                  f"by another atlas_fast version?): using {newer['path']}, ignoring {older['path']}.")
-            if left_out is not None:
-                left_out.append((Path(older["path"]), f"an older record of the same row and seed as {newer['path']}"))
-            kept[key] = newer
-        else:
-            kept[key] = record
-    result = sorted(kept.values(), key=order)
-    for record in result:
-        record.pop("_values", None)
-    return result
 
 
 def _dataset_order(names: Sequence[str]) -> list[str]:
@@ -321,6 +115,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     from atlas_fast.engine.deviations import table_marks
     from atlas_fast.report.figures import plot_rows, plot_series
     from atlas_fast.report.formats import latex_label, latex_table, markdown_table, paired_csv_fields
+    from atlas_fast.report.grouping import label_records
     from atlas_fast.report.rows import AVERAGE, display_label, paired_differences
     from atlas_fast.report.stats import counted
 
@@ -399,7 +194,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         markdown += ["", f"Left out of the tables ({len(left_out)} record file(s); `atlas-fast report --verify` fails "
                          f"while a damaged one is in the folder):", ""]
         markdown += [f"- {path}: {why}" for path, why in left_out]
-    failed = _failure_notes(root, datasets)
+    failed = failure_notes(root, datasets)
     if failed:  # runs that failed on their own have no record: said, so a missing seed is not a mystery
         markdown += ["", f"Runs that failed and have no record ({len(failed)}; the command that trained them trains "
                          f"only these again):", ""]
@@ -449,24 +244,6 @@ def shots_text(shots: int, records: Sequence[dict[str, Any]]) -> str:
     return f"{counted} per class ({shots} asked; {'no class held more' if high < shots else 'some classes held fewer'})"
 
 
-def _failure_notes(root: Path, datasets: Sequence[str] | None) -> list[tuple[Path, str]]:
-    """The failure notes (``<dataset>/<stem>.json.failed``, :func:`atlas_fast.engine.record.save_failure`) under
-    ``root`` of ``datasets``, each with its printed name and reason (the note's path alone where it cannot be read)."""
-    from atlas_fast.files import JsonFileError, read_json
-
-    notes = []
-    for path in sorted(root.glob("*/*.json.failed")):
-        if not _matches(path.parent.name, datasets):
-            continue
-        try:
-            note = read_json(path)
-            reason = f"{note.get('name', '?')}: {note.get('reason', '?')}"
-        except (JsonFileError, AttributeError):
-            reason = "a failure note that cannot be read"
-        notes.append((path, reason))
-    return notes
-
-
 def _write_csv(path: Path, lines: Sequence[dict[str, Any]]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(lines[0]) if lines else ["setting"])
@@ -481,8 +258,6 @@ class _Staged:
     either way."""
 
     def __init__(self, out: Path) -> None:
-        import os
-
         self.out, self.written = out, []  # type: ignore[var-annotated]
         self.folder = out / f".staging-{os.getpid()}"
         self.names: list[str] = []
@@ -508,9 +283,6 @@ class _Staged:
         self.names += names
 
     def __exit__(self, kind, exc, traceback) -> None:
-        import os
-        import shutil
-
         try:
             if kind is None:
                 for name in self.names:
@@ -526,7 +298,6 @@ def _named(exc: OSError, path: Path, consequence: str) -> OSError:
     reason = exc.strerror or str(exc)
     return type(exc)(exc.errno, f"{reason}: cannot write {path} ({consequence})") if exc.errno is not None \
         else type(exc)(f"{reason}: cannot write {path} ({consequence})")
-
 
 
 def _write_sources(root: Path, out: Path, records: Sequence[dict[str, Any]], metrics: Sequence[str] | None,
@@ -545,126 +316,3 @@ def _write_sources(root: Path, out: Path, records: Sequence[dict[str, Any]], met
     path = out if out.name == SOURCES_FILE else out / SOURCES_FILE
     path.write_text(json.dumps(sources, indent=1) + "\n")
     return path
-
-
-def folder_problems(root: Path, skip: Path | None = None, checked: Collection[Path] = ()) -> list[str]:
-    """Every record file under ``root`` (``<dataset>/*.json``; not those in ``skip``, the report's own folder, nor
-    the files ``checked`` already) that cannot be read, is not a finished valid record, fails its seal or has none,
-    each named: what makes a folder unverifiable whatever its report says."""
-    from atlas_fast.engine.seal import is_sealed
-
-    problems = []
-    for path in sorted(root.glob("*/*.json")):
-        if path in checked or (skip is not None and path.parent.resolve() == skip.resolve()):
-            continue
-        record, why = _read_valid(path)
-        if record is None:
-            problems.append(f"{path}: {why.rstrip('.')} (in the folder; the report left it out)")
-        elif not is_sealed(record):
-            problems.append(f"{path} has no seal (written before atlas_fast sealed records): its numbers cannot be "
-                            f"verified")
-    return problems
-
-
-def _unlisted(root: Path, out: Path, seen: Collection[Path], datasets: Sequence[str] | None,
-              methods: Sequence[str] | None) -> list[str]:
-    """Every valid record file under ``root`` (a symbolic link too, named with its target) of the report's datasets
-    and methods that the report neither used nor left out: written after it. A damaged one is named by
-    :func:`folder_problems`."""
-    problems = []
-    for path in sorted(root.glob("*/*.json")):
-        if path in seen or path.parent.resolve() == out.resolve() or not _matches(path.parent.name, datasets):
-            continue
-        record, _ = _read_valid(path)
-        if record is None or not _matches(record["config"]["method"], methods):
-            continue
-        link = f" (a symbolic link to {path.readlink()})" if path.is_symlink() else ""
-        problems.append(f"{path}{link} is not in the report (written after it?): run atlas-fast report {root} again")
-    return problems
-
-
-def verify_report(results_dir: str | Path, out: str | Path | None = None) -> list[str]:
-    """Check a written report and the folder it was made from: every record named in ``<out>/sources.json``
-    (default ``<results_dir>/report``) must be there, sealed, with a seal that matches its content and the one the
-    report used; every cell of ``report.csv`` must come out the same when the tables are computed again from exactly
-    those records; and every other record file in the folder must be readable and sealed, with a matching seal
-    (:func:`folder_problems`: a damaged record the report left out still fails), and be one the report used or
-    listed as left out (not one written since). Returns the problems found (empty: verified), each naming the file,
-    row or cell."""
-    import contextlib
-    import io
-    import tempfile
-
-    from atlas_fast.engine.validity import predictions_problems, read_record
-    from atlas_fast.engine.seal import SEAL_FIELD, is_sealed, seal_problem
-    from atlas_fast.files import JsonFileError, read_json
-
-    root = Path(results_dir)
-    out = root / "report" if out is None else Path(out)
-    sources_path, table_path = out / SOURCES_FILE, out / "report.csv"
-    for needed in (sources_path, table_path):
-        if not needed.is_file():
-            raise FileNotFoundError(f"{needed} is missing: write the report first (atlas-fast report {root}, with "
-                                    f"the csv format) and verify it then.")
-    try:
-        sources = read_json(sources_path)
-        listed = [(str(item["path"]), item.get("seal")) for item in sources["records"]]
-        metrics = sources.get("metrics")
-        known = {root / str(item["path"]) for item in sources.get("left_out", [])}
-    except JsonFileError as exc:
-        raise ValueError(f"{sources_path} is not a report's list of sources: it {exc.reason}.") from exc
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{sources_path} is not a report's list of sources ({type(exc).__name__}: {exc}).") from exc
-    problems = []
-    for relative, seal in listed:
-        path = root / relative
-        if Path(relative).is_absolute() or ".." in Path(relative).parts:
-            problems.append(f"{sources_path} names {relative!r}, which is not inside {root}")
-            continue
-        try:
-            record = read_record(path)
-        except ValueError as exc:
-            problems.append(str(exc))
-            continue
-        if not is_sealed(record):
-            problems.append(f"{path} has no seal (written before atlas_fast sealed records): its numbers cannot be "
-                            f"verified")
-        elif seal_problem(record):
-            problems.append(f"{path}: {seal_problem(record)}")
-        elif record[SEAL_FIELD] != seal:
-            problems.append(f"{path} is not the record the report was made from (its seal differs from the one "
-                            f"in {sources_path})")
-        else:  # the per-image predictions it names: their checksum is under its seal
-            problems += [f"{path}: {problem}" for problem in predictions_problems(path, record)]
-    listed_paths = {root / relative for relative, _ in listed}
-    problems += folder_problems(root, skip=out, checked=listed_paths)
-    if "left_out" in sources:  # written by a report that lists what it left out: a record file it never saw is new
-        problems += _unlisted(root, out, listed_paths | known, sources.get("datasets"), sources.get("methods"))
-    with open(table_path, newline="", encoding="utf-8") as f:
-        stored = list(csv.DictReader(f))
-    with tempfile.TemporaryDirectory() as scratch:
-        with contextlib.redirect_stderr(io.StringIO()):  # its warnings are the problems listed above
-            try:
-                report_folder(root, out=scratch, metrics=metrics, formats=["csv"],
-                              paths=[relative for relative, _ in listed])
-            except ValueError as exc:
-                return problems + [f"the tables cannot be made again from the listed records ({exc})"]
-        with open(Path(scratch) / "report.csv", newline="", encoding="utf-8") as f:
-            fresh = list(csv.DictReader(f))
-    row_key = ("setting", "shots", "dataset", "method", "variant")
-    fresh_rows = {tuple(row[k] for k in row_key): row for row in fresh}
-    stored_keys = set()
-    for line, row in enumerate(stored, start=2):
-        key = tuple(row.get(k) for k in row_key)
-        stored_keys.add(key)
-        again = fresh_rows.get(key)
-        if again is None:
-            problems.append(f"{table_path}:{line}: row {' / '.join(map(str, key))} does not come out of the records")
-            continue
-        for column, value in row.items():
-            if again.get(column) != value:
-                problems.append(f"{table_path}:{line}: {' / '.join(map(str, key))} {column} is {value!r}, the "
-                                f"records give {again.get(column)!r}")
-    missing = [key for key in fresh_rows if key not in stored_keys]
-    problems += [f"{table_path} lacks the row {' / '.join(map(str, key))} that the records give" for key in missing]
-    return problems
