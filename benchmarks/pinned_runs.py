@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -65,7 +66,8 @@ SMALL_OPTIONS: dict[str, dict[str, Any]] = {
                      teacher_depth_vision=2, **TINY_TEACHER),
 }
 DESCRIBED = ("coprompt",)  # methods that read a file of class descriptions
-MARK = ".pinned-runs"  # the work folder's mark: only a folder holding it is emptied
+# CoPrompt's config, and so its keys, hold the descriptions file's absolute path: one fixed path, on every side
+DESCRIPTIONS = Path(tempfile.gettempdir()) / "atlas-pinned-runs" / "coprompt-descriptions.json"
 
 
 def load() -> str:
@@ -82,14 +84,19 @@ def make_data(root: Path) -> None:
 
     make_oxford_pets(root / "data", n_classes=8, n_train=4, n_val=2, n_test=3, size=36)
     names = [f"breed_{chr(ord('a') + i)}_cat" if i % 2 else f"dog_{chr(ord('a') + i)}" for i in range(8)]
-    (root / "descriptions.json").write_text(json.dumps({n.replace("_", " "): [f"a photo of a {n.replace('_', ' ')}."]
-                                                       for n in names}))
+    DESCRIPTIONS.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({n.replace("_", " "): [f"a photo of a {n.replace('_', ' ')}."] for n in names})
+    if not DESCRIPTIONS.exists() or DESCRIPTIONS.read_text() != text:  # the same text whoever writes it
+        part = DESCRIPTIONS.with_suffix(f".{os.getpid()}.part")
+        part.write_text(text)
+        os.replace(part, DESCRIPTIONS)
 
 
 def options(method: str, root: Path) -> dict[str, Any] | None:
+    """``method``'s small options (CoPrompt's with the descriptions file at :data:`DESCRIPTIONS`)."""
     chosen = dict(SMALL_OPTIONS.get(method, {}))
     if method in DESCRIBED:
-        chosen["descriptions"] = str(root / "descriptions.json")
+        chosen["descriptions"] = str(DESCRIPTIONS)
     return chosen or None
 
 
@@ -250,7 +257,7 @@ def commit() -> str:
         return "?"
 
 
-def run_all(out: Path, only: list[str] | None, work: Path) -> int:
+def run_all(out: Path, only: list[str] | None, work: Path | None) -> int:
     import warnings
 
     import torch
@@ -265,13 +272,9 @@ def run_all(out: Path, only: list[str] | None, work: Path) -> int:
         print(f"note: registered methods this run set does not cover: {', '.join(uncovered)}", flush=True)
     results: dict[str, Any] = {}
     start = time.perf_counter()
-    # one fixed folder, emptied first: CoPrompt's config names its descriptions file, so its keys hold the path
-    root = work
-    if root.exists() and any(root.iterdir()) and not (root / MARK).exists():
-        raise SystemExit(f"--work {root}: the folder exists and was not made by this script; name a new one.")
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    (root / MARK).touch()
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="pinned-runs-", dir=work))
     try:
         make_data(root)
         todo: list[tuple[str, Any]] = [*cases(root), *CLI_CASES.items(), ("search/tiny-study", None)]
@@ -348,9 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="train the run set and write its summary here (JSON)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="print every difference")
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "atlas-pinned-runs",
-                        help="the folder the runs write in, emptied first and removed after (default %(default)s); "
-                             "keep it the same on both sides: CoPrompt's keys hold its descriptions file's path")
+    parser.add_argument("--work", type=Path, help="the folder the runs' temporary folder is made in (default: the "
+                                                  "system's); it is removed after")
     parser.add_argument("--only", nargs="+", help="only the cases whose id contains one of these (a quick check)")
     args = parser.parse_args(argv)
     if args.compare:
