@@ -122,7 +122,7 @@ def config(root: Path, case: str, **changes: Any):
 
 def cases(root: Path) -> list[tuple[str, list]]:
     """(case id, the configs trained as one ``run_group`` call) in a fixed order."""
-    from atlas_fast.methods.base import method_class
+    from atlas_fast.methods import METHODS
 
     out: list[tuple[str, list]] = []
     for method in LONE:
@@ -139,7 +139,7 @@ def cases(root: Path) -> list[tuple[str, list]]:
                            config(root, case, seed=1, **common, eval_every_epoch=True,
                                   **variant("base2new", "isl")),
                            config(root, case, seed=2, **common, **variant("base2new", "none"))]))
-        assert method_class(method).uses_labels
+        assert METHODS[method].uses_labels
     # tests/test_pinned_runs.py's CASES
     schedules = [("atlas-csl", [dict(**variant("base2new", "csl"))]),
                  ("kgcoop-isl", [dict(method="kgcoop", setting="few_shot", **variant("few_shot", "isl"))]),
@@ -168,7 +168,6 @@ CLI_CASES = {
 def cli_records(root: Path, case: str, extra: list[str]) -> list[dict]:
     """``atlas-fast train`` in this process (one thread) on the tiny CLIP; its records, in file-name order."""
     from atlas_fast.cli import main
-    from atlas_fast.engine.record import read_record
 
     results = root / "results" / case.replace("/", "-")
     argv = ["--threads", "1", "train", "--dataset", "OxfordPets", "--data-root", str(root / "data"), "--model",
@@ -183,7 +182,7 @@ def cli_records(root: Path, case: str, extra: list[str]) -> list[dict]:
     records = []
     for path in sorted(results.rglob("*.json")):
         if path.with_suffix(".pt").exists():
-            records.append({**read_record(path), "path": str(path)})
+            records.append({**json.loads(path.read_text()), "path": str(path)})
     return records
 
 
