@@ -45,7 +45,7 @@ from atlas_fast.engine.graphs import DispatchCount  # noqa: E402
 from atlas_fast.engine.optim import RunsSGD  # noqa: E402
 from atlas_fast.engine.step import RunState, forward_backward  # noqa: E402
 from atlas_fast.methods.registry import method_class  # noqa: E402
-from atlas_fast.world.standins import real_classes  # noqa: E402
+from atlas_fast.world.standin_plan import real_classes  # noqa: E402
 
 #: an H100 SXM's dense fp16 tensor peak, and the share of it a well-fed step reaches (the issues' floor)
 H100_FP16_FLOPS = 989.4e12

@@ -501,7 +501,7 @@ def check_graph_groups(backbone, runs: int = 12, classes: int = 500, steps: int 
         row("length groups in graphed steps", "n/a", "needs CUDA graphs")
         return
     from atlas_fast.clip import text_encoder
-    from atlas_fast.world.standins import real_classes
+    from atlas_fast.world.standin_plan import real_classes
 
     names = [name for _, name in real_classes("ImageNet")][:classes]
     generator = torch.Generator().manual_seed(3)

@@ -65,7 +65,7 @@ from atlas_fast.pricing import estimate as est  # noqa: E402
 from atlas_fast.pricing import units as measure  # noqa: E402
 from atlas_fast.pricing.units import Unit  # noqa: E402
 from atlas_fast.sweep.grid import DEFAULT_BATCH_RUNS  # noqa: E402
-from atlas_fast.world.standins import real_classes  # noqa: E402
+from atlas_fast.world.standin_plan import real_classes  # noqa: E402
 
 TABLE3_METHODS = ("coop", "cocoop", "dept-coop", "ivlp", "maple")
 VARIANT_SOFT = (None, "ls", "csl", "isl")  # plain, ATLaS, ATLaS-CSL, ATLaS-ISL

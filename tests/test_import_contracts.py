@@ -149,6 +149,7 @@ def test_the_world_keeps_in_the_package_only_what_users_run():
     the research tools that made the shipped CLIP live in tools/world/."""
     repo = Path(__file__).resolve().parents[1]
     kept = sorted(path.stem for path in (repo / "atlas_fast" / "world").glob("*.py"))
-    assert kept == ["__init__", "benchmark", "descriptions", "generator", "standins"]
+    assert kept == ["__init__", "benchmark", "descriptions", "generator", "standin_images", "standin_plan",
+                    "standins"]
     assert sorted(p.stem for p in (repo / "tools" / "world").glob("*.py")) == [
         "__init__", "calibration", "language", "pretrain", "properties", "zeroshot"]

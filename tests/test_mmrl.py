@@ -439,7 +439,7 @@ def test_the_imagenet_step_fits_the_memory_planner_s_estimate():
     backbone = load_backbone(BackboneConfig("ViT-B-16", None))
     config, recipe = mmrl_recipe("paper", "base2new", 16, "ImageNet")
     assert recipe.batch_size == 32
-    from atlas_fast.world.standins import imagenet_classnames
+    from atlas_fast.world.standin_plan import imagenet_classnames
 
     names = [name for _, name in imagenet_classnames()]  # ImageNet's own names: its longest prompts
     assert len(names) == 1000

@@ -12,8 +12,8 @@ from atlas_fast.cli import main
 from atlas_fast.data import load_dataset
 from atlas_fast.data.check import PUBLISHED_SIZES
 from atlas_fast.data.datasets import BUILTIN_DATASETS, dataset_spec
-from atlas_fast.world.standins import (MANIFEST, StandinRequest, plan_standin, real_classes, read_manifest,
-                                       write_standin)
+from atlas_fast.world.standin_plan import StandinRequest, plan_standin, real_classes
+from atlas_fast.world.standins import MANIFEST, read_manifest, write_standin
 
 FRACTION = 0.002
 TRAIN_PER_CLASS = 1

@@ -41,7 +41,8 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 def test_a_standin_rewrite_keeps_the_users_own_files(tmp_path):
     from atlas_fast.data import load_dataset
-    from atlas_fast.world.standins import StandinRequest, write_standin
+    from atlas_fast.world.standin_plan import StandinRequest
+    from atlas_fast.world.standins import write_standin
 
     request = StandinRequest(test_fraction=0.01, train_per_class=1)
     write_standin("EuroSAT", tmp_path, request, progress=False)
@@ -61,7 +62,8 @@ def test_a_standin_rewrite_keeps_the_users_own_files(tmp_path):
 
 def test_a_standin_whose_files_were_replaced_is_not_rewritten(tmp_path):
     """Real data extracted over a stand-in (its manifest kept): the images it replaced are the user's now."""
-    from atlas_fast.world.standins import StandinRequest, write_standin
+    from atlas_fast.world.standin_plan import StandinRequest
+    from atlas_fast.world.standins import write_standin
 
     write_standin("EuroSAT", tmp_path, StandinRequest(0.01, 1), progress=False)
     dataset = tmp_path / "eurosat"
@@ -76,7 +78,9 @@ def test_a_standin_whose_files_were_replaced_is_not_rewritten(tmp_path):
 
 def _write_standin_killed_on_the_third_image(root: str) -> None:
     """In a forked child: write a stand-in and die (as ``kill -9`` would) between an image's write and its rename."""
-    from atlas_fast.world import standins
+    from atlas_fast.world import standin_images
+    from atlas_fast.world.standin_plan import StandinRequest
+    from atlas_fast.world.standins import write_standin
 
     calls = []
 
@@ -86,12 +90,13 @@ def _write_standin_killed_on_the_third_image(root: str) -> None:
             os._exit(9)
         os.rename(source, target)
 
-    standins.os.replace = replace
-    standins.write_standin("EuroSAT", root, standins.StandinRequest(0.01, 1), progress=False)
+    standin_images.os.replace = replace
+    write_standin("EuroSAT", root, StandinRequest(0.01, 1), progress=False)
 
 
 def test_an_interrupted_standin_writer_leaves_no_temporary_file(tmp_path):
-    from atlas_fast.world.standins import StandinRequest, write_standin
+    from atlas_fast.world.standin_plan import StandinRequest
+    from atlas_fast.world.standins import write_standin
 
     child = mp.get_context("fork").Process(target=_write_standin_killed_on_the_third_image, args=(str(tmp_path),))
     child.start()

@@ -119,7 +119,9 @@ def run_data_standins(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise UsageError(f"--seed takes a number >= 0, not {args.seed}.")
     from atlas_fast.data.datasets import BUILTIN_DATASETS, dataset_spec
-    from atlas_fast.world.standins import IMAGE_SIZE, StandinRequest, describe, write_standin
+    from atlas_fast.world.standin_images import IMAGE_SIZE
+    from atlas_fast.world.standin_plan import StandinRequest
+    from atlas_fast.world.standins import describe, write_standin
 
     if ALL in args.datasets:
         names = list(BUILTIN_DATASETS)

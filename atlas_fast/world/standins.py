@@ -1,18 +1,6 @@
-"""Stand-ins of the 15 CoOp benchmarks: each dataset in its real on-disk layout, with its real class names, class
-count and split sizes, but small generated images (``atlas-fast data standins``).
-
-What is real: the folder and file layout each reader of :mod:`atlas_fast.data.datasets` expects (split_zhou JSON
-files, ImageNet's ``images/{train,val}/<wnid>/`` with ``classnames.txt``, the variants' folders, FGVC-Aircraft's
-txt files), the class names in label order (``standin_classes.json``, gathered from the datasets' public class
-lists) and the published split sizes (:data:`atlas_fast.data.check.PUBLISHED_SIZES`). What is not: every image is a
-32x32 JPEG drawn from the seed (a colour per class plus noise), so decoding and resizing still happen at the true
-image counts, but no accuracy measured on a stand-in means anything about the real benchmark.
-
-Sizes. Test and val splits are written in full unless a ``test_fraction`` F < 1 is asked for: then a split of
-published size n over K classes holds ``max(K, floor(F * n + 0.5))`` images (every class keeps one). Training sets
-hold ``train_per_class`` images per class (default 16, the most shots the papers use; a class whose published share
-is smaller keeps its share); the full 1.28 M ImageNet training images would be pointless for few-shot runs. Any
-split's images are spread evenly over the classes (the first ``n mod K`` classes get one more).
+"""``atlas-fast data standins``: stand-ins of the 15 CoOp benchmarks written under a data root, each dataset in its
+real on-disk layout, with its real class names, class count and split sizes (:mod:`~atlas_fast.world.standin_plan`),
+but small generated images (:mod:`~atlas_fast.world.standin_images`).
 
 Each dataset folder gets a ``STANDIN.json`` manifest (the request, the counts written and published, that it is a
 stand-in, and ``files``: every file the generator writes there), written before the first image and marked complete
@@ -30,110 +18,21 @@ finds the dataset done.
 from __future__ import annotations
 
 import fcntl
-import io
 import json
 import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
-from PIL import Image
-
 from atlas_fast.data.check import PUBLISHED_SIZES, STANDIN_MANIFEST
-from atlas_fast.data.datasets import BUILTIN_DATASETS, dataset_spec
-from atlas_fast.data.layouts import SplitJsonLayout
-from atlas_fast.files import atomic_write, read_json, temporary_path, temporary_target
-from atlas_fast.progress import progress_bar
+from atlas_fast.files import atomic_write, read_json, temporary_target
+from atlas_fast.world.standin_images import IMAGE_SIZE, write_images
+from atlas_fast.world.standin_plan import SPLITS, StandinPlan, StandinRequest, image_paths, layout_files, plan_standin
 
 MANIFEST = STANDIN_MANIFEST
 MANIFEST_FORMAT = 1
-DEFAULT_TRAIN_PER_CLASS = 16
-IMAGE_SIZE = 32
-SPLITS = ("train", "val", "test")
-_PROGRESS_MIN_IMAGES = 2_000
-
-#: Where each dataset's images lie, relative to its folder, by split ("*": every split). {folder}: the class's
-#: on-disk name (folder, wnid, file stem, UCF101's CamelCase action), {name}: its class name, {label}: its label,
-#: {n}: a running number over the dataset's images.
-_PATHS: dict[str, dict[str, str]] = {
-    "ImageNet": {"train": "images/train/{folder}/{folder}_{n}.JPEG",
-                 "test": "images/val/{folder}/ILSVRC2012_val_{n:08d}.JPEG"},
-    "Caltech101": {"*": "101_ObjectCategories/{folder}/image_{n:04d}.jpg"},
-    "OxfordPets": {"*": "images/{folder}_{n}.jpg"},
-    "StanfordCars": {"train": "cars_train/{n:05d}.jpg", "val": "cars_train/{n:05d}.jpg",
-                     "test": "cars_test/{n:05d}.jpg"},
-    "OxfordFlowers": {"*": "jpg/image_{n:05d}.jpg"},
-    "Food101": {"*": "images/{name}/{n:07d}.jpg"},
-    "FGVCAircraft": {"*": "images/{n:07d}.jpg"},
-    "SUN397": {"*": "SUN397/{folder}/sun_{n:06d}.jpg"},
-    "DescribableTextures": {"*": "images/{name}/{name}_{n:04d}.jpg"},
-    "EuroSAT": {"*": "2750/{folder}/{folder}_{n}.jpg"},
-    "UCF101": {"*": "UCF-101-midframes/{name}/v_{folder}_g{n:04d}_c01.jpg"},
-    "ImageNetV2": {"test": "imagenetv2-matched-frequency-format-val/{label}/{n}.jpeg"},
-    "ImageNetSketch": {"test": "images/{folder}/sketch_{n}.JPEG"},
-    "ImageNetA": {"test": "imagenet-a/{folder}/{n:06d}.jpg"},
-    "ImageNetR": {"test": "imagenet-r/{folder}/art_{n}.jpg"},
-}
-_IMAGENET_FAMILY = ("ImageNet", "ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR")
-
-
-@dataclass(frozen=True)
-class StandinRequest:
-    """What to write: the fraction of each test and val split, training images per class, the images' seed."""
-
-    test_fraction: float = 1.0
-    train_per_class: int = DEFAULT_TRAIN_PER_CLASS
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.test_fraction, bool) or not 0 < self.test_fraction <= 1:
-            raise ValueError(f"test fraction {self.test_fraction!r} is outside the valid range 0 < F <= 1 (F = 1 "
-                             f"writes the published test and val splits in full).")
-        if isinstance(self.train_per_class, bool) or not isinstance(self.train_per_class, int) or \
-                self.train_per_class < 1:
-            raise ValueError(f"training images per class {self.train_per_class!r} must be a whole number >= 1.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed {self.seed!r} must be a whole number >= 0.")
-
-
-@dataclass(frozen=True)
-class StandinClass:
-    """One class: its on-disk name (folder, wnid, file stem; "" where the layout has none), its class name as the
-    reader gives it, and how many images each split holds."""
-
-    folder: str
-    name: str
-    train: int
-    val: int
-    test: int
-
-
-@dataclass(frozen=True)
-class StandinPlan:
-    """Everything written for one dataset, before a file is written."""
-
-    name: str
-    folder: str
-    request: StandinRequest
-    classes: tuple[StandinClass, ...]
-
-    def counts(self) -> dict[str, int]:
-        """Classes and images per split, as the dataset's reader will count them (no val split where CoOp has
-        none)."""
-        published = PUBLISHED_SIZES[self.name]
-        counts = {"classes": len(self.classes)}
-        for split in SPLITS:
-            if getattr(published, split) is not None:
-                counts[split] = sum(getattr(c, split) for c in self.classes)
-        return counts
-
-    def images(self) -> int:
-        return sum(c.train + c.val + c.test for c in self.classes)
 
 
 @dataclass(frozen=True)
@@ -149,180 +48,8 @@ class StandinResult:
     seconds: float
 
 
-# ----------------------------------------------------------------------------------------------------- the classes
-
-
-@lru_cache(maxsize=1)
-def _class_lists() -> dict:
-    text = resources.files("atlas_fast.world").joinpath("standin_classes.json").read_text(encoding="utf-8")
-    return json.loads(text)
-
-
-def real_classes(name: str) -> list[tuple[str, str]]:
-    """(on-disk name, class name) of each class of benchmark ``name`` in label order, as CoOp's reader gives them."""
-    lists = _class_lists()
-    if name in ("ImageNet", "ImageNetV2", "ImageNetSketch"):
-        return [(wnid, classname) for wnid, classname in lists["ImageNet"]["classes"]]
-    if name in ("ImageNetA", "ImageNetR"):
-        names = dict(real_classes("ImageNet"))
-        return [(wnid, names[wnid]) for wnid in lists[name]["wnids"]]
-    entry = lists[name]
-    if "classes" in entry:
-        return [(folder, classname) for folder, classname in entry["classes"]]
-    return [("", classname) for classname in entry["names"]]
-
-
-def imagenet_classnames() -> list[tuple[str, str]]:
-    """ImageNet's ``classnames.txt``: (wnid, class name), 1000 lines in sorted wnid order (label order)."""
-    return real_classes("ImageNet")
-
-
-# ------------------------------------------------------------------------------------------------------ the sizes
-
-
-def spread(total: int, classes: int) -> list[int]:
-    """``total`` images over ``classes`` classes as evenly as possible (the first ``total mod classes`` get one
-    more)."""
-    base, extra = divmod(total, classes)
-    return [base + (1 if i < extra else 0) for i in range(classes)]
-
-
-def scaled_size(published: int, fraction: float, classes: int) -> int:
-    """A test or val split's size at ``fraction``: ``max(classes, floor(fraction * published + 0.5))``, so that
-    every class keeps at least one image; ``fraction == 1`` gives the published size."""
-    return published if fraction == 1 else max(classes, int(fraction * published + 0.5))
-
-
-def plan_standin(name: str, request: StandinRequest = StandinRequest(), full_train: bool = False) -> StandinPlan:
-    """The classes and per-class split sizes of benchmark ``name`` for ``request``; ``full_train`` plans the
-    published training set instead of ``train_per_class`` images per class (what a full copy holds)."""
-    if name not in PUBLISHED_SIZES:
-        raise ValueError(f"no stand-in for {name!r}: stand-ins exist for the 15 benchmarks "
-                         f"({', '.join(BUILTIN_DATASETS)}).")
-    published = PUBLISHED_SIZES[name]
-    pairs = real_classes(name)
-    if len(pairs) != published.classes:
-        raise AssertionError(f"{name}: {len(pairs)} class names for {published.classes} published classes")
-    k = len(pairs)
-    per_split = {}
-    for split in SPLITS:
-        size = getattr(published, split)
-        if size is None:
-            per_split[split] = [0] * k
-        elif split == "train":
-            share = spread(size, k)
-            per_split[split] = share if full_train else [min(request.train_per_class, s) for s in share]
-        else:
-            per_split[split] = spread(scaled_size(size, request.test_fraction, k), k)
-    classes = tuple(StandinClass(folder, classname, per_split["train"][i], per_split["val"][i], per_split["test"][i])
-                    for i, (folder, classname) in enumerate(pairs))
-    return StandinPlan(name, dataset_spec(name).folder, request, classes)
-
-
-# ----------------------------------------------------------------------------------------------------- the images
-
-
-def _image_paths(plan: StandinPlan) -> dict[str, list[tuple[int, str]]]:
-    """split -> [(label, path relative to the dataset folder)] of every image, classes in label order."""
-    templates = _PATHS[plan.name]
-    paths: dict[str, list[tuple[int, str]]] = {split: [] for split in SPLITS}
-    n = 0
-    for split in SPLITS:
-        for label, cls in enumerate(plan.classes):
-            for _ in range(getattr(cls, split)):
-                n += 1
-                template = templates.get(split, templates.get("*"))
-                paths[split].append((label, template.format(folder=cls.folder, name=cls.name, label=label, n=n)))
-    return paths
-
-
-def _class_colour(seed: int, dataset_index: int, label: int) -> np.ndarray:
-    return np.random.default_rng([seed, dataset_index, label, 1]).integers(30, 226, size=3).astype(np.float32)
-
-
-def _jpeg(seed: int, dataset_index: int, label: int, n: int, colour: np.ndarray) -> bytes:
-    """Image ``n`` of class ``label``: the class's colour, a gradient and noise drawn from the seed; JPEG bytes."""
-    rng = np.random.default_rng([seed, dataset_index, label, n])
-    ramp = np.linspace(-25, 25, IMAGE_SIZE, dtype=np.float32)
-    direction = rng.integers(0, 2)
-    gradient = (ramp[None, :] if direction else ramp[:, None])[..., None]
-    pixels = colour + gradient + rng.normal(0, 12, size=(IMAGE_SIZE, IMAGE_SIZE, 3)).astype(np.float32)
-    buffer = io.BytesIO()
-    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
-
-
-def _write_images(plan: StandinPlan, dataset_dir: Path, paths: dict[str, list[tuple[int, str]]],
-                  progress: bool) -> tuple[int, int]:
-    """Write every image not already there (each to a hidden temporary name, then renamed: a file that exists is
-    whole); returns (images written, bytes written)."""
-    dataset_index = BUILTIN_DATASETS.index(plan.name)
-    colours: dict[int, np.ndarray] = {}
-    made: set[Path] = set()
-    written = size = 0
-    total = plan.images()
-    with progress_bar(total=total, desc=f"standin {plan.name}", unit="img",
-                      enabled=progress and total >= _PROGRESS_MIN_IMAGES, leave=False) as bar:
-        n = 0
-        for split in SPLITS:
-            for label, relative in paths[split]:
-                n += 1
-                path = dataset_dir / relative
-                bar.update(1)
-                if path.exists():
-                    continue
-                if path.parent not in made:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    made.add(path.parent)
-                if label not in colours:
-                    colours[label] = _class_colour(plan.request.seed, dataset_index, label)
-                data = _jpeg(plan.request.seed, dataset_index, label, n, colours[label])
-                temporary = temporary_path(path)
-                temporary.write_bytes(data)
-                os.replace(temporary, path)
-                written += 1
-                size += len(data)
-    return written, size
-
-
-# ---------------------------------------------------------------------------------------------- the layout files
-
-
 def _write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def _layout_files(plan: StandinPlan, paths: dict[str, list[tuple[int, str]]]) -> dict[str, str]:
-    """The split or class-name files of the dataset's layout: relative path -> text (the images are written
-    separately)."""
-    layout = dataset_spec(plan.name).layout
-    if isinstance(layout, SplitJsonLayout):
-        prefix = f"{layout.image_prefix}/" if layout.image_prefix else ""
-        split = {}
-        for name in SPLITS:
-            entries = []
-            for label, relative in paths[name]:
-                assert relative.startswith(prefix), (relative, prefix)
-                entries.append([relative[len(prefix):], label, plan.classes[label].name])
-            split[name] = entries
-        return {layout.split_file: json.dumps(split, indent=4, separators=(",", ": "))}
-    if plan.name == "FGVCAircraft":
-        files = {"variants.txt": "".join(f"{c.name}\n" for c in plan.classes)}
-        for name in SPLITS:
-            lines = [f"{Path(relative).stem} {plan.classes[label].name}\n" for label, relative in paths[name]]
-            files[f"images_variant_{name}.txt"] = "".join(lines)
-        return files
-    if plan.name in _IMAGENET_FAMILY:
-        files = {"classnames.txt": "".join(f"{wnid} {classname}\n" for wnid, classname in imagenet_classnames())}
-        if plan.name in ("ImageNetA", "ImageNetR"):
-            image_folder = _PATHS[plan.name]["test"].split("/")[0]
-            files[f"{image_folder}/README.txt"] = ("Stand-in written by atlas-fast data standins (the real archive "
-                                                   "has a README.txt here).\n")
-        return files
-    raise AssertionError(f"no layout writer for {plan.name}")
-
-
-# --------------------------------------------------------------------------------------------------- the manifest
 
 
 def _manifest(plan: StandinPlan, complete: bool, files: dict[str, list[int] | None] | None = None) -> dict:
@@ -387,8 +114,8 @@ def write_standin(name: str, root: str | Path, request: StandinRequest = Standin
         manifest = read_manifest(dataset_dir)
         if manifest is not None and manifest.get("complete") is True and _same_request(manifest, plan):
             return StandinResult(plan, "skipped", dataset_dir, 0, 0, time.perf_counter() - started)
-        paths = _image_paths(plan)
-        layout = _layout_files(plan, paths)
+        paths = image_paths(plan)
+        layout = layout_files(plan, paths)
         planned = [*layout, *(relative for split in SPLITS for _, relative in paths[split])]
         listed: dict[str, list[int] | None] = {}
         if manifest is None:
@@ -416,7 +143,7 @@ def write_standin(name: str, root: str | Path, request: StandinRequest = Standin
                     + "\n")
         for relative, text in layout.items():
             _write_text(dataset_dir / relative, text)
-        written, size = _write_images(plan, dataset_dir, paths, progress)
+        written, size = write_images(plan, dataset_dir, paths, progress)
         os.sync()  # the images reach the disk before the manifest says they are all there
         files = {relative: _identity(dataset_dir / relative) for relative in planned}
         _write_text(dataset_dir / MANIFEST, json.dumps(_manifest(plan, True, files), indent=1) + "\n")
@@ -448,8 +175,8 @@ def _listed_files(dataset_dir: Path, manifest: dict) -> dict[str, list[int] | No
             raise FileExistsError(f"{path} does not say which files the stand-in wrote; nothing was deleted. Move "
                                   f"the folder {dataset_dir} away (after saving any files of your own in it)."
                                   ) from None
-        paths = _image_paths(plan)
-        return dict.fromkeys([*_layout_files(plan, paths), *(r for split in SPLITS for _, r in paths[split])])
+        paths = image_paths(plan)
+        return dict.fromkeys([*layout_files(plan, paths), *(r for split in SPLITS for _, r in paths[split])])
     sound = isinstance(files, dict) and all(
         isinstance(relative, str) and relative and not Path(relative).is_absolute() and ".." not in Path(relative).parts
         and (identity is None or (isinstance(identity, list) and len(identity) == 2
