@@ -128,9 +128,9 @@ def method_block(args: argparse.Namespace, method: str) -> list[TrainConfig]:
 
 def row_name(config: dict) -> str:
     """``CLIP-LoRA``, ``CLIP-LoRA + ATLaS-ISL``, ``KDPL-CoOp``: the method's printed name and its variant."""
-    from atlas_fast.report.rows import method_name, variant_label
+    from atlas_fast.report.rows import method_name, variant_name
 
-    variant = variant_label(config)
+    variant = variant_name(config)
     name = method_name(config["method"])
     return f"{name} {variant}" if variant.startswith("+") else name
 
@@ -145,7 +145,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
         entry = method_class(method)
         block = method_name(method) if entry.uses_labels else (
             f"{method_name(method)} vs {method_name(entry.base_class.name)} + ATLaS")
-        for row in aggregate(records[start:start + count], label=row_name):
+        for row in aggregate(records[start:start + count], name_of=row_name):
             row.block = block
             rows.append(row)
         start += count

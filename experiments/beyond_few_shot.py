@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from atlas_fast.experiments.common import base_config, chunks, publish
 from atlas_fast.report.figures import plot_series
 from atlas_fast.report.formats import deviation_sentences
-from atlas_fast.report.rows import aggregate, deviation_marks, variant_label
+from atlas_fast.report.rows import aggregate, deviation_marks, variant_name
 from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 
 if TYPE_CHECKING:
@@ -58,12 +58,12 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     for block in chunks(records, len(records) // (len(args.shots) * len(args.methods))):
         for row in aggregate(block, metrics=("all",)):
             method = method_name(block[0]["config"]["method"])
-            name = f"{method} {row.label}" if row.label.startswith("+") else row.label
+            name = f"{method} {row.name}" if row.name.startswith("+") else row.name
             curves.setdefault(name, []).append(row.metrics["all"])
     for record in records:
-        label = variant_label(record["config"])
+        variant = variant_name(record["config"])
         method = method_name(record["config"]["method"])
-        runs.setdefault(f"{method} {label}" if label.startswith("+") else label, []).append(record)
+        runs.setdefault(f"{method} {variant}" if variant.startswith("+") else variant, []).append(record)
     table_note, marks = deviation_marks(runs)
     lines = [f"Few-shot accuracy (all classes; mean of {len(args.datasets)} datasets, {len(args.seeds)} seeds)"
              f"{table_note}", "", "| Method | " + " | ".join(f"{k}-shot" for k in args.shots) + " |",

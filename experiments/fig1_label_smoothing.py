@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.report.figures import plot_curves
 from atlas_fast.report.formats import deviation_sentences
-from atlas_fast.report.rows import deviation_marks, epoch_curves, strategy_label
+from atlas_fast.report.rows import deviation_marks, epoch_curves, strategy_name
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 if TYPE_CHECKING:
@@ -46,10 +46,10 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 def curve_table(records: list[dict], metric: str) -> str:
     """Final and best accuracy (and the best epoch) of each strategy's curve (mean over seeds), marked with what its
     runs change from the recipe and the paper's presets (K = 1 is in the name: ``+ LS`` is LS every epoch)."""
-    curves = epoch_curves(records, metric, strategy_label)
+    curves = epoch_curves(records, metric, strategy_name)
     runs: dict[str, list[dict]] = {}
     for record in records:
-        runs.setdefault(strategy_label(record["config"]), []).append(record)
+        runs.setdefault(strategy_name(record["config"]), []).append(record)
     table_note, marks = deviation_marks(runs, leave_out={"schedule.period"})
     lines = [f"| Method | final {metric} | best {metric} | best epoch |", "|---|---:|---:|---:|"]
     for name, values in curves.items():
@@ -61,5 +61,5 @@ def curve_table(records: list[dict], metric: str) -> str:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     table = curve_table(records, "new")
-    plot_curves(records, Path(args.out) / "fig1_label_smoothing.png", "new", strategy_label)
+    plot_curves(records, Path(args.out) / "fig1_label_smoothing.png", "new", strategy_name)
     return publish(args.out, "fig1_label_smoothing.md", table)

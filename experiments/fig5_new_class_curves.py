@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.experiments.fig1_label_smoothing import curve_table
 from atlas_fast.report.figures import plot_curves
-from atlas_fast.report.rows import strategy_label
+from atlas_fast.report.rows import strategy_name
 from atlas_fast.world.benchmark import DECLINE_DATASET
 from atlas_fast.vocabulary import PAPER_SOFT_LABEL_KINDS
 
@@ -47,5 +47,5 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     table = curve_table(records, "new")
-    plot_curves(records, Path(args.out) / "fig5_new_class_curves.png", "new", strategy_label, panels=PANELS)
+    plot_curves(records, Path(args.out) / "fig5_new_class_curves.png", "new", strategy_name, panels=PANELS)
     return publish(args.out, "fig5_new_class_curves.md", table)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from atlas_fast.experiments.common import base_config, chunks, publish
 from atlas_fast.report.figures import plot_series
 from atlas_fast.report.formats import deviation_sentences
-from atlas_fast.report.rows import aggregate, deviation_marks, variant_label
+from atlas_fast.report.rows import aggregate, deviation_marks, variant_name
 from atlas_fast.report.stats import counted
 
 if TYPE_CHECKING:
@@ -39,10 +39,10 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     curves: dict[str, list[float]] = {}
     for block in chunks(records, len(records) // len(args.shots)):
         for row in aggregate(block, metrics=("all",)):
-            curves.setdefault(row.label, []).append(row.metrics["all"])
+            curves.setdefault(row.name, []).append(row.metrics["all"])
     runs: dict[str, list[dict]] = {}
     for record in records:
-        runs.setdefault(variant_label(record["config"]), []).append(record)
+        runs.setdefault(variant_name(record["config"]), []).append(record)
     table_note, marks = deviation_marks(runs)
     lines = ["| Method | " + " | ".join(f"{k}-shot" for k in args.shots) + " |",
              "|---|" + "---:|" * len(args.shots)]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.report.formats import deviation_sentences
-from atlas_fast.report.rows import deviation_marks, variant_label
+from atlas_fast.report.rows import deviation_marks, variant_name
 from atlas_fast.world.benchmark import CROSS_SOURCE
 
 if TYPE_CHECKING:
@@ -84,8 +84,8 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     rows: dict[str, dict[str, list[float]]] = {}
     runs: dict[str, list[dict]] = {}
     for record in records:
-        runs.setdefault(variant_label(record["config"]), []).append(record)
-        row = rows.setdefault(variant_label(record["config"]), {"train": [], "soft": [], "infer": [], "H": []})
+        runs.setdefault(variant_name(record["config"]), []).append(record)
+        row = rows.setdefault(variant_name(record["config"]), {"train": [], "soft": [], "infer": [], "H": []})
         timings = record["timings"]
         row["train"].append(timings["train"] / timings.get("batch_runs", 1))
         row["H"].append(record["metrics"].get("H", record["metrics"].get("all", float("nan"))))
@@ -100,10 +100,10 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
              "|---|---:|---:|---:|---:|---:|"]
     table_note, marks = deviation_marks(runs)
     lines[0] += table_note
-    for label, row in rows.items():
+    for variant, row in rows.items():
         train = statistics.fmean(row["train"])
         soft = row["soft"][0] if row["soft"] else 0.0
-        lines.append(f"| {label}{marks[label]} | {train:.2f} | {soft:.3f} | {100 * soft / train:.2f} | "
+        lines.append(f"| {variant}{marks[variant]} | {train:.2f} | {soft:.3f} | {100 * soft / train:.2f} | "
                      f"{row['infer'][0]:.3f} | {statistics.fmean(row['H']):.2f} |")
     sentences = deviation_sentences(table_note, marks.values(), in_title=False)
     table = "\n".join(lines + (["", "; ".join(sentences) + "."] if sentences else []))

@@ -25,12 +25,12 @@ PAPER = "Table IV (ablation)"
 KINDS = PAPER_SOFT_LABEL_KINDS
 
 
-def ablation_label(config: dict) -> str:
+def ablation_name(config: dict) -> str:
     """Row names of the paper's ablation table (K = 1 is 'soft labels alone')."""
-    from atlas_fast.atlas.variants import ablation_row_label
+    from atlas_fast.atlas.variants import ablation_row_name
 
     soft = (config.get("soft_labels") or {}).get("kind")
-    return ablation_row_label(config["schedule"], soft) or f"{method_name(config['method'])} (baseline)"
+    return ablation_row_name(config["schedule"], soft) or f"{method_name(config['method'])} (baseline)"
 
 
 def variants() -> list[LabelVariant]:
@@ -58,5 +58,5 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     title = (f"Ablation of soft labels and alternation ({method_name(args.method)}, base-to-new, "
              f"{counted(len(args.datasets), 'dataset')})")
-    rows = aggregate(records, label=ablation_label, leave_out={"schedule.period"})  # K = 1 is named in the rows
+    rows = aggregate(records, name_of=ablation_name, leave_out={"schedule.period"})  # K = 1 is named in the rows
     return write_table(rows, "table_ablation", title, args.out)

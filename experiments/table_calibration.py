@@ -68,7 +68,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
 
     from atlas_fast.report.figures import plot_reliability
     from atlas_fast.report.formats import latex_label, latex_table, markdown_table, write_csv
-    from atlas_fast.report.rows import aggregate, calibration_columns, strategy_label
+    from atlas_fast.report.rows import aggregate, calibration_columns, strategy_name
     from atlas_fast.report.stats import counted
 
     out = Path(args.out)
@@ -77,7 +77,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     for name, figures, what in (("table_calibration_ece", ECE_COLUMNS, "ECE (%, 15 bins)"),
                                 ("table_calibration_nll", NLL_COLUMNS, "NLL (nats)")):
         columns = calibration_columns(figures)
-        rows = aggregate(records, metrics=columns, label=strategy_label, by_method=True,
+        rows = aggregate(records, metrics=columns, name_of=strategy_name, by_method=True,
                          leave_out={"schedule.period"})  # K = 1 is named in the rows (+ LS, + CSL, + ISL)
         title = (f"Calibration, base-to-new: {what} on base and new classes, before and after temperature scaling "
                  f"(T) fitted on the few-shot validation split ({scope}); lower is better")
@@ -90,7 +90,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
             stem = f"table_calibration_reliability_{class_set}" + (
                 f"_{method}" if len(per_method) > 1 else "")
             try:
-                plot_reliability(chosen, out / f"{stem}.png", class_set, label=strategy_label)
+                plot_reliability(chosen, out / f"{stem}.png", class_set, name_of=strategy_name)
             except ValueError as exc:  # records from before calibration: the tables say "–"; no diagram
                 print(f"no reliability diagram ({method}, {class_set}): {exc}")
     return "\n\n".join(texts)

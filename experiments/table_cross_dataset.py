@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.experiments.common import ELEVEN, PAPER_METHODS, base_config, method_args, publish
 from atlas_fast.report.formats import deviation_sentences
-from atlas_fast.report.rows import deviation_marks, method_name, variant_label
+from atlas_fast.report.rows import deviation_marks, method_name, variant_name
 from atlas_fast.report.stats import interval_note, paired_by_seed
 from atlas_fast.world.benchmark import CROSS_SOURCE, CROSS_TARGETS, DG_TARGETS
 
@@ -57,7 +57,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
         method = record["config"]["method"]
-        row = (method_name(method), variant_label(record["config"]))
+        row = (method_name(method), variant_name(record["config"]))
         runs[row].append(record)
         cells[row]["source"].append(record["metrics"]["all"])
         accuracies = []
@@ -74,13 +74,13 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
              "|---|" + "---:|" * (len(columns) + 2)]
     seeds = 0
     table_note, marks = deviation_marks(runs)
-    for (block, label), per_column in cells.items():
+    for (block, variant), per_column in cells.items():
         means = [statistics.fmean(per_column[c]) for c in columns]
         baseline = (block, block)  # a method's plain row is named after the method
-        paired = (paired_by_seed(target_means[(block, label)], target_means[baseline])
-                  if label != block and baseline in target_means else None)
+        paired = (paired_by_seed(target_means[(block, variant)], target_means[baseline])
+                  if variant != block and baseline in target_means else None)
         seeds = max(seeds, paired.seeds if paired else 0)
-        lines.append(f"| {label}{marks[(block, label)]} | " + " | ".join(f"{m:.2f}" for m in means)
+        lines.append(f"| {variant}{marks[(block, variant)]} | " + " | ".join(f"{m:.2f}" for m in means)
                      + f" | {statistics.fmean(means[1:]) if len(means) > 1 else float('nan'):.2f} | "
                      + (paired.cell() if paired else "") + " |")
     notes = ([interval_note(seeds, "the method's plain row")] if seeds else []) + deviation_sentences(

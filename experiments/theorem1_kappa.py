@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from atlas_fast.report.figures import save_figure, series_figure
 from atlas_fast.report.formats import deviation_sentences
-from atlas_fast.report.rows import deviation_marks, variant_label
+from atlas_fast.report.rows import deviation_marks, variant_name
 from atlas_fast.report.stats import interval_note, paired_by_seed
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
 from atlas_fast.vocabulary import SOFT_LABEL_KINDS
@@ -95,7 +95,7 @@ def dataset_table(rows: list[dict], records: list[dict], dataset: str) -> str:
     runs: dict[str, list[dict]] = {}
     for record in records:
         if record["config"]["dataset"] == dataset:
-            runs.setdefault(variant_label(record["config"]), []).append(record)
+            runs.setdefault(variant_name(record["config"]), []).append(record)
     table_note, marks = deviation_marks(runs)
     coop = h.get((dataset, "CoOp"), {})
     for kind in sorted({key[3] for key in kappa}, key=list(KINDS).index):

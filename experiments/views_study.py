@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ATLaS soft labels to add next to plain CoOp (default: %(default)s)")
 
 
-def _views_label(record: dict) -> str:
+def _views_name(record: dict) -> str:
     """V as the table shows it: "epochs (E)" when every epoch had a view of its own (the faithful setting)."""
     views, epochs = record["config"].get("views"), len(record["epochs"])
     return f"epochs ({epochs})" if not views or views >= epochs else str(views)
@@ -57,7 +57,7 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
 def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.engine.evaluate import harmonic_mean
     from atlas_fast.report.formats import deviation_sentences
-    from atlas_fast.report.rows import deviation_marks, variant_label
+    from atlas_fast.report.rows import deviation_marks, variant_name
     from atlas_fast.report.stats import interval_note, paired_by_seed
 
     # (views, variant) -> dataset -> metric -> per-seed values
@@ -65,7 +65,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
         lambda: defaultdict(lambda: defaultdict(list)))
     runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
-        key = (_views_label(record), variant_label(record["config"]))
+        key = (_views_name(record), variant_name(record["config"]))
         runs[key].append(record)
         for metric in ("base", "new"):
             cells[key][record["config"]["dataset"]][metric].append(record["metrics"][metric])
@@ -79,21 +79,21 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
         h_at: dict[tuple[str, str], float] = {}
         h_by_seed: dict[tuple[str, str], dict[int, float]] = {}
         rows = []
-        for (views, label), per_dataset in cells.items():
+        for (views, variant), per_dataset in cells.items():
             base, new = per_dataset[dataset]["base"], per_dataset[dataset]["new"]
             hs = [harmonic_mean(b, n) for b, n in zip(base, new)]
-            h_at[(views, label)] = statistics.fmean(hs)
-            h_by_seed[(views, label)] = dict(zip(per_dataset[dataset]["seed"], hs))
-            rows.append((views, label, base, new, hs))
+            h_at[(views, variant)] = statistics.fmean(hs)
+            h_by_seed[(views, variant)] = dict(zip(per_dataset[dataset]["seed"], hs))
+            rows.append((views, variant, base, new, hs))
         seeds = 0
-        for views, label, base, new, hs in rows:
-            ref = next((h for (v, name), h in h_at.items() if name == label and v.startswith("epochs")), None)
+        for views, variant, base, new, hs in rows:
+            ref = next((h for (v, name), h in h_at.items() if name == variant and v.startswith("epochs")), None)
             change = f"{statistics.fmean(hs) - ref:+.2f}" if ref is not None and not views.startswith("epochs") else ""
-            ref_key = next((k for k in h_by_seed if k[1] == label and k[0].startswith("epochs")), None)
-            paired = (paired_by_seed(h_by_seed[(views, label)], h_by_seed[ref_key])
+            ref_key = next((k for k in h_by_seed if k[1] == variant and k[0].startswith("epochs")), None)
+            paired = (paired_by_seed(h_by_seed[(views, variant)], h_by_seed[ref_key])
                       if change and ref_key is not None else None)
             seeds = max(seeds, paired.seeds if paired else 0)
-            lines.append(f"| {views} | {label}{marks[(views, label)]} | {_mean_std(base)} | {_mean_std(new)} | "
+            lines.append(f"| {views} | {variant}{marks[(views, variant)]} | {_mean_std(base)} | {_mean_std(new)} | "
                          f"{_mean_std(hs)} | {change} | "
                          + (paired.cell() if paired else "") + " |")
         if seeds:

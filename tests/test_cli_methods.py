@@ -38,7 +38,7 @@ def train_args(root, dataset, method, *extra, backbone=("atlas-tiny", "none")):
             "--no-progress", *extra]
 
 
-DEVIATIONS = r"(?: \[[^\]]*\])?"  # what a run changes from the recipe and presets (tests/test_report_labels.py)
+DEVIATIONS = r"(?: \[[^\]]*\])?"  # what a run changes from the recipe and presets (tests/test_report_names.py)
 
 
 def base_new_h(out, dataset, label):

@@ -31,21 +31,21 @@ TINY = "[epochs=4, batch=4, shots=4, views=2, backbone=atlas-tiny]"
 DEVIATIONS = r"(?: \[[^\]]*\])?"  # a run line's deviations, where a test does not pin them
 
 
-@pytest.mark.parametrize("flags, label", [
+@pytest.mark.parametrize("flags, name", [
     ([], f"coop {TINY}"),
     (["--atlas", "ls"], f"coop+ATLaS (K=2) {TINY}"),
     (["--atlas", "csl"], f"coop+ATLaS-CSL (K=2) {TINY}"),
     (["--atlas", "isl", "--alpha", "0.5"], f"coop+ATLaS-ISL (K=2) {TINY.replace('[', '[α=0.5, ')}"),
 ])
-def test_train_prints_base_new_h(root, capsys, flags, label):
+def test_train_prints_base_new_h(root, capsys, flags, name):
     assert main(train_args(root, *flags)) == 0
     out = capsys.readouterr().out
-    line = re.search(rf"OxfordPets {re.escape(label)} seed 1: base {NUMBER}  new {NUMBER}  H {NUMBER}", out)
+    line = re.search(rf"OxfordPets {re.escape(name)} seed 1: base {NUMBER}  new {NUMBER}  H {NUMBER}", out)
     assert line, out
     base, new, h = map(float, line.groups())
     assert h == pytest.approx(0.0 if base + new == 0 else 2 * base * new / (base + new), abs=0.01)
     assert "| dataset | method | seeds | base | new | H |\n|---|---|---|---:|---:|---:|\n" in out
-    assert re.search(rf"\| OxfordPets \| {re.escape(label)} \| 1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \|", out)
+    assert re.search(rf"\| OxfordPets \| {re.escape(name)} \| 1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \|", out)
 
 
 def test_second_identical_run_is_skipped_and_eval_reads_the_record(root, capsys):
@@ -79,8 +79,8 @@ def test_cross_dataset_train_on_imagenet_then_eval_on_another_dataset(root, caps
     args[args.index("--shots") + 1] = "2"
     assert main(args) == 0
     out = capsys.readouterr().out
-    label = re.escape("ImageNet coop+ATLaS-ISL (K=3) [epochs=3, batch=4, shots=2, views=2, backbone=atlas-tiny] seed 1")
-    assert re.search(rf"{label}: all {NUMBER}  \| zero-shot CLIP: all {NUMBER}", out), out
+    name = re.escape("ImageNet coop+ATLaS-ISL (K=3) [epochs=3, batch=4, shots=2, views=2, backbone=atlas-tiny] seed 1")
+    assert re.search(rf"{name}: all {NUMBER}  \| zero-shot CLIP: all {NUMBER}", out), out
     assert "| dataset | method | seeds | all |" in out
     record = re.search(r"record: (\S+\.json)", out).group(1)
     assert main(["eval", "--record", record, record, "--dataset", "oxford_pets", "--data-root", str(root / "data"),
@@ -97,11 +97,11 @@ def test_cross_dataset_train_on_imagenet_then_eval_on_another_dataset(root, caps
 def test_train_pixel_methods_from_the_command_line(root, capsys, method, options):
     """The full-forward methods run from the CLI with and without ATLaS; --method-option fits the recipe's depth
     to the tiny backbone's 2 blocks."""
-    for flags, label in (([], method), (["--atlas", "ls"], f"{method}+ATLaS (K=2)")):
+    for flags, name in (([], method), (["--atlas", "ls"], f"{method}+ATLaS (K=2)")):
         args = train_args(root, "--method", method, "--workers", "0", "--method-option", *options, *flags)
         assert main(args) == 0
         out = capsys.readouterr().out
-        line = rf"OxfordPets {re.escape(label)}{DEVIATIONS} seed 1: base {NUMBER}  new {NUMBER}  H {NUMBER}"
+        line = rf"OxfordPets {re.escape(name)}{DEVIATIONS} seed 1: base {NUMBER}  new {NUMBER}  H {NUMBER}"
         assert re.search(line, out), out
 
 

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from atlas_fast.report.formats import latex_table, markdown_table
-from atlas_fast.report.rows import aggregate, variant_label
+from atlas_fast.report.rows import aggregate, variant_name
 from atlas_fast.experiments import table3_base_to_new, table_ablation, table_cross_dataset
 from atlas_fast.experiments.common import run_experiment
 from layouts import make_imagenet, make_oxford_pets
@@ -127,7 +127,7 @@ def test_experiment_tables_mark_what_their_runs_change_from_the_recipe(tmp_path)
 
 
 def test_ablation_rows_are_named_like_the_paper():
-    assert [table_ablation.ablation_label(_config(v)) for v in table_ablation.variants()] == [
+    assert [table_ablation.ablation_name(_config(v)) for v in table_ablation.variants()] == [
         "CoOp (baseline)", "+ vanilla LS", "+ vanilla LS + y", "+ ATLaS", "+ CSL", "+ CSL + y", "+ ATLaS-CSL",
         "+ ISL", "+ ISL + y", "+ ATLaS-ISL"]
 
@@ -148,7 +148,7 @@ def test_cross_dataset_module_has_a_block_per_method(tmp_path):
 
 
 def test_ablation_runs_for_another_method(tmp_path):
-    assert table_ablation.ablation_label({**_config(table_ablation.variants()[0]), "method": "dept-coop"}) == \
+    assert table_ablation.ablation_name({**_config(table_ablation.variants()[0]), "method": "dept-coop"}) == \
         "DePT (baseline)"
 
 
@@ -167,7 +167,7 @@ def test_aggregate_averages_seeds_then_datasets_and_takes_h_of_the_means():
     records = [record("A", 1, 80, 60), record("A", 2, 90, 70), record("B", 1, 50, 50),
                record("A", 1, 82, 66, "isl"), record("B", 1, 52, 58, "isl")]
     coop, isl = aggregate(records)
-    assert coop.label == "CoOp" and isl.label == "+ ATLaS-ISL" == variant_label(records[3]["config"])
+    assert coop.name == "CoOp" and isl.name == "+ ATLaS-ISL" == variant_name(records[3]["config"])
     assert coop.metrics["base"] == pytest.approx((85 + 50) / 2)
     assert coop.metrics["new"] == pytest.approx((65 + 50) / 2)
     b, n = coop.metrics["base"], coop.metrics["new"]

@@ -76,14 +76,14 @@ def test_a_diverging_run_costs_its_group_nothing_and_is_retried_alone(pets, monk
     assert message.startswith("1 of 3 run(s) failed (the other runs' records are written; run the same command "
                               "again to train only the failed ones):")
     (failure,) = caught.value.failures
-    assert failure.label.endswith(" seed 2")
-    assert f"  {failure.label}: Training diverged in epoch 1 (step " in message
+    assert failure.name.endswith(" seed 2")
+    assert f"  {failure.name}: Training diverged in epoch 1 (step " in message
     # where it stopped: epoch 1, the group's optimiser steps by the end of that epoch, its lr, epoch 0's loss
     assert (failure.epoch, failure.seed, failure.step) == (1, 2, 4)
     assert failure.lr == pytest.approx(clean[1]["epochs"][1]["lr"])
     assert failure.last_loss == pytest.approx(clean[1]["epochs"][0]["loss"], abs=0)
     note = json.loads(open(failure.note).read())
-    assert note["status"] == "failed" and note["name"] == failure.label and note["seed"] == 2
+    assert note["status"] == "failed" and note["name"] == failure.name and note["seed"] == 2
     assert (note["epoch"], note["step"], note["last_finite_loss"]) == (1, 4, failure.last_loss)
     # the healthy runs: recorded, bit-equal to the same group trained without the diverging run's NaN
     healthy = caught.value.records
@@ -94,7 +94,7 @@ def test_a_diverging_run_costs_its_group_nothing_and_is_retried_alone(pets, monk
     from atlas_fast.report.collect import report_folder
 
     markdown = report_folder(pets / "poisoned", formats=["md"])
-    assert f"- {failure.note}: {failure.label}: Training diverged in epoch 1" in markdown
+    assert f"- {failure.note}: {failure.name}: Training diverged in epoch 1" in markdown
     # the same call again trains only the failed run (the others are skipped), and its record replaces the note
     monkeypatch.undo()
     again = run_group(_configs(pets, "poisoned"))
@@ -204,7 +204,7 @@ def test_a_pixel_group_that_forks_loses_only_the_runs_of_the_diverged_trunk(tmp_
         run_group(pixel_configs(tmp_path, "ivlp", "poisoned"))
     assert str(caught.value).startswith("2 of 4 run(s) failed")
     assert [(f.seed, f.epoch) for f in caught.value.failures] == [(1, 0), (1, 0)]
-    assert "coop" not in caught.value.failures[0].label and "ATLaS" in caught.value.failures[1].label
+    assert "coop" not in caught.value.failures[0].name and "ATLaS" in caught.value.failures[1].name
     records = caught.value.records
     assert records[:2] == [None, None]
     _assert_equal_records(records[2:], clean[2:])

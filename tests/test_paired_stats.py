@@ -44,10 +44,10 @@ def test_pairs_are_matched_by_seed_and_need_a_common_seed():
 
 
 def _rows(seeds=(1, 2, 3, 4)):
-    def row(label, values, spread):
+    def row(name, values, spread):
         per_seed = {s: v for s, v in zip(seeds, values)}
         mean = sum(per_seed.values()) / len(per_seed)
-        return TableRow(label, {"base": mean + 10, "H": mean}, {"base": spread, "H": spread}, len(seeds),
+        return TableRow(name, {"base": mean + 10, "H": mean}, {"base": spread, "H": spread}, len(seeds),
                         ("Pets",), per_seed={"H": per_seed})
 
     return [row("CoOp", BASELINE, 0.4), row("+ ATLaS", VARIANT, 1.6)]

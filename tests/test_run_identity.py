@@ -99,7 +99,7 @@ def _make_legacy(results, dataset_dir, stem, legacy_stem, legacy_key):
 
 
 def test_a_legacy_record_is_taken_over_and_the_report_lists_the_run_once(pets, monkeypatch, capsys):
-    from atlas_fast.report.grouping import label_records
+    from atlas_fast.report.grouping import name_records
     from atlas_fast.report.results_folder import collect_records
 
     results = pets / "legacy"
@@ -116,12 +116,12 @@ def test_a_legacy_record_is_taken_over_and_the_report_lists_the_run_once(pets, m
     assert taken["adopted_from"] == f"{legacy_stem}.json" and "all" in taken["metrics"]
     assert "evaluate" not in taken["config"] and record_identity(taken) == taken["key"] == spec.record_key
 
-    # both files are there; the report shows the run once, with no "evaluate=" label
+    # both files are there; the report shows the run once, with no "evaluate=" in its name
     records = collect_records(results)
     assert len(list((results / "OxfordPets").glob("*.json"))) == 2 and len(records) == 1
     assert "all" in records[0]["metrics"]
-    # (the tiny run's own changes from CoOp's recipe are marked, tests/test_report_labels.py)
-    assert [r["label"] for r in label_records(records)] == [
+    # (the tiny run's own changes from CoOp's recipe are marked, tests/test_report_names.py)
+    assert [r["name"] for r in name_records(records)] == [
         "CoOp [epochs=2, batch=3, lr=0.05, shots=4, views=1, backbone=atlas-tiny]"]
     assert "two records" not in capsys.readouterr().err
 

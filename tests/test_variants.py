@@ -7,12 +7,12 @@ import torch
 
 from atlas_fast.atlas.schedules import Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD
 from atlas_fast.atlas.softlabels import atlas_preset
-from atlas_fast.atlas.variants import (ablation_row_label, atlas_period, atlas_variant, atlas_variants, row_label,
-                                       run_label)
+from atlas_fast.atlas.variants import (ablation_row_name, atlas_period, atlas_variant, atlas_variants, row_name,
+                                       run_variant_name)
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.spec import config_key, describe_run, record_stem, resolve_recipe
 
-# (setting, atlas_variant arguments) -> (record stem, train line label, table row, curve row, ablation row); the
+# (setting, atlas_variant arguments) -> (record stem, train line name, table row, curve row, ablation row); the
 # stems were computed from the hand-assembled schedules and presets before atlas_variant existed.
 PINNED = [
     (("base2new", "none"), {}, "coop-onehot-base2new-16shot-seed1-d625a52e4ee8", "coop", "", "", ""),
@@ -54,20 +54,20 @@ def test_a_variant_keeps_its_record_name_and_labels(args, kwargs, stem, line, ro
     variant = atlas_variant(*args, **kwargs)
     assert _stem(args[0], variant) == stem
     described, kind = variant.schedule.describe(), variant.soft_labels.kind if variant.soft_labels else None
-    assert run_label("coop", described, kind) == line
-    assert row_label(described, kind) == row and row_label(described, kind, every_epoch_names=True) == curve
-    assert variant.label == (curve or "baseline")
+    assert run_variant_name("coop", described, kind) == line
+    assert row_name(described, kind) == row and row_name(described, kind, every_epoch_names=True) == curve
+    assert variant.name == (curve or "baseline")
     if ablation is not None:
-        assert ablation_row_label(described, kind) == ablation
+        assert ablation_row_name(described, kind) == ablation
 
 
 def test_a_method_name_ending_in_plus_is_set_apart_from_its_label_schedule():
     """MMRL++'s runs printed 'mmrl+++ATLaS-ISL (K=2)' (which plus is whose?); the others keep their names."""
     described = atlas_variant("base2new", "isl").schedule.describe()
-    assert run_label("mmrl++", described, "isl") == "mmrl++ + ATLaS-ISL (K=2)"
-    assert run_label("mmrl++", atlas_variant("base2new", "none", "ols").schedule.describe(), None) == "mmrl++ + OLS"
-    assert run_label("mmrl++", OneHot().describe(), None) == "mmrl++"
-    assert run_label("mmrl", described, "isl") == "mmrl+ATLaS-ISL (K=2)"
+    assert run_variant_name("mmrl++", described, "isl") == "mmrl++ + ATLaS-ISL (K=2)"
+    assert run_variant_name("mmrl++", atlas_variant("base2new", "none", "ols").schedule.describe(), None) == "mmrl++ + OLS"
+    assert run_variant_name("mmrl++", OneHot().describe(), None) == "mmrl++"
+    assert run_variant_name("mmrl", described, "isl") == "mmrl+ATLaS-ISL (K=2)"
 
 
 def test_presets_are_the_papers():
@@ -80,7 +80,7 @@ def test_presets_are_the_papers():
         OnlineLabelSmoothing(0.3)
     assert atlas_variant("base2new", "none", "tfkd").schedule == TeacherFreeKD()
     assert atlas_variant("base2new", "mix", w=0.5).soft_labels.w == 0.5
-    assert [v.label for v in atlas_variants("base2new")] == ["baseline", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL"]
+    assert [v.name for v in atlas_variants("base2new")] == ["baseline", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL"]
 
 
 @pytest.mark.parametrize("args,kwargs,message", [

@@ -128,7 +128,7 @@ def kappa_sentences(base, config: DemoConfig, variants, records: Sequence[dict],
     With ``progress``, a line per run measured, with the time so far and about how much is left."""
     from atlas_fast.app.kappa_runs import kappa_sentence, run_kappa
     from atlas_fast.progress import TimeLeft, say
-    from atlas_fast.report.rows import variant_label
+    from atlas_fast.report.rows import variant_name
     from atlas_fast.sweep import grid_configs
 
     configs = grid_configs(base, config.datasets, variants, config.seeds)  # run_grid's order: the records' order
@@ -138,7 +138,7 @@ def kappa_sentences(base, config: DemoConfig, variants, records: Sequence[dict],
     for done, (c, record) in enumerate(zip(configs, records), start=1):
         rows += run_kappa(c, record, PAPER_SOFT_LABEL_KINDS, listings)
         if progress:
-            say(f"κ [{done}/{len(records)}] {c.dataset} {variant_label(record['config'])} seed {c.seed}: "
+            say(f"κ [{done}/{len(records)}] {c.dataset} {variant_name(record['config'])} seed {c.seed}: "
                 f"{clock.text(done)}")
     return [s for s in (kappa_sentence(rows, records, dataset) for dataset in config.datasets) if s]
 
@@ -170,20 +170,20 @@ def verdict(records: Sequence[dict]) -> str:
 
     from atlas_fast.engine.evaluate import harmonic_mean
     from atlas_fast.report.stats import paired_difference
-    from atlas_fast.report.rows import variant_label
+    from atlas_fast.report.rows import variant_name
 
     by_variant: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
     for record in records:
         c, m = record["config"], record["metrics"]
-        by_variant[variant_label(c)][c["seed"]] = {"new": m["new"], "H": harmonic_mean(m["base"], m["new"])}
-    labels = list(by_variant)
-    baseline, sentences, seeds = labels[0], [], set()
-    for label in labels[1:]:
-        pairs = [seed for seed in by_variant[label] if seed in by_variant[baseline]]
+        by_variant[variant_name(c)][c["seed"]] = {"new": m["new"], "H": harmonic_mean(m["base"], m["new"])}
+    names = list(by_variant)
+    baseline, sentences, seeds = names[0], [], set()
+    for variant in names[1:]:
+        pairs = [seed for seed in by_variant[variant] if seed in by_variant[baseline]]
         seeds.add(len(pairs))
         parts = []
         for metric in ("new", "H"):
-            paired = paired_difference([by_variant[label][k][metric] for k in pairs],
+            paired = paired_difference([by_variant[variant][k][metric] for k in pairs],
                                        [by_variant[baseline][k][metric] for k in pairs])
             name = "new-class accuracy" if metric == "new" else "H"
             direction = paired.direction()
@@ -194,7 +194,7 @@ def verdict(records: Sequence[dict]) -> str:
             else:
                 parts.append(f"{direction} {name} by {abs(paired.mean):.2f} "
                              f"[{paired.low:+.2f}, {paired.high:+.2f}]")
-        sentences.append(f"{label.removeprefix('+ ')}: {parts[0]}; {parts[1]}.")
+        sentences.append(f"{variant.removeprefix('+ ')}: {parts[0]}; {parts[1]}.")
     count = max(seeds) if seeds else 0
     basis = (f"paired by seed, mean difference over {count} seeds with its 95 % t interval" if count > 1 else
              "one seed only: differences without an interval")

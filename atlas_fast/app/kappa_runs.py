@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from atlas_fast.atlas.softlabels import atlas_preset
 from atlas_fast.atlas.variants import SOFT_LABEL_NAMES, atlas_period
-from atlas_fast.report.rows import variant_label
+from atlas_fast.report.rows import variant_name
 from atlas_fast.report.stats import paired_by_seed
 from atlas_fast.vocabulary import SOFT_LABEL_KINDS
 from atlas_fast.engine import TrainConfig
@@ -58,19 +58,19 @@ def run_kappa(config: TrainConfig, record: dict[str, Any], kinds: Sequence[str] 
     torch.manual_seed(spec.config.seed)  # the run's own initialisation (engine.pipeline.build_group_method)
     method = entry.build(backbone, split.classnames, spec.method_config).to(spec.device)
     points = {0: method.state_for_checkpoint(), **snapshots, spec.optim_recipe.epochs: final}
-    label = variant_label(record["config"])
+    name = variant_name(record["config"])
     rows = []
     for epochs, state in sorted(points.items()):
         method.load_checkpoint_state(state)
         for measure in measure_kappa(method, features, labels, soft, period):
-            rows.append({"dataset": spec.dataset, "seed": spec.config.seed, "run": label, "epochs": epochs,
+            rows.append({"dataset": spec.dataset, "seed": spec.config.seed, "run": name, "epochs": epochs,
                          "point": INIT if epochs == 0 else END if epochs == spec.optim_recipe.epochs else str(epochs),
                          **measure.to_dict()})
     return rows
 
 
 def own_run(kind: str) -> str:
-    """The label of the ATLaS run that trains on soft label ``kind`` (``+ ATLaS-CSL``)."""
+    """The printed name of the ATLaS run that trains on soft label ``kind`` (``+ ATLaS-CSL``)."""
     return f"+ {SOFT_LABEL_NAMES[kind].alternating}"
 
 
@@ -83,23 +83,23 @@ def mean_over_seeds(rows: Sequence[dict[str, Any]], field: str = "kappa") -> dic
 
 
 def h_by_run(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[int, float]]:
-    """H of each run per seed, by (dataset, variant label)."""
+    """H of each run per seed, by (dataset, variant name)."""
     from atlas_fast.engine.evaluate import harmonic_mean
 
     out: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for record in records:
         c, m = record["config"], record["metrics"]
-        out[(c["dataset"], variant_label(c))][c["seed"]] = harmonic_mean(m["base"], m["new"])
+        out[(c["dataset"], variant_name(c))][c["seed"]] = harmonic_mean(m["base"], m["new"])
     return out
 
 
-def h_of_means(records: Sequence[dict[str, Any]], dataset: str, label: str) -> float:
+def h_of_means(records: Sequence[dict[str, Any]], dataset: str, name: str) -> float:
     """H of the mean base and mean new accuracies over seeds of one run's variant: the H of the demo's table (one
     definition of H in every line the demo prints; the mean of per-seed H differs from it)."""
     from atlas_fast.engine.evaluate import harmonic_mean
 
     runs = [r["metrics"] for r in records
-            if r["config"]["dataset"] == dataset and variant_label(r["config"]) == label]
+            if r["config"]["dataset"] == dataset and variant_name(r["config"]) == name]
     return harmonic_mean(statistics.fmean(m["base"] for m in runs), statistics.fmean(m["new"] for m in runs))
 
 

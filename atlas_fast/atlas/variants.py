@@ -5,9 +5,9 @@ ATLaS with LS / CSL / ISL / their mix (soft labels every K-th epoch; K = 1 is so
 rows of Fig. 1 and the ablation), the ablation's "soft + y" rows (:class:`~atlas_fast.atlas.schedules.Joint`) and
 the Fig. 1 baselines OLS and TF-KD. :func:`atlas_variant` builds one from a setting's paper presets (K here, the
 soft-label hyper-parameters in :func:`atlas_fast.atlas.softlabels.atlas_preset`); the command line, the sweeps,
-the experiments and the report all take their variants and labels from this module.
+the experiments and the report all take their variants and printed names from this module.
 
-The label functions read a run's *described* schedule (``LabelSchedule.describe()``, as a record stores it) and
+The naming functions read a run's *described* schedule (``LabelSchedule.describe()``, as a record stores it) and
 soft-label kind, so a live config and a record read back from disk are named alike.
 """
 
@@ -48,9 +48,9 @@ SOFT_LABEL_NAMES: dict[str, SoftLabelNames] = {
 @dataclass(frozen=True)
 class LabelVariant:
     """A method variant of a results table: its label schedule, the soft labels it reads (None for schedules that
-    read none) and its printed label (:func:`row_label` with the every-epoch names; ``baseline`` for one-hot)."""
+    read none) and its printed name (:func:`row_name` with the every-epoch names; ``baseline`` for one-hot)."""
 
-    label: str
+    name: str
     schedule: LabelSchedule
     soft_labels: SoftLabelConfig | None = None
 
@@ -95,8 +95,8 @@ def atlas_variant(setting: str, soft: str = "ls", schedule: str = "auto", *, per
     else:
         built = TeacherFreeKD(**options)
     kind = soft_labels.kind if soft_labels is not None else None
-    label = row_label(built.describe(), kind, every_epoch_names=True) or "baseline"
-    return LabelVariant(label, built, soft_labels)
+    name = row_name(built.describe(), kind, every_epoch_names=True) or "baseline"
+    return LabelVariant(name, built, soft_labels)
 
 
 def schedule_name(schedule: str, soft: str) -> str:
@@ -110,7 +110,7 @@ def atlas_variants(setting: str, kinds: Sequence[str] = PAPER_SOFT_LABEL_KINDS) 
     return [atlas_variant(setting, NO_SOFT_LABELS)] + [atlas_variant(setting, kind) for kind in kinds]
 
 
-def row_label(schedule: Mapping[str, Any], soft_kind: str | None, every_epoch_names: bool = False) -> str:
+def row_name(schedule: Mapping[str, Any], soft_kind: str | None, every_epoch_names: bool = False) -> str:
     """A variant's row in the paper's tables, without the method: ``""`` for the plain method, ``+ ATLaS``,
     ``+ ATLaS-CSL``, ``+ soft + y (ISL)``, ``+ OLS``, ``+ TF-KD``. The period K is not part of the name unless
     ``every_epoch_names``: then K = 1 (soft labels every epoch) is ``+ LS`` / ``+ CSL`` / ``+ ISL``, as the
@@ -134,7 +134,7 @@ def row_order(schedule: Mapping[str, Any], soft_kind: str | None) -> tuple[int, 
             SOFT_LABEL_KINDS.index(soft_kind) if soft_kind in SOFT_LABEL_KINDS else 99)
 
 
-def ablation_row_label(schedule: Mapping[str, Any], soft_kind: str | None) -> str:
+def ablation_row_name(schedule: Mapping[str, Any], soft_kind: str | None) -> str:
     """A row of the paper's ablation table, without the method: ``""`` for the plain method, ``+ vanilla LS``
     (soft labels alone, K = 1), ``+ vanilla LS + y`` (joint), ``+ ATLaS`` (alternating), likewise for CSL and ISL."""
     name = schedule["name"]
@@ -146,7 +146,7 @@ def ablation_row_label(schedule: Mapping[str, Any], soft_kind: str | None) -> st
     return f"+ {names.ablation}" if schedule["period"] == 1 else f"+ {names.alternating}"
 
 
-def run_label(method: str, schedule: Mapping[str, Any], soft_kind: str | None) -> str:
+def run_variant_name(method: str, schedule: Mapping[str, Any], soft_kind: str | None) -> str:
     """A run as the ``train`` command prints it: ``coop``, ``coop+ATLaS-CSL (K=2)``, ``coop+CSL`` (K = 1),
     ``coop+ISL+y`` (joint), ``coop+OLS``; ``mmrl++ + ATLaS-ISL (K=2)``."""
     name = schedule["name"]

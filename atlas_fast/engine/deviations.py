@@ -1,7 +1,7 @@
-"""What a run's configuration changes from its method's recipe and the paper's presets, as every printed label
+"""What a run's configuration changes from its method's recipe and the paper's presets, as every printed name
 shows it: ``[θ=0.3, epochs=2, views=1, backbone=atlas-tiny]``.
 
-A label such as ``coop+ATLaS-ISL (K=2)`` or ``+ ATLaS-ISL`` names a variant, not the numbers it ran with; a run at
+A name such as ``coop+ATLaS-ISL (K=2)`` or ``+ ATLaS-ISL`` names a variant, not the numbers it ran with; a run at
 θ = 0.3, shortened to 2 epochs or on another backbone must not read like the paper's. :func:`run_deviations` compares
 a run's *described* configuration (``RunSpec.described``, which a record stores as ``config``) with
 
@@ -130,21 +130,21 @@ def _note(items: Iterable[str]) -> str:
 
 
 def deviation_note(config: Mapping[str, Any], leave_out: Collection[str] = ()) -> str:
-    """`` [θ=0.3, epochs=2]``: :func:`run_deviations` as a label's suffix (empty when the run follows the recipe
-    and presets), without the fields ``leave_out`` (ones the label already names)."""
+    """`` [θ=0.3, epochs=2]``: :func:`run_deviations` as a printed name's suffix (empty when the run follows the recipe
+    and presets), without the fields ``leave_out`` (ones the name already says)."""
     return _note(text for key, text in run_deviations(config).items() if key not in leave_out)
 
 
 def run_name(config: Mapping[str, Any]) -> str:
     """A run's printed name, the one place it is built: ``coop+ATLaS-ISL (K=2) [θ=0.3, epochs=2]``, its variant as
-    the ``train`` command prints it (:func:`~atlas_fast.atlas.variants.run_label`, which names K) and what it
+    the ``train`` command prints it (:func:`~atlas_fast.atlas.variants.run_variant_name`, which names K) and what it
     changes from its method's recipe and the paper's presets (:func:`deviation_note`). ``config`` is a run's
     described configuration (``RunSpec.described``, a record's ``config``); progress lines, the dry-run listing,
     ``train``'s lines and summary print it."""
-    from atlas_fast.atlas.variants import run_label
+    from atlas_fast.atlas.variants import run_variant_name
 
-    label = run_label(config["method"], config["schedule"], (config.get("soft_labels") or {}).get("kind"))
-    return label + deviation_note(config, leave_out={"schedule.period"})  # run_label names K
+    name = run_variant_name(config["method"], config["schedule"], (config.get("soft_labels") or {}).get("kind"))
+    return name + deviation_note(config, leave_out={"schedule.period"})  # run_variant_name names K
 
 
 Deviations = tuple[tuple[str, str], ...]  # (dotted field, printed ``name=value``) pairs, each once

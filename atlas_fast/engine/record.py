@@ -78,12 +78,12 @@ FAILED_SUFFIX = ".failed"  # a failure note is <stem>.json.failed, beside where 
 @dataclass(frozen=True)
 class FailedRun:
     """A run of a group that failed on its own and has no record (what :func:`~atlas_fast.engine.pipeline.
-    run_specs` returns in its place): its printed name (``RunSpec.label``), record name, dataset, seed, the reason
+    run_specs` returns in its place): its printed name (``RunSpec.name``), record name, dataset, seed, the reason
     (one line), where it diverged (epoch, optimiser step, lr, last finite epoch loss; None for a failure that is not
     a divergence), the failure note written (None when it could not be) and, in the process that failed, the
     exception (not sent from a worker)."""
 
-    label: str
+    name: str
     stem: str
     dataset: str
     seed: int
@@ -97,7 +97,7 @@ class FailedRun:
 
     def line(self) -> str:
         """``OxfordPets coop seed 2: Training diverged in epoch 1 (...)``: the run and why, for the error line."""
-        return f"{self.label}: {self.reason}"
+        return f"{self.name}: {self.reason}"
 
     def sendable(self) -> "FailedRun":
         """This failure without its exception object, to send from a worker process (only the message travels)."""
@@ -278,12 +278,12 @@ def save_failure(spec: RunSpec, reason: str, error: BaseException | None = None,
     so the command still names the run."""
     where = {} if divergence is None else {"epoch": divergence.epoch, "step": divergence.step,
                                            "lr": divergence.lr, "last_loss": divergence.last_loss}
-    failed = FailedRun(spec.label, spec.stem, spec.dataset, spec.config.seed, reason.splitlines()[0] if reason
+    failed = FailedRun(spec.name, spec.stem, spec.dataset, spec.config.seed, reason.splitlines()[0] if reason
                        else "failed", error=error, **where)
     store = ResultStore(spec.config.results_dir)
     path = store.record_path(spec.dataset, spec.stem)
     note = path.with_name(path.name + FAILED_SUFFIX)
-    fields = {"status": "failed", "key": spec.record_key, "name": spec.label, "dataset": spec.dataset,
+    fields = {"status": "failed", "key": spec.record_key, "name": spec.name, "dataset": spec.dataset,
               "method": spec.config.method, "seed": spec.config.seed, "reason": failed.reason,
               **{("last_finite_loss" if k == "last_loss" else k): v for k, v in where.items()}, "created": utc_now()}
     try:

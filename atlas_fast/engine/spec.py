@@ -263,7 +263,7 @@ class RunSpec:
         return names
 
     @property
-    def label(self) -> str:
+    def name(self) -> str:
         """``OxfordPets coop+ATLaS-ISL (K=2) [θ=0.3, epochs=2] seed 1``: the run as its progress and dry-run lines
         name it, with what it changes from the recipe and the paper's presets."""
         return f"{self.dataset} {run_name(self.described)} seed {self.config.seed}"

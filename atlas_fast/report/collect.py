@@ -67,19 +67,19 @@ def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None
     needed = [m for m in columns if m != "H"] + [m for m in ("base", "new") if "H" in columns and m not in columns]
     if not columns:
         return [], [], f"none of the metrics {', '.join(wanted)} is in every record of this table"
-    named = {r["label"]: (r["row_name"], r["marks"]) for r in records}
+    named = {r["name"]: (r["row_name"], r["marks"]) for r in records}
 
     def rows_of(subset: Sequence[dict[str, Any]], section: str) -> list:
-        # rows are made per label (name and marks), then named alone, their marks kept for the outputs
-        rows = aggregate(subset, needed, label=lambda c: c["_label"], by_method=True, deviations=False)
+        # rows are made per name (with its marks), then named alone, their marks kept for the outputs
+        rows = aggregate(subset, needed, name_of=lambda c: c["_name"], by_method=True, deviations=False)
         for row in rows:
-            row.label, row.deviations = named[row.label]
+            row.name, row.deviations = named[row.name]
             row.section = section
             row.metrics = {m: row.metrics[m] for m in columns}
             row.spread = {m: v for m, v in row.spread.items() if m in columns}
         return rows
 
-    tagged = [{**r, "config": {**r["config"], "_label": r["label"]}} for r in records]
+    tagged = [{**r, "config": {**r["config"], "_name": r["name"]}} for r in records]
     datasets = _dataset_order(list(dict.fromkeys(r["config"]["dataset"] for r in tagged)))
     rows, note = [], ""
     for dataset in datasets:
@@ -87,9 +87,9 @@ def _table_rows(records: Sequence[dict[str, Any]], metrics: Sequence[str] | None
     if len(datasets) > 1:
         present = defaultdict(set)
         for r in tagged:
-            present[(r["config"]["method"], r["label"])].add(r["config"]["dataset"])
-        complete = [r for r in tagged if present[(r["config"]["method"], r["label"])] == set(datasets)]
-        left_out = sorted({label for (_, label), ds in present.items() if ds != set(datasets)})
+            present[(r["config"]["method"], r["name"])].add(r["config"]["dataset"])
+        complete = [r for r in tagged if present[(r["config"]["method"], r["name"])] == set(datasets)]
+        left_out = sorted({name for (_, name), ds in present.items() if ds != set(datasets)})
         if complete:
             rows += rows_of(complete, AVERAGE)  # last, as in the paper's tables
         if left_out:
@@ -115,8 +115,8 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     from atlas_fast.engine.deviations import table_marks
     from atlas_fast.report.figures import plot_rows, plot_series
     from atlas_fast.report.formats import latex_label, latex_table, markdown_table, paired_csv_fields
-    from atlas_fast.report.grouping import label_records
-    from atlas_fast.report.rows import AVERAGE, display_label, paired_differences
+    from atlas_fast.report.grouping import name_records
+    from atlas_fast.report.rows import AVERAGE, display_name, paired_differences
     from atlas_fast.report.stats import counted
 
     formats = list(FORMATS if formats is None else formats)
@@ -139,7 +139,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
                          f"{' matching the --datasets/--methods given' if datasets or methods else ''} "
                          f"(records are <results_dir>/<dataset>/*.json; dataset folders with records here: "
                          f"{', '.join(dict.fromkeys(found)) or 'none'}).{why}")
-    records = label_records(records, left_out)
+    records = name_records(records, left_out)
     tables: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         tables[record["table"]].append(record)
@@ -168,7 +168,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         latex.append(latex_table(rows, caption=title, label=latex_label(name)))
         for row, paired in zip(rows, paired_differences(rows)):
             line = {"setting": setting, "shots": shots, "dataset": row.section, "method": row.block,
-                    "variant": row.label + table_marks([row.deviations])[0],  # a CSV line stands alone
+                    "variant": row.name + table_marks([row.deviations])[0],  # a CSV line stands alone
                     "seeds": row.seeds, "datasets": len(row.datasets)}
             for metric in METRICS:
                 line[metric] = f"{row.metrics[metric]:.4f}" if metric in row.metrics else ""
@@ -183,7 +183,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         if setting == "few_shot" and shot_counts[setting] > 1:
             for row in rows:
                 if row.section == summary:
-                    few_shot_curves[display_label(row)][shots] = row.metrics[columns[0]]
+                    few_shot_curves[display_name(row)][shots] = row.metrics[columns[0]]
         else:  # the summary (the Average, or the one dataset), then each dataset of several
             mark = table_marks([row.deviations for row in rows])[0]  # the plot carries what the table changes
             plots += [(name if section == summary else f"{name}_{section}", [r for r in rows if r.section == section],
@@ -214,7 +214,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
                             lambda path, rows=rows, plot_title=plot_title: plot_rows(rows, path, plot_title,
                                                                                      formats=images))
             all_shots = sorted({s for curve in few_shot_curves.values() for s in curve})
-            curves = {label: [curve[s] for s in all_shots] for label, curve in few_shot_curves.items()
+            curves = {name: [curve[s] for s in all_shots] for name, curve in few_shot_curves.items()
                       if set(curve) == set(all_shots)}
             if curves:
                 stage.write([f"few_shot.{fmt}" for fmt in images],

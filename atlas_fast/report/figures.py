@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from atlas_fast.report.rows import TableRow, display_label, epoch_curves, metric_columns, variant_label
+from atlas_fast.report.rows import TableRow, display_name, epoch_curves, metric_columns, variant_name
 
 
 # Paper figures: no baked-in title (the caption goes in the paper), every font at least 8 pt at the saved size.
@@ -96,7 +96,7 @@ def rows_figure(rows: Sequence[TableRow], title: str | None = None):
     count = max(1, len(rows))
     width = 0.8 / count
     _, marks = table_marks([row.deviations for row in rows])
-    labels = [display_label(row) + mark for row, mark in zip(rows, marks)]
+    labels = [display_name(row) + mark for row, mark in zip(rows, marks)]
     fig_width = min(7.0, max(3.4, 0.9 + len(cols) * (0.34 * count + 0.35)))
     axes_width = fig_width - 0.8  # the y axis's label and ticks
     bar_inches = axes_width / max(1, len(cols)) * width
@@ -160,11 +160,11 @@ def curves_figure(curves: dict[str, Sequence[float]], metric: str = "new",
 
 
 def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, metric: str = "new",
-                label=variant_label, panels: Sequence[Sequence[str]] | None = None, title: str | None = None,
+                name_of=variant_name, panels: Sequence[Sequence[str]] | None = None, title: str | None = None,
                 formats: Sequence[str] | None = None) -> Path:
-    """Accuracy over epochs, mean over seeds per variant; ``panels`` (lists of labels) draws side-by-side subplots,
+    """Accuracy over epochs, mean over seeds per variant; ``panels`` (lists of variant names) draws side-by-side subplots,
     e.g. ``[["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"]]``. Saved as ``path`` and a PDF."""
-    return _save(curves_figure(epoch_curves(records, metric, label), metric, panels, title), path, formats)
+    return _save(curves_figure(epoch_curves(records, metric, name_of), metric, panels, title), path, formats)
 
 
 def series_figure(xs: Sequence[float], series: dict[str, Sequence[float]], xlabel: str,
@@ -231,7 +231,7 @@ def plot_soft_label_case_study(images: Sequence[Any], titles: Sequence[str], row
     return _save(fig, path, formats)
 
 
-def reliability_tables(records: Iterable[dict[str, Any]], class_set: str = "new", label=variant_label
+def reliability_tables(records: Iterable[dict[str, Any]], class_set: str = "new", name_of=variant_name
                        ) -> dict[str, dict[str, list[float]]]:
     """Per label variant (first-seen order), the reliability table of ``class_set`` summed over its records (seeds
     and datasets): image ``count``, ``correct`` predictions and ``confidence_sum`` per confidence bin
@@ -241,7 +241,7 @@ def reliability_tables(records: Iterable[dict[str, Any]], class_set: str = "new"
         table = (record.get("reliability") or {}).get(class_set)
         if not table:
             continue
-        total = tables.setdefault(label(record["config"]), {k: [0.0] * len(table["count"]) for k in table})
+        total = tables.setdefault(name_of(record["config"]), {k: [0.0] * len(table["count"]) for k in table})
         for key, values in table.items():
             total[key] = [a + float(b) for a, b in zip(total[key], values)]
     return tables
@@ -290,8 +290,8 @@ def reliability_figure(tables: dict[str, dict[str, list[float]]], class_set: str
     return fig
 
 
-def plot_reliability(records: Iterable[dict[str, Any]], path: str | Path, class_set: str = "new", label=variant_label,
+def plot_reliability(records: Iterable[dict[str, Any]], path: str | Path, class_set: str = "new", name_of=variant_name,
                      formats: Sequence[str] | None = None) -> Path:
     """The reliability diagram of ``class_set`` per label variant (:func:`reliability_figure` of
     :func:`reliability_tables`) saved as ``path`` and a PDF of the same stem."""
-    return _save(reliability_figure(reliability_tables(records, class_set, label), class_set), path, formats)
+    return _save(reliability_figure(reliability_tables(records, class_set, name_of), class_set), path, formats)

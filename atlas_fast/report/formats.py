@@ -37,7 +37,7 @@ def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], re
     lines, table = [], []
     for method in methods:
         runs = [r for r in records if r["config"]["method"] == method]
-        label = run_name(runs[0]["config"])
+        name = run_name(runs[0]["config"])
         rows, columns = [], ()
         for seed, record in zip(seeds, runs):
             metrics = record["metrics"]
@@ -46,7 +46,7 @@ def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], re
             values = "  ".join(f"{c} {metrics[c]:.2f}" for c in columns)
             zero_shot = "  ".join(f"{c} {metrics['zero_shot'][c]:.2f}" for c in columns)
             note = " (existing record, skipped)" if record.get("skipped") else ""
-            lines.append(f"{dataset} {label} seed {seed}: {values}  | zero-shot CLIP: {zero_shot}{note}\n"
+            lines.append(f"{dataset} {name} seed {seed}: {values}  | zero-shot CLIP: {zero_shot}{note}\n"
                          f"  record: {record['path']}")
             rows.append(metrics)
         cells = {}
@@ -58,16 +58,16 @@ def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], re
         if "base" in columns:  # H of the mean accuracies, as the papers' tables do
             mean = {c: statistics.fmean(float(m[c]) for m in rows) for c in ("base", "new")}
             cells["H"] = f"{harmonic_mean(mean['base'], mean['new']):.2f}"
-        table.append((label, columns, cells))
+        table.append((name, columns, cells))
     seed_list = ",".join(str(s) for s in seeds)
-    for i, (label, columns, cells) in enumerate(table):
+    for i, (name, columns, cells) in enumerate(table):
         if i == 0 or columns != table[i - 1][1]:
             lines += ["", f"| dataset | method | seeds | {' | '.join(columns)} |",
                       "|---|---|---|" + "---:|" * len(columns)]
-        lines.append(f"| {dataset} | {label} | {seed_list} | {' | '.join(cells[c] for c in columns)} |")
+        lines.append(f"| {dataset} | {name} | {seed_list} | {' | '.join(cells[c] for c in columns)} |")
     lines += ["", "Mean ± population std over seeds" + ("; H from the mean base and new accuracies" if any(
         "H" in columns for _, columns, _ in table) else "") + ("; [...]: what the run changes from its method's "
-              "recipe and the paper's presets" if any(" [" in label for label, _, _ in table) else "") + "."]
+              "recipe and the paper's presets" if any(" [" in name for name, _, _ in table) else "") + "."]
     return "\n".join(lines)
 
 
@@ -189,7 +189,7 @@ def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0,
                 cell += f" ({change:+.2f})"
             cells.append(cell)
         cells += [cells_of[i].cell() if cells_of[i] is not None else "" for _, cells_of in paired_columns]
-        lines.append((f"| {row.section} " if sectioned else "") + f"| {row.label}{marks[i]} | " + " | ".join(cells) + " |")
+        lines.append((f"| {row.section} " if sectioned else "") + f"| {row.name}{marks[i]} | " + " | ".join(cells) + " |")
     lines += ["", "; ".join(table_notes(rows, baseline, in_title=bool(title), paired=paired)) + "."]
     return "\n".join(lines)
 
@@ -265,7 +265,7 @@ def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, 
             body.append(r"    \midrule")
         previous = key
         lead = (latex_escape(row.section) if first_of_section else "") + " & " if sectioned else ""
-        body.append(f"    {lead}{latex_escape(row.label + marks[i])} & " + " & ".join(cells) + r" \\")
+        body.append(f"    {lead}{latex_escape(row.name + marks[i])} & " + " & ".join(cells) + r" \\")
     heads = cols + [head for head, _ in paired_columns]
     head = ("Dataset & " if sectioned else "") + "Method & " + " & ".join(latex_escape(c) for c in heads) + r" \\"
     return "\n".join([
@@ -302,7 +302,7 @@ def csv_lines(rows: Sequence[TableRow], baseline: int = 0, paired: Sequence[str]
     cols = metric_columns(rows)
     lines = []
     for row, paired_row in zip(rows, paired_differences(rows, baseline)):
-        variant = row.label + table_marks([row.deviations])[0]
+        variant = row.name + table_marks([row.deviations])[0]
         line: dict[str, Any] = {"group": row.section, "method": row.block, "variant": variant, "seeds": row.seeds,
                                 "datasets": len(row.datasets)}
         for c in cols:

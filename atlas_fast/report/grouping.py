@@ -1,6 +1,6 @@
-"""Which table and row each record is (:func:`label_records`). Rows are grouped by dataset, then method (a block of
-rows each, compared with its first row, the plain method), then label variant (``CoOp``, ``+ ATLaS``,
-``+ ATLaS-CSL``...: :func:`atlas_fast.report.rows.variant_label`); records of one variant whose configurations differ
+"""Which table and row each record is (:func:`name_records`). Rows are grouped by dataset, then method (a block of
+rows each, compared with its first row, the plain method), then variant (``CoOp``, ``+ ATLaS``,
+``+ ATLaS-CSL``...: :func:`atlas_fast.report.rows.variant_name`); records of one variant whose configurations differ
 otherwise (a sensitivity sweep's α, an ``--epochs`` override, another backbone) become separate rows named by what
 differs, e.g. ``+ ATLaS-ISL (α=0.3)``, so they are never averaged together; a block without a plain-method row names
 the method in each row (``KgCoOp + ATLaS-ISL``), and whatever else a row's runs change from the method's recipe or
@@ -42,11 +42,11 @@ def _signature(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if k.split(".")[0] not in _NOT_A_VARIANT}
 
 
-def _base_label(config: dict[str, Any]) -> str:
-    from atlas_fast.report.rows import method_name, variant_label
+def _base_name(config: dict[str, Any]) -> str:
+    from atlas_fast.report.rows import method_name, variant_name
 
     try:
-        return variant_label(config)
+        return variant_name(config)
     except (KeyError, TypeError, AttributeError):  # a schedule or soft-label kind this version does not name
         return f"{method_name(config['method'])} ({config['schedule'].get('name')})"
 
@@ -69,9 +69,9 @@ def _sortable(value: Any) -> tuple[int, Any]:
     return (0, value) if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, str(value))
 
 
-def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, str]] | None = None
+def name_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, str]] | None = None
                   ) -> list[dict[str, Any]]:
-    """Records with ``label`` (the row: its name and the marks of what its runs change), ``row_name`` (the name
+    """Records with ``name`` (the row: its name and the marks of what its runs change), ``row_name`` (the name
     alone), ``marks`` (those changes, :func:`atlas_fast.engine.deviations.run_deviations` less what the name says)
     and ``table`` (``(setting, shots)``), in table order: method blocks (zero-shot CLIP first, then the registry's
     order), the plain method first in its block, then the ATLaS variants; one record per seed and row (of two, the
@@ -85,10 +85,10 @@ def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, 
     with_plain = set()  # (table, method) blocks that have a plain-method row to name the block
     for record in records:
         c = record["config"]
-        groups[((c["setting"], c["shots"]), c["method"], _base_label(c))].append(record)
+        groups[((c["setting"], c["shots"]), c["method"], _base_name(c))].append(record)
         if c["schedule"]["name"] == "onehot":
             with_plain.add(((c["setting"], c["shots"]), c["method"]))
-    labelled = []
+    named = []
     for (table, method, base), members in groups.items():
         if (table, method) not in with_plain and base.startswith("+"):
             base = f"{method_name(method)} {base}"  # no "CoOp" row above it says whose "+ ATLaS" this is
@@ -105,7 +105,7 @@ def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, 
             name = f"{base} ({suffix})" if suffix else base
             marks = tuple((k, t) for k, t in run_deviations(record["config"]).items() if k not in varying)
             ranks = [(-1, "") if UNSTORED_DEFAULTS.get(k, ...) == v else _sortable(v) for k, v in zip(varying, values)]
-            labelled.append({**record, "table": table, "label": name + deviation_note(record["config"], varying),
+            named.append({**record, "table": table, "name": name + deviation_note(record["config"], varying),
                              "row_name": name, "marks": marks, "_values": ranks})  # a default's row first
 
     registry = ["zsclip"] + [m for m in METHODS if m != "zsclip"]
@@ -116,15 +116,15 @@ def label_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, 
         return (record["table"][0], record["table"][1],
                 registry.index(c["method"]) if c["method"] in registry else len(registry), c["method"],
                 *row_order(schedule, soft), _sortable(schedule.get("period", 0)),
-                record["_values"], record["label"], c["dataset"], c["seed"])
+                record["_values"], record["name"], c["dataset"], c["seed"])
 
     kept: dict[tuple, dict[str, Any]] = {}
-    for record in sorted(labelled, key=order):
+    for record in sorted(named, key=order):
         c = record["config"]
-        key = (record["table"], c["dataset"], c["method"], record["label"], c["seed"])
+        key = (record["table"], c["dataset"], c["method"], record["name"], c["seed"])
         if key in kept:
             older, newer = sorted([kept[key], record], key=lambda r: str(r.get("created", "")))
-            warn(f"two records of {c['dataset']} {record['label']} seed {c['seed']} (trained on other data or "
+            warn(f"two records of {c['dataset']} {record['name']} seed {c['seed']} (trained on other data or "
                   f"by another atlas_fast version?): using {newer['path']}, ignoring {older['path']}.")
             if left_out is not None:
                 left_out.append((Path(older["path"]), f"an older record of the same row and seed as {newer['path']}"))

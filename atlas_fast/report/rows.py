@@ -31,22 +31,22 @@ def method_name(method: str) -> str:
     return METHODS[method].printed_name if method in METHODS else method
 
 
-def variant_label(config: dict[str, Any]) -> str:
+def variant_name(config: dict[str, Any]) -> str:
     """How the paper names a run's variant: ``CoOp``, ``+ ATLaS``, ``+ ATLaS-CSL``, ``+ soft + y (ISL)``, ``+ OLS``...
-    (the period K is not part of the name: pass another ``label`` function to tables that vary it)."""
-    from atlas_fast.atlas.variants import row_label
+    (the period K is not part of the name: pass another ``name_of`` function to tables that vary it)."""
+    from atlas_fast.atlas.variants import row_name
 
     soft = (config.get("soft_labels") or {}).get("kind")
-    return row_label(config["schedule"], soft) or method_name(config["method"])
+    return row_name(config["schedule"], soft) or method_name(config["method"])
 
 
-def strategy_label(config: dict[str, Any]) -> str:
+def strategy_name(config: dict[str, Any]) -> str:
     """Names of the label-smoothing strategies compared in the paper's curves (Fig. 1, the SUN397 figure): soft
     labels every epoch (ATLaS period K = 1) are ``+ LS`` / ``+ CSL`` / ``+ ISL``, alternating ones ``+ ATLaS...``."""
-    from atlas_fast.atlas.variants import row_label
+    from atlas_fast.atlas.variants import row_name
 
     soft = (config.get("soft_labels") or {}).get("kind")
-    return row_label(config["schedule"], soft, every_epoch_names=True) or method_name(config["method"])
+    return row_name(config["schedule"], soft, every_epoch_names=True) or method_name(config["method"])
 
 
 #: the section of a table's rows that average the per-dataset means (after the datasets' sections)
@@ -100,7 +100,7 @@ class TableRow:
     ``section`` (e.g. a dataset) puts rows under a first column of their own; ``block`` (a method) gathers the rows
     compared with the block's first row."""
 
-    label: str
+    name: str
     metrics: dict[str, float]
     spread: dict[str, float] = field(default_factory=dict)
     seeds: int = 0
@@ -115,14 +115,14 @@ class TableRow:
 
 
 def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base", "new"),
-              label=variant_label, by_method: bool = False, deviations: bool = True,
+              name_of=variant_name, by_method: bool = False, deviations: bool = True,
               leave_out: Collection[str] = ()) -> list[TableRow]:
-    """Group records by variant label (first-seen order) and average as the papers do; adds H when base and new are
+    """Group records by variant name (first-seen order) and average as the papers do; adds H when base and new are
     present. ``spread`` is the population std over seeds (CoOp's ``parse_test_res``), averaged over datasets.
     With ``by_method`` each method's records form a block of rows (the paper's Table III: CoOp, + ATLaS, ...,
     CoCoOp, + ATLaS, ...), compared with that block's first row. Each row keeps what its runs change from the
-    recipes and presets (``deviations=False``: nothing, for labels that say it already), without the fields
-    ``leave_out`` (ones the labels name, e.g. a swept α)."""
+    recipes and presets (``deviations=False``: nothing, for names that say it already), without the fields
+    ``leave_out`` (ones the names say, e.g. a swept α)."""
     from atlas_fast.engine.deviations import runs_deviations
     from atlas_fast.engine.evaluate import harmonic_mean
 
@@ -132,7 +132,7 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
             per_method[record["config"]["method"]].append(record)
         rows = []
         for method, group in per_method.items():
-            for row in aggregate(group, metrics, label, deviations=deviations, leave_out=leave_out):
+            for row in aggregate(group, metrics, name_of, deviations=deviations, leave_out=leave_out):
                 row.block = method_name(method)
                 rows.append(row)
         return rows
@@ -141,7 +141,7 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
     configs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     nan = float("nan")
     for record in records:
-        variant = label(record["config"])
+        variant = name_of(record["config"])
         configs[variant].append(record["config"])
         dataset = record["config"]["dataset"]
         values = {m: metric_value(record, m) for m in metrics}  # None: a figure the record lacks (shown "–")
@@ -239,9 +239,9 @@ def best_cells(rows: Sequence[TableRow], digits: int = 2) -> set[tuple[int, str]
     return best
 
 
-def display_label(row: TableRow) -> str:
+def display_name(row: TableRow) -> str:
     """A row's name outside its table (plots): ``+ ATLaS`` rows of a block are prefixed with the block's method."""
-    return f"{row.block} {row.label}" if row.block and row.label.startswith("+") else row.label
+    return f"{row.block} {row.name}" if row.block and row.name.startswith("+") else row.name
 
 
 def paired_differences(rows: Sequence[TableRow], baseline: int = 0, metric: str | None = None
@@ -261,13 +261,13 @@ def paired_differences(rows: Sequence[TableRow], baseline: int = 0, metric: str 
 
 
 def epoch_curves(records: Iterable[dict[str, Any]], metric: str = "new",
-                 label=variant_label) -> dict[str, list[float]]:
+                 name_of=variant_name) -> dict[str, list[float]]:
     """Accuracy over epochs (runs trained with ``eval_every_epoch``), mean over seeds (and datasets) per variant."""
     runs: dict[str, list[list[float]]] = defaultdict(list)
     for record in records:
         points = [e["accuracy"][metric] for e in record["epochs"] if "accuracy" in e]
         if points:
-            runs[label(record["config"])].append(points)
+            runs[name_of(record["config"])].append(points)
     if not runs:
         raise ValueError("No per-epoch accuracy in these records: train with eval_every_epoch=True.")
     return {name: [statistics.fmean(r[e] for r in curves) for e in range(min(len(r) for r in curves))]

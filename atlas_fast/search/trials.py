@@ -124,7 +124,7 @@ def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: R
         try:
             prepared.append(prepare_inputs(spec, backbone, shared, evaluate_on="val") if works[w].live else None)
         except user_errors() as exc:
-            works[w].error = works[w].error or f"{spec.label}: {type(exc).__name__}: {exc}"
+            works[w].error = works[w].error or f"{spec.name}: {type(exc).__name__}: {exc}"
             prepared.append(None)
     kept = [r for r in range(len(flat)) if works[owner[r]].live]
     if not kept:
@@ -147,7 +147,7 @@ def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: R
     def on_failure(r: int, divergence) -> None:
         retired.add(r)
         if works[owner[r]].error is None:
-            works[owner[r]].error = f"{flat[r].label}: {divergence.describe(first.optim_recipe)}"
+            works[owner[r]].error = f"{flat[r].name}: {divergence.describe(first.optim_recipe)}"
 
     def retire_runs(epoch: int, logs) -> set[int]:
         failed = {r for r in range(len(flat)) if r not in retired and not works[owner[r]].live and

@@ -99,7 +99,7 @@ def plan_sweep(configs: Sequence[TrainConfig], execution: Execution | None = Non
     first: dict[str, RunSpec] = {}
     for spec in specs:
         if spec.record_key in first:
-            raise UsageError(f"The sweep lists the run {spec.label} ({spec.stem}) twice: a duplicate seed or grid "
+            raise UsageError(f"The sweep lists the run {spec.name} ({spec.stem}) twice: a duplicate seed or grid "
                              f"point would count it twice in every mean; give each once.")
         first[spec.record_key] = spec
     return specs
@@ -165,7 +165,7 @@ def describe_plan(specs: Sequence[RunSpec], batch_runs: int) -> str:
     """The dry-run listing: one line per run (finished or to run) and the groups the remaining runs form."""
     finished, todo = split_finished(specs, complete=False)
     groups = group_runs([specs[i] for i in todo], batch_runs)
-    lines = [f"{'finished' if record is not None else 'to run  '}  {spec.label}  ->  {spec.dataset}/{spec.stem}"
+    lines = [f"{'finished' if record is not None else 'to run  '}  {spec.name}  ->  {spec.dataset}/{spec.stem}"
              for spec, record in zip(specs, finished)]
     lines.append(f"{len(specs)} runs: {len(specs) - len(todo)} finished, {len(todo)} to run in "
                  f"{describe_groups(groups)}, of up to {batch_runs} run(s) each (fewer where the device's memory "
@@ -207,7 +207,7 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
                 # the executor yields (group index, records) as groups finish, in any order
                 for g, group_records in executor.map(groups):
                     if isinstance(group_records, WorkerFailure):
-                        raise RunFailed(f"a worker failed on {groups[g][0].label} (and {len(groups[g]) - 1} more "
+                        raise RunFailed(f"a worker failed on {groups[g][0].name} (and {len(groups[g]) - 1} more "
                                         f"run(s) of its group): {group_records.message}")
                     if execution.executor == "local":
                         inputs_seconds += sum(float(r.get("timings", {}).get("inputs", 0.0)) for r in group_records
@@ -217,13 +217,13 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
                         done += 1
                         if isinstance(record, FailedRun):  # its group went on without it; named at the end
                             failed.append(record)
-                            say(f"[{done}/{len(todo)}] {spec.label}: FAILED: {record.reason}")
+                            say(f"[{done}/{len(todo)}] {spec.name}: FAILED: {record.reason}")
                             continue
                         records[position[id(spec)]] = record
                         if progress:  # the group's last line says the time (its runs end together)
                             times = (f"; {clock.text(done, max(clock.elapsed() - inputs_seconds, 0.0))}"
                                      if i == len(group_records) else "")
-                            say(f"[{done}/{len(todo)}] {spec.label}: {run_summary(record)}{times}")
+                            say(f"[{done}/{len(todo)}] {spec.name}: {run_summary(record)}{times}")
                         if on_result is not None:
                             on_result(record)
         except KeyboardInterrupt:  # Ctrl-C: say what is done (a finished run's record is on disk) in one line
@@ -232,7 +232,7 @@ def run_configs(configs: Sequence[TrainConfig], execution: Execution | None = No
         if failed:
             raise RunsFailed(failure_message(failed, len(specs)), failed,
                              [r if r is not None else None for r in records])
-    missing = [specs[i].label for i, r in enumerate(records) if r is None]
+    missing = [specs[i].name for i, r in enumerate(records) if r is None]
     if missing:
         raise RuntimeError(f"{len(missing)} run(s) returned no record: {missing[:5]}")
     return records  # type: ignore[return-value]

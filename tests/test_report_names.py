@@ -1,4 +1,4 @@
-"""Printed labels say what a run is: the method of every report row, what a run changes from its recipe and the
+"""Printed names say what a run is: the method of every report row, what a run changes from its recipe and the
 paper's presets (θ, K, epochs, shots, views, backbone...) in run lines, dry runs, ``train``'s summary and the report,
 ``train``'s summary as a valid Markdown table with ±, and API records printed without float32 noise."""
 
@@ -16,7 +16,7 @@ from atlas_fast.engine.deviations import deviation_note, run_deviations, runs_de
 
 @pytest.fixture(scope="module")
 def pets(tmp_path_factory):
-    return small_pets(tmp_path_factory, "labels")
+    return small_pets(tmp_path_factory, "names")
 
 
 def isl_config(root, method, **changes):
@@ -121,10 +121,10 @@ def test_theta_is_in_run_lines_dry_run_lines_and_the_train_summary(mixed_sweep):
     root, _ = mixed_sweep
     configs = [isl_config(root, "kgcoop", soft={"theta": theta}, epochs=3, results_dir=root / "theta")
                for theta in (0.1, 0.3)]  # results of their own: the report tests read the mixed sweep's folder
-    labels = [plan_run(config).label for config in configs]
-    assert labels[0] == "OxfordPets kgcoop+ATLaS-ISL (K=2) [epochs=3, batch=3, lr=0.05, shots=4, views=1, " \
+    names = [plan_run(config).name for config in configs]
+    assert names[0] == "OxfordPets kgcoop+ATLaS-ISL (K=2) [epochs=3, batch=3, lr=0.05, shots=4, views=1, " \
                         "backbone=atlas-tiny] seed 1"
-    assert labels[1] == labels[0].replace("[epochs", "[θ=0.3, epochs")
+    assert names[1] == names[0].replace("[epochs", "[θ=0.3, epochs")
     dry = describe_plan(plan_sweep(configs), 4)
     assert "to run    OxfordPets kgcoop+ATLaS-ISL (K=2) [θ=0.3, epochs=3" in dry
     records = run_configs(configs[1:], progress=False)
@@ -169,7 +169,7 @@ def test_api_records_print_without_float32_noise(pets):
 
 
 def test_every_method_option_and_kdpl_s_teacher_show_in_the_label():
-    """``--method tcp --method-option depth=2`` and KDPL with another teacher change the recipe: the label says so
+    """``--method tcp --method-option depth=2`` and KDPL with another teacher change the recipe: the name says so
     (they printed ``tcp [epochs=2, backbone=atlas-tiny]``); the R of a group is no option and stays out."""
     import dataclasses
 
@@ -217,12 +217,12 @@ def test_heading_and_plot_say_the_shots_the_runs_had_and_the_note_is_said_once(t
     assert titles == [f"{heading} [epochs=2, batch=3, lr=0.05, views=1, backbone=atlas-tiny]"]
 
 
-def test_clip_lora_s_few_shot_order_shows_in_the_label_and_the_report_names_the_default():
-    """``--fewshot-order clip-lora`` trains on other images: its label says so (both orders printed the same
+def test_clip_lora_s_few_shot_order_shows_in_the_name_and_the_report_names_the_default():
+    """``--fewshot-order clip-lora`` trains on other images: its name says so (both orders printed the same
     ``clip-lora-text [epochs=2, ...]``), and a report row of the default order reads ``fewshot_order=coop`` (it read
     ``fewshot_order=None``: the default is not stored)."""
     from atlas_fast.engine.deviations import run_name
-    from atlas_fast.report.grouping import label_records
+    from atlas_fast.report.grouping import name_records
 
     def described(**changes):
         return {"method": "coop", "schedule": {"name": "onehot"}, "setting": "base2new", "shots": 16,
@@ -230,9 +230,9 @@ def test_clip_lora_s_few_shot_order_shows_in_the_label_and_the_report_names_the_
 
     assert run_name(described(fewshot_order="clip-lora")) == "coop [fewshot_order=clip-lora]"
     assert run_name(described()) == "coop"
-    labelled = label_records([{"config": described(), "created": "1"},
+    named = name_records([{"config": described(), "created": "1"},
                               {"config": described(fewshot_order="clip-lora"), "created": "2"},
                               # a legacy record names its evaluated sets: not part of its run, nor of its row
                               {"config": described(seed=2, evaluate=["base", "new"]), "created": "3"}])
-    assert [r["label"] for r in labelled] == ["CoOp (fewshot_order=coop)", "CoOp (fewshot_order=coop)",
+    assert [r["name"] for r in named] == ["CoOp (fewshot_order=coop)", "CoOp (fewshot_order=coop)",
                                               "CoOp (fewshot_order=clip-lora)"]
