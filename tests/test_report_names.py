@@ -168,7 +168,7 @@ def test_api_records_print_without_float32_noise(pets):
     assert decimals and all(len(d.replace(".", "").lstrip("0")) <= 6 for d in decimals)  # 6 significant digits
 
 
-def test_every_method_option_and_kdpl_s_teacher_show_in_the_label():
+def test_every_method_option_and_kdpl_s_teacher_show_in_the_name():
     """``--method tcp --method-option depth=2`` and KDPL with another teacher change the recipe: the name says so
     (they printed ``tcp [epochs=2, backbone=atlas-tiny]``); the R of a group is no option and stays out."""
     import dataclasses
