@@ -9,8 +9,11 @@ import torch
 from safetensors.torch import save_file
 
 import open_clip
-from atlas_fast.clip import backbones
-from atlas_fast.clip.backbones import BackboneConfig, WeightsUnavailableError, load_backbone, shared_backbone
+from atlas_fast.clip import backbones, open_clip_names, weights_files
+from atlas_fast.clip.backbones import BackboneConfig, load_backbone, shared_backbone
+from atlas_fast.clip.checkpoints import CheckpointError
+from atlas_fast.clip.open_clip_names import WeightsUnavailableError
+from atlas_fast.clip.transforms import OPENAI_MEAN
 from atlas_fast.cli import main
 
 TINY = BackboneConfig("atlas-tiny", None)
@@ -32,7 +35,7 @@ def test_openai_state_dict_file_runs_like_openai_clip(tiny, tmp_path):
     torch.save(tiny.model.state_dict(), path)
     loaded = load_backbone(BackboneConfig("atlas-tiny", str(path)))
     assert loaded.architecture["activation"] == "QuickGELU"
-    assert loaded.preprocessing.mean == backbones.OPENAI_MEAN
+    assert loaded.preprocessing.mean == OPENAI_MEAN
     pixels = torch.randn(2, 3, 32, 32)
     # OpenAI's loader stores weights in fp16 (as the released files are), hence the tolerance.
     torch.testing.assert_close(loaded.encode_image(pixels), tiny.encode_image(pixels), atol=5e-3, rtol=5e-3)
@@ -48,7 +51,7 @@ def test_an_openai_layout_file_of_another_architecture_than_the_model_is_refused
     path = tmp_path / "tiny.pt"
     torch.save(tiny.model.state_dict(), path)
     for asked in ("ViT-B-16", "atlas-tiny-teacher"):
-        with pytest.raises(backbones.CheckpointError) as caught:
+        with pytest.raises(CheckpointError) as caught:
             load_backbone(BackboneConfig(asked, str(path)))
         message = str(caught.value)
         assert message.startswith(f"Cannot load checkpoint {path} as model '{asked}' (embed ")
@@ -95,7 +98,7 @@ def test_download_failure_says_how_to_pass_a_local_file(monkeypatch):
     def offline(*args, **kwargs):
         raise OSError("Name or service not known")
 
-    monkeypatch.setenv(backbones.DOWNLOAD_VARIABLE, "1")
+    monkeypatch.setenv(weights_files.DOWNLOAD_VARIABLE, "1")
     monkeypatch.setattr(backbones, "cached_weights", lambda name, tag: None)
     monkeypatch.setattr(open_clip, "create_model", offline)
     with pytest.raises(WeightsUnavailableError, match="local checkpoint file"):
@@ -107,7 +110,7 @@ def test_offline_tag_is_a_one_line_cli_error_after_the_data_checks(monkeypatch, 
     line that names --download and the local-file alternative, with no attempt to fetch them."""
     from layouts import make_oxford_pets
 
-    monkeypatch.delenv(backbones.DOWNLOAD_VARIABLE, raising=False)
+    monkeypatch.delenv(weights_files.DOWNLOAD_VARIABLE, raising=False)
     monkeypatch.setattr(backbones, "cached_weights", lambda name, tag: None)
     monkeypatch.setattr(open_clip, "create_model", lambda *a, **k: pytest.fail("a download was attempted"))
     args = ["train", "--dataset", "OxfordPets", "--data-root", str(tmp_path / "data"), "--model", "ViT-B/16",
@@ -146,30 +149,30 @@ def test_a_home_relative_checkpoint_path_is_expanded(tiny, tmp_path, monkeypatch
 def test_a_pretrained_tag_that_is_not_cached_fails_at_once_without_the_network(monkeypatch):
     """No silent network default: weights that are not on the machine are an immediate one-line error naming
     --download, and nothing tries to fetch them."""
-    monkeypatch.delenv(backbones.DOWNLOAD_VARIABLE, raising=False)
+    monkeypatch.delenv(weights_files.DOWNLOAD_VARIABLE, raising=False)
     monkeypatch.setattr(backbones, "cached_weights", lambda name, tag: None)
     monkeypatch.setattr(backbones.open_clip, "create_model",
                         lambda *a, **k: pytest.fail("a download was attempted"))
-    with pytest.raises(backbones.WeightsUnavailableError, match="not on this machine.*--download"):
+    with pytest.raises(WeightsUnavailableError, match="not on this machine.*--download"):
         backbones.load_backbone(BackboneConfig("ViT-B-16", "openai"))
-    monkeypatch.setenv(backbones.DOWNLOAD_VARIABLE, "1")  # asked for: open_clip is called with the tag
+    monkeypatch.setenv(weights_files.DOWNLOAD_VARIABLE, "1")  # asked for: open_clip is called with the tag
     calls = []
     monkeypatch.setattr(backbones.open_clip, "create_model", lambda *a, **k: calls.append(k) or 1 / 0)
-    with pytest.raises(backbones.WeightsUnavailableError, match="Could not obtain"):
+    with pytest.raises(WeightsUnavailableError, match="Could not obtain"):
         backbones.load_backbone(BackboneConfig("ViT-B-16", "openai"))
     assert calls and calls[0]["pretrained"] == "openai"
 
 
 def test_cached_weights_are_found_in_the_hub_cache_then_the_url_cache(tmp_path):
     hub, urls = tmp_path / "hub", tmp_path / "clip"
-    assert backbones.cached_weights("ViT-B-16", "openai", str(hub), str(urls)) is None
+    assert open_clip_names.cached_weights("ViT-B-16", "openai", str(hub), str(urls)) is None
     urls.mkdir()
     (urls / "ViT-B-16.pt").write_bytes(b"x")  # where open_clip's URL download puts OpenAI's file
-    assert backbones.cached_weights("ViT-B-16", "openai", str(hub), str(urls)) == urls / "ViT-B-16.pt"
+    assert open_clip_names.cached_weights("ViT-B-16", "openai", str(hub), str(urls)) == urls / "ViT-B-16.pt"
     snapshot = hub / "models--timm--vit_base_patch16_clip_224.openai" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
     (snapshot / "open_clip_model.safetensors").write_bytes(b"y")
     (hub / "models--timm--vit_base_patch16_clip_224.openai" / "refs").mkdir()
     (hub / "models--timm--vit_base_patch16_clip_224.openai" / "refs" / "main").write_text("abc123")
-    assert backbones.cached_weights("ViT-B-16", "openai", str(hub), str(urls)) == \
+    assert open_clip_names.cached_weights("ViT-B-16", "openai", str(hub), str(urls)) == \
         snapshot / "open_clip_model.safetensors"

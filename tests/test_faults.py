@@ -450,7 +450,7 @@ def test_cli_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
 
 @pytest.mark.parametrize("content", ["random", "truncated", "other_architecture"])
 def test_checkpoint_errors_name_the_file_and_the_architecture(pets, tmp_path, capsys, content):
-    from atlas_fast.clip.backbones import CHECKPOINT_DIR
+    from atlas_fast.clip.checkpoints import CHECKPOINT_DIR
 
     shipped = CHECKPOINT_DIR / "atlas-world.safetensors"
     path = tmp_path / {"random": "weights.pt", "truncated": "weights.safetensors",
@@ -458,7 +458,7 @@ def test_checkpoint_errors_name_the_file_and_the_architecture(pets, tmp_path, ca
     path.write_bytes({"random": lambda: np.random.default_rng(0).bytes(4096),
                       "truncated": lambda: shipped.read_bytes()[:50_000],
                       "other_architecture": shipped.read_bytes}[content]())
-    with pytest.raises(ValueError) as error:  # atlas_fast.clip.backbones.CheckpointError
+    with pytest.raises(ValueError) as error:  # atlas_fast.clip.checkpoints.CheckpointError
         load_backbone(BackboneConfig("atlas-tiny", str(path)))
     message = str(error.value)
     assert str(path) in message and "'atlas-tiny' (embed 64; vision width 64, 2 layers" in message

@@ -225,11 +225,13 @@ def test_the_teacher_reads_the_run_s_views_from_its_own_cache_file(tmp_path_fact
 
 def test_a_teacher_whose_weights_are_missing_is_named_with_the_options_that_choose_it(tiny, tmp_path, monkeypatch):
     from atlas_fast.clip import backbones
+    from atlas_fast.clip.open_clip_names import WeightsUnavailableError
+    from atlas_fast.clip.weights_files import DOWNLOAD_VARIABLE
     from atlas_fast.methods.kdpl import KDPL
 
     monkeypatch.setattr(backbones, "cached_weights", lambda *a, **k: None)  # no weights on this machine
-    monkeypatch.delenv(backbones.DOWNLOAD_VARIABLE, raising=False)
-    for pretrained, error in (("openai", backbones.WeightsUnavailableError),
+    monkeypatch.delenv(DOWNLOAD_VARIABLE, raising=False)
+    for pretrained, error in (("openai", WeightsUnavailableError),
                               (str(tmp_path / "missing.pt"), FileNotFoundError)):
         config = dataclasses.replace(CONFIGS["kdpl-coop"], teacher="ViT-B-16", teacher_pretrained=pretrained)
         with pytest.raises(error, match=r"KDPL's teacher ViT-B-16 .*--method-option teacher=MODEL teacher_pretrained="):

@@ -9,7 +9,7 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
-from atlas_fast.clip.backbones import OPENAI_MEAN, OPENAI_STD
+from atlas_fast.clip.transforms import OPENAI_MEAN, OPENAI_STD
 from atlas_fast.clip.transforms import (ImageReadError, TransformSpec, image_view, load_views, random_resized_crop_params,
                                    read_image, view_seed)
 from tests.layouts import write_image

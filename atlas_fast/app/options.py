@@ -328,7 +328,7 @@ def apply_download(args: argparse.Namespace) -> None:
     import os
 
     if getattr(args, "download", False):
-        from atlas_fast.clip.backbones import DOWNLOAD_VARIABLE
+        from atlas_fast.clip.weights_files import DOWNLOAD_VARIABLE
 
         os.environ[DOWNLOAD_VARIABLE] = "1"
 

@@ -1,5 +1,6 @@
 """What a ``pretrained`` value means before any weights are read, without importing torch: the spellings of random
-weights, whether a value names a local file, and the message for such a file that is not there.
+weights, whether a value names a local file, the message for such a file that is not there, and whether a tag's
+weights may be downloaded.
 
 The command line checks ``--pretrained`` with these as it parses its arguments (an absent file is refused in well
 under a second, before torch is imported), and :func:`atlas_fast.clip.backbones.load_backbone` gives the Python API
@@ -16,6 +17,13 @@ RANDOM_WEIGHTS = ("none", "random", "")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 #: at most this many weight files of the named folder are listed in the message
 LISTED_FILES = 4
+
+DOWNLOAD_VARIABLE = "ATLAS_FAST_DOWNLOAD"
+
+
+def downloads_allowed() -> bool:
+    """Whether a pretrained tag whose weights are not cached may be downloaded (``--download`` sets this)."""
+    return os.environ.get(DOWNLOAD_VARIABLE, "").lower() in ("1", "true", "yes")
 
 
 def random_weights(value: str | None) -> bool:

@@ -354,7 +354,7 @@ def plan_run(config: TrainConfig, for_workers: bool = False, listings: dict | No
         refusal = graph_steps_refusal(entry, [config.schedule], device)
         if refusal:
             raise ValueError(graph_steps_error(refusal))
-    from atlas_fast.clip.backbones import model_name
+    from atlas_fast.clip.open_clip_names import model_name
     from atlas_fast.data.datasets import dataset_spec
 
     model_name(config.backbone.model)  # names and data are checked before any weights are loaded or downloaded

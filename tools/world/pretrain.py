@@ -30,7 +30,9 @@ from torch import nn
 from tqdm import tqdm
 
 from atlas_fast.files import atomic_write
-from atlas_fast.clip.backbones import MODEL_CONFIG_DIR, Backbone, BackboneConfig, Preprocessing
+from atlas_fast.clip.backbones import Backbone, BackboneConfig
+from atlas_fast.clip.open_clip_names import MODEL_CONFIG_DIR
+from atlas_fast.clip.transforms import Preprocessing
 from atlas_fast.clip.text_encoder import PromptTextEncoder, eot_positions
 from atlas_fast.world.benchmark import BENCHMARK_LAYOUT
 from tools.world.zeroshot import pixels_to_tensor, zero_shot_report

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from atlas_fast.clip.backbones import OPENAI_MEAN, OPENAI_STD
+from atlas_fast.clip.transforms import OPENAI_MEAN, OPENAI_STD
 from atlas_fast.world.benchmark import MAIN_CLASSES, TEMPLATE
 from atlas_fast.world.generator import CONCEPTS, PRETRAIN_LAYOUT, STYLES, Layout, concept_id, render_batch
 
