@@ -225,11 +225,11 @@ def _config(root: Path, **changes):
 
 @guarded("cached training with AMP")
 def check_amp(root: Path) -> None:
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine import run
 
-    common = dict(schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl"))
+    common = dict(schedule=Alternating(2), soft_labels=soft_label_preset("base2new", "csl"))
     run(_config(root, precision="fp32", results_dir=root / "warmup", **common))  # builds the cache (not timed)
     if SETUP["device"] != "cuda":
         row("cached training with AMP", "n/a", "AMP needs a CUDA device")
@@ -254,10 +254,10 @@ def synchronize() -> None:
 
 @guarded("R-batched training")
 def check_batched(root: Path, runs: int) -> None:
-    from atlas_fast.sweep import Execution, atlas_variants, grid_configs, run_configs
+    from atlas_fast.sweep import Execution, paper_variants, grid_configs, run_configs
 
     seeds = list(range(1, max(1, runs // 4) + 1))
-    configs = grid_configs(_config(root, precision="fp32"), ["OxfordPets"], atlas_variants("base2new"), seeds)
+    configs = grid_configs(_config(root, precision="fp32"), ["OxfordPets"], paper_variants("base2new"), seeds)
     timings = {}
     records = {}
     for r in (1, len(configs)):
@@ -557,9 +557,9 @@ def _phases(records: list[dict], seconds: float) -> str:
 
 @guarded("runs/hour by R")
 def check_runs_per_hour(root: Path) -> None:
-    from atlas_fast.sweep import DEFAULT_BATCH_RUNS, Execution, atlas_variants, grid_configs, run_configs
+    from atlas_fast.sweep import DEFAULT_BATCH_RUNS, Execution, paper_variants, grid_configs, run_configs
 
-    configs = grid_configs(_config(root), ["OxfordPets"], atlas_variants("base2new"), [1, 2, 3])
+    configs = grid_configs(_config(root), ["OxfordPets"], paper_variants("base2new"), [1, 2, 3])
     cuda = SETUP["device"] == "cuda"
     cases = [("R = 1 eager", 1, False)] if cuda else []
     cases += [(f"R = {r}", r, None) for r in (1, 4, 12)]  # None: graph steps wherever they apply (the default)
@@ -778,8 +778,8 @@ def check_loader_group(root: Path, workers: int = 2) -> None:
     graphs by default, AMP). No fallback, steps replayed in every epoch after the first warm-ups, finite metrics."""
     import warnings
 
-    from atlas_fast.atlas.schedules import Atlas, OneHot
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating, OneHot
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.methods import METHODS
     from atlas_fast.sweep import Execution, run_configs
 
@@ -787,7 +787,7 @@ def check_loader_group(root: Path, workers: int = 2) -> None:
     options = {option: 2 for option in METHODS["ivlp"].depth_options} if SETUP["model"] == "atlas-tiny" else None
     configs = [_config(root, method="ivlp", seed=seed, epochs=3, batch_size=4, workers=workers,
                        results_dir=root / "fc-loader", method_options=options, schedule=schedule, soft_labels=soft)
-               for seed in (1, 2) for schedule, soft in ((OneHot(), None), (Atlas(2), atlas_preset("base2new", "ls")))]
+               for seed in (1, 2) for schedule, soft in ((OneHot(), None), (Alternating(2), soft_label_preset("base2new", "ls")))]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()

@@ -52,8 +52,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atlas_fast.atlas.schedules import Atlas, OneHot  # noqa: E402
-from atlas_fast.atlas.variants import atlas_period  # noqa: E402
+from atlas_fast.atlas.schedules import Alternating, OneHot  # noqa: E402
+from atlas_fast.atlas.variants import alternation_period  # noqa: E402
 from atlas_fast.cache.build import default_workers  # noqa: E402
 from atlas_fast.cache.space import human_bytes  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
@@ -232,7 +232,7 @@ def trunk_of(method: str, setting: str, part: list[tuple[str | None, int]], epoc
     first K - 1 epochs); (0, 0) where nothing is shared."""
     if not method_class(method).reads_pixels:
         return 0, 0
-    schedules = [OneHot() if kind is None else Atlas(atlas_period(setting)) for kind, _ in part]
+    schedules = [OneHot() if kind is None else Alternating(alternation_period(setting)) for kind, _ in part]
     shared = next((e for e in range(epochs) if any(s.cross_entropy_kind(e) != "hard" for s in schedules)), epochs)
     seeds = len({seed for _, seed in part})
     return (seeds, shared) if shared and seeds < len(part) else (0, 0)

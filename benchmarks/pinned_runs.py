@@ -101,9 +101,9 @@ def options(method: str, root: Path) -> dict[str, Any] | None:
 
 
 def variant(setting: str, kind: str, schedule: str = "auto") -> dict[str, Any]:
-    from atlas_fast.atlas.variants import atlas_variant
+    from atlas_fast.atlas.variants import label_variant
 
-    chosen = atlas_variant(setting, kind, schedule)
+    chosen = label_variant(setting, kind, schedule)
     return dict(schedule=chosen.schedule, soft_labels=chosen.soft_labels)
 
 

@@ -86,13 +86,13 @@ def method_config(method: str):
 
 
 def configs(work: Path, method: str, results: str, seeds, variants, workers: int = 0, epochs: int = 2):
-    from atlas_fast.atlas.schedules import Atlas, OneHot
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating, OneHot
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
 
     kinds = {"plain": (OneHot(), None)}
-    kinds.update({kind: (Atlas(2), atlas_preset("base2new", kind)) for kind in ("ls", "csl", "isl")})
+    kinds.update({kind: (Alternating(2), soft_label_preset("base2new", kind)) for kind in ("ls", "csl", "isl")})
     return [TrainConfig("OxfordPets", work / "data", backbone=BackboneConfig("atlas-tiny", None), method=method,
                         method_config=method_config(method), shots=4, seed=seed, epochs=epochs, batch_size=4,
                         lr=0.002, views=epochs, device="cpu", cache_root=work / "cache",

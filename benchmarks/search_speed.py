@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atlas_fast.atlas.variants import atlas_variant  # noqa: E402
+from atlas_fast.atlas.variants import label_variant  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig  # noqa: E402
 from atlas_fast.vocabulary import PRUNERS  # noqa: E402
 from atlas_fast.engine import TrainConfig  # noqa: E402
@@ -41,7 +41,7 @@ from atlas_fast.search import SearchConfig, choice, integers, run_study, uniform
 from atlas_fast.search.outputs import best_so_far  # noqa: E402
 
 DATASET = "WorldPhotos"
-ISL = atlas_variant("base2new", "isl")  # CoOp + ATLaS-ISL with the paper's base-to-new presets
+ISL = label_variant("base2new", "isl")  # CoOp + ATLaS-ISL with the paper's base-to-new presets
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -32,7 +32,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atlas_fast.clip.backbones import BackboneConfig  # noqa: E402
-from atlas_fast.sweep import Execution, atlas_variants, grid_configs, run_configs  # noqa: E402
+from atlas_fast.sweep import Execution, paper_variants, grid_configs, run_configs  # noqa: E402
 from atlas_fast.engine import TrainConfig  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple", "brown", "grey"]
@@ -101,7 +101,7 @@ def main() -> None:
         base = TrainConfig("OxfordPets", root / "data", BackboneConfig(args.model, None), shots=args.shots,
                            epochs=args.epochs, views=args.views, device=device, cache_root=root / "cache",
                            progress=False)
-        configs = grid_configs(base, ["OxfordPets"], atlas_variants("base2new"), [1, 2, 3])
+        configs = grid_configs(base, ["OxfordPets"], paper_variants("base2new"), [1, 2, 3])
         print(f"grid: {len(configs)} runs (CoOp, + ATLaS/-CSL/-ISL x 3 seeds), {args.classes} classes "
               f"({args.classes // 2} base), {args.shots} shots, {args.epochs} epochs, {args.views} cached view(s), "
               f"{args.model} random weights, "

@@ -27,11 +27,11 @@ BUSY_LOOP = "while True:\n    pass\n"
 
 
 def _configs(data: Path, cache: Path, results: Path, epochs: int, shots: int):
-    from atlas_fast.atlas.variants import atlas_variant
+    from atlas_fast.atlas.variants import label_variant
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
 
-    csl = atlas_variant("base2new", "csl")
+    csl = label_variant("base2new", "csl")
     return [TrainConfig("OxfordPets", data, backbone=BackboneConfig("atlas-world", "atlas-world"), method="coop",
                         shots=shots, seed=seed, epochs=epochs, views=2, soft_labels=csl.soft_labels,
                         schedule=csl.schedule, device="cpu", cache_root=cache,

@@ -110,14 +110,14 @@ def main() -> None:
     backbone_cfg = BackboneConfig("atlas-world", args.checkpoint)
     backbone = load_backbone(backbone_cfg)
     teacher = teacher_properties(dataset.name, data_root, backbone)
-    from atlas_fast.atlas.softlabels import atlas_preset, class_soft_labels
+    from atlas_fast.atlas.softlabels import soft_label_preset, class_soft_labels
     from atlas_fast.data import load_dataset
     from atlas_fast.data.fewshot import subsample_classes
 
     splits = subsample_classes(load_dataset(dataset.name, data_root), "base")
     with torch.no_grad():
         text = backbone.encode_text(splits.prompts()).float()
-    csl = class_soft_labels(text, atlas_preset("base2new", "csl").tau_c)
+    csl = class_soft_labels(text, soft_label_preset("base2new", "csl").tau_c)
     row = {"style": args.style, "layout": args.layout, "shots": args.shots, "split_order": args.split_order,
            "colours": args.colours,
            "logit_scale": round(teacher.logit_scale, 2), "checkpoint": args.checkpoint,

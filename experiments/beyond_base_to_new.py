@@ -102,9 +102,9 @@ def method_block(args: argparse.Namespace, method: str) -> list[TrainConfig]:
     """The runs of ``method``'s block, in a fixed order."""
     from atlas_fast.app.options import method_options
     from atlas_fast.methods.registry import method_class
-    from atlas_fast.sweep import atlas_variants, grid_configs
+    from atlas_fast.sweep import paper_variants, grid_configs
 
-    variants = atlas_variants("base2new", args.kinds)
+    variants = paper_variants("base2new", args.kinds)
     entry = method_class(method)
     if method == "coprompt":  # its class descriptions: a folder of one file per dataset
         options = method_options(args.method_option + description_options(args, method), method)

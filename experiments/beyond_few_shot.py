@@ -43,9 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
-    from atlas_fast.sweep import atlas_variants, grid_configs
+    from atlas_fast.sweep import paper_variants, grid_configs
 
-    variants = atlas_variants("few_shot", args.kinds)
+    variants = paper_variants("few_shot", args.kinds)
     return [config for method in args.methods for shots in args.shots for config in grid_configs(
         base_config(args, "few_shot", shots=shots, method=method), args.datasets, variants, args.seeds)]
 

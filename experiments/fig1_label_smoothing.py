@@ -29,11 +29,11 @@ WORLD_DEFAULTS = {"datasets": [CROSS_SOURCE]}  # --world: the world's ImageNet
 
 
 def variants() -> list[LabelVariant]:
-    from atlas_fast.atlas.variants import atlas_variant
+    from atlas_fast.atlas.variants import label_variant
 
-    return [atlas_variant("base2new", "none"), atlas_variant("base2new", "ls", period=1),
-            atlas_variant("base2new", "none", "tfkd"), atlas_variant("base2new", "none", "ols"),
-            atlas_variant("base2new", "ls")]
+    return [label_variant("base2new", "none"), label_variant("base2new", "ls", period=1),
+            label_variant("base2new", "none", "tfkd"), label_variant("base2new", "none", "ols"),
+            label_variant("base2new", "ls")]
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:

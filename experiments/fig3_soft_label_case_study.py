@@ -45,7 +45,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.cache import FeatureCache
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
-    from atlas_fast.atlas.softlabels import atlas_preset, compute_soft_labels
+    from atlas_fast.atlas.softlabels import soft_label_preset, compute_soft_labels
     from atlas_fast.engine.config import resolve_device
 
     from atlas_fast.app.options import check_range, resolve_backbone
@@ -67,7 +67,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     cache = FeatureCache(args.cache_root)
     cache.build(backbone, full.name, chosen, num_views=0, progress=False)
     view0 = cache.load(backbone, full.name, chosen, views=[0])[:, 0]
-    rows = {kind.upper(): compute_soft_labels(atlas_preset("base2new", kind), backbone, splits, view0)
+    rows = {kind.upper(): compute_soft_labels(soft_label_preset("base2new", kind), backbone, splits, view0)
             for kind in KINDS}
     images = [Image.open(d.impath).convert("RGB") for d in chosen]
     titles = [f"{d.classname} ({Path(d.key).name})" for d in chosen]

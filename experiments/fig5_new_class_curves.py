@@ -30,11 +30,11 @@ PANELS = [["CoOp", "+ LS", "+ ATLaS"], ["CoOp", "+ CSL", "+ ATLaS-CSL"], ["CoOp"
 
 
 def variants() -> list[LabelVariant]:
-    from atlas_fast.atlas.variants import atlas_variant
+    from atlas_fast.atlas.variants import label_variant
 
-    rows = [atlas_variant("base2new", "none")]
+    rows = [label_variant("base2new", "none")]
     for kind in PAPER_SOFT_LABEL_KINDS:
-        rows += [atlas_variant("base2new", kind, period=1), atlas_variant("base2new", kind)]
+        rows += [label_variant("base2new", kind, period=1), label_variant("base2new", kind)]
     return rows
 
 

@@ -29,10 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
-    from atlas_fast.sweep import atlas_variants, grid_configs
+    from atlas_fast.sweep import paper_variants, grid_configs
 
     return [config for shots in args.shots for config in grid_configs(
-        base_config(args, "few_shot", shots=shots), args.datasets, atlas_variants("few_shot"), args.seeds)]
+        base_config(args, "few_shot", shots=shots), args.datasets, paper_variants("few_shot"), args.seeds)]
 
 
 def report(args: argparse.Namespace, records: list[dict]) -> str:

@@ -35,12 +35,12 @@ SWEPT_FIELDS = {"theta": "soft_labels.theta", "inv_tau_c": "soft_labels.tau_c", 
 
 
 def variant(param: str, value: float) -> LabelVariant:
-    from atlas_fast.atlas.variants import atlas_variant
+    from atlas_fast.atlas.variants import label_variant
 
     kind, _ = GRIDS[param]
     overrides = {"theta": {"theta": value}, "inv_tau_c": {"tau_c": 1.0 / value}, "alpha": {"alpha": value},
                  "K": {"period": int(value)}, "w": {"w": value}}[param]
-    return atlas_variant("base2new", kind, **overrides)
+    return label_variant("base2new", kind, **overrides)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.atlas.variants import LabelVariant
-    from atlas_fast.sweep import atlas_variants, grid_configs
+    from atlas_fast.sweep import paper_variants, grid_configs
 
     configs = []
     if args.zero_shot:
@@ -39,7 +39,7 @@ def plan(args: argparse.Namespace) -> list[TrainConfig]:
                                 [LabelVariant("zero-shot", OneHot())], args.seeds)
     for method in args.methods:
         configs += grid_configs(base_config(args, "base2new", method=method, evaluate=BASE_NEW), args.datasets,
-                                atlas_variants("base2new"), args.seeds)
+                                paper_variants("base2new"), args.seeds)
     return configs
 
 

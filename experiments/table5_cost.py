@@ -34,9 +34,9 @@ BATCH_RUNS = 1
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
-    from atlas_fast.sweep import atlas_variants, grid_configs
+    from atlas_fast.sweep import paper_variants, grid_configs
 
-    return grid_configs(base_config(args, "base2new", evaluate=BASE_NEW), args.datasets, atlas_variants("base2new"),
+    return grid_configs(base_config(args, "base2new", evaluate=BASE_NEW), args.datasets, paper_variants("base2new"),
                         args.seeds)
 
 

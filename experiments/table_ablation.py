@@ -34,12 +34,12 @@ def ablation_name(config: dict) -> str:
 
 
 def variants() -> list[LabelVariant]:
-    from atlas_fast.atlas.variants import atlas_variant
+    from atlas_fast.atlas.variants import label_variant
 
-    rows = [atlas_variant("base2new", "none")]
+    rows = [label_variant("base2new", "none")]
     for kind in KINDS:
-        rows += [atlas_variant("base2new", kind, period=1), atlas_variant("base2new", kind, "joint"),
-                 atlas_variant("base2new", kind)]
+        rows += [label_variant("base2new", kind, period=1), label_variant("base2new", kind, "joint"),
+                 label_variant("base2new", kind)]
     return rows
 
 

@@ -48,11 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def variants(args: argparse.Namespace) -> list[LabelVariant]:
     """The rows of a block: one-hot, the kinds every epoch, then the kinds alternated."""
-    from atlas_fast.atlas.variants import atlas_variant
+    from atlas_fast.atlas.variants import label_variant
 
-    return ([atlas_variant("base2new", "none")]
-            + [atlas_variant("base2new", kind, period=1) for kind in args.every_epoch]
-            + [atlas_variant("base2new", kind) for kind in args.kinds])
+    return ([label_variant("base2new", "none")]
+            + [label_variant("base2new", kind, period=1) for kind in args.every_epoch]
+            + [label_variant("base2new", kind) for kind in args.kinds])
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:

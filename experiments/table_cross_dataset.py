@@ -41,10 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.atlas.variants import LabelVariant
-    from atlas_fast.sweep import atlas_variants, grid_configs
+    from atlas_fast.sweep import paper_variants, grid_configs
 
     grids = [("zsclip", [LabelVariant("zero-shot", OneHot())])] if args.zero_shot else []
-    grids += [(method, atlas_variants("cross_dataset")) for method in args.methods]
+    grids += [(method, paper_variants("cross_dataset")) for method in args.methods]
     return [config for method, variants in grids for config in grid_configs(
         base_config(args, "cross_dataset", method=method), args.datasets, variants, args.seeds)]
 

@@ -49,13 +49,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
     from atlas_fast.app.kappa_runs import with_snapshots
-    from atlas_fast.sweep import atlas_variants, grid_configs
+    from atlas_fast.sweep import paper_variants, grid_configs
 
     configs = []
     for dataset in args.datasets:
         base = dataclasses.replace(base_config(args, "base2new", method="coop", evaluate=BASE_NEW), dataset=dataset)
         base = with_snapshots(base, args.snapshot_fractions)
-        configs += grid_configs(base, [dataset], atlas_variants("base2new"), args.seeds)
+        configs += grid_configs(base, [dataset], paper_variants("base2new"), args.seeds)
     return configs
 
 

@@ -44,12 +44,12 @@ def _views_name(record: dict) -> str:
 
 
 def plan(args: argparse.Namespace) -> list[TrainConfig]:
-    from atlas_fast.sweep import atlas_variants, grid_configs
+    from atlas_fast.sweep import paper_variants, grid_configs
 
     if any(v < 0 for v in args.view_counts):
         raise UsageError(f"--view-counts must be >= 0 (0: one view per epoch), got {args.view_counts}")
     base = base_config(args, "base2new", method="coop", evaluate=BASE_NEW)
-    variants = atlas_variants("base2new", kinds=args.kinds)
+    variants = paper_variants("base2new", kinds=args.kinds)
     return [config for views in args.view_counts for config in grid_configs(
         dataclasses.replace(base, views=views or None), args.datasets, variants, args.seeds)]
 

@@ -12,8 +12,8 @@ from atlas_fast.engine.pipeline import run_group, stack_runs
 from atlas_fast.methods.registry import method_class
 from atlas_fast.methods.coop import CoOpConfig
 from atlas_fast.engine.record import load_learned
-from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
-from atlas_fast.atlas.softlabels import atlas_preset
+from atlas_fast.atlas.schedules import Alternating, OneHot, OnlineLabelSmoothing
+from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.engine import TrainConfig, run
 from helpers import assert_same_calibration
 from layouts import make_oxford_pets
@@ -38,8 +38,8 @@ def _configs(root, results, method_config=None, method="coop", method_options=No
         return [TrainConfig(**common, seed=seed, shots=shots) for seed, shots in ((1, 5), (2, 2), (3, 7), (1, 4))]
     return [
         TrainConfig(**common, seed=1, shots=5, schedule=OneHot()),
-        TrainConfig(**common, seed=2, shots=2, schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl")),
-        TrainConfig(**common, seed=3, shots=7, schedule=Atlas(1), soft_labels=atlas_preset("base2new", "isl"),
+        TrainConfig(**common, seed=2, shots=2, schedule=Alternating(2), soft_labels=soft_label_preset("base2new", "csl")),
+        TrainConfig(**common, seed=3, shots=7, schedule=Alternating(1), soft_labels=soft_label_preset("base2new", "isl"),
                     eval_every_epoch=True),
         TrainConfig(**common, seed=1, shots=4, schedule=OnlineLabelSmoothing()),
     ]

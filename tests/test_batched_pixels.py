@@ -7,8 +7,8 @@ slow suite groups of 2 and 4 of every one."""
 import pytest
 import torch
 
-from atlas_fast.atlas.schedules import Atlas, OneHot
-from atlas_fast.atlas.softlabels import atlas_preset
+from atlas_fast.atlas.schedules import Alternating, OneHot
+from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.pipeline import run_group
@@ -44,9 +44,9 @@ def pixel_configs(root, method, results):
         return [TrainConfig(**common, seed=seed, shots=4) for seed in (1, 4, 2, 3)]
     return [
         TrainConfig(**common, seed=1, shots=4, schedule=OneHot()),
-        TrainConfig(**common, seed=1, shots=4, schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl")),
-        TrainConfig(**common, seed=2, shots=2, schedule=Atlas(2), soft_labels=atlas_preset("base2new", "isl")),
-        TrainConfig(**common, seed=3, shots=5, schedule=Atlas(1), soft_labels=atlas_preset("base2new", "ls")),
+        TrainConfig(**common, seed=1, shots=4, schedule=Alternating(2), soft_labels=soft_label_preset("base2new", "csl")),
+        TrainConfig(**common, seed=2, shots=2, schedule=Alternating(2), soft_labels=soft_label_preset("base2new", "isl")),
+        TrainConfig(**common, seed=3, shots=5, schedule=Alternating(1), soft_labels=soft_label_preset("base2new", "ls")),
     ]
 
 
@@ -81,10 +81,10 @@ def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pet
 
     def group(results):
         return [TrainConfig(**common, results_dir=pets / results, seed=1, schedule=OneHot()),
-                TrainConfig(**common, results_dir=pets / results, seed=1, schedule=Atlas(2),
-                            soft_labels=atlas_preset("base2new", "csl")),
-                TrainConfig(**common, results_dir=pets / results, seed=1, schedule=Atlas(3),
-                            soft_labels=atlas_preset("base2new", "isl")),
+                TrainConfig(**common, results_dir=pets / results, seed=1, schedule=Alternating(2),
+                            soft_labels=soft_label_preset("base2new", "csl")),
+                TrainConfig(**common, results_dir=pets / results, seed=1, schedule=Alternating(3),
+                            soft_labels=soft_label_preset("base2new", "isl")),
                 TrainConfig(**common, results_dir=pets / results, seed=2, schedule=OneHot())]
 
     forks = []

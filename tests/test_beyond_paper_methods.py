@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from atlas_fast.atlas.schedules import Atlas
-from atlas_fast.atlas.softlabels import atlas_preset
+from atlas_fast.atlas.schedules import Alternating
+from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.cli import main
 from atlas_fast.engine import run
 from atlas_fast.engine.evaluate import harmonic_mean
@@ -98,8 +98,8 @@ def test_train_on_the_world_with_and_without_atlas_isl(root, capsys, method):
 def test_python_api_trains_clip_lora_text_over_iterations_with_atlas_isl(root):
     """The recipe's schedule over optimiser steps: ``epochs=2`` trains two whole epochs (8 images, batch 5: 2 steps
     each, the iterations with them) with AdamW; the record keeps the resolved recipe."""
-    config = tiny_pets_config(root, method="clip-lora-text", shots=2, batch_size=5, schedule=Atlas(2),
-                              soft_labels=atlas_preset("base2new", "isl"))
+    config = tiny_pets_config(root, method="clip-lora-text", shots=2, batch_size=5, schedule=Alternating(2),
+                              soft_labels=soft_label_preset("base2new", "isl"))
     record = run(config)
     recipe = record["config"]["recipe"]
     assert (recipe["optimizer"], recipe["iterations"], recipe["epochs"], recipe["min_lr"]) == ("adamw", 4, 2, 1e-6)

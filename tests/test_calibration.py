@@ -163,14 +163,14 @@ def test_an_old_record_without_calibration_is_completed_from_its_saved_prompts(p
 
 
 def test_the_calibration_tables_show_a_dash_for_old_records_and_bold_the_lowest_ece(pets, tmp_path):
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.report.figures import plot_reliability
     from atlas_fast.report.formats import csv_lines, latex_table, markdown_table
     from atlas_fast.report.rows import aggregate, calibration_columns
 
     plain = [run(tiny_pets_config(pets))]  # the first test's run, found again
-    smoothed = [run(tiny_pets_config(pets, schedule=Atlas(1), soft_labels=atlas_preset("base2new", "ls")))]
+    smoothed = [run(tiny_pets_config(pets, schedule=Alternating(1), soft_labels=soft_label_preset("base2new", "ls")))]
     # the same variant's run of another seed, as records were written before they held calibration
     old = {**smoothed[0], "config": {**smoothed[0]["config"], "seed": 2}, "reliability": None,
            "metrics": {k: v for k, v in smoothed[0]["metrics"].items() if k != "calibration"}}

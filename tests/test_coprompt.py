@@ -367,14 +367,14 @@ def test_the_consistency_reads_the_cached_features_of_a_second_view(pets, monkey
 
 
 def test_python_api_trains_base_to_new_with_and_without_atlas_isl(pets):
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine import run
 
     options = pets_options(pets / "descriptions.json")
     plain = run(tiny_pets_config(pets, method="coprompt", method_options=options, workers=0))
-    atlas = run(tiny_pets_config(pets, method="coprompt", method_options=options, workers=0, schedule=Atlas(2),
-                                 soft_labels=atlas_preset("base2new", "isl")))
+    atlas = run(tiny_pets_config(pets, method="coprompt", method_options=options, workers=0, schedule=Alternating(2),
+                                 soft_labels=soft_label_preset("base2new", "isl")))
     for record in (plain, atlas):
         assert set(record["metrics"]) >= {"base", "new", "H"} and record["epochs"][-1]["loss"] > 0
     assert [e["soft"] for e in atlas["epochs"]] == [False, True]
@@ -422,8 +422,8 @@ def test_command_line_trains_with_and_without_atlas_isl(pets, capsys):
 def test_batched_runs_equal_runs_trained_alone(pets):
     """Two runs (another seed, shots and ATLaS-ISL) trained as one module give each the record of training alone,
     its own description sequence included."""
-    from atlas_fast.atlas.schedules import Atlas, OneHot
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating, OneHot
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine import run
     from atlas_fast.engine.pipeline import run_group
     from test_batched import _assert_equal_records
@@ -432,8 +432,8 @@ def test_batched_runs_equal_runs_trained_alone(pets):
         common = dict(method="coprompt", method_options=pets_options(pets / "descriptions.json"), epochs=2, views=2,
                       batch_size=3, lr=0.02, workers=0, results_dir=pets / results)
         return [tiny_pets_config(pets, **common, seed=1, shots=4, schedule=OneHot()),
-                tiny_pets_config(pets, **common, seed=2, shots=2, schedule=Atlas(2),
-                                 soft_labels=atlas_preset("base2new", "isl"))]
+                tiny_pets_config(pets, **common, seed=2, shots=2, schedule=Alternating(2),
+                                 soft_labels=soft_label_preset("base2new", "isl"))]
 
     alone = [run(config) for config in configs("alone")]
     batched = run_group(configs("batched"))
@@ -510,8 +510,8 @@ def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pet
     then forks, each fork carrying its trunk's description seed and step count; every record equals the group
     trained without the fork."""
     import atlas_fast.engine.pipeline as pipeline
-    from atlas_fast.atlas.schedules import Atlas, OneHot
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating, OneHot
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine.pipeline import run_group
     from test_batched import _assert_equal_records
 
@@ -519,10 +519,10 @@ def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pet
         common = dict(method="coprompt", method_options=pets_options(pets / "descriptions.json"), epochs=3, views=3,
                       batch_size=3, lr=0.02, workers=0, shots=4, results_dir=pets / results)
         return [tiny_pets_config(pets, **common, seed=1, schedule=OneHot()),
-                tiny_pets_config(pets, **common, seed=1, schedule=Atlas(2),
-                                 soft_labels=atlas_preset("base2new", "csl")),
-                tiny_pets_config(pets, **common, seed=1, schedule=Atlas(3),
-                                 soft_labels=atlas_preset("base2new", "isl")),
+                tiny_pets_config(pets, **common, seed=1, schedule=Alternating(2),
+                                 soft_labels=soft_label_preset("base2new", "csl")),
+                tiny_pets_config(pets, **common, seed=1, schedule=Alternating(3),
+                                 soft_labels=soft_label_preset("base2new", "isl")),
                 tiny_pets_config(pets, **common, seed=2, schedule=OneHot())]
 
     forks = []

@@ -26,7 +26,7 @@ def test_kappa_says_how_far_it_is_run_by_run(monkeypatch, capsys):
     """The κ phase took 14 silent minutes on the demo: a line per run measured, with the time so far and left."""
     from atlas_fast.app import demo
     from atlas_fast.app import kappa_runs
-    from atlas_fast.atlas.variants import atlas_variants
+    from atlas_fast.atlas.variants import paper_variants
     from atlas_fast.clip.backbones import BackboneConfig
     from atlas_fast.engine import TrainConfig
 
@@ -34,7 +34,7 @@ def test_kappa_says_how_far_it_is_run_by_run(monkeypatch, capsys):
     monkeypatch.setattr(kappa_runs, "kappa_sentence", lambda rows, records, dataset: "")
     config = demo.DemoConfig(seeds=(1, 2))
     base = TrainConfig("WorldPhotos", Path("data"), BackboneConfig("atlas-world", "atlas-world"))
-    variants = atlas_variants("base2new")
+    variants = paper_variants("base2new")
     records = [{"config": {"method": "coop", "schedule": v.schedule.describe(),
                            "soft_labels": v.soft_labels and {"kind": v.soft_labels.kind}}}
                for v in variants for _ in config.seeds]

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from atlas_fast.atlas.schedules import Atlas, OneHot, OnlineLabelSmoothing
+from atlas_fast.atlas.schedules import Alternating, OneHot, OnlineLabelSmoothing
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.spec import evaluation_subsamples, plan_run
@@ -118,9 +118,9 @@ def test_graph_steps_refusals_name_the_reason():
 
     cuda = torch.device("cuda")  # a device object only: nothing runs
     coop = method_class("coop")
-    assert graph_steps_refusal(coop, [OneHot(), Atlas(2)], cuda) is None
+    assert graph_steps_refusal(coop, [OneHot(), Alternating(2)], cuda) is None
     for pixel_method in ("ivlp", "maple", "promptsrc", "dept-maple"):  # pixel steps replay like cached ones
-        assert graph_steps_refusal(method_class(pixel_method), [OneHot(), Atlas(2)], cuda) is None
+        assert graph_steps_refusal(method_class(pixel_method), [OneHot(), Alternating(2)], cuda) is None
         assert "'ols'" in graph_steps_refusal(method_class(pixel_method), [OnlineLabelSmoothing()], cuda)
     assert "learns nothing" in graph_steps_refusal(method_class("zsclip"), [OneHot()], cuda)
     assert "'ols'" in graph_steps_refusal(coop, [OneHot(), OnlineLabelSmoothing()], cuda)
@@ -141,10 +141,10 @@ def test_graph_steps_default_to_wherever_a_graph_can_replay_the_step():
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     coop, maple = method_class("coop"), method_class("maple")
-    assert use_graph_steps([None, None], coop, [OneHot(), Atlas(2)], cuda)
+    assert use_graph_steps([None, None], coop, [OneHot(), Alternating(2)], cuda)
     assert use_graph_steps([True, None], coop, [OneHot()], cuda)
     assert not use_graph_steps([None, False], coop, [OneHot()], cuda)  # one run asks for eager steps: all eager
-    assert use_graph_steps([None, None], maple, [OneHot(), Atlas(2)], cuda)
+    assert use_graph_steps([None, None], maple, [OneHot(), Alternating(2)], cuda)
     # where no graph applies, None is eager, silently
     assert not use_graph_steps([None], maple, [OnlineLabelSmoothing()], cuda)
     assert not use_graph_steps([None], coop, [OnlineLabelSmoothing()], cuda)

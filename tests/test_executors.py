@@ -6,13 +6,13 @@ import torch
 
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.record import load_learned
-from atlas_fast.atlas.variants import atlas_variant
+from atlas_fast.atlas.variants import label_variant
 from atlas_fast.sweep import Execution, run_grid
 from atlas_fast.engine import TrainConfig
 from helpers import small_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-VARIANTS = [atlas_variant("base2new", "none"), atlas_variant("base2new", "csl")]
+VARIANTS = [label_variant("base2new", "none"), label_variant("base2new", "csl")]
 
 
 @pytest.fixture(scope="module")

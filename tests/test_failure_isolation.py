@@ -138,16 +138,16 @@ def test_a_diverging_search_trial_fails_alone_and_its_group_is_not_trained_again
     trained once (it used to be trained again trial by trial)."""
     pytest.importorskip("optuna", reason="the search needs optuna (the search extra)")
     from atlas_fast.engine import loop
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.search import SearchConfig, run_study, uniform
     from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
 
     generate_benchmark(tmp_path / "data", ["WorldPhotos"], sizes=SplitSizes(train=2, val=1, test=1), progress=False)
     base = TrainConfig(dataset="WorldPhotos", data_root=tmp_path / "data",
                        backbone=BackboneConfig("atlas-world", "atlas-world"), shots=2, epochs=2, views=1,
-                       batch_size=8, lr=0.002, method_options={"n_ctx": 4}, schedule=Atlas(2),
-                       soft_labels=atlas_preset("base2new", "isl"), device="cpu", cache_root=tmp_path / "cache",
+                       batch_size=8, lr=0.002, method_options={"n_ctx": 4}, schedule=Alternating(2),
+                       soft_labels=soft_label_preset("base2new", "isl"), device="cpu", cache_root=tmp_path / "cache",
                        results_dir=tmp_path / "results", progress=False)
 
     def study(name):

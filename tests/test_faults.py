@@ -338,10 +338,10 @@ def test_a_damaged_record_is_moved_aside_and_the_run_redone(pets, tmp_path, caps
 
 
 def test_truncated_side_files_are_named_or_recomputed(pets, tmp_path, capsys):
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
 
-    atlas = dict(schedule=Atlas(2), soft_labels=atlas_preset("base2new", "csl"))
+    atlas = dict(schedule=Alternating(2), soft_labels=soft_label_preset("base2new", "csl"))
     first = run(config(tmp_path, pets, **atlas))
     (stored,) = (tmp_path / "cache" / "softlabels").glob("*.pt")
     stored.write_bytes(stored.read_bytes()[:100])  # soft labels are a cache: recomputed, the same numbers

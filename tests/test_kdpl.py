@@ -239,14 +239,14 @@ def test_a_teacher_whose_weights_are_missing_is_named_with_the_options_that_choo
 
 
 def test_label_schedules_are_refused_and_runs_train_without_labels(tmp_path_factory):
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine import run
 
     root = small_pets(tmp_path_factory, "kdpl-run")
     with pytest.raises(ValueError, match=r"kdpl-coop trains without labels.*base method \+ ATLaS"):
-        run(tiny_pets_config(root, method="kdpl-coop", method_options=TEACHER, schedule=Atlas(2),
-                             soft_labels=atlas_preset("base2new", "isl")))
+        run(tiny_pets_config(root, method="kdpl-coop", method_options=TEACHER, schedule=Alternating(2),
+                             soft_labels=soft_label_preset("base2new", "isl")))
     record = run(tiny_pets_config(root, method="kdpl-coop", method_options=TEACHER))
     assert record["config"]["method_config"]["teacher"] == "atlas-tiny-teacher"
     assert set(record["metrics"]) >= {"base", "new", "H"} and record["epochs"][-1]["loss"] >= 0

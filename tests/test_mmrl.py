@@ -397,12 +397,12 @@ def test_train_base_to_new_from_the_command_line_with_and_without_atlas_isl(root
 
 @pytest.mark.parametrize("name", ["mmrl", pytest.param("mmrl++", marks=pytest.mark.slow)])
 def test_python_api_trains_with_atlas_isl(root, name):
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine import run
 
     record = run(tiny_pets_config(root, method=name, shots=2, views=2, method_options=dict(depth=2, rep_dim=8),
-                                  schedule=Atlas(2), soft_labels=atlas_preset("base2new", "isl")))
+                                  schedule=Alternating(2), soft_labels=soft_label_preset("base2new", "isl")))
     assert record["config"]["recipe"]["optimizer"] == "adamw"
     assert set(record["metrics"]) >= {"base", "new", "H"} and [e["soft"] for e in record["epochs"]] == [False, True]
     assert all(e["loss"] > 0 for e in record["epochs"])

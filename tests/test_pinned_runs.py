@@ -7,7 +7,7 @@ significant digits (bit-exact values differ between CPUs' vector units); names a
 import pytest
 import torch
 
-from atlas_fast.atlas.variants import atlas_variant
+from atlas_fast.atlas.variants import label_variant
 from atlas_fast.engine import run_group
 from helpers import eight_class_pets, tiny_pets_config
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def variant(setting, kind, schedule="auto"):
-    chosen = atlas_variant(setting, kind, schedule)
+    chosen = label_variant(setting, kind, schedule)
     return dict(schedule=chosen.schedule, soft_labels=chosen.soft_labels)
 
 

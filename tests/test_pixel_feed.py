@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import atlas_fast.engine.pixels as pixels_module
-from atlas_fast.atlas.schedules import Atlas, OneHot
-from atlas_fast.atlas.softlabels import atlas_preset
+from atlas_fast.atlas.schedules import Alternating, OneHot
+from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.clip.transforms import load_views
 from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
@@ -102,7 +102,7 @@ def test_a_group_decodes_each_view_of_a_step_and_each_test_image_once(pets, monk
                   cache_root=pets / "cache", results_dir=pets / "results-decodes", progress=False, workers=0)
     configs = [TrainConfig(**common, seed=seed, schedule=schedule, soft_labels=soft)
                for seed in (1, 2) for schedule, soft in ((OneHot(), None),
-                                                         (Atlas(2), atlas_preset("base2new", "ls")))]
+                                                         (Alternating(2), soft_label_preset("base2new", "ls")))]
     records = run_group(configs)
     assert all(r["timings"]["batch_runs"] == 4 for r in records)
     # each step decodes the distinct images of the runs' batches of the step once: a seed's two variants share

@@ -22,8 +22,8 @@ from atlas_fast.methods.ivlp import IVLPConfig
 from atlas_fast.methods.maple import MaPLeConfig
 from atlas_fast.methods.promptsrc import PromptSRCConfig
 from atlas_fast.engine.pixels import ImageViews
-from atlas_fast.atlas.schedules import Atlas
-from atlas_fast.atlas.softlabels import atlas_preset
+from atlas_fast.atlas.schedules import Alternating
+from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.engine import TrainConfig, run
 from layouts import make_oxford_pets
 from registry_cases import cases, reads_pixels, small_options
@@ -132,7 +132,7 @@ def test_pixel_method_end_to_end_with_and_without_atlas(pets, method):
     config = pixel_config(pets, method, method_config=None, method_options=options, results_dir=pets / f"e2e-{method}")
     plain = run(config)
     labels = method_class(method).uses_labels
-    atlas = run(replace(config, schedule=Atlas(2), soft_labels=atlas_preset("base2new", "ls"))) if labels else None
+    atlas = run(replace(config, schedule=Alternating(2), soft_labels=soft_label_preset("base2new", "ls"))) if labels else None
     for record in filter(None, (plain, atlas)):
         metrics = record["metrics"]
         assert set(metrics) >= {"base", "new", "all", "H"}

@@ -113,8 +113,8 @@ def test_a_group_reads_its_test_features_and_zero_shot_references_once(data, mon
 def test_a_group_checks_each_training_set_against_the_cache_once(data, monkeypatch):
     """A seed's label variants train on the same images: a group of 2 seeds x 2 variants checks the cache for the
     training views of each seed's images once (2 checks, not 4: PromptSRC's check covers all V + 1 views)."""
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.cache import FeatureCache
 
     checked = []
@@ -126,7 +126,7 @@ def test_a_group_checks_each_training_set_against_the_cache_once(data, monkeypat
         return real(self, backbone, dataset, items, num_views=num_views, **kwargs)
 
     monkeypatch.setattr(FeatureCache, "build", counted)
-    variants = [LabelVariant("CoOp", OneHot()), LabelVariant("ls", Atlas(2), atlas_preset("base2new", "ls"))]
+    variants = [LabelVariant("CoOp", OneHot()), LabelVariant("ls", Alternating(2), soft_label_preset("base2new", "ls"))]
     records = run_grid(config(data, "train-checks"), ["OxfordPets"], variants, SEEDS[:2], progress=False,
                        execution=Execution("local", batch_runs=4))
     assert [r["timings"]["batch_runs"] for r in records] == [4] * 4

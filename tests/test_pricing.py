@@ -285,16 +285,16 @@ def test_a_pixel_group_is_planned_with_its_training_sets_its_distinct_test_image
     """Four IVLP runs (two seeds x two label variants) form one group of R = 4 with two training sets (a seed's
     variants read the same images) and the distinct test images of base, new and all; on a device too small for
     four runs' steps the planner lowers R to what fits and the plan says so."""
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine import memory
     from atlas_fast.methods.ivlp import IVLPConfig
     from atlas_fast.sweep import describe_plan, plan_sweep
 
     small = IVLPConfig(n_ctx_text=2, n_ctx_vision=2, depth_text=2, depth_vision=2)
     plain = configs(pets, "pixel-plan", method="ivlp", method_config=small)
-    atlas = configs(pets, "pixel-plan", method="ivlp", method_config=small, schedule=Atlas(2),
-                    soft_labels=atlas_preset("base2new", "ls"))
+    atlas = configs(pets, "pixel-plan", method="ivlp", method_config=small, schedule=Alternating(2),
+                    soft_labels=soft_label_preset("base2new", "ls"))
     specs = plan_sweep(plain + atlas)
     (group,) = est.plan_facts(specs, 4).groups
     tests = {d.impath for split in specs[0].data.splits.values() for d in split.test}

@@ -398,15 +398,15 @@ def test_the_teacher_s_prompted_views_come_from_a_cache_file_of_its_weights_and_
 
 
 def test_runs_train_without_labels_on_the_domain_and_label_schedules_are_refused(tmp_path_factory):
-    from atlas_fast.atlas.schedules import Atlas
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.schedules import Alternating
+    from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine import run
 
     root = small_pets(tmp_path_factory, "promptkd-run")
     options = {**TEACHER, "depth_vision": 2}
     with pytest.raises(ValueError, match=r"promptkd trains without labels.*\+ ATLaS"):
-        run(tiny_pets_config(root, method="promptkd", method_options=options, schedule=Atlas(2),
-                             soft_labels=atlas_preset("base2new", "isl")))
+        run(tiny_pets_config(root, method="promptkd", method_options=options, schedule=Alternating(2),
+                             soft_labels=soft_label_preset("base2new", "isl")))
     record = run(tiny_pets_config(root, method="promptkd", method_options=options))
     assert record["config"]["method_config"]["teacher"] == "atlas-tiny-teacher"
     assert record["data"]["num_train"] == 16 and len(record["data"]["classnames"]) == 4

@@ -19,7 +19,7 @@ from atlas_fast.report.formats import latex_table, markdown_table
 from atlas_fast.report.rows import TableRow
 from atlas_fast.report.stats import paired_difference
 from atlas_fast.engine.evaluate import harmonic_mean
-from atlas_fast.atlas.variants import atlas_period
+from atlas_fast.atlas.variants import alternation_period
 
 SCHEDULES = {"coop": ({"name": "onehot"}, None), "atlas": ({"name": "atlas", "period": 2}, "ls"),
              "isl": ({"name": "atlas", "period": 2}, "isl")}
@@ -42,7 +42,7 @@ def record(dataset, method, variant, seed, metrics, setting="base2new", shots=16
     fields the report and the validity checks read)."""
     schedule, soft = SCHEDULES[variant]
     if schedule["name"] == "atlas":  # the paper's K of the setting: no row is marked for another K
-        schedule = {**schedule, "period": atlas_period(setting)}
+        schedule = {**schedule, "period": alternation_period(setting)}
     epochs = _recipe_epochs(method, setting, shots, dataset)  # full-recipe runs: no row is marked as shortened
     config = {"dataset": dataset, "backbone": {"model": "ViT-B-16", "pretrained": "openai"}, "method": method,
               "method_config": {"n_ctx": 4}, "recipe_family": "paper", "recipe": {"epochs": epochs, "lr": 0.002},

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import small_pets, tiny_pets_config
 
-from atlas_fast.atlas.variants import atlas_variant
+from atlas_fast.atlas.variants import label_variant
 from atlas_fast.engine.deviations import deviation_note, run_deviations, runs_deviations, table_marks
 
 
@@ -20,7 +20,7 @@ def pets(tmp_path_factory):
 
 
 def isl_config(root, method, **changes):
-    variant = atlas_variant("base2new", "isl", **changes.pop("soft", {}))
+    variant = label_variant("base2new", "isl", **changes.pop("soft", {}))
     options = {"depth": 2} if method == "maple" else None  # MaPLe's 9 prompt layers exceed the tiny towers
     return tiny_pets_config(root, method=method, method_options=options, soft_labels=variant.soft_labels,
                             schedule=variant.schedule, **changes)

@@ -150,7 +150,7 @@ def test_one_record_per_run_keeps_the_fullest_then_the_newest():
 def test_train_and_experiment_share_their_runs(pets, tmp_path, monkeypatch, capsys):
     """`train` evaluates base, new and all; `experiment fig_sensitivity` asks for base and new of the same runs."""
     from atlas_fast.cli import main
-    from atlas_fast.atlas.variants import atlas_period
+    from atlas_fast.atlas.variants import alternation_period
 
     data = pets / "data"
     common = ["--data-root", str(data), "--model", "atlas-tiny", "--pretrained", "none", "--epochs", "2",
@@ -161,7 +161,7 @@ def test_train_and_experiment_share_their_runs(pets, tmp_path, monkeypatch, caps
     assert len(records) == 1 and "all" in json.loads(records[0].read_text())["metrics"]
     before = records[0].stat().st_mtime_ns
     capsys.readouterr()
-    experiment = ["experiment", "fig_sensitivity", "--param", "K", "--values", str(atlas_period("base2new")),
+    experiment = ["experiment", "fig_sensitivity", "--param", "K", "--values", str(alternation_period("base2new")),
                   "--datasets", "OxfordPets", "--seeds", "1", "--out", str(tmp_path / "out"), *common]
     assert main([*experiment, "--dry-run"]) == 0
     assert "1 runs: 1 finished, 0 to run" in capsys.readouterr().out

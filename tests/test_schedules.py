@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from atlas_fast.atlas.schedules import Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD, soft_cross_entropy
+from atlas_fast.atlas.schedules import Alternating, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD, soft_cross_entropy
 
 
 @pytest.mark.parametrize("period, soft_epochs", [
@@ -14,14 +14,14 @@ from atlas_fast.atlas.schedules import Atlas, Joint, OneHot, OnlineLabelSmoothin
     (3, [2, 5, 8]),
 ])
 def test_atlas_epoch_pattern(period, soft_epochs):
-    schedule = Atlas(period)
+    schedule = Alternating(period)
     assert [e for e in range(9) if schedule.uses_soft_labels(e)] == soft_epochs
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
 def test_atlas_rejects_bad_period(bad):
     with pytest.raises(ValueError, match=">= 1"):
-        Atlas(bad)
+        Alternating(bad)
 
 
 def test_soft_cross_entropy_hand_case():
@@ -35,7 +35,7 @@ def test_atlas_loss_switches_between_one_hot_and_soft():
     logits = torch.tensor([[0.0, math.log(3.0)], [math.log(3.0), 0.0]])
     labels = torch.tensor([1, 1])
     soft = torch.tensor([[0.1, 0.9], [0.1, 0.9]])
-    schedule = Atlas(2)
+    schedule = Alternating(2)
     hard = -(math.log(0.75) + math.log(0.25)) / 2
     softv = -((0.1 * math.log(0.25) + 0.9 * math.log(0.75)) + (0.1 * math.log(0.75) + 0.9 * math.log(0.25))) / 2
     assert schedule.loss(0, logits, labels, soft).item() == pytest.approx(hard, rel=1e-6)
@@ -90,13 +90,13 @@ def test_tfkd_teacher_and_loss():
 def test_describe_gives_the_name_and_every_hyper_parameter():
     """A record stores a schedule as its description; the report names variants from it."""
     assert OneHot().describe() == {"name": "onehot"} and Joint().describe() == {"name": "joint"}
-    assert Atlas(3).describe() == {"name": "atlas", "period": 3}
+    assert Alternating(3).describe() == {"name": "atlas", "period": 3}
     assert OnlineLabelSmoothing(0.3).describe() == {"name": "ols", "alpha": 0.3}
     assert TeacherFreeKD(0.8, 0.2, 4.0).describe() == {"name": "tfkd", "a": 0.8, "alpha": 0.2, "tau": 4.0}
 
 
 def test_only_one_hot_is_plain_and_only_ols_observes_predictions():
-    schedules = (OneHot(), Atlas(2), Joint(), OnlineLabelSmoothing(), TeacherFreeKD())
+    schedules = (OneHot(), Alternating(2), Joint(), OnlineLabelSmoothing(), TeacherFreeKD())
     assert [s.name for s in schedules if s.plain] == ["onehot"]
     assert [s.name for s in schedules if s.observes_predictions] == ["ols"]
 
@@ -118,5 +118,5 @@ def test_runs_cross_entropy_is_each_run_s_own_loss():
     (expected,) = torch.autograd.grad(alone.sum(), logits)
     torch.testing.assert_close(together, alone, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-7)
-    assert [Atlas(2).cross_entropy_kind(e) for e in range(3)] == ["hard", "soft", "hard"]
+    assert [Alternating(2).cross_entropy_kind(e) for e in range(3)] == ["hard", "soft", "hard"]
     assert OneHot().cross_entropy_kind(1) == "hard" and OnlineLabelSmoothing().cross_entropy_kind(0) is None

@@ -21,8 +21,8 @@ import optuna
 import pytest
 import torch
 
-from atlas_fast.atlas.schedules import Atlas
-from atlas_fast.atlas.softlabels import atlas_preset
+from atlas_fast.atlas.schedules import Alternating
+from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.feed import prepare_inputs
@@ -49,8 +49,8 @@ def world(tmp_path_factory):
 
 def base_config(root: Path, results: str = "results", **changes) -> TrainConfig:
     fields = dict(dataset="WorldPhotos", data_root=root / "data", backbone=BackboneConfig("atlas-world", "atlas-world"),
-                  shots=4, epochs=EPOCHS, views=2, batch_size=8, lr=0.002, schedule=Atlas(2),
-                  soft_labels=atlas_preset("base2new", "isl"), method_options={"n_ctx": 4}, device="cpu",
+                  shots=4, epochs=EPOCHS, views=2, batch_size=8, lr=0.002, schedule=Alternating(2),
+                  soft_labels=soft_label_preset("base2new", "isl"), method_options={"n_ctx": 4}, device="cpu",
                   cache_root=root / "cache", results_dir=root / results, progress=False)
     return TrainConfig(**{**fields, **changes})
 
@@ -76,8 +76,8 @@ def test_a_retired_run_leaves_the_other_runs_of_its_group_as_if_trained_without_
     losses) of the same runs trained alone, and run 1 stops logging. It either sits out the remaining steps in the
     module or (``regroup``) the loop goes on with a module of the two survivors, their optimiser state carried."""
     configs = [base_config(world, "hook", seed=1),
-               base_config(world, "hook", seed=2, soft_labels=atlas_preset("base2new", "csl")),
-               base_config(world, "hook", seed=3, schedule=Atlas(1))]
+               base_config(world, "hook", seed=2, soft_labels=soft_label_preset("base2new", "csl")),
+               base_config(world, "hook", seed=3, schedule=Alternating(1))]
     specs = [plan_run(c) for c in configs]
     backbone = specs[0].backbone()
     inputs = [prepare_inputs(s, backbone, {}) for s in specs]

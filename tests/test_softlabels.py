@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone
 from atlas_fast.data.base import DatasetSplits, Datum
-from atlas_fast.atlas.softlabels import (SoftLabelConfig, atlas_preset, class_soft_labels,
+from atlas_fast.atlas.softlabels import (SoftLabelConfig, soft_label_preset, class_soft_labels,
                                    compute_soft_labels, instance_soft_labels, mixed_soft_labels, uniform_ls)
 
 
@@ -82,13 +82,13 @@ def test_isl_by_hand_for_both_deltas():
 
 
 def test_presets_follow_the_paper():
-    b2n, fs, xd = atlas_preset("base2new", "csl"), atlas_preset("few_shot", "isl"), atlas_preset("cross_dataset")
+    b2n, fs, xd = soft_label_preset("base2new", "csl"), soft_label_preset("few_shot", "isl"), soft_label_preset("cross_dataset")
     assert (b2n.kind, b2n.theta, b2n.tau_c, b2n.alpha, b2n.delta) == ("csl", 0.1, 0.05, 0.1, "wrong_only")
     assert (fs.kind, fs.theta, fs.tau_c, fs.alpha, fs.delta) == ("isl", 0.05, 0.02, 0.1, "always")
     assert (xd.kind, xd.theta, xd.tau_c, xd.alpha, xd.delta) == ("ls", 0.1, 0.04, 1.0, "wrong_only")
-    assert atlas_preset("few_shot", "mix", w=0.5).w == 0.5
+    assert soft_label_preset("few_shot", "mix", w=0.5).w == 0.5
     with pytest.raises(ValueError, match="known"):
-        atlas_preset("zero_shot")
+        soft_label_preset("zero_shot")
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -115,25 +115,25 @@ def test_compute_isl_and_csl_from_the_backbone(tiny):
     probs = torch.softmax(tiny.model.logit_scale.exp() * F.normalize(features, dim=-1)
                           @ F.normalize(text, dim=-1).t(), dim=1)
 
-    isl = compute_soft_labels(atlas_preset("base2new", "isl"), tiny, splits, features)
+    isl = compute_soft_labels(soft_label_preset("base2new", "isl"), tiny, splits, features)
     torch.testing.assert_close(isl, instance_soft_labels(probs, labels, 0.1, "wrong_only"))
-    csl = compute_soft_labels(atlas_preset("base2new", "csl"), tiny, splits, features)
+    csl = compute_soft_labels(soft_label_preset("base2new", "csl"), tiny, splits, features)
     torch.testing.assert_close(csl, class_soft_labels(text, 0.05)[labels])
-    mix = compute_soft_labels(atlas_preset("base2new", "mix", w=0.3), tiny, splits, features)
+    mix = compute_soft_labels(soft_label_preset("base2new", "mix", w=0.3), tiny, splits, features)
     torch.testing.assert_close(mix, 0.3 * csl + 0.7 * isl)
-    ls = compute_soft_labels(atlas_preset("few_shot"), tiny, splits, features)
+    ls = compute_soft_labels(soft_label_preset("few_shot"), tiny, splits, features)
     torch.testing.assert_close(ls, uniform_ls(labels, 4, 0.05))
     for rows in (isl, csl, mix, ls):
         assert rows.shape == (10, 4) and rows.dtype == torch.float32
         torch.testing.assert_close(rows.sum(1), torch.ones(10))
     with pytest.raises(ValueError, match=r"must be \(10, D\)"):
-        compute_soft_labels(atlas_preset("base2new", "isl"), tiny, splits, features[:3])
+        compute_soft_labels(soft_label_preset("base2new", "isl"), tiny, splits, features[:3])
 
 
 def test_store_computes_once_and_keys_on_inputs(tiny, tmp_path, monkeypatch):
     splits = small_splits()
     features = torch.randn(10, tiny.embed_dim)
-    config = atlas_preset("base2new", "mix")
+    config = soft_label_preset("base2new", "mix")
     first = compute_soft_labels(config, tiny, splits, features, store_dir=tmp_path)
     assert len(list(tmp_path.glob("mix-*.pt"))) == 1
 
@@ -145,7 +145,7 @@ def test_store_computes_once_and_keys_on_inputs(tiny, tmp_path, monkeypatch):
     monkeypatch.undo()
 
     # anything the rows depend on gives a new entry: hyper-parameters, image features, class prompts
-    compute_soft_labels(atlas_preset("base2new", "mix", w=0.6), tiny, splits, features, store_dir=tmp_path)
+    compute_soft_labels(soft_label_preset("base2new", "mix", w=0.6), tiny, splits, features, store_dir=tmp_path)
     compute_soft_labels(config, tiny, splits, features + 1, store_dir=tmp_path)
     compute_soft_labels(config, tiny, splits.with_lists(template="a photo of a {}."), features, store_dir=tmp_path)
     assert len(list(tmp_path.glob("mix-*.pt"))) == 4

@@ -15,7 +15,7 @@ import contextlib
 import pytest
 import torch
 
-from atlas_fast.atlas.schedules import Atlas, OneHot
+from atlas_fast.atlas.schedules import Alternating, OneHot
 from atlas_fast.clip.text_encoder import graph_length_groups
 from atlas_fast.engine.loop import train_runs
 from atlas_fast.engine.step import RunState
@@ -77,7 +77,7 @@ def _group(tiny, name, runs=3, seed=0, sizes=SIZES, schedules=None):
     method = entry.build(tiny, CLASSES, config)
     generator = torch.Generator().manual_seed(seed)
     states = []
-    schedules = schedules or [OneHot(), Atlas(2), Atlas(1)]
+    schedules = schedules or [OneHot(), Alternating(2), Alternating(1)]
     for r in range(runs):
         n = sizes[r]
         features = torch.randn(n, tiny.embed_dim, generator=generator)
@@ -237,7 +237,7 @@ def test_a_graphed_step_is_its_replay_and_reads_nothing_back(tiny, fake_graphs, 
     from atlas_fast.engine import step as step_module
     from atlas_fast.engine.graphs import DispatchCount
 
-    method, states = _group(tiny, "dept-kgcoop", runs=2, sizes=(16, 16), schedules=[OneHot(), Atlas(1)])
+    method, states = _group(tiny, "dept-kgcoop", runs=2, sizes=(16, 16), schedules=[OneHot(), Alternating(1)])
     outside, inside = DispatchCount(), DispatchCount()
     events, state = [], {"eager": 0, "epoch": 0}
 

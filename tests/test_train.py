@@ -9,7 +9,7 @@ import torch
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.evaluate import harmonic_mean, top1_accuracy
 from atlas_fast.methods.config import OptimRecipe
-from atlas_fast.atlas.schedules import Atlas, OneHot
+from atlas_fast.atlas.schedules import Alternating, OneHot
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.loop import lr_at_epoch
 from helpers import tiny_pets_config
@@ -112,7 +112,7 @@ def test_identical_config_is_skipped(pets, monkeypatch):
 
 def test_config_validation():
     with pytest.raises(ValueError, match="set soft_labels"):
-        TrainConfig("OxfordPets", "data", schedule=Atlas(2))
+        TrainConfig("OxfordPets", "data", schedule=Alternating(2))
     with pytest.raises(ValueError, match="never uses them"):
         TrainConfig("OxfordPets", "data", schedule=OneHot(), soft_labels=object())
     with pytest.raises(ValueError, match="setting must be one of"):
@@ -136,11 +136,11 @@ def test_config_validation():
 ])
 def test_every_schedule_trains(pets, schedule, kind, soft_flags):
     from atlas_fast.atlas.schedules import Joint, OnlineLabelSmoothing, TeacherFreeKD
-    from atlas_fast.atlas.softlabels import atlas_preset
+    from atlas_fast.atlas.softlabels import soft_label_preset
 
-    build = {"atlas2": lambda: Atlas(2), "atlas3": lambda: Atlas(3), "atlas1": lambda: Atlas(1), "joint": Joint,
+    build = {"atlas2": lambda: Alternating(2), "atlas3": lambda: Alternating(3), "atlas1": lambda: Alternating(1), "joint": Joint,
              "ols": OnlineLabelSmoothing, "tfkd": TeacherFreeKD}[schedule]
-    soft = atlas_preset("base2new", kind) if kind else None
+    soft = soft_label_preset("base2new", kind) if kind else None
     # a non-default aug_seed puts the train views in their own cache file (soft labels read view 0 from it)
     record = run(tiny_config(pets, results_dir=pets / f"sched-{schedule}", epochs=4, schedule=build(),
                              soft_labels=soft, aug_seed=3 if schedule == "atlas3" else 0))
@@ -198,7 +198,7 @@ def test_atlas_with_one_hot_soft_labels_is_plain_coop(pets):
     from atlas_fast.atlas.softlabels import SoftLabelConfig
 
     coop = run(tiny_config(pets, results_dir=pets / "results-theta0"))
-    atlas = run(tiny_config(pets, results_dir=pets / "results-theta0", schedule=Atlas(2),
+    atlas = run(tiny_config(pets, results_dir=pets / "results-theta0", schedule=Alternating(2),
                             soft_labels=SoftLabelConfig(kind="ls", theta=0.0)))
     assert [row["soft"] for row in atlas["epochs"]] == [False, True] * 4
     assert [row["loss"] for row in atlas["epochs"]] == pytest.approx([row["loss"] for row in coop["epochs"]],

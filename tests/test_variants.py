@@ -5,15 +5,15 @@ must stay findable: its name is its identity)."""
 import pytest
 import torch
 
-from atlas_fast.atlas.schedules import Atlas, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD
-from atlas_fast.atlas.softlabels import atlas_preset
-from atlas_fast.atlas.variants import (ablation_row_name, atlas_period, atlas_variant, atlas_variants, row_name,
+from atlas_fast.atlas.schedules import Alternating, Joint, OneHot, OnlineLabelSmoothing, TeacherFreeKD
+from atlas_fast.atlas.softlabels import soft_label_preset
+from atlas_fast.atlas.variants import (ablation_row_name, alternation_period, label_variant, paper_variants, row_name,
                                        run_variant_name)
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.spec import config_key, describe_run, record_stem, resolve_recipe
 
-# (setting, atlas_variant arguments) -> (record stem, train line name, table row, curve row, ablation row); the
-# stems were computed from the hand-assembled schedules and presets before atlas_variant existed.
+# (setting, label_variant arguments) -> (record stem, train line name, table row, curve row, ablation row); the
+# stems were computed from the hand-assembled schedules and presets before label_variant existed.
 PINNED = [
     (("base2new", "none"), {}, "coop-onehot-base2new-16shot-seed1-d625a52e4ee8", "coop", "", "", ""),
     (("base2new", "ls"), {}, "coop-atlas2-ls-base2new-16shot-seed1-afd712d074f8", "coop+ATLaS (K=2)", "+ ATLaS",
@@ -51,7 +51,7 @@ def _stem(setting, variant):
 
 @pytest.mark.parametrize("args,kwargs,stem,line,row,curve,ablation", PINNED, ids=[str(p[0] + tuple(p[1])) for p in PINNED])
 def test_a_variant_keeps_its_record_name_and_labels(args, kwargs, stem, line, row, curve, ablation):
-    variant = atlas_variant(*args, **kwargs)
+    variant = label_variant(*args, **kwargs)
     assert _stem(args[0], variant) == stem
     described, kind = variant.schedule.describe(), variant.soft_labels.kind if variant.soft_labels else None
     assert run_variant_name("coop", described, kind) == line
@@ -63,24 +63,24 @@ def test_a_variant_keeps_its_record_name_and_labels(args, kwargs, stem, line, ro
 
 def test_a_method_name_ending_in_plus_is_set_apart_from_its_label_schedule():
     """MMRL++'s runs printed 'mmrl+++ATLaS-ISL (K=2)' (which plus is whose?); the others keep their names."""
-    described = atlas_variant("base2new", "isl").schedule.describe()
+    described = label_variant("base2new", "isl").schedule.describe()
     assert run_variant_name("mmrl++", described, "isl") == "mmrl++ + ATLaS-ISL (K=2)"
-    assert run_variant_name("mmrl++", atlas_variant("base2new", "none", "ols").schedule.describe(), None) == "mmrl++ + OLS"
+    assert run_variant_name("mmrl++", label_variant("base2new", "none", "ols").schedule.describe(), None) == "mmrl++ + OLS"
     assert run_variant_name("mmrl++", OneHot().describe(), None) == "mmrl++"
     assert run_variant_name("mmrl", described, "isl") == "mmrl+ATLaS-ISL (K=2)"
 
 
 def test_presets_are_the_papers():
-    assert [atlas_period(s) for s in ("base2new", "few_shot", "cross_dataset")] == [2, 3, 3]
-    few_shot = atlas_variant("few_shot", "isl")
-    assert few_shot.schedule == Atlas(3) and few_shot.soft_labels == atlas_preset("few_shot", "isl")
-    assert atlas_variant("base2new", "none").schedule == OneHot()
-    assert atlas_variant("base2new", "csl", "joint").schedule == Joint()
-    assert atlas_variant("base2new", "none", "ols", schedule_options={"alpha": 0.3}).schedule == \
+    assert [alternation_period(s) for s in ("base2new", "few_shot", "cross_dataset")] == [2, 3, 3]
+    few_shot = label_variant("few_shot", "isl")
+    assert few_shot.schedule == Alternating(3) and few_shot.soft_labels == soft_label_preset("few_shot", "isl")
+    assert label_variant("base2new", "none").schedule == OneHot()
+    assert label_variant("base2new", "csl", "joint").schedule == Joint()
+    assert label_variant("base2new", "none", "ols", schedule_options={"alpha": 0.3}).schedule == \
         OnlineLabelSmoothing(0.3)
-    assert atlas_variant("base2new", "none", "tfkd").schedule == TeacherFreeKD()
-    assert atlas_variant("base2new", "mix", w=0.5).soft_labels.w == 0.5
-    assert [v.name for v in atlas_variants("base2new")] == ["baseline", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL"]
+    assert label_variant("base2new", "none", "tfkd").schedule == TeacherFreeKD()
+    assert label_variant("base2new", "mix", w=0.5).soft_labels.w == 0.5
+    assert [v.name for v in paper_variants("base2new")] == ["baseline", "+ ATLaS", "+ ATLaS-CSL", "+ ATLaS-ISL"]
 
 
 @pytest.mark.parametrize("args,kwargs,message", [
@@ -93,4 +93,4 @@ def test_presets_are_the_papers():
 ])
 def test_impossible_variants_are_refused(args, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        atlas_variant(*args, **kwargs)
+        label_variant(*args, **kwargs)

@@ -50,7 +50,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
     from atlas_fast.report.formats import latex_table, markdown_table
     from atlas_fast.report.rows import aggregate
     from atlas_fast.clip.backbones import BackboneConfig
-    from atlas_fast.atlas.variants import atlas_variants
+    from atlas_fast.atlas.variants import paper_variants
     from atlas_fast.sweep import run_grid
     from atlas_fast.engine import TrainConfig
     from atlas_fast.world.benchmark import generate_benchmark
@@ -71,7 +71,7 @@ def run_demo(config: DemoConfig, progress: bool = True) -> str:
                        setting="base2new", shots=config.shots, views=config.views, epochs=config.epochs,
                        device=config.device, graph_steps=config.graph_steps, cache_root=config.cache_root, results_dir=config.results_dir,
                        progress=False)
-    variants = atlas_variants("base2new")
+    variants = paper_variants("base2new")
     phases["world"], clock = time.perf_counter() - clock, time.perf_counter()
     stage(f"demo 2/{count}: {len(config.datasets) * len(variants) * len(config.seeds)} runs (CoOp and + ATLaS, "
           f"-CSL, -ISL x seeds {', '.join(map(str, config.seeds))}); the feature cache is built on first use")

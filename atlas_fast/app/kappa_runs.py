@@ -15,8 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from atlas_fast.atlas.softlabels import atlas_preset
-from atlas_fast.atlas.variants import SOFT_LABEL_NAMES, atlas_period
+from atlas_fast.atlas.softlabels import soft_label_preset
+from atlas_fast.atlas.variants import SOFT_LABEL_NAMES, alternation_period
 from atlas_fast.report.rows import variant_name
 from atlas_fast.report.stats import paired_by_seed
 from atlas_fast.vocabulary import SOFT_LABEL_KINDS
@@ -48,11 +48,11 @@ def run_kappa(config: TrainConfig, record: dict[str, Any], kinds: Sequence[str] 
     soft = {}
     for kind in kinds:
         own = spec.config.soft_labels
-        soft_config = own if own is not None and own.kind == kind else atlas_preset(spec.config.setting, kind)
+        soft_config = own if own is not None and own.kind == kind else soft_label_preset(spec.config.setting, kind)
         rows = compute_soft_labels(soft_config, backbone, split, features,
                                    store_dir=Path(spec.config.cache_root) / "softlabels")
         soft[kind] = (rows, soft_config.theta)
-    period = getattr(spec.config.schedule, "period", None) or atlas_period(spec.config.setting)
+    period = getattr(spec.config.schedule, "period", None) or alternation_period(spec.config.setting)
     final, snapshots = split_snapshots(load_learned(record["path"]))
     entry = spec.method
     torch.manual_seed(spec.config.seed)  # the run's own initialisation (engine.pipeline.build_group_method)

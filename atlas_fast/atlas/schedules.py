@@ -8,7 +8,7 @@ several terms (DePT's head) without the extra terms reaching a schedule's statis
 
 - :class:`OneHot` - the baseline, CE(z, y) as every reference trainer uses (``docs/method-zoo.md``, section ATLaS in
   every method).
-- :class:`Atlas` - ATLaS (the paper, Algorithm 1): epoch ``e`` (0-based) trains on the soft labels iff
+- :class:`Alternating` - ATLaS (the paper, Algorithm 1): epoch ``e`` (0-based) trains on the soft labels iff
   ``(e + 1) % K == 0``, otherwise on one-hot labels. ``K = 1`` is soft labels every epoch (the "+ LS/CSL/ISL"
   rows of the ablation table, no alternation).
 - :class:`Joint` - the "soft + y" rows of the ablation table: two CE terms every iteration, CE(y) + CE(soft).
@@ -128,9 +128,11 @@ class OneHot(LabelSchedule):
 
 
 @dataclass
-class Atlas(LabelSchedule):
-    """ATLaS: one-hot labels for K - 1 epochs, then soft labels for one epoch, repeated (paper Algorithm 1:
-    soft iff ``(e + 1) mod K == 0`` for 0-based epoch ``e``). ``period=1`` = soft labels every epoch."""
+class Alternating(LabelSchedule):
+    """ATLaS's schedule: one-hot labels for K - 1 epochs, then soft labels for one epoch, repeated (paper Algorithm
+    1: soft iff ``(e + 1) mod K == 0`` for 0-based epoch ``e``). ``period=1`` = soft labels every epoch. Its
+    ``name`` is "atlas", as records store it and ``--schedule atlas`` chooses it; ``--atlas KIND`` chooses the soft
+    labels it reads (``soft_kind`` in code)."""
 
     period: int = 2
     name: ClassVar[str] = "atlas"

@@ -89,7 +89,7 @@ ATLAS_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def atlas_preset(setting: str, kind: SoftLabelKind = "ls", **overrides: Any) -> SoftLabelConfig:
+def soft_label_preset(setting: str, kind: SoftLabelKind = "ls", **overrides: Any) -> SoftLabelConfig:
     """The paper's soft-label hyper-parameters for ``setting`` (base2new | few_shot | cross_dataset)."""
     if setting not in ATLAS_PRESETS:
         raise ValueError(f"No ATLaS preset for setting {setting!r}; known: {sorted(ATLAS_PRESETS)}")

@@ -3,8 +3,8 @@
 A variant is a label schedule with the soft labels it reads (:class:`LabelVariant`): the plain method (one-hot),
 ATLaS with LS / CSL / ISL / their mix (soft labels every K-th epoch; K = 1 is soft labels every epoch, the "+ LS"
 rows of Fig. 1 and the ablation), the ablation's "soft + y" rows (:class:`~atlas_fast.atlas.schedules.Joint`) and
-the Fig. 1 baselines OLS and TF-KD. :func:`atlas_variant` builds one from a setting's paper presets (K here, the
-soft-label hyper-parameters in :func:`atlas_fast.atlas.softlabels.atlas_preset`); the command line, the sweeps,
+the Fig. 1 baselines OLS and TF-KD. :func:`label_variant` builds one from a setting's paper presets (K here, the
+soft-label hyper-parameters in :func:`atlas_fast.atlas.softlabels.soft_label_preset`); the command line, the sweeps,
 the experiments and the report all take their variants and printed names from this module.
 
 The naming functions read a run's *described* schedule (``LabelSchedule.describe()``, as a record stores it) and
@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from atlas_fast.atlas.schedules import Atlas, Joint, LabelSchedule, OneHot, OnlineLabelSmoothing, TeacherFreeKD
-from atlas_fast.atlas.softlabels import SoftLabelConfig, atlas_preset
+from atlas_fast.atlas.schedules import Alternating, Joint, LabelSchedule, OneHot, OnlineLabelSmoothing, TeacherFreeKD
+from atlas_fast.atlas.softlabels import SoftLabelConfig, soft_label_preset
 from atlas_fast.vocabulary import (NO_SOFT_LABELS, PAPER_SOFT_LABEL_KINDS, SCHEDULE_CHOICES as _SCHEDULE_CHOICES, SCHEDULES,
                                    SOFT_LABEL_CHOICES, SOFT_LABEL_KINDS, SOFT_LABEL_SCHEDULES)
 
 # The paper's ATLaS period K by setting (appendix "Implementation Details"): soft labels on every K-th epoch.
-ATLAS_PERIODS: dict[str, int] = {"base2new": 2, "few_shot": 3, "cross_dataset": 3}
+ALTERNATION_PERIODS: dict[str, int] = {"base2new": 2, "few_shot": 3, "cross_dataset": 3}
 
 
 @dataclass(frozen=True)
@@ -55,14 +55,14 @@ class LabelVariant:
     soft_labels: SoftLabelConfig | None = None
 
 
-def atlas_period(setting: str) -> int:
+def alternation_period(setting: str) -> int:
     """The paper's ATLaS period K for ``setting`` (base2new | few_shot | cross_dataset)."""
-    if setting not in ATLAS_PERIODS:
-        raise ValueError(f"No ATLaS preset for setting {setting!r}; known: {sorted(ATLAS_PERIODS)}")
-    return ATLAS_PERIODS[setting]
+    if setting not in ALTERNATION_PERIODS:
+        raise ValueError(f"No ATLaS preset for setting {setting!r}; known: {sorted(ALTERNATION_PERIODS)}")
+    return ALTERNATION_PERIODS[setting]
 
 
-def atlas_variant(setting: str, soft: str = "ls", schedule: str = "auto", *, period: int | None = None,
+def label_variant(setting: str, soft: str = "ls", schedule: str = "auto", *, period: int | None = None,
                   schedule_options: Mapping[str, Any] | None = None, **soft_overrides: Any) -> LabelVariant:
     """The variant with soft labels ``soft`` (none | ls | csl | isl | mix) under ``schedule`` (auto | atlas | joint
     | ols | tfkd; auto = atlas with soft labels, one-hot without), from ``setting``'s paper presets.
@@ -82,12 +82,12 @@ def atlas_variant(setting: str, soft: str = "ls", schedule: str = "auto", *, per
     if period is not None and name != "atlas":
         raise ValueError(f"The ATLaS period K applies to the 'atlas' schedule only, not {name!r}.")
     options = dict(schedule_options or {})
-    soft_labels = atlas_preset(setting, soft, **soft_overrides) if soft != NO_SOFT_LABELS else None
+    soft_labels = soft_label_preset(setting, soft, **soft_overrides) if soft != NO_SOFT_LABELS else None
     built: LabelSchedule
     if name == "onehot":
         built = OneHot(**options)
     elif name == "atlas":
-        built = Atlas(period if period is not None else atlas_period(setting), **options)
+        built = Alternating(period if period is not None else alternation_period(setting), **options)
     elif name == "joint":
         built = Joint(**options)
     elif name == "ols":
@@ -104,10 +104,10 @@ def schedule_name(schedule: str, soft: str) -> str:
     return schedule if schedule != "auto" else ("onehot" if soft == NO_SOFT_LABELS else "atlas")
 
 
-def atlas_variants(setting: str, kinds: Sequence[str] = PAPER_SOFT_LABEL_KINDS) -> list[LabelVariant]:
+def paper_variants(setting: str, kinds: Sequence[str] = PAPER_SOFT_LABEL_KINDS) -> list[LabelVariant]:
     """The rows of the paper's Table III for ``setting``: the plain method, then + ATLaS with each soft-label kind,
     with the paper's K, θ, τ_c, α and δ for that setting."""
-    return [atlas_variant(setting, NO_SOFT_LABELS)] + [atlas_variant(setting, kind) for kind in kinds]
+    return [label_variant(setting, NO_SOFT_LABELS)] + [label_variant(setting, kind) for kind in kinds]
 
 
 def row_name(schedule: Mapping[str, Any], soft_kind: str | None, every_epoch_names: bool = False) -> str:

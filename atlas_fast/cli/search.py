@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="the prompt method (default coop)")
     add_run_options(search, ("recipe_family", "setting", "shots"))
     add_seeds(search, [1])
-    search.add_argument("--atlas", choices=SOFT_LABEL_CHOICES, default=NO_SOFT_LABELS,
+    search.add_argument("--atlas", dest="soft_kind", choices=SOFT_LABEL_CHOICES, default=NO_SOFT_LABELS,
                         help="soft labels of the base run (ATLaS with the setting's preset; default none)")
     space = search.add_argument_group("the study")
     space.add_argument("--param", action="append", default=[], metavar="NAME=SPEC", required=True,
@@ -74,11 +74,11 @@ def run_search_command(args: argparse.Namespace) -> int:
     from atlas_fast.data.check import require_layouts  # no torch
 
     require_layouts(args.datasets, args.data_root)  # every layout fault at once, before torch is imported
-    from atlas_fast.atlas.variants import atlas_variant
+    from atlas_fast.atlas.variants import label_variant
     from atlas_fast.report.stats import counted
     from atlas_fast.search import SearchConfig, run_search
 
-    variant = atlas_variant(args.setting, args.atlas)
+    variant = label_variant(args.setting, args.soft_kind)
     base = train_config(args, dataset=args.datasets[0], data_root=args.data_root, method=args.method,
                         method_options=options, seed=args.seeds[0], soft_labels=variant.soft_labels,
                         schedule=variant.schedule)

@@ -33,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_seeds(train, [1])
     add_run_options(train, ("subsample",))
     atlas = train.add_argument_group("label schedule (ATLaS and baselines)")
-    atlas.add_argument("--atlas", choices=SOFT_LABEL_CHOICES, default=NO_SOFT_LABELS,
+    atlas.add_argument("--atlas", dest="soft_kind", choices=SOFT_LABEL_CHOICES, default=NO_SOFT_LABELS,
                        help="soft labels: none (plain method), ls (uniform), csl (class-wise), isl (instance-wise), "
                             "mix (w*CSL + (1-w)*ISL)")
     atlas.add_argument("--schedule", choices=SCHEDULE_CHOICES, default="auto",
@@ -68,21 +68,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.set_defaults(func=run_train)
 
 
-def label_variant(args: argparse.Namespace):
+def variant_from_args(args: argparse.Namespace):
     """The :class:`~atlas_fast.atlas.variants.LabelVariant` (schedule and soft labels) the ``train`` flags ask for."""
-    from atlas_fast.atlas.variants import atlas_variant, schedule_name
+    from atlas_fast.atlas.variants import label_variant, schedule_name
 
-    name = schedule_name(args.schedule, args.atlas)
-    if name in SOFT_LABEL_SCHEDULES and args.atlas == NO_SOFT_LABELS:
+    name = schedule_name(args.schedule, args.soft_kind)
+    if name in SOFT_LABEL_SCHEDULES and args.soft_kind == NO_SOFT_LABELS:
         raise UsageError(f"--schedule {name} trains on soft labels: choose them with --atlas "
                          f"{'|'.join(SOFT_LABEL_KINDS)}.")
-    if name not in SOFT_LABEL_SCHEDULES and args.atlas != NO_SOFT_LABELS:
-        raise UsageError(f"--schedule {name} uses no offline soft labels; drop --atlas {args.atlas}.")
+    if name not in SOFT_LABEL_SCHEDULES and args.soft_kind != NO_SOFT_LABELS:
+        raise UsageError(f"--schedule {name} uses no offline soft labels; drop --atlas {args.soft_kind}.")
     schedule_flags = {"ols": {"alpha": args.ols_alpha},
                       "tfkd": {"a": args.tfkd_a, "alpha": args.tfkd_alpha, "tau": args.tfkd_tau}}
     soft_overrides = {key: getattr(args, key) for key in ("theta", "tau_c", "alpha", "delta", "w", "top_k")
                       if getattr(args, key) is not None}
-    return atlas_variant(args.setting, args.atlas, args.schedule, period=args.K,
+    return label_variant(args.setting, args.soft_kind, args.schedule, period=args.K,
                          schedule_options=schedule_flags.get(args.schedule), **soft_overrides)
 
 
@@ -102,7 +102,7 @@ def run_train(args: argparse.Namespace) -> int:
     from atlas_fast.report.formats import train_results
     from atlas_fast.sweep import Execution, run_configs
 
-    variant = label_variant(args)
+    variant = variant_from_args(args)
     configs = [train_config(args, dataset=args.dataset, data_root=args.data_root, method=method,
                             method_options=options[method], seed=seed, soft_labels=variant.soft_labels,
                             schedule=variant.schedule)

@@ -156,10 +156,10 @@ class TrainConfig:
             raise TypeError(f"schedule must be a LabelSchedule (see atlas_fast.atlas.schedules), got {self.schedule!r}.")
         if self.schedule.needs_soft_labels and self.soft_labels is None:
             raise ValueError(f"The {self.schedule.name!r} schedule trains on soft labels: set soft_labels "
-                             f"(e.g. atlas_fast.atlas.softlabels.atlas_preset({self.setting!r})).")
+                             f"(e.g. atlas_fast.atlas.softlabels.soft_label_preset({self.setting!r})).")
         if not self.schedule.needs_soft_labels and self.soft_labels is not None:
             raise ValueError(f"soft_labels is set but the {self.schedule.name!r} schedule never uses them; "
-                             f"use schedule=Atlas(K) or Joint(), or drop soft_labels.")
+                             f"use schedule=Alternating(K) or Joint(), or drop soft_labels.")
 
     @property
     def train_subsample(self) -> str:

@@ -6,7 +6,7 @@ A name such as ``coop+ATLaS-ISL (K=2)`` or ``+ ATLaS-ISL`` names a variant, not 
 a run's *described* configuration (``RunSpec.described``, which a record stores as ``config``) with
 
 - the paper's soft-label presets for its setting and kind (θ, τ_c, α, δ, w, top-k:
-  :func:`atlas_fast.atlas.softlabels.atlas_preset`) and the setting's ATLaS period K;
+  :func:`atlas_fast.atlas.softlabels.soft_label_preset`) and the setting's ATLaS period K;
 - the method's recipe for the setting, shots and dataset (epochs, or iterations for a schedule over optimiser
   steps, batch size, lr), and views = epochs;
 - the paper's 16 shots (base-to-new and cross-dataset; few-shot tables are per shot count) and its backbone.
@@ -70,25 +70,25 @@ def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
     differs from its method's recipe or the paper's presets, in the order θ, τ_c, α, δ, w, top_k, K, epochs, batch,
     lr, shots, fewshot_order, views, backbone, then the method's options (``depth=2``, KDPL's ``teacher=ViT-B-32``: every field of
     its method config that is not the recipe's). Fields a record lacks (older records) are not compared."""
-    from atlas_fast.atlas.softlabels import atlas_preset
-    from atlas_fast.atlas.variants import ATLAS_PERIODS
+    from atlas_fast.atlas.softlabels import soft_label_preset
+    from atlas_fast.atlas.variants import ALTERNATION_PERIODS
 
     import atlas_fast.methods  # noqa: F401  (registers the methods)
 
     found: dict[str, Any] = {}
     setting = config.get("setting")
     soft = config.get("soft_labels")
-    if isinstance(soft, Mapping) and setting in ATLAS_PERIODS:
+    if isinstance(soft, Mapping) and setting in ALTERNATION_PERIODS:
         try:
-            preset = dataclasses.asdict(atlas_preset(setting, soft["kind"]))
+            preset = dataclasses.asdict(soft_label_preset(setting, soft["kind"]))
         except (KeyError, ValueError, TypeError):
             preset = {}
         for name in ("theta", "tau_c", "alpha", "delta", "w", "top_k"):
             if name in preset and name in soft and soft[name] != preset[name]:
                 found[f"soft_labels.{name}"] = soft[name]
     schedule = config.get("schedule") or {}
-    if schedule.get("name") == "atlas" and setting in ATLAS_PERIODS:
-        if schedule.get("period") != ATLAS_PERIODS[setting]:
+    if schedule.get("name") == "atlas" and setting in ALTERNATION_PERIODS:
+        if schedule.get("period") != ALTERNATION_PERIODS[setting]:
             found["schedule.period"] = schedule.get("period")
     own_method, own = _recipe(config)
     recipe = config.get("recipe") or {}

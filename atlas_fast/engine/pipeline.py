@@ -18,8 +18,8 @@ they do not batch train a group's runs one by one. A finished identical run on u
 (``skipped``), before any feature is encoded. A sweep is a plain loop over configs::
 
     from atlas_fast import TrainConfig, run_group
-    records = run_group([TrainConfig("OxfordPets", "data", seed=s, soft_labels=atlas_preset("base2new"),
-                                     schedule=Atlas(2)) for s in (1, 2, 3)])
+    records = run_group([TrainConfig("OxfordPets", "data", seed=s, soft_labels=soft_label_preset("base2new"),
+                                     schedule=Alternating(2)) for s in (1, 2, 3)])
 
 Epoch ``e`` reads cached augmented view ``1 + (e mod V)``. Runs are deterministic per seed on the CPU; on a GPU the
 forward runs under fp16 autocast with a gradient scaler.

@@ -435,10 +435,10 @@ def measure_soft_labels(backbone: Backbone, kind: str, classnames: Sequence[str]
     """Seconds to generate one run's soft-label rows of ``kind`` (``ls``, ``csl``, ``isl``, ``mix``) for ``items``
     training images at C = ``len(classnames)``: what :func:`atlas_fast.atlas.softlabels.compute_soft_labels` runs
     (the class prompts through the text encoder, then the rows), on random image features."""
-    from atlas_fast.atlas.softlabels import (SoftLabelConfig, atlas_preset, compute_soft_labels)
+    from atlas_fast.atlas.softlabels import (SoftLabelConfig, soft_label_preset, compute_soft_labels)
     from atlas_fast.data.base import DatasetSplits, Datum
 
-    config: SoftLabelConfig = atlas_preset("base2new", kind)  # type: ignore[arg-type]
+    config: SoftLabelConfig = soft_label_preset("base2new", kind)  # type: ignore[arg-type]
     names = list(classnames)
     train = tuple(Datum(impath=f"/synthetic/{i}.jpg", label=i % len(names), classname=names[i % len(names)],
                         key=f"{i}.jpg") for i in range(items))

@@ -32,7 +32,7 @@ def best_config(search: SearchConfig, params: dict[str, Any]) -> TrainConfig:
 
 def command_line(config: TrainConfig, seeds: Sequence[int]) -> str:
     """The ``atlas-fast train`` line that trains ``config`` with ``seeds`` (the record names match)."""
-    from atlas_fast.atlas.schedules import Atlas, Joint, OneHot
+    from atlas_fast.atlas.schedules import Alternating, Joint, OneHot
 
     pretrained = config.backbone.pretrained
     argv = ["atlas-fast", "train", "--dataset", config.dataset, "--data-root", str(config.data_root),
@@ -47,7 +47,7 @@ def command_line(config: TrainConfig, seeds: Sequence[int]) -> str:
                  "--alpha", repr(soft.alpha), "--delta", soft.delta, "--w", repr(soft.w)]
         if soft.top_k is not None:
             argv += ["--top-k", str(soft.top_k)]
-    if isinstance(config.schedule, Atlas):
+    if isinstance(config.schedule, Alternating):
         argv += ["--K", str(config.schedule.period)]
     elif isinstance(config.schedule, Joint):
         argv += ["--schedule", "joint"]

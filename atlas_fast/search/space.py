@@ -5,7 +5,7 @@ A space maps names to :class:`Range` or :class:`Choice`. A name is one of
 
 * a :class:`~atlas_fast.engine.config.TrainConfig` recipe field: ``lr``, ``epochs``, ``batch_size``, ``views``,
   ``shots``;
-* an ATLaS knob: ``K`` (the period of :class:`~atlas_fast.atlas.schedules.Atlas`), the soft labels' ``theta``,
+* an ATLaS knob: ``K`` (the period of :class:`~atlas_fast.atlas.schedules.Alternating`), the soft labels' ``theta``,
   ``tau_c`` (or ``inv_tau_c``, 1/τ_c as the paper's sensitivity figure sweeps it), ``alpha``, ``w``, ``delta`` and
   ``kind``;
 * a field of the method's config (``n_ctx``, ``depth``, ...; what ``--method-option`` sets).
@@ -130,7 +130,7 @@ def valid_names(base, method_config) -> list[str]:
 
 def apply_values(base, values: Mapping[str, Any], method_config_fields: list[str] | None = None):
     """``base`` (a TrainConfig) with the searched ``values`` in place (recipe fields, ATLaS knobs, method options)."""
-    from atlas_fast.atlas.schedules import Atlas
+    from atlas_fast.atlas.schedules import Alternating
 
     changes: dict[str, Any] = {}
     soft: dict[str, Any] = {}
@@ -139,7 +139,7 @@ def apply_values(base, values: Mapping[str, Any], method_config_fields: list[str
         if name in TRAIN_FIELDS:
             changes[name] = TRAIN_FIELDS[name](value)
         elif name == "K":
-            changes["schedule"] = Atlas(int(value))
+            changes["schedule"] = Alternating(int(value))
         elif name == "inv_tau_c":
             soft["tau_c"] = 1.0 / float(value)
         elif name in SOFT_LABEL_FIELDS:
@@ -170,7 +170,7 @@ def check_space(space: Mapping[str, Param], base, method_config, dataset: str) -
     atlas = [name for name in space if name in ATLAS_FIELDS]
     if atlas and base.soft_labels is None:
         raise UsageError(f"{', '.join(atlas)}: ATLaS parameters need a run with soft labels; choose them with "
-                         f"--atlas ls|csl|isl|mix (Python: soft_labels=atlas_preset(...), schedule=Atlas(K)).")
+                         f"--atlas ls|csl|isl|mix (Python: soft_labels=soft_label_preset(...), schedule=Alternating(K)).")
     if "K" in space and base.schedule.name != "atlas":
         raise UsageError(f"K is the ATLaS period, but the run's schedule is {base.schedule.name!r}; use the atlas "
                          f"schedule.")

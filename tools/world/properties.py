@@ -28,7 +28,7 @@ from PIL import Image
 from atlas_fast.clip.backbones import BackboneConfig, Backbone, load_backbone
 from atlas_fast.data import DatasetSplits, load_dataset
 from atlas_fast.data.fewshot import subsample_classes
-from atlas_fast.atlas.softlabels import atlas_preset, class_soft_labels, instance_soft_labels, zero_shot_probabilities
+from atlas_fast.atlas.softlabels import soft_label_preset, class_soft_labels, instance_soft_labels, zero_shot_probabilities
 from atlas_fast.world.benchmark import SplitSizes, generate_benchmark
 from tools.world.zeroshot import pixels_to_tensor
 
@@ -87,9 +87,9 @@ def teacher_properties(dataset: str, data_root: str | Path, backbone: Backbone |
     same_texture = torch.tensor([[a[0] == b[0] for b in names] for a in names])
     shares = (same_shape | same_texture).float()
     shares.fill_diagonal_(0.0)
-    preset = atlas_preset("base2new", "isl")
+    preset = soft_label_preset("base2new", "isl")
     isl = instance_soft_labels(probs, labels, preset.alpha, preset.delta)
-    csl = class_soft_labels(text, atlas_preset("base2new", "csl").tau_c)[labels]
+    csl = class_soft_labels(text, soft_label_preset("base2new", "csl").tau_c)[labels]
     uniform = torch.ones(len(labels), splits.num_classes)
     return TeacherProperties(
         dataset=dataset,
