@@ -165,12 +165,12 @@ def child_eval_chunk(method_name: str, classes: int) -> dict:
     with torch.no_grad():
         if method.reads_pixels:
             clock = time.perf_counter()
-            text = method.text_features()
+            classify = method.pixel_classifier()  # the class set's text, encoded once
             out["text_s"] = time.perf_counter() - clock
             pixels = torch.randn(EVAL_PIXEL_BATCH, 3, 224, 224)
             with PeakMemory(torch.device("cpu")) as rss:
                 clock = time.perf_counter()
-                method.eval_pixel_logits(pixels, text)
+                classify(method.eval_pixel_features(pixels))
             out["images"] = EVAL_PIXEL_BATCH
         else:
             features = torch.randn(method.eval_chunk(), backbone.embed_dim)

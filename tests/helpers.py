@@ -43,6 +43,12 @@ def reference_text_features(backbone, ctx, classnames, prompt_prefix, position="
     return F.normalize(features, dim=-1) if normalize else features
 
 
+def pixel_test_logits(method, pixels):
+    """Test-time logits (R, B, C) of a pixel method on pixels (B, 3, H, W) for its current class set, as the engine
+    computes them (engine/evaluate.py's pixel_scores): the class set's classifier of the batch's pixel features."""
+    return method.pixel_classifier()(method.eval_pixel_features(pixels))
+
+
 def assert_gradients_close(actual, expected):
     """Gradients equal up to 1e-5 of the largest entry (fp32; the cached and literal paths sum in different orders)."""
     scale = expected.abs().max()

@@ -20,6 +20,7 @@ from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.clip_lora import (CLIPLoRA, CLIPLoRAConfig, CLIPLoRAText, CLIPLoRATextConfig, adapted_blocks,
                                           clip_lora_recipe)
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
+from helpers import pixel_test_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: extra threads only contend
 
@@ -213,7 +214,7 @@ def test_the_cached_path_equals_the_pixel_path(tiny):
     for (name, a), (_, b) in zip(cached.named_parameters(), pixel.named_parameters()):
         assert_gradient_equivalent(f"CLIP-LoRA cached vs pixel grad {name}", a.grad[0], b.grad[0])
     features = tiny.encode_image(pixels)
-    torch.testing.assert_close(cached.eval_logits(features), pixel.eval_pixel_logits(pixels, pixel.text_features()),
+    torch.testing.assert_close(cached.eval_logits(features), pixel_test_logits(pixel, pixels),
                                atol=1e-4, rtol=1e-5)
     assert not CLIPLoRAText.reads_pixels and CLIPLoRA.reads_pixels
 

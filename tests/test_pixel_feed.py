@@ -17,6 +17,7 @@ from atlas_fast.engine import TrainConfig
 from atlas_fast.engine.pipeline import run_group
 from atlas_fast.engine.pixels import DecodingPool, ImageViews, ViewFeed
 from atlas_fast.methods.registry import build_method, method_class
+from helpers import pixel_test_logits
 from layouts import make_oxford_pets
 from registry_cases import SMALL_OPTIONS
 
@@ -147,8 +148,8 @@ def test_a_group_evaluated_in_one_pass_gives_each_run_its_own_logits(pets, metho
     with torch.no_grad():
         for names in (classes, ["newt", "horse"]):
             group.set_classnames(names)
-            together = group.pixel_classifier()(group.eval_pixel_features(pixels))
+            together = pixel_test_logits(group, pixels)
             for r, single in enumerate(singles):
                 single.set_classnames(names)
-                alone = single.eval_pixel_logits(pixels, single.text_features())[0]
+                alone = pixel_test_logits(single, pixels)[0]
                 torch.testing.assert_close(together[r], alone, rtol=1e-5, atol=1e-5)

@@ -25,6 +25,7 @@ from atlas_fast.engine.pixels import ImageViews
 from atlas_fast.atlas.schedules import Alternating
 from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.engine import TrainConfig, run
+from helpers import pixel_test_logits
 from layouts import make_oxford_pets
 from registry_cases import cases, reads_pixels, small_options
 
@@ -199,10 +200,10 @@ def test_dept_maple_loss_head_and_fusion(pets):
     loss.backward()
     assert method.base.coupling_weight.grad.abs().sum() > 0 and method.linear_weight.grad.abs().sum() > 0
     with torch.no_grad():
-        fused = method.eval_pixel_logits(pixels, method.text_features())[0]
+        fused = pixel_test_logits(method, pixels)[0]
         torch.testing.assert_close(fused, (1 - lam) * z + lam * head[len(labels):], rtol=1e-5, atol=1e-5)
         method.set_classnames(["newt", "horse"])
-        other = method.eval_pixel_logits(pixels, method.text_features())
+        other = pixel_test_logits(method, pixels)
         torch.testing.assert_close(other, method.base(pixels), rtol=1e-5, atol=1e-6)
 
 

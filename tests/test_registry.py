@@ -111,11 +111,19 @@ def test_registration_checks_the_class():
     class Unnamed(TextShift):  # would register under its base's name, recipe and printed name
         depth_options = ()
 
+    class PixelsByHand(TextShift):  # reads pixels without the pixel contract (no pixel_classifier for the engine)
+        name = "toy-pixels"
+        printed_name = "PixelsByHand"
+        recipe_function = staticmethod(shift_recipe)
+        reads_pixels = True
+
     with pytest.raises(ValueError, match="depth options \\['layers'\\] are not fields of ShiftConfig"):
         register_method(Deeper)
     with pytest.raises(ValueError, match="Unnamed must declare name, printed_name, recipe_function itself"):
         register_method(Unnamed)
-    assert "toy-deeper" not in METHODS
+    with pytest.raises(ValueError, match="PixelsByHand must read pixels exactly when it derives from PixelMethod"):
+        register_method(PixelsByHand)
+    assert "toy-deeper" not in METHODS and "toy-pixels" not in METHODS
     with pytest.raises(ValueError, match="Unknown prompt method 'nope'; known: .*coop"):
         method_class("nope")
 

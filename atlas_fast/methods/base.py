@@ -48,14 +48,15 @@ def _versioned(set_classnames: Callable[..., None]) -> Callable[..., None]:
 
 
 class PromptMethod(nn.Module):
-    """Base class of the prompt methods (CoOp, CoCoOp, DePT, IVLP, MaPLe, PromptSRC).
+    """Base class of every method.
 
-    A method class declares what the rest of atlas_fast reads about it (the registry, :data:`METHODS`, holds the
-    classes themselves): ``name``, ``printed_name``, ``recipe_function`` and ``config_class``, and where they differ
-    from the
-    defaults ``reads_pixels``, ``reads_frozen_features``, ``supports_batched_runs``, ``learns`` and
-    ``depth_options``. It implements :meth:`set_classnames`, :meth:`text_features` and (with ``reads_pixels``)
-    :meth:`forward`.
+    A method class declares what the rest of atlas_fast reads about it (the registry,
+    :data:`~atlas_fast.methods.registry.METHODS`, holds the classes themselves): ``name``, ``printed_name``,
+    ``recipe_function`` and ``config_class``, and where they differ from the defaults ``reads_frozen_features``,
+    ``supports_batched_runs``, ``learns`` and ``depth_options``. It implements :meth:`set_classnames` and
+    :meth:`text_features`. A method that reads pixels derives from
+    :class:`~atlas_fast.methods.pixel_method.PixelMethod`, which sets ``reads_pixels`` and supplies its forward and
+    pixel evaluation.
     """
 
     #: The registry name (``--methods``, records), e.g. ``dept-coop``.
@@ -63,11 +64,12 @@ class PromptMethod(nn.Module):
     #: How the papers print the method (the report's rows), e.g. ``DePT``.
     printed_name: ClassVar[str]
     #: ``recipe_function(recipe_family, setting, shots, dataset) -> (method config, OptimRecipe)``: the training
-    #: recipe of a family (a ``staticmethod``); raises :class:`MissingRecipe` where no reference repository defines
-    #: one.
+    #: recipe of a family (a ``staticmethod``); raises :class:`~atlas_fast.methods.config.MissingRecipe` where no
+    #: reference repository defines one.
     recipe_function: ClassVar[RecipeFunction]
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
-    #: True when the method prompts the image tower, so it trains and evaluates on decoded pixels, not cached features.
+    #: True when the method prompts the image tower, so it trains and evaluates on decoded pixels, not cached features
+    #: (set by :class:`~atlas_fast.methods.pixel_method.PixelMethod`, never by hand).
     reads_pixels: ClassVar[bool] = False
     #: True for pixel methods whose batches also carry the frozen CLIP's cached features of the same views (PromptSRC).
     reads_frozen_features: ClassVar[bool] = False
@@ -177,14 +179,9 @@ class PromptMethod(nn.Module):
         raise NotImplementedError
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits (R, B, C) = exp(logit_scale) * f_v f_t^T.
-
-        Without ``reads_pixels`` ``images`` are cached, un-normalised image features (B, D), shared by the R runs,
-        or (R, B, D), one batch per run; they are normalised here. With ``reads_pixels`` they are preprocessed pixels
-        (B, 3, H, W).
-        """
-        if self.reads_pixels:
-            raise NotImplementedError(f"{type(self).__name__} reads pixels and must implement forward()")
+        """Logits (R, B, C) = exp(logit_scale) * f_v f_t^T of cached, un-normalised image features (B, D), shared by
+        the R runs, or (R, B, D), one batch per run; they are normalised here (a pixel method's forward is
+        :class:`~atlas_fast.methods.pixel_method.PixelMethod`'s)."""
         return self.similarity_logits(self.image_batch(images), self.text_features())
 
     def image_batch(self, images: torch.Tensor) -> torch.Tensor:
@@ -239,22 +236,6 @@ class PromptMethod(nn.Module):
         for tensor in itertools.chain(self.parameters(), self.buffers()):
             return tensor.device
         return torch.device(self.backbone.device)
-
-    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        """Test-time logits (R, B, C) of preprocessed pixels (B, 3, H, W), for methods with ``reads_pixels``;
-        ``text_features`` is :meth:`text_features` of the current class set, encoded once per set."""
-        raise NotImplementedError(f"{type(self).__name__} does not evaluate pixels")
-
-    def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """For methods with ``reads_pixels``: the part of the test-time logits that does not depend on the class
-        set, (R, B, D) of pixels (B, 3, H, W) seen by every run (the prompted image features), so the images
-        evaluated on several class sets go through the image tower once (:meth:`pixel_classifier`)."""
-        raise NotImplementedError(f"{type(self).__name__} does not evaluate pixels")
-
-    def pixel_classifier(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """For methods with ``reads_pixels``: the current class set's test-time logits (R, B, C) as a function of
-        :meth:`eval_pixel_features`, with the class prompts encoded once, now (a later class set leaves it as is)."""
-        raise NotImplementedError(f"{type(self).__name__} does not evaluate pixels")
 
     def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
                       criterion: Callable[..., torch.Tensor]) -> torch.Tensor:

@@ -13,9 +13,10 @@ them), image features = the image tower (with adapters when it has them), logits
 fixed scale), loss = criterion(z). At test time dropout is off; the adapters stay separate matrices (the reference
 merges them into the weights: the same function).
 
-Two registered classes, one math: ``clip-lora`` reads pixels (adapters on the vision tower need them; the paper's
-recipe adapts both towers), ``clip-lora-text`` adapts the text tower only and trains from the cached image features,
-which are exactly what a vision tower without adapters computes. Learned tensors, for each adapted tower
+Two registered classes, one math (:class:`LoRATowers`: the adapters, the text side and the fixed logit scale):
+``clip-lora`` (:class:`CLIPLoRA`) reads pixels (adapters on the vision tower need them; the paper's recipe adapts both
+towers), ``clip-lora-text`` (:class:`CLIPLoRAText`) adapts the text tower only and trains from the cached image
+features, which are exactly what a vision tower without adapters computes. Learned tensors, for each adapted tower
 (``text`` / ``vision``): ``<tower>_lora_a`` (R, blocks, targets, r, w) and ``<tower>_lora_b`` (R, blocks, targets,
 w, r). All of CLIP-LoRA's math is in this file.
 """
@@ -37,7 +38,7 @@ from atlas_fast.data.templates import check_template, fill_template
 from atlas_fast.methods.base import PromptMethod
 from atlas_fast.methods.config import MethodConfig, OptimRecipe, check_family
 from atlas_fast.methods.registry import register_method
-from atlas_fast.methods.ivlp import IVLP
+from atlas_fast.methods.pixel_method import PixelMethod
 
 Encoder = Literal["text", "vision", "both"]
 ENCODERS = ("text", "vision", "both")
@@ -171,21 +172,17 @@ def lora_attention_block(block: nn.Module, x: torch.Tensor, a: torch.Tensor | No
     return x + block.ls_2(block.mlp(block.ln_2(x)))
 
 
-class CLIPLoRA(PromptMethod):
-    """CLIP-LoRA on pixels: adapters on the towers the config names (the paper's: both)."""
+class LoRATowers(PromptMethod):
+    """What both CLIP-LoRA classes are: the adapters on the towers the config names, the class text of the template
+    through the (adapted) text tower, and the reference's fixed logit scale (not registered itself)."""
 
-    name = "clip-lora"
-    printed_name = "CLIP-LoRA"
-    recipe_function = staticmethod(clip_lora_recipe)
     config_class = CLIPLoRAConfig
-    reads_pixels = True
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CLIPLoRAConfig) -> None:
         super().__init__(backbone, classnames, config)
         model = backbone.model
         self._logit_scale: torch.Tensor | None = None  # made on first use, on the device (:attr:`logit_scale`)
         self.text_encoder = PromptTextEncoder(backbone)
-        self.image_encoder = PromptedVisionEncoder(backbone)
         self.blocks: dict[str, list[int]] = {}
         device = backbone.device
         for tower in config.towers:  # text first, as the reference adds its adapters
@@ -262,11 +259,22 @@ class CLIPLoRA(PromptMethod):
     def text_features(self) -> torch.Tensor:
         return F.normalize(self.raw_text_features(), dim=-1)
 
+
+class CLIPLoRA(PixelMethod, LoRATowers):
+    """CLIP-LoRA on pixels: adapters on the towers the config names (the paper's: both)."""
+
+    name = "clip-lora"
+    printed_name = "CLIP-LoRA"
+    recipe_function = staticmethod(clip_lora_recipe)
+
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CLIPLoRAConfig) -> None:
+        super().__init__(backbone, classnames, config)
+        self.image_encoder = PromptedVisionEncoder(backbone)
+
     def image_batch(self, pixels: torch.Tensor) -> torch.Tensor:
         """Un-normalised image features (R, B, D) of preprocessed pixels (B, 3, H, W) through the (adapted) vision
         tower."""
-        if pixels.dim() != 4:
-            raise ValueError(f"{type(self).__name__} reads pixels (B, 3, H, W), got {tuple(pixels.shape)}")
+        self.check_pixels(pixels)
         if "vision" not in self.blocks:
             with torch.no_grad():
                 return self.backbone.encode_image(pixels).unsqueeze(0).expand(self.num_runs, -1, -1)
@@ -276,26 +284,14 @@ class CLIPLoRA(PromptMethod):
         pooled = visual.ln_post(x[:, :, 0])
         return pooled @ visual.proj if visual.proj is not None else pooled
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits (R, B, C) = 100 cos(image, class text)."""
-        return self.similarity_logits(self.image_batch(images), self.raw_text_features())
 
-    # test pixels as IVLP takes them: the (adapted) image features, then each class set's text as a classifier
-    eval_pixel_logits = IVLP.eval_pixel_logits
-    eval_pixel_features = IVLP.eval_pixel_features
-    pixel_classifier = IVLP.pixel_classifier
-
-
-class CLIPLoRAText(CLIPLoRA):
+class CLIPLoRAText(LoRATowers):
     """CLIP-LoRA with adapters on the text tower only, trained from cached image features."""
 
     name = "clip-lora-text"
     printed_name = "CLIP-LoRA (text)"
     recipe_function = staticmethod(clip_lora_text_recipe)
     config_class = CLIPLoRATextConfig
-    reads_pixels = False
-    forward = PromptMethod.forward
-    image_batch = PromptMethod.image_batch
 
 
 register_method(CLIPLoRA)

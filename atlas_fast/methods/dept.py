@@ -20,7 +20,7 @@ the head. The text rows are class prototypes T[y_i] paired with image i; with ``
 y (see docs/protocol.md, protocol decisions).
 
 DePT-MaPLe trains on pixels (MaPLe prompts the image tower): V are MaPLe's prompted image features, and at test time
-the fusion runs batch by batch over the test pixels (:meth:`DePTMaPLe.eval_pixel_logits`).
+the fusion runs batch by batch over the test pixels (:meth:`DePTMaPLe.pixel_classifier`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
 from atlas_fast.methods.kgcoop import KgCoOp, KgCoOpConfig
 from atlas_fast.methods.maple import MaPLe, MaPLeConfig
+from atlas_fast.methods.pixel_method import PixelMethod
 from atlas_fast.vocabulary import RecipeFamily, Setting
 
 HeadTextTargets = Literal["mirror", "onehot"]
@@ -313,27 +314,24 @@ class DePTKgCoOp(DePT):
     base_class = KgCoOp
 
 
-class DePTMaPLe(DePT):
-    """DePT's head on MaPLe's prompted features; reads pixels."""
+class DePTMaPLe(DePT, PixelMethod):
+    """DePT's head on MaPLe's prompted features; reads pixels (DePT's forward and loss, MaPLe's image features)."""
 
     name = "dept-maple"
     printed_name = "DePT-MaPLe"
     recipe_function = staticmethod(dept_maple_recipe)
-    reads_pixels = True
     # MaPLe's tensors and the head's lead with R; the loss takes (R, B) labels (tests/test_batched.py)
     supports_batched_runs = True
     depth_options = ("depth",)
     config_class = DePTMaPLeConfig
     base_class = MaPLe
 
-    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        image = self.base.image_batch(pixels)
-        return self.fuse(image, self.base.similarity_logits(image, text_features))
-
     def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.base.image_batch(pixels)
+        """MaPLe's prompted image features (R, B, D): what the head and the similarity logits both read."""
+        return self.base.eval_pixel_features(pixels)
 
-    def pixel_classifier(self):
+    def pixel_classifier(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """MaPLe's similarity logits of the current class set, fused with the head on its training classes."""
         text, rows = self.base.text_features(), self._head_rows
         return lambda image: self.fuse_rows(image, self.base.similarity_logits(image, text), rows)
 

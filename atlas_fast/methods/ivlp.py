@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family
+from atlas_fast.methods.pixel_method import PixelMethod
 from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.prompts import ClassPrompts, ContextPromptMethod, init_phrase, initial_context
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
@@ -102,13 +103,12 @@ def ivlp_recipe(family: str, setting: str, shots: int, dataset: str) -> tuple[IV
     return config, OptimRecipe(epochs=5, batch_size=4, lr=0.0035)
 
 
-class IVLP(ContextPromptMethod):
+class IVLP(PixelMethod, ContextPromptMethod):
     """Independent vision-language prompts; reads pixels (its image tower is prompted)."""
 
     name = "ivlp"
     printed_name = "IVLP"
     recipe_function = staticmethod(ivlp_recipe)
-    reads_pixels = True
     # every learned tensor leads with R and the prompted towers take one batch per run (tests/test_batched.py)
     supports_batched_runs = True
     depth_options = ("depth_text", "depth_vision")
@@ -182,25 +182,9 @@ class IVLP(ContextPromptMethod):
         """Un-normalised prompted image features (R, B, D) of preprocessed pixels: (B, 3, H, W) seen by every run
         (evaluation), or (R, B, 3, H, W), one batch per run (R runs trained together: each image carries its own
         run's prompts through the one frozen tower)."""
-        if pixels.dim() != 4 and not (pixels.dim() == 5 and pixels.shape[0] == self.num_runs):
-            raise ValueError(f"{type(self).__name__} reads pixels (B, 3, H, W) or (R={self.num_runs}, B, 3, H, W), "
-                             f"got {tuple(pixels.shape)}")
+        self.check_pixels(pixels)
         prompts, deep = self.vision_prompts()
         return self.image_encoder(pixels, prompts, deep)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits (R, B, C) of preprocessed pixels (B, 3, H, W) or (R, B, 3, H, W)."""
-        return self.similarity_logits(self.image_batch(images), self.raw_text_features())
-
-    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        return self.similarity_logits(self.image_batch(pixels), text_features)
-
-    def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.image_batch(pixels)
-
-    def pixel_classifier(self):
-        text = self.text_features()
-        return lambda image: self.similarity_logits(image, text)
 
 
 register_method(IVLP)

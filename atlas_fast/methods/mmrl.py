@@ -57,8 +57,8 @@ from atlas_fast.clip.prompted_towers import PromptedVisionEncoder, replace_slot,
 from atlas_fast.clip.text_encoder import PromptTextEncoder, tokenize_prompts
 from atlas_fast.data.datasets import find_dataset_spec, zeroshot_template
 from atlas_fast.data.templates import check_template, fill_template
-from atlas_fast.methods.base import PromptMethod
 from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
+from atlas_fast.methods.pixel_method import PixelMethod
 from atlas_fast.methods.registry import register_method
 
 #: The reference's logit scale (``100. * image_features @ text_features.t()``), fixed whatever the weights' own.
@@ -151,14 +151,13 @@ def cloned_linear_maps(runs: int, layers: int, rep_dim: int, width: int) -> tupl
     return torch.stack(weights), torch.stack(biases)
 
 
-class MMRL(PromptMethod):
+class MMRL(PixelMethod):
     """Multi-modal representation learning; reads pixels and the frozen CLIP's cached features of the same views."""
 
     name = "mmrl"
     printed_name = "MMRL"
     recipe_function = staticmethod(mmrl_recipe)
     config_class = MMRLConfig
-    reads_pixels = True
     reads_frozen_features = True
     # every learned tensor leads with R; the loss takes one batch per run and returns each run's loss
     supports_batched_runs = True
@@ -286,8 +285,7 @@ class MMRL(PromptMethod):
         """Un-normalised (class-token features v, representation features v_r), each (R, B, D), of pixels
         (B, 3, H, W) seen by every run or (R, B, 3, H, W), one batch per run."""
         runs = self.num_runs
-        if pixels.dim() != 4 and not (pixels.dim() == 5 and pixels.shape[0] == runs):
-            raise ValueError(f"MMRL reads pixels (B, 3, H, W) or (R={runs}, B, 3, H, W), got {tuple(pixels.shape)}")
+        self.check_pixels(pixels)
         if vision_tokens is None:
             vision_tokens = self.mapped_tokens()[1]
         visual = self.image_encoder.visual
@@ -337,15 +335,12 @@ class MMRL(PromptMethod):
         image, rep = self.image_pair(images, vision_tokens)
         return self.classify(image, rep, self.raw_text_features(text_tokens), self.fuses())
 
-    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        image, rep = self.image_pair(pixels)
-        return self.classify(image, rep, text_features, self.fuses())
-
     def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """(R, B, 2D): the class-token and representation features side by side."""
         return torch.cat(self.image_pair(pixels), dim=-1)
 
-    def pixel_classifier(self):
+    def pixel_classifier(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The current class set's test logits: the fusion on the training classes, z alone on any other."""
         text, fuse = self.text_features(), self.fuses()
         return lambda features: self.classify(*features.chunk(2, dim=-1), text, fuse)
 

@@ -48,6 +48,7 @@ from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
 from atlas_fast.files import file_blake2b, read_json
 from atlas_fast.methods.base import PromptMethod
 from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
+from atlas_fast.methods.pixel_method import PixelMethod
 from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.teachers import load_teacher as load_teacher_clip, teacher_for_views
 from atlas_fast.methods.ivlp import PAPER_CTX_INIT, check_depth, normal_prompts
@@ -370,7 +371,7 @@ def promptkd_recipe(family: str, setting: str, shots: int, dataset: str) -> tupl
     raise MissingRecipe("PromptKD", setting, config)
 
 
-class PromptKD(PromptMethod):
+class PromptKD(PixelMethod):
     """The PromptKD student: IVLP's visual prompts in the student's image tower, the projector into the teacher's
     feature space, the teacher's text features as its classifier."""
 
@@ -378,7 +379,6 @@ class PromptKD(PromptMethod):
     printed_name = "PromptKD"
     recipe_function = staticmethod(promptkd_recipe)
     config_class = PromptKDConfig
-    reads_pixels = True
     uses_labels = False
     trains_text_tower = False  # its classifier is the teacher's text features, computed once per class set
     #: trains on every training image of the dataset, all classes, unlabeled (the official base-to-novel and
@@ -506,30 +506,20 @@ class PromptKD(PromptMethod):
     def image_batch(self, pixels: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
         """Projected student image features (R, B, D_t), un-normalised, of pixels (B, 3, H, W) seen by every run, or
         (R, B, 3, H, W), one batch per run (``sizes``: each run's own rows of a padded batch)."""
-        if pixels.dim() != 4 and not (pixels.dim() == 5 and pixels.shape[0] == self.num_runs):
-            raise ValueError(f"PromptKD reads pixels (B, 3, H, W) or (R={self.num_runs}, B, 3, H, W), got "
-                             f"{tuple(pixels.shape)}")
+        self.check_pixels(pixels)
         prompts, deep = self.vision_prompts()
         features = self.image_encoder(pixels, prompts, deep)
         if features.shape[0] != self.num_runs:
             features = features.expand(self.num_runs, -1, -1)
         return self.project(features, sizes)
 
-    def text_features(self) -> torch.Tensor:
+    def raw_text_features(self) -> torch.Tensor:
+        """(R, C, D_t): the teacher's text features of the current classes, the student's classifier (normalised
+        already)."""
         return self.teacher_text().unsqueeze(0).expand(self.num_runs, -1, -1)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.similarity_logits(self.image_batch(images), self.text_features())
-
-    def eval_pixel_logits(self, pixels: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-        return self.similarity_logits(self.image_batch(pixels), text_features)
-
-    def eval_pixel_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.image_batch(pixels)
-
-    def pixel_classifier(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        text = self.text_features()
-        return lambda image: self.similarity_logits(image, text)
+    def text_features(self) -> torch.Tensor:
+        return self.raw_text_features()
 
     def split_inputs(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """(pixels, the teacher's prompted image features (B, D_t)) of a training batch: served from the teacher's

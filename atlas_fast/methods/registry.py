@@ -27,6 +27,11 @@ def register_method(cls: type[PromptMethod]) -> type[PromptMethod]:
         raise ValueError(f"{cls.__name__} must declare {', '.join(missing)} itself to be registered")
     if cls.name in METHODS and METHODS[cls.name] is not cls:
         raise ValueError(f"Two prompt methods are registered as {cls.name!r}")
+    from atlas_fast.methods.pixel_method import PixelMethod
+
+    if cls.reads_pixels != issubclass(cls, PixelMethod):
+        raise ValueError(f"{cls.__name__} must read pixels exactly when it derives from PixelMethod (the pixel "
+                         f"contract: atlas_fast.methods.pixel_method), got reads_pixels={cls.reads_pixels}")
     config_fields = {f.name for f in fields(cls.config_class)}
     unknown = sorted(set(cls.depth_options) - config_fields)
     if unknown:
