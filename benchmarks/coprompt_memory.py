@@ -35,7 +35,7 @@ from atlas_fast.engine import memory  # noqa: E402
 from atlas_fast.engine.feed import PixelBatch  # noqa: E402
 from atlas_fast.methods.registry import build_method  # noqa: E402
 from atlas_fast.methods.coprompt import coprompt_recipe  # noqa: E402
-from atlas_fast.pricing.units import PeakMemory, host_rss  # noqa: E402
+from atlas_fast.pricing.timing import PeakMemory, host_rss  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

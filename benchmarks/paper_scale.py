@@ -61,9 +61,12 @@ from atlas_fast.data.check import PUBLISHED_SIZES  # noqa: E402
 from atlas_fast.data.datasets import ELEVEN  # noqa: E402
 from atlas_fast.engine import memory  # noqa: E402
 from atlas_fast.methods.registry import method_class  # noqa: E402
+from atlas_fast.pricing import calibrate as keys  # noqa: E402
+from atlas_fast.pricing import command_units  # noqa: E402
 from atlas_fast.pricing import estimate as est  # noqa: E402
+from atlas_fast.pricing import facts as plan  # noqa: E402
 from atlas_fast.pricing import units as measure  # noqa: E402
-from atlas_fast.pricing.units import Unit  # noqa: E402
+from atlas_fast.pricing.timing import Unit  # noqa: E402
 from atlas_fast.sweep.grid import DEFAULT_BATCH_RUNS  # noqa: E402
 from atlas_fast.world.standin_plan import real_classes  # noqa: E402
 
@@ -170,7 +173,7 @@ def runs_per_group(method: str, device: torch.device, backbone=None, classes: in
                                 graphs=device.type == "cuda")  # the steps are graphed there (one-hot, ATLaS)
 
 
-def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool) -> list[est.GroupFacts]:
+def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool) -> list[plan.GroupFacts]:
     """Measure the training steps (``steps``) or the other units of ``dataset``'s runs; returns the plan facts of its
     part of the table."""
     p = problem(dataset)
@@ -181,44 +184,44 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
         entry = method_class(method)
         config, recipe = entry.recipe_function("paper", p["setting"], SHOTS, p["recipe_dataset"])
         config = measure.method_config_for(method, 1, config, backbone)
-        digest = est.config_digest(config)
+        digest = keys.config_digest(config)
         runs = runs_per_group(method, bench.device, backbone, p["classes"], recipe.batch_size, amp)
         images = SHOTS * p["classes"]
         names = p["names"]["train"]
         if steps:
             sizes = {runs} | {trunk_of(method, p["setting"], part, recipe.epochs)[0] for part in parts(runs)} - {0}
             for size in sorted(sizes, reverse=True):  # the group's R, and its trunk's where its runs fork
-                bench.unit(est.step_key(method, p["classes"], recipe.batch_size, size, digest),
+                bench.unit(keys.step_key(method, p["classes"], recipe.batch_size, size, digest),
                            lambda: measure.measure_step(backbone, method, names, recipe.batch_size, size,
                                                         config=config, amp=amp, steps=args.steps,
                                                         warmup=not args.no_warmup))
             continue
         if args.steps_only:
             continue
-        bench.unit(est.overhead_key(method, p["classes"], digest),
+        bench.unit(keys.overhead_key(method, p["classes"], digest),
                    lambda: measure.measure_run_overhead(backbone, method, names, config=config, max_repeats=1))
         for set_name, classes, _ in p["eval"]:
             for group_runs in sorted({len(part) for part in parts(runs)}):
-                bench.unit(est.eval_key(method, classes, digest, group_runs),
+                bench.unit(keys.eval_key(method, classes, digest, group_runs),
                            lambda: measure.measure_eval(backbone, method, p["names"][set_name],
                                                         args.eval_images, config=config, amp=amp, max_repeats=1,
                                                         runs=group_runs))
-            bench.unit(est.eval_key(est.ZERO_SHOT, classes),
+            bench.unit(keys.eval_key(keys.ZERO_SHOT, classes),
                        lambda: measure.measure_eval(backbone, "zsclip", p["names"][set_name], args.eval_images,
                                                     amp=amp, max_repeats=1))
         for kind in ("csl", "isl"):
-            bench.unit(est.soft_key(kind, p["classes"], images),
+            bench.unit(keys.soft_key(kind, p["classes"], images),
                        lambda: measure.measure_soft_labels(backbone, kind, names, images, max_repeats=1))
     for method in methods:  # the plan facts of the dataset's part of the table
         entry = method_class(method)
         config, recipe = entry.recipe_function("paper", p["setting"], SHOTS, p["recipe_dataset"])
-        digest = est.config_digest(measure.method_config_for(method, 1, config, backbone))
+        digest = keys.config_digest(measure.method_config_for(method, 1, config, backbone))
         runs = runs_per_group(method, bench.device, backbone, p["classes"], recipe.batch_size, amp)
         images = SHOTS * p["classes"]
-        evals = tuple(est.EvalFacts(name, c, n) for name, c, n in p["eval"])
+        evals = tuple(plan.EvalFacts(name, c, n) for name, c, n in p["eval"])
         for part in parts(runs):
             trunk_runs, trunk_epochs = trunk_of(method, p["setting"], part, recipe.epochs)
-            groups.append(est.GroupFacts(method, dataset, p["classes"], len(part), recipe.batch_size, recipe.epochs,
+            groups.append(plan.GroupFacts(method, dataset, p["classes"], len(part), recipe.batch_size, recipe.epochs,
                                          (images,) * len(part), evals, tuple(kind for kind, _ in part),
                                          entry.reads_pixels, views=recipe.epochs, config_digest=digest,
                                          training_sets=len({seed for _, seed in part}), trunk_runs=trunk_runs,
@@ -245,7 +248,7 @@ def parts(runs: int) -> list[list[tuple[str | None, int]]]:
     return [table[start:start + runs] for start in range(0, len(table), runs)]
 
 
-def cache_features(datasets: list[str], groups: list[est.GroupFacts]) -> tuple[int, int]:
+def cache_features(datasets: list[str], groups: list[plan.GroupFacts]) -> tuple[int, int]:
     """(features, images) the table's cache holds: each dataset's test images (view 0) and its training images
     (3 seeds x 16 shots x training classes, at most the training split) with the longest cached recipe's views."""
     features = images = 0
@@ -259,21 +262,21 @@ def cache_features(datasets: list[str], groups: list[est.GroupFacts]) -> tuple[i
     return features, images
 
 
-def priced(bench: Bench, groups: list[est.GroupFacts], features: int, images: int) -> tuple[est.Estimate, list]:
+def priced(bench: Bench, groups: list[plan.GroupFacts], features: int, images: int) -> tuple[est.Estimate, list]:
     """The estimate of the groups whose units were all measured, and the groups left out."""
-    facts = est.PlanFacts((), 0, 0, features, images, int(bench.backbone.embed_dim), bench.device.type,
+    facts = plan.PlanFacts((), 0, 0, features, images, int(bench.backbone.embed_dim), bench.device.type,
                           decode_workers=bench.decode_workers, cache_workers=bench.cache_workers)
-    common = [k for k in est.needed_units(facts)]
+    common = [k for k in keys.needed_units(facts)]
     kept, left_out = [], []
     for g in groups:
-        one = est.PlanFacts((g,), g.runs, 0, 0, 0, facts.embed_dim, facts.device,
+        one = plan.PlanFacts((g,), g.runs, 0, 0, 0, facts.embed_dim, facts.device,
                             decode_workers=bench.decode_workers)
-        if all(k in bench.units for k in est.needed_units(one)):
+        if all(k in bench.units for k in keys.needed_units(one)):
             kept.append(g)
         else:
             left_out.append(g)
     ready = all(k in bench.units for k in common)
-    facts = est.PlanFacts(tuple(kept), sum(g.runs for g in kept), 0, features if ready else 0,
+    facts = plan.PlanFacts(tuple(kept), sum(g.runs for g in kept), 0, features if ready else 0,
                           images if ready else 0, facts.embed_dim, facts.device, decode_workers=facts.decode_workers,
                           cache_workers=facts.cache_workers)
     return est.price(facts, bench.units), left_out
@@ -287,14 +290,14 @@ def measure_machine_units(bench: Bench) -> None:
     """The units every run shares (loading the backbone, encoding and decoding an image, starting the image loader),
     measured first: a budget spent on the steps must not leave the whole table unpriced."""
     device = bench.device
-    for key, call in ((est.LOAD_KEY, lambda: measure.measure_backbone_load(bench.backbone.config, device)),
-                      (est.ENCODE_KEY, lambda: measure.measure_encode(bench.backbone, batch=bench.args.encode_batch)),
-                      (est.DECODE_KEY, lambda: measure.measure_decode(bench.backbone)),
-                      (est.LOADER_KEY, lambda: measure.measure_loader_start(bench.backbone))):
+    for key, call in ((keys.LOAD_KEY, lambda: command_units.measure_backbone_load(bench.backbone.config, device)),
+                      (keys.ENCODE_KEY, lambda: command_units.measure_encode(bench.backbone, batch=bench.args.encode_batch)),
+                      (keys.DECODE_KEY, lambda: command_units.measure_decode(bench.backbone)),
+                      (keys.LOADER_KEY, lambda: command_units.measure_loader_start(bench.backbone))):
         bench.unit(key, call)
 
 
-def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> dict[str, Any]:
+def report(bench: Bench, datasets: list[str], groups: list[plan.GroupFacts]) -> dict[str, Any]:
     """Print the units' table, the soft labels beside Table V, and the whole table's predicted time."""
     device = bench.device
     source = (f"units from {bench.args.units_from}" if bench.args.units_from
@@ -309,15 +312,15 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
         if (g.dataset, g.method) in seen:
             continue
         seen.add((g.dataset, g.method))
-        step = bench.units.get(est.step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
-        why = bench.failed.get(est.step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
+        step = bench.units.get(keys.step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
+        why = bench.failed.get(keys.step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
         if step is None:
             print(f"| {g.dataset} | {g.method} | {g.classes} | {g.batch} | {g.runs} | "
                   f"{'failed: ' + why if why else 'skipped (budget)'} | | | | | |")
             continue
-        one = est.PlanFacts((g,), g.runs, 0, 0, 0, int(bench.backbone.embed_dim), device.type,
+        one = plan.PlanFacts((g,), g.runs, 0, 0, 0, int(bench.backbone.embed_dim), device.type,
                             decode_workers=bench.decode_workers)
-        if all(k in bench.units for k in est.needed_units(one)):
+        if all(k in bench.units for k in keys.needed_units(one)):
             e = est.price(one, bench.units)
             train, evaluation = e.phases["training"] / g.runs, e.phases["evaluation"] / g.runs
             train_s, eval_s = f"{train:.1f}", f"{evaluation:.1f}"
@@ -325,7 +328,7 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
             train_s = f"{g.epochs * g.steps_per_epoch * step.seconds / g.runs:.1f}"
             eval_s = "skipped"
         flag = " (over 24 GiB)" if device.type == "cpu" and step.peak_host_bytes > CPU_MEMORY_LIMIT else ""
-        trunk = (bench.units.get(est.step_key(g.method, g.classes, g.batch, g.trunk_runs, g.config_digest))
+        trunk = (bench.units.get(keys.step_key(g.method, g.classes, g.batch, g.trunk_runs, g.config_digest))
                  if g.trunk_epochs else None)
         shown = f"{step.seconds:.3g}" + (f" ({trunk.seconds:.3g} at R = {g.trunk_runs}, first "
                                          f"{g.trunk_epochs} epoch(s))" if trunk else "")
@@ -341,8 +344,8 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
     for dataset in datasets:
         p = problem(dataset)
         n = SHOTS * p["classes"]
-        csl = bench.units.get(est.soft_key("csl", p["classes"], n))
-        isl = bench.units.get(est.soft_key("isl", p["classes"], n))
+        csl = bench.units.get(keys.soft_key("csl", p["classes"], n))
+        isl = bench.units.get(keys.soft_key("isl", p["classes"], n))
         paper = f"{PAPER_CSL_S} / {PAPER_ISL_S}" if dataset == "ImageNet" else ""
         print(f"| {dataset} | {p['classes']} | {n} | {csl.seconds if csl else float('nan'):.2f} | "
               f"{isl.seconds if isl else float('nan'):.2f} | {paper} |")
@@ -374,9 +377,9 @@ def report(bench: Bench, datasets: list[str], groups: list[est.GroupFacts]) -> d
     print(f"\npeak host memory {human_bytes(estimate.peak_host_bytes)}; peak device memory "
           f"{human_bytes(estimate.peak_device_bytes)}; cache: {features} features of {images} images "
           f"({human_bytes(features * int(bench.backbone.embed_dim) * est.STORAGE_ITEMSIZE)}), built with "
-          f"{bench.cache_workers} decoding worker(s)" + (f" (encode {1e3 * bench.units[est.ENCODE_KEY].seconds:.3f} ms, "
-                                                          f"decode {1e3 * bench.units[est.DECODE_KEY].seconds:.3f} "
-                                                          f"ms per view)" if {est.ENCODE_KEY, est.DECODE_KEY}
+          f"{bench.cache_workers} decoding worker(s)" + (f" (encode {1e3 * bench.units[keys.ENCODE_KEY].seconds:.3f} ms, "
+                                                          f"decode {1e3 * bench.units[keys.DECODE_KEY].seconds:.3f} "
+                                                          f"ms per view)" if {keys.ENCODE_KEY, keys.DECODE_KEY}
                                                          <= set(bench.units) else ""))
     by_method = {}
     print("\n| method | runs priced | R | training | evaluation | peak device memory of a group |")
@@ -437,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     for dataset in args.datasets:  # every training step first (time and peak memory), then the rest
         print(f"{dataset}, training steps:", flush=True)
         measure_dataset(bench, dataset, args.methods, steps=True)
-    groups: list[est.GroupFacts] = []
+    groups: list[plan.GroupFacts] = []
     for dataset in args.datasets:
         if not args.steps_only:
             print(f"{dataset}, evaluation, soft labels, per-run overhead:", flush=True)

@@ -131,7 +131,7 @@ def child_evaluate(classes: int, test: int, whole: bool) -> dict:
 
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.engine.evaluate import EvalSet, evaluate_method, method_logits, top1_accuracy
-    from atlas_fast.pricing.units import PeakMemory
+    from atlas_fast.pricing.timing import PeakMemory
     from atlas_fast.methods.registry import build_method
 
     backbone = shared_backbone(BackboneConfig(MODEL, None), "cpu")
@@ -155,7 +155,7 @@ def child_eval_chunk(method_name: str, classes: int) -> dict:
 
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.engine.evaluate import EVAL_PIXEL_BATCH
-    from atlas_fast.pricing.units import PeakMemory
+    from atlas_fast.pricing.timing import PeakMemory
     from atlas_fast.methods.registry import build_method
 
     backbone = shared_backbone(BackboneConfig(MODEL, None), "cpu")
@@ -190,7 +190,7 @@ def child_step(method_name: str, classes: int, device: str) -> dict:
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.methods.config import MissingRecipe
     from atlas_fast.methods.registry import method_class
-    from atlas_fast.pricing.units import PeakMemory
+    from atlas_fast.pricing.timing import PeakMemory
 
     entry = method_class(method_name)
     setting = "base2new" if classes <= 500 else "cross_dataset"

@@ -38,7 +38,7 @@ FILE_TEXT = (JSON.map(json.dumps) | st.integers(1, 3000).map(lambda n: "[" * n +
        whole=FILE_TEXT, use_whole=st.booleans())
 def test_the_calibration_store_reads_anything_as_units_or_a_miss(units, whole, use_whole):
     from atlas_fast.pricing.calibration import CALIBRATION_FILE, CalibrationStore
-    from atlas_fast.pricing.units import Unit
+    from atlas_fast.pricing.timing import Unit
 
     with tempfile.TemporaryDirectory() as root:
         path = Path(root) / CALIBRATION_FILE

@@ -434,7 +434,8 @@ def test_the_imagenet_step_fits_the_memory_planner_s_estimate():
     from atlas_fast.clip.backbones import BackboneConfig, load_backbone
     from atlas_fast.engine import memory
     from atlas_fast.methods.registry import method_class
-    from atlas_fast.pricing.units import host_rss, measure_step
+    from atlas_fast.pricing.timing import host_rss
+    from atlas_fast.pricing.units import measure_step
 
     backbone = load_backbone(BackboneConfig("ViT-B-16", None))
     config, recipe = mmrl_recipe("paper", "base2new", 16, "ImageNet")

@@ -13,10 +13,15 @@ import pytest
 import atlas_fast
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig
+from atlas_fast.progress import process_seconds
+from atlas_fast.pricing import calibrate as keys
+from atlas_fast.pricing import command_units
 from atlas_fast.pricing import estimate as est
+from atlas_fast.pricing import facts as plan
 from atlas_fast.pricing import units as measure
-from atlas_fast.pricing.estimate import EvalFacts, GroupFacts, PlanFacts, price
-from atlas_fast.pricing.units import Unit
+from atlas_fast.pricing.estimate import price
+from atlas_fast.pricing.facts import EvalFacts, GroupFacts, PlanFacts
+from atlas_fast.pricing.timing import Unit
 from layouts import make_oxford_pets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,18 +42,18 @@ def hand_worked():
     facts = PlanFacts((coop, ivlp), runs=5, finished=1, features_to_encode=100, images_to_decode=40, embed_dim=8,
                       device="cpu", plan_seconds=0.5)
     units = {
-        est.LOAD_KEY: Unit(2.0), est.ENCODE_KEY: Unit(0.01), est.DECODE_KEY: Unit(0.002, fixed_seconds=0.003),
-        est.LOADER_KEY: Unit(0.1),
-        est.step_key("coop", 10, 4, 2, "d"): Unit(0.05, peak_host_bytes=1000),
-        est.step_key("ivlp", 10, 2, 2, "e"): Unit(0.3, peak_host_bytes=3000),
-        est.step_key("ivlp", 10, 2, 1, "e"): Unit(0.2),
-        est.overhead_key("coop", 10, "d"): Unit(0.1), est.overhead_key("ivlp", 10, "e"): Unit(0.3),
-        est.eval_key("coop", 10, "d", 2): Unit(0.002, fixed_seconds=0.04, peak_host_bytes=1500),
-        est.eval_key("ivlp", 10, "e", 2): Unit(0.02, fixed_seconds=0.1, peak_host_bytes=2000),
-        est.eval_key("ivlp", 20, "e", 2): Unit(0.025, fixed_seconds=0.15),
-        est.eval_key("zsclip", 10): Unit(0.0001, fixed_seconds=0.01),
-        est.eval_key("zsclip", 20): Unit(0.0002, fixed_seconds=0.02),
-        est.soft_key("isl", 10, 10): Unit(0.4), est.soft_key("csl", 10, 5): Unit(0.3),
+        keys.LOAD_KEY: Unit(2.0), keys.ENCODE_KEY: Unit(0.01), keys.DECODE_KEY: Unit(0.002, fixed_seconds=0.003),
+        keys.LOADER_KEY: Unit(0.1),
+        keys.step_key("coop", 10, 4, 2, "d"): Unit(0.05, peak_host_bytes=1000),
+        keys.step_key("ivlp", 10, 2, 2, "e"): Unit(0.3, peak_host_bytes=3000),
+        keys.step_key("ivlp", 10, 2, 1, "e"): Unit(0.2),
+        keys.overhead_key("coop", 10, "d"): Unit(0.1), keys.overhead_key("ivlp", 10, "e"): Unit(0.3),
+        keys.eval_key("coop", 10, "d", 2): Unit(0.002, fixed_seconds=0.04, peak_host_bytes=1500),
+        keys.eval_key("ivlp", 10, "e", 2): Unit(0.02, fixed_seconds=0.1, peak_host_bytes=2000),
+        keys.eval_key("ivlp", 20, "e", 2): Unit(0.025, fixed_seconds=0.15),
+        keys.eval_key("zsclip", 10): Unit(0.0001, fixed_seconds=0.01),
+        keys.eval_key("zsclip", 20): Unit(0.0002, fixed_seconds=0.02),
+        keys.soft_key("isl", 10, 10): Unit(0.4), keys.soft_key("csl", 10, 5): Unit(0.3),
     }
     return facts, units
 
@@ -82,7 +87,7 @@ def test_price_matches_the_hand_worked_example():
                 "per-run overhead": 0.8, "report": 0.0}
     assert estimate.phases == pytest.approx(expected)
     assert estimate.total_seconds == pytest.approx(9.125)
-    reported = price(dataclasses.replace(facts, report=True), {**units, est.REPORT_KEY: Unit(1.5)})
+    reported = price(dataclasses.replace(facts, report=True), {**units, keys.REPORT_KEY: Unit(1.5)})
     assert reported.phases["report"] == 1.5 and reported.total_seconds == pytest.approx(10.625)
     assert estimate.cache_bytes == 1600
     assert estimate.peak_host_bytes == 4920
@@ -119,12 +124,12 @@ def test_a_command_s_measured_start_replaces_load_and_planning():
 
 
 def test_process_seconds_counts_this_process_s_life():
-    assert 0 < est.process_seconds() < 24 * 3600
+    assert 0 < process_seconds() < 24 * 3600
 
 
 def test_price_names_a_unit_that_was_not_measured():
     facts, units = hand_worked()
-    del units[est.soft_key("csl", 10, 5)]
+    del units[keys.soft_key("csl", 10, 5)]
     with pytest.raises(ValueError, match="soft/csl/C=10/N=5"):
         price(facts, units)
 
@@ -134,8 +139,8 @@ def test_a_dataset_whose_cache_is_full_needs_no_decode_unit():
     other one's features: its estimate needs (and reads) no WorldPhotos decode unit (it was a KeyError)."""
     facts, units = hand_worked()
     facts = dataclasses.replace(facts, encode_parts=(("decode/WorldPhotos", 0, 0), ("decode/Other", 100, 40)))
-    units = {**units, "decode/Other": units[est.DECODE_KEY]}
-    assert "decode/WorldPhotos" not in est.needed_units(facts)
+    units = {**units, "decode/Other": units[keys.DECODE_KEY]}
+    assert "decode/WorldPhotos" not in keys.needed_units(facts)
     assert price(facts, units).phases["cache build"] == pytest.approx(1.32)
 
 
@@ -155,10 +160,11 @@ def configs(pets, where, seeds=(1, 2), **changes):
 
 def test_a_second_estimate_measures_nothing(pets, monkeypatch):
     calls = []
-    for name in ("measure_step", "measure_eval", "measure_encode", "measure_decode", "measure_run_overhead",
-                 "measure_backbone_load", "measure_soft_labels"):
-        real = getattr(measure, name)
-        monkeypatch.setattr(measure, name,
+    for module, name in [(measure, "measure_step"), (measure, "measure_eval"), (command_units, "measure_encode"),
+                         (command_units, "measure_decode"), (measure, "measure_run_overhead"),
+                         (command_units, "measure_backbone_load"), (measure, "measure_soft_labels")]:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name,
                             lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     first = est.estimate_configs(configs(pets, "reuse"))
     assert first.units_measured == len(calls) > 0
@@ -181,14 +187,14 @@ def test_evaluation_units_are_timed_in_proportion_to_the_plan_s_test_sets(pets, 
     real = measure.measure_eval
     monkeypatch.setattr(measure, "measure_eval", lambda *a, **k: asked.append(k["max_images"]) or real(*a, **k))
     first = est.estimate_configs(configs(pets, "evals"))
-    assert asked and set(asked) == {est.EVAL_IMAGES_FLOOR}  # the tiny test sets: the floor
+    assert asked and set(asked) == {keys.EVAL_IMAGES_FLOOR}  # the tiny test sets: the floor
     store = json.loads((pets / "evals" / "cache" / "pricing" / "calibration.json").read_text())
     timed = [u["images"] for k, u in next(iter(store.values())).items() if k.startswith("eval/")]
     assert timed and all(0 < n for n in timed)
     asked.clear()
     est.estimate_configs(configs(pets, "evals"))
     assert asked == [] and first.units_measured > 0  # enough for the same plan: reused
-    monkeypatch.setattr(est, "EVAL_IMAGES_FLOOR", 4 * measure.MAX_EVAL_IMAGES)  # a plan needing more than was timed
+    monkeypatch.setattr(keys, "EVAL_IMAGES_FLOOR", 4 * measure.MAX_EVAL_IMAGES)  # a plan needing more than was timed
     est.estimate_configs(configs(pets, "evals"))
     short = [n for n in timed if n < measure.MAX_EVAL_IMAGES]
     assert len(asked) == len(short) and set(asked) <= {measure.MAX_EVAL_IMAGES}
@@ -211,11 +217,11 @@ def test_features_already_cached_are_not_counted(pets, tiny):
     specs = plan_sweep(configs(pets, "subtraction"))
     train = {d.key: d for spec in specs for d in spec.data.train_split.train}
     test = specs[0].data.fewshot.test
-    before = est.plan_facts(specs, 4, tiny)
+    before = plan.plan_facts(specs, 4, tiny)
     assert before.features_to_encode == 2 * len(train) + len(test)
     assert before.images_to_decode == len(train) + len(test)
     FeatureCache(root / "cache").build(tiny, "OxfordPets", test, num_views=0, progress=False)
-    after = est.plan_facts(specs, 4, tiny)
+    after = plan.plan_facts(specs, 4, tiny)
     assert after.features_to_encode == 2 * len(train) and after.images_to_decode == len(train)
 
 
@@ -296,7 +302,7 @@ def test_a_pixel_group_is_planned_with_its_training_sets_its_distinct_test_image
     atlas = configs(pets, "pixel-plan", method="ivlp", method_config=small, schedule=Alternating(2),
                     soft_labels=soft_label_preset("base2new", "ls"))
     specs = plan_sweep(plain + atlas)
-    (group,) = est.plan_facts(specs, 4).groups
+    (group,) = plan.plan_facts(specs, 4).groups
     tests = {d.impath for split in specs[0].data.splits.values() for d in split.test}
     assert (group.runs, group.training_sets, group.test_images) == (4, 2, len(tests))
     assert (group.trunk_runs, group.trunk_epochs) == (2, 1)  # a seed's plain and ATLaS runs share epoch 0
@@ -305,7 +311,7 @@ def test_a_pixel_group_is_planned_with_its_training_sets_its_distinct_test_image
     per_run = memory.step_bytes_per_run(specs[0].method, backbone, 2, 4, amp=False)
     room = (memory.frozen_bytes(backbone, False) + 2.5 * per_run) / memory.DEVICE_SHARE
     monkeypatch.setattr(memory, "device_bytes", lambda device: int(room))
-    assert [g.runs for g in est.plan_facts(specs, 4).groups] == [2, 2]
+    assert [g.runs for g in plan.plan_facts(specs, 4).groups] == [2, 2]
     assert "4 to run in 2 group(s) (R = 2, 2)" in describe_plan(specs, 4)
 
 
@@ -350,4 +356,4 @@ def test_the_run_and_its_estimate_count_the_groups_that_train_alike(pets, monkey
     specs = plan_sweep(configs(pets, "unbatched", seeds=(1, 2, 3)))
     assert [len(group) for group in group_runs(specs, 4)] == [1, 1, 1]
     assert "3 to run in 3 group(s) (R = 1, 1, 1)" in describe_plan(specs, 4)
-    assert len(est.plan_facts(specs, 4).groups) == 3
+    assert len(plan.plan_facts(specs, 4).groups) == 3

@@ -239,7 +239,7 @@ def test_ctrl_c_in_a_search_is_one_line_and_the_same_command_resumes_at_once(wor
         "seconds-bool", "deep"])
 def test_a_damaged_calibration_is_a_miss_with_one_warning(tmp_path, damage):
     from atlas_fast.pricing.calibration import CALIBRATION_FILE, CalibrationStore
-    from atlas_fast.pricing.units import Unit
+    from atlas_fast.pricing.timing import Unit
 
     path = tmp_path / CALIBRATION_FILE
     path.parent.mkdir(parents=True)
@@ -295,12 +295,15 @@ def _estimate_as_nobody(folder: str, cache_root: str, queue) -> None:
 def test_estimate_on_a_read_only_cache_root_still_prices_the_runs(monkeypatch):
     import shutil
 
-    from atlas_fast.pricing import units
+    from atlas_fast.pricing import command_units, units
+    from atlas_fast.pricing.timing import Unit
     from layouts import make_oxford_pets
 
-    for name in ("measure_step", "measure_eval", "measure_encode", "measure_decode", "measure_run_overhead",
-                 "measure_backbone_load", "measure_soft_labels", "measure_loader_start"):  # what is timed is not
-        monkeypatch.setattr(units, name, lambda *args, **kwargs: units.Unit(0.01))  # the point here
+    for module, name in [(units, "measure_step"), (units, "measure_eval"), (command_units, "measure_encode"),
+                         (command_units, "measure_decode"), (units, "measure_run_overhead"),
+                         (command_units, "measure_backbone_load"), (units, "measure_soft_labels"),
+                         (command_units, "measure_loader_start")]:  # what is timed is not the point here
+        monkeypatch.setattr(module, name, lambda *args, **kwargs: Unit(0.01))
 
     base = Path(tempfile.mkdtemp(prefix="atlas-readonly-"))  # world-readable, unlike pytest's tmp_path
     try:

@@ -22,7 +22,7 @@ import torch
 
 from atlas_fast.files import JsonFileError, atomic_write, read_json
 from atlas_fast.threads import cpu_model
-from atlas_fast.pricing.units import Unit
+from atlas_fast.pricing.timing import Unit
 
 CALIBRATION_FILE = Path("pricing") / "calibration.json"
 #: the engine's paths the units time; raised when a path changes how long a unit takes (2: the whole step on the

@@ -3,12 +3,10 @@ wall time, the features to encode, the cache's new bytes and the peak memory.
 
 Three steps, each testable alone:
 
-1. :func:`plan_facts`: the planned runs (:func:`atlas_fast.sweep.plan_sweep`, finished runs dropped as the sweep drops
-   them, grouped as :func:`atlas_fast.sweep.group_runs` groups them) and the feature cache's state become
-   :class:`PlanFacts` (per group: method, classes, runs, batch, epochs, training images, evaluation sets, soft labels;
-   the (image, view) features the cache lacks).
-2. :func:`needed_units` / :func:`measure_units`: the units those facts need, read from the calibration store or
-   measured once (:mod:`atlas_fast.pricing.calibration`).
+1. :func:`~atlas_fast.pricing.facts.plan_facts`: the planned runs and the feature cache's state become
+   :class:`~atlas_fast.pricing.facts.PlanFacts` (:mod:`atlas_fast.pricing.facts`).
+2. :func:`~atlas_fast.pricing.calibrate.needed_units` / :func:`~atlas_fast.pricing.calibrate.measure_units`: the
+   units those facts need, read from the calibration store or measured once (:mod:`atlas_fast.pricing.calibrate`).
 3. :func:`price`: pure arithmetic from (facts, units) to an :class:`Estimate` (the formulas are in its docstring).
 
 ``estimate_configs(configs, execution)`` does all three.
@@ -17,171 +15,22 @@ Three steps, each testable alone:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from atlas_fast.progress import process_seconds
-from atlas_fast.pricing.units import Unit
+from atlas_fast.pricing.calibrate import (ENCODE_KEY, LOAD_KEY, LOADER_KEY, REPORT_KEY, ZERO_SHOT,
+                                          encode_parts, eval_key, measure_units, needed_units, overhead_key, soft_key,
+                                          step_key)
+from atlas_fast.pricing.facts import PlanFacts, plan_facts
+from atlas_fast.pricing.timing import Unit
 
 #: bytes of one cached feature value (the cache stores float16)
 STORAGE_ITEMSIZE = 2
 #: the feed preloads the training views when they fit this (engine.feed.PRELOAD_BYTES)
 PRELOAD_BYTES = 1 << 30
-DECODE_SAMPLE = 8  # image files of a dataset its decode unit is timed on
-EVAL_IMAGES_FACTOR = 4  # an evaluation unit is timed on up to this many times the plan's largest test set
-EVAL_IMAGES_FLOOR = 256  # ... and on at least this many images
 PHASES = ("setup", "cache build", "soft labels", "training", "evaluation", "per-run overhead", "report")
-
-
-# ----------------------------------------------------------------------------------------------------------- facts
-
-@dataclass(frozen=True)
-class EvalFacts:
-    """One class set a run is evaluated on: its name, classes and test images."""
-
-    name: str
-    classes: int
-    images: int
-
-
-@dataclass(frozen=True)
-class GroupFacts:
-    """R runs trained as one module (R = 1 for a method that does not batch runs)."""
-
-    method: str
-    dataset: str
-    classes: int  # classes trained on
-    runs: int
-    batch: int
-    epochs: int
-    train_images: tuple[int, ...]  # per run (few-shot sets may differ)
-    eval_sets: tuple[EvalFacts, ...]
-    soft_labels: tuple[str | None, ...]  # per run: None, "ls", "csl", "isl" or "mix"
-    reads_pixels: bool = False
-    views: int = 1  # cached views per training image (the feed preloads them)
-    config_digest: str = ""  # the method config (R aside), so a unit is measured for this exact config
-    learns: bool = True  # False: zero-shot CLIP, nothing to train
-    decode: str = "decode"  # the decode unit of its images (decode_key(dataset) when the plan's files were timed)
-    # pixel methods: distinct training image lists among the runs (a seed's label variants share theirs, and a step
-    # decodes each of its views once for all of them); 0: one per run
-    training_sets: int = 0
-    # distinct test images over the evaluation sets (a group decodes and encodes each once); 0: the sets' sum
-    test_images: int = 0
-    # runs that share their first epochs (engine.pipeline.plan_fork): those epochs train a trunk of this many runs
-    trunk_runs: int = 0
-    trunk_epochs: int = 0
-
-    @property
-    def decoded_sets(self) -> int:
-        return self.training_sets or self.runs
-
-    @property
-    def distinct_test_images(self) -> int:
-        return self.test_images or sum(e.images for e in self.eval_sets)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """The group steps until its largest run's epoch is over (the last partial batch is kept)."""
-        return math.ceil(max(self.train_images) / self.batch) if self.train_images else 0
-
-
-@dataclass(frozen=True)
-class PlanFacts:
-    """What a sweep will do, before it runs."""
-
-    groups: tuple[GroupFacts, ...]
-    runs: int  # planned runs
-    finished: int  # of which already have a finished record
-    features_to_encode: int  # (image, view) pairs the cache lacks
-    images_to_decode: int  # images with at least one missing view (each decoded once per build)
-    embed_dim: int
-    device: str = "cpu"
-    plan_seconds: float = 0.0  # what planning took here (the real run plans again)
-    # the new process's start up to its runs' planning (imports, backbone, data listing), as this process took
-    # it; 0 when unknown (then setup = backbone load + planning)
-    startup_seconds: float = 0.0
-    # (decode unit, features, images) per dataset to encode; empty: all of them with the "decode" unit
-    encode_parts: tuple[tuple[str, int, int], ...] = ()
-    decode_workers: int = 1  # decoding processes beside the steps (CUDA: the pixel methods)
-    report: bool = False  # the command writes a report (tables and plots) once its runs are done
-    cache_workers: int = 1  # decoding processes of a cache build beside its encoder (atlas_fast.cache.build)
-    # on the CPU: whether the build's decoding processes have cores of their own beside the encoder's threads (its
-    # threads + workers <= the CPUs this process may use), so that decoding overlaps encoding as on CUDA
-    spare_cores: bool = False
-
-
-# ----------------------------------------------------------------------------------------------------------- units
-
-def config_digest(method_config: Any) -> str:
-    """A short digest of a method config with R left out (a unit is measured per config)."""
-    if method_config is None:
-        return ""
-    text = repr(dataclasses.replace(method_config, num_runs=1))
-    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
-
-
-def step_key(method: str, classes: int, batch: int, runs: int, digest: str = "") -> str:
-    return f"step/{method}/C={classes}/B={batch}/R={runs}/{digest}"
-
-
-def eval_key(method: str, classes: int, digest: str = "", runs: int = 1) -> str:
-    """The evaluation unit of ``method`` at C = ``classes`` for ``runs`` runs evaluated together in one pass."""
-    return f"eval/{method}/C={classes}{f'/R={runs}' if runs > 1 else ''}/{digest}"
-
-
-def soft_key(kind: str, classes: int, images: int) -> str:
-    return f"soft/{kind}/C={classes}/N={images}"
-
-
-def overhead_key(method: str, classes: int, digest: str = "") -> str:
-    return f"overhead/{method}/C={classes}/{digest}"
-
-
-ENCODE_KEY = "encode"
-DECODE_KEY = "decode"
-
-
-def decode_key(dataset: str) -> str:
-    """The decode unit timed on a sample of ``dataset``'s own image files."""
-    return f"{DECODE_KEY}/{dataset}"
-
-
-def encode_parts(facts: "PlanFacts") -> tuple[tuple[str, int, int], ...]:
-    """(decode unit, features, images) of what the cache build encodes: only the datasets with features to encode
-    (one whose cache is already full, e.g. the demo's, needs no decode unit and is priced at nothing)."""
-    parts = facts.encode_parts or ((DECODE_KEY, facts.features_to_encode, facts.images_to_decode),)
-    return tuple(part for part in parts if part[1])
-
-
-LOADER_KEY = "loader start"
-LOAD_KEY = "backbone load"
-REPORT_KEY = "report"
-ZERO_SHOT = "zsclip"
-
-
-def needed_units(facts: PlanFacts) -> list[str]:
-    """Every unit key :func:`price` reads for ``facts``, each once, in a fixed order."""
-    keys: list[str] = [LOAD_KEY] + ([REPORT_KEY] if facts.report else [])
-    if facts.features_to_encode:
-        keys += [ENCODE_KEY] + [decode for decode, _, _ in encode_parts(facts)]
-    for g in facts.groups:
-        if g.learns:
-            keys.append(step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
-            if g.trunk_epochs:
-                keys.append(step_key(g.method, g.classes, g.batch, g.trunk_runs, g.config_digest))
-        keys.append(overhead_key(g.method, g.classes, g.config_digest))
-        for e in g.eval_sets:
-            keys += [eval_key(g.method, e.classes, g.config_digest, g.runs), eval_key(ZERO_SHOT, e.classes)]
-        if g.reads_pixels:
-            keys += [g.decode, LOADER_KEY]
-        for kind, images in zip(g.soft_labels, g.train_images):
-            if kind not in (None, "ls"):
-                keys.append(soft_key(kind, g.classes, images))
-    return list(dict.fromkeys(keys))
 
 
 # -------------------------------------------------------------------------------------------------------- estimate
@@ -342,181 +191,6 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
                     features_to_encode=facts.features_to_encode, images_to_decode=facts.images_to_decode,
                     cache_bytes=facts.features_to_encode * facts.embed_dim * STORAGE_ITEMSIZE,
                     peak_host_bytes=peak_host, peak_device_bytes=peak_device, device=facts.device)
-
-
-# ------------------------------------------------------------------------------------------------ plan and cache
-
-def missing_features(cache_root: str | Path, backbone, dataset: str, wanted: dict[Any, set[int]], aug_seed: int,
-                     content_hash: bool = False) -> tuple[int, int]:
-    """(features, images) of ``wanted`` (datum -> views) that the cache file of (backbone, dataset, aug_seed) lacks:
-    read from its row index and done flags under a shared lock, nothing written."""
-    from atlas_fast.cache import FeatureCache
-    from atlas_fast.cache.format import open_h5, read_rows, row_index
-    from atlas_fast.cache.locking import flock, lock_path
-    from atlas_fast.data.identity import image_identities
-
-    cache = FeatureCache(cache_root, content_hash=content_hash)
-    path = cache.path_for(backbone, dataset, aug_seed)
-    items = list(wanted)
-    if not path.exists():
-        return sum(len(v) for v in wanted.values()), len(items)
-    ids = image_identities(items, content_hash)
-    with flock(lock_path(path), exclusive=False):
-        with open_h5(path, "r") as f:
-            keys, file_ids, done = read_rows(f, path)
-    rows = row_index(keys, file_ids)
-    features = images = 0
-    for datum, image_id in zip(items, ids):
-        row = rows.get((datum.key, image_id), -1)
-        lacking = [v for v in wanted[datum] if row < 0 or v >= done.shape[1] or not done[row, v]]
-        features += len(lacking)
-        images += bool(lacking)
-    return features, images
-
-
-def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> PlanFacts:
-    """The facts of planned runs (:class:`~atlas_fast.engine.spec.RunSpec`): finished runs dropped, the rest grouped
-    as the sweep groups them (one by one for a method that does not batch runs), and the features the cache lacks
-    for the runs to train (train views 0..V, or view 0 for the pixel methods; the test split's view 0)."""
-    import torch
-
-    from atlas_fast.cache.build import default_workers
-    from atlas_fast.engine.pipeline import plan_fork, split_finished
-    from atlas_fast.sweep import group_runs
-
-    finished, todo = split_finished(specs, complete=False)
-    todo_specs = [specs[i] for i in todo]
-    groups: list[GroupFacts] = []
-    for part in group_runs(todo_specs, runs_per_group):  # the groups that train (one run each where R = 1)
-        entry = part[0].method
-        first = part[0]
-        sets = tuple(EvalFacts(name, split.num_classes, len(split.test))
-                     for name, split in first.data.splits.items())
-        training_sets = {(tuple(d.impath for d in s.data.train_split.train), s.views, s.config.aug_seed)
-                         for s in part}
-        test_images = {d.impath for split in first.data.splits.values() for d in split.test}
-        fork = plan_fork(part, [s.config.schedule for s in part])
-        groups.append(GroupFacts(
-            method=first.config.method, dataset=first.dataset, classes=first.data.train_split.num_classes,
-            runs=len(part), batch=first.optim_recipe.batch_size, epochs=first.optim_recipe.epochs,
-            train_images=tuple(len(s.data.train_split.train) for s in part), eval_sets=sets,
-            soft_labels=tuple(s.config.soft_labels.kind if s.config.soft_labels is not None else None
-                              for s in part),
-            reads_pixels=entry.reads_pixels, views=max(s.views for s in part),
-            config_digest=config_digest(first.method_config), learns=entry.learns,
-            decode=decode_key(first.dataset), training_sets=len(training_sets), test_images=len(test_images),
-            trunk_runs=len(fork[0]) if fork else 0, trunk_epochs=fork[2] + 1 if fork else 0))
-    features = images = 0
-    parts: list[tuple[str, int, int]] = []
-    if todo_specs:
-        backbone = backbone if backbone is not None else todo_specs[0].backbone()
-        wanted: dict[tuple, dict[Any, set[int]]] = {}
-        for spec in todo_specs:
-            entry = spec.method
-            where = (str(spec.config.cache_root), spec.dataset, spec.config.aug_seed, spec.config.content_hash)
-            per_item = wanted.setdefault(where, {})
-            train_views = entry.cached_train_views(spec.views)
-            for datum in spec.data.train_split.train:
-                per_item.setdefault(datum, set()).update(range(train_views + 1))
-            for datum in spec.data.fewshot.test:
-                per_item.setdefault(datum, set()).add(0)
-        for (root, dataset, aug_seed, content_hash), per_item in wanted.items():
-            f, i = missing_features(root, backbone, dataset, per_item, aug_seed, content_hash)
-            features, images = features + f, images + i
-            parts.append((decode_key(dataset), f, i))
-    device = specs[0].device.type if specs else "cpu"
-    workers = min(8, os.cpu_count() or 1) if device == "cuda" else 1
-    embed_dim = int(backbone.embed_dim) if backbone is not None else 0
-    return PlanFacts(groups=tuple(groups), runs=len(specs), finished=len(specs) - len(todo),
-                     features_to_encode=features, images_to_decode=images, embed_dim=embed_dim, device=device,
-                     plan_seconds=sum(spec.plan_seconds for spec in specs), decode_workers=workers,
-                     encode_parts=tuple(parts), cache_workers=default_workers(torch.device(device)),
-                     spare_cores=device == "cpu" and spare_cores(default_workers(torch.device("cpu"))))
-
-
-def spare_cores(workers: int) -> bool:
-    """Whether ``workers`` decoding processes have cores of their own beside this process's torch threads."""
-    import torch
-
-    from atlas_fast.threads import available_cpus
-
-    return torch.get_num_threads() + workers <= available_cpus().count
-
-
-# --------------------------------------------------------------------------------------------------- measuring
-
-def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any],
-                  report: Callable[[Path], Any] | None = None) -> dict[str, Unit]:
-    """Every unit :func:`price` needs for ``facts``, from ``store`` (a
-    :class:`~atlas_fast.pricing.calibration.CalibrationStore`) or measured now on ``backbone`` with the planned runs'
-    class names and method configs (``specs``); ``report`` writes a sample of the command's report into a folder
-    (the report unit's work, when ``facts.report``)."""
-    from atlas_fast.pricing import units as measure
-
-    configs = {config_digest(s.method_config): s.method_config for s in specs}
-    names: dict[int, list[str]] = {}
-    for spec in specs:
-        for split in spec.data.splits.values():
-            names.setdefault(split.num_classes, list(split.classnames))
-    amp = bool(specs[0].amp) if specs else False
-    samples: dict[str, list[str]] = {}
-    for spec in specs:
-        files = [d.impath for d in (*spec.data.train_split.train[:DECODE_SAMPLE // 2],
-                                    *spec.data.fewshot.test[:DECODE_SAMPLE // 2])]
-        samples.setdefault(decode_key(spec.dataset), files[:DECODE_SAMPLE])
-
-    def classnames(count: int) -> list[str]:
-        return names.get(count) or measure.synthetic_classnames(count)
-
-    def measurer(key: str):
-        kind, *rest = key.split("/")
-        if key == LOAD_KEY:
-            return lambda: measure.measure_backbone_load(backbone.config, backbone.device)
-        if key == REPORT_KEY:
-            return lambda: measure.measure_report(report)
-        if key == ENCODE_KEY:
-            return lambda: measure.measure_encode(backbone)
-        if key == DECODE_KEY:
-            return lambda: measure.measure_decode(backbone)
-        if key.startswith(DECODE_KEY + "/"):  # a sample of the dataset's own files, train and test
-            return lambda: measure.measure_decode(backbone, images=samples[key])
-        if key == LOADER_KEY:
-            return lambda: measure.measure_loader_start(backbone)
-        fields = {part.split("=")[0]: part.split("=")[1] for part in rest if "=" in part}
-        digest = rest[-1] if kind in ("step", "eval", "overhead") else ""
-        config = configs.get(digest)
-        if config is not None:
-            config = dataclasses.replace(config, num_runs=1)
-        classes = int(fields["C"])
-        if kind == "step":
-            return lambda: measure.measure_step(backbone, rest[0], classnames(classes), int(fields["B"]),
-                                                int(fields["R"]), config=config, amp=amp)
-        if kind == "eval":
-            return lambda: measure.measure_eval(backbone, rest[0], classnames(classes), config=config, amp=amp,
-                                                runs=int(fields.get("R", 1)), max_images=eval_images(key))
-        if kind == "overhead":
-            return lambda: measure.measure_run_overhead(backbone, rest[0], classnames(classes), config=config)
-        if kind == "soft":
-            return lambda: measure.measure_soft_labels(backbone, rest[0], classnames(classes), int(fields["N"]))
-        raise ValueError(f"unknown unit key {key!r}")
-
-    # an evaluation unit is timed on up to EVAL_IMAGES_FACTOR x the largest test set the plan evaluates with it (a
-    # stored one timed on fewer is measured again): the calibration of a small job stays small
-    tested: dict[str, int] = {}
-    for g in facts.groups:
-        for e in g.eval_sets:
-            for key in (eval_key(g.method, e.classes, g.config_digest, g.runs), eval_key(ZERO_SHOT, e.classes)):
-                tested[key] = max(tested.get(key, 0), e.images)
-
-    def eval_images(key: str) -> int:
-        return min(measure.MAX_EVAL_IMAGES, max(EVAL_IMAGES_FLOOR, EVAL_IMAGES_FACTOR * tested.get(key, 0)))
-
-    def enough(key: str):
-        if key not in tested:
-            return None
-        return lambda unit: not unit.images or unit.images >= eval_images(key)  # 0: timed before the cap
-
-    return {key: store.unit(key, measurer(key), enough(key)) for key in needed_units(facts)}
 
 
 def check_cache_root(root: Path) -> None:

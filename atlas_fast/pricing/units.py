@@ -1,4 +1,7 @@
-"""One unit of work, measured on this machine: what the estimator (:mod:`atlas_fast.pricing.estimate`) multiplies.
+"""A run's units of work, measured on this machine: what the estimator (:mod:`atlas_fast.pricing.estimate`) multiplies
+per step, per test image and per run. The command's own units around its runs (its start, the feature cache's build,
+decoding, its report, its end) are in :mod:`atlas_fast.pricing.command_units`; how a unit is timed, in
+:mod:`atlas_fast.pricing.timing`.
 
 Every unit runs the engine's own code on synthetic inputs of the real shapes, so what is timed is what a run does:
 
@@ -6,25 +9,19 @@ Every unit runs the engine's own code on synthetic inputs of the real shapes, so
   (:func:`atlas_fast.engine.loop.train_runs`: the same whole step, batch gathered on the device, forward, backward,
   per-run update and, on CUDA, the step graphs with their length groups); inputs are random cached features (B, D)
   held on the device as the cached views are, or random pixels (B, 3, S, S) for the methods that read pixels (the
-  method's registry entry says which); decoding images is priced apart (:func:`measure_decode`). The class names
-  set the prompts' lengths, so a plan's own names are passed where there are any.
+  method's registry entry says which); decoding images is priced apart
+  (:func:`~atlas_fast.pricing.command_units.measure_decode`). The class names set the prompts' lengths, so a plan's
+  own names are passed where there are any.
 * :func:`measure_eval`: a method's test-time logits of N test images at C classes for the R runs of a group
   evaluated together (the engine's ``method_logits`` on cached features; on pixels, the prompted image features
   and the class set's classifier, as a group's one pass computes them), as a fixed part (the class prompts,
   encoded once per class set) and a part per image.
-* :func:`measure_encode`: normalising and encoding one image view (the feature cache's build), at the cache's
-  precision.
-* :func:`measure_decode`: decoding and transforming one image (a 500 x 375 JPEG, an average photo of the datasets).
 * :func:`measure_soft_labels`: CSL / ISL generation at C (the text encoder over C class prompts, then the rows).
 * :func:`measure_run_overhead`: what a run pays outside its steps: building the method for C classes, the zero-shot
   references' class prompts and writing its record.
-* :func:`measure_report`: what an experiment's report costs once its runs are done: its tables written and a plot
-  drawn (by the function the experiment gives), matplotlib's start included.
 
-Each returns a :class:`Unit` (seconds, and the peak host RSS and peak device memory seen while it ran). Host memory
-is the process's resident set sampled every few milliseconds (the backbone and Python included: it is what the run's
-process will hold); device memory is ``torch.cuda.max_memory_reserved`` (reset before the unit): what the
-allocator held, a CUDA graph's private pool included, not only the live tensors.
+Each returns a :class:`~atlas_fast.pricing.timing.Unit` (seconds, and the peak host RSS and peak device memory seen
+while it ran).
 """
 
 from __future__ import annotations
@@ -32,71 +29,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import statistics
 import tempfile
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.methods.config import MethodConfig, OptimRecipe
 from atlas_fast.methods.registry import method_class
+from atlas_fast.pricing.timing import SLOW_CALL_SECONDS, PeakMemory, Unit, timed
 
-#: shortest time a unit is timed for (repeats are added until it is reached, up to ``max_repeats``)
-MIN_TIMED_SECONDS = 0.3
 #: most cached test features an evaluation unit is timed on (methods whose images cost little next to their class
 #: prompts need many for the cost per image to show)
 MAX_EVAL_IMAGES = 1 << 14
 #: shortest timing an evaluation unit's cost per image is read from (a few microseconds' difference is noise)
 MIN_EVAL_SECONDS = 0.05
-#: a call this long is timed as the fastest of two, not five: a hiccup of the machine is small beside it, and five
-#: repeats of CoCoOp's evaluation (0.8 s for 64 images) took most of a job's calibration
-SLOW_CALL_SECONDS = 0.25
 #: words the synthetic class names are drawn from (one to three words, like the datasets' names)
 _WORDS = ("red", "great", "spotted", "common", "little", "wild", "house", "garden", "river", "terrier", "beetle",
           "station", "mountain", "church", "market", "lizard", "sparrow", "bridge", "forest", "kitchen")
-
-
-@dataclass(frozen=True)
-class Unit:
-    """A measured unit: ``seconds`` per unit (a step, an image, a run...), ``fixed_seconds`` paid once per use where
-    the unit has a fixed part (evaluation: the class prompts), and the peaks seen while it ran."""
-
-    seconds: float
-    peak_host_bytes: int = 0
-    peak_device_bytes: int = 0
-    fixed_seconds: float = 0.0
-    repeats: int = 1
-    # an evaluation unit on cached features: the test images its cost per image holds for (the cap it was timed up
-    # to, or MAX_EVAL_IMAGES when that cost showed before it); 0: not such a unit
-    images: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "Unit":
-        """The unit stored as ``data`` (:meth:`to_dict`), or a ``ValueError`` saying which field is of the wrong
-        type or range: times are finite numbers >= 0 (``seconds`` required), byte counts whole numbers >= 0,
-        ``repeats`` a whole number >= 1."""
-        if not isinstance(data, dict):
-            raise ValueError(f"is {type(data).__name__}, not an object")
-        if "seconds" not in data:
-            raise ValueError("has no seconds")
-        for name, value in data.items():
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if name in ("seconds", "fixed_seconds") and not (number and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} is {str(value)[:20]!r}, not a number >= 0")
-            if name in ("peak_host_bytes", "peak_device_bytes", "repeats", "images") and not (
-                    number and isinstance(value, int) and value >= (1 if name == "repeats" else 0)):
-                raise ValueError(f"{name} is {str(value)[:20]!r}, not a whole number >= "
-                                 f"{1 if name == 'repeats' else 0}")
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
 def synthetic_classnames(count: int) -> list[str]:
@@ -115,75 +66,9 @@ def synthetic_classnames(count: int) -> list[str]:
     return names
 
 
-def host_rss() -> int:
-    """This process's resident set size in bytes (0 where /proc is missing)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-class PeakMemory:
-    """Context manager: the peak host RSS (sampled every ``interval`` s by a thread; ``host_start``: the RSS on
-    entry) and the peak CUDA memory allocated on ``device`` while the block ran."""
-
-    def __init__(self, device: torch.device, interval: float = 0.005) -> None:
-        self.device, self.interval = device, interval
-        self.host = 0
-        self.device_bytes = 0
-        self._stop = threading.Event()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.host = max(self.host, host_rss())
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> "PeakMemory":
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self.host = self.host_start = host_rss()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.device_bytes = int(torch.cuda.max_memory_reserved(self.device))
-        self._stop.set()
-        self._thread.join()
-        self.host = max(self.host, host_rss())
-
-
 def _fp16(device: torch.device, amp: bool) -> torch.autocast:
     """fp16 autocast on CUDA with ``amp``, as the engine's evaluation runs (nothing elsewhere)."""
     return torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp and device.type == "cuda")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(call: Callable[[], Any], device: torch.device, max_repeats: int, min_seconds: float = MIN_TIMED_SECONDS,
-           fastest: bool = False) -> tuple[float, int]:
-    """Median seconds of ``call`` after one untimed call, repeated until ``min_seconds`` or ``max_repeats``.
-    ``fastest``: the fastest of at least five repeats, two for calls over :data:`SLOW_CALL_SECONDS` (for
-    differences of two timings, which noise would swamp)."""
-    clock = time.perf_counter()
-    call()
-    _sync(device)
-    slow = time.perf_counter() - clock > SLOW_CALL_SECONDS  # the machine's hiccups are small beside such a call
-    times: list[float] = []
-    least = (2 if slow else 5) if fastest else 1
-    while len(times) < max(least, max_repeats) and (len(times) < least or sum(times) < min_seconds):
-        start = time.perf_counter()
-        call()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return (min(times) if fastest else statistics.median(times)), len(times)
 
 
 class _SyntheticInputs:
@@ -310,7 +195,7 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
     with PeakMemory(device) as peak:
         if entry.reads_pixels:  # the class prompts once, then the prompted image towers per image
             with torch.no_grad(), _fp16(device, amp):
-                fixed, _ = _timed(lambda: module.text_features(), device, max_repeats)
+                fixed, _ = timed(lambda: module.text_features(), device, max_repeats)
             count = min(images, EVAL_PIXEL_BATCH)
             pixels = _training_inputs(entry, backbone, count, device)
             pixels = pixels[0] if isinstance(pixels, tuple) else pixels
@@ -321,16 +206,16 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
 
             with torch.no_grad(), _fp16(device, amp):
                 classify = module.pixel_classifier()
-                per_call, repeats = _timed(logits, device, max_repeats)
+                per_call, repeats = timed(logits, device, max_repeats)
         else:  # linear in the images: t(1) is the fixed part (the class prompts) plus one image; N grows (x4, up
             # to the cap) until the images' part is at least the fixed part and t(N) at least MIN_EVAL_SECONDS, so
             # that noise, divided by N, cannot pass for a cost per image
             cap = max(2, min(MAX_EVAL_IMAGES, max_images))
             features = torch.randn(cap, backbone.embed_dim).to(device)
-            one, _ = _timed(lambda: method_logits(module, features[:1], amp), device, max_repeats, fastest=True)
+            one, _ = timed(lambda: method_logits(module, features[:1], amp), device, max_repeats, fastest=True)
             count = max(2, min(images, cap))
             while True:  # every timing the fastest of five: one slow call on a busy machine must not stop it
-                total, repeats = _timed(lambda: method_logits(module, features[:count], amp), device, max_repeats,
+                total, repeats = timed(lambda: method_logits(module, features[:count], amp), device, max_repeats,
                                         fastest=True)
                 if (total >= 2 * one and total >= MIN_EVAL_SECONDS) or count >= cap:
                     break
@@ -339,95 +224,13 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
             if count < cap and total < SLOW_CALL_SECONDS:  # and once at 4N (a busy moment only adds time, so the
                 # smaller slope), unless t(N) is long enough for a busy moment to be small beside it
                 more = min(cap, 4 * count)
-                longer, _ = _timed(lambda: method_logits(module, features[:more], amp), device, max_repeats,
+                longer, _ = timed(lambda: method_logits(module, features[:more], amp), device, max_repeats,
                                    fastest=True)
                 per_image = min(per_image, max(0.0, longer - one) / (more - 1))
             fixed = max(0.0, one - per_image)
             per_call = per_image * count
             reached = cap if count >= cap else MAX_EVAL_IMAGES  # stopped before the cap: the cost showed at any N
     return Unit(per_call / count, peak.host, peak.device_bytes, fixed_seconds=fixed, repeats=repeats, images=reached)
-
-
-def measure_encode(backbone: Backbone, batch: int = 64, precision: str = "auto", max_repeats: int = 3) -> Unit:
-    """Seconds per image view of what a cache build's own thread does for it: normalise its 8-bit pixels on the
-    encoder's device and encode them with the frozen image encoder, in batches of ``batch`` views (the build's) at
-    the cache's precision (``auto``: fp16 autocast on CUDA, fp32 on the CPU). The views are cut in worker processes
-    beside it (:func:`measure_decode`) and written by a thread beside it."""
-    from atlas_fast.clip.transforms import normalize_pixels
-
-    device = backbone.device
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-    if precision == "auto" and device.type == "cuda":
-        dtype = torch.float16
-    size = backbone.preprocessing.image_size
-    size = size[0] if isinstance(size, (tuple, list)) else size
-    generator = torch.Generator().manual_seed(0)
-    pixels = torch.randint(0, 256, (batch, size, size, 3), generator=generator, dtype=torch.uint8)
-    pixels = pixels.pin_memory() if device.type == "cuda" else pixels
-
-    def encode() -> None:
-        with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            backbone.encode_image(normalize_pixels(pixels, backbone.transform, device))
-
-    with PeakMemory(device) as peak:
-        seconds, repeats = _timed(encode, device, max_repeats)
-    return Unit(seconds / batch, peak.host, peak.device_bytes, repeats=repeats)
-
-
-def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
-                   images: Sequence[str | Path] = ()) -> Unit:
-    """Seconds to decode an image and transform it into views: ``seconds`` per view, ``fixed_seconds`` per decoded
-    image. Timed on ``images`` (a sample of the files a plan reads: their sizes set the cost) or, without them, on a
-    500 x 375 random-texture JPEG (the size of an average photo of the paper's datasets). It times
-    :func:`~atlas_fast.clip.transforms.load_views`, a pixel method's per-view work; a cache build's workers do all of
-    it but ToTensor + Normalize (on the encoder's device, in :func:`measure_encode`), so for them it is an upper
-    bound (by about an eighth at 224 px: ``benchmarks/cache_build.py --parts views``)."""
-    from PIL import Image
-
-    from atlas_fast.clip.transforms import load_views
-
-    spec = backbone.transform
-    cpu = torch.device("cpu")
-    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
-        paths = [Path(p) for p in images]
-        if not paths:
-            paths = [Path(folder) / "photo.jpg"]
-            noise = torch.randint(0, 256, (375, 500, 3), generator=torch.Generator().manual_seed(0),
-                                  dtype=torch.uint8)
-            Image.fromarray(noise.numpy()).save(paths[0], quality=90)
-        one, _ = _timed(lambda: [load_views(p, p.name, [0], spec) for p in paths], cpu, max_repeats)
-        many, repeats = _timed(lambda: [load_views(p, p.name, list(range(1, views + 1)), spec) for p in paths], cpu,
-                               max_repeats)
-    one, many = one / len(paths), many / len(paths)
-    per_view = max(0.0, (many - one) / max(1, views - 1)) if views > 1 else one
-    return Unit(per_view, fixed_seconds=max(0.0, one - per_view), repeats=repeats)
-
-
-def measure_loader_start(backbone: Backbone, max_repeats: int = 3) -> Unit:
-    """Seconds to start the pixel path's decoding pool (:class:`~atlas_fast.engine.pixels.DecodingPool`, with the
-    worker processes it uses on this device) and decode one small image through it: what a command that reads
-    pixels pays once (its pool then serves every epoch and every evaluated class set)."""
-    from PIL import Image
-
-    from atlas_fast.data.base import Datum
-    from atlas_fast.engine.pixels import DecodingPool, ImageViews, ViewFeed, default_workers
-
-    device = backbone.device
-    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
-        path = Path(folder) / "tiny.jpg"
-        Image.new("RGB", (32, 32), (128, 64, 32)).save(path)
-        items = [Datum(str(path), 0, "tiny", "tiny.jpg")]
-
-        def start() -> None:
-            pool = DecodingPool(default_workers(device), pin_memory=device.type == "cuda")
-            try:
-                for _ in ImageViews(items, backbone, device=device, feed=ViewFeed(pool, device)).batches(0, None, 1):
-                    pass
-            finally:
-                pool.close()
-
-        seconds, repeats = _timed(start, device, max_repeats, min_seconds=0.0)
-    return Unit(seconds, repeats=repeats)
 
 
 def measure_soft_labels(backbone: Backbone, kind: str, classnames: Sequence[str], items: int,
@@ -447,7 +250,7 @@ def measure_soft_labels(backbone: Backbone, kind: str, classnames: Sequence[str]
     features = torch.randn(items, backbone.embed_dim)
     device = backbone.device
     with PeakMemory(device) as peak:
-        seconds, repeats = _timed(lambda: compute_soft_labels(config, backbone, splits, features), device,
+        seconds, repeats = timed(lambda: compute_soft_labels(config, backbone, splits, features), device,
                                   max_repeats, min_seconds=0.0)
     return Unit(seconds, peak.host, peak.device_bytes, repeats=repeats)
 
@@ -475,30 +278,8 @@ def measure_run_overhead(backbone: Backbone, method: str, classnames: Sequence[s
         atomic_write(folder / "record.json", lambda f: f.write(text))
 
     with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as tmp, PeakMemory(device) as peak:
-        seconds, repeats = _timed(lambda: one_run(Path(tmp)), device, max_repeats, min_seconds=0.0)
+        seconds, repeats = timed(lambda: one_run(Path(tmp)), device, max_repeats, min_seconds=0.0)
     return Unit(seconds, peak.host, peak.device_bytes, repeats=repeats)
-
-
-def measure_report(write: Callable[[Path], Any]) -> Unit:
-    """Seconds ``write(folder)`` takes to write an experiment's report into an empty folder (its tables and a plot),
-    timed on its first call in this process, so that matplotlib's start (the largest part on a small job) counts as
-    the command will pay it."""
-    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
-        start = time.perf_counter()
-        write(Path(folder))
-        seconds = time.perf_counter() - start
-    return Unit(seconds)
-
-
-def measure_backbone_load(config: Any, device: torch.device) -> Unit:
-    """Seconds to load (and fingerprint) a backbone: what a fresh process pays once before its first run."""
-    from atlas_fast.clip.backbones import load_backbone
-
-    with PeakMemory(device) as peak:
-        start = time.perf_counter()
-        load_backbone(config, device)
-        seconds = time.perf_counter() - start
-    return Unit(seconds, peak.host, peak.device_bytes)
 
 
 def steps_per_epoch(items: int, batch: int) -> int:

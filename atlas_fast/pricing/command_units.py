@@ -1,0 +1,130 @@
+"""The units a command pays around its runs' steps, measured on this machine: loading the backbone (its start), the
+feature cache's build (encoding a view; decoding an image and cutting its views), starting the pixel path's
+decoding pool, writing its report and ending its process. The run's own units are in
+:mod:`atlas_fast.pricing.units`.
+
+* :func:`measure_encode`: normalising and encoding image views as the cache build's own thread does, in the
+  build's batches, at the cache's precision.
+* :func:`measure_decode`: decoding and transforming one image (a 500 x 375 JPEG, an average photo of the datasets,
+  or a sample of the plan's own files).
+* :func:`measure_loader_start`: the pixel path's decoding pool started once.
+* :func:`measure_report`: what an experiment's report costs once its runs are done: its tables written and a plot
+  drawn (by the function the experiment gives), matplotlib's start included.
+* :func:`measure_backbone_load`: loading and fingerprinting the backbone.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from atlas_fast.clip.backbones import Backbone
+from atlas_fast.pricing.timing import PeakMemory, Unit, timed
+
+
+def measure_encode(backbone: Backbone, batch: int = 64, precision: str = "auto", max_repeats: int = 3) -> Unit:
+    """Seconds per image view of what a cache build's own thread does for it: normalise its 8-bit pixels on the
+    encoder's device and encode them with the frozen image encoder, in batches of ``batch`` views (the build's) at
+    the cache's precision (``auto``: fp16 autocast on CUDA, fp32 on the CPU). The views are cut in worker processes
+    beside it (:func:`measure_decode`) and written by a thread beside it."""
+    from atlas_fast.clip.transforms import normalize_pixels
+
+    device = backbone.device
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    if precision == "auto" and device.type == "cuda":
+        dtype = torch.float16
+    size = backbone.preprocessing.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (batch, size, size, 3), generator=generator, dtype=torch.uint8)
+    pixels = pixels.pin_memory() if device.type == "cuda" else pixels
+
+    def encode() -> None:
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            backbone.encode_image(normalize_pixels(pixels, backbone.transform, device))
+
+    with PeakMemory(device) as peak:
+        seconds, repeats = timed(encode, device, max_repeats)
+    return Unit(seconds / batch, peak.host, peak.device_bytes, repeats=repeats)
+
+
+def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
+                   images: Sequence[str | Path] = ()) -> Unit:
+    """Seconds to decode an image and transform it into views: ``seconds`` per view, ``fixed_seconds`` per decoded
+    image. Timed on ``images`` (a sample of the files a plan reads: their sizes set the cost) or, without them, on a
+    500 x 375 random-texture JPEG (the size of an average photo of the paper's datasets). It times
+    :func:`~atlas_fast.clip.transforms.load_views`, a pixel method's per-view work; a cache build's workers do all of
+    it but ToTensor + Normalize (on the encoder's device, in :func:`measure_encode`), so for them it is an upper
+    bound (by about an eighth at 224 px: ``benchmarks/cache_build.py --parts views``)."""
+    from PIL import Image
+
+    from atlas_fast.clip.transforms import load_views
+
+    spec = backbone.transform
+    cpu = torch.device("cpu")
+    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
+        paths = [Path(p) for p in images]
+        if not paths:
+            paths = [Path(folder) / "photo.jpg"]
+            noise = torch.randint(0, 256, (375, 500, 3), generator=torch.Generator().manual_seed(0),
+                                  dtype=torch.uint8)
+            Image.fromarray(noise.numpy()).save(paths[0], quality=90)
+        one, _ = timed(lambda: [load_views(p, p.name, [0], spec) for p in paths], cpu, max_repeats)
+        many, repeats = timed(lambda: [load_views(p, p.name, list(range(1, views + 1)), spec) for p in paths], cpu,
+                               max_repeats)
+    one, many = one / len(paths), many / len(paths)
+    per_view = max(0.0, (many - one) / max(1, views - 1)) if views > 1 else one
+    return Unit(per_view, fixed_seconds=max(0.0, one - per_view), repeats=repeats)
+
+
+def measure_loader_start(backbone: Backbone, max_repeats: int = 3) -> Unit:
+    """Seconds to start the pixel path's decoding pool (:class:`~atlas_fast.engine.pixels.DecodingPool`, with the
+    worker processes it uses on this device) and decode one small image through it: what a command that reads
+    pixels pays once (its pool then serves every epoch and every evaluated class set)."""
+    from PIL import Image
+
+    from atlas_fast.data.base import Datum
+    from atlas_fast.engine.pixels import DecodingPool, ImageViews, ViewFeed, default_workers
+
+    device = backbone.device
+    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
+        path = Path(folder) / "tiny.jpg"
+        Image.new("RGB", (32, 32), (128, 64, 32)).save(path)
+        items = [Datum(str(path), 0, "tiny", "tiny.jpg")]
+
+        def start() -> None:
+            pool = DecodingPool(default_workers(device), pin_memory=device.type == "cuda")
+            try:
+                for _ in ImageViews(items, backbone, device=device, feed=ViewFeed(pool, device)).batches(0, None, 1):
+                    pass
+            finally:
+                pool.close()
+
+        seconds, repeats = timed(start, device, max_repeats, min_seconds=0.0)
+    return Unit(seconds, repeats=repeats)
+
+
+def measure_report(write: Callable[[Path], Any]) -> Unit:
+    """Seconds ``write(folder)`` takes to write an experiment's report into an empty folder (its tables and a plot),
+    timed on its first call in this process, so that matplotlib's start (the largest part on a small job) counts as
+    the command will pay it."""
+    with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as folder:
+        start = time.perf_counter()
+        write(Path(folder))
+        seconds = time.perf_counter() - start
+    return Unit(seconds)
+
+
+def measure_backbone_load(config: Any, device: torch.device) -> Unit:
+    """Seconds to load (and fingerprint) a backbone: what a fresh process pays once before its first run."""
+    from atlas_fast.clip.backbones import load_backbone
+
+    with PeakMemory(device) as peak:
+        start = time.perf_counter()
+        load_backbone(config, device)
+        seconds = time.perf_counter() - start
+    return Unit(seconds, peak.host, peak.device_bytes)
