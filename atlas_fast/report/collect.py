@@ -110,8 +110,8 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     ``datasets``/``methods`` keep only those records; ``metrics`` replaces each table's columns (default: base, new,
     H for base-to-new, ``all`` otherwise). Cells are mean ± population std over seeds; H is that of the mean base and
     new accuracies. ``paths``: only these record files (relative to ``results_dir``). Beside the tables,
-    ``sources.json`` names every record a cell was computed from, with its seal (what :func:`verify_report`
-    checks). Raises ``ValueError`` when no finished record matches."""
+    ``sources.json`` names every record a cell was computed from, with its seal (what
+    :func:`~atlas_fast.report.verify.verify_report` checks). Raises ``ValueError`` when no finished record matches."""
     from atlas_fast.engine.deviations import table_marks
     from atlas_fast.report.figures import plot_rows, plot_series
     from atlas_fast.report.formats import latex_label, latex_table, markdown_table, paired_csv_fields
@@ -305,7 +305,7 @@ def _write_sources(root: Path, out: Path, records: Sequence[dict[str, Any]], met
                    methods: Sequence[str] | None = None) -> Path:
     """``<out>/sources.json``: the records the report's cells come from (paths relative to the results folder, with
     their seals), the record files it left out and why, and the ``--metrics``, ``--datasets`` and ``--methods`` it
-    was made with, so :func:`verify_report` can make the same tables again and tell a record added since."""
+    was made with, so :mod:`~atlas_fast.report.verify` can make the same tables again and tell a record added since."""
     from atlas_fast.engine.seal import SEAL_FIELD
 
     sources = {"results_dir": str(root), "metrics": list(metrics) if metrics else None,
