@@ -24,7 +24,8 @@ from torch import nn
 from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.methods.config import MissingRecipe, OptimRecipe
 from atlas_fast.methods.registry import build_method
-from atlas_fast.methods.promptkd import PromptKD, PromptKDConfig, load_teacher, promptkd_recipe
+from atlas_fast.methods.promptkd import PromptKD, PromptKDConfig, promptkd_recipe
+from atlas_fast.methods.promptkd_teacher import load_teacher
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
 from helpers import small_pets, tiny_pets_config
 
@@ -118,10 +119,10 @@ def teacher_at_another_temperature(monkeypatch):
     the student's temperature differs from the official (its own). PromptKD's prompted teachers kept by an earlier
     test may wrap a teacher CLIP the backbone store has since let go, so they are set aside: the method's teacher is
     then built on the one moved here."""
-    import atlas_fast.methods.promptkd as promptkd
+    import atlas_fast.methods.promptkd_teacher as promptkd_teacher
 
-    monkeypatch.setattr(promptkd, "_TEACHERS", {})
-    monkeypatch.setattr(promptkd, "_TEACHER_TEXT", {})
+    monkeypatch.setattr(promptkd_teacher, "_TEACHERS", {})
+    monkeypatch.setattr(promptkd_teacher, "_TEACHER_TEXT", {})
     teacher = shared_backbone(BackboneConfig("atlas-tiny-teacher", None))
     saved = teacher.model.logit_scale.detach().clone()
     teacher.model.logit_scale.data.fill_(math.log(40.0))
