@@ -35,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from atlas_fast.atlas.criterion import LossCriterion  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.clip.transforms import load_views  # noqa: E402
 from atlas_fast.engine.loop import build_optimizer, set_epoch_lr, set_step_lr  # noqa: E402
@@ -70,7 +71,8 @@ def time_steps(method, batches, step_inputs, steps: int) -> tuple[list[float], l
     for i in range(steps + 1):
         start = time.perf_counter()
         inputs, labels = step_inputs(batches[i % len(batches)])
-        loss = method.training_loss(inputs, labels, lambda z, **_: torch.nn.functional.cross_entropy(z[0], labels))
+        criterion = LossCriterion(lambda z, r: torch.nn.functional.cross_entropy(z, labels), [len(labels)])
+        loss = method.training_loss(inputs, labels, criterion)
         optimizer.step(torch.autograd.grad(loss.sum(), optimizer.params, allow_unused=True))
         if method.device.type == "cuda":
             torch.cuda.synchronize()

@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from atlas_fast.atlas.criterion import LossCriterion  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.engine import memory  # noqa: E402
 from atlas_fast.engine.feed import PixelBatch  # noqa: E402
@@ -77,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     with PeakMemory(device) as peak:
         with torch.autocast(device.type, dtype=torch.float16, enabled=amp), \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            loss = method.training_loss(PixelBatch(pixels, second), labels,
-                                        lambda logits: torch.nn.functional.cross_entropy(logits[0], labels))
+            loss = method.training_loss(PixelBatch(pixels, second), labels, LossCriterion(
+                lambda logits, r: torch.nn.functional.cross_entropy(logits, labels), [len(labels)]))
         loss.backward()
     seconds = time.perf_counter() - clock
     saved = sum(sizes.values())

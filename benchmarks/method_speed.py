@@ -38,6 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from atlas_fast.atlas.criterion import LossCriterion  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.cache import FeatureCache  # noqa: E402
 from atlas_fast.engine.loop import build_optimizer, set_epoch_lr  # noqa: E402
@@ -104,8 +105,8 @@ def time_steps(method, inputs: torch.Tensor, labels: torch.Tensor, recipe, steps
         index = torch.arange(step * recipe.batch_size, (step + 1) * recipe.batch_size) % len(labels)
         batch_labels = labels[index]
         start = time.perf_counter()
-        loss = method.training_loss(inputs[index], batch_labels,
-                                    lambda logits, **_: F.cross_entropy(logits[0], batch_labels)).sum()
+        criterion = LossCriterion(lambda logits, r: F.cross_entropy(logits, batch_labels), [len(batch_labels)])
+        loss = method.training_loss(inputs[index], batch_labels, criterion).sum()
         optimizer.step(torch.autograd.grad(loss, optimizer.params, allow_unused=True))
         if inputs.is_cuda:
             torch.cuda.synchronize()

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from atlas_fast.atlas.criterion import LossCriterion  # noqa: E402
 from atlas_fast.clip.backbones import BackboneConfig, load_backbone  # noqa: E402
 from atlas_fast.engine.feed import PixelBatch  # noqa: E402
 from atlas_fast.methods.registry import build_method  # noqa: E402
@@ -102,7 +103,8 @@ def measure(backbone, name: str, config, inputs_kind: str, classnames: list[str]
         saved = SavedActivations(backbone)
         with torch.autocast(device.type, dtype=torch.float16, enabled=amp), \
                 torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda tensor: tensor):
-            loss = method.training_loss(inputs, labels, lambda logits, **_: F.cross_entropy(logits[0].float(), labels))
+            criterion = LossCriterion(lambda logits, r: F.cross_entropy(logits.float(), labels), [len(labels)])
+            loss = method.training_loss(inputs, labels, criterion)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)

@@ -187,6 +187,7 @@ def child_step(method_name: str, classes: int, device: str) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from atlas_fast.atlas.criterion import LossCriterion
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.methods.config import MissingRecipe
     from atlas_fast.methods.registry import method_class
@@ -220,8 +221,7 @@ def child_step(method_name: str, classes: int, device: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
     gpu_base = torch.cuda.memory_allocated() if torch_device.type == "cuda" else 0
 
-    def criterion(logits, observe=True):
-        return F.cross_entropy((logits if logits.dim() == 2 else logits[0]).float(), labels)
+    criterion = LossCriterion(lambda logits, r: F.cross_entropy(logits.float(), labels), [len(labels)], torch_device)
 
     optimizer = torch.optim.SGD(method.trainable_parameters(), lr=1e-3, momentum=0.9)
     clock = time.perf_counter()

@@ -49,6 +49,16 @@ def pixel_test_logits(method, pixels):
     return method.pixel_classifier()(method.eval_pixel_features(pixels))
 
 
+def cross_entropy_criterion(labels, sizes=None, runs=1):
+    """The plain one-hot criterion (``atlas_fast.atlas.criterion.LossCriterion``) of a batch: ``labels`` (B,) seen
+    by ``runs`` runs, or (R, B) one batch per run whose first ``sizes[r]`` rows are run r's (default: all of them)."""
+    from atlas_fast.atlas.criterion import LossCriterion
+
+    per_run = labels if labels.dim() == 2 else labels.expand(runs, -1)
+    sizes = list(sizes) if sizes is not None else [per_run.shape[1]] * per_run.shape[0]
+    return LossCriterion(lambda z, r: F.cross_entropy(z, per_run[r, :len(z)]), sizes)
+
+
 def assert_gradients_close(actual, expected):
     """Gradients equal up to 1e-5 of the largest entry (fp32; the cached and literal paths sum in different orders)."""
     scale = expected.abs().max()

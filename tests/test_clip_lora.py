@@ -19,6 +19,7 @@ from atlas_fast.methods.config import OptimRecipe
 from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.clip_lora import (CLIPLoRA, CLIPLoRAConfig, CLIPLoRAText, CLIPLoRATextConfig, adapted_blocks,
                                           clip_lora_recipe)
+from helpers import cross_entropy_criterion
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
 from helpers import pixel_test_logits
 
@@ -207,8 +208,8 @@ def test_the_cached_path_equals_the_pixel_path(tiny):
     move(cached)
     pixel.load_checkpoint_state(cached.state_for_checkpoint())
     pixels, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
-    loss = cached.training_loss(tiny.encode_image(pixels), labels, lambda z: F.cross_entropy(z[0], labels))
-    reference = pixel.training_loss(pixels, labels, lambda z: F.cross_entropy(z[0], labels))
+    loss = cached.training_loss(tiny.encode_image(pixels), labels, cross_entropy_criterion(labels))
+    reference = pixel.training_loss(pixels, labels, cross_entropy_criterion(labels))
     (loss + reference).backward()
     assert_equivalent("CLIP-LoRA cached vs pixel loss", loss, reference)
     for (name, a), (_, b) in zip(cached.named_parameters(), pixel.named_parameters()):

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from atlas_fast.atlas.criterion import LossCriterion
 from atlas_fast.methods.config import MissingRecipe
 from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.coprompt import CoPromptConfig, coprompt_recipe, description_index
@@ -172,11 +173,12 @@ def check(backbone, method, prefix, pixels, second, labels, table):
     k = int(description_index(method.description_seed, method.description_step, len(next(iter(table.values())))))
     seen = {}
 
-    def criterion(logits):
+    def cross_entropy(logits, run):
         seen["logits"] = logits
-        seen["ce"] = F.cross_entropy(logits[0], labels)
+        seen["ce"] = F.cross_entropy(logits, labels)
         return seen["ce"]
 
+    criterion = LossCriterion(cross_entropy, [len(labels)])
     loss = method.training_loss((pixels, backbone.encode_image(second)), labels, criterion)
     loss.backward()
     assert int(method.description_step) == 1  # the step was counted
@@ -193,7 +195,7 @@ def check(backbone, method, prefix, pixels, second, labels, table):
     assert torch.equal(method.eot_index.cpu(), ids.argmax(dim=-1))  # the EOT of the same token ids
     assert_equivalent(f"{prefix} prompt embeddings (token ids)", method.prompt_embeddings()[0], prompts[:, :n_used],
                       atol=0, rtol=0)
-    assert_equivalent(f"{prefix} logits", seen["logits"][0], logits, atol=1e-4)
+    assert_equivalent(f"{prefix} logits", seen["logits"], logits, atol=1e-4)
     assert_equivalent(f"{prefix} CE", seen["ce"], ce)
     assert_equivalent(f"{prefix} text consistency", text_term[0], ref_text)
     assert_equivalent(f"{prefix} image consistency", image_term[0], ref_image)
@@ -211,9 +213,9 @@ def check(backbone, method, prefix, pixels, second, labels, table):
                       wrong / scale, rtol=0)
     with torch.no_grad():  # negative controls: one detail of the reference changed each
         swapped = official_loss(*args, image_ratio=0.2, text_ratio=0.1)
-        assert_caught("adapter ratios swapped", seen["logits"][0], swapped[2], atol=1e-4)
+        assert_caught("adapter ratios swapped", seen["logits"], swapped[2], atol=1e-4)
         linear = official_loss(*args, last_relu=False)
-        assert_caught("adapter without its last ReLU", seen["logits"][0], linear[2], atol=1e-4)
+        assert_caught("adapter without its last ReLU", seen["logits"], linear[2], atol=1e-4)
         same_view = official_loss(*args[:5], pixels, *args[6:])
         assert_caught("frozen features of the same view", image_term[0], same_view[5])
         other = official_loss(*args[:7], (k + 1) % 3, table)

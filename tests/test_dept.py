@@ -15,7 +15,8 @@ from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.dept import (DePTCoCoOpConfig, DePTCoOpConfig, DePTKgCoOpConfig, dept_cocoop_recipe,
                                      dept_coop_recipe, dept_kgcoop_recipe)
 from atlas_fast.atlas.schedules import soft_cross_entropy
-from helpers import assert_gradients_close, reference_text_features
+from atlas_fast.atlas.criterion import LossCriterion
+from helpers import assert_gradients_close, cross_entropy_criterion, reference_text_features
 
 CLASSNAMES = ["cat", "great_crested_newt", "dog", "sea_lion"]
 TEMPLATE = "a photo of a {}, a type of pet."
@@ -87,7 +88,7 @@ def test_loss_and_every_gradient_match_the_full_forward(tiny, name):
     method = build(tiny, name)
     pixels = torch.randn(3, 3, 32, 32)
     labels = torch.tensor([2, 0, 2])
-    loss = method.training_loss(tiny.encode_image(pixels), labels, lambda z, **_: F.cross_entropy(z[0], labels)).sum()
+    loss = method.training_loss(tiny.encode_image(pixels), labels, cross_entropy_criterion(labels)).sum()
     loss.backward()
     p = leaves(method)
     _, reference = reference_dept(tiny, method, pixels, labels, p)
@@ -103,8 +104,8 @@ def test_soft_targets_reach_the_similarity_and_head_terms(tiny, text_targets):
     pixels = torch.randn(4, 3, 32, 32)
     labels = torch.tensor([1, 0, 3, 1])
     soft = torch.softmax(torch.randn(4, 4), dim=-1)
-    loss = method.training_loss(tiny.encode_image(pixels), labels, lambda z, onehot=False, **_: (
-        F.cross_entropy(z[0], labels) if onehot else soft_cross_entropy(z[0], soft))).sum()
+    loss = method.training_loss(tiny.encode_image(pixels), labels,
+                                LossCriterion(lambda z, r: soft_cross_entropy(z, soft), [4])).sum()
     text = soft if text_targets == "mirror" else F.one_hot(labels, 4).float()
     _, reference = reference_dept(tiny, method, pixels, labels, leaves(method), text_targets=text,
                                   image_targets=soft)
@@ -164,17 +165,16 @@ def test_checkpoints_hold_the_head_and_runs_are_independent(tiny):
     assert set(state) == {"base.ctx", "film_text_scale", "film_text_bias", "film_image_scale", "film_image_bias",
                           "linear_weight", "linear_bias"}
     assert state["linear_weight"].shape == (2, 4, tiny.embed_dim)
-    losses = batched.training_loss(features, labels, lambda z, **_: torch.stack([F.cross_entropy(r, labels)
-                                                                                  for r in z]))
+    losses = batched.training_loss(features, labels.expand(2, -1), cross_entropy_criterion(labels.expand(2, -1)))
     assert losses.shape == (2,)  # each run's own loss
     for run in range(2):
         single = build(tiny, "dept-coop")
         single.load_checkpoint_state({k: v[run:run + 1] for k, v in state.items()})
-        alone = single.training_loss(features[run], labels, lambda z, **_: F.cross_entropy(z[0], labels))
+        alone = single.training_loss(features[run], labels, cross_entropy_criterion(labels))
         assert abs(float((losses[run] - alone.sum()).detach())) < 1e-5
     with pytest.raises(ValueError, match="class set its head was built for"):
         batched.set_classnames(["boxer"])
-        batched.training_loss(features, labels, lambda z, **_: z.sum())
+        batched.training_loss(features, labels, cross_entropy_criterion(labels))
     assert METHODS["dept-kgcoop"].base_class.name == "kgcoop"
 
 
@@ -203,9 +203,11 @@ def test_only_the_similarity_logits_are_observed_by_the_schedule(tiny):
     labels = torch.tensor([1, 0, 3, 1])
     observed = []
 
-    def criterion(logits, observe=True):
-        observed.append(observe)
-        return F.cross_entropy(logits[0], labels)
+    class Recorded(LossCriterion):
+        def per_run(self, logits, observe=True):
+            observed.append(observe)
+            return super().per_run(logits, observe)
 
+    criterion = Recorded(lambda z, r: F.cross_entropy(z, labels), [4])
     method.training_loss(tiny.encode_image(torch.randn(4, 3, 32, 32)), labels, criterion)
     assert len(observed) == 3 and observed.count(True) == 1  # similarity, head text rows, head image rows

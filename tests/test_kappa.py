@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from atlas_fast.atlas.kappa import (gradient_variance, measure_kappa, per_sample_gradients, smoothing_parts,
                                     variance_factors)
+from atlas_fast.atlas.criterion import LossCriterion
 from atlas_fast.atlas.schedules import soft_cross_entropy
 from atlas_fast.atlas.softlabels import uniform_ls
 from atlas_fast.engine import run
@@ -31,9 +32,9 @@ def _loop_gradients(method, features, labels, targets=None):
     for i in range(len(labels)):
         method.zero_grad(set_to_none=True)
         if targets is None:
-            criterion = lambda logits, observe=True: F.cross_entropy(logits.reshape(1, -1), labels[i:i + 1])
+            criterion = LossCriterion(lambda logits, r: F.cross_entropy(logits, labels[i:i + 1]), [1])
         else:
-            criterion = lambda logits, observe=True: soft_cross_entropy(logits.reshape(1, -1), targets[i:i + 1])
+            criterion = LossCriterion(lambda logits, r: soft_cross_entropy(logits, targets[i:i + 1]), [1])
         method.training_loss(features[i:i + 1], labels[i:i + 1], criterion).backward()
         rows.append(torch.cat([p.grad.flatten() for p in method.trainable_parameters()]))
     return torch.stack(rows)

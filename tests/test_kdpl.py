@@ -26,7 +26,7 @@ from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.kdpl import (KDPLCoCoOpConfig, KDPLCoOpConfig, KDPLMaPLeConfig, KDPLPromptSRCConfig,
                                      kdpl_coop_recipe, kdpl_maple_recipe, kdpl_promptsrc_recipe, read_classnames)
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
-from helpers import reference_text_features, small_pets, tiny_pets_config
+from helpers import cross_entropy_criterion, reference_text_features, small_pets, tiny_pets_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: extra threads only contend
 
@@ -111,7 +111,8 @@ def check(tiny, method, prefix, agnostic, pixels, dictionary=None, templates=IMA
     if method.reads_frozen_features:
         extra = torch.cat([tiny.encode_image(pixels), extra], dim=-1)
     inputs = (pixels, extra) if method.reads_pixels else torch.cat([tiny.encode_image(pixels), extra], dim=-1)
-    loss = method.training_loss(inputs, torch.zeros(len(pixels), dtype=torch.long), None)
+    labels = torch.zeros(len(pixels), dtype=torch.long)
+    loss = method.training_loss(inputs, labels, cross_entropy_criterion(labels))
     loss.backward()
     p = {name: t.detach()[0].clone().requires_grad_(True) for name, t in method.named_parameters()}
     scale = tiny.model.logit_scale.exp()

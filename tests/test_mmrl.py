@@ -22,7 +22,8 @@ from atlas_fast.methods.config import MissingRecipe, OptimRecipe
 from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.mmrl import MMRLConfig, MMRLppConfig, mmrl_recipe, mmrlpp_recipe
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
-from helpers import eight_class_pets, tiny_pets_config
+from atlas_fast.atlas.criterion import LossCriterion
+from helpers import cross_entropy_criterion, eight_class_pets, tiny_pets_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: extra threads only contend
 
@@ -153,7 +154,7 @@ def reference_forward(backbone, p, pixels, names, config, **wrong):
 
 def check(backbone, method, prefix, pixels, labels):
     config = method.config
-    one_hot = lambda z, observe=True, per_run=False: F.cross_entropy(z[0], labels)  # noqa: E731
+    one_hot = cross_entropy_criterion(labels)
     frozen = backbone.encode_image(pixels)
     loss = method.training_loss((pixels, frozen), labels, one_hot)
     loss.backward()
@@ -283,19 +284,20 @@ def test_both_classification_terms_take_the_schedule_targets_and_only_z_is_obser
     method = build(tiny, True, depth=1)
     calls = []
 
-    def criterion(logits, observe=True, per_run=False):
-        calls.append((logits.detach().clone(), observe))
-        return logits.sum() * 0.0
+    class Recorded(LossCriterion):
+        def per_run(self, logits, observe=True):
+            calls.append((logits.detach().clone(), observe))
+            return super().per_run(logits, observe)
 
     pixels = torch.randn(2, 3, 32, 32)
-    method.training_loss(pixels, torch.tensor([0, 1]), criterion)
+    method.training_loss(pixels, torch.tensor([0, 1]), Recorded(lambda z, r: z.sum() * 0.0, [2]))
     terms = method.loss_terms(pixels)
     assert [observe for _, observe in calls] == [True, False]
     torch.testing.assert_close(calls[0][0], terms["logits"])
     torch.testing.assert_close(calls[1][0], terms["rep_logits"])
     # the cached frozen features of the view give the loss that computing them gives
     y = torch.tensor([0, 1])
-    one_hot = lambda z, observe=True, per_run=False: F.cross_entropy(z[0], y)  # noqa: E731
+    one_hot = cross_entropy_criterion(y)
     torch.testing.assert_close(method.training_loss((pixels, tiny.encode_image(pixels)), y, one_hot),
                                method.training_loss(pixels, y, one_hot), rtol=0, atol=0)
 
@@ -311,20 +313,14 @@ def test_runs_trained_together_keep_their_own_rows_and_losses(tiny, name):
     pixels, labels = torch.randn(2, 3, 3, 32, 32), torch.tensor([[0, 1, 2], [2, 0, 0]])
     pixels[1, 2] = 0.0
 
-    def criterion(logits, observe=True, per_run=False):
-        losses = torch.stack([F.cross_entropy(logits[r, :n], labels[r, :n]) for r, n in enumerate((3, 2))])
-        return losses if per_run else losses.sum()
-
-    criterion.sizes = [3, 2]
-    losses = together.training_loss(pixels, labels, criterion)
+    losses = together.training_loss(pixels, labels, cross_entropy_criterion(labels, (3, 2)))
     for r, n in enumerate((3, 2)):
         single = build(tiny, False, name, depth=2)
         with torch.no_grad():
             for key, param in single.named_parameters():
                 param.copy_(dict(together.named_parameters())[key][r:r + 1])
         y = labels[r, :n]
-        expected = single.training_loss(pixels[r, :n], y, lambda z, observe=True, per_run=False:
-                                        F.cross_entropy(z[0], y))
+        expected = single.training_loss(pixels[r, :n], y, cross_entropy_criterion(y))
         torch.testing.assert_close(losses[r], expected, rtol=1e-5, atol=1e-5)
 
 

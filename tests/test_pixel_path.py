@@ -25,7 +25,7 @@ from atlas_fast.engine.pixels import ImageViews
 from atlas_fast.atlas.schedules import Alternating
 from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.engine import TrainConfig, run
-from helpers import pixel_test_logits
+from helpers import cross_entropy_criterion, pixel_test_logits
 from layouts import make_oxford_pets
 from registry_cases import cases, reads_pixels, small_options
 
@@ -89,9 +89,7 @@ def test_promptsrc_reads_its_frozen_features_from_the_cache(pets):
         batch, index = next(inputs.batches(epoch, torch.arange(len(labels)), 4))
         assert isinstance(batch, PixelBatch) and batch.frozen_features.shape == (len(index), backbone.embed_dim)
 
-        def criterion(logits):
-            return F.cross_entropy(logits[0], labels[index])
-
+        criterion = cross_entropy_criterion(labels[index])
         from_cache = method.training_loss(batch, labels[index], criterion)
         computed = method.training_loss(batch.pixels, labels[index], criterion)
         torch.testing.assert_close(from_cache, computed, rtol=1e-3, atol=1e-4)
@@ -188,7 +186,7 @@ def test_dept_maple_loss_head_and_fusion(pets):
         for param in method.head_parameters()[:4]:
             param.add_(0.1 * torch.randn_like(param))
     pixels, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 2, 1, 2])
-    loss = method.training_loss(pixels, labels, lambda z, **_: F.cross_entropy(z[0], labels))
+    loss = method.training_loss(pixels, labels, cross_entropy_criterion(labels))
     text, image = method.base.raw_text_features()[0], method.base.image_batch(pixels)[0]
     z = method.logit_scale * F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).T
     rows = torch.cat([text[labels] * method.film_text_scale[0] + method.film_text_bias[0],

@@ -27,7 +27,7 @@ from atlas_fast.methods.registry import build_method
 from atlas_fast.methods.promptkd import PromptKD, PromptKDConfig, promptkd_recipe
 from atlas_fast.methods.promptkd_teacher import load_teacher
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
-from helpers import small_pets, tiny_pets_config
+from helpers import cross_entropy_criterion, small_pets, tiny_pets_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: extra threads only contend
 
@@ -191,7 +191,8 @@ def check(student, method, prefix, pixels, grad_atol=GRAD_ATOL):
     scale = student.model.logit_scale.exp()
     stu_logits = scale * F.normalize(projected(stu_image), dim=-1) @ text.t()
     method.train()
-    loss = method.training_loss((pixels, cached), torch.zeros(len(pixels), dtype=torch.long), None)
+    labels = torch.zeros(len(pixels), dtype=torch.long)
+    loss = method.training_loss((pixels, cached), labels, cross_entropy_criterion(labels))
     loss.backward()
     reference = official_loss(stu_logits, tea_logits, config.kd_weight, config.temperature)
     reference.backward(retain_graph=True)
@@ -543,15 +544,11 @@ def test_runs_trained_together_equal_runs_trained_alone(tiny):
     teacher = together.teacher
     features = torch.stack([teacher.encode_image(p) for p in pixels])
 
-    class Criterion:  # what the engine's criterion tells a method of a padded step
-        pass
-
-    criterion = Criterion()
-    criterion.sizes = sizes
-    losses = together.training_loss((pixels, features), torch.zeros(2, 5, dtype=torch.long), criterion)
+    labels = torch.zeros(2, 5, dtype=torch.long)
+    losses = together.training_loss((pixels, features), labels, cross_entropy_criterion(labels, sizes))
     losses.sum().backward()
     for r, (method, n) in enumerate(zip(alone, sizes)):
-        loss = method.training_loss((pixels[r, :n], features[r, :n]), torch.zeros(n, dtype=torch.long), None)
+        loss = method.training_loss((pixels[r, :n], features[r, :n]), labels[r, :n], cross_entropy_criterion(labels[r, :n]))
         loss.backward()
         assert_equivalent(f"PromptKD batched loss run {r}", losses[r], loss)
         grads = dict(together.named_parameters())

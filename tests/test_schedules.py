@@ -120,3 +120,32 @@ def test_runs_cross_entropy_is_each_run_s_own_loss():
     torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-7)
     assert [Alternating(2).cross_entropy_kind(e) for e in range(3)] == ["hard", "soft", "hard"]
     assert OneHot().cross_entropy_kind(1) == "hard" and OnlineLabelSmoothing().cross_entropy_kind(0) is None
+
+
+def test_the_criterion_gives_each_run_its_schedule_loss_over_its_own_rows():
+    """A padded step of three runs (sizes 4, 2, 0): the criterion's per-run losses are each run's schedule loss of
+    its own rows (0 for the run that sits out), their sum is the criterion's value, and the padding mask marks each
+    run's rows (None where no run is padded)."""
+    from atlas_fast.atlas.criterion import LossCriterion, ScheduleCriterion, size_rows
+    from atlas_fast.atlas.schedules import hard_cross_entropy
+
+    generator = torch.Generator().manual_seed(1)
+    sizes = [4, 2, 0]
+    logits = torch.randn(3, 4, 5, generator=generator)
+    labels = torch.randint(5, (3, 4), generator=generator)
+    soft = torch.softmax(torch.randn(2, 5, generator=generator), dim=-1)
+    ols = OnlineLabelSmoothing()
+    ols.reset(5)
+    schedules = [OneHot(), Alternating(1), ols]
+    targets = [(0, labels[0], None), (1, labels[1, :2], soft)]
+    criterion = ScheduleCriterion(schedules, 0, labels, targets, sizes, size_rows(sizes, "cpu"))
+    expected = torch.stack([hard_cross_entropy(logits[0], labels[0]), soft_cross_entropy(logits[1, :2], soft),
+                            torch.tensor(0.0)])
+    torch.testing.assert_close(criterion.per_run(logits), expected)
+    torch.testing.assert_close(criterion(logits), expected.sum())
+    assert criterion.sizes == (4, 2, 0) and criterion.rows.tolist() == sizes
+    assert criterion.padding_mask(4).sum(dim=1).tolist() == sizes
+    full = LossCriterion(lambda z, r: hard_cross_entropy(z, labels[r]), [4, 4])
+    assert full.padding_mask(4) is None
+    torch.testing.assert_close(full.per_run(logits[:2]), expected.new_tensor(
+        [float(hard_cross_entropy(logits[r], labels[r])) for r in range(2)]))

@@ -20,6 +20,7 @@ from atlas_fast.methods.maple import MaPLeConfig
 from atlas_fast.methods.promptsrc import PromptSRCConfig
 from atlas_fast.clip.prompted_towers import fused_attention_supported, run_blocks
 from atlas_fast.clip.text_encoder import PromptTextEncoder, length_groups
+from helpers import cross_entropy_criterion
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # suffix lengths (class tokens + "." + EOT) from 3 to 7, so there are several length groups
@@ -53,9 +54,7 @@ def randomize(method, seed=1):
 def loss_and_grads(method, inputs, labels, mode):
     set_paths(method, mode)
     method.zero_grad()
-    runs = method.num_runs
-    loss = method.training_loss(inputs, labels, lambda logits, **_: F.cross_entropy(  # each run's loss (R,)
-        logits.flatten(0, 1).float(), labels.repeat(runs), reduction="none").view(runs, -1).mean(dim=1))
+    loss = method.training_loss(inputs, labels, cross_entropy_criterion(labels, runs=method.num_runs))
     loss.sum().backward()
     with torch.no_grad():
         logits = method(inputs)

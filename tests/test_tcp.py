@@ -134,6 +134,7 @@ def test_runs_are_independent_and_new_classes_get_their_own_class_tokens(tiny):
 def test_soft_targets_reach_the_cross_entropy_and_the_knowledge_term_stays_hard(tiny):
     """ATLaS: the criterion gets TCP's class logits (any label schedule's targets act on them); W (1 - cos) is added
     unchanged."""
+    from atlas_fast.atlas.criterion import LossCriterion
     from atlas_fast.atlas.schedules import soft_cross_entropy
 
     torch.manual_seed(3)
@@ -142,11 +143,12 @@ def test_soft_targets_reach_the_cross_entropy_and_the_knowledge_term_stays_hard(
     soft = torch.softmax(torch.randn(3, 4), dim=-1)
     seen = []
 
-    def criterion(logits, observe=True):
-        seen.append(observe)
-        return soft_cross_entropy(logits[0], soft)
+    class Recorded(LossCriterion):
+        def per_run(self, logits, observe=True):
+            seen.append(observe)
+            return super().per_run(logits, observe)
 
-    loss = method.training_loss(features, labels, criterion)
+    loss = method.training_loss(features, labels, Recorded(lambda z, r: soft_cross_entropy(z, soft), [3]))
     expected = soft_cross_entropy(method(features)[0], soft) + method.regularizer(method.raw_text_features()).sum()
     torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
     assert seen == [True]

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from atlas_fast.atlas.criterion import Criterion, LossCriterion
 from atlas_fast.atlas.schedules import hard_cross_entropy, soft_cross_entropy
 
 if TYPE_CHECKING:  # the methods sit above the ATLaS layer: κ reads their interface, a type-only import
@@ -60,8 +61,7 @@ class _BatchOfOneLoss(nn.Module):
         super().__init__()
         self.method = method
 
-    def forward(self, feature: torch.Tensor, label: torch.Tensor, criterion: Callable[..., torch.Tensor]
-                ) -> torch.Tensor:
+    def forward(self, feature: torch.Tensor, label: torch.Tensor, criterion: Criterion) -> torch.Tensor:
         return self.method.training_loss(feature.unsqueeze(0), label.unsqueeze(0), criterion).sum()
 
 
@@ -81,18 +81,16 @@ def per_sample_gradients(method: "PromptMethod", features: torch.Tensor, labels:
     _check_method(method)
     loss_module = _BatchOfOneLoss(method)
     params = {name: p.detach() for name, p in loss_module.named_parameters() if p.requires_grad}
+    device = method.device
 
     def one_hot_loss(params, feature, label):
-        criterion = lambda logits, **_: hard_cross_entropy(logits.reshape(1, -1), label.unsqueeze(0))
+        criterion = LossCriterion(lambda logits, r: hard_cross_entropy(logits, label.unsqueeze(0)), (1,), device)
         return functional_call(loss_module, params, (feature, label, criterion))
 
     def soft_loss(params, feature, label, target):
-        criterion = lambda logits, onehot=False, **_: (
-            hard_cross_entropy(logits.reshape(1, -1), label.unsqueeze(0)) if onehot
-            else soft_cross_entropy(logits.reshape(1, -1), target.unsqueeze(0)))
+        criterion = LossCriterion(lambda logits, r: soft_cross_entropy(logits, target.unsqueeze(0)), (1,), device)
         return functional_call(loss_module, params, (feature, label, criterion))
 
-    device = method.device
     args = [features.to(device).float(), labels.to(device).long()]
     with warnings.catch_warnings():
         # torch has no batched backward of the CPU's fused attention yet and loops over the chunk there (correct)

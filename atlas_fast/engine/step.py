@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 import torch
-from atlas_fast.atlas.schedules import LabelSchedule, runs_cross_entropy
+from atlas_fast.atlas.criterion import ScheduleCriterion, size_rows
+from atlas_fast.atlas.schedules import LabelSchedule
 from atlas_fast.engine.optim import RunsOptimizer
 from atlas_fast.methods.base import PromptMethod
 
@@ -258,44 +259,14 @@ def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: 
                      ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """Each run's loss (R,) and the (scaled) gradients of :attr:`RunsOptimizer.params`.
 
-    The criterion gives the sum over the runs in this step of run r's schedule loss of its logits
-    (R, B_max, C)[r, :B_r] ((B, C) logits are one run's); ``observe``: these are the method's class predictions
-    (OLS learns from them), not an auxiliary head's; ``per_run``: each run's loss (R,) instead of their sum (0 for a
-    run that sits out the step). ``criterion.sizes`` are the runs' batch sizes B_r: rows past a run's size are
-    padding, which a method's terms beyond the criterion must leave out; ``criterion.rows`` are the same sizes as a
-    device tensor (R,) (``rows``, or made here by fills), so that a method masks its padding without uploading them.
-    A method's ``training_loss`` returns the
-    step's loss or, with terms beyond the criterion, each run's loss (R,); each run's loss is the criterion's
-    otherwise. The backward pass differentiates ``sum_r scale_r loss_r`` (each run's own fp16 loss scale)."""
+    The method's ``training_loss`` gets the step's :class:`~atlas_fast.atlas.criterion.ScheduleCriterion` (each
+    run's schedule loss of its logits, the runs' sizes, and ``rows``: the sizes on the device, given or made here
+    by fills) and returns the step's loss or, with terms beyond the criterion, each run's loss (R,); each run's loss
+    is the criterion's otherwise. The backward pass differentiates ``sum_r scale_r loss_r`` (each run's own fp16
+    loss scale)."""
     count = len(runs)
-    losses: dict[int, torch.Tensor] = {}
-    # R runs, each with a full batch and a plain CE loss this epoch: their losses in one pass (runs_cross_entropy)
-    kinds = [run.schedule.cross_entropy_kind(epoch) for run in runs]
-    together = (count > 1 and len(targets) == count and min(sizes) == max(sizes) and None not in kinds
-                and not any(run.schedule.observes_predictions for run in runs)
-                and all(soft is not None for (_, _, soft), kind in zip(targets, kinds) if kind == "soft"))
-
-    def criterion(logits: torch.Tensor, observe: bool = True, per_run: bool = False) -> torch.Tensor:
-        logits = logits if logits.dim() == 3 else logits.unsqueeze(0)
-        if together:
-            vector = runs_cross_entropy(kinds, logits, labels, [soft for _, _, soft in targets])
-            losses.update(enumerate(vector.unbind()))
-            return vector if per_run else vector.sum()
-        for r, batch_labels, soft in targets:
-            run_logits = logits[r, :sizes[r]]
-            if observe:
-                runs[r].schedule.observe(run_logits, batch_labels)
-            losses[r] = runs[r].schedule.loss(epoch, run_logits.float(), batch_labels, soft)
-        if per_run:
-            return run_vector(losses, logits.shape[0], logits)
-        return torch.stack(list(losses.values())).sum()
-
-    criterion.sizes = sizes  # type: ignore[attr-defined]
-    if rows is None:
-        rows = torch.zeros(count, dtype=torch.long, device=device)
-        for r, size in enumerate(sizes):
-            rows[r].fill_(size)
-    criterion.rows = rows  # type: ignore[attr-defined]
+    criterion = ScheduleCriterion([run.schedule for run in runs], epoch, labels, targets, sizes,
+                                  rows if rows is not None else size_rows(sizes, device))
     with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp, cache_enabled=autocast_cache):
         loss = method.training_loss(inputs, labels, criterion)
     if loss.dim() == 1:  # each run's loss: the method has terms beyond the criterion (KgCoOp, DePT, PromptSRC)
@@ -303,17 +274,9 @@ def forward_backward(method: PromptMethod, runs: Sequence[RunState], optimizer: 
     elif count == 1:
         per_run = loss.reshape(1)
     else:  # the sum of the criterion's losses: each run's loss is its criterion loss
-        per_run = run_vector(losses, count, loss)
+        per_run = criterion.run_vector(loss)
     if tuple(per_run.shape) != (count,):
         raise ValueError(f"{method.name}.training_loss must return the step's loss or each run's loss, shape "
                          f"({count},), got {tuple(per_run.shape)}")
     grads = torch.autograd.grad(optimizer.scale_losses(per_run), optimizer.params, allow_unused=True)
     return per_run, list(grads)
-
-
-def run_vector(losses: dict[int, torch.Tensor], count: int, like: torch.Tensor) -> torch.Tensor:
-    """Each run's loss (R,) from those of the runs in the step (0 for a run that sits it out)."""
-    if len(losses) == count:
-        return torch.stack([losses[r] for r in range(count)])
-    zero = like.new_zeros((), dtype=torch.float32)
-    return torch.stack([losses.get(r, zero) for r in range(count)])

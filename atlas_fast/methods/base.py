@@ -21,6 +21,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atlas_fast.atlas.criterion import Criterion
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.methods.config import MethodConfig, RecipeFunction
 
@@ -237,17 +238,17 @@ class PromptMethod(nn.Module):
             return tensor.device
         return torch.device(self.backbone.device)
 
-    def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
-                      criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
-        """The loss of one training batch. ``criterion(logits)`` is the label schedule's cross-entropy of logits
-        (R, B, C) against this batch's targets of the epoch (one-hot or soft), summed over the runs, so every CE term a
-        method has sees the ATLaS targets (``docs/method-zoo.md``, section ATLaS in every method);
-        ``criterion(logits, observe=False)`` for an auxiliary head's logits, since only the class logits may feed a
-        schedule's statistics (OLS); ``criterion(logits, per_run=True)`` each run's (R,). ``labels`` (B,), or (R, B)
-        for R runs trained together, are the true classes, for terms that select by class. Methods with extra terms
-        (KgCoOp, DePT, PromptSRC) override this and, for R runs trained together, return each run's loss (R,) with
-        its own terms added, so that each run's loss, gradient, fp16 loss scale and overflow stay its own; a loss
-        without such terms may be the criterion's sum."""
+    def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: Criterion) -> torch.Tensor:
+        """The loss of one training batch. ``criterion`` (:class:`~atlas_fast.atlas.criterion.Criterion`) is the
+        label schedule's loss of class logits against this batch's targets of the epoch (one-hot or soft), so every
+        CE term a method has sees the ATLaS targets (``docs/method-zoo.md``, section ATLaS in every method):
+        ``criterion(logits)`` summed over the runs, ``criterion.per_run(logits)`` each run's (R,), either with
+        ``observe=False`` for an auxiliary head's logits (only the class logits may feed a schedule's statistics,
+        OLS); ``criterion.sizes`` / ``criterion.rows`` are the runs' batch sizes, past which a run's rows are
+        padding. ``labels`` (B,), or (R, B) for R runs trained together, are the true classes, for terms that select
+        by class. Methods with extra terms (KgCoOp, DePT, PromptSRC) override this and, for R runs trained
+        together, return each run's loss (R,) with its own terms added, so that each run's loss, gradient, fp16 loss
+        scale and overflow stay its own; a loss without such terms may be the criterion's sum."""
         return criterion(self(inputs))
 
     def param_groups(self) -> list[dict[str, Any]]:

@@ -35,12 +35,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atlas_fast.atlas.criterion import Criterion
 from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.files import JsonFileError, blake2b_hex, read_json
 from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
@@ -342,18 +343,17 @@ class CoPrompt(MaPLe):
         return index
 
     def consistency_loss(self, text: torch.Tensor, image: torch.Tensor, frozen: torch.Tensor, index: torch.Tensor,
-                         sizes: Sequence[int] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+                         criterion: Criterion | None = None) -> torch.Tensor:
         """W * (text term + image term) of each run (R,) (:meth:`consistency_terms`)."""
-        text_term, image_term = self.consistency_terms(text, image, frozen, index, sizes, rows)
+        text_term, image_term = self.consistency_terms(text, image, frozen, index, criterion)
         return self.config.consistency_weight * (text_term + image_term)
 
     def consistency_terms(self, text: torch.Tensor, image: torch.Tensor, frozen: torch.Tensor, index: torch.Tensor,
-                          sizes: Sequence[int] | None = None, rows: torch.Tensor | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          criterion: Criterion | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The text and the image consistency term of each run, (R,) each: text (R, C, D) and image (R, B, D)
         normalised, frozen the second view's frozen features (B, D) or (R, B, D), index (R,) each run's description.
-        ``sizes``: each run's rows when the batches of runs trained together are zero-padded (the image term
-        averages a run's own); ``rows``: the same sizes on the device (the engine's ``criterion.rows``: no upload)."""
+        ``criterion``: the step's, whose sizes say each run's rows when the batches of runs trained together are
+        zero-padded (the image term averages a run's own; its ``rows`` are on the device: no upload)."""
         if tuple(self.classnames) != self.trained_classnames:
             raise RuntimeError("CoPrompt trains on the class set it was built for (its description targets)")
         config = self.config
@@ -365,16 +365,14 @@ class CoPrompt(MaPLe):
         else:
             text_term = (text.float() - targets).pow(2).mean(dim=(1, 2))
             image_rows = (image.float() - fixed).pow(2).mean(-1)
-        if sizes is None or min(sizes) == image.shape[1]:
+        mask = criterion.padding_mask(image.shape[1]) if criterion is not None else None
+        if criterion is None or mask is None:
             image_term = image_rows.mean(-1)
         else:  # a run's own rows only (a run that sits the step out gets 0)
-            if rows is None:
-                rows = torch.tensor(sizes, device=image.device)
-            mask = torch.arange(image.shape[1], device=image.device) < rows.unsqueeze(1)
-            image_term = (image_rows * mask).sum(-1) / rows.clamp(min=1).float()
+            image_term = (image_rows * mask).sum(-1) / criterion.rows.clamp(min=1).float()
         return text_term, image_term
 
-    def training_loss(self, inputs, labels: torch.Tensor, criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
+    def training_loss(self, inputs, labels: torch.Tensor, criterion: Criterion) -> torch.Tensor:
         """criterion(z) + W * consistency (each run's (R,) when R runs train together). ``inputs``: (pixels, the
         frozen CLIP's features of a second view (B, D) or (R, B, D)) (an :class:`atlas_fast.engine.feed.PixelBatch`)
         or (pixels, the second view's pixels)."""
@@ -388,12 +386,10 @@ class CoPrompt(MaPLe):
         text = F.normalize(self.raw_text_features(), dim=-1)
         image = F.normalize(self.image_batch(pixels), dim=-1)
         logits = self.similarity_logits(image, text)
-        sizes = getattr(criterion, "sizes", None)
-        index = self.take_description_step(sizes if labels.dim() == 2 else None)
+        index = self.take_description_step(criterion.sizes if labels.dim() == 2 else None)
         if labels.dim() == 1:  # one batch (seen by every run)
             return criterion(logits) + self.consistency_loss(text, image, frozen, index).sum()
-        return criterion(logits, per_run=True) + self.consistency_loss(text, image, frozen, index, sizes,
-                                                                       getattr(criterion, "rows", None))
+        return criterion.per_run(logits) + self.consistency_loss(text, image, frozen, index, criterion)
 
     # --- run bookkeeping ---------------------------------------------------------------------------------------
     def state_for_checkpoint(self) -> dict[str, torch.Tensor]:

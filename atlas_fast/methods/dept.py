@@ -26,12 +26,13 @@ the fusion runs batch by batch over the test pixels (:meth:`DePTMaPLe.pixel_clas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterator, Literal, Sequence
+from typing import ClassVar, Iterator, Literal, Sequence
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atlas_fast.atlas.criterion import Criterion
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import atlas_template
 from atlas_fast.methods.base import PromptMethod
@@ -91,22 +92,20 @@ class DePTMaPLeConfig(MaPLeConfig, DePTHeadConfig):
     """DePT on MaPLe: MaPLe's fields (M, init, depth J) + the head's."""
 
 
-def per_run_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
-                          sizes: Sequence[int] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+def per_run_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, criterion: Criterion | None = None
+                          ) -> torch.Tensor:
     """Hard-label CE of logits (R, B, C): the batch mean of each run, summed over runs. With labels (R, B), one
-    batch per run (R runs trained together), each run's mean over its first ``sizes[r]`` rows (the rest is padding),
-    as a vector (R,). ``rows``: ``sizes`` already on the device (the engine's ``criterion.rows``: no upload)."""
+    batch per run (R runs trained together), each run's mean over its own rows (``criterion``'s sizes; the rest is
+    padding), as a vector (R,)."""
     runs = logits.shape[0]
     if labels.dim() == 1:
         per_item = F.cross_entropy(logits.float().flatten(0, 1), labels.repeat(runs), reduction="none")
         return per_item.view(runs, -1).mean(dim=1).sum()
     per_item = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(runs, -1)
-    if sizes is None or min(sizes) == labels.shape[1]:
+    mask = criterion.padding_mask(labels.shape[1]) if criterion is not None else None
+    if criterion is None or mask is None:
         return per_item.mean(dim=1)
-    if rows is None:
-        rows = torch.tensor(sizes, device=logits.device)
-    mask = torch.arange(labels.shape[1], device=logits.device) < rows.unsqueeze(1)
-    return (per_item * mask).sum(dim=1) / rows.clamp(min=1)
+    return (per_item * mask).sum(dim=1) / criterion.rows.clamp(min=1)
 
 
 def class_rows(text: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -208,8 +207,7 @@ class DePT(PromptMethod):
                 yield self.fuse(features[start:start + rows].to(similarity.device).unsqueeze(0), similarity)
             start += rows
 
-    def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
-                      criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
+    def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: Criterion) -> torch.Tensor:
         """(1 - λ) criterion(z) + λ * mean over the 2B head rows + the base's non-CE term (KgCoOp)."""
         if self.classnames != self.head_classnames:
             raise ValueError("DePT trains on the class set its head was built for; call set_classnames with the "
@@ -220,14 +218,13 @@ class DePT(PromptMethod):
         head_text = self.head_logits(class_rows(text, labels), "text")
         head_image = self.head_logits(image, "image")
         # R runs trained together ((R, B) labels): each run's loss (R,), so each run logs its own
-        runs = {"per_run": True} if labels.dim() == 2 else {}
-        text_term = (criterion(head_text, observe=False, **runs) if self.config.head_text_targets == "mirror"
-                     else per_run_cross_entropy(head_text, labels, getattr(criterion, "sizes", None),
-                                                 getattr(criterion, "rows", None)))
+        loss_of = criterion.per_run if labels.dim() == 2 else criterion
+        text_term = (loss_of(head_text, observe=False) if self.config.head_text_targets == "mirror"
+                     else per_run_cross_entropy(head_text, labels, criterion))
         lam = self.config.head_lambda
         # only the similarity logits are the method's class predictions (what OLS learns its targets from)
-        loss = ((1.0 - lam) * criterion(similarity, **runs)
-                + lam * 0.5 * (text_term + criterion(head_image, observe=False, **runs)))
+        loss = ((1.0 - lam) * loss_of(similarity)
+                + lam * 0.5 * (text_term + loss_of(head_image, observe=False)))
         extra = self.base.regularizer(text)
         return loss if extra is None else loss + extra
 

@@ -28,11 +28,12 @@ import dataclasses
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator, Sequence
+from typing import ClassVar, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from atlas_fast.atlas.criterion import Criterion, run_logits
 from atlas_fast.clip.backbones import Backbone, BackboneConfig
 from atlas_fast.data.datasets import zeroshot_template
 from atlas_fast.data.dictionary import read_classnames
@@ -135,16 +136,30 @@ def teacher_text_features(teacher: Backbone, template: str, classnames: Sequence
     return _TEACHER_TEXT[key]
 
 
-def symmetric_kl(student: torch.Tensor, teacher: torch.Tensor, forward_weight: float, reverse_weight: float,
-                 temperature: float) -> torch.Tensor:
-    """``forward_weight * KL(p || q) + reverse_weight * KL(q || p)`` per run, summed over the R runs: student logits
-    (R, B, C) give q, teacher logits (B, C) give p; each KL summed over classes and averaged over the batch."""
-    q = F.log_softmax(student.float() / temperature, dim=-1)
-    p = F.log_softmax(teacher.float() / temperature, dim=-1).expand_as(q)
-    batch = q.shape[1]
-    forward = F.kl_div(q, p, log_target=True, reduction="none").sum(dim=(1, 2)) / batch
-    reverse = F.kl_div(p, q, log_target=True, reduction="none").sum(dim=(1, 2)) / batch
-    return (forward_weight * forward + reverse_weight * reverse).sum()
+class Distillation(Criterion):
+    """KDPL's criterion, in place of the step's cross-entropy: ``forward_weight * KL(p || q) + reverse_weight *
+    KL(q || p)`` of each run, q from the student's logits (R, B, C), p from the teacher's (B, C), or (R, B, C) one
+    batch per run; each KL summed over classes and averaged over the run's own rows (the step's sizes: a padded
+    run's padding is left out, a run that sits the step out gets 0)."""
+
+    def __init__(self, teacher: torch.Tensor, config: KDPLConfig, step: Criterion) -> None:
+        super().__init__(step.sizes, step.rows)
+        self.teacher, self.config = teacher, config
+
+    def per_run(self, logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
+        config = self.config
+        q = F.log_softmax(run_logits(logits).float() / config.temperature, dim=-1)
+        p = F.log_softmax(self.teacher.float() / config.temperature, dim=-1).expand_as(q)
+        forward = F.kl_div(q, p, log_target=True, reduction="none")  # (R, B, C)
+        reverse = F.kl_div(p, q, log_target=True, reduction="none")
+        mask = self.padding_mask(q.shape[1])
+        if mask is None:  # "batchmean" of each run
+            forward, reverse = forward.sum(dim=(1, 2)) / q.shape[1], reverse.sum(dim=(1, 2)) / q.shape[1]
+        else:
+            rows = self.rows.clamp(min=1)
+            forward = (forward.sum(dim=2) * mask).sum(dim=1) / rows
+            reverse = (reverse.sum(dim=2) * mask).sum(dim=1) / rows
+        return config.forward_weight * forward + config.reverse_weight * reverse
 
 
 def class_prompts_subset(prompts: ClassPrompts, index: torch.Tensor) -> ClassPrompts:
@@ -223,9 +238,9 @@ class KDPL(PromptMethod):
                              f"{self.backbone.embed_dim} + {width}); got {tuple(inputs.shape)}")
         return inputs[..., :-width], inputs[..., -width:]
 
-    def training_loss(self, inputs, labels: torch.Tensor, criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
-        """The base method's training loss with its cross-entropy replaced by the symmetric KL to the teacher (labels
-        and ``criterion`` unused: KDPL learns from the teacher alone)."""
+    def training_loss(self, inputs, labels: torch.Tensor, criterion: Criterion) -> torch.Tensor:
+        """The base method's training loss with the step's criterion replaced by the symmetric KL to the teacher
+        (:class:`Distillation`, over the step's runs and sizes; labels unused: KDPL learns from the teacher alone)."""
         student_inputs, teacher_features = self.split_inputs(inputs)
         teacher = self.teacher_logits(teacher_features)
         config = self.config
@@ -233,13 +248,8 @@ class KDPL(PromptMethod):
         if config.class_agnostic:
             kept = torch.softmax(teacher.float(), dim=-1).mean(dim=0).topk(min(config.k_max, teacher.shape[1])).indices
             teacher, classes = teacher[:, kept], self.dictionary_classes(kept)
-
-        def distillation(logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
-            logits = logits if logits.dim() == 3 else logits.unsqueeze(0)
-            return symmetric_kl(logits, teacher, config.forward_weight, config.reverse_weight, config.temperature)
-
         with classes:
-            return self.base_class.training_loss(self, student_inputs, labels, distillation)
+            return self.base_class.training_loss(self, student_inputs, labels, Distillation(teacher, config, criterion))
 
     @contextmanager
     def dictionary_classes(self, kept: torch.Tensor) -> Iterator[None]:

@@ -13,11 +13,12 @@ used as given (the recipes pass "a photo of a", so the recipes' runs are the sam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from atlas_fast.atlas.criterion import Criterion
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import atlas_template
 from atlas_fast.data.templates import check_template, fill_template
@@ -101,15 +102,14 @@ class KgCoOp(CoOp):
                                      eps=KG_COSINE_EPS)
         return self.config.kg_weight * (1.0 - cosine.mean(dim=-1))
 
-    def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
-                      criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
+    def training_loss(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: Criterion) -> torch.Tensor:
         """criterion(logits) + W * (1 - mean cos(t, w)), from one pass of the text encoder: each run's (R,) when R
         runs train together ((R, B) labels), so each run's loss, gradient and loss scale stay its own."""
         text = self.raw_text_features()
         logits = self.similarity_logits(self.image_batch(inputs), text)
         if labels.dim() == 1:  # one batch (one run)
             return criterion(logits) + self.regularizer(text).sum()
-        return criterion(logits, per_run=True) + self.regularizer(text)
+        return criterion.per_run(logits) + self.regularizer(text)
 
 
 register_method(KgCoOp)

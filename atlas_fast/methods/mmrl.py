@@ -46,12 +46,13 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atlas_fast.atlas.criterion import Criterion
 from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder, replace_slot, run_blocks
 from atlas_fast.clip.text_encoder import PromptTextEncoder, tokenize_prompts
@@ -381,7 +382,7 @@ class MMRL(PixelMethod):
                 "image_cos": F.cosine_similarity(image_n.float(), fixed_image.expand_as(image_n), dim=-1),
                 "text_cos": F.cosine_similarity(text.float(), fixed_text.expand_as(text), dim=-1)}
 
-    def training_loss(self, inputs, labels: torch.Tensor, criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
+    def training_loss(self, inputs, labels: torch.Tensor, criterion: Criterion) -> torch.Tensor:
         """alpha criterion(z) + (1 - alpha) criterion(z_r) + lambda (1 - mean cos(v, v0)) + lambda (1 - mean
         cos(t, t0)), each run's (R,) when R runs train together. ``inputs``: pixels, or (pixels, cached frozen
         features) (an :class:`atlas_fast.engine.feed.PixelBatch`)."""
@@ -390,22 +391,18 @@ class MMRL(PixelMethod):
         alpha, weight = self.config.alpha, self.config.reg_weight
         text_reg = 1.0 - terms["text_cos"].mean(dim=1)
         per_run = labels.dim() == 2
-        sizes = getattr(criterion, "sizes", None) if per_run else None
         image_cos = terms["image_cos"]
-        if sizes is None or min(sizes) == image_cos.shape[1]:
+        mask = criterion.padding_mask(image_cos.shape[1]) if per_run else None
+        if mask is None:
             image_reg = 1.0 - image_cos.mean(dim=1)
         else:  # only the first sizes[r] rows of run r are its own (a run that sits out the step gets 0)
-            rows = getattr(criterion, "rows", None)  # the engine's device tensor of the sizes: no upload
-            if rows is None:
-                rows = torch.tensor(sizes, device=image_cos.device)
-            mask = torch.arange(image_cos.shape[1], device=image_cos.device) < rows.unsqueeze(1)
+            rows = criterion.rows  # the sizes on the device: no upload
             image_reg = torch.where(rows > 0, 1.0 - (image_cos * mask).sum(dim=1) / rows.clamp(min=1), 0.0)
             text_reg = torch.where(rows > 0, text_reg, 0.0)
         regular = weight * image_reg + weight * text_reg
-        runs = {"per_run": True} if per_run else {}
+        loss_of = criterion.per_run if per_run else criterion
         # only z is the method's class prediction (what a schedule such as OLS learns from)
-        ce = alpha * criterion(terms["logits"], **runs) + (1.0 - alpha) * criterion(terms["rep_logits"],
-                                                                                    observe=False, **runs)
+        ce = alpha * loss_of(terms["logits"]) + (1.0 - alpha) * loss_of(terms["rep_logits"], observe=False)
         return ce + (regular if per_run else regular.sum())
 
 

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from atlas_fast.atlas.criterion import Criterion
 from atlas_fast.clip.backbones import Backbone, BackboneConfig
 from atlas_fast.clip.prompted_towers import PromptedVisionEncoder
 from atlas_fast.methods.base import PromptMethod
@@ -301,11 +302,10 @@ class PromptKD(PixelMethod):
                 cached = teacher.encode_image(pixels.to(teacher.device))
         return pixels, cached[..., -self.teacher.embed_dim:]
 
-    def training_loss(self, inputs, labels: torch.Tensor | None, criterion: Callable[..., torch.Tensor] | None
-                      ) -> torch.Tensor:
-        """The distillation loss (``criterion`` unused and labels only read for their shape: PromptKD learns from its
-        teacher alone): summed over the runs for one batch seen by every run; each run's (R,) for R runs trained
-        together on one batch each ((R, B) labels), over its own rows (``criterion.sizes``) when padded."""
+    def training_loss(self, inputs, labels: torch.Tensor | None, criterion: Criterion) -> torch.Tensor:
+        """The distillation loss (labels only read for their shape and the criterion only for the runs' sizes:
+        PromptKD learns from its teacher alone): summed over the runs for one batch seen by every run; each run's
+        (R,) for R runs trained together on one batch each ((R, B) labels), over its own rows when padded."""
         pixels, teacher_features = self.split_inputs(inputs)
         teacher = self.teacher_logits(teacher_features)
         config = self.config
@@ -313,17 +313,17 @@ class PromptKD(PixelMethod):
             student = self.forward(pixels)
             return sum(distillation_loss(student[r], teacher, config.kd_weight, config.temperature)
                        for r in range(student.shape[0]))
-        sizes = getattr(criterion, "sizes", None)
+        sizes = criterion.sizes
         student = self.similarity_logits(self.image_batch(pixels, sizes), self.text_features())
         T = config.temperature
         kl = F.kl_div(F.log_softmax(student.float() / T, dim=-1), F.log_softmax(teacher.float() / T, dim=-1),
                       reduction="none", log_target=True).sum(dim=-1)  # (R, B)
-        rows = student.shape[1]
-        if sizes is None or min(sizes) == rows:
-            counts = torch.full((student.shape[0],), float(rows), device=kl.device)
-        else:
-            counts = torch.tensor([float(n) for n in sizes], device=kl.device)
-            kl = kl * (torch.arange(rows, device=kl.device) < counts.unsqueeze(1))
+        mask = criterion.padding_mask(student.shape[1])
+        if mask is None:
+            counts = torch.full((student.shape[0],), float(student.shape[1]), device=kl.device)
+        else:  # the sizes on the device: no upload
+            counts = criterion.rows.float()
+            kl = kl * mask
         return config.kd_weight * T * T * kl.sum(dim=1) / (counts.clamp(min=1) * student.shape[2])
 
     # --- state --------------------------------------------------------------------------------------------------

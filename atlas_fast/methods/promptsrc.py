@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from atlas_fast.atlas.criterion import Criterion
 from atlas_fast.clip.backbones import Backbone, encode_class_prompts
 from atlas_fast.data.templates import IMAGENET_TEMPLATES
 from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family
@@ -153,12 +154,11 @@ class PromptSRC(IVLP):
         return self.backbone.encode_image(pixels)
 
     def self_regulating_loss(self, text: torch.Tensor, image: torch.Tensor, logits: torch.Tensor,
-                             frozen_image: torch.Tensor, sizes: Sequence[int] | None = None,
-                             rows: torch.Tensor | None = None) -> torch.Tensor:
+                             frozen_image: torch.Tensor, criterion: Criterion | None = None) -> torch.Tensor:
         """L_SCL of each run (R,): text (R, C, D) and image (R, B, D) normalised, logits (R, B, C), frozen image
-        features (B, D) or (R, B, D) un-normalised. ``sizes``: each run's rows when the batches of R runs trained
-        together are zero-padded to B (the image terms average over a run's own rows only); ``rows``: the same sizes
-        on the device (the engine's ``criterion.rows``, so the step uploads nothing)."""
+        features (B, D) or (R, B, D) un-normalised. ``criterion``: the step's, whose sizes say each run's rows when the
+        batches of R runs trained together are zero-padded to B (the image terms average over a run's own rows
+        only; its ``rows`` are on the device, so the step uploads nothing)."""
         if tuple(self.classnames) != self.fixed_classnames:
             raise RuntimeError("PromptSRC trains on the class set it was built for (its frozen text targets)")
         if self.fixed_embeddings is None or self.fixed_embeddings.device != text.device:
@@ -171,20 +171,17 @@ class PromptSRC(IVLP):
         image_gap = (image.float() - fixed_image).abs()
         kl = F.kl_div(F.log_softmax(logits.float(), dim=-1), F.log_softmax(fixed_logits, dim=-1).expand_as(logits),
                       reduction="none", log_target=True)
-        if sizes is None or min(sizes) == logits.shape[1]:  # every row is a run's own
+        mask = criterion.padding_mask(logits.shape[1]) if criterion is not None else None
+        if criterion is None or mask is None:  # every row is a run's own
             image_l1 = image_gap.mean(dim=(1, 2))
             kl = kl.sum(dim=(1, 2)) / logits[0].numel()
         else:  # only the first sizes[r] rows of run r (a run that sits out the step gets 0)
-            if rows is None:
-                rows = torch.tensor(sizes, device=logits.device)
-            mask = torch.arange(logits.shape[1], device=logits.device) < rows.unsqueeze(1)
-            count = rows.clamp(min=1).float()
+            count = criterion.rows.clamp(min=1).float()
             image_l1 = (image_gap.mean(dim=2) * mask).sum(dim=1) / count
             kl = (kl.sum(dim=2) * mask).sum(dim=1) / (count * logits.shape[2])
         return config.text_loss_weight * text_l1 + config.image_loss_weight * image_l1 + kl
 
-    def training_loss(self, inputs, labels: torch.Tensor,
-                      criterion: Callable[..., torch.Tensor]) -> torch.Tensor:
+    def training_loss(self, inputs, labels: torch.Tensor, criterion: Criterion) -> torch.Tensor:
         """criterion(z) + L_SCL (each run's (R,) when R runs train together). ``inputs``: pixels (B, 3, H, W) or
         (R, B, 3, H, W), or (pixels, cached frozen features (B, D) or (R, B, D)) (an
         :class:`atlas_fast.engine.feed.PixelBatch`)."""
@@ -197,9 +194,7 @@ class PromptSRC(IVLP):
         if labels.dim() == 1:  # one batch (seen by every run)
             return criterion(logits) + self.self_regulating_loss(text, image, logits, frozen).sum()
         # R runs trained together, one batch per run: each run's loss (R,), so each run logs its own
-        sizes = getattr(criterion, "sizes", None)
-        return criterion(logits, per_run=True) + self.self_regulating_loss(text, image, logits, frozen, sizes,
-                                                                           getattr(criterion, "rows", None))
+        return criterion.per_run(logits) + self.self_regulating_loss(text, image, logits, frozen, criterion)
 
     def end_epoch(self, epoch: int, num_epochs: int) -> None:
         """Add this epoch's learned tensors, weighted by g_{epoch + 1}, to the GPA aggregate."""
