@@ -224,7 +224,7 @@ def test_pixel_evaluation_in_batches_equals_one_forward(pets, monkeypatch):
     first = ImageViews(split.test[:3], backbone, workers=0)
     sets = [evaluate.EvalSet("base", split.classnames, features, labels, ImageViews(split.test, backbone, workers=0)),
             evaluate.EvalSet("first three", split.classnames[::-1], features[:3], 1 - labels[:3], first)]
-    accuracies = evaluate.pixel_accuracies(method, sets)
+    accuracies = {name: scores.accuracy for name, scores in evaluate.pixel_scores(method, sets).items()}
     pixels = torch.cat([load_views(d.impath, d.key, [0], first.spec) for d in split.test])
     with torch.no_grad():
         method.set_classnames(split.classnames)

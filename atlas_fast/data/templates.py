@@ -5,8 +5,6 @@
 * :data:`CUSTOM_TEMPLATES` -- CoOp's ``ZeroshotCLIP`` prompts (``trainers/zsclip.py``), for zero-shot baselines.
 * :data:`IMAGENET_TEMPLATES` -- the 60 prompts of CLIP's ImageNet prompt-engineering notebook, whose averaged
   (un-normalised) text features are PromptSRC's frozen text targets.
-* :data:`IMAGENET_TEMPLATES_SELECT` -- the 7 prompts ``ZeroshotCLIP2`` ensembles (plus the dataset's CUSTOM prompt when
-  the dataset is not ImageNet).
 
 Tables are keyed by registry name (``OxfordPets``, ``DescribableTextures``, ...); the lookups by dataset name
 (``atlas_template``, ``zeroshot_template``) live with the registry in ``datasets.py``, so this module imports nothing
@@ -103,16 +101,6 @@ IMAGENET_TEMPLATES = (
     "a embroidered {}.",
     "a pixelated photo of a {}.",
     "itap of the {}.",
-)
-
-IMAGENET_TEMPLATES_SELECT = (
-    "itap of a {}.",
-    "a bad photo of the {}.",
-    "a origami {}.",
-    "a photo of the large {}.",
-    "a {} in a video game.",
-    "art of the {}.",
-    "a photo of the small {}.",
 )
 
 

@@ -30,10 +30,9 @@ from typing import Any, Sequence
 import torch
 
 CALIBRATION_BINS = 15
-# The figures of a class set in ``record["metrics"]["calibration"][set]``, in the order tables list them; the last
-# three only where the run has a validation split distinct from its test split.
+# The figures of a class set in ``record["metrics"]["calibration"][set]``, in the order tables list them (beside
+# them ``temperature``, ``ece_ts`` and ``nll_ts`` where the run has a validation split distinct from its test split).
 SCORES = ("ece", "nll", "brier", "confidence")
-SCALED_SCORES = ("temperature", "ece_ts", "nll_ts")
 # The search range of the temperature (Newton's method on 1/T, within this bracket): the method's own
 # logit scale sharpened or flattened up to ten times. A fitted T on a bound says the validation split could not pin it
 # (e.g. every one of its images right: the NLL then falls as T falls).
@@ -131,11 +130,6 @@ def calibration_metrics(logits: Any, labels: Any, temperature: float | None = No
     return summarise(per_image_scores(scaled(logits, temperature), labels), bins)
 
 
-def mean_nll(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The NLL of logits (N, C) for labels (N,), in float64."""
-    return torch.nn.functional.cross_entropy(logits.double(), labels.long(), reduction="mean").item()
-
-
 def fit_temperature(logits: Any, labels: Any) -> float:
     """The temperature T minimising the NLL of ``logits / T`` (N, C) on ``labels`` (held-out images, never the test
     split), within :data:`TEMPERATURE_RANGE`. The NLL is convex in b = 1/T, with derivative mean(E_p[z] - z_y) and
@@ -180,7 +174,8 @@ def fit_temperature(logits: Any, labels: Any) -> float:
 def record_figures(summary: dict[str, Any], scaled_summary: dict[str, Any] | None = None,
                    temperature: float | None = None) -> dict[str, float]:
     """A class set's entry of ``record["metrics"]["calibration"]``: :data:`SCORES` of ``summary`` and, with a
-    temperature, :data:`SCALED_SCORES` (the ECE and NLL of ``scaled_summary``, the logits divided by it)."""
+    temperature, ``temperature``, ``ece_ts`` and ``nll_ts`` (the ECE and NLL of ``scaled_summary``, the logits
+    divided by it)."""
     out = {name: summary[name] for name in SCORES}
     if temperature is not None and scaled_summary is not None:
         out.update(temperature=temperature, ece_ts=scaled_summary["ece"], nll_ts=scaled_summary["nll"])

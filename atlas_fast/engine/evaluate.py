@@ -8,7 +8,7 @@ H = 2BN/(B+N). *all* is the n-way problem over every class name (not reported by
 Methods that prompt the image tower (``reads_pixels``) are evaluated on the test view (view 0) of each
 image, decoded in batches of :data:`EVAL_PIXEL_BATCH` (the references' test batch), with the class prompts encoded
 once per class set; every evaluated set in one pass, each distinct image through the prompted tower once
-(:func:`pixel_accuracies`). A module of R runs (a group) is evaluated in that one pass for all of them.
+(:func:`pixel_scores`). A module of R runs (a group) is evaluated in that one pass for all of them.
 
 The same pass scores calibration (:func:`score_method`, :mod:`atlas_fast.engine.calibration`): from each chunk of
 logits it keeps, beside the hits, each image's top-1 confidence, NLL and Brier score (and the same of the logits
@@ -336,13 +336,6 @@ def _fit_owned(logits: torch.Tensor, owners: Sequence[tuple[EvalSet, list[int]]]
     return _checked(True, temperatures)
 
 
-def pixel_accuracies(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,
-                     progress: bool = False) -> dict[str, list[float]]:
-    """Accuracy (one per run) of a prompted-image method on the test view of each set's images, in one pass
-    (:func:`pixel_scores` without calibration)."""
-    return {name: scores.accuracy for name, scores in pixel_scores(method, sets, amp, progress).items()}
-
-
 @torch.no_grad()
 def pixel_scores(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False, progress: bool = False,
                  calibrate: bool = False, keep_logits: bool = False,
@@ -417,19 +410,6 @@ def summarize(accuracies: dict[str, float]) -> dict[str, float]:
     if "base" in out and "new" in out:
         out["H"] = harmonic_mean(out["base"], out["new"])
     return out
-
-
-def evaluate_run(method: PromptMethod, eval_sets: Sequence[EvalSet], backbone: Backbone, dataset: str,
-                 amp: bool = False, progress: bool = False, zero_shot: dict[str, float] | None = None,
-                 held_out: EvalSet | None = None) -> dict[str, Any]:
-    """A trained run's final metrics: accuracy on each evaluation set (base/new/all, H), the calibration figures
-    of each (``calibration``; after temperature scaling too when ``held_out``, its validation split, is given) and the
-    zero-shot references with the dataset's CLIP template on the same sets (``zero_shot``: those references when
-    already computed for the same sets, e.g. by another run of the group)."""
-    scores = score_method(method, eval_sets, amp, progress, calibrate=True, held_out=held_out)
-    if zero_shot is None:
-        zero_shot = zero_shot_references(backbone, eval_sets, dataset)
-    return {**run_metrics(scores, 0), "zero_shot": zero_shot}
 
 
 def run_metrics(scores: dict[str, SetScores], r: int) -> dict[str, Any]:
