@@ -5,7 +5,8 @@ and print predicted and measured per phase with the load average beside each.
 The command is given after ``--`` as ``atlas-fast`` would take it, without ``--cache-root``, ``--results-dir`` and
 ``--out``: this script sets them under ``--root`` (emptied first), so the estimate and the run start from nothing.
 Measured per phase comes from the records' timings (``inputs``: the feature cache's build and the soft labels;
-``train``; ``evaluate``, with the record); the rest of the wall time is the command's start, planning and its report.
+``train``; ``evaluate``, with the record); the rest of the wall time is the command's start, planning, its report
+and its process's end.
 Run from the repository root, e.g. (the stand-ins: ``atlas-fast data standins ROOT --datasets OxfordPets
 DescribableTextures EuroSAT --test-fraction 0.05``)::
 
@@ -121,8 +122,9 @@ def main() -> None:
             ("training", predicted.get("training", 0), measured["train"]),
             ("evaluation + per-run overhead", predicted.get("evaluation", 0) + predicted.get("per-run overhead", 0),
              measured["evaluate"]),
-            ("setup and report (measured: the wall time outside the groups)",
-             predicted.get("setup", 0) + predicted.get("report", 0), wall - measured["total"]),
+            ("setup, report and process end (measured: the wall time outside the groups)",
+             predicted.get("setup", 0) + predicted.get("report", 0) + predicted.get("process end", 0),
+             wall - measured["total"]),
             ("total", predicted.get("total", 0), wall)]
     print(f"\n{len(records)} runs in {len(groups)} groups; load average {before} before the run, {after} after")
     print("| phase | predicted | measured | predicted / measured |\n|---|---:|---:|---:|")

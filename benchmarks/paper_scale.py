@@ -264,21 +264,22 @@ def cache_features(datasets: list[str], groups: list[plan.GroupFacts]) -> tuple[
 
 def priced(bench: Bench, groups: list[plan.GroupFacts], features: int, images: int) -> tuple[est.Estimate, list]:
     """The estimate of the groups whose units were all measured, and the groups left out."""
+    parts = ((keys.DECODE_KEY, bench.args.encode_batch, features, images),)  # the unit timed at --encode-batch
     facts = plan.PlanFacts((), 0, 0, features, images, int(bench.backbone.embed_dim), bench.device.type,
-                          decode_workers=bench.decode_workers, cache_workers=bench.cache_workers)
+                           decode_workers=bench.decode_workers, cache_workers=bench.cache_workers, encode_parts=parts)
     common = [k for k in keys.needed_units(facts)]
     kept, left_out = [], []
     for g in groups:
         one = plan.PlanFacts((g,), g.runs, 0, 0, 0, facts.embed_dim, facts.device,
-                            decode_workers=bench.decode_workers)
+                             decode_workers=bench.decode_workers)
         if all(k in bench.units for k in keys.needed_units(one)):
             kept.append(g)
         else:
             left_out.append(g)
     ready = all(k in bench.units for k in common)
     facts = plan.PlanFacts(tuple(kept), sum(g.runs for g in kept), 0, features if ready else 0,
-                          images if ready else 0, facts.embed_dim, facts.device, decode_workers=facts.decode_workers,
-                          cache_workers=facts.cache_workers)
+                           images if ready else 0, facts.embed_dim, facts.device, decode_workers=facts.decode_workers,
+                           cache_workers=facts.cache_workers, encode_parts=parts if ready else ())
     return est.price(facts, bench.units), left_out
 
 
@@ -291,7 +292,8 @@ def measure_machine_units(bench: Bench) -> None:
     measured first: a budget spent on the steps must not leave the whole table unpriced."""
     device = bench.device
     for key, call in ((keys.LOAD_KEY, lambda: command_units.measure_backbone_load(bench.backbone.config, device)),
-                      (keys.ENCODE_KEY, lambda: command_units.measure_encode(bench.backbone, batch=bench.args.encode_batch)),
+                      (keys.encode_key(bench.args.encode_batch),
+                       lambda: command_units.measure_encode(bench.backbone, batch=bench.args.encode_batch)),
                       (keys.DECODE_KEY, lambda: command_units.measure_decode(bench.backbone)),
                       (keys.LOADER_KEY, lambda: command_units.measure_loader_start(bench.backbone))):
         bench.unit(key, call)
@@ -319,7 +321,7 @@ def report(bench: Bench, datasets: list[str], groups: list[plan.GroupFacts]) -> 
                   f"{'failed: ' + why if why else 'skipped (budget)'} | | | | | |")
             continue
         one = plan.PlanFacts((g,), g.runs, 0, 0, 0, int(bench.backbone.embed_dim), device.type,
-                            decode_workers=bench.decode_workers)
+                             decode_workers=bench.decode_workers)
         if all(k in bench.units for k in keys.needed_units(one)):
             e = est.price(one, bench.units)
             train, evaluation = e.phases["training"] / g.runs, e.phases["evaluation"] / g.runs
@@ -374,13 +376,13 @@ def report(bench: Bench, datasets: list[str], groups: list[plan.GroupFacts]) -> 
     if official is not None:
         print(f"| official code, from Table V (1,746 s per ImageNet CoOp run) scaled by the same units | "
               f"{official / 3600:.1f} h |")
+    encode, decode = keys.encode_key(bench.args.encode_batch), keys.DECODE_KEY
+    timed = (f" (encode {1e3 * bench.units[encode].seconds:.3f} ms, decode {1e3 * bench.units[decode].seconds:.3f} ms "
+             f"per view)" if {encode, decode} <= set(bench.units) else "")
     print(f"\npeak host memory {human_bytes(estimate.peak_host_bytes)}; peak device memory "
           f"{human_bytes(estimate.peak_device_bytes)}; cache: {features} features of {images} images "
           f"({human_bytes(features * int(bench.backbone.embed_dim) * est.STORAGE_ITEMSIZE)}), built with "
-          f"{bench.cache_workers} decoding worker(s)" + (f" (encode {1e3 * bench.units[keys.ENCODE_KEY].seconds:.3f} ms, "
-                                                          f"decode {1e3 * bench.units[keys.DECODE_KEY].seconds:.3f} "
-                                                          f"ms per view)" if {keys.ENCODE_KEY, keys.DECODE_KEY}
-                                                         <= set(bench.units) else ""))
+          f"{bench.cache_workers} decoding worker(s){timed}")
     by_method = {}
     print("\n| method | runs priced | R | training | evaluation | peak device memory of a group |")
     print("|---|---:|---|---:|---:|---:|")

@@ -42,7 +42,7 @@ def hand_worked():
     facts = PlanFacts((coop, ivlp), runs=5, finished=1, features_to_encode=100, images_to_decode=40, embed_dim=8,
                       device="cpu", plan_seconds=0.5)
     units = {
-        keys.LOAD_KEY: Unit(2.0), keys.ENCODE_KEY: Unit(0.01), keys.DECODE_KEY: Unit(0.002, fixed_seconds=0.003),
+        keys.LOAD_KEY: Unit(2.0), keys.encode_key(64): Unit(0.01), keys.DECODE_KEY: Unit(0.002, fixed_seconds=0.003),
         keys.LOADER_KEY: Unit(0.1),
         keys.step_key("coop", 10, 4, 2, "d"): Unit(0.05, peak_host_bytes=1000),
         keys.step_key("ivlp", 10, 2, 2, "e"): Unit(0.3, peak_host_bytes=3000),
@@ -76,6 +76,7 @@ def test_price_matches_the_hand_worked_example():
                  + IVLP's 40 distinct test images once: 40 x (0.025 + 0.005 decoding)              = 1.2    -> 1.695
     overhead     = 2 x 0.1 + 2 x 0.3                                                               = 0.8
     report       = none (a train command's); an experiment's: the report unit 1.5                  = 0
+    process end  = none (the Python API's runs, in the caller's process)                            = 0
     total        = 9.125 s (10.625 s with the report); cache bytes = 100 x 8 x 2 (float16) = 1600
     peak host    = CoOp: max(step 1000, eval 1500) + test features (20 + 30) x 8 x 4 = 1600
                    + training views (10 + 8) x 3 views x 8 x 4 = 1728                              = 4828
@@ -84,7 +85,7 @@ def test_price_matches_the_hand_worked_example():
     facts, units = hand_worked()
     estimate = price(facts, units)
     expected = {"setup": 2.5, "cache build": 1.32, "soft labels": 0.7, "training": 2.11, "evaluation": 1.695,
-                "per-run overhead": 0.8, "report": 0.0}
+                "per-run overhead": 0.8, "report": 0.0, "process end": 0.0}
     assert estimate.phases == pytest.approx(expected)
     assert estimate.total_seconds == pytest.approx(9.125)
     reported = price(dataclasses.replace(facts, report=True), {**units, keys.REPORT_KEY: Unit(1.5)})
@@ -138,10 +139,52 @@ def test_a_dataset_whose_cache_is_full_needs_no_decode_unit():
     """After the demo filled WorldPhotos' cache, an experiment over WorldPhotos and another dataset encodes only the
     other one's features: its estimate needs (and reads) no WorldPhotos decode unit (it was a KeyError)."""
     facts, units = hand_worked()
-    facts = dataclasses.replace(facts, encode_parts=(("decode/WorldPhotos", 0, 0), ("decode/Other", 100, 40)))
+    facts = dataclasses.replace(facts, encode_parts=(("decode/WorldPhotos", 64, 0, 0), ("decode/Other", 64, 100, 40)))
     units = {**units, "decode/Other": units[keys.DECODE_KEY]}
     assert "decode/WorldPhotos" not in keys.needed_units(facts)
     assert price(facts, units).phases["cache build"] == pytest.approx(1.32)
+
+
+def test_each_part_of_the_cache_build_is_priced_at_its_encoder_batch():
+    """A 200-epoch recipe's 201 views of an image are one encoder batch, and a view costs more in a batch of 201 than
+    in one of 64 (1.1-1.25x of CPU time on the world's CLIP): the large world job's build, 67,737 training views of
+    337 images and 1,248 test and validation images, was priced at the unit of a batch of 64 for all of them. Now
+    each part reads the unit of its batch: 2 x 201 x 0.012 + 10 x 0.01 (+ 12 images x 0.003 decoding) = 4.96 s."""
+    facts, units = hand_worked()
+    facts = dataclasses.replace(facts, features_to_encode=412, images_to_decode=12,
+                                encode_parts=(("decode", 64, 10, 10), ("decode", 201, 402, 2)))
+    units = {**units, keys.encode_key(201): Unit(0.012)}
+    assert keys.encode_key(201) in keys.needed_units(facts)
+    expected = 402 * (0.012 + 0.002) + 10 * (0.01 + 0.002) + 12 * 0.003
+    assert price(facts, units).phases["cache build"] == pytest.approx(expected)
+
+
+def test_the_estimate_s_encoder_batches_are_the_build_s():
+    """The views per batch the price assumes (batch_views) are those the build's batcher makes of images lacking as
+    many views each."""
+    from atlas_fast.cache.build import _batches, batch_views
+
+    for views in (1, 3, 6, 21, 63, 64, 65, 201):
+        units = [(None, i, list(range(views))) for i in range(200)]
+        assert len(_batches(units, 64)[0]) * views == batch_views(views)
+
+
+def test_a_command_s_process_end_is_priced(tmp_path, monkeypatch):
+    """A command's process ends after its report: Python tearing down its modules and objects took 2.2-4.1 s at load
+    5.6 (1.3 s of CPU) with the engine loaded, after everything the estimate priced ("setup and report" came out at
+    0.71-0.80 of its measured time). The exit unit times a fresh interpreter's end once it holds the modules, here
+    one whose end waits 0.3 s; the price adds it when the runs are a command's (not for the Python API's runs)."""
+    from atlas_fast.pricing.command_units import measure_exit
+
+    (tmp_path / "slow_end.py").write_text("import atexit, time\natexit.register(time.sleep, 0.3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    unit = measure_exit(["json", "slow_end", "no_such_module_here"])
+    assert 0.3 <= unit.seconds < 10
+    facts, units = hand_worked()
+    assert keys.EXIT_KEY not in keys.needed_units(facts) and price(facts, units).phases["process end"] == 0
+    ended = dataclasses.replace(facts, ends_process=True)
+    assert keys.needed_units(ended)[-1] == keys.EXIT_KEY  # timed last: after what the other units load
+    assert price(ended, {**units, keys.EXIT_KEY: unit}).phases["process end"] == unit.seconds
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +252,8 @@ def test_zero_shot_runs_train_nothing_and_need_no_step(pets):
 
 def test_features_already_cached_are_not_counted(pets, tiny):
     """2 seeds x 2 shots x 2 base classes of OxfordPets' 4: the union of their training images (views 0 and 1) and
-    the 8 test images (view 0). After the cache holds the test features, only the training ones are left."""
+    the 8 test images (view 0), and the few-shot validation images the runs calibrate on (view 0; they were left
+    out). After the cache holds the test features, only the training and validation ones are left."""
     from atlas_fast.cache import FeatureCache
     from atlas_fast.sweep import plan_sweep
 
@@ -217,12 +261,16 @@ def test_features_already_cached_are_not_counted(pets, tiny):
     specs = plan_sweep(configs(pets, "subtraction"))
     train = {d.key: d for spec in specs for d in spec.data.train_split.train}
     test = specs[0].data.fewshot.test
+    held_out = {d.key for spec in specs if not spec.data.fewshot.val_is_test for d in spec.data.train_split.val}
+    assert held_out  # the few-shot validation split the runs calibrate on is built too
     before = plan.plan_facts(specs, 4, tiny)
-    assert before.features_to_encode == 2 * len(train) + len(test)
-    assert before.images_to_decode == len(train) + len(test)
+    assert before.features_to_encode == 2 * len(train) + len(test) + len(held_out)
+    assert before.images_to_decode == len(train) + len(test) + len(held_out)
+    assert before.encode_parts == (("decode/OxfordPets", 64, before.features_to_encode, before.images_to_decode),)
     FeatureCache(root / "cache").build(tiny, "OxfordPets", test, num_views=0, progress=False)
     after = plan.plan_facts(specs, 4, tiny)
-    assert after.features_to_encode == 2 * len(train) and after.images_to_decode == len(train)
+    assert after.features_to_encode == 2 * len(train) + len(held_out)
+    assert after.images_to_decode == len(train) + len(held_out)
 
 
 def worktree_experiments():
@@ -242,7 +290,14 @@ def worktree_experiments():
     spec.loader.exec_module(module)
 
 
-def test_train_estimate_trains_nothing_and_writes_no_record(pets, capsys):
+@pytest.fixture
+def quick_exit(monkeypatch):
+    """The exit unit timed on a bare interpreter's end: the test process holds far more modules than a command's."""
+    real = command_units.measure_exit
+    monkeypatch.setattr(command_units, "measure_exit", lambda: real(["json"]))
+
+
+def test_train_estimate_trains_nothing_and_writes_no_record(pets, capsys, quick_exit):
     from atlas_fast.cli import main
 
     root = pets / "cli"
@@ -257,7 +312,7 @@ def test_train_estimate_trains_nothing_and_writes_no_record(pets, capsys):
     assert not list((root / "cache").rglob("*.h5"))  # nothing encoded either
 
 
-def test_experiment_estimate_trains_nothing(pets, capsys):
+def test_experiment_estimate_trains_nothing(pets, capsys, quick_exit):
     worktree_experiments()
     from atlas_fast.experiments import table3_base_to_new
     from atlas_fast.experiments.common import run_experiment
@@ -271,6 +326,7 @@ def test_experiment_estimate_trains_nothing(pets, capsys):
     assert not list((root / "results").rglob("*.json")) and not (root / "out" / "table3_base_to_new.md").exists()
     report = re.search(r"^\| report \| ([\d.]+) s \|$", text, re.M)  # the experiment's report is priced too
     assert report and float(report.group(1)) > 0
+    assert re.search(r"^\| process end \| [\d.]+ s \|$", text, re.M)  # and its process's end
 
 
 def test_estimate_refuses_an_empty_sweep():

@@ -45,6 +45,7 @@ from atlas_fast.threads import available_cpus
 from atlas_fast.vocabulary import CACHE_PRECISIONS
 
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+BATCH_VIEWS = 64  # views per encoder batch (about: an image's views stay together, :func:`batch_views`)
 
 # (item, its row or -1 for none yet, the views of it to encode)
 Unit = tuple[Datum, int, list[int]]
@@ -79,8 +80,8 @@ class CacheBuilder(CacheFiles):
     transaction_seconds: float = 5.0
 
     def build(self, backbone: Backbone, dataset: str, items: Sequence[Datum], num_views: int = 0,
-              aug_seed: int = 0, batch_size: int = 64, num_workers: int | None = None, device: str | None = None,
-              precision: str = "auto", progress: bool = True) -> BuildReport:
+              aug_seed: int = 0, batch_size: int = BATCH_VIEWS, num_workers: int | None = None,
+              device: str | None = None, precision: str = "auto", progress: bool = True) -> BuildReport:
         """Encode views 0..``num_views`` of every item, only those not cached yet (moves the backbone to ``device``).
 
         ``precision``: "auto" (the file's recorded precision, else fp16 autocast on CUDA and fp32 on CPU), "fp32",
@@ -425,6 +426,11 @@ def _collate(samples: list[tuple[np.ndarray, int, list[int]]]) -> tuple[torch.Te
     rows = np.array([s[1] for s in samples for _ in s[2]], dtype=np.int64)
     views = np.array([v for s in samples for v in s[2]], dtype=np.int64)
     return pixels, rows, views
+
+
+def batch_views(views: int, batch_size: int = BATCH_VIEWS) -> int:
+    """Views per encoder batch (:func:`_batches`) of images lacking ``views`` each: whole images, one at least."""
+    return views * max(1, batch_size // views)
 
 
 def _batches(units: list[Unit], batch_size: int) -> list[list[int]]:

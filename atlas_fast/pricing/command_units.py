@@ -11,12 +11,17 @@ decoding pool, writing its report and ending its process. The run's own units ar
 * :func:`measure_report`: what an experiment's report costs once its runs are done: its tables written and a plot
   drawn (by the function the experiment gives), matplotlib's start included.
 * :func:`measure_backbone_load`: loading and fingerprinting the backbone.
+* :func:`measure_exit`: the process's end once its work is done (Python tearing down its modules and objects).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -28,7 +33,8 @@ from atlas_fast.pricing.timing import PeakMemory, Unit, timed
 
 def measure_encode(backbone: Backbone, batch: int = 64, precision: str = "auto", max_repeats: int = 3) -> Unit:
     """Seconds per image view of what a cache build's own thread does for it: normalise its 8-bit pixels on the
-    encoder's device and encode them with the frozen image encoder, in batches of ``batch`` views (the build's) at
+    encoder's device and encode them with the frozen image encoder, in batches of ``batch`` views (timed at each
+    batch the build will use: an image's views go together, and a view costs more in a batch of 201 than of 64) at
     the cache's precision (``auto``: fp16 autocast on CUDA, fp32 on the CPU). The views are cut in worker processes
     beside it (:func:`measure_decode`) and written by a thread beside it."""
     from atlas_fast.clip.transforms import normalize_pixels
@@ -128,3 +134,47 @@ def measure_backbone_load(config: Any, device: torch.device) -> Unit:
         load_backbone(config, device)
         seconds = time.perf_counter() - start
     return Unit(seconds, peak.host, peak.device_bytes)
+
+
+#: what a fresh interpreter runs to time its own end (:func:`measure_exit`): import the modules named on standard
+#: input, say so, and end
+_IMPORT_THEN_END = """
+import importlib, sys, warnings
+warnings.simplefilter("ignore")
+for name in sys.stdin.read().split():
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+print("imported", flush=True)
+"""
+
+
+def measure_exit(modules: Sequence[str] | None = None) -> Unit:
+    """Seconds a command's process takes to end once its work is done and its report written: Python tearing down
+    every module and freeing every object (with torch, the engine and matplotlib loaded, over a second of CPU on the
+    world's CLIP; a command pays it before its shell returns). Timed on a fresh interpreter that imports the modules
+    this process holds (call it after the other units, so that they are what the run's process will hold), from the
+    moment it has imported them to its end (``modules``: those instead). A failure to time it warns and prices
+    nothing."""
+    names = "\n".join(name for name in (list(sys.modules) if modules is None else modules)
+                      if name not in ("__main__", "__mp_main__"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+    child = subprocess.Popen([sys.executable, "-c", _IMPORT_THEN_END], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    try:
+        child.stdin.write(names)
+        child.stdin.close()
+        said = child.stdout.readline()
+        start = time.perf_counter()
+        child.wait(timeout=600)
+        seconds = time.perf_counter() - start
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        child.kill()
+        child.wait()
+        said, seconds = f"{type(exc).__name__}: {exc}", 0.0
+    if not said.startswith("imported") or child.returncode != 0:
+        warnings.warn(f"pricing: could not time a process's end ({said.strip() or f'exit status {child.returncode}'});"
+                      f" it is priced at 0 s.", stacklevel=2)
+        return Unit(0.0)
+    return Unit(seconds)

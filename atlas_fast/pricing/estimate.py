@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from atlas_fast.progress import process_seconds
-from atlas_fast.pricing.calibrate import (ENCODE_KEY, LOAD_KEY, LOADER_KEY, REPORT_KEY, ZERO_SHOT,
+from atlas_fast.pricing.calibrate import (EXIT_KEY, LOAD_KEY, LOADER_KEY, REPORT_KEY, ZERO_SHOT, encode_key,
                                           encode_parts, eval_key, measure_units, needed_units, overhead_key, soft_key,
                                           step_key)
 from atlas_fast.pricing.facts import PlanFacts, plan_facts
@@ -30,7 +30,8 @@ from atlas_fast.pricing.timing import Unit
 STORAGE_ITEMSIZE = 2
 #: the feed preloads the training views when they fit this (engine.feed.PRELOAD_BYTES)
 PRELOAD_BYTES = 1 << 30
-PHASES = ("setup", "cache build", "soft labels", "training", "evaluation", "per-run overhead", "report")
+PHASES = ("setup", "cache build", "soft labels", "training", "evaluation", "per-run overhead", "report",
+          "process end")
 
 
 # -------------------------------------------------------------------------------------------------------- estimate
@@ -98,11 +99,12 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
 
     * setup = the process's start up to planned runs (``facts.startup_seconds``, when the command measured it),
       else backbone load + planning (``facts.plan_seconds``)
-    * cache build = features x (encode + decode per view) + images x decode per image on the CPU when the encoder's
-      threads take every core; on CUDA, and on the CPU when the decoding processes have cores of their own
-      (``spare_cores``: the demo's one thread on two cores), the decoding runs in ``cache_workers`` processes beside
-      the encoder (and the writes in a thread beside it): features x max(encode, decode per view / workers) + images
-      x decode per image / workers
+    * cache build = per part (dataset and encoder batch: an image's views are encoded together, so a 200-epoch
+      recipe's 201 views are one batch and its test images 64 to a batch): features x (encode at that batch + decode
+      per view) + images x decode per image on the CPU when the encoder's threads take every core; on CUDA, and on
+      the CPU when the decoding processes have cores of their own (``spare_cores``: the demo's one thread on two
+      cores), the decoding runs in ``cache_workers`` processes beside the encoder (and the writes in a thread beside
+      it): features x max(encode, decode per view / workers) + images x decode per image / workers
     * soft labels = sum over runs with CSL/ISL/mix of soft(kind, C, N of the run) (LS is free)
     * training = sum over the groups that learn (zero-shot CLIP trains nothing) of epochs x steps per epoch x
       (step(method, C, B, R) + for pixel methods B x S x (decode per view + per image), the views decoded in the
@@ -122,6 +124,7 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     * peak host = max over groups of max(step, evaluation peak RSS) + the group's features held in memory (each run's
       cached training views when preloaded, the evaluation sets' features), float32
     * report = the report unit (tables and a plot, matplotlib's start included) when the command writes one
+    * process end = the exit unit (Python tearing down the modules and objects) when the runs are a command's
     * peak device = max over groups of max(step, evaluation peak)
     """
     lacking = [key for key in needed_units(facts) if key not in units]
@@ -130,9 +133,10 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     phases = dict.fromkeys(PHASES, 0.0)
     phases["setup"] = facts.startup_seconds or units[LOAD_KEY].seconds + facts.plan_seconds
     phases["report"] = units[REPORT_KEY].seconds if facts.report else 0.0
+    phases["process end"] = units[EXIT_KEY].seconds if facts.ends_process else 0.0
     cuda = facts.device == "cuda"
-    for key, features, images in encode_parts(facts):
-        encode, decode = units[ENCODE_KEY], units[key]
+    for key, batch, features, images in encode_parts(facts):
+        encode, decode = units[encode_key(batch)], units[key]
         if cuda or facts.spare_cores:
             workers = max(1, facts.cache_workers)
             phases["cache build"] += (features * max(encode.seconds, decode.seconds / workers)
@@ -235,7 +239,7 @@ def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: 
                          "estimate on a machine like the workers.")
     backbone = specs[0].backbone()
     facts = dataclasses.replace(plan_facts(specs, execution.runs_per_group(device.type), backbone),
-                                startup_seconds=startup, report=report is not None)
+                                startup_seconds=startup, report=report is not None, ends_process=command_start)
     precision = "amp" if specs[0].amp else "fp32"
     machine = machine_name(device)
     store = CalibrationStore(cache_root or specs[0].config.cache_root,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -80,10 +81,13 @@ class PlanFacts:
     # the new process's start up to its runs' planning (imports, backbone, data listing), as this process took
     # it; 0 when unknown (then setup = backbone load + planning)
     startup_seconds: float = 0.0
-    # (decode unit, features, images) per dataset to encode; empty: all of them with the "decode" unit
-    encode_parts: tuple[tuple[str, int, int], ...] = ()
+    # (decode unit, views per encoder batch, features, images) per dataset and batch size the cache build encodes
+    # (an image's views are encoded together: 201 views of a 200-epoch recipe are a batch); empty: all of them with
+    # the "decode" unit in batches of BATCH_VIEWS
+    encode_parts: tuple[tuple[str, int, int, int], ...] = ()
     decode_workers: int = 1  # decoding processes beside the steps (CUDA: the pixel methods)
     report: bool = False  # the command writes a report (tables and plots) once its runs are done
+    ends_process: bool = False  # the runs are a command's, whose process ends after them (its end is priced)
     cache_workers: int = 1  # decoding processes of a cache build beside its encoder (atlas_fast.cache.build)
     # on the CPU: whether the build's decoding processes have cores of their own beside the encoder's threads (its
     # threads + workers <= the CPUs this process may use), so that decoding overlaps encoding as on CUDA
@@ -91,9 +95,10 @@ class PlanFacts:
 
 
 def missing_features(cache_root: str | Path, backbone, dataset: str, wanted: dict[Any, set[int]], aug_seed: int,
-                     content_hash: bool = False) -> tuple[int, int]:
-    """(features, images) of ``wanted`` (datum -> views) that the cache file of (backbone, dataset, aug_seed) lacks:
-    read from its row index and done flags under a shared lock, nothing written."""
+                     content_hash: bool = False) -> Counter[int]:
+    """How many images of ``wanted`` (datum -> views) lack how many views in the cache file of (backbone, dataset,
+    aug_seed) (``{views lacking: images}``; the build encodes an image's lacking views together): read from its row
+    index and done flags under a shared lock, nothing written."""
     from atlas_fast.cache import FeatureCache
     from atlas_fast.cache.format import open_h5, read_rows, row_index
     from atlas_fast.cache.locking import flock, lock_path
@@ -103,28 +108,29 @@ def missing_features(cache_root: str | Path, backbone, dataset: str, wanted: dic
     path = cache.path_for(backbone, dataset, aug_seed)
     items = list(wanted)
     if not path.exists():
-        return sum(len(v) for v in wanted.values()), len(items)
+        return Counter(len(views) for views in wanted.values())
     ids = image_identities(items, content_hash)
     with flock(lock_path(path), exclusive=False):
         with open_h5(path, "r") as f:
             keys, file_ids, done = read_rows(f, path)
     rows = row_index(keys, file_ids)
-    features = images = 0
+    lacking: Counter[int] = Counter()
     for datum, image_id in zip(items, ids):
         row = rows.get((datum.key, image_id), -1)
-        lacking = [v for v in wanted[datum] if row < 0 or v >= done.shape[1] or not done[row, v]]
-        features += len(lacking)
-        images += bool(lacking)
-    return features, images
+        count = sum(1 for v in wanted[datum] if row < 0 or v >= done.shape[1] or not done[row, v])
+        if count:
+            lacking[count] += 1
+    return lacking
 
 
 def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> PlanFacts:
     """The facts of planned runs (:class:`~atlas_fast.engine.spec.RunSpec`): finished runs dropped, the rest grouped
     as the sweep groups them (one by one for a method that does not batch runs), and the features the cache lacks
-    for the runs to train (train views 0..V, or view 0 for the pixel methods; the test split's view 0)."""
+    for the runs to train (train views 0..V, or view 0 for the pixel methods; the test split's view 0 and the
+    few-shot validation split's, which calibration reads), by the encoder batches the build will put them in."""
     import torch
 
-    from atlas_fast.cache.build import default_workers
+    from atlas_fast.cache.build import batch_views, default_workers
     from atlas_fast.engine.pipeline import plan_fork, split_finished
     from atlas_fast.sweep import group_runs
 
@@ -151,7 +157,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
             decode=decode_key(first.dataset), training_sets=len(training_sets), test_images=len(test_images),
             trunk_runs=len(fork[0]) if fork else 0, trunk_epochs=fork[2] + 1 if fork else 0))
     features = images = 0
-    parts: list[tuple[str, int, int]] = []
+    parts: list[tuple[str, int, int, int]] = []
     if todo_specs:
         backbone = backbone if backbone is not None else todo_specs[0].backbone()
         wanted: dict[tuple, dict[Any, set[int]]] = {}
@@ -162,12 +168,17 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
             train_views = entry.cached_train_views(spec.views)
             for datum in spec.data.train_split.train:
                 per_item.setdefault(datum, set()).update(range(train_views + 1))
-            for datum in spec.data.fewshot.test:
+            held_out = () if spec.data.fewshot.val_is_test else spec.data.train_split.val  # calibration's split
+            for datum in (*spec.data.fewshot.test, *held_out):
                 per_item.setdefault(datum, set()).add(0)
         for (root, dataset, aug_seed, content_hash), per_item in wanted.items():
-            f, i = missing_features(root, backbone, dataset, per_item, aug_seed, content_hash)
-            features, images = features + f, images + i
-            parts.append((decode_key(dataset), f, i))
+            encoded: dict[int, list[int]] = {}  # views per encoder batch -> [features, images] in such batches
+            for views, count in missing_features(root, backbone, dataset, per_item, aug_seed, content_hash).items():
+                part = encoded.setdefault(batch_views(views), [0, 0])
+                part[0], part[1] = part[0] + views * count, part[1] + count
+            for batch, (f, i) in sorted(encoded.items()):
+                features, images = features + f, images + i
+                parts.append((decode_key(dataset), batch, f, i))
     device = specs[0].device.type if specs else "cpu"
     workers = min(8, os.cpu_count() or 1) if device == "cuda" else 1
     embed_dim = int(backbone.embed_dim) if backbone is not None else 0
