@@ -20,6 +20,7 @@ is a :class:`JsonFileError` naming it, never a ``RecursionError`` or a read of g
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -27,8 +28,9 @@ import shutil
 import socket
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 #: The most bytes :func:`read_json` reads (a record is kilobytes; a report's sources of 10,000 records ~2 MB).
 MAX_JSON_BYTES = 64 << 20
@@ -67,6 +69,17 @@ def make_folder(folder: Path) -> None:
         if file is None:
             raise
         raise NotADirectoryError(f"{file} is a file, not a folder: {folder} cannot be made in it.") from exc
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created if needed) for the ``with`` block: a second process waits."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def temporary_path(path: Path, pid: int | None = None) -> Path:

@@ -10,9 +10,15 @@ from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
 from atlas_fast.clip.transforms import OPENAI_MEAN, OPENAI_STD
-from atlas_fast.clip.transforms import (ImageReadError, TransformSpec, image_view, load_views, random_resized_crop_params,
-                                   read_image, view_seed)
+from atlas_fast.clip.transforms import (ImageReadError, TransformSpec, load_views, normalize_pixels,
+                                        random_resized_crop_params, read_image, view_pixels, view_seed)
 from tests.layouts import write_image
+
+
+def image_view(image: Image.Image, spec: TransformSpec, key: str, view: int) -> torch.Tensor:
+    """One view of a decoded image as the cache encodes it, (3, S, S): view 0 the test transform, views >= 1
+    seeded augmentations."""
+    return normalize_pixels(view_pixels(image, spec, key, view)[None], spec)[0]
 
 
 @pytest.fixture()

@@ -263,16 +263,16 @@ def largest_difference(a, b, run: int | None = None) -> float:
 
 def step_traffic(name: str, backbone, device: torch.device, amp: bool, steps: int = 3) -> tuple[float, float, int]:
     """Host traffic of one steady-state training step of ``name`` (R = 1, eager): (reads back, uploads, operators)
-    per step, the difference between one epoch of ``2 * steps`` steps and one of ``steps`` divided by ``steps`` (what
-    an epoch does once, its warm-up and its loss read-back included, cancels). Uploads are counted where this
-    version's :class:`~atlas_fast.engine.graphs.DispatchCount` counts them (else NaN)."""
+    per step as :class:`~atlas_fast.engine.graphs.DispatchCount` counts them, the difference between one epoch of
+    ``2 * steps`` steps and one of ``steps`` divided by ``steps`` (what an epoch does once, its warm-up and its loss
+    read-back included, cancels)."""
     from atlas_fast.engine.graphs import DispatchCount
 
     counts = []
     for n in (steps, 2 * steps):
         with DispatchCount() as count:
             train_group(name, backbone, device, 1, n, 1, graph_steps=False, amp=amp, length_groups=True)
-        counts.append((count.read_backs, getattr(count, "uploads", float("nan")), count.total))
+        counts.append((count.read_backs, count.uploads, count.total))
     return tuple((b - a) / steps for a, b in zip(*counts))  # type: ignore[return-value]
 
 
@@ -291,10 +291,9 @@ def family_rows(family: str, name: str, backbone, device: torch.device, steps: i
     eager = train_group(name, backbone, device, runs, steps, 2, graph_steps=False, amp=cuda, length_groups=True)
     reads, uploads, ops = step_traffic(name, backbone, device, amp=cuda)
     traffic = reads > 0 or uploads > 0
-    upload_text = "uploads not counted by this version" if uploads != uploads else f"{uploads:g} upload(s)"
     rows.append(Row(f"{label}: eager steps", FAIL if traffic else OK,
                     f"{1000 * eager.seconds / (2 * steps):.1f} ms/step (R = {runs}); host traffic per steady-state "
-                    f"step: {reads:g} read(s) back, {upload_text} ({ops:.0f} operators)",
+                    f"step: {reads:g} read(s) back, {uploads:g} upload(s) ({ops:.0f} operators)",
                     f"{CLASSES} classes, batch {BATCH}, {'fp16 autocast' if cuda else 'fp32'}; a CUDA graph can "
                     "replay no host traffic" + ("" if not traffic else ": this step would train eagerly")))
     if engine_graphs.graphs_available(device):

@@ -156,8 +156,7 @@ def zero_shot_probabilities(backbone: Backbone, text_embeddings: torch.Tensor,
 
 
 def compute_soft_labels(config: SoftLabelConfig, backbone: Backbone, splits: DatasetSplits,
-                        train_features_view0: torch.Tensor, store_dir: str | Path | None = None,
-                        progress: bool = False) -> torch.Tensor:
+                        train_features_view0: torch.Tensor, store_dir: str | Path | None = None) -> torch.Tensor:
     """Soft-label rows (N, C), float32 on the CPU, for the items of ``splits.train`` (row i belongs to item i).
 
     Text embeddings are the backbone's ``encode_text`` of ``splits.prompts()`` (the dataset's ATLaS template);
@@ -188,7 +187,7 @@ def compute_soft_labels(config: SoftLabelConfig, backbone: Backbone, splits: Dat
     if config.kind == "ls":
         rows = uniform_ls(labels, num_classes, config.theta)
     else:
-        text = encode_class_prompts(backbone, splits.prompts(), progress=progress)
+        text = encode_class_prompts(backbone, splits.prompts())
         if config.kind in ("csl", "mix"):
             csl = class_soft_labels(text, config.tau_c, config.top_k)[labels]
         if config.kind in ("isl", "mix"):

@@ -32,7 +32,6 @@ from atlas_fast.clip.open_clip_names import (WeightsUnavailableError, cached_wei
                                              register_model_configs, tokenizer_known, wants_quick_gelu)
 from atlas_fast.clip.transforms import OPENAI_MEAN, OPENAI_STD, Preprocessing, TransformSpec
 from atlas_fast.clip.weights_files import DOWNLOAD_VARIABLE, downloads_allowed, missing_weights_message, random_weights
-from atlas_fast.progress import progress_bar
 
 
 class _RandomInitNotice(logging.Filter):
@@ -153,13 +152,11 @@ class Backbone:
 
 
 @torch.no_grad()
-def encode_class_prompts(backbone: Backbone, prompts: list[str], batch_size: int = 256,
-                         progress: bool = False) -> torch.Tensor:
+def encode_class_prompts(backbone: Backbone, prompts: list[str], batch_size: int = 256) -> torch.Tensor:
     """Un-normalised text features (C, D) of hand-crafted class prompts, in batches (:meth:`Backbone.encode_text`
     of each batch): the soft labels' class texts, PromptSRC's frozen teacher prompts, the pricing's text unit."""
     chunks = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
-    return torch.cat([backbone.encode_text(chunk).float()
-                      for chunk in progress_bar(chunks, desc="soft labels: text", enabled=progress)])
+    return torch.cat([backbone.encode_text(chunk).float() for chunk in chunks])
 
 
 

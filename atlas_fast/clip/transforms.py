@@ -286,13 +286,6 @@ def look_up_pixels(pixels: np.ndarray | torch.Tensor, spec: TransformSpec, devic
     return table[pixels.permute(0, 3, 1, 2).to(torch.int64) + offsets]
 
 
-def image_view(image: Image.Image, spec: TransformSpec, key: str, view: int) -> torch.Tensor:
-    """View 0 = the test transform (CLIP's preprocessing: resize the shorter side, centre crop, ToTensor, Normalize),
-    views >= 1 = seeded augmentations (Dassl's train transform: random resized crop, flip, ToTensor, Normalize); a
-    (3, S, S) float tensor."""
-    return normalize_pixels(view_pixels(image, spec, key, view)[None], spec)[0]
-
-
 def load_views(impath: str | Path, key: str, views: list[int] | tuple[int, ...], spec: TransformSpec) -> torch.Tensor:
     """Decode one image once and return its requested views stacked as (len(views), 3, S, S)."""
     return normalize_pixels(load_view_pixels(impath, key, views, spec), spec)

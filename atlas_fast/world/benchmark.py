@@ -25,21 +25,19 @@ byte-identical for the same arguments (see :mod:`atlas_fast.world.generator`).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import warnings
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 from PIL import Image
 from atlas_fast.progress import progress_bar
 
 from atlas_fast.data.datasets import register_split_json_dataset
-from atlas_fast.files import JsonFileError, atomic_write, read_json
+from atlas_fast.files import JsonFileError, atomic_write, exclusive_lock, read_json
 from atlas_fast.world.generator import (SHAPE_PALETTES, SHAPES, SPLIT_IDS, TEXTURES, Layout, concept_id,
                                         render_batch)
 
@@ -196,7 +194,7 @@ def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSize
     if dataset_dir.is_dir() and _foreign_files(dataset_dir) and not (dataset_dir / LOCK_FILE).exists():
         _refuse_foreign(dataset_dir)
     dataset_dir.mkdir(parents=True, exist_ok=True)
-    with _generation_lock(dataset_dir):  # a second process waits, then finds the dataset done
+    with exclusive_lock(dataset_dir / LOCK_FILE):  # the whole generation: a second process waits, then finds it done
         if _stamp_matches(stamp_path, stamp, warn=True):
             return dataset_dir
         if not stamp_path.is_file() and not manifest_path.is_file() and _foreign_files(dataset_dir):
@@ -232,17 +230,6 @@ def _refuse_foreign(dataset_dir: Path) -> None:
     raise FileExistsError(
         f"{dataset_dir} exists and holds files but no {STAMP_FILE}: it was not written by the world generator. "
         f"Move it away or choose another data root.")
-
-
-@contextmanager
-def _generation_lock(dataset_dir: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``<dataset_dir>/.world_generating.lock`` for the whole generation."""
-    fd = os.open(dataset_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _generate(dataset: WorldDataset, dataset_dir: Path, sizes: SplitSizes, seed: int, stamp: dict,

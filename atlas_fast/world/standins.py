@@ -17,17 +17,14 @@ finds the dataset done.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 from atlas_fast.data.check import PUBLISHED_SIZES, STANDIN_MANIFEST
-from atlas_fast.files import atomic_write, read_json, temporary_target
+from atlas_fast.files import atomic_write, exclusive_lock, read_json, temporary_target
 from atlas_fast.world.standin_images import IMAGE_SIZE, write_images
 from atlas_fast.world.standin_plan import SPLITS, StandinPlan, StandinRequest, image_paths, layout_files, plan_standin
 
@@ -89,17 +86,6 @@ def _same_request(manifest: dict, plan: StandinPlan) -> bool:
     return all(manifest.get(key) == expected[key] for key in ("dataset", "format", "request", "counts", "images"))
 
 
-@contextmanager
-def _dataset_lock(root: Path, folder: str) -> Iterator[None]:
-    """An exclusive ``flock`` on ``<root>/.<folder>.standin-lock`` (outside the folder, which a rewrite deletes)."""
-    fd = os.open(root / f".{folder}.standin-lock", os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def write_standin(name: str, root: str | Path, request: StandinRequest = StandinRequest(),
                   progress: bool = True) -> StandinResult:
     """Write (or skip, complete or rewrite, see the module's docstring) the stand-in of benchmark ``name`` under
@@ -110,7 +96,7 @@ def write_standin(name: str, root: str | Path, request: StandinRequest = Standin
     root = Path(os.path.abspath(os.path.expanduser(str(root))))
     root.mkdir(parents=True, exist_ok=True)
     dataset_dir = root / plan.folder
-    with _dataset_lock(root, plan.folder):
+    with exclusive_lock(root / f".{plan.folder}.standin-lock"):  # outside the folder, which a rewrite deletes
         manifest = read_manifest(dataset_dir)
         if manifest is not None and manifest.get("complete") is True and _same_request(manifest, plan):
             return StandinResult(plan, "skipped", dataset_dir, 0, 0, time.perf_counter() - started)
