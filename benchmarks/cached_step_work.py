@@ -209,7 +209,7 @@ def _states(backbone, runs: int, items: int, classes: int, generator):
 def host_counts(backbone, method: str, runs: int, amp: bool, batch: int = 8, steps: int = 5) -> dict[str, float]:
     """Per step: operators the host dispatches and read-backs, eager and graphed (between replays; inside the
     replayed step), through the training loop."""
-    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.loop import TrainingRuns, train_runs
     from atlas_fast.methods.config import OptimRecipe
 
     entry = method_class(method)
@@ -227,7 +227,7 @@ def host_counts(backbone, method: str, runs: int, amp: bool, batch: int = 8, ste
     for count in (steps, 2 * steps):
         counter = DispatchCount()
         with counter:
-            train_runs(build(), _states(backbone, runs, batch * count, len(names), generator),
+            train_runs(TrainingRuns(build(), _states(backbone, runs, batch * count, len(names), generator)),
                        OptimRecipe(epochs=1, batch_size=batch, lr=0.01), cpu, amp, progress=False)
         eager[count] = counter
     result["eager ops"] = (eager[2 * steps].total - eager[steps].total) / steps
@@ -244,7 +244,7 @@ def host_counts(backbone, method: str, runs: int, amp: bool, batch: int = 8, ste
         outside.paused = False
 
     with faked_graphs(on_replay), outside:
-        train_runs(build(), _states(backbone, runs, batch * steps, len(names), generator),
+        train_runs(TrainingRuns(build(), _states(backbone, runs, batch * steps, len(names), generator)),
                    OptimRecipe(epochs=2, batch_size=batch, lr=0.01), cpu, amp, progress=False, graph_steps=True)
     last = marks[-steps:]  # consecutive replays of the last epoch
     result["graphed host ops"] = (last[-1] - last[0]) / (steps - 1)

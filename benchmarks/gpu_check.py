@@ -321,12 +321,12 @@ def _train_cached(name: str, backbone, classnames, features, labels, epochs: int
 
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.clip.text_encoder import graph_length_groups
-    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.loop import TrainingRuns, train_runs
     from atlas_fast.engine.step import RunState
     from atlas_fast.methods.config import OptimRecipe
     from atlas_fast.methods.registry import method_class
 
-    from atlas_fast.engine.pipeline import stack_runs
+    from atlas_fast.engine.group import stacked_method
 
     device = torch.device(SETUP["device"])
     entry = method_class(name)
@@ -334,11 +334,9 @@ def _train_cached(name: str, backbone, classnames, features, labels, epochs: int
     for r in range(runs):  # run r starts as it would alone (initialised with seed r), as a group's runs do
         torch.manual_seed(r)
         singles.append(entry.build(backbone, classnames, cached_method_config(name, backbone)))
-    method = singles[0]
-    if runs > 1:
-        method = entry.build(backbone, classnames, cached_method_config(name, backbone, runs))
-        method.load_checkpoint_state(stack_runs([single.state_for_checkpoint() for single in singles]))
-    method = method.to(device)
+    method = singles[0].to(device) if runs == 1 else stacked_method(
+        entry, backbone, classnames, cached_method_config(name, backbone), [s.state_for_checkpoint() for s in singles],
+        device)
     states = [RunState(RandomFeatures(features), labels, None, OneHot(), seed=seed, device=device)
               for seed in range(1, runs + 1)]
     recipe = OptimRecipe(epochs=epochs, batch_size=batch, lr=0.002)
@@ -351,7 +349,7 @@ def _train_cached(name: str, backbone, classnames, features, labels, epochs: int
         warnings.simplefilter("always")
         synchronize()
         start = time.perf_counter()
-        logs = train_runs(method, states, recipe, device, amp=device.type == "cuda", progress=False,
+        logs = train_runs(TrainingRuns(method, states), recipe, device, amp=device.type == "cuda", progress=False,
                           graph_steps=graph_steps)
         synchronize()
         seconds = time.perf_counter() - start
@@ -445,10 +443,11 @@ def check_batched_graph_steps(backbone, runs: int = 4, classes: int = 50, epochs
     run) against the same group eager with the graph's length groups (must be 0) and against each run trained
     alone eagerly (fp16 rounding)."""
     cuda = SETUP["device"] == "cuda"
+    from atlas_fast.engine.group import batches_runs
     from atlas_fast.methods import METHODS
 
     cached = [name for name, entry in METHODS.items() if entry.learns and not entry.reads_pixels
-              and entry.supports_batched_runs]
+              and batches_runs(entry)]
     generator = torch.Generator().manual_seed(1)
     classnames = [f"class {i}" for i in range(classes)]
     n = 32 * 8
@@ -613,7 +612,7 @@ def _train_pixels(name: str, backbone, classnames, runs: int, steps: int, epochs
 
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.clip.text_encoder import graph_length_groups
-    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.loop import TrainingRuns, train_runs
     from atlas_fast.engine.step import RunState
     from atlas_fast.methods.config import OptimRecipe
     from atlas_fast.methods.registry import method_class
@@ -631,7 +630,7 @@ def _train_pixels(name: str, backbone, classnames, runs: int, steps: int, epochs
         warnings.simplefilter("always")
         synchronize()
         start = time.perf_counter()
-        logs = train_runs(method, states, OptimRecipe(epochs=epochs, batch_size=4, lr=0.002), device,
+        logs = train_runs(TrainingRuns(method, states), OptimRecipe(epochs=epochs, batch_size=4, lr=0.002), device,
                           amp=device.type == "cuda", progress=False, graph_steps=graph_steps)
         synchronize()
         seconds = time.perf_counter() - start
@@ -835,7 +834,7 @@ def check_promptsrc_unequal(backbone, steps: int = 5) -> None:
 
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.clip.text_encoder import graph_length_groups
-    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.loop import TrainingRuns, train_runs
     from atlas_fast.engine.step import RunState
     from atlas_fast.methods.config import OptimRecipe
     from atlas_fast.methods.registry import method_class
@@ -857,8 +856,8 @@ def check_promptsrc_unequal(backbone, steps: int = 5) -> None:
             states.append(RunState(inputs, torch.arange(n) % 10, None, OneHot(), seed=r + 1, device=device))
         with warnings.catch_warnings(record=True) as caught, graph_length_groups():
             warnings.simplefilter("always")
-            logs = train_runs(method, states, OptimRecipe(epochs=3, batch_size=4, lr=0.002), device, amp=cuda,
-                              progress=False, graph_steps=graph_steps)
+            logs = train_runs(TrainingRuns(method, states), OptimRecipe(epochs=3, batch_size=4, lr=0.002), device,
+                              amp=cuda, progress=False, graph_steps=graph_steps)
         return method, logs, _graph_warnings(caught)
 
     eager, _, _ = trained(False)

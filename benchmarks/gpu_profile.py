@@ -42,7 +42,7 @@ def profile(backbone, classes: int, runs: int, steps: int, device: torch.device,
     from torch.profiler import profile as torch_profile
 
     from atlas_fast.atlas.schedules import OneHot
-    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.loop import TrainingRuns, train_runs
     from atlas_fast.engine.step import RunState
     from atlas_fast.methods.config import OptimRecipe
     from atlas_fast.methods.registry import method_class
@@ -59,13 +59,13 @@ def profile(backbone, classes: int, runs: int, steps: int, device: torch.device,
     torch.manual_seed(0)
     method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a", num_runs=runs)).to(device)
     recipe = OptimRecipe(epochs=1, batch_size=32, lr=0.002)
-    train_runs(method, states, recipe, device, amp=amp, progress=False)  # warm-up: kernels, cuBLAS handles
+    train_runs(TrainingRuns(method, states), recipe, device, amp=amp, progress=False)  # warm-up: kernels, cuBLAS handles
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     wall = time.perf_counter()
     with torch_profile(activities=activities) as prof:
-        train_runs(method, states, recipe, device, amp=amp, progress=False)
+        train_runs(TrainingRuns(method, states), recipe, device, amp=amp, progress=False)
         sync()
     wall = time.perf_counter() - wall
     events = prof.key_averages()

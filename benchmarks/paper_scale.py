@@ -15,7 +15,7 @@ of the real shapes); the whole table is :func:`atlas_fast.pricing.estimate.price
 * R: the methods that batch runs (every method of the table: CoOp, CoCoOp, DePT, IVLP, MaPLe, ...) train the 12
   runs of a dataset (4 variants x 3 seeds) in groups of the device's default R (12 on a GPU, 4 on the CPU),
   lowered where R runs' steps would not fit the device's memory, as the sweep's planner groups them
-  (:func:`atlas_fast.sweep.group_runs`); the other methods one by one. A pixel group decodes each step's views once for its seeds (a seed's
+  (:func:`atlas_fast.engine.group.group_runs`); the other methods one by one. A pixel group decodes each step's views once for its seeds (a seed's
   variants read the same images) and trains the epochs its runs share (ATLaS's first K - 1) with one trunk run per
   seed, then forks, as the engine does;
 * evaluation: the published test-set sizes (CoOp's splits) shared out between base and new by their class counts;
@@ -162,8 +162,10 @@ def runs_per_group(method: str, device: torch.device, backbone=None, classes: in
                    amp: bool = False) -> int:
     """R of the method's groups: the device's default (at most a dataset's 12 runs), lowered as the planner lowers
     it where R runs' steps would not fit the device's memory (:mod:`atlas_fast.engine.memory`)."""
+    from atlas_fast.engine.group import batches_runs
+
     entry = method_class(method)
-    if not entry.supports_batched_runs:
+    if not batches_runs(entry):
         return 1
     runs = min(len(VARIANT_SOFT) * SEEDS, DEFAULT_BATCH_RUNS.get(device.type, 1))
     if backbone is None:
@@ -230,7 +232,7 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
 
 
 def trunk_of(method: str, setting: str, part: list[tuple[str | None, int]], epochs: int) -> tuple[int, int]:
-    """(trunk runs, shared epochs) of a group as the engine forks it (:func:`atlas_fast.engine.pipeline.
+    """(trunk runs, shared epochs) of a group as the engine forks it (:func:`atlas_fast.engine.group.
     plan_fork`): a pixel method's runs of one seed train alike while every run's targets are one-hot (ATLaS: the
     first K - 1 epochs); (0, 0) where nothing is shared."""
     if not method_class(method).reads_pixels:

@@ -107,7 +107,7 @@ def count_operations(work: Path, method: str, runs: int) -> tuple[float, int]:
     """(ATen operations per run and step of the training loop, steps) for a group of ``runs`` runs."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    import atlas_fast.engine.pipeline as pipeline
+    import atlas_fast.engine.group as group
     import atlas_fast.engine.pixels as pixels
     import atlas_fast.engine.step as step
     from atlas_fast.sweep import Execution, run_configs
@@ -122,7 +122,7 @@ def count_operations(work: Path, method: str, runs: int) -> tuple[float, int]:
             return func(*args, **(kwargs or {}))
 
     counter, steps = Count(), []
-    real_train, real_step, real_decode = pipeline.train_runs, step.TrainStep.__call__, pixels.decode_view
+    real_train, real_step, real_decode = group.train_runs, step.TrainStep.__call__, pixels.decode_view
 
     def counted_train(*args, **kwargs):
         with counter:
@@ -140,15 +140,15 @@ def count_operations(work: Path, method: str, runs: int) -> tuple[float, int]:
             counter.paused -= 1
 
     seeds, variants = ((1, 2, 3), ("plain", "ls", "csl", "isl")) if runs == 12 else ((1,), ("plain",))
-    real_plan = pipeline.plan_fork  # every step at R (a fork would train epoch 0 at R = 3: section 5)
-    pipeline.train_runs, step.TrainStep.__call__, pixels.decode_view = counted_train, counted_step, uncounted_decode
-    pipeline.plan_fork = lambda *args: None
+    real_plan = group.plan_fork  # every step at R (a fork would train epoch 0 at R = 3: section 5)
+    group.train_runs, step.TrainStep.__call__, pixels.decode_view = counted_train, counted_step, uncounted_decode
+    group.plan_fork = lambda *args: None
     try:
         records = run_configs(configs(work, method, f"ops-{method}-{runs}", seeds, variants),
                               Execution("local", runs), progress=False)
     finally:
-        pipeline.train_runs, step.TrainStep.__call__, pixels.decode_view = real_train, real_step, real_decode
-        pipeline.plan_fork = real_plan
+        group.train_runs, step.TrainStep.__call__, pixels.decode_view = real_train, real_step, real_decode
+        group.plan_fork = real_plan
     assert all(r["timings"]["batch_runs"] == runs for r in records), "the runs did not train as one group"
     return counter.operations / len(steps) / runs, len(steps)
 
@@ -274,22 +274,22 @@ def same_pixels(work: Path, workers: int) -> tuple[bool, int]:
 def fork_against_unforked(work: Path, method: str, repeats: int) -> tuple[float, float, float, float]:
     """(training seconds forked, unforked, largest metric difference, largest learned-tensor difference) of a
     12-run group of 5 epochs."""
-    import atlas_fast.engine.pipeline as pipeline
+    import atlas_fast.engine.group as group
     from atlas_fast.engine.record import load_learned
     from atlas_fast.sweep import Execution, run_configs
 
-    real_plan = pipeline.plan_fork
+    real_plan = group.plan_fork
     seconds: dict[bool, list[float]] = {True: [], False: []}
     records = {}
     for repeat in range(repeats):
         for forked in ((True, False) if repeat % 2 == 0 else (False, True)):
-            pipeline.plan_fork = real_plan if forked else (lambda *args: None)
+            group.plan_fork = real_plan if forked else (lambda *args: None)
             try:
                 grid = configs(work, method, f"fork-{method}-{forked}-{repeat}", (1, 2, 3),
                                ("plain", "ls", "csl", "isl"), epochs=5)
                 records[forked] = run_configs(grid, Execution("local", 12), progress=False)
             finally:
-                pipeline.plan_fork = real_plan
+                group.plan_fork = real_plan
             seconds[forked].append(records[forked][0]["timings"]["train"])
     metrics = max(abs(a["metrics"][name] - b["metrics"][name]) for a, b in zip(records[True], records[False])
                   for name in a["metrics"] if name != "zero_shot")

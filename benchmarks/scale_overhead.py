@@ -308,11 +308,11 @@ def measure_inputs(work: Path, group: int, views: int) -> dict:
 
     spec = plan_run(train_config(work, 1, views=views))
     backbone = spec.backbone()
-    shared: dict = {}
+    read_once: dict = {}
     seconds = []
     for _ in range(group):
         clock = time.perf_counter()
-        prepare_inputs(spec, backbone, shared)
+        prepare_inputs(spec, backbone, read_once)
         seconds.append(time.perf_counter() - clock)
     return {"first_run_s": seconds[0], "next_runs_s": sum(seconds[1:]) / max(1, len(seconds) - 1)}
 

@@ -49,7 +49,7 @@ from atlas_fast.methods.config import OptimRecipe  # noqa: E402
 from atlas_fast.methods.coop import CoOp, CoOpConfig  # noqa: E402
 from atlas_fast.atlas.schedules import OneHot  # noqa: E402
 from atlas_fast.engine.feed import CachedViews, EpochTensorInputs  # noqa: E402
-from atlas_fast.engine.loop import train_runs  # noqa: E402
+from atlas_fast.engine.loop import TrainingRuns, train_runs  # noqa: E402
 from atlas_fast.engine.step import RunState  # noqa: E402
 from atlas_fast.clip.transforms import load_views  # noqa: E402
 
@@ -169,8 +169,8 @@ def run_size(backbone, classes: int, shots: int, epochs: int, batch_size: int, f
         inputs = (CachedViews(cache, backbone, dataset, train, views, aug_seed) if path == "cached"
                   else PixelViews(train_pixels))
         start_mib = peak_memory_reset(device)
-        (log,) = train_runs(method, [RunState(inputs, labels, None, OneHot(), seed=1, device=device)], recipe,
-                            device=device, amp=False, progress=progress)
+        (log,) = train_runs(TrainingRuns(method, [RunState(inputs, labels, None, OneHot(), seed=1, device=device)]),
+                            recipe, device=device, amp=False, progress=progress)
         memory = peak_memory_mib(device)
         with torch.no_grad():
             # test view 0 is what the image encoder gives on the test pixels (float32 cache)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from atlas_fast.clip.backbones import BackboneConfig
-from atlas_fast.engine.pipeline import run_group, stack_runs
+from atlas_fast.engine.group import stack_runs
+from atlas_fast.engine.pipeline import run_group
 from atlas_fast.methods.registry import method_class
 from atlas_fast.methods.coop import CoOpConfig
 from atlas_fast.engine.record import load_learned

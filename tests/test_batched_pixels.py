@@ -73,7 +73,8 @@ def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pet
     """A seed's plain run and its ATLaS variants (K = 2, 3) train alike in epoch 0: the group trains one trunk run
     per seed for it, then forks; every record (losses, learned tensors, PromptSRC's GPA, metrics) equals the group
     trained without the fork."""
-    import atlas_fast.engine.pipeline as pipeline
+    import atlas_fast.engine.group as group_module
+    from atlas_fast.engine.group import ForkPlan
 
     common = dict(dataset="OxfordPets", data_root=pets / "data", backbone=TINY, method=method,
                   method_options=options(pets, method), epochs=3, views=3, batch_size=3, lr=0.02, device="cpu",
@@ -88,11 +89,11 @@ def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pet
                 TrainConfig(**common, results_dir=pets / results, seed=2, schedule=OneHot())]
 
     forks = []
-    real_plan = pipeline.plan_fork
-    monkeypatch.setattr(pipeline, "plan_fork", lambda *a: forks.append(real_plan(*a)) or forks[-1])
+    real_plan = group_module.plan_fork
+    monkeypatch.setattr(group_module, "plan_fork", lambda *a: forks.append(real_plan(*a)) or forks[-1])
     forked = run_group(group(f"forked-{method}"))
-    assert forks == [([0, 3], [0, 0, 0, 1], 0)]  # two trunk runs (seeds 1 and 2) for epoch 0
-    monkeypatch.setattr(pipeline, "plan_fork", lambda *a: None)
+    assert forks == [ForkPlan([0, 3], [0, 0, 0, 1], 0)]  # two trunk runs (seeds 1 and 2) for epoch 0
+    monkeypatch.setattr(group_module, "plan_fork", lambda *a: None)
     unforked = run_group(group(f"unforked-{method}"))
     _assert_equal_records(forked, unforked)
     assert [e["soft"] for e in forked[1]["epochs"]] == [False, True, False]

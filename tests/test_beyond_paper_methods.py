@@ -112,7 +112,7 @@ def test_a_schedule_over_iterations_stops_inside_an_epoch(tiny):
     """The reference's loop breaks when its step count reaches the iterations: 5 steps of batch 3 over 6 images are
     two whole epochs and one step of the third."""
     from atlas_fast.atlas.schedules import OneHot
-    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.loop import TrainingRuns, train_runs
     from atlas_fast.engine.step import RunState
 
     class Inputs:
@@ -129,7 +129,7 @@ def test_a_schedule_over_iterations_stops_inside_an_epoch(tiny):
     original = method.training_loss
     method.training_loss = lambda *args: (steps.append(1), original(*args))[1]
     state = RunState(Inputs(), torch.tensor([0, 1, 0, 1, 0, 1]), None, OneHot(), 0, torch.device("cpu"))
-    logs = train_runs(method, [state], recipe, torch.device("cpu"), amp=False, progress=False)[0]
+    logs = train_runs(TrainingRuns(method, [state]), recipe, torch.device("cpu"), amp=False, progress=False)[0]
     assert len(steps) == 5 and [row["epoch"] for row in logs] == [0, 1, 2]
     optimizer = build_optimizer(method, recipe)
     assert isinstance(optimizer, RunsAdam) and optimizer.decoupled and optimizer.weight_decay == 5e-4

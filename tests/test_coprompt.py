@@ -511,7 +511,8 @@ def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pet
     """A seed's plain run and its ATLaS variants train alike in epoch 0: the group trains one trunk run per seed,
     then forks, each fork carrying its trunk's description seed and step count; every record equals the group
     trained without the fork."""
-    import atlas_fast.engine.pipeline as pipeline
+    import atlas_fast.engine.group as group_module
+    from atlas_fast.engine.group import ForkPlan
     from atlas_fast.atlas.schedules import Alternating, OneHot
     from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine.pipeline import run_group
@@ -528,11 +529,11 @@ def test_runs_that_share_their_first_epochs_fork_and_equal_unforked_training(pet
                 tiny_pets_config(pets, **common, seed=2, schedule=OneHot())]
 
     forks = []
-    real_plan = pipeline.plan_fork
-    monkeypatch.setattr(pipeline, "plan_fork", lambda *a: forks.append(real_plan(*a)) or forks[-1])
+    real_plan = group_module.plan_fork
+    monkeypatch.setattr(group_module, "plan_fork", lambda *a: forks.append(real_plan(*a)) or forks[-1])
     forked = run_group(group("forked"))
-    assert forks == [([0, 3], [0, 0, 0, 1], 0)]
-    monkeypatch.setattr(pipeline, "plan_fork", lambda *a: None)
+    assert forks == [ForkPlan([0, 3], [0, 0, 0, 1], 0)]
+    monkeypatch.setattr(group_module, "plan_fork", lambda *a: None)
     unforked = run_group(group("unforked"))
     _assert_equal_records(forked, unforked)
 

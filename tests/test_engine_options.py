@@ -127,13 +127,13 @@ def test_graph_steps_refusals_name_the_reason():
 
 
 def test_train_runs_refuses_graph_steps_off_cuda():
-    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.loop import TrainingRuns, train_runs
 
     class Learner:
         num_runs, learns = 1, True
 
     with pytest.raises(ValueError, match="needs a CUDA device, not cpu"):
-        train_runs(Learner(), [object()], None, torch.device("cpu"), amp=False, graph_steps=True)
+        train_runs(TrainingRuns(Learner(), [object()]), None, torch.device("cpu"), amp=False, graph_steps=True)
 
 
 def test_graph_steps_default_to_wherever_a_graph_can_replay_the_step():

@@ -159,7 +159,7 @@ def test_a_diverging_search_trial_fails_alone_and_its_group_is_not_trained_again
     clean = study("clean")
     calls = []
     train = loop.train_runs
-    monkeypatch.setattr("atlas_fast.search.trials.train_runs", lambda *a, **k: calls.append(1) or train(*a, **k))
+    monkeypatch.setattr("atlas_fast.engine.group.train_runs", lambda *a, **k: calls.append(1) or train(*a, **k))
     poison(monkeypatch, position=1, epoch=1)
     poisoned = study("poisoned")
     assert len(calls) == 1  # one group, trained once
@@ -171,9 +171,9 @@ def test_a_diverging_search_trial_fails_alone_and_its_group_is_not_trained_again
     assert "seed 1: Training diverged in epoch 1 (step " in bad.user_attrs["error"]
     # a run whose own inputs raise fails its trial too; the other trial trains, alone now (float reordering only)
     monkeypatch.undo()
-    from atlas_fast.search import trials
+    from atlas_fast.engine import group
 
-    prepare, seen = trials.prepare_inputs, []
+    prepare, seen = group.prepare_inputs, []
 
     def damaged(spec, *args, **kwargs):
         seen.append(spec)
@@ -181,7 +181,7 @@ def test_a_diverging_search_trial_fails_alone_and_its_group_is_not_trained_again
             raise ValueError("image x.png of the second trial cannot be decoded")
         return prepare(spec, *args, **kwargs)
 
-    monkeypatch.setattr(trials, "prepare_inputs", damaged)
+    monkeypatch.setattr(group, "prepare_inputs", damaged)
     good, bad = study("inputs").trials
     assert good.state.name == "COMPLETE" and good.value == pytest.approx(clean.trials[0].value, abs=1e-4)
     assert bad.state.name == "FAIL" and bad.user_attrs["error"].endswith(
@@ -213,17 +213,17 @@ def test_a_pixel_group_that_forks_loses_only_the_runs_of_the_diverged_trunk(tmp_
 def test_a_run_whose_own_inputs_raise_is_a_failed_run_and_its_group_trains_on(pets, monkeypatch):
     """A run whose own slice raises (here its inputs: a damaged image of its few-shot subset) fails alone; a lone run
     raises its own error, as before."""
-    from atlas_fast.engine import pipeline
+    from atlas_fast.engine import group
     from atlas_fast.engine.pipeline import run
 
-    prepare = pipeline.prepare_inputs
+    prepare = group.prepare_inputs
 
     def damaged(spec, *args, **kwargs):
         if spec.config.seed == 2:
             raise ValueError("image data/oxford_pets/images/x_2.jpg cannot be decoded (truncated)")
         return prepare(spec, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "prepare_inputs", damaged)
+    monkeypatch.setattr(group, "prepare_inputs", damaged)
     with pytest.raises(RunsFailed, match=r"(?s)1 of 2 run\(s\) failed.*seed 2: ValueError: image "
                                          r"data/oxford_pets/images/x_2.jpg cannot be decoded"):
         run_group(_configs(pets, "inputs", seeds=(1, 2), epochs=2))

@@ -315,7 +315,7 @@ def test_a_complete_cache_in_a_read_only_folder_is_usable(backbone):
 
 def test_an_unwritable_results_folder_fails_before_training(pets, tmp_path, monkeypatch):
     (tmp_path / "blocked").write_text("a file where the results folder should be")
-    monkeypatch.setattr("atlas_fast.engine.pipeline.train_runs",
+    monkeypatch.setattr("atlas_fast.engine.group.train_runs",
                         lambda *a, **k: pytest.fail("training started although the record cannot be written"))
     with pytest.raises(OSError, match="results folder .*blocked.* is not writable"):
         run(config(tmp_path, pets, results_dir=tmp_path / "blocked" / "results"))

@@ -2,7 +2,6 @@
 every run of the group, the same pixels as decoding each image alone; a group evaluated in one pass, each test image
 decoded once, with every run's logits equal to its own."""
 
-import dataclasses
 
 import pytest
 import torch
@@ -130,7 +129,7 @@ def test_a_group_decodes_each_view_of_a_step_and_each_test_image_once(pets, monk
 def test_a_group_evaluated_in_one_pass_gives_each_run_its_own_logits(pets, method):
     """The test logits of R = 3 runs' module (each run's learned tensors its own) equal each run's alone, on the
     training classes and on others."""
-    from atlas_fast.engine.pipeline import stack_runs
+    from atlas_fast.engine.group import stacked_method
 
     backbone = shared_backbone(TINY)
     classes = ["cat", "dog", "sea lion"]
@@ -142,8 +141,8 @@ def test_a_group_evaluated_in_one_pass_gives_each_run_its_own_logits(pets, metho
             for param in single.trainable_parameters():
                 param.add_(0.05 * torch.randn_like(param))
         singles.append(single.eval())
-    group = build_method(method, backbone, classes, dataclasses.replace(CONFIGS[method], num_runs=3)).eval()
-    group.load_checkpoint_state(stack_runs([s.state_for_checkpoint() for s in singles]))
+    group = stacked_method(method_class(method), backbone, classes, CONFIGS[method],
+                           [s.state_for_checkpoint() for s in singles]).eval()
     pixels = torch.randn(5, 3, 32, 32)
     with torch.no_grad():
         for names in (classes, ["newt", "horse"]):

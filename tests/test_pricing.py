@@ -383,7 +383,7 @@ def test_the_memory_plan_counts_a_live_graphs_pool_beside_the_eager_steps(tiny, 
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.engine import memory
     from atlas_fast.methods.registry import method_class
-    from atlas_fast.sweep import grid
+    from atlas_fast.engine.group import group_size
 
     entry = method_class("coop")
     per_run = memory.step_bytes_per_run(entry, tiny, 1000, 32, True)
@@ -394,9 +394,9 @@ def test_the_memory_plan_counts_a_live_graphs_pool_beside_the_eager_steps(tiny, 
                            data=SimpleNamespace(train_split=SimpleNamespace(num_classes=1000)),
                            optim_recipe=SimpleNamespace(batch_size=32))
     monkeypatch.setattr(memory, "device_bytes", lambda device: card)
-    assert grid.runs_that_fit(spec, 12) == 6
+    assert group_size(spec, 12) == 6
     config.graph_steps = False  # --graph-steps off: eager steps only
-    assert grid.runs_that_fit(spec, 12) == 12
+    assert group_size(spec, 12) == 12
     assert memory.runs_that_fit(12, per_run, fixed, card) == 12
     assert memory.runs_that_fit(12, per_run, fixed, card, graphs=True) == 6
 
@@ -406,7 +406,8 @@ def test_the_run_and_its_estimate_count_the_groups_that_train_alike(pets, monkey
     line and the estimate all say so from one function (``group_runs``); the run said '3 to train in 1 group(s)
     (R = 1)' where the estimate said 3 groups."""
     from atlas_fast.methods.registry import method_class
-    from atlas_fast.sweep import describe_plan, group_runs, plan_sweep
+    from atlas_fast.engine.group import group_runs
+    from atlas_fast.sweep import describe_plan, plan_sweep
 
     monkeypatch.setattr(method_class("coop"), "supports_batched_runs", False)
     specs = plan_sweep(configs(pets, "unbatched", seeds=(1, 2, 3)))

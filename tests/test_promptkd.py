@@ -603,7 +603,7 @@ def test_the_group_planner_counts_the_resident_teacher(tmp_path_factory, monkeyp
     lower R."""
     from atlas_fast.engine import memory
     from atlas_fast.engine.spec import plan_run
-    from atlas_fast.sweep import grid
+    from atlas_fast.engine.group import group_size
 
     root = small_pets(tmp_path_factory, "promptkd-plan")
     spec = plan_run(tiny_pets_config(root, method="promptkd", method_options={**TEACHER, "depth_vision": 2}))
@@ -614,4 +614,4 @@ def test_the_group_planner_counts_the_resident_teacher(tmp_path_factory, monkeyp
     teacher = memory.frozen_bytes(spec.method.view_teacher(spec.method_config, backbone), spec.amp)
     assert teacher > per_run  # the tiny teacher's weights outweigh a run's step
     monkeypatch.setattr(memory, "device_bytes", lambda device: int((student + 3 * per_run) / memory.DEVICE_SHARE) + 1)
-    assert grid.runs_that_fit(spec, 8) == max(1, int(3 - teacher / per_run))
+    assert group_size(spec, 8) == max(1, int(3 - teacher / per_run))

@@ -152,8 +152,8 @@ def test_runs_of_a_group_on_the_same_images_share_one_copy_of_their_preloaded_vi
     configs = [first, dataclasses.replace(first, eval_every_epoch=True), other_seed]
     specs = [plan_run(dataclasses.replace(c, views=2, epochs=2)) for c in configs]
     backbone = specs[0].backbone()
-    shared: dict = {}
-    inputs = [prepare_inputs(spec, backbone, shared) for spec in specs]
+    read_once: dict = {}
+    inputs = [prepare_inputs(spec, backbone, read_once) for spec in specs]
     assert inputs[0].train_inputs is inputs[1].train_inputs
     assert inputs[2].train_inputs is not inputs[0].train_inputs
     alone = prepare_inputs(specs[1], backbone)

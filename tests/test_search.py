@@ -26,8 +26,7 @@ from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.feed import prepare_inputs
-from atlas_fast.engine.loop import RunState, train_runs
-from atlas_fast.engine.pipeline import build_group_method
+from atlas_fast.engine.group import RunGroup
 from atlas_fast.engine.record import load_learned
 from atlas_fast.engine.spec import plan_run
 from atlas_fast.search import SearchConfig, log_uniform, run_search, run_study, uniform
@@ -80,52 +79,37 @@ def test_a_retired_run_leaves_the_other_runs_of_its_group_as_if_trained_without_
                base_config(world, "hook", seed=3, schedule=Alternating(1))]
     specs = [plan_run(c) for c in configs]
     backbone = specs[0].backbone()
-    inputs = [prepare_inputs(s, backbone, {}) for s in specs]
-    method, singles = build_group_method(specs, backbone, specs[0].data.train_split.classnames)
-    states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
-                       s.device) for s, i in zip(specs, inputs)]
+    group = RunGroup(specs, backbone, [prepare_inputs(s, backbone, {}) for s in specs])
+    initial = group.alone[1].state_for_checkpoint()
     asked = []
 
     def retire(epoch, logs):
         asked.append(epoch)
         return {1} if epoch == 1 else set()
 
-    modules = []
-
-    def smaller(module, keep):
-        state = module.state_for_checkpoint()
-        config = dataclasses.replace(specs[0].method_config, num_runs=len(keep))
-        module = specs[0].method.build(backbone, specs[0].data.train_split.classnames, config)
-        module.load_checkpoint_state({name: tensor[keep] for name, tensor in state.items()})
-        modules.append((module, keep))
-        return module
-
-    logs = train_runs(method, states, specs[0].optim_recipe, specs[0].device, False, False, None, False, retire,
-                      smaller if regroup else None)
+    module = group.method
+    logs = group.train(False, retire=retire, shrink=regroup)
     assert asked == list(range(EPOCHS)) and [len(log) for log in logs] == [EPOCHS, 2, EPOCHS]
     if regroup:
-        ((trained, keep),) = modules
-        assert keep == [0, 2] and trained.num_runs == 2
-        learned = {name: tensor[[0, 0, 1]] for name, tensor in trained.state_for_checkpoint().items()}
+        assert group.method is not module and group.method.num_runs == 2 and group.slots == [0, 2]
+        learned = {name: tensor[[0, 0, 1]] for name, tensor in group.method.state_for_checkpoint().items()}
     else:
-        learned = method.state_for_checkpoint()
+        assert group.method is module
+        learned = group.method.state_for_checkpoint()
     for r in (0, 2):
         alone = run(dataclasses.replace(configs[r], results_dir=world / "hook-alone"))
         for name, tensor in load_learned(alone["path"]).items():
             torch.testing.assert_close(learned[name][r:r + 1], tensor, atol=1e-5, rtol=1.3e-6)
         assert [e["loss"] for e in logs[r]] == pytest.approx([e["loss"] for e in alone["epochs"]], abs=1e-5)
     if not regroup:  # the retired run kept the tensors it had after epoch 1: it moved, then stopped
-        initial = singles[1].state_for_checkpoint()
         assert any(not torch.equal(learned[n][1:2], initial[n]) for n in initial)
 
 
 def test_every_run_retired_ends_the_loop(world):
     spec = plan_run(base_config(world, "hook-all"))
     backbone = spec.backbone()
-    inputs = prepare_inputs(spec, backbone, {})
-    method, _ = build_group_method([spec], backbone, spec.data.train_split.classnames)
-    state = RunState(inputs.train_inputs, inputs.labels, inputs.soft_rows, spec.config.schedule, 1, spec.device)
-    logs = train_runs(method, [state], spec.optim_recipe, spec.device, False, False, None, False, lambda e, logs: {0})
+    group = RunGroup([spec], backbone, [prepare_inputs(spec, backbone, {})])
+    logs = group.train(False, retire=lambda e, logs: {0})
     assert len(logs[0]) == 1
 
 

@@ -17,7 +17,7 @@ import torch
 
 from atlas_fast.atlas.schedules import Alternating, OneHot
 from atlas_fast.clip.text_encoder import graph_length_groups
-from atlas_fast.engine.loop import train_runs
+from atlas_fast.engine.loop import TrainingRuns, train_runs
 from atlas_fast.engine.step import RunState
 from atlas_fast.methods.config import OptimRecipe
 from atlas_fast.methods.registry import method_class
@@ -97,7 +97,8 @@ def _single(tiny, name, grouped, r):
 
 def _train(method, states, epochs=5, graph_steps=False, amp=False):
     recipe = OptimRecipe(epochs=epochs, batch_size=BATCH, lr=0.05)
-    return train_runs(method, states, recipe, torch.device("cpu"), amp, progress=False, graph_steps=graph_steps)
+    return train_runs(TrainingRuns(method, states), recipe, torch.device("cpu"), amp, progress=False,
+                      graph_steps=graph_steps)
 
 
 def _fresh(states):
@@ -215,7 +216,7 @@ def test_warm_up_check_capture_replay_and_recapture(tiny, fake_graphs):
 
     fake_graphs["captures"] = fake_graphs["replays"] = 0
     recipe = OptimRecipe(epochs=3, batch_size=BATCH, lr=0.05)
-    logs = train_runs(method, states[:1], recipe, torch.device("cpu"), False, progress=False, on_epoch_end=move,
+    logs = train_runs(TrainingRuns(method, states[:1], move), recipe, torch.device("cpu"), False, progress=False,
                       graph_steps=True)
     assert fake_graphs["captures"] == 3 and [e["graphed_steps"] for e in logs[0]] == [2, 2, 2]
 
@@ -266,7 +267,7 @@ def test_a_graphed_step_is_its_replay_and_reads_nothing_back(tiny, fake_graphs, 
     monkeypatch.setattr(step_module.TrainStep, "__call__", counted)
     recipe = OptimRecipe(epochs=4, batch_size=BATCH, lr=0.05)
     with outside:
-        train_runs(method, states, recipe, torch.device("cpu"), amp, progress=False, on_epoch_end=epoch_end,
+        train_runs(TrainingRuns(method, states, epoch_end), recipe, torch.device("cpu"), amp, progress=False,
                    graph_steps=True)
     consecutive = [b[0] - a[0] for a, b in zip(events, events[1:]) if a[1:] == b[1:]]
     assert len(consecutive) >= 6 and set(consecutive) == {0}
@@ -351,7 +352,7 @@ def test_adam_recipes_replay_their_steps_and_read_nothing_back(tiny, fake_graphs
         method = entry.build(tiny, CLASSES, config)
         state = RunState(Rows(features), labels, None, OneHot(), seed=1, device=torch.device("cpu"))
         with graph_length_groups() if not graphed else contextlib.nullcontext():
-            logs = train_runs(method, [state], recipe, torch.device("cpu"), amp, progress=False,
+            logs = train_runs(TrainingRuns(method, [state]), recipe, torch.device("cpu"), amp, progress=False,
                               graph_steps=graphed)
         states.append(method.state_for_checkpoint())
         if graphed:
@@ -438,7 +439,8 @@ def test_every_methods_replayed_step_uploads_nothing_and_reads_nothing_back(tiny
         labels = torch.arange(items) % len(CLASSES)
         states.append(RunState(_SyntheticInputs(inputs), labels, None, OneHot(), seed=r + 1,
                                device=torch.device("cpu")))
-    logs = train_runs(method, states, recipe, torch.device("cpu"), False, progress=False, graph_steps=True)
+    logs = train_runs(TrainingRuns(method, states), recipe, torch.device("cpu"), False, progress=False,
+                      graph_steps=True)
     keys = 2 if runs == 2 else 1  # [B, B] and [B, 0]; a lone run's [B]
     assert fake_graphs["captures"] == keys and fake_graphs["replays"] >= keys, (name, logs[0])
     assert sum(e["graphed_steps"] for e in logs[0]) == fake_graphs["replays"]
@@ -512,7 +514,7 @@ def test_a_class_buffer_rebuild_drops_the_graphs_even_at_the_same_addresses(tiny
         return [{}]
 
     recipe = OptimRecipe(epochs=3, batch_size=BATCH, lr=0.05)
-    logs = train_runs(method, states[:1], recipe, torch.device("cpu"), False, progress=False, on_epoch_end=rebuild,
+    logs = train_runs(TrainingRuns(method, states[:1], rebuild), recipe, torch.device("cpu"), False, progress=False,
                       graph_steps=True)
     assert fake_graphs["captures"] == 3 and [e["graphed_steps"] for e in logs[0]] == [2, 2, 2]
     assert len(set(versions)) == 3
@@ -630,7 +632,7 @@ def test_a_rebuild_between_a_keys_warm_ups_starts_its_warm_up_again(tiny, fake_g
         return [{}]
 
     recipe = OptimRecipe(epochs=3, batch_size=BATCH, lr=0.05)
-    logs = train_runs(method, states[:1], recipe, torch.device("cpu"), False, progress=False, on_epoch_end=rebuild,
+    logs = train_runs(TrainingRuns(method, states[:1], rebuild), recipe, torch.device("cpu"), False, progress=False,
                       graph_steps=True)
     assert not [str(w.message) for w in recwarn if "graph_steps" in str(w.message)]
     assert [e.get("graph_fallback") for e in logs[0]] == [None] * 3

@@ -103,7 +103,7 @@ def test_identical_config_is_skipped(pets, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("an identical finished run must not train again")
 
-    monkeypatch.setattr("atlas_fast.engine.pipeline.train_runs", fail)
+    monkeypatch.setattr("atlas_fast.engine.group.train_runs", fail)
     second = run(tiny_config(pets, results_dir=pets / "skip", epochs=3, progress=True))
     assert second["skipped"] and second["key"] == first["key"] and second["metrics"] == first["metrics"]
     with pytest.raises(AssertionError, match="must not train"):

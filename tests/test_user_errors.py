@@ -101,7 +101,7 @@ def test_an_unknown_model_is_refused_with_the_closest_names(data, capsys):
 
 
 def test_an_experiment_checks_its_targets_and_output_before_the_first_run(data, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("atlas_fast.engine.pipeline.train_runs",
+    monkeypatch.setattr("atlas_fast.engine.group.train_runs",
                         lambda *a, **k: pytest.fail("a run trained before the options were checked"))
     common = ["experiment", "table_cross_dataset", "--data-root", str(data / "data"), "--datasets", "OxfordPets",
               "--model", "atlas-tiny", "--pretrained", "none", "--seeds", "1", "--epochs", "2", "--methods", "coop",

@@ -214,23 +214,21 @@ def train_group(name: str, backbone, device: torch.device, runs: int, steps: int
     groups, so that they run the kernels a replay runs."""
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.clip.text_encoder import graph_length_groups
-    from atlas_fast.engine.loop import train_runs
-    from atlas_fast.engine.pipeline import stack_runs
+    from atlas_fast.engine.group import stacked_method
+    from atlas_fast.engine.loop import TrainingRuns, train_runs
     from atlas_fast.engine.step import RunState
     from atlas_fast.methods.registry import method_class
     from atlas_fast.pricing.units import _SyntheticInputs, _training_inputs, method_config_for
 
     entry = method_class(name)
     classnames = [f"class {i}" for i in range(CLASSES)]
+    config = method_config_for(name, 1, None, backbone)
     singles = []
     for r in range(runs):
         torch.manual_seed(r)
-        singles.append(entry.build(backbone, classnames, method_config_for(name, 1, None, backbone)))
-    method = singles[0]
-    if runs > 1:
-        method = entry.build(backbone, classnames, method_config_for(name, runs, None, backbone))
-        method.load_checkpoint_state(stack_runs([single.state_for_checkpoint() for single in singles]))
-    method = method.to(device)
+        singles.append(entry.build(backbone, classnames, config))
+    method = singles[0].to(device) if runs == 1 else stacked_method(
+        entry, backbone, classnames, config, [single.state_for_checkpoint() for single in singles], device)
     inputs = _SyntheticInputs(_training_inputs(entry, backbone, BATCH * steps, device))
     labels = torch.arange(BATCH * steps) % CLASSES
     states = [RunState(inputs, labels, None, OneHot(), seed=r + 1, device=device) for r in range(runs)]
@@ -243,8 +241,8 @@ def train_group(name: str, backbone, device: torch.device, runs: int, steps: int
             graph_length_groups() if length_groups else contextlib.nullcontext():
         warnings.simplefilter("always")
         start = time.perf_counter()
-        logs = train_runs(method, states, _recipe(entry, epochs, steps), device, amp=amp, progress=False,
-                          graph_steps=graph_steps)
+        logs = train_runs(TrainingRuns(method, states), _recipe(entry, epochs, steps), device, amp=amp,
+                          progress=False, graph_steps=graph_steps)
         if cuda:
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
@@ -281,13 +279,14 @@ def family_rows(family: str, name: str, backbone, device: torch.device, steps: i
     group = alone."""
     from atlas_fast.engine import graphs as engine_graphs  # (looked up when called: the tests fake CUDA graphs)
     from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS
+    from atlas_fast.engine.group import batches_runs
     from atlas_fast.methods.registry import method_class
 
     cuda = device.type == "cuda"
     label = f"{family} ({name})"
     rows: list[Row] = []
     entry = method_class(name)
-    runs = RUNS if entry.supports_batched_runs else 1
+    runs = RUNS if batches_runs(entry) else 1
     eager = train_group(name, backbone, device, runs, steps, 2, graph_steps=False, amp=cuda, length_groups=True)
     reads, uploads, ops = step_traffic(name, backbone, device, amp=cuda)
     traffic = reads > 0 or uploads > 0

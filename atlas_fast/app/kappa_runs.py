@@ -55,7 +55,7 @@ def run_kappa(config: TrainConfig, record: dict[str, Any], kinds: Sequence[str] 
     period = getattr(spec.config.schedule, "period", None) or alternation_period(spec.config.setting)
     final, snapshots = split_snapshots(load_learned(record["path"]))
     entry = spec.method
-    torch.manual_seed(spec.config.seed)  # the run's own initialisation (engine.pipeline.build_group_method)
+    torch.manual_seed(spec.config.seed)  # the run's own initialisation (engine.group.RunGroup)
     method = entry.build(backbone, split.classnames, spec.method_config).to(spec.device)
     points = {0: method.state_for_checkpoint(), **snapshots, spec.optim_recipe.epochs: final}
     name = variant_name(record["config"])

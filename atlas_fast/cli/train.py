@@ -108,10 +108,11 @@ def run_train(args: argparse.Namespace) -> int:
                             schedule=variant.schedule)
                for method in args.methods for seed in args.seeds]
     if args.batch_runs is not None and args.batch_runs > 1 and len(args.seeds) > 1:  # asked for, so say so
+        from atlas_fast.engine.group import batches_runs
         from atlas_fast.methods.registry import method_class
 
         for method in args.methods:
-            if not method_class(method).supports_batched_runs:
+            if not batches_runs(method_class(method)):
                 warnings.warn(f"{method} does not support batched runs: --batch-runs {args.batch_runs} trains its "
                               "seeds one by one.")
     if args.estimate:

@@ -187,17 +187,17 @@ def evaluation_set(name: str, split, backbone: Backbone, cache: FeatureCache, me
     return EvalSet(name, split.classnames, features, torch.tensor([d.label for d in data]), images)
 
 
-def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None,
+def prepare_inputs(spec: RunSpec, backbone: Backbone, read_once: dict | None = None,
                    evaluate_on: EvaluationSplit = "test") -> RunInputs:
     """Build what the feature cache lacks for the run's data (train views 0..V, test view 0; pixel methods: train
     view 0 and, for PromptSRC, 1..V), read the evaluation features and compute the soft labels once.
 
-    ``shared``: one dict for the runs of a group (same dataset, backbone and method), so the test images are
+    ``read_once``: one dict for the runs of a group (same dataset, backbone and method), so the test images are
     checked against the cache and each evaluation set is read once per group rather than once per run (the test
     split does not depend on the seed), and runs on the same training images share their preloaded views. ``evaluate_on="val"`` (a hyper-parameter search) builds and reads the
     few-shot validation split in place of the test split, which is then never touched."""
     config, data, method = spec.config, spec.data, spec.method
-    shared = {} if shared is None else shared
+    read_once = {} if read_once is None else read_once
     train_split = data.train_split
     cache = FeatureCache(config.cache_root, content_hash=config.content_hash)
     # pixel methods need cached train features only for soft labels (view 0) and their frozen views (PromptSRC:
@@ -207,31 +207,31 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
     # the cache and looks up every (image, view), V + 1 views each for PromptSRC's frozen features
     train_key = ("train build", data.dataset, tuple(d.impath for d in train_split.train), train_views,
                  config.aug_seed)
-    if train_key not in shared:
+    if train_key not in read_once:
         cache.build(backbone, data.dataset, train_split.train, num_views=train_views, aug_seed=config.aug_seed,
                     progress=config.progress)
-        shared[train_key] = True
+        read_once[train_key] = True
     evaluated = getattr(data.fewshot, evaluate_on)
     test_key = (evaluate_on, data.dataset, tuple(d.impath for d in evaluated))
-    if test_key not in shared:
+    if test_key not in read_once:
         cache.build(backbone, data.dataset, evaluated, num_views=0, progress=config.progress)
-        shared[test_key] = True
+        read_once[test_key] = True
     eval_sets = []
     for name, split in data.splits.items():
         key = ("eval", evaluate_on, data.dataset, name, tuple(split.classnames),
                tuple(d.impath for d in getattr(split, evaluate_on)))
-        if key not in shared:
-            shared[key] = evaluation_set(name, split, backbone, cache, method, config.workers, spec.device,
+        if key not in read_once:
+            read_once[key] = evaluation_set(name, split, backbone, cache, method, config.workers, spec.device,
                                          evaluate_on)
-        eval_sets.append(shared[key])
+        eval_sets.append(read_once[key])
     held_out = None
     if evaluate_on == "test" and not data.fewshot.val_is_test and train_split.val:
         key = ("held out", data.dataset, tuple(train_split.classnames), tuple(d.impath for d in train_split.val))
-        if key not in shared:
+        if key not in read_once:
             cache.build(backbone, data.dataset, train_split.val, num_views=0, progress=config.progress)
-            shared[key] = evaluation_set(VALIDATION, train_split, backbone, cache, method, config.workers,
+            read_once[key] = evaluation_set(VALIDATION, train_split, backbone, cache, method, config.workers,
                                          spec.device, "val")
-        held_out = shared[key]
+        held_out = read_once[key]
     labels = torch.tensor([d.label for d in train_split.train])
     soft_rows = None
     if config.soft_labels is not None:
@@ -247,10 +247,10 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
         # preloaded views: up to 1 GB each (ImageNet base-to-new: 8,000 images x 50 views x 512 floats).
         key = ("train views", encoder.fingerprint, data.dataset, tuple(d.impath for d in train_split.train),
                spec.views, first_view, config.aug_seed, str(device))
-        if key not in shared:
-            shared[key] = CachedViews(cache, encoder, data.dataset, train_split.train, spec.views, config.aug_seed,
+        if key not in read_once:
+            read_once[key] = CachedViews(cache, encoder, data.dataset, train_split.train, spec.views, config.aug_seed,
                                       device, first_view)
-        return shared[key]
+        return read_once[key]
 
     parts = []
     if not method.reads_pixels or method.reads_frozen_features:
@@ -263,18 +263,18 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, shared: dict | None = None
     cached = parts[0] if len(parts) == 1 else None
     if len(parts) > 1:  # shared as its parts are: the joined rows are a copy of theirs
         key = ("joined views", *(id(part) for part in parts))
-        if key not in shared:
-            shared[key] = JoinedViews(parts)
-        cached = shared[key]
+        if key not in read_once:
+            read_once[key] = JoinedViews(parts)
+        cached = read_once[key]
     if not method.reads_pixels:
         train_inputs: TrainInputs = cached
     else:
         # the runs of a group read their views through one feed: each (image, view) of a step decoded once
         feed_key = ("pixel feed", str(spec.device), config.workers)
-        if feed_key not in shared:
+        if feed_key not in read_once:
             workers = default_workers(spec.device) if config.workers is None else config.workers
-            shared[feed_key] = ViewFeed(decoding_pool(workers, spec.device.type == "cuda"), spec.device)
+            read_once[feed_key] = ViewFeed(decoding_pool(workers, spec.device.type == "cuda"), spec.device)
         images = ImageViews(train_split.train, backbone, config.aug_seed, config.workers, spec.device,
-                            shared[feed_key])
+                            read_once[feed_key])
         train_inputs = PixelViews(images, spec.views, cached, config.progress)
     return RunInputs(eval_sets, labels, soft_rows, train_inputs, held_out)

@@ -16,7 +16,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -94,29 +94,50 @@ class Divergence:
                 f"or the learned tensors are no longer finite; lower the lr ({recipe.lr}) or use precision='fp32'")
 
 
-@dataclass
-class Fork:
-    """Runs that share their first epochs, trained once: the loop trains the trunk runs it is given up to epoch
-    ``after`` (inclusive), then goes on with ``runs``, run i starting from trunk run ``parents[i]`` (its learned
-    tensors, optimiser state and gradient scaler, data-order generator and epoch logs) in the module
-    ``regroup(method, parents)`` returns (:func:`train_runs`)."""
+class TrainingRuns:
+    """The runs one call of :func:`train_runs` trains: ``method`` holds R = ``len(runs)`` runs, position p being
+    run ``slots[p]`` (an index into ``logs``, each run's epoch log); ``fields(epoch)`` (optional) adds fields to each
+    run's log entry (e.g. a per-epoch evaluation). Here a run that stops being finite stops the call; a group
+    (:class:`~atlas_fast.engine.group.RunGroup`) overrides :meth:`diverged` and :meth:`end_epoch` to retire, keep or
+    fork runs between epochs."""
 
-    after: int
-    parents: list[int]
-    runs: list[RunState]
-    regroup: Callable[[PromptMethod, list[int]], PromptMethod]
+    def __init__(self, method: PromptMethod, runs: Sequence[RunState],
+                 fields: Callable[[int], list[dict[str, Any]]] | None = None) -> None:
+        self.method = method
+        self.runs = list(runs)
+        self.fields = fields
+        self.logs: list[list[dict[str, Any]]] = [[] for _ in self.runs]
+        self.slots = list(range(len(self.runs)))
+        self.retired: set[int] = set()  # runs (indices into ``logs``) that sit out every later step
+
+    def training(self, position: int) -> bool:
+        """Whether the run at ``position`` of the module still trains."""
+        return self.slots[position] not in self.retired
+
+    @property
+    def done(self) -> bool:
+        """Every run retired: the loop ends."""
+        return len(self.retired) == len(self.logs)
+
+    def diverged(self, run: int, divergence: Divergence) -> bool:
+        """Run ``run`` stopped being finite: True where it is retired and the others go on, False (here) where the
+        loop stops (:class:`FloatingPointError`: no record may describe such a run)."""
+        return False
+
+    def end_epoch(self, epoch: int, optimizer: RunsOptimizer, recipe: OptimRecipe, amp: bool
+                  ) -> RunsOptimizer | None:
+        """After epoch ``epoch``'s log: None where the module trains on, else the optimiser of the new module that
+        replaced ``method``, ``runs`` and ``slots``."""
+        return None
+
+    def end_training(self) -> None:
+        """After the last epoch, before the method finishes its training."""
 
 
-def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimRecipe, device: torch.device,
-               amp: bool, progress: bool = True,
-               on_epoch_end: Callable[[int], list[dict[str, Any]]] | None = None,
-               graph_steps: bool = False,
-               retire_runs: Callable[[int, list[list[dict[str, Any]]]], Iterable[int]] | None = None,
-               regroup: Callable[[PromptMethod, list[int]], PromptMethod] | None = None,
-               fork: Fork | None = None,
-               on_failure: Callable[[int, Divergence], None] | None = None) -> list[list[dict[str, Any]]]:
-    """Train the R = ``len(runs)`` runs held by ``method`` (``method.num_runs == R``) in place; returns each run's
-    epoch log (mean loss, lr, soft-label flag, seconds, + the callback's fields for that run).
+def train_runs(runs: TrainingRuns, recipe: OptimRecipe, device: torch.device, amp: bool, progress: bool = True,
+               graph_steps: bool = False) -> list[list[dict[str, Any]]]:
+    """Train the R runs held by ``runs.method`` (``method.num_runs == R``) in place; returns each run's epoch log
+    (mean loss, lr, soft-label flag, seconds, + ``runs.fields``' fields for that run).
 
     With R = 1 a batch goes to the method as it comes ((B, ...) inputs, (B,) labels). With R > 1 each step stacks
     every run's next batch (its own order, size and targets) into (R, B_max, ...) inputs, so the text encoder sees
@@ -124,13 +145,13 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     included), and the backward pass differentiates their sum, so run r's tensors get exactly run r's gradient. Each
     run has its own optimiser state and, under AMP, its own gradient scaler (:class:`RunsSGD`, :class:`RunsAdam`):
     an fp16 overflow skips the step of the run that overflowed and of no other, as training it alone would. A run
-    whose epoch has fewer batches (a smaller few-shot set) sits out the last steps: its tensors, optimiser state and
-    scaler stay as they were. R runs trained together equal the same runs trained alone up to float reordering. A
-    run whose loss or learned tensors stop being finite is found at the end of its epoch: without ``on_failure``
-    it fails the whole call (:class:`FloatingPointError`; no record may describe it); with it, the loop calls
-    ``on_failure(run, divergence)`` (``run`` indexes the returned logs, :class:`Divergence` says where) and retires
-    that run as ``retire_runs`` would: it sits out every later step, untouched, so the other runs go on exactly as
-    they would have without it (a diverged run's tensors only ever reach its own slice of a step).
+    whose epoch has fewer batches (a smaller few-shot set) or that is retired (:class:`TrainingRuns`) sits out the
+    steps: its tensors, optimiser state and scaler stay as they were, so the other runs train exactly as they would
+    without it. R runs trained together equal the same runs trained alone up to float reordering. A run whose loss
+    or learned tensors stop being finite is found at the end of its epoch and handed to ``runs.diverged``; where
+    that does not retire it, the call fails (:class:`FloatingPointError`). After each epoch's log,
+    ``runs.end_epoch`` may retire runs (the loop ends when every run is retired) or give the loop a new module to
+    go on with (a group's smaller module or its forked runs, their optimiser state carried).
 
     A step is one :class:`~atlas_fast.engine.step.TrainStep`: the batch, the loss, the backward pass, the update and
     the epoch's loss sums, all device work; the loop reads the losses back once per epoch. Where every run's inputs
@@ -140,47 +161,27 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
     synchronisation; each epoch's log then counts them (``graphed_steps``, ``eager_steps``), and a fallback to eager
     steps (one warning, the same numbers) is named in the log of its epoch (``graph_fallback``).
 
-    ``retire_runs(epoch, logs)`` (e.g. a hyper-parameter search's pruner) is asked after each epoch's log and names
-    runs to stop training: from the next epoch on a retired run sits out every step as a run whose epoch is over does
-    (its tensors and optimiser state untouched, so the other runs train exactly as they would without it) and gets
-    no more log entries; the loop ends when every run is retired. None (the default) retires nothing. With
-    ``regroup(method, keep)`` (a module of the runs at positions ``keep`` of ``method``, holding their current
-    learned tensors), the loop goes on with that smaller module instead, carrying the kept runs' optimiser state
-    over, so retired runs stop costing steps; the caller's ``method`` then no longer trains.
-
-    ``fork`` (:class:`Fork`): ``runs`` are trunk runs, each standing for the runs that share its first epochs (same
-    seed, data and views, one-hot targets: the label variants of a seed under ATLaS with K >= 2); after epoch
-    ``fork.after`` each is copied into its runs, which go on alone. The logs returned are the forked runs'. Not
-    with ``retire_runs``. A trunk run that diverges fails each of its forked runs (``on_failure`` names them, at the
-    fork or when the loop ends before it).
-
     A recipe with ``iterations`` (a cosine over optimiser steps) sets each step's lr before the step and stops after
     the last iteration, inside an epoch if it must; that epoch's loss is the mean over the items it reached. Its
     runs train together only when their epochs have the same steps (the schedule counts the group's steps).
     """
-    num_runs = len(runs)
-    if method.num_runs != num_runs:
-        raise ValueError(f"The method holds {method.num_runs} runs but {num_runs} run states were given.")
+    method = runs.method
+    if method.num_runs != len(runs.runs):
+        raise ValueError(f"The method holds {method.num_runs} runs but {len(runs.runs)} run states were given.")
     if not method.learns:  # zero-shot CLIP: nothing to train
         method.eval()
-        return [[] for _ in runs]
+        return [[] for _ in runs.logs]
     if graph_steps and not graphs_available(device):
         raise ValueError(f"graph_steps replays CUDA graphs and needs a CUDA device, not {device.type}.")
-    if fork is not None and retire_runs is not None:
-        raise ValueError("train_runs: a fork and retired runs cannot be combined.")
-    if recipe.iterations is not None and len({len(run.labels) for run in runs}) > 1:
+    if recipe.iterations is not None and len({len(run.labels) for run in runs.runs}) > 1:
         raise ValueError(f"{method.name}: a schedule over iterations counts the group's steps, so its runs train "
-                         f"together only on training sets of one size, not {sorted(len(r.labels) for r in runs)}.")
+                         f"together only on training sets of one size, not {sorted(len(r.labels) for r in runs.runs)}.")
     optimizer = build_optimizer(method, recipe, amp)
-    step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp, graph_steps)
-    for run in runs:
+    step, batches, graphs = _stepper(method, runs.runs, optimizer, recipe, device, amp, graph_steps)
+    for run in runs.runs:
         run.schedule.reset(len(method.classnames))
     method.train()
-    logs: list[list[dict[str, Any]]] = [[] for _ in runs]
-    retired: set[int] = set()
-    failed_trunk: dict[int, Divergence] = {}  # trunk run -> where it diverged, before a fork names its runs
-    slots = list(range(num_runs))  # the run (index into ``logs``) at each position of the module
-    name = method.name + (f" x{num_runs}" if num_runs > 1 else "")
+    name = method.name + (f" x{len(runs.runs)}" if len(runs.runs) > 1 else "")
     bar = progress_bar(range(recipe.epochs), desc=f"train {name}", enabled=progress, leave=False)
     lines = ProgressLines(recipe.epochs, f"train {name}", "epoch", enabled=progress, every=EPOCH_LINE_SECONDS)
     steps = 0  # optimiser steps so far (a schedule over iterations sets the lr of each and stops after the last)
@@ -190,10 +191,10 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
         lr = set_epoch_lr(optimizer, recipe, epoch) if recipe.iterations is None else recipe.lr_at_step(steps)
         if graphs is not None:
             graphs.start_epoch()
-        orders = [torch.randperm(len(run.labels), generator=run.generator) if slots[r] not in retired else None
-                  for r, run in enumerate(runs)]
+        orders = [torch.randperm(len(run.labels), generator=run.generator) if runs.training(p) else None
+                  for p, run in enumerate(runs.runs)]
         step.totals.zero_()
-        seen = [0] * len(runs)  # items each run reached in the epoch
+        seen = [0] * len(runs.runs)  # items each run reached in the epoch
         epoch_steps = 0
         with _graphed_text(graphs is not None):
             for batch in batches.epoch(epoch, orders):
@@ -209,59 +210,42 @@ def train_runs(method: PromptMethod, runs: Sequence[RunState], recipe: OptimReci
                     step(epoch, *batch.tensors(), batch.sizes)
                 else:
                     graphs.step(key, epoch, batch)
-        for run in runs:
+        for run in runs.runs:
             run.schedule.end_epoch(epoch)
         method.end_epoch(epoch, recipe.epochs)
         epoch_losses = [total / (count or len(run.labels))
-                        for total, count, run in zip(step.totals.tolist(), seen, runs)]
-        for r in _not_finite(method, epoch_losses, [slots[r] in retired for r in range(len(runs))]):
-            divergence = Divergence(epoch, steps, lr, logs[slots[r]][-1]["loss"] if logs[slots[r]] else None)
-            if on_failure is None:
-                who = f" of run [{r}]" if method.num_runs > 1 else ""  # a caller without names: its position
+                        for total, count, run in zip(step.totals.tolist(), seen, runs.runs)]
+        for p in _not_finite(method, epoch_losses, [not runs.training(p) for p in range(len(runs.runs))]):
+            log = runs.logs[runs.slots[p]]
+            divergence = Divergence(epoch, steps, lr, log[-1]["loss"] if log else None)
+            if not runs.diverged(runs.slots[p], divergence):
+                who = f" of run [{p}]" if method.num_runs > 1 else ""  # a caller without names: its position
                 raise FloatingPointError(divergence.describe(recipe, who) + ". No record is written.")
-            retired.add(slots[r])
-            if fork is not None:
-                failed_trunk[slots[r]] = divergence
-            else:
-                on_failure(slots[r], divergence)
         seconds = time.perf_counter() - start
-        graphed = _graph_log(graphs, graph_steps, epoch_steps, fallback)  # before the callback
+        graphed = _graph_log(graphs, graph_steps, epoch_steps, fallback)  # before the fields
         fallback = fallback or (graphs.fallback if graphs is not None else None)
-        extra = on_epoch_end(epoch) if on_epoch_end is not None else [{} for _ in range(num_runs)]
-        for r, run in enumerate(runs):
-            if slots[r] not in retired:
-                logs[slots[r]].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[r],
-                                       "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds,
-                                       **extra[slots[r]], **graphed})
-        finite = [loss for r, loss in enumerate(epoch_losses) if slots[r] not in retired]
+        extra = runs.fields(epoch) if runs.fields is not None else [{} for _ in runs.logs]
+        for p, run in enumerate(runs.runs):
+            if runs.training(p):
+                runs.logs[runs.slots[p]].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[p],
+                                                 "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds,
+                                                 **extra[runs.slots[p]], **graphed})
+        finite = [loss for p, loss in enumerate(epoch_losses) if runs.training(p)]
         bar.set_postfix(loss=f"{sum(finite) / max(len(finite), 1):.4f}", lr=f"{lr:.2e}")
         lines.update(1)
         if recipe.iterations is not None and steps >= recipe.iterations:
             break
-        if fork is not None and epoch == fork.after:  # the shared epochs are over: each trunk run into its runs
-            method, optimizer = _regrouped(fork.regroup, method, optimizer, recipe, fork.parents, amp)
-            _fork_runs(fork, runs, epoch, len(method.classnames))
-            logs = [[dict(entry) for entry in logs[slots[parent]]] for parent in fork.parents]
-            retired = _fail_forked(fork, failed_trunk, on_failure)
-            runs, num_runs, fork = fork.runs, len(fork.runs), None
-            slots = list(range(num_runs))
-            step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp,
-                                             graph_steps and fallback is None)
-        if retire_runs is not None:
-            retired.update(retire_runs(epoch, logs))
-        if len(retired) == num_runs:
+        carried = runs.end_epoch(epoch, optimizer, recipe, amp)
+        if runs.done:
             break
-        keep = [r for r in range(len(runs)) if slots[r] not in retired]
-        if regroup is not None and len(keep) < len(runs):
-            method, optimizer = _regrouped(regroup, method, optimizer, recipe, keep, amp)
-            runs, slots = [runs[r] for r in keep], [slots[r] for r in keep]
-            step, batches, graphs = _stepper(method, runs, optimizer, recipe, device, amp,
+        if carried is not None:  # a new module: its runs' steps from here
+            method, optimizer = runs.method, carried
+            step, batches, graphs = _stepper(method, runs.runs, optimizer, recipe, device, amp,
                                              graph_steps and fallback is None)
-    if fork is not None and failed_trunk:  # every trunk run diverged before the fork: so did each of its runs
-        _fail_forked(fork, failed_trunk, on_failure)
-    method.finish_training()
-    method.eval()
-    return logs
+    runs.end_training()
+    runs.method.finish_training()
+    runs.method.eval()
+    return runs.logs
 
 
 def _stepper(method: PromptMethod, runs: Sequence[RunState], optimizer: RunsOptimizer, recipe: OptimRecipe,
@@ -292,41 +276,6 @@ def _graphed_text(graphed: bool):
     for a captured graph, where extra kernels cost no launches (``text_encoder.GRAPHED_GROUP_COST``); every step of
     the run, eager ones included, uses them, so a replay computes what the eager step computes."""
     return graph_length_groups() if graphed else contextlib.nullcontext()
-
-
-def _regrouped(regroup: Callable[[PromptMethod, list[int]], PromptMethod], method: PromptMethod,
-               optimizer: RunsOptimizer, recipe: OptimRecipe, keep: list[int], amp: bool
-               ) -> tuple[PromptMethod, RunsOptimizer]:
-    """The module of the runs at positions ``keep`` (from ``regroup``) and an optimiser over it whose state is the
-    kept runs' slices of ``optimizer``'s (tensors matched by position in the method's parameter groups)."""
-    smaller = regroup(method, keep)
-    if smaller.num_runs != len(keep):
-        raise ValueError(f"regroup returned a module of {smaller.num_runs} runs for {len(keep)} kept runs.")
-    carried = build_optimizer(smaller, recipe, amp)
-    carried.load_state_of_runs(optimizer.state_of_runs(keep))
-    smaller.train()
-    return smaller, carried
-
-
-def _fork_runs(fork: Fork, trunk: Sequence[RunState], epoch: int, classes: int) -> None:
-    """Start each forked run where its trunk run is after ``epoch``: its data-order generator's state, and its label
-    schedule as after those epochs."""
-    for run, parent in zip(fork.runs, fork.parents):
-        run.generator.set_state(trunk[parent].generator.get_state())
-        run.schedule.reset(classes)
-        for done in range(epoch + 1):
-            run.schedule.end_epoch(done)
-
-
-def _fail_forked(fork: Fork, failed_trunk: dict[int, Divergence],
-                 on_failure: Callable[[int, Divergence], None] | None) -> set[int]:
-    """The forked runs whose trunk run diverged, each reported to ``on_failure``: they are retired from the fork on."""
-    failed = {i for i, parent in enumerate(fork.parents) if parent in failed_trunk}
-    for i in sorted(failed):
-        if on_failure is not None:
-            on_failure(i, failed_trunk[fork.parents[i]])
-    failed_trunk.clear()
-    return failed
 
 
 def _not_finite(method: PromptMethod, epoch_losses: list[float], retired: list[bool]) -> list[int]:

@@ -8,7 +8,7 @@ images), so a group of R runs needs R times one run's activations plus the froze
 CUDA-graphed, a captured step keeps its activations in the graphs' private memory pool, reserved for as long as the
 graph lives, while the eager steps beside it (each key's warm-ups, a soft-label epoch's first steps, a ragged last
 batch, re-warming after a class-set rebuild or a fallback) need a second set of their own:
-:data:`GRAPHED_ACTIVATION_SETS` times the activations. The planner (:func:`atlas_fast.sweep.group_runs`) lowers R
+:data:`GRAPHED_ACTIVATION_SETS` times the activations. The planner (:func:`atlas_fast.engine.group.group_size`) lowers R
 where that would pass :data:`DEVICE_SHARE` of the device's memory; a GPU check (``benchmarks/gpu_check.py``)
 measures the largest pixel group's peak of reserved memory (what the allocator holds, pools included, not only what
 live tensors use) beside this estimate.

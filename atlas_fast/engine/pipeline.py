@@ -7,7 +7,8 @@
 A lone run is a group of one: ``run(config) == run_group([config])[0]``. A group's runs share the dataset, backbone,
 method, method config and resolved recipe; each keeps its own few-shot subset (sizes may differ), data order,
 initialisation, label schedule, soft labels and record. Run r starts exactly as a lone run with its seed would; the
-learned tensors of the runs are stacked along their leading R dimension and trained together by the one loop, then
+learned tensors of the runs are stacked along their leading R dimension and trained together by the one loop
+(the group: :mod:`~atlas_fast.engine.group`), then
 each run is evaluated and recorded on its own, from its slice. Each record equals the record of the run trained alone
 (up to float reordering) and has the same name, so grouping is a pure speed knob. A run that fails on its own (its
 numbers stop being finite, or its own inputs, evaluation or record raise a user error) is stopped and written as a
@@ -27,7 +28,6 @@ forward runs under fp16 autocast with a gradient scaler.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from pathlib import Path
@@ -35,24 +35,21 @@ from typing import Any, Sequence
 
 import torch
 
-from atlas_fast.atlas.schedules import LabelSchedule
 from atlas_fast.cache import FeatureCache
 from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.engine.config import TrainConfig, resolve_device
 from atlas_fast.engine.evaluate import (SetScores, evaluate_method, run_metrics, score_method, summarize,
                                         zero_shot_references)
-from atlas_fast.engine.feed import VALIDATION, RunInputs, evaluation_set, prepare_inputs
-from atlas_fast.engine.graphs import use_graph_steps
-from atlas_fast.engine.loop import Divergence, Fork, train_runs
+from atlas_fast.engine.feed import VALIDATION, evaluation_set
+from atlas_fast.engine.group import RunGroup, batches_runs, check_group, prepare_group_inputs
+from atlas_fast.engine.loop import Divergence
 from atlas_fast.engine.record import (FailedRun, ResultStore, RunRecord, adopt_legacy_record, build_record,
                                       finished_record, load_learned, rewrite_record, save_failure, save_record,
                                       split_snapshots, utc_now, with_snapshots)
 from atlas_fast.engine.run_identity import evaluated_sets
 from atlas_fast.engine.spec import RunSpec, load_run_data, plan_run
-from atlas_fast.engine.step import RunState
 from atlas_fast.engine.validity import CALIBRATION, SAVED_RUN_FIELDS, check_seal, missing_fields, read_record
 from atlas_fast.errors import RunsFailed, user_errors
-from atlas_fast.methods.base import PromptMethod
 from atlas_fast.methods.registry import method_class
 from atlas_fast.threads import small_step_threads
 from atlas_fast.vocabulary import CLASS_SETS, HARMONIC_MEAN
@@ -219,7 +216,7 @@ def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False, looked_up:
     repeats = [i for i in todo if first_of.setdefault(specs[i].stem, i) != i]
     todo = [i for i in todo if i not in repeats]
     method = specs[todo[0]].method
-    if len(todo) > 1 and not method.supports_batched_runs:
+    if len(todo) > 1 and not batches_runs(method):
         if warn_unbatched:
             warnings.warn(f"{method.name} does not support batched runs: its runs train one by one.")
         groups = [[i] for i in todo]
@@ -233,55 +230,34 @@ def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False, looked_up:
     return records  # type: ignore[return-value]
 
 
-def shared_fields(spec: RunSpec) -> tuple:
-    """What every run of a group must share."""
-    return (spec.dataset, spec.backbone_fingerprint, spec.config.method, repr(spec.method_config), spec.optim_recipe,
-            spec.config.train_subsample, spec.device, spec.amp)
-
-
 def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any] | FailedRun]:
-    """Train R >= 1 planned runs as one module, evaluate each and write its record. A run that fails on its own
-    (its inputs, its numbers, its evaluation or its record) is written as a failed run and returned as a
-    :class:`FailedRun`; the others go on as they would without it (a run whose inputs fail is left out of the
-    module, a run that diverges sits out the rest of training)."""
-    first = specs[0]
-    for spec in specs[1:]:
-        if shared_fields(spec) != shared_fields(first):
-            raise ValueError(f"Runs {first.stem} and {spec.stem} cannot train as one group: dataset, backbone, "
-                             f"method, method config, recipe, class subset, device and precision must be equal.")
-    if any(spec.data.train_split.classnames != first.data.train_split.classnames for spec in specs):
-        raise ValueError(f"The runs of a group must train on the same classes ({first.dataset}).")
+    """Train R >= 1 planned runs as one module (:class:`~atlas_fast.engine.group.RunGroup`), evaluate each and write
+    its record. A run that fails on its own (its inputs, its numbers, its evaluation or its record) is written as a
+    failed run and returned as a :class:`FailedRun`; the others go on as they would without it (a run whose inputs
+    fail is left out of the module, a run that diverges sits out the rest of training)."""
+    check_group(specs)
     results: list[dict[str, Any] | FailedRun | None] = [None] * len(specs)
-    ready: list[int] = []
-    inputs_of: dict[int, RunInputs] = {}
-    seconds_of: dict[int, float] = {}
-    shared: dict = {}  # evaluation sets read once per group
     for spec in specs:
         ResultStore(spec.config.results_dir).check_writable(spec.dataset)  # fail now, not after training
     start = time.perf_counter()
-    backbone = first.backbone()
-    for i, spec in enumerate(specs):
-        clock = time.perf_counter()
-        try:
-            inputs_of[i] = prepare_inputs(spec, backbone, shared)
-        except user_errors() as exc:
-            results[i] = save_failure(spec, f"{type(exc).__name__}: {exc}", exc)
-            continue
-        seconds_of[i] = round(time.perf_counter() - clock, 4)
-        ready.append(i)
+    backbone = specs[0].backbone()
+
+    def unprepared(r: int, exc: BaseException) -> None:
+        results[r] = save_failure(specs[r], f"{type(exc).__name__}: {exc}", exc)
+
+    inputs, seconds = prepare_group_inputs(specs, backbone, unprepared)
+    ready = [i for i, run_inputs in enumerate(inputs) if run_inputs is not None]
     if ready:
-        trained = _train_ready([specs[i] for i in ready], backbone, [inputs_of[i] for i in ready],
-                               [seconds_of[i] for i in ready], start)
-        for i, result in zip(ready, trained):
+        group = RunGroup([specs[i] for i in ready], backbone, [inputs[i] for i in ready])
+        for i, result in zip(ready, _train_and_record(group, [seconds[i] for i in ready], start)):
             results[i] = result
     return results  # type: ignore[return-value]
 
 
-def _train_ready(specs: Sequence[RunSpec], backbone, inputs: list[RunInputs], input_seconds: list[float],
-                 start: float) -> list[dict[str, Any] | FailedRun]:
-    """Train the runs whose inputs are ready as one module, evaluate each and write its record (or its failure)."""
-    first = specs[0]
-    classnames = first.data.train_split.classnames
+def _train_and_record(group: RunGroup, input_seconds: list[float], start: float
+                      ) -> list[dict[str, Any] | FailedRun]:
+    """Train a group whose inputs are ready, evaluate each run and write its record (or its failure)."""
+    specs, first = group.specs, group.specs[0]
     failed: dict[int, FailedRun] = {}
 
     def fail(r: int, exc: BaseException | None = None, divergence: Divergence | None = None) -> None:
@@ -291,10 +267,9 @@ def _train_ready(specs: Sequence[RunSpec], backbone, inputs: list[RunInputs], in
             failed[r] = save_failure(specs[r], reason, exc or FloatingPointError(f"{reason}. No record is written."),
                                      divergence)
 
-    method, singles = build_group_method(specs, backbone, classnames)
     snapshots: list[dict[int, dict[str, torch.Tensor]]] = [
         {0: single.state_for_checkpoint()} if 0 in spec.config.snapshot_epochs else {}
-        for spec, single in zip(specs, singles)]
+        for spec, single in zip(specs, group.alone)]
 
     def per_epoch_eval(epoch: int) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -304,72 +279,48 @@ def _train_ready(specs: Sequence[RunSpec], backbone, inputs: list[RunInputs], in
                 continue
             try:
                 if epoch + 1 in spec.config.snapshot_epochs:
-                    snapshots[r][epoch + 1] = run_view(method, singles, r).state_for_checkpoint()
+                    snapshots[r][epoch + 1] = group.run_method(r).state_for_checkpoint()
                 if spec.config.eval_every_epoch:
-                    view = run_view(method, singles, r)
-                    accuracies = {n: v[0] for n, v in evaluate_method(view, inputs[r].eval_sets, first.amp).items()}
+                    accuracies = {n: v[0] for n, v in evaluate_method(group.run_method(r), group.inputs[r].eval_sets,
+                                                                      first.amp).items()}
                     rows[-1] = {"accuracy": summarize(accuracies)}
             except user_errors() as exc:  # this run's own evaluation: it fails, the others go on
                 fail(r, exc)
         return rows
 
-    states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
-                       first.device) for s, i in zip(specs, inputs)]
-    graph_steps = use_graph_steps([s.config.graph_steps for s in specs], first.method,
-                                  [s.schedule for s in states], first.device)
-    trainee, trainee_states, fork, forked = method, states, None, {}
-    shared = plan_fork(specs, [state.schedule for state in states])
-    if shared is not None:  # the runs' shared first epochs trained once, by one trunk run per seed and data
-        trunk, parents, after = shared
-        trainee = stacked_module(first, backbone, classnames, [singles[i].state_for_checkpoint() for i in trunk])
-        trainee_states = [states[i] for i in trunk]
-
-        def regroup(module: PromptMethod, keep: list[int]) -> PromptMethod:
-            forked["method"] = stacked_module(first, backbone, classnames, [
-                {name: tensor[k:k + 1] for name, tensor in module.state_for_checkpoint().items()} for k in keep])
-            forked["method"].carry_runs(module, keep)
-            return forked["method"]
-
-        fork = Fork(after, parents, states, regroup)
+    fork = group.fork_plan()  # the runs' shared first epochs trained once, by one trunk run per seed and data
+    progress = any(s.config.progress for s in specs)
     clock = time.perf_counter()
-    with small_step_threads(first.device.type, small_steps=not method.reads_pixels):
-        logs = train_runs(trainee, trainee_states, first.optim_recipe, first.device, first.amp,
-                          any(s.config.progress for s in specs), per_epoch_eval, graph_steps,
-                          retire_runs=(lambda epoch, logs: set(failed)) if fork is None else None, fork=fork,
-                          on_failure=lambda r, divergence: fail(r, divergence=divergence))
+    with small_step_threads(first.device.type, small_steps=not first.method.reads_pixels):
+        logs = group.train(progress, per_epoch_eval, on_failure=lambda r, divergence: fail(r, divergence=divergence),
+                           retire=(lambda epoch, logs: set(failed)) if fork is None else None, fork=fork)
     train_seconds = round(time.perf_counter() - clock, 4)
-    method = forked.get("method", method)
 
     records: list[dict[str, Any] | FailedRun] = []
     zero_shots: dict[tuple[int, ...], dict[str, float]] = {}  # per distinct tuple of (shared) evaluation sets
-    keep = [spec.config.save_predictions for spec in specs]
-    progress = any(s.config.progress for s in specs)
-    together, shared_seconds = group_scores(method, inputs, first.amp, progress, any(keep))
-    for r, (spec, run_inputs, log) in enumerate(zip(specs, inputs, logs)):
+    together, shared_seconds = group.scores(progress, any(spec.config.save_predictions for spec in specs))
+    for r, (spec, log) in enumerate(zip(specs, logs)):
         if r in failed:
             records.append(failed[r])
             continue
         try:
-            records.append(_record_run(spec, r, backbone, method, singles, run_inputs, log, together, zero_shots,
-                                       shared_seconds, snapshots[r], {
-                                           "plan": spec.plan_seconds, "inputs": input_seconds[r],
-                                           "train": train_seconds,
-                                           "seconds_per_epoch": train_seconds / spec.optim_recipe.epochs,
-                                           "batch_runs": len(specs)}, start))
+            records.append(_record_run(group, r, log, together, zero_shots, shared_seconds, snapshots[r], {
+                "plan": spec.plan_seconds, "inputs": input_seconds[r], "train": train_seconds,
+                "seconds_per_epoch": train_seconds / spec.optim_recipe.epochs, "batch_runs": len(specs)}, start))
         except user_errors() as exc:  # this run's own evaluation or record: it fails, the others are recorded
             fail(r, exc)
             records.append(failed[r])
     return records
 
 
-def _record_run(spec: RunSpec, r: int, backbone, method: PromptMethod, singles: Sequence[PromptMethod],
-                run_inputs: RunInputs, log: list[dict[str, Any]], together: dict[str, SetScores] | None,
+def _record_run(group: RunGroup, r: int, log: list[dict[str, Any]], together: dict[str, SetScores] | None,
                 zero_shots: dict, shared_seconds: float, snapshots: dict[int, dict[str, torch.Tensor]],
                 timings: dict[str, Any], start: float) -> dict[str, Any]:
     """Evaluate run ``r`` of a trained group (from the group's one pass ``together`` where there is one) and write
     its record."""
     clock = time.perf_counter()
-    view = run_view(method, singles, r)
+    spec, run_inputs, backbone = group.specs[r], group.inputs[r], group.backbone
+    method = group.run_method(r)
     sets = tuple(id(eval_set) for eval_set in run_inputs.eval_sets)
     if sets not in zero_shots:
         zero_shots[sets] = zero_shot_references(backbone, run_inputs.eval_sets, spec.dataset)
@@ -377,7 +328,7 @@ def _record_run(spec: RunSpec, r: int, backbone, method: PromptMethod, singles: 
     if together is not None:
         scores, at = together, r
     else:
-        scores = score_method(view, run_inputs.eval_sets, spec.amp, spec.config.progress, calibrate=True,
+        scores = score_method(method, run_inputs.eval_sets, spec.amp, spec.config.progress, calibrate=True,
                               keep_logits=keep, held_out=run_inputs.held_out)
         at = 0
     metrics = {**run_metrics(scores, at), "zero_shot": zero_shots[sets]}
@@ -387,7 +338,7 @@ def _record_run(spec: RunSpec, r: int, backbone, method: PromptMethod, singles: 
                "group_total": round(time.perf_counter() - start, 4)}
     record = build_record(spec, backbone, metrics, log, timings)
     record["reliability"] = reliability(scores, at)
-    learned = view.state_for_checkpoint()
+    learned = method.state_for_checkpoint()
     return save_record(spec, record, with_snapshots(learned, snapshots) if snapshots else learned,
                        predictions=run_predictions(scores, at) if keep else None)
 
@@ -406,88 +357,6 @@ def run_predictions(scores: dict[str, SetScores], r: int) -> dict[str, Any]:
         out[f"{name}_logits"] = s.logits[r].numpy().astype("float32")
         out[f"{name}_labels"] = s.labels.numpy().astype("int64")
     return out
-
-
-def group_scores(method: PromptMethod, inputs: Sequence[RunInputs], amp: bool, progress: bool,
-                 keep_logits: bool = False) -> tuple[dict[str, SetScores] | None, float]:
-    """Every run's accuracies and calibration figures from one pass of the group's module over the evaluation sets
-    the runs share (each test image read, and for pixel methods decoded, once per group; the R runs' heads or
-    prompted towers together), each run's temperature fitted first on its own validation split, and each run's
-    share of its seconds; (None, 0) for a group of one or runs evaluated on different sets (then each run is
-    evaluated alone)."""
-    first = [id(eval_set) for eval_set in inputs[0].eval_sets]
-    if len(inputs) == 1 or any([id(eval_set) for eval_set in i.eval_sets] != first for i in inputs):
-        return None, 0.0
-    clock = time.perf_counter()
-    scores = score_method(method, inputs[0].eval_sets, amp, progress, calibrate=True, keep_logits=keep_logits,
-                          held_out=[run_inputs.held_out for run_inputs in inputs])
-    return scores, (time.perf_counter() - clock) / len(inputs)
-
-
-def build_group_method(specs: Sequence[RunSpec], backbone, classnames: Sequence[str]
-                       ) -> tuple[PromptMethod, list[PromptMethod]]:
-    """The module that trains the group, and one single-run method per run (initialised exactly as the run alone
-    would be: seeded with its seed). A group of one trains its single method itself."""
-    entry = specs[0].method
-    singles = []
-    for spec in specs:
-        torch.manual_seed(spec.config.seed)  # the method's random initialisation
-        singles.append(entry.build(backbone, classnames, spec.method_config).to(spec.device))
-    if len(specs) == 1:
-        return singles[0], singles
-    states = [single.state_for_checkpoint() for single in singles]
-    return stacked_module(specs[0], backbone, classnames, states), singles
-
-
-def stacked_module(spec: RunSpec, backbone, classnames: Sequence[str], states: Sequence[dict[str, torch.Tensor]]
-                   ) -> PromptMethod:
-    """A module of ``spec``'s method holding R = ``len(states)`` runs, run r's learned tensors ``states[r]``."""
-    module = spec.method.build(backbone, classnames, dataclasses.replace(spec.method_config, num_runs=len(states)))
-    module = module.to(spec.device)
-    module.load_checkpoint_state(stack_runs(states))
-    return module
-
-
-def plan_fork(specs: Sequence[RunSpec], schedules: Sequence[LabelSchedule]
-              ) -> tuple[list[int], list[int], int] | None:
-    """Where a group's runs share their first epochs: runs with the same seed (initialisation and data order), data
-    and views train alike while every run's label schedule gives one-hot CE (ATLaS with K >= 2 does for K - 1
-    epochs, the plain run always). Returns (one run per such trunk, each run's trunk position, the last shared
-    epoch), or None where nothing is shared. Only for the pixel methods: their step grows with R, so a trunk of
-    one run per seed costs a fraction of the group's step (a cached step on a GPU is bound by launches: no gain);
-    and not with per-epoch evaluations or snapshots, which read every run in every epoch."""
-    first = specs[0]
-    if (len(specs) < 2 or not first.method.reads_pixels
-            or any(s.config.eval_every_epoch or s.config.snapshot_epochs for s in specs)):
-        return None
-    shared = 0
-    while shared < first.optim_recipe.epochs and all(schedule.cross_entropy_kind(shared) == "hard"
-                                              and not schedule.observes_predictions for schedule in schedules):
-        shared += 1
-    keys = [(s.config.seed, tuple(d.impath for d in s.data.train_split.train), s.views, s.config.aug_seed)
-            for s in specs]
-    positions: dict[tuple, int] = {}
-    parents = [positions.setdefault(key, len(positions)) for key in keys]
-    if shared == 0 or len(positions) == len(specs):
-        return None
-    return [keys.index(key) for key in positions], parents, shared - 1
-
-
-def run_view(method: PromptMethod, singles: Sequence[PromptMethod], r: int) -> PromptMethod:
-    """A one-run method holding run ``r``'s current learned tensors (the method itself for a group of one)."""
-    if method is singles[r]:
-        return method
-    singles[r].load_checkpoint_state({name: tensor[r:r + 1] for name, tensor in method.state_for_checkpoint().items()})
-    return singles[r]
-
-
-def stack_runs(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Learned tensors of R single runs (leading dim 1) -> one state with leading dim R."""
-    for name, tensor in states[0].items():
-        if tensor.dim() == 0 or tensor.shape[0] != 1:
-            raise ValueError(f"Learned tensor {name!r} of shape {tuple(tensor.shape)} has no leading runs dimension; "
-                             f"this method cannot be batched.")
-    return {name: torch.cat([state[name] for state in states]) for name in states[0]}
 
 
 def saved_method_config(entry, fields: dict[str, Any]):

@@ -111,7 +111,7 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
       loop, each distinct (image, view) of a step once for the S distinct training sets of the group's runs); on
       CUDA the decoding runs in ``decode_workers`` processes beside the steps: max(step, B x S x decode / workers)
       ; a group whose runs share their first F epochs (a seed's plain run and its ATLaS variants, K >= 2:
-      :func:`atlas_fast.engine.pipeline.plan_fork`) trains them with its T trunk runs: F epochs at step(method, C,
+      :func:`atlas_fast.engine.group.plan_fork`) trains them with its T trunk runs: F epochs at step(method, C,
       B, T), the rest at R
     * evaluation = sum over groups: per class set eval(method, C, R) fixed (the R runs' class prompts) + the
       zero-shot references (zsclip fixed + N x per image); cached features: + N x eval per image (the R runs' heads

@@ -1,5 +1,5 @@
 """What a sweep will do, before it runs: the planned runs (:func:`atlas_fast.sweep.plan_sweep`, finished runs dropped
-as the sweep drops them, grouped as :func:`atlas_fast.sweep.group_runs` groups them) and the feature cache's state
+as the sweep drops them, grouped as :func:`atlas_fast.engine.group.group_runs` groups them) and the feature cache's state
 become :class:`PlanFacts` (per group: method, classes, runs, batch, epochs, training images, evaluation sets, soft
 labels; the (image, view) features the cache lacks). :func:`atlas_fast.pricing.estimate.price` multiplies them by
 the units."""
@@ -48,7 +48,7 @@ class GroupFacts:
     training_sets: int = 0
     # distinct test images over the evaluation sets (a group decodes and encodes each once); 0: the sets' sum
     test_images: int = 0
-    # runs that share their first epochs (engine.pipeline.plan_fork): those epochs train a trunk of this many runs
+    # runs that share their first epochs (engine.group.plan_fork): those epochs train a trunk of this many runs
     trunk_runs: int = 0
     trunk_epochs: int = 0
 
@@ -131,8 +131,8 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
     import torch
 
     from atlas_fast.cache.build import batch_views, default_workers
-    from atlas_fast.engine.pipeline import plan_fork, split_finished
-    from atlas_fast.sweep import group_runs
+    from atlas_fast.engine.group import group_runs, plan_fork
+    from atlas_fast.engine.pipeline import split_finished
 
     finished, todo = split_finished(specs, complete=False)
     todo_specs = [specs[i] for i in todo]
@@ -155,7 +155,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
             reads_pixels=entry.reads_pixels, views=max(s.views for s in part),
             config_digest=config_digest(first.method_config), learns=entry.learns,
             decode=decode_key(first.dataset), training_sets=len(training_sets), test_images=len(test_images),
-            trunk_runs=len(fork[0]) if fork else 0, trunk_epochs=fork[2] + 1 if fork else 0))
+            trunk_runs=len(fork.trunk) if fork else 0, trunk_epochs=fork.after + 1 if fork else 0))
     features = images = 0
     parts: list[tuple[str, int, int, int]] = []
     if todo_specs:

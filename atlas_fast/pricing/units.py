@@ -140,7 +140,8 @@ def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], bat
     steps that take minutes on a CPU) times the first epoch, first step included."""
     from atlas_fast.atlas.schedules import OneHot
     from atlas_fast.engine.graphs import GRAPH_WARMUP_STEPS, use_graph_steps
-    from atlas_fast.engine.loop import train_runs
+    from atlas_fast.engine.group import batches_runs
+    from atlas_fast.engine.loop import TrainingRuns, train_runs
     from atlas_fast.engine.step import RunState
     from atlas_fast.threads import small_step_threads
 
@@ -150,7 +151,7 @@ def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], bat
     device = backbone.device
     amp = device.type == "cuda" if amp is None else amp
     entry = method_class(method)
-    if runs > 1 and not entry.supports_batched_runs:
+    if runs > 1 and not batches_runs(entry):
         raise ValueError(f"{method} trains its runs one by one (it does not batch runs): measure it at runs=1.")
     method_config = method_config_for(method, runs, config, backbone)
     torch.manual_seed(0)
@@ -167,7 +168,7 @@ def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], bat
     recipe = OptimRecipe(epochs=2 if warmup else 1, batch_size=batch, lr=1e-6, warmup_epochs=1 if warmup else 0)
     with PeakMemory(device) as peak:
         with small_step_threads(device.type, small_steps=not entry.reads_pixels):
-            logs = train_runs(module, states, recipe, device, amp, progress=False, graph_steps=graphs)
+            logs = train_runs(TrainingRuns(module, states), recipe, device, amp, progress=False, graph_steps=graphs)
     seconds = logs[0][-1]["seconds"] / timed_steps
     return Unit(seconds, peak.host, peak.device_bytes, repeats=timed_steps)
 

@@ -174,6 +174,7 @@ def preflight(search: SearchConfig) -> int:
     """Everything checked before the storage is opened or anything trained: the space, the objective, the datasets'
     validation splits (by planning the base run of every dataset and seed: lists data, reads no feature). Returns
     the epochs of one trial over all its datasets (the pruners' resource)."""
+    from atlas_fast.engine.group import batches_runs
     from atlas_fast.engine.spec import evaluation_subsamples, plan_run, resolve_recipe
     from atlas_fast.search.trials import check_validation
 
@@ -200,7 +201,7 @@ def preflight(search: SearchConfig) -> int:
     if "epochs" in search.space:
         high = search.space["epochs"]
         epochs = int(max(high.values) if isinstance(high, Choice) else high.high) * len(search.datasets)
-    if not spec.method.supports_batched_runs:  # its seeds train one after the other, a step per epoch of each
+    if not batches_runs(spec.method):  # its seeds train one after the other, a step per epoch of each
         epochs *= len(search.seeds)
     return epochs
 
@@ -400,9 +401,10 @@ def _trials_in(storage, search: SearchConfig, progress: bool, max_steps: int):
 
 def _default_batch(search: SearchConfig) -> int:
     from atlas_fast.engine.config import resolve_device
+    from atlas_fast.engine.group import batches_runs
     from atlas_fast.methods.registry import method_class
 
-    if resolve_device(search.base.device).type == "cuda" and method_class(search.base.method).supports_batched_runs:
+    if resolve_device(search.base.device).type == "cuda" and batches_runs(method_class(search.base.method)):
         return max(1, GPU_GROUP_RUNS // len(search.seeds))
     return 1
 

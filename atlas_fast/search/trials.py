@@ -1,31 +1,28 @@
 """Train a batch of trials on the validation split, with pruning.
 
 Each trial is one run per (dataset, seed) of its configuration. For each dataset in turn the live trials' runs are
-planned, grouped as a sweep groups them (:func:`atlas_fast.sweep.grid.group_key`: trials that differ only in ATLaS
-knobs, seeds or shots train as one module) and trained by the engine's loop. After each epoch at which the pruner can
-act (and each dataset's last) the loop's ``retire_runs`` hook evaluates every live run on the **validation** split
-from the feature cache (one text pass per class set for the whole group), reports each trial's objective (mean over
-its seeds) to the study at step ``epochs of earlier datasets + epoch`` and retires the runs of the trials the pruner
-stops; the loop's ``regroup`` hook then continues with a module of the survivors, whose learned tensors are what they
-would have been without the pruned trials. A method that does not batch (KgCoOp, DePT) trains each run alone, its
+planned, grouped as a sweep groups them (:func:`atlas_fast.engine.group.group_key`: trials that differ only in ATLaS
+knobs, seeds or shots train as one module) and trained as a :class:`~atlas_fast.engine.group.RunGroup`, as the
+pipeline trains its runs. After each epoch at which the pruner can act (and each dataset's last) the group's
+``retire`` hook evaluates every live run on the **validation** split from the feature cache (one text pass per class
+set for the whole group), reports each trial's objective (mean over its seeds) to the study at step ``epochs of
+earlier datasets + epoch`` and retires the runs of the trials the pruner stops; the group then goes on with a module
+of the survivors, whose learned tensors are what they would have been without the pruned trials. A method that does not batch (KgCoOp, DePT) trains each run alone, its
 seeds one after the other like datasets. No test image is read and no record is written: a trial is not a result.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from atlas_fast.engine.config import TrainConfig
 from atlas_fast.engine.evaluate import evaluate_method, summarize
-from atlas_fast.engine.feed import RunInputs, prepare_inputs
-from atlas_fast.engine.loop import RunState, train_runs
-from atlas_fast.engine.pipeline import build_group_method, shared_fields
+from atlas_fast.engine.feed import RunInputs
+from atlas_fast.engine.group import RunGroup, batches_runs, check_group, group_key, prepare_group_inputs
 from atlas_fast.engine.spec import RunSpec, plan_run
-from atlas_fast.errors import UsageError, user_errors
-from atlas_fast.sweep.grid import group_key
+from atlas_fast.errors import UsageError
 
 
 @dataclass
@@ -90,7 +87,7 @@ def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], reporter: R
         for work in live:
             for spec in specs[id(work)]:
                 check_validation(spec)
-        if specs[id(live[0])][0].method.supports_batched_runs:
+        if batches_runs(specs[id(live[0])][0].method):
             groups: dict[str, list[TrialWork]] = {}
             for work in live:
                 groups.setdefault(group_key(specs[id(work)][0]), []).append(work)
@@ -108,41 +105,32 @@ def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], reporter: R
 
 
 def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: Reporter) -> None:
-    """Train the runs of ``works`` as one group. A run that diverges fails its trial (the run's printed name, epoch,
-    step, lr and last finite loss in ``error``) and the trial's other runs are retired with it, while the other
-    trials train on, once, exactly as they would have without it (the loop's ``on_failure``; the group used to be
-    trained again trial by trial). A run whose own inputs raise fails its trial the same way, before the group's
-    module is built from the other trials' runs."""
+    """Train the runs of ``works`` as one group (:class:`~atlas_fast.engine.group.RunGroup`, as the pipeline
+    does). A run that diverges fails its trial (the run's printed name, epoch, step, lr and last finite loss in
+    ``error``) and the trial's other runs are retired with it, while the other trials train on, once, exactly as
+    they would have without it. A run whose own inputs raise fails its trial the same way, before the group's
+    module is built from the other trials' runs. Runs the pruner stops leave the module: the survivors go on in a
+    smaller one."""
     flat = [spec for trial_specs in specs for spec in trial_specs]
     owner = [w for w, trial_specs in enumerate(specs) for _ in trial_specs]
-    first = flat[0]
-    assert all(shared_fields(spec) == shared_fields(first) for spec in flat)
-    backbone = first.backbone()
-    shared: dict = {}
-    prepared: list[RunInputs | None] = []
-    for spec, w in zip(flat, owner):
-        try:
-            prepared.append(prepare_inputs(spec, backbone, shared, evaluate_on="val") if works[w].live else None)
-        except user_errors() as exc:
-            works[w].error = works[w].error or f"{spec.name}: {type(exc).__name__}: {exc}"
-            prepared.append(None)
+    check_group(flat)
+    backbone = flat[0].backbone()
+
+    def unprepared(r: int, exc: BaseException) -> None:
+        works[owner[r]].error = works[owner[r]].error or f"{flat[r].name}: {type(exc).__name__}: {exc}"
+
+    prepared, _ = prepare_group_inputs(flat, backbone, unprepared, evaluate_on="val",
+                                       skip=lambda r: not works[owner[r]].live)
     kept = [r for r in range(len(flat)) if works[owner[r]].live]
     if not kept:
         return
     flat, owner = [flat[r] for r in kept], [owner[r] for r in kept]
     inputs: list[RunInputs] = [prepared[r] for r in kept]  # type: ignore[misc]
+    group = RunGroup(flat, backbone, inputs)
     first = flat[0]
-    method, _ = build_group_method(flat, backbone, first.data.train_split.classnames)
-    states = [RunState(i.train_inputs, i.labels, i.soft_rows, dataclasses.replace(s.config.schedule), s.config.seed,
-                       first.device) for s, i in zip(flat, inputs)]
-    from atlas_fast.engine.graphs import use_graph_steps
-
-    graph_steps = use_graph_steps([s.config.graph_steps for s in flat], first.method, [s.schedule for s in states],
-                                  first.device)
     retired: set[int] = set()
     last = first.optim_recipe.epochs - 1
     step_of = works[0].offset  # the runs of a group share their recipe and the trials their earlier datasets
-    current = {"method": method, "slots": list(range(len(flat)))}  # the module training now, its runs by position
 
     def on_failure(r: int, divergence) -> None:
         retired.add(r)
@@ -158,8 +146,7 @@ def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: R
             works[owner[r]].epochs += 1  # counted before the pruner is asked: a pruned trial's cost
         if epoch != last and not reporter.at(step_of + epoch) or not live_runs:
             return failed
-        values = _validation_objectives(current["method"], current["slots"], inputs, live_runs, first.amp,
-                                        reporter.objective)
+        values = _validation_objectives(group, inputs, live_runs, first.amp, reporter.objective)
         stop = set()
         for w, work in enumerate(works):
             runs = [r for r in live_runs if owner[r] == w]
@@ -174,35 +161,22 @@ def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: R
         retired.update(stop)
         return stop | failed
 
-    def regroup(module, keep: list[int]):
-        """The survivors as a smaller module: pruned trials stop costing steps."""
-        state = module.state_for_checkpoint()
-        config = dataclasses.replace(first.method_config, num_runs=len(keep))
-        smaller = first.method.build(backbone, first.data.train_split.classnames, config).to(first.device)
-        smaller.load_checkpoint_state({name: tensor[keep] for name, tensor in state.items()})
-        smaller.carry_runs(module, keep)
-        current["method"], current["slots"] = smaller, [current["slots"][p] for p in keep]
-        return smaller
-
-    train_runs(method, states, first.optim_recipe, first.device, first.amp, any(s.config.progress for s in flat),
-               None, graph_steps, retire_runs, regroup if first.method.supports_batched_runs else None,
-               on_failure=on_failure)
+    group.train(any(s.config.progress for s in flat), on_failure=on_failure, retire=retire_runs, shrink=True)
 
 
-def _validation_objectives(method, slots: list[int], inputs: list[RunInputs], runs: list[int], amp: bool,
+def _validation_objectives(group: RunGroup, inputs: list[RunInputs], runs: list[int], amp: bool,
                            objective: str) -> dict[int, float]:
-    """Each live run's objective on its validation sets (``slots``: the run at each position of ``method``). Runs of
-    one seed share their sets, so the module is evaluated once per distinct set list: every run's accuracy comes out
-    of one text pass per class set."""
+    """Each live run's objective on its validation sets, from the module the group trains now. Runs of one seed
+    share their sets, so the module is evaluated once per distinct set list: every run's accuracy comes out of one
+    text pass per class set."""
     by_sets: dict[tuple[int, ...], list[int]] = {}
     for r in runs:
         by_sets.setdefault(tuple(id(s) for s in inputs[r].eval_sets), []).append(r)
-    position = {run: p for p, run in enumerate(slots)}
     values = {}
     for members in by_sets.values():
-        accuracies = evaluate_method(method, inputs[members[0]].eval_sets, amp)
+        accuracies = evaluate_method(group.method, inputs[members[0]].eval_sets, amp)
         for r in members:
-            values[r] = objective_value({name: per_run[position[r]] for name, per_run in accuracies.items()},
+            values[r] = objective_value({name: per_run[group.position(r)] for name, per_run in accuracies.items()},
                                         objective)
     return values
 

@@ -4,7 +4,7 @@ to an executor.
 A sweep is a list of :class:`~atlas_fast.engine.config.TrainConfig` values; the driver plans each once
 (:func:`plan_sweep`) and the workers train from the specs. :func:`run_configs` drops the runs whose finished
 record already exists, packs the others into groups of up to ``batch_runs`` compatible runs (same dataset, backbone,
-method and resolved recipe: see :func:`group_key`) and hands the groups to an executor (:mod:`atlas_fast.sweep.executors`:
+method and resolved recipe: :func:`atlas_fast.engine.group.group_runs`) and hands the groups to an executor (:mod:`atlas_fast.sweep.executors`:
 this process, Ray tasks or a SLURM job array). Every run writes its own record as soon as its group finishes, so a
 killed sweep is resumed by running it again and loses at most the groups in flight.
 """
@@ -12,7 +12,6 @@ killed sweep is resumed by running it again and loses at most the groups in flig
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -20,11 +19,12 @@ from typing import Any, Callable, Sequence
 from atlas_fast.progress import TimeLeft, progress_bar, say
 
 from atlas_fast.engine.config import TrainConfig
+from atlas_fast.engine.group import group_runs
 from atlas_fast.engine.pipeline import failure_message, split_finished
 from atlas_fast.engine.record import FailedRun
 from atlas_fast.engine.spec import RunSpec, plan_run
 from atlas_fast.atlas.variants import LabelVariant
-from atlas_fast.errors import Interrupted, RunFailed, RunsFailed, UsageError, distinct, short_repr
+from atlas_fast.errors import Interrupted, RunFailed, RunsFailed, UsageError, distinct
 from atlas_fast.sweep.executors import WorkerFailure, make_executor
 from atlas_fast.vocabulary import CLASS_SETS, EXECUTORS, HARMONIC_MEAN
 
@@ -76,6 +76,8 @@ class Execution:
             check_gpus(self.options.get(name), f"{name} (--gpus-per-group)")
 
     def runs_per_group(self, device_type: str) -> int:
+        """The most runs a group trains on a ``device_type`` device (``batch_runs`` or that device's default); the
+        group lowers it where they would not fit its memory (:func:`atlas_fast.engine.group.group_size`)."""
         return self.batch_runs or DEFAULT_BATCH_RUNS.get(device_type, 1)
 
     def worker_device(self, config: TrainConfig) -> str:
@@ -103,55 +105,6 @@ def plan_sweep(configs: Sequence[TrainConfig], execution: Execution | None = Non
                              f"point would count it twice in every mean; give each once.")
         first[spec.record_key] = spec
     return specs
-
-
-def group_key(spec: RunSpec) -> str:
-    """Runs with equal keys can train as one module: everything but the per-run choices (seed, shots, soft labels,
-    label schedule, cached views, per-epoch evaluation) must match, including the resolved recipe."""
-    per_run = {"seed", "shots", "soft_labels", "schedule", "views", "aug_seed", "eval_every_epoch"}
-    shared = {k: v for k, v in spec.described.items() if k not in per_run}
-    paths = [str(getattr(spec.config, k)) for k in ("data_root", "cache_root", "results_dir")]
-    return json.dumps({"shared": shared, "paths": paths}, sort_keys=True, default=str)
-
-
-def group_runs(specs: Sequence[RunSpec], batch_runs: int) -> list[list[RunSpec]]:
-    """Pack compatible runs into groups of at most ``batch_runs`` (fewer where that many would not fit the device's
-    memory, one where the method does not batch runs: :func:`runs_that_fit`), keeping the sweep's order within a
-    group. The groups are those that train: the run's listing, its progress lines and the estimate all count
-    these."""
-    by_key: dict[str, list[RunSpec]] = {}
-    for spec in specs:
-        by_key.setdefault(group_key(spec), []).append(spec)
-    groups = []
-    for members in by_key.values():
-        size = runs_that_fit(members[0], batch_runs)
-        groups += [members[i:i + size] for i in range(0, len(members), size)]
-    return groups
-
-
-def runs_that_fit(spec: RunSpec, batch_runs: int) -> int:
-    """R for a group of runs like ``spec``: 1 for a method that trains its runs one by one, else ``batch_runs``,
-    lowered where R runs' training steps would not fit the device's memory (:mod:`atlas_fast.engine.memory`, which
-    counts a live step graph's pool beside the eager steps where the steps are graphed; unchanged where this machine
-    cannot see that device)."""
-    from atlas_fast.engine import memory
-    from atlas_fast.engine.graphs import use_graph_steps
-
-    if not spec.method.supports_batched_runs:
-        return 1
-    total = memory.device_bytes(spec.device)
-    if batch_runs == 1 or total is None:
-        return batch_runs
-    backbone = spec.backbone()
-    per_run = memory.step_bytes_per_run(spec.method, backbone, spec.data.train_split.num_classes,
-                                        spec.optim_recipe.batch_size, spec.amp)
-    graphs = use_graph_steps([spec.config.graph_steps], spec.method, [spec.config.schedule], spec.device)
-    fixed = memory.frozen_bytes(backbone, spec.amp)
-    method_config = getattr(spec, "method_config", None)
-    teacher = spec.method.view_teacher(method_config, backbone) if method_config is not None else None
-    if teacher is not None:  # resident beside the student (PromptKD's text features of each class set)
-        fixed += memory.frozen_bytes(teacher, spec.amp)
-    return memory.runs_that_fit(batch_runs, per_run, fixed, total, graphs)
 
 
 def describe_groups(groups: Sequence[Sequence[RunSpec]]) -> str:
