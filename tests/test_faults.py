@@ -535,7 +535,7 @@ def test_kill_9_during_a_build_resumes_exactly(pets, tmp_path, backbone):
 
 
 def _sweep_and_hang(root: str, data: str, flag: str) -> None:
-    import atlas_fast.engine.pipeline as run_module
+    import atlas_fast.engine.group as run_module
     from atlas_fast.atlas.variants import LabelVariant
     from atlas_fast.sweep import Execution, run_grid
     from atlas_fast.atlas.schedules import OneHot
