@@ -59,8 +59,6 @@ DELTAS: tuple[Delta, ...] = get_args(Delta)
 ScheduleName = Literal["onehot", "atlas", "joint", "ols", "tfkd"]
 SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
 SCHEDULE_CHOICES = ("auto",) + tuple(name for name in SCHEDULES if name != "onehot")
-# Which schedules read offline soft labels.
-SOFT_LABEL_SCHEDULES: tuple[ScheduleName, ...] = ("atlas", "joint")
 
 # The optimisers a method's recipe may name (OptimRecipe.optimizer): Dassl's SGD, Dassl's Adam (TCP), AdamW
 # (CLIP-LoRA).

@@ -33,12 +33,12 @@ LORA_METHODS = ("clip-lora", "clip-lora-text")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from atlas_fast.app.options import add_method_options
+    from atlas_fast.app.options import add_method_options, add_methods
 
     p.add_argument("--shots", type=int, nargs="+", default=list(SHOTS))
     p.add_argument("--kinds", nargs="+", choices=PAPER_SOFT_LABEL_KINDS, default=list(PAPER_SOFT_LABEL_KINDS),
                    help="the ATLaS soft-label kinds (default: %(default)s)")
-    p.add_argument("--methods", nargs="+", choices=LORA_METHODS, default=list(LORA_METHODS[:1]))
+    add_methods(p, LORA_METHODS[:1], among=LORA_METHODS)
     add_method_options(p)
 
 

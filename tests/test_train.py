@@ -10,6 +10,7 @@ from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine.evaluate import harmonic_mean, top1_accuracy
 from atlas_fast.methods.config import OptimRecipe
 from atlas_fast.atlas.schedules import Alternating, OneHot
+from atlas_fast.atlas.softlabels import soft_label_preset
 from atlas_fast.engine import TrainConfig, run
 from atlas_fast.engine.loop import lr_at_epoch
 from helpers import tiny_pets_config
@@ -114,7 +115,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="set soft_labels"):
         TrainConfig("OxfordPets", "data", schedule=Alternating(2))
     with pytest.raises(ValueError, match="never uses them"):
-        TrainConfig("OxfordPets", "data", schedule=OneHot(), soft_labels=object())
+        TrainConfig("OxfordPets", "data", schedule=OneHot(), soft_labels=soft_label_preset("base2new", "ls"))
     with pytest.raises(ValueError, match="setting must be one of"):
         TrainConfig("OxfordPets", "data", setting="b2n")
     with pytest.raises(ValueError, match=r"views must be in \[1, 10000\].*got 0"):
@@ -136,7 +137,6 @@ def test_config_validation():
 ])
 def test_every_schedule_trains(pets, schedule, kind, soft_flags):
     from atlas_fast.atlas.schedules import Joint, OnlineLabelSmoothing, TeacherFreeKD
-    from atlas_fast.atlas.softlabels import soft_label_preset
 
     build = {"atlas2": lambda: Alternating(2), "atlas3": lambda: Alternating(3), "atlas1": lambda: Alternating(1), "joint": Joint,
              "ols": OnlineLabelSmoothing, "tfkd": TeacherFreeKD}[schedule]

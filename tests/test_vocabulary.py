@@ -18,17 +18,21 @@ SPELLED_ONCE = {name: value for name, value in vars(vocabulary).items()
 
 
 @functools.lru_cache(maxsize=None)
-def word_lists(path: Path) -> tuple[list[tuple[int, tuple[str, ...]]], list[int]]:
-    """(line, value) of every tuple or list of string constants in a source file, and the lines of its literal
-    ``choices=`` (parsed once for both tests)."""
-    lists, choices = [], []
+def word_lists(path: Path) -> tuple[list[tuple[int, tuple[str, ...]]], list[int], list[tuple[int, str]]]:
+    """(line, value) of every tuple or list of string constants in a source file, the lines of its literal
+    ``choices=`` and (line, flag) of each option it declares with ``add_argument("--flag", ...)`` (parsed once for
+    the three tests)."""
+    lists, choices, flags = [], [], []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) > 1 and all(
                 isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
             lists.append((node.lineno, tuple(e.value for e in node.elts)))
         elif isinstance(node, ast.keyword) and node.arg == "choices" and isinstance(node.value, (ast.Tuple, ast.List)):
             choices.append(node.value.lineno)
-    return lists, choices
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            flags.append((node.lineno, node.args[0].value))
+    return lists, choices, flags
 
 
 def test_no_word_list_of_the_vocabulary_is_spelled_elsewhere():
@@ -60,6 +64,14 @@ RETIRED = [
     ("atlas_fast.data.datasets", "IMAGE_SUFFIXES"), ("atlas_fast.sweep", "Variant"),
     ("atlas_fast.sweep.grid", "Variant"), ("atlas_fast.engine.record", "record_problems"),
     ("atlas_fast.experiments.common", "world_method_options"),
+    # a printed name is a name, not a label; ATLaS's schedule is Alternating, the --atlas kind a soft_kind
+    ("atlas_fast.atlas.variants", "row_label"), ("atlas_fast.atlas.variants", "run_label"),
+    ("atlas_fast.atlas.variants", "ablation_row_label"), ("atlas_fast.report.rows", "variant_label"),
+    ("atlas_fast.report.rows", "strategy_label"), ("atlas_fast.report.rows", "display_label"),
+    ("atlas_fast.report.grouping", "label_records"), ("atlas_fast.atlas.schedules", "Atlas"),
+    ("atlas_fast.atlas.variants", "atlas_variant"), ("atlas_fast.atlas.variants", "atlas_variants"),
+    ("atlas_fast.atlas.variants", "atlas_period"), ("atlas_fast.atlas.variants", "ATLAS_PERIODS"),
+    ("atlas_fast.atlas.softlabels", "atlas_preset"), ("atlas_fast.vocabulary", "SOFT_LABEL_SCHEDULES"),
 ]
 
 
@@ -85,6 +97,30 @@ def test_no_alias_layer_is_left():
         TrainConfig("OxfordPets", "data", recipe="original")
     config = TrainConfig("OxfordPets", "data", recipe_family="original")
     assert not hasattr(config, "recipe") and not hasattr(TableRow("x", {}, section="Average"), "group")
+    assert not hasattr(TableRow("x", {}), "label")
     assert not hasattr(CoOp, "recipe")
     with pytest.raises(ValueError, match="recipe_family must be one of"):
         TrainConfig("OxfordPets", "data", recipe_family="papers")
+
+
+# Flags of the tables' spelling that mean something else in one command (not the option of the tables).
+OTHER_MEANING = {("experiments/fig3_soft_label_case_study.py", "--top-k"),  # soft-label entries drawn per row
+                 ("atlas_fast/cli/report.py", "--methods")}  # a filter of the records found (any spelling found)
+
+
+def test_each_option_is_declared_once():
+    """The label-schedule and execution options and ``--methods`` are declared in app/options.py alone; a command
+    that offers one adds it from there (the ATLaS flags were written again in ``train``, ``--atlas`` in
+    ``search``, ``--batch-runs`` and ``--estimate`` in ``train`` and the experiments, with two helps). The rule that
+    pairs a schedule with soft labels is written once, too (the command line, the variants and the config each
+    checked it)."""
+    from atlas_fast.app.options import EXECUTION_OPTIONS, LABEL_OPTIONS
+
+    owned = {flag for table in (LABEL_OPTIONS, EXECUTION_OPTIONS) for flags, _ in table.values() for flag in flags}
+    owned.add("--methods")
+    where = {path: path.relative_to(PACKAGE).as_posix() for path in SOURCES}
+    assert [f"{where[path]}:{line} {flag}" for path in SOURCES for line, flag in word_lists(path)[2]
+            if flag in owned and where[path] != "atlas_fast/app/options.py"
+            and (where[path], flag) not in OTHER_MEANING] == []
+    rule = [path.name for path in SOURCES if "trains on soft labels" in path.read_text(encoding="utf-8")]
+    assert rule == ["schedules.py"]

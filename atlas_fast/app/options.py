@@ -12,13 +12,19 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from atlas_fast.app.catalogue import method_names
+from atlas_fast.app.catalogue import method_names, pixel_method_names
 from atlas_fast.errors import UsageError, did_you_mean, distinct, short_repr
-from atlas_fast.vocabulary import (CLASS_SETS, FEWSHOT_ORDERS, GRAPH_STEPS, GRAPH_STEPS_VARIABLE, PRECISIONS, RECIPE_FAMILIES,
-                                   SETTINGS, environment_graph_steps)
+from atlas_fast.vocabulary import (CLASS_SETS, DELTAS, FEWSHOT_ORDERS, GRAPH_STEPS, GRAPH_STEPS_VARIABLE, NO_SOFT_LABELS,
+                                   PRECISIONS, RECIPE_FAMILIES, SCHEDULE_CHOICES, SETTINGS, SOFT_LABEL_CHOICES,
+                                   environment_graph_steps)
 
 if TYPE_CHECKING:
+    from atlas_fast.atlas.variants import LabelVariant
     from atlas_fast.engine.config import TrainConfig
+
+# An option table: destination -> (flags, add_argument keywords); a command adds the entries it offers by name
+# (add_run_options, add_label_options, add_execution_options), so each option is declared once.
+OptionTable = dict[str, tuple[tuple[str, ...], dict[str, Any]]]
 
 
 def pretrained_tag(value: str) -> str | None:
@@ -107,7 +113,7 @@ def world_method_options() -> list[str]:
 # The options that set a TrainConfig field, each declared once: destination (the field, except the backbone's
 # model/pretrained and --graph-steps' choice) -> (flags, add_argument keywords). A command offers those it names to
 # add_run_options; train_config reads every one it finds.
-RUN_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+RUN_OPTIONS: OptionTable = {
     "model": (("--model",), dict(
         default=None, help="open_clip model name (default ViT-B-16; for the World* datasets the world's own CLIP, "
                            "atlas-world)")),
@@ -158,12 +164,85 @@ RUN_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 }
 
 
+# The label schedule's options (ATLaS and the baselines), each declared once: destination -> (flags, keywords).
+# --atlas KIND is the paper's word for the soft-label kind (soft_kind); variant_from_args reads every one it finds.
+LABEL_OPTIONS: OptionTable = {
+    "soft_kind": (("--atlas",), dict(
+        choices=SOFT_LABEL_CHOICES, default=NO_SOFT_LABELS,
+        help="soft labels: none (plain method), ls (uniform), csl (class-wise), isl (instance-wise), mix "
+             "(w*CSL + (1-w)*ISL), with the setting's ATLaS presets")),
+    "schedule": (("--schedule",), dict(
+        choices=SCHEDULE_CHOICES, default="auto",
+        help="auto = atlas with --atlas, one-hot without; joint = CE(y) + CE(soft) every step; ols / tfkd = the "
+             "online-LS and teacher-free-KD baselines (no --atlas)")),
+    "K": (("--K",), dict(type=int, default=None,
+                         help="ATLaS period: soft labels every K-th epoch (default: the setting's preset, 1 = always "
+                              "soft)")),
+    "theta": (("--theta",), dict(type=float, default=None, help="LS smoothing (default: preset)")),
+    "tau_c": (("--tau-c",), dict(type=float, default=None, help="CSL temperature (default: preset)")),
+    "alpha": (("--alpha",), dict(type=float, default=None, help="ISL rectification coefficient (default: preset)")),
+    "delta": (("--delta",), dict(choices=DELTAS, default=None, help="when ISL rectifies (default: preset)")),
+    "w": (("--w",), dict(type=float, default=None, help="CSL weight of --atlas mix (default 0.3)")),
+    "top_k": (("--top-k",), dict(type=int, default=None, help="CSL: keep the k most similar classes per row")),
+    "ols_alpha": (("--ols-alpha",), dict(type=float, default=0.5, help="OLS weight of the one-hot CE (default 0.5)")),
+    "tfkd_a": (("--tfkd-a",), dict(type=float, default=0.9, help="TF-KD teacher's true-class probability (0.9)")),
+    "tfkd_alpha": (("--tfkd-alpha",), dict(type=float, default=0.1, help="TF-KD weight of the KL term (default 0.1)")),
+    "tfkd_tau": (("--tfkd-tau",), dict(type=float, default=20.0, help="TF-KD temperature (default 20)")),
+}
+# The soft labels' own hyper-parameters among them (each replaces the setting's preset where given), and each
+# baseline schedule's options (its field -> the option's destination).
+SOFT_LABEL_OVERRIDES = ("theta", "tau_c", "alpha", "delta", "w", "top_k")
+SCHEDULE_OPTIONS = {"ols": {"alpha": "ols_alpha"}, "tfkd": {"a": "tfkd_a", "alpha": "tfkd_alpha", "tau": "tfkd_tau"}}
+
+# How a command's runs are executed rather than what they are (not TrainConfig fields), each declared once.
+EXECUTION_OPTIONS: OptionTable = {
+    "batch_runs": (("--batch-runs",), dict(
+        type=int, default=None, metavar="R",
+        help="compatible runs (e.g. the seeds of a method and variant) trained together as one module (default: as "
+             "many as there are, up to 12 on a GPU / 4 on the CPU); 1 trains them one by one. Same records either "
+             "way")),
+    "estimate": (("--estimate",), dict(
+        action="store_true",
+        help="price the runs on this machine (time per phase, features to encode, cache bytes, peak memory) from "
+             "units measured once and kept under --cache-root; train nothing")),
+}
+
+
+def _add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, table: OptionTable,
+                 names: Sequence[str]) -> None:
+    for name in names:
+        flags, keywords = table[name]
+        parser.add_argument(*flags, dest=name, **keywords)
+
+
 def add_run_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: Sequence[str]) -> None:
     """Add the run options ``names`` (keys of :data:`RUN_OPTIONS`, in that order) to ``parser`` or an argument
     group of it."""
-    for name in names:
-        flags, keywords = RUN_OPTIONS[name]
-        parser.add_argument(*flags, dest=name, **keywords)
+    _add_options(parser, RUN_OPTIONS, names)
+
+
+def add_label_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                      names: Sequence[str] = tuple(LABEL_OPTIONS)) -> None:
+    """Add the label schedule's options ``names`` (keys of :data:`LABEL_OPTIONS`; default all of them)."""
+    _add_options(parser, LABEL_OPTIONS, names)
+
+
+def add_execution_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: Sequence[str]) -> None:
+    """Add the execution options ``names`` (keys of :data:`EXECUTION_OPTIONS`)."""
+    _add_options(parser, EXECUTION_OPTIONS, names)
+
+
+def variant_from_args(args: argparse.Namespace) -> LabelVariant:
+    """The :class:`~atlas_fast.atlas.variants.LabelVariant` (schedule and soft labels) the label options on ``args``
+    ask for, from the setting's presets; an option the command does not offer keeps its default. Whether the
+    schedule and the soft labels go together is :func:`atlas_fast.atlas.schedules.check_soft_labels`' to say."""
+    from atlas_fast.atlas.variants import label_variant
+
+    values = {name: getattr(args, name, keywords.get("default")) for name, (_, keywords) in LABEL_OPTIONS.items()}
+    schedule_options = {field: values[name] for field, name in SCHEDULE_OPTIONS.get(values["schedule"], {}).items()}
+    return label_variant(args.setting, values["soft_kind"], values["schedule"], period=values["K"],
+                         schedule_options=schedule_options or None,
+                         **{name: values[name] for name in SOFT_LABEL_OVERRIDES if values[name] is not None})
 
 
 def train_config(args: argparse.Namespace, **fields: Any) -> TrainConfig:
@@ -224,12 +303,12 @@ def check_range(option: str, value: float | int | None, low: float, high: float 
         raise UsageError(f"{option} must be {bound}, got {short_repr(value)}.")
 
 
-def method_name(learning_only: bool = False):
+def method_name(learning_only: bool = False, among: Sequence[str] | None = None):
     """argparse ``type`` of ``--methods``: an unknown name is refused as it is parsed (so a typo is named even when
     other required options are missing), from the method files' declarations, importing no torch."""
     def check(value: str) -> str:
         try:
-            check_methods([value], learning_only)
+            check_methods([value], learning_only, among)
         except UsageError as exc:
             raise UnknownName(str(exc)) from None
         return value
@@ -237,17 +316,29 @@ def method_name(learning_only: bool = False):
     return check
 
 
-def add_methods(parser: argparse.ArgumentParser, default: Sequence[str], learning_only: bool = False) -> None:
-    """``--methods M [M ...]`` (``--method`` is the same option), checked against the registered methods."""
-    names = method_names(learning_only)
-    parser.add_argument("--methods", "--method", dest="methods", nargs="+", default=list(default), metavar="METHOD",
-                        type=method_name(learning_only), action=Distinct,
-                        help=f"method(s): {', '.join(names)} (default {' '.join(default)})")
+def add_methods(parser: argparse.ArgumentParser, default: Sequence[str] | None, learning_only: bool = False, *,
+                among: Sequence[str] | None = None, help: str | None = None) -> None:
+    """``--methods M [M ...]`` (``--method`` is the same option; a name given twice is refused), checked against
+    the registered methods as it is parsed (``learning_only``: without zero-shot CLIP, which an experiment adds
+    with ``--zero-shot``; ``among``: only these). ``default`` None: the command decides (e.g. all it knows);
+    ``help`` replaces the listing of the methods where the command takes few of them."""
+    names = list(among) if among is not None else method_names(learning_only)
+    zero_shot = "" if learning_only or "zsclip" not in names else ", zsclip = zero-shot CLIP (nothing trained)"
+    pixel = [name for name in pixel_method_names() if name in names]
+    dept = "dept-* = DePT's head on coop/cocoop/kgcoop/maple" if any(n.startswith("dept-") for n in names) else ""
+    notes = ", ".join(filter(None, (dept, zero_shot.removeprefix(", "))))
+    listing = (f"prompt method(s): {', '.join(names)} (default {' '.join(default or ['all'])}); "
+               + (f"{notes}; " if notes else "") + f"{', '.join(pixel)} prompt or adapt the image encoder and train "
+               "on pixels, the others on cached image features")
+    parser.add_argument("--methods", "--method", dest="methods", nargs="+", metavar="METHOD",
+                        default=list(default) if default is not None else None,
+                        type=method_name(learning_only, among), action=Distinct, help=help or listing)
 
 
-def check_methods(methods: Sequence[str], learning_only: bool = False) -> None:
-    """Refuse a method name that is neither declared in the method files nor registered in this process."""
-    known = method_names(learning_only)
+def check_methods(methods: Sequence[str], learning_only: bool = False, among: Sequence[str] | None = None) -> None:
+    """Refuse a method name that is neither declared in the method files nor registered in this process (or not
+    ``among`` the command's)."""
+    known = list(among) if among is not None else method_names(learning_only)
     unknown = [m for m in methods if m not in known]
     if unknown:
         raise UsageError(f"unknown method {unknown[0]!r}{did_you_mean(unknown[0], known)}; valid: {', '.join(known)}.")

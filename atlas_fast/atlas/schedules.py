@@ -31,6 +31,8 @@ from typing import Any, ClassVar, Sequence
 import torch
 import torch.nn.functional as F
 
+from atlas_fast.vocabulary import SOFT_LABEL_KINDS
+
 
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """CE against a distribution: ``-sum_c q_c log_softmax(z)_c``, averaged over the batch (fp32 for stability)."""
@@ -111,6 +113,21 @@ class LabelSchedule:
             raise ValueError(f"soft label rows have shape {tuple(soft_rows.shape)} but the logits have "
                              f"{tuple(logits.shape)}; soft labels must be built for the classes being trained.")
         return soft_rows
+
+
+def check_soft_labels(schedule: LabelSchedule | type[LabelSchedule], soft_kind: str | None) -> None:
+    """The one rule that pairs a label schedule with soft labels (the command line, :func:`~atlas_fast.atlas.
+    variants.label_variant` and every :class:`~atlas_fast.engine.config.TrainConfig` go through it): a schedule that
+    trains on them (``needs_soft_labels``: ATLaS's, joint) needs their kind ``soft_kind``, any other reads none. The
+    ValueError says so in the command line's words, then the Python API's."""
+    kinds = "|".join(SOFT_LABEL_KINDS)
+    if schedule.needs_soft_labels and soft_kind is None:
+        raise ValueError(f"--schedule {schedule.name} trains on soft labels: choose them with --atlas {kinds} (Python: "
+                         f"set soft_labels, e.g. soft_label_preset(setting, kind)).")
+    if not schedule.needs_soft_labels and soft_kind is not None:
+        raise ValueError(f"--schedule {schedule.name} uses no offline soft labels; drop --atlas {soft_kind} (Python: "
+                         f"soft_labels is set but the {schedule.name!r} schedule never uses them; drop it, or use "
+                         f"schedule=Alternating(K) or Joint()).")
 
 
 @dataclass

@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from atlas_fast.atlas.schedules import Alternating, Joint, LabelSchedule, OneHot, OnlineLabelSmoothing, TeacherFreeKD
+from atlas_fast.atlas.schedules import (Alternating, Joint, LabelSchedule, OneHot, OnlineLabelSmoothing, TeacherFreeKD,
+                                        check_soft_labels)
 from atlas_fast.atlas.softlabels import SoftLabelConfig, soft_label_preset
 from atlas_fast.vocabulary import (NO_SOFT_LABELS, PAPER_SOFT_LABEL_KINDS, SCHEDULE_CHOICES as _SCHEDULE_CHOICES, SCHEDULES,
-                                   SOFT_LABEL_CHOICES, SOFT_LABEL_KINDS, SOFT_LABEL_SCHEDULES)
+                                   SOFT_LABEL_CHOICES, SOFT_LABEL_KINDS)
 
 # The paper's ATLaS period K by setting (appendix "Implementation Details"): soft labels on every K-th epoch.
 ALTERNATION_PERIODS: dict[str, int] = {"base2new": 2, "few_shot": 3, "cross_dataset": 3}
@@ -62,46 +63,39 @@ def alternation_period(setting: str) -> int:
     return ALTERNATION_PERIODS[setting]
 
 
-def label_variant(setting: str, soft: str = "ls", schedule: str = "auto", *, period: int | None = None,
+# The schedule class each name of :data:`~atlas_fast.vocabulary.SCHEDULES` builds.
+SCHEDULE_CLASSES: dict[str, type[LabelSchedule]] = {
+    cls.name: cls for cls in (OneHot, Alternating, Joint, OnlineLabelSmoothing, TeacherFreeKD)}
+
+
+def label_variant(setting: str, soft_kind: str = "ls", schedule: str = "auto", *, period: int | None = None,
                   schedule_options: Mapping[str, Any] | None = None, **soft_overrides: Any) -> LabelVariant:
-    """The variant with soft labels ``soft`` (none | ls | csl | isl | mix) under ``schedule`` (auto | atlas | joint
-    | ols | tfkd; auto = atlas with soft labels, one-hot without), from ``setting``'s paper presets.
+    """The variant with soft labels ``soft_kind`` (none | ls | csl | isl | mix) under ``schedule`` (auto | atlas |
+    joint | ols | tfkd; auto = atlas with soft labels, one-hot without), from ``setting``'s paper presets.
 
     ``period`` replaces the setting's K (ATLaS only; 1 = soft labels every epoch), ``soft_overrides`` the soft-label
     hyper-parameters (``theta``, ``tau_c``, ``alpha``, ``delta``, ``w``, ``top_k``), ``schedule_options`` the
     schedule's own (OLS ``alpha``; TF-KD ``a``, ``alpha``, ``tau``)."""
-    if soft not in SOFT_LABEL_CHOICES:
-        raise ValueError(f"Unknown soft-label kind {soft!r}; valid: {', '.join(SOFT_LABEL_CHOICES)}.")
+    if soft_kind not in SOFT_LABEL_CHOICES:
+        raise ValueError(f"Unknown soft-label kind {soft_kind!r}; valid: {', '.join(SOFT_LABEL_CHOICES)}.")
     if schedule not in _SCHEDULE_CHOICES:
         raise ValueError(f"Unknown label schedule {schedule!r}; valid: {', '.join(_SCHEDULE_CHOICES)}.")
-    name = schedule_name(schedule, soft)
-    if name in SOFT_LABEL_SCHEDULES and soft == NO_SOFT_LABELS:
-        raise ValueError(f"The {name!r} schedule trains on soft labels: choose them ({', '.join(SOFT_LABEL_KINDS)}).")
-    if name not in SOFT_LABEL_SCHEDULES and soft != NO_SOFT_LABELS:
-        raise ValueError(f"The {name!r} schedule uses no offline soft labels; drop soft={soft!r}.")
-    if period is not None and name != "atlas":
-        raise ValueError(f"The ATLaS period K applies to the 'atlas' schedule only, not {name!r}.")
+    chosen = SCHEDULE_CLASSES[schedule_name(schedule, soft_kind)]
+    check_soft_labels(chosen, None if soft_kind == NO_SOFT_LABELS else soft_kind)
+    if period is not None and chosen is not Alternating:
+        raise ValueError(f"The ATLaS period K applies to the 'atlas' schedule only, not {chosen.name!r}.")
     options = dict(schedule_options or {})
-    soft_labels = soft_label_preset(setting, soft, **soft_overrides) if soft != NO_SOFT_LABELS else None
-    built: LabelSchedule
-    if name == "onehot":
-        built = OneHot(**options)
-    elif name == "atlas":
-        built = Alternating(period if period is not None else alternation_period(setting), **options)
-    elif name == "joint":
-        built = Joint(**options)
-    elif name == "ols":
-        built = OnlineLabelSmoothing(**options)
-    else:
-        built = TeacherFreeKD(**options)
+    soft_labels = soft_label_preset(setting, soft_kind, **soft_overrides) if soft_kind != NO_SOFT_LABELS else None
+    if chosen is Alternating:
+        options = {"period": period if period is not None else alternation_period(setting), **options}
+    built = chosen(**options)
     kind = soft_labels.kind if soft_labels is not None else None
-    name = row_name(built.describe(), kind, every_epoch_names=True) or "baseline"
-    return LabelVariant(name, built, soft_labels)
+    return LabelVariant(row_name(built.describe(), kind, every_epoch_names=True) or "baseline", built, soft_labels)
 
 
-def schedule_name(schedule: str, soft: str) -> str:
-    """The schedule a choice names: ``auto`` is ATLaS with soft labels and one-hot without (``soft`` none)."""
-    return schedule if schedule != "auto" else ("onehot" if soft == NO_SOFT_LABELS else "atlas")
+def schedule_name(schedule: str, soft_kind: str) -> str:
+    """The schedule a choice names: ``auto`` is ATLaS with soft labels and one-hot without (``soft_kind`` none)."""
+    return schedule if schedule != "auto" else ("onehot" if soft_kind == NO_SOFT_LABELS else "atlas")
 
 
 def paper_variants(setting: str, kinds: Sequence[str] = PAPER_SOFT_LABEL_KINDS) -> list[LabelVariant]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from atlas_fast.app.options import add_methods
 from atlas_fast.errors import UsageError
 
 #: The exit status of a finished doctor that found a mismatch (2 stays a user error, as for every command).
@@ -28,8 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     doctor.add_argument("--model", default=None,
                         help="open_clip architecture of the steps, random weights (default ViT-B-16 on CUDA, "
                              "atlas-tiny on the CPU)")
-    doctor.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
-                        help="only these of the families' methods (coop cocoop ivlp tcp; default all four)")
+    add_methods(doctor, None, help="only these of the families' methods (coop cocoop ivlp tcp; default all four)")
     doctor.add_argument("--steps", type=int, default=4, help="full training steps per epoch (default 4; 2 epochs)")
     doctor.set_defaults(func=run_doctor_command)
 

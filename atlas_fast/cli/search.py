@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from atlas_fast.app.options import (add_data_root, add_method_options, add_progress, add_run_options, add_seeds,
-                                    check_methods, method_name, method_options, train_config)
-from atlas_fast.vocabulary import NO_SOFT_LABELS, OBJECTIVES, PRUNERS, SAMPLERS, SOFT_LABEL_CHOICES
+from atlas_fast.app.options import (add_data_root, add_label_options, add_method_options, add_progress,
+                                    add_run_options, add_seeds, check_methods, method_name, method_options,
+                                    train_config, variant_from_args)
+from atlas_fast.vocabulary import OBJECTIVES, PRUNERS, SAMPLERS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,8 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="the prompt method (default coop)")
     add_run_options(search, ("recipe_family", "setting", "shots"))
     add_seeds(search, [1])
-    search.add_argument("--atlas", dest="soft_kind", choices=SOFT_LABEL_CHOICES, default=NO_SOFT_LABELS,
-                        help="soft labels of the base run (ATLaS with the setting's preset; default none)")
+    add_label_options(search, ("soft_kind",))  # the base run's soft labels
     space = search.add_argument_group("the study")
     space.add_argument("--param", action="append", default=[], metavar="NAME=SPEC", required=True,
                        help="a searched parameter (repeat): LOW:HIGH, LOW:HIGH:STEP, log:LOW:HIGH, int:LOW:HIGH or "
@@ -74,11 +74,10 @@ def run_search_command(args: argparse.Namespace) -> int:
     from atlas_fast.data.check import require_layouts  # no torch
 
     require_layouts(args.datasets, args.data_root)  # every layout fault at once, before torch is imported
-    from atlas_fast.atlas.variants import label_variant
     from atlas_fast.report.stats import counted
     from atlas_fast.search import SearchConfig, run_search
 
-    variant = label_variant(args.setting, args.soft_kind)
+    variant = variant_from_args(args)
     base = train_config(args, dataset=args.datasets[0], data_root=args.data_root, method=args.method,
                         method_options=options, seed=args.seeds[0], soft_labels=variant.soft_labels,
                         schedule=variant.schedule)

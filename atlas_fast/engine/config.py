@@ -20,7 +20,7 @@ from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.data.fewshot import MAX_SEED
 from atlas_fast.errors import short_repr
 from atlas_fast.methods.config import MethodConfig
-from atlas_fast.atlas.schedules import LabelSchedule, OneHot
+from atlas_fast.atlas.schedules import LabelSchedule, OneHot, check_soft_labels
 from atlas_fast.vocabulary import (CLASS_SETS, PRECISIONS as _PRECISIONS, RECIPE_FAMILIES, SETTINGS as _SETTINGS,
                                    FEWSHOT_ORDERS, ClassSet, FewShotOrder, Precision, RecipeFamily, Setting,
                                    environment_graph_steps)
@@ -154,12 +154,7 @@ class TrainConfig:
                              f"{short_repr(self.lr)}.")
         if not isinstance(self.schedule, LabelSchedule):
             raise TypeError(f"schedule must be a LabelSchedule (see atlas_fast.atlas.schedules), got {self.schedule!r}.")
-        if self.schedule.needs_soft_labels and self.soft_labels is None:
-            raise ValueError(f"The {self.schedule.name!r} schedule trains on soft labels: set soft_labels "
-                             f"(e.g. atlas_fast.atlas.softlabels.soft_label_preset({self.setting!r})).")
-        if not self.schedule.needs_soft_labels and self.soft_labels is not None:
-            raise ValueError(f"soft_labels is set but the {self.schedule.name!r} schedule never uses them; "
-                             f"use schedule=Alternating(K) or Joint(), or drop soft_labels.")
+        check_soft_labels(self.schedule, self.soft_labels.kind if self.soft_labels is not None else None)
 
     @property
     def train_subsample(self) -> str:
