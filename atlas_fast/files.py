@@ -197,11 +197,12 @@ def blake2b_hex(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=32).hexdigest()
 
 
-def file_blake2b(path: Path, block: int = 1 << 20) -> str:
-    """:func:`blake2b_hex` of a file's bytes, read in blocks (memory stays bounded for large files)."""
-    digest = hashlib.blake2b(digest_size=32)
+def file_blake2b(path: str | Path, digest_size: int = 32) -> str:
+    """:func:`blake2b_hex` of a file's bytes (``digest_size`` bytes of it), read in blocks of a MiB (memory stays
+    bounded for large files)."""
+    digest = hashlib.blake2b(digest_size=digest_size)
     with open(path, "rb") as f:
-        while chunk := f.read(block):
+        while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
 

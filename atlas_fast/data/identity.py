@@ -24,9 +24,9 @@ import os
 from typing import Iterable, Sequence
 
 from atlas_fast.data.base import DatasetSplits, Datum
+from atlas_fast.files import file_blake2b
 
 _CONTENT_PREFIX = "b2:"
-_READ_BYTES = 1 << 20
 # Content hashes already computed in this process, by (path, inode, size, mtime_ns, ctime_ns): a run fingerprints its
 # images when it is planned and the cache checks the same images when it builds and loads; the bytes are read once.
 # Any write to a file moves its ctime (which no tool can set back), so an edit that restores size and mtime is seen.
@@ -44,13 +44,9 @@ def image_identity(path: str, content: bool = False) -> str:
         return f"{stat.st_size}:{stat.st_mtime_ns}"
     memo = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     if memo not in _CONTENT_HASHES:
-        digest = hashlib.blake2b(digest_size=16)
-        with open(path, "rb") as f:
-            while chunk := f.read(_READ_BYTES):
-                digest.update(chunk)
         if len(_CONTENT_HASHES) >= _CONTENT_HASHES_MAX:
             _CONTENT_HASHES.clear()
-        _CONTENT_HASHES[memo] = _CONTENT_PREFIX + digest.hexdigest()
+        _CONTENT_HASHES[memo] = _CONTENT_PREFIX + file_blake2b(path, digest_size=16)
     return _CONTENT_HASHES[memo]
 
 
