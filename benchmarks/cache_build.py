@@ -193,10 +193,10 @@ def part_write(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
     rng = np.random.default_rng(0)
     for views in (50, 0):
         rates = {}
-        for label in ("before", "now"):
-            if label == "before" and old is None:
+        for version in ("before", "now"):
+            if version == "before" and old is None:
                 continue
-            root = work / f"write-{label}-{views}"
+            root = work / f"write-{version}-{views}"
             shutil.rmtree(root, ignore_errors=True)
             cache, path, units = prepared_file(root, backbone, items, views)
             batches = []
@@ -206,7 +206,7 @@ def part_write(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
                 batches.append((rows, cells, rng.standard_normal((len(rows), PAYLOAD_DIM), dtype=np.float32)))
             payload = sum(len(r) for r, _, _ in batches) * PAYLOAD_DIM * 2
             clock = time.perf_counter()
-            if label == "before":
+            if version == "before":
                 writer = old[1].CacheBuilder(root)
                 for rows, cells, features in batches:
                     writer._commit(path, rows, cells, features)
@@ -217,8 +217,8 @@ def part_write(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
                         writer.put(rows, cells, features)
                 transactions = writer.transactions
             seconds = time.perf_counter() - clock
-            rates[label] = payload / seconds / 1e6
-            rates[label + " n"] = transactions
+            rates[version] = payload / seconds / 1e6
+            rates[version + " n"] = transactions
         before = (f"{rates['before']:.1f} ({rates['before n']})" if "before" in rates else "n/a (no git)")
         ratio = f"{rates['now'] / rates['before']:.1f}x" if "before" in rates else "n/a"
         print(f"| {views + 1} | {before} | {rates['now']:.1f} ({rates['now n']}) | {ratio} |")
@@ -243,8 +243,8 @@ def part_build(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
           f"{len(items)} {'world images' if world else 'JPEGs 500x375'} x {views + 1} views = "
           f"{len(items) * len(wanted)} features, {torch.get_num_threads()} threads; {rounds} round(s), before and "
           f"now alternating, median")
-    labels = ["before", "now"] if old is not None else ["now"]
-    measured: dict[str, list[float]] = {name: [] for name in ["cut", "encode", *labels]}
+    versions = ["before", "now"] if old is not None else ["now"]
+    measured: dict[str, list[float]] = {name: [] for name in ["cut", "encode", *versions]}
     for round_ in range(rounds):
         clock = time.perf_counter()  # what the workers do
         pixels = [transforms.load_view_pixels(d.impath, d.key, wanted, spec) for d in items]
@@ -255,20 +255,20 @@ def part_build(work: Path, old: tuple[ModuleType, ModuleType] | None, images: in
                 backbone.encode_image(transforms.normalize_pixels(np.concatenate([pixels[i] for i in batch]), spec))
         measured["encode"].append(time.perf_counter() - clock)
         del pixels
-        for label in labels if round_ % 2 == 0 else labels[::-1]:
-            root = work / f"build-{label}"
+        for version in versions if round_ % 2 == 0 else versions[::-1]:
+            root = work / f"build-{version}"
             shutil.rmtree(root, ignore_errors=True)
-            builder = old[1].CacheBuilder(root) if label == "before" else FeatureCache(root)
+            builder = old[1].CacheBuilder(root) if version == "before" else FeatureCache(root)
             report = builder.build(backbone, "Images", items, num_views=views, num_workers=workers, progress=False)
-            measured[label].append(report.seconds)
-            if label == "now":
+            measured[version].append(report.seconds)
+            if version == "now":
                 stages = report
     median = {name: statistics.median(values) for name, values in measured.items()}
     alone = median["encode"] + median["cut"]
     print(f"| build | wall | / (encode {median['encode']:.1f} s + cut {median['cut']:.1f} s alone) |")
     print("|---|---:|---:|")
-    for label in labels:
-        print(f"| {label} | {median[label]:.1f} s | {median[label] / alone:.2f}x |")
+    for version in versions:
+        print(f"| {version} | {median[version]:.1f} s | {median[version] / alone:.2f}x |")
     if old is not None:
         print(f"now / before: {median['now'] / median['before']:.2f}x the wall time (rounds: "
               f"{', '.join(f'{a / b:.2f}' for a, b in zip(measured['now'], measured['before']))})")

@@ -305,7 +305,7 @@ def check_step_speed() -> None:
     if rows is None:
         row("step speed", "n/a", "no device")
         return
-    speedups = [f"{label.split(' (')[0]} {variant}: {ratio:.2f}x" for label, variant, _, ratio in rows
+    speedups = [f"{row_name.split(' (')[0]} {variant}: {ratio:.2f}x" for row_name, variant, _, ratio in rows
                 if ratio is not None and variant != "shared prefix"]
     row("step speed", "ok", "; ".join(speedups), "vs open_clip's blocks over every prompt"
         + (" (fp16 autocast)" if SETUP["device"] == "cuda" else " (fp32)"))
@@ -510,14 +510,14 @@ def check_graph_groups(backbone, runs: int = 12, classes: int = 500, steps: int 
         features = torch.randn(n, backbone.embed_dim, generator=generator).to(SETUP["device"])
         labels = torch.randint(classes, (n,), generator=generator)
         timed = {}
-        for label, cost in (("groups", text_encoder.GRAPHED_GROUP_COST), ("padded", 1e12)):
+        for row_name, cost in (("groups", text_encoder.GRAPHED_GROUP_COST), ("padded", 1e12)):
             saved, text_encoder.GRAPHED_GROUP_COST = text_encoder.GRAPHED_GROUP_COST, cost
             try:
                 seconds = [_train_cached(name, backbone, names, features, labels, epochs, True, runs=runs,
                                          batch=batch)[2] for epochs in (2, 4)]
             finally:
                 text_encoder.GRAPHED_GROUP_COST = saved
-            timed[label] = 1000 * (seconds[1] - seconds[0]) / (2 * steps)
+            timed[row_name] = 1000 * (seconds[1] - seconds[0]) / (2 * steps)
         results.append(f"{name}: {timed['padded']:.1f} ms padded, {timed['groups']:.1f} ms in groups "
                        f"({timed['padded'] / timed['groups']:.2f}x)")
     row("length groups in graphed steps", "ok", "; ".join(results),
@@ -563,8 +563,8 @@ def check_runs_per_hour(root: Path) -> None:
     cases = [("R = 1 eager", 1, False)] if cuda else []
     cases += [(f"R = {r}", r, None) for r in (1, 4, 12)]  # None: graph steps wherever they apply (the default)
     rates, phases = {}, []
-    for label, r, graphs in cases:
-        folder = root / f"per-hour-{label.replace(' ', '')}"
+    for row_name, r, graphs in cases:
+        folder = root / f"per-hour-{row_name.replace(' ', '')}"
         configs_r = [_config(root, **{**c.__dict__, "results_dir": folder, "graph_steps": graphs})
                      for c in configs]
         synchronize()
@@ -572,11 +572,11 @@ def check_runs_per_hour(root: Path) -> None:
         records = run_configs(configs_r, Execution("local", r), progress=False)
         synchronize()
         seconds = time.perf_counter() - start
-        rates[label] = 3600 * len(configs) / seconds
-        phases.append(f"{label}: {_phases(records, seconds)}")
+        rates[row_name] = 3600 * len(configs) / seconds
+        phases.append(f"{row_name}: {_phases(records, seconds)}")
     base = next(iter(rates.values()))
-    row("runs/hour by R", "ok", ", ".join(f"{label}: {rate:.0f} runs/hour ({rate / base:.2f}x)"
-                                          for label, rate in rates.items()),
+    row("runs/hour by R", "ok", ", ".join(f"{row_name}: {rate:.0f} runs/hour ({rate / base:.2f}x)"
+                                          for row_name, rate in rates.items()),
         f"{len(configs)} cached CoOp runs (CoOp + ATLaS/-CSL/-ISL x 3 seeds, {configs[0].epochs} epochs), default "
         f"precision ({'AMP' if cuda else 'fp32'}), graph steps by default; the GPU's default R is "
         f"{DEFAULT_BATCH_RUNS['cuda']}; seconds by phase: " + "; ".join(phases))
@@ -737,7 +737,7 @@ def check_paper_scale(budget_s: int) -> None:
         return "n/a" if SETUP["device"] != "cuda" else ("ok" if met else "FAIL") if complete else "WARN"
 
     row("paper scale, pixel targets", judged(all(v / 3600 <= t for _, v, t in targets)),
-        "; ".join(f"{label} {value / 3600:.2f} h (target <= {target} h)" for label, value, target in targets),
+        "; ".join(f"{row_name} {value / 3600:.2f} h (target <= {target} h)" for row_name, value, target in targets),
         "; ".join(f"{m}: training {v['training_seconds'] / 3600:.2f} h, evaluation "
                   f"{v['evaluation_seconds'] / 3600:.2f} h, R {v['runs_per_group']}" for m, v in by_method.items())
         + ("" if complete else "; a partial table: the budget ran out"))
@@ -978,11 +978,11 @@ def check_overflow(runs: int = 3, steps: int = 6) -> None:
     if cuda:
         results["graphed"] = ours(True)
     verdicts = {}
-    for label, (param, scale) in results.items():
-        verdicts[label] = all(torch.equal(param[r:r + 1], expected[r][0]) and scale[r].item() == expected[r][1]
+    for row_name, (param, scale) in results.items():
+        verdicts[row_name] = all(torch.equal(param[r:r + 1], expected[r][0]) and scale[r].item() == expected[r][1]
                               for r in range(runs))
     row("first contact: injected overflow vs torch's GradScaler", "ok" if all(verdicts.values()) else "FAIL",
-        "; ".join(f"{label}: {'equal' if good else 'DIFFERENT'}" for label, good in verdicts.items()),
+        "; ".join(f"{row_name}: {'equal' if good else 'DIFFERENT'}" for row_name, good in verdicts.items()),
         f"{runs} runs, run 1 overflows in steps 0 and 3; scales {[e[1] for e in expected]}"
         + ("" if cuda else " (CPU smoke test: eager only)"))
 

@@ -151,13 +151,13 @@ def eval_row(backbone, classes: int, images: int, budget: int, device: torch.dev
     method = CoCoOp(backbone, names, cocoop_recipe("paper", "base2new", 16, "bench")[0]).to(device).eval()
     features = torch.randn(images, backbone.embed_dim, device=device)
     timings, logits = {}, {}
-    for label, sequences in (("per image", classes), ("chunked", budget)):
+    for mode, sequences in (("per image", classes), ("chunked", budget)):
         method.eval_sequences = sequences
         start = time.perf_counter()
-        logits[label] = method.eval_logits(features)
+        logits[mode] = method.eval_logits(features)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        timings[label] = images / (time.perf_counter() - start)
+        timings[mode] = images / (time.perf_counter() - start)
     return {"classes": classes, "images": images, "per_image_ips": timings["per image"],
             "chunked_ips": timings["chunked"], "images_per_call": method.eval_chunk(),
             "max_diff": float((logits["per image"] - logits["chunked"]).abs().max())}

@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     print("| method | trainable params | ms / step | activations MiB | peak MiB | rise MiB |")
     print("|---|---:|---:|---:|---:|---:|")
-    for label, name, config, kind in ROWS:
-        results[label] = row = measure(backbone, name, config, kind, classnames, pixels, labels, args.steps, device)
-        print(f"| {label} | {row['params']:,} | {row['step_ms']:.1f} | {row['activations_mib']:.1f} | "
+    for row_name, name, config, kind in ROWS:
+        results[row_name] = row = measure(backbone, name, config, kind, classnames, pixels, labels, args.steps, device)
+        print(f"| {row_name} | {row['params']:,} | {row['step_ms']:.1f} | {row['activations_mib']:.1f} | "
               f"{row['peak_mib']:.0f} | {row['rise_mib']:.0f} |", flush=True)
     cached, computed = results[ROWS[4][0]], results[ROWS[5][0]]
     print(f"\nPromptSRC, frozen features computed / cached: time x{computed['step_ms'] / cached['step_ms']:.2f}, "
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
           f"peak x{computed['peak_mib'] / max(cached['peak_mib'], 1e-9):.2f}")
     coop = results[ROWS[0][0]]["step_ms"]
     print("Step time relative to CoOp on cached features:\n" + "\n".join(
-        f"  {label}: x{row['step_ms'] / coop:.2f}" for label, row in list(results.items())[1:]))
+        f"  {row_name}: x{row['step_ms'] / coop:.2f}" for row_name, row in list(results.items())[1:]))
 
 
 if __name__ == "__main__":

@@ -409,14 +409,14 @@ def measure_planning(args: argparse.Namespace, work: Path) -> dict:
           "beforehand)")
     sources = [("this checkout", ROOT)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
     plans = {}
-    for label, src in sources:
+    for row_name, src in sources:
         plan_work = work / f"plan-{len(plans)}"
         plan_work.mkdir(exist_ok=True)
         if not (plan_work / "data").exists():
             (plan_work / "data").symlink_to(work / "data")
         run_child(["plan", str(plan_work), str(max(args.runs)), "warm"], src)
-        plans[label] = {count: run_child(["plan", str(plan_work), str(count)], src) for count in args.runs}
-    print("| runs | " + " | ".join(f"{label} s/run | {label} MB held by the plans" for label in plans) + " |")
+        plans[row_name] = {count: run_child(["plan", str(plan_work), str(count)], src) for count in args.runs}
+    print("| runs | " + " | ".join(f"{row_name} s/run | {row_name} MB held by the plans" for row_name in plans) + " |")
     print("|---:|" + "---:|---:|" * len(plans))
     for count in args.runs:
         cells = [f"{p[count]['seconds'] / count:.3f} | {p[count]['held_mb']:.0f}" if "seconds" in p[count]

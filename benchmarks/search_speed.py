@@ -88,9 +88,9 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    for label, curve in curves.items():
+    for row_name, curve in curves.items():
         points = [(e, v) for e, v in curve if v != float("-inf")]
-        axes.step([e for e, _ in points], [v for _, v in points], where="post", label=label)
+        axes.step([e for e, _ in points], [v for _, v in points], where="post", label=row_name)
     axes.set_xlabel("training epochs spent (summed over trials)")
     axes.set_ylabel("best validation H so far (%)")
     axes.set_title("CoOp + ATLaS-ISL on WorldPhotos: grid vs search")

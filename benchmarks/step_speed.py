@@ -46,7 +46,7 @@ from atlas_fast.methods.registry import build_method  # noqa: E402
 from atlas_fast.methods.coop import CoOpConfig  # noqa: E402
 from atlas_fast.methods.maple import MaPLeConfig  # noqa: E402
 
-#: OxfordPets' 19 base classes (the first half of its 37, in label order)
+#: OxfordPets' 19 base classes (the first half of its 37, in row_name order)
 PETS_BASE = ["abyssinian", "american_bulldog", "american_pit_bull_terrier", "basset_hound", "beagle", "bengal",
              "birman", "bombay", "boxer", "british_shorthair", "chihuahua", "egyptian_mau", "english_cocker_spaniel",
              "english_setter", "german_shorthaired", "great_pyrenees", "havanese", "japanese_chin", "keeshond"]
@@ -130,10 +130,10 @@ def text_rows(backbone, classes: int, repeats: int, timer: Timer, autocast) -> l
 
     times = fastest({"plain": step(False, False), "shared prefix": step(True, True, False),
                      "shared prefix + length groups": step(True, True)}, repeats, timer)
-    label = (f"text fwd+bwd, C={len(names)} ({'OxfordPets base' if names is PETS_BASE else 'synthetic'}; suffix "
+    row_name = (f"text fwd+bwd, C={len(names)} ({'OxfordPets base' if names is PETS_BASE else 'synthetic'}; suffix "
              f"{suffix.mean():.1f} mean / {int(suffix.max())} max tokens)")
-    return [(label, "plain", times["plain"], None)] + [
-        (label, name, seconds, times["plain"] / seconds) for name, seconds in times.items() if name != "plain"]
+    return [(row_name, "plain", times["plain"], None)] + [
+        (row_name, name, seconds, times["plain"] / seconds) for name, seconds in times.items() if name != "plain"]
 
 
 def tower_rows(backbone, repeats: int, timer: Timer, autocast) -> list[tuple]:
@@ -163,11 +163,11 @@ def tower_rows(backbone, repeats: int, timer: Timer, autocast) -> list[tuple]:
         return run
 
     rows = []
-    for label, make in ((f"text tower blocks, C={len(PETS_BASE)} assembled prompts", text),
+    for row_name, make in ((f"text tower blocks, C={len(PETS_BASE)} assembled prompts", text),
                         (f"vision tower blocks, batch 4, {method.config.n_ctx} prompts, depth {depth}", vision)):
         times = fastest({"open_clip blocks": make(False), "fused attention": make(True)}, repeats, timer)
-        rows += [(label, "open_clip blocks", times["open_clip blocks"], None),
-                 (label, "fused attention", times["fused attention"],
+        rows += [(row_name, "open_clip blocks", times["open_clip blocks"], None),
+                 (row_name, "fused attention", times["fused attention"],
                   times["open_clip blocks"] / times["fused attention"])]
     return rows
 
@@ -192,9 +192,9 @@ def maple_rows(backbone, repeats: int, timer: Timer, autocast) -> list[tuple]:
         return run
 
     times = fastest({"before": step(False), "after": step(True)}, repeats, timer)
-    label = f"MaPLe training step (M=2, J={depth}, batch 4, C={len(PETS_BASE)})"
-    return [(label, "before: open_clip blocks", times["before"], None),
-            (label, "after: fused + shared prefix", times["after"], times["before"] / times["after"])]
+    row_name = f"MaPLe training step (M=2, J={depth}, batch 4, C={len(PETS_BASE)})"
+    return [(row_name, "before: open_clip blocks", times["before"], None),
+            (row_name, "after: fused + shared prefix", times["after"], times["before"] / times["after"])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,8 +254,8 @@ def measure(argv: list[str] | None = None) -> list[tuple[str, str, float, float 
     print(f"\n## step_speed: {args.model}, {where} ({time.perf_counter() - start:.0f} s; best of the repeats)\n")
     print("| workload | variant | seconds | speed-up vs first variant |")
     print("|---|---|---|---|")
-    for label, variant, seconds, ratio in rows:
-        print(f"| {label} | {variant} | {seconds:.3f} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+    for row_name, variant, seconds, ratio in rows:
+        print(f"| {row_name} | {variant} | {seconds:.3f} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
     return rows
 
 

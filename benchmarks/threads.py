@@ -118,22 +118,22 @@ def main(argv: list[str] | None = None) -> int:
             processes = start_load(busy)
             try:
                 time.sleep(1.0 if busy else 0.0)
-                for task, label in (("group", f"CoOp + ATLaS-CSL group, 4 runs x {args.epochs} epochs"),
+                for task, row_name in (("group", f"CoOp + ATLaS-CSL group, 4 runs x {args.epochs} epochs"),
                                     ("cache", "cache build, 2 views")):
                     cells = {}
                     for threads in (1, 2):
                         results = [measure(task, threads, args, data, cache) for _ in range(args.repeats)]
                         cells[threads] = min(results, key=lambda r: r["seconds"])
-                    rows.append((label, load_name, cells))
+                    rows.append((row_name, load_name, cells))
             finally:
                 stop_load(processes)
     print(f"CPUs this process may use: {limit.count} ({limit.source}); machine CPUs: {os.cpu_count()}; "
           f"images: {args.classes} classes x ({args.shots} train + 4 test), 64 px; model atlas-world (CPU)")
     print("| task | synthetic load | 1 thread | 2 threads | t(1) / t(2) | load average before (1 / 2 threads) |")
     print("|---|---|---|---|---|---|")
-    for label, load_name, cells in rows:
+    for row_name, load_name, cells in rows:
         one, two = cells[1], cells[2]
-        print(f"| {label} | {load_name} | {one['seconds']:.2f} s | {two['seconds']:.2f} s | "
+        print(f"| {row_name} | {load_name} | {one['seconds']:.2f} s | {two['seconds']:.2f} s | "
               f"{one['seconds'] / two['seconds']:.2f}x | {one['load_before']:.2f} / {two['load_before']:.2f} |")
     return 0
 

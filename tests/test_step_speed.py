@@ -14,7 +14,7 @@ def test_step_speed_runs_on_the_tiny_model(capsys):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = module.measure(["--model", "atlas-tiny", "--classes", "19", "30", "--repeats", "1"])
-    assert [variant for label, variant, _, _ in rows if label.startswith("text fwd+bwd, C=30")] == [
+    assert [variant for row_name, variant, _, _ in rows if row_name.startswith("text fwd+bwd, C=30")] == [
         "plain", "shared prefix", "shared prefix + length groups"]
     assert all(seconds > 0 for _, _, seconds, _ in rows)
     assert len(module.synthetic_classnames(500)) == 500

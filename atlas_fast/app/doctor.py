@@ -283,14 +283,14 @@ def family_rows(family: str, name: str, backbone, device: torch.device, steps: i
     from atlas_fast.methods.registry import method_class
 
     cuda = device.type == "cuda"
-    label = f"{family} ({name})"
+    row_name = f"{family} ({name})"
     rows: list[Row] = []
     entry = method_class(name)
     runs = RUNS if batches_runs(entry) else 1
     eager = train_group(name, backbone, device, runs, steps, 2, graph_steps=False, amp=cuda, length_groups=True)
     reads, uploads, ops = step_traffic(name, backbone, device, amp=cuda)
     traffic = reads > 0 or uploads > 0
-    rows.append(Row(f"{label}: eager steps", FAIL if traffic else OK,
+    rows.append(Row(f"{row_name}: eager steps", FAIL if traffic else OK,
                     f"{1000 * eager.seconds / (2 * steps):.1f} ms/step (R = {runs}); host traffic per steady-state "
                     f"step: {reads:g} read(s) back, {uploads:g} upload(s) ({ops:.0f} operators)",
                     f"{CLASSES} classes, batch {BATCH}, {'fp16 autocast' if cuda else 'fp32'}; a CUDA graph can "
@@ -305,22 +305,22 @@ def family_rows(family: str, name: str, backbone, device: torch.device, steps: i
 
         memory = (f"; {human_bytes(graphed.reserved)} reserved by the graphed steps "
                   f"({human_bytes(eager.reserved or 0)} eagerly)" if graphed.reserved is not None else "")
-        rows.append(Row(f"{label}: graphed = eager", OK if good else FAIL,
+        rows.append(Row(f"{row_name}: graphed = eager", OK if good else FAIL,
                         f"largest learned-tensor difference {diff:.1e}; {replayed}/{2 * steps} steps replayed"
                         f"{memory}",
                         "must be 0, every step after the warm-ups replayed, no fallback"
                         + (f"; fell back: {graphed.fallbacks[0][:200]}" if graphed.fallbacks else "")))
     else:
-        rows.append(Row(f"{label}: graphed = eager", NEEDS_GPU, "", "CUDA graphs replay on a CUDA device only"))
+        rows.append(Row(f"{row_name}: graphed = eager", NEEDS_GPU, "", "CUDA graphs replay on a CUDA device only"))
     if runs > 1:
         group = train_group(name, backbone, device, runs, steps, 2, graph_steps=False, amp=False, length_groups=False)
         alone = train_group(name, backbone, device, 1, steps, 2, graph_steps=False, amp=False, length_groups=False)
         diff = largest_difference(alone.method, group.method, run=0)
-        rows.append(Row(f"{label}: group = alone", OK if diff <= GROUP_TOLERANCE else FAIL,
+        rows.append(Row(f"{row_name}: group = alone", OK if diff <= GROUP_TOLERANCE else FAIL,
                         f"run 1 of a group of {runs} vs alone: largest learned-tensor difference {diff:.1e}",
                         f"fp32, eager; at most {GROUP_TOLERANCE:g} (float reordering)"))
     else:
-        rows.append(Row(f"{label}: group = alone", INFO, "trains its runs one by one", ""))
+        rows.append(Row(f"{row_name}: group = alone", INFO, "trains its runs one by one", ""))
     return rows
 
 
