@@ -15,14 +15,13 @@ and the H that run reaches against CoOp, paired by seed) and a plot of κ along 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas_fast.report.figures import save_figure, series_figure
-from atlas_fast.report.formats import deviation_sentences
+from atlas_fast.report.formats import deviation_sentences, write_csv_lines
 from atlas_fast.report.rows import deviation_marks, variant_name
 from atlas_fast.report.stats import interval_note, paired_by_seed
 from atlas_fast.experiments.common import BASE_NEW, base_config, publish
@@ -67,7 +66,7 @@ def report(args: argparse.Namespace, records: list[dict]) -> str:
     rows = [row for config, record in zip(configs, records)
             for row in run_kappa(config, record, args.kinds, listings)]
     out = Path(args.out)
-    _write_csv(rows, out / "theorem1_kappa.csv")
+    write_csv_lines(out / "theorem1_kappa.csv", rows, ["dataset"])
     sections = []
     for dataset in args.datasets:
         sections.append(dataset_table(rows, records, dataset))
@@ -137,11 +136,3 @@ def _plot(rows: list[dict], dataset: str, path: Path) -> None:
     fig.set_size_inches(6.2, 2.8)
     fig.axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # off the curves
     save_figure(fig, path)
-
-
-def _write_csv(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["dataset"])
-        writer.writeheader()
-        writer.writerows(rows)

@@ -60,7 +60,7 @@ def test_the_free_space_is_checked_before_the_first_write_of_a_run(tmp_path, mon
 def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(tmp_path, monkeypatch):
     """A report failing part way (here its CSV over a file-size limit, after part of it was written; a plot the same
     way) leaves every file of the previous report as it was, and names the file."""
-    from atlas_fast.report import collect
+    from atlas_fast.report import collect, formats
     from atlas_fast.report.verify import verify_report
 
     results = tmp_path / "results"
@@ -70,11 +70,11 @@ def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(tmp_path,
     before = {path.name: path.read_bytes() for path in out.iterdir()}
     assert sorted(before) == ["report.csv", "report.md", "report.tex", "sources.json"]
 
-    def too_large(path, lines):
+    def too_large(path, lines, fields):
         Path(path).write_text("setting,shots\nbase2new,")
         raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
 
-    monkeypatch.setattr(collect, "_write_csv", too_large)
+    monkeypatch.setattr(formats, "write_csv_lines", too_large)
     with pytest.raises(OSError) as caught:
         collect.report_folder(results, metrics=["base"], formats=["md", "tex", "csv"])  # every file would change
     assert str(caught.value) == (f"[Errno 27] File too large: cannot write {out / 'report.csv'} (the report in "

@@ -26,7 +26,6 @@ tables. This module imports neither torch nor the engine until a report is made,
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -114,7 +113,8 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     :func:`~atlas_fast.report.verify.verify_report` checks). Raises ``ValueError`` when no finished record matches."""
     from atlas_fast.engine.deviations import table_marks
     from atlas_fast.report.figures import plot_rows, plot_series
-    from atlas_fast.report.formats import latex_label, latex_table, markdown_table, paired_csv_fields
+    from atlas_fast.report.formats import (latex_label, latex_table, markdown_table, paired_csv_fields,
+                                           write_csv_lines)
     from atlas_fast.report.grouping import name_records
     from atlas_fast.report.rows import AVERAGE, display_name, paired_differences
     from atlas_fast.report.stats import counted
@@ -206,7 +206,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
         if "tex" in formats:
             stage.write("report.tex", lambda path: path.write_text("\n\n".join(latex) + "\n"))
         if "csv" in formats:
-            stage.write("report.csv", lambda path: _write_csv(path, csv_lines))
+            stage.write("report.csv", lambda path: write_csv_lines(path, csv_lines, ["setting"]))
         images = [f for f in formats if f in ("png", "pdf")]
         if images:
             for name, rows, plot_title in plots:
@@ -242,13 +242,6 @@ def shots_text(shots: int, records: Sequence[dict[str, Any]]) -> str:
         return f"{shots} shots"
     counted = f"{low} shots" if low == high else f"{low} to {high} shots"
     return f"{counted} per class ({shots} asked; {'no class held more' if high < shots else 'some classes held fewer'})"
-
-
-def _write_csv(path: Path, lines: Sequence[dict[str, Any]]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(lines[0]) if lines else ["setting"])
-        writer.writeheader()
-        writer.writerows(lines)
 
 
 class _Staged:

@@ -330,16 +330,21 @@ def paired_csv_fields(paired: PairedDifference | None, metric: str) -> dict[str,
             "ci95_high": f"{paired.high:.4f}" if paired.has_interval else "", "paired_seeds": str(paired.seeds)}
 
 
-def write_csv(rows: Sequence[TableRow], path: str | Path, baseline: int = 0,
-              paired: Sequence[str] | None = None) -> Path:
-    """:func:`csv_lines` written to ``path``."""
+def write_csv_lines(path: str | Path, lines: Sequence[dict[str, Any]], fields: Sequence[str]) -> Path:
+    """``lines`` (dicts with the same keys) as a CSV file at ``path``, its folder made where needed; the header is
+    the first line's keys (``fields`` when there is no line)."""
     import csv
 
-    lines = csv_lines(rows, baseline, paired)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(lines[0]) if lines else list(CSV_FIELDS))
+        writer = csv.DictWriter(f, fieldnames=list(lines[0]) if lines else list(fields))
         writer.writeheader()
         writer.writerows(lines)
     return path
+
+
+def write_csv(rows: Sequence[TableRow], path: str | Path, baseline: int = 0,
+              paired: Sequence[str] | None = None) -> Path:
+    """:func:`csv_lines` written to ``path``."""
+    return write_csv_lines(path, csv_lines(rows, baseline, paired), CSV_FIELDS)
