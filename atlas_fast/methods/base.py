@@ -104,8 +104,9 @@ class PromptMethod(nn.Module):
         (a missing or mismatched teacher, a dictionary that cannot be read), naming the option or file. Default: a
         method that declares a teacher (:meth:`view_teacher`) has it loaded and checked here (once per process; the
         feed reuses it), so a teacher that cannot be had fails before the student's features are encoded; a method
-        without one checks nothing. A teacher-based method loads its teacher with :func:`~atlas_fast.methods.teachers.load_teacher`, whose
-        errors name the teacher's own options, never the student's ``--model``/``--pretrained``."""
+        without one checks nothing. A teacher-based method loads its teacher with
+        :func:`~atlas_fast.methods.teachers.load_teacher`, whose errors name the teacher's own options, never the
+        student's ``--model``/``--pretrained``."""
         cls.view_teacher(config, backbone)
 
     #: The version of the class buffers (token ids, EOT positions, the text layouts cached on them, a method's
