@@ -21,6 +21,8 @@ cache build)::
     python benchmarks/estimate_check.py --root /tmp/estimate --case large
 
 Each phase's row gives predicted / measured as a ratio; the target is within 25 % (0.8 to 1.25) at every size.
+``--build-check IMAGES VIEWS`` prices the cache build per feature beside a real build of the same features (the large
+case's 201 views per image: ``--build-check 16 200``), in wall and CPU time, alternating rounds.
 """
 
 from __future__ import annotations
@@ -71,12 +73,79 @@ def predicted_phases(markdown: str) -> dict[str, float]:
     return phases
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children (a build's decoding worker)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def build_check(root: Path, images: int, views: int, rounds: int) -> None:
+    """The cache build's price per feature against the real build of the same features, side by side, alternating
+    ``rounds`` times (median): the encode unit at 64 views per batch (what was priced before) and at the build's own
+    batch, the decode unit on the dataset's files, and :class:`~atlas_fast.cache.FeatureCache` building ``images``
+    WorldPhotos training images x ``views`` + 1 views from nothing, in wall and CPU time (CPU time holds under load)."""
+    import statistics
+
+    import torch
+
+    from atlas_fast.cache import FeatureCache
+    from atlas_fast.cache.build import batch_views, default_workers
+    from atlas_fast.clip.backbones import BackboneConfig, load_backbone
+    from atlas_fast.data import load_dataset
+    from atlas_fast.pricing.command_units import measure_decode, measure_encode
+    from atlas_fast.pricing.facts import spare_cores
+
+    backbone = load_backbone(BackboneConfig("atlas-world", "atlas-world"))
+    data = load_dataset("WorldPhotos", root / "data")
+    items, batch = list(data.train[:images]), batch_views(views + 1)
+    features = len(items) * (views + 1)
+    overlap = spare_cores(default_workers(torch.device("cpu")))
+    times: dict[str, list[tuple[float, float]]] = {}
+    print(f"{features} features ({len(items)} images x {views + 1} views, {batch} per encoder batch), "
+          f"{torch.get_num_threads()} thread(s), decoding {'beside' if overlap else 'in turn with'} the encoder; "
+          f"load {load()}")
+    for _ in range(rounds):
+        decode = measure_decode(backbone, images=[d.impath for d in (*data.train[:4], *data.test[:4])])
+        for size in dict.fromkeys((64, batch)):
+            clock = cpu_seconds()
+            encode = measure_encode(backbone, batch=size)
+            cpu = (cpu_seconds() - clock) / (size * (encode.repeats + 1))  # the untimed call included
+            per_view = (max(encode.seconds, decode.seconds) if overlap else encode.seconds + decode.seconds) + (
+                decode.fixed_seconds / (views + 1))
+            times.setdefault(f"priced at the encode unit of {size} views per batch", []).append((per_view, cpu))
+        shutil.rmtree(root / "build-check", ignore_errors=True)
+        clock, start = cpu_seconds(), time.perf_counter()
+        FeatureCache(root / "build-check").build(backbone, "WorldPhotos", items, num_views=views, progress=False)
+        times.setdefault("the real build", []).append(((time.perf_counter() - start) / features,
+                                                       (cpu_seconds() - clock) / features))
+    real = [statistics.median(values) for values in zip(*times["the real build"])]
+    print(f"load {load()} at the end\n| per feature | wall, ms | / the build's | CPU, ms (encoder's or whole build's) "
+          f"| / the build's |\n|---|---:|---:|---:|---:|")
+    for name, values in times.items():
+        wall, cpu = (statistics.median(column) for column in zip(*values))
+        print(f"| {name} | {1e3 * wall:.3f} | {wall / real[0]:.2f} | {1e3 * cpu:.3f} | {cpu / real[1]:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="emptied, then holds the cache, results and outputs")
     parser.add_argument("--case", choices=sorted(CASES), help="a job of that size on the embedded world")
+    parser.add_argument("--build-check", nargs=2, type=int, metavar=("IMAGES", "VIEWS"),
+                        help="instead: the cache build's price per feature beside the real build of IMAGES WorldPhotos "
+                             "images x VIEWS + 1 views (e.g. 16 200, the large case's images)")
+    parser.add_argument("--rounds", type=int, default=3, help="--build-check's alternated rounds (median)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- and the atlas-fast command to price and run")
     args = parser.parse_args()
+    if args.build_check:
+        if args.root.exists():
+            shutil.rmtree(args.root)
+        world = [word.format(root=args.root) for word in CASES["small"]]
+        run(world + ["--dry-run", "--cache-root", str(args.root), "--results-dir", str(args.root), "--out",
+                     str(args.root)])  # generates the world's images under --root/data
+        build_check(args.root, *args.build_check, args.rounds)
+        return
     command = [word for word in args.command if word != "--"]
     if args.case:
         command = [word.format(root=args.root) for word in CASES[args.case]]
