@@ -349,26 +349,6 @@ def predictions_bytes(arrays: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def load_predictions(record_path: str | Path) -> dict[str, Any]:
-    """The per-image predictions saved beside a record (``S_logits``, ``S_labels`` per class set S), checked against
-    the record's ``predictions_blake2b``."""
-    import numpy
-
-    record_path = Path(record_path)
-    record = read_record(record_path)
-    if "predictions" not in record:
-        raise FileNotFoundError(f"Record {record_path} saved no predictions (train or evaluate with "
-                                f"--save-predictions).")
-    path = record_path.with_name(record["predictions"])
-    if not path.is_file():
-        raise FileNotFoundError(f"Predictions {path} of record {record_path} are missing.")
-    if file_blake2b(path) != record.get("predictions_blake2b"):
-        raise ValueError(f"Predictions {path} of record {record_path} fail their checksum (predictions_blake2b): "
-                         f"the file is damaged or was replaced.")
-    with numpy.load(path, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}
-
-
 # Learned tensors saved along a run (TrainConfig.snapshot_epochs) sit beside the final ones in the same file, named
 # ``snapshot.<finished epochs>.<tensor name>``.
 SNAPSHOT_PREFIX = "snapshot."
