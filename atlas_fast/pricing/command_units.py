@@ -1,17 +1,7 @@
 """The units a command pays around its runs' steps, measured on this machine: loading the backbone (its start), the
-feature cache's build (encoding a view; decoding an image and cutting its views), starting the pixel path's
-decoding pool, writing its report and ending its process. The run's own units are in
-:mod:`atlas_fast.pricing.units`.
-
-* :func:`measure_encode`: normalising and encoding image views as the cache build's own thread does, in the
-  build's batches, at the cache's precision.
-* :func:`measure_decode`: decoding and transforming one image (a 500 x 375 JPEG, an average photo of the datasets,
-  or a sample of the plan's own files).
-* :func:`measure_loader_start`: the pixel path's decoding pool started once.
-* :func:`measure_report`: what an experiment's report costs once its runs are done: its tables written and a plot
-  drawn (by the function the experiment gives), matplotlib's start included.
-* :func:`measure_backbone_load`: loading and fingerprinting the backbone.
-* :func:`measure_exit`: the process's end once its work is done (Python tearing down its modules and objects).
+feature cache's build (:func:`measure_encode` in the build's own batches; :func:`measure_decode`, decoding an image
+and cutting its views), starting the pixel path's decoding pool, writing its report and ending its process
+(:func:`measure_exit`). A run's own units are in :mod:`atlas_fast.pricing.units`.
 """
 
 from __future__ import annotations

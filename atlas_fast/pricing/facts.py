@@ -1,8 +1,8 @@
-"""What a sweep will do, before it runs: the planned runs (:func:`atlas_fast.sweep.plan_sweep`, finished runs dropped
-as the sweep drops them, grouped as :func:`atlas_fast.engine.group.group_runs` groups them) and the feature cache's state
-become :class:`PlanFacts` (per group: method, classes, runs, batch, epochs, training images, evaluation sets, soft
-labels; the (image, view) features the cache lacks). :func:`atlas_fast.pricing.estimate.price` multiplies them by
-the units."""
+"""What a sweep will do, before it runs: the planned runs (:func:`atlas_fast.sweep.plan_sweep`, finished runs
+dropped as the sweep drops them, grouped as :func:`atlas_fast.engine.group.group_runs` groups them) and the feature
+cache's state become :class:`PlanFacts` (per group: method, classes, runs, batch, epochs, training images,
+evaluation sets, soft labels; the (image, view) features the cache lacks, by encoder batch).
+:func:`atlas_fast.pricing.estimate.price` multiplies them by the units."""
 
 from __future__ import annotations
 
