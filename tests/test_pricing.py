@@ -176,7 +176,8 @@ def test_a_command_s_process_end_is_priced(tmp_path, monkeypatch):
     one whose end waits 0.3 s; the price adds it when the runs are a command's (not for the Python API's runs)."""
     from atlas_fast.pricing.command_units import measure_exit
 
-    (tmp_path / "slow_end.py").write_text("import atexit, time\natexit.register(time.sleep, 0.3)\n")
+    (tmp_path / "slow_end.py").write_text("import atexit, time\nprint('imported', end='')\n"
+                                          "atexit.register(time.sleep, 0.3)\n")  # it prints, then ends slowly
     monkeypatch.syspath_prepend(str(tmp_path))
     unit = measure_exit(["json", "slow_end", "no_such_module_here"])
     assert 0.3 <= unit.seconds < 10
