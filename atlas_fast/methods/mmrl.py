@@ -10,14 +10,11 @@ Learned tensors (R runs lead every one of them):
 * ``rep_projection`` (R, d_v, D): the image tower's second projection, for the representation tokens,
   N(0, 1 / d_v) (the reference's ``proj_rep``, drawn like CLIP's own ``proj`` and never loaded from weights).
 
-The towers (J = ``depth`` top blocks of each, the reference's layers 6..12 of ViT-B/16's 12 = 7; their passes are
-:class:`~atlas_fast.methods.mmrl_towers.RepresentationTowers`, shared with MMRL++):
+The towers (J = ``depth`` top blocks of each, the reference's layers 6..12 of ViT-B/16's 12 = 7):
 
-* at the input of the first prompted block the K projected tokens are **inserted** right after the first token
-  (SOT / class token), lengthening the sequence by K; at the input of each later prompted block they **replace**
-  positions 1..K. They get no positional embedding and (vision) no ``ln_pre``. Text stays causal over the longer
-  sequence and pools at EOT + K. The blocks below the first prompted one see no learned tensor: their text states
-  are computed once per class set, their image states without a graph;
+* the K projected tokens are **inserted** after the first token at the first prompted block and **replace**
+  positions 1..K at each later one (:class:`~atlas_fast.methods.mmrl_towers.RepresentationTowers`, shared with
+  MMRL++, says how);
 * image: the class token's ``ln_post`` output times CLIP's ``proj`` gives v; the **mean over the K representation
   tokens of their ``ln_post`` outputs** times ``rep_projection`` gives v_r; text: t_c at EOT + K of the class prompt
   ``template.format(class)`` (the dataset's hand-crafted prompt, no learned context).

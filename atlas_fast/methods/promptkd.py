@@ -37,7 +37,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import torch
 from torch import nn
