@@ -232,14 +232,13 @@ def json_depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def read_json(path: str | Path, max_bytes: float | None = None, max_depth: int | None = None, **loads: Any) -> Any:
+def read_json(path: str | Path, max_bytes: float | None = None, **loads: Any) -> Any:
     """The JSON value in ``path``, or a :class:`JsonFileError` naming the file when it cannot be read, is not a
     regular file of UTF-8 JSON, holds more than ``max_bytes`` (None: :data:`MAX_JSON_BYTES`; ``math.inf``: no bound,
-    for a file the caller keeps in memory anyway; a larger file is not read) or nests deeper than ``max_depth``
-    (None: :data:`MAX_JSON_DEPTH`). ``loads``: passed to ``json.loads``."""
+    for a file the caller keeps in memory anyway; a larger file is not read) or nests deeper than
+    :data:`MAX_JSON_DEPTH`. ``loads``: passed to ``json.loads``."""
     path = Path(path)
     max_bytes = MAX_JSON_BYTES if max_bytes is None else max_bytes
-    max_depth = MAX_JSON_DEPTH if max_depth is None else max_depth
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno())
@@ -259,11 +258,11 @@ def read_json(path: str | Path, max_bytes: float | None = None, max_depth: int |
         raise JsonFileError(path, f"is invalid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
                             (exc.lineno, exc.colno, exc.msg)) from None
     except RecursionError:
-        raise JsonFileError(path, f"is nested deeper than {max_depth} levels") from None
+        raise JsonFileError(path, f"is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:  # e.g. a parse_constant hook refusing NaN
         raise JsonFileError(path, f"is not valid JSON ({exc})") from None
-    if json_depth(value, max_depth) > max_depth:
-        raise JsonFileError(path, f"is nested deeper than {max_depth} levels")
+    if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise JsonFileError(path, f"is nested deeper than {MAX_JSON_DEPTH} levels")
     return value
 
 

@@ -328,10 +328,10 @@ def _read_probes(path: Path) -> dict[str, Any]:
     return stored
 
 
-def probe_threads(limit: int | None = None, refresh: bool = False) -> int:
+def probe_threads(limit: int | None = None) -> int:
     """The thread count (1, 2, 4, ... up to ``limit``, default :func:`available_cpus`) whose small cached step
-    measures fastest now; kept per machine for a day (a busy machine at probe time biases it low; ``refresh``
-    measures again). A stored entry of the wrong type or range is measured again, with a warning."""
+    measures fastest now; kept per machine for a day (a busy machine at probe time biases it low). A stored entry of
+    the wrong type or range is measured again, with a warning."""
     limit = available_cpus().count if limit is None else limit
     if limit <= 1:
         return 1
@@ -339,7 +339,7 @@ def probe_threads(limit: int | None = None, refresh: bool = False) -> int:
     path = _probe_cache_path()
     stored = _read_probes(path)
     now = time.time()
-    if key in stored and not refresh:
+    if key in stored:
         problem = _probe_problem(stored[key], limit, now)
         if problem is None and now - stored[key]["time"] < PROBE_MAX_AGE_S:
             return stored[key]["threads"]

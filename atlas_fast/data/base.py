@@ -54,9 +54,10 @@ class DatasetSplits:
     def num_classes(self) -> int:
         return len(self.classnames)
 
-    def prompts(self, template: str | None = None) -> list[str]:
-        """Hand-crafted prompts, one per class, with ``_`` in class names replaced by spaces (as CoOp does)."""
-        return fill_template(template or self.template, self.classnames)
+    def prompts(self) -> list[str]:
+        """Hand-crafted prompts of the dataset's template, one per class, with ``_`` in class names replaced by
+        spaces (as CoOp does)."""
+        return fill_template(self.template, self.classnames)
 
     def with_lists(self, **changes) -> "DatasetSplits":
         return replace(self, **changes)

@@ -215,11 +215,10 @@ class _SetCollector:
         return SetScores(accuracy_of_hits(self.hits).tolist(), self.labels, calibration, self.logits)
 
 
-def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False,
-                    progress: bool = False) -> dict[str, list[float]]:
+def evaluate_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = False) -> dict[str, list[float]]:
     """Accuracy (one per run: a module of R runs is evaluated in one pass) of ``method`` on each set, with the
     classifier rebuilt for each set's class names (:func:`score_method` without calibration)."""
-    return {name: scores.accuracy for name, scores in score_method(method, sets, amp, progress).items()}
+    return {name: scores.accuracy for name, scores in score_method(method, sets, amp).items()}
 
 
 def fitted_temperatures(method: PromptMethod, held_out: EvalSet | Sequence[EvalSet | None], amp: bool = False

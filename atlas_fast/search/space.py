@@ -128,7 +128,7 @@ def valid_names(base, method_config) -> list[str]:
     return list(TRAIN_FIELDS) + list(ATLAS_FIELDS) + method_fields(method_config)
 
 
-def apply_values(base, values: Mapping[str, Any], method_config_fields: list[str] | None = None):
+def apply_values(base, values: Mapping[str, Any]):
     """``base`` (a TrainConfig) with the searched ``values`` in place (recipe fields, ATLaS knobs, method options)."""
     from atlas_fast.atlas.schedules import Alternating
 
