@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
 from atlas_fast.data.templates import IMAGENET_TEMPLATES
 from atlas_fast.methods.config import MissingRecipe, OptimRecipe
-from atlas_fast.methods.registry import build_method
+from atlas_fast.methods.registry import METHODS, build_method
 from atlas_fast.methods.kdpl import (KDPLCoCoOpConfig, KDPLCoOpConfig, KDPLMaPLeConfig, KDPLPromptSRCConfig,
                                      kdpl_coop_recipe, kdpl_maple_recipe, kdpl_promptsrc_recipe, read_classnames)
 from equivalence import assert_caught, assert_equivalent, assert_gradient_equivalent, report_ratios
@@ -86,13 +86,13 @@ def reference_student_logits(tiny, method, p, names, pixels):
     if method.name in ("kdpl-coop", "kdpl-cocoop"):
         image = F.normalize(model.encode_image(pixels), dim=-1)
         if method.name == "kdpl-coop":
-            text = reference_text_features(tiny, p["ctx"], names, method.prompt_prefix)
+            text = reference_text_features(tiny, p["ctx"], names, method.base.prompt_prefix)
             return model.logit_scale.exp() * image @ text.t()
         rows = []
         for f in image:
             bias = F.linear(F.relu(F.linear(f, p["meta_weight1"], p["meta_bias1"])), p["meta_weight2"],
                             p["meta_bias2"])
-            text = reference_text_features(tiny, p["ctx"] + bias, names, method.prompt_prefix)
+            text = reference_text_features(tiny, p["ctx"] + bias, names, method.base.prompt_prefix)
             rows.append(model.logit_scale.exp() * f @ text.t())
         return torch.stack(rows)
     base = build_method(method.name.removeprefix("kdpl-"), tiny, names, method.config)
@@ -114,7 +114,7 @@ def check(tiny, method, prefix, agnostic, pixels, dictionary=None, templates=IMA
     labels = torch.zeros(len(pixels), dtype=torch.long)
     loss = method.training_loss(inputs, labels, cross_entropy_criterion(labels))
     loss.backward()
-    p = {name: t.detach()[0].clone().requires_grad_(True) for name, t in method.named_parameters()}
+    p = {name: t.detach()[0].clone().requires_grad_(True) for name, t in method.base.named_parameters()}
     scale = tiny.model.logit_scale.exp()
     names, template = (dictionary, "a photo of a {}.") if agnostic else (CLASSNAMES, method.config.teacher_template)
     teacher_logits = reference_teacher_logits(teacher, scale, template, names, pixels)
@@ -138,7 +138,7 @@ def check(tiny, method, prefix, agnostic, pixels, dictionary=None, templates=IMA
     reference = reference_kdpl(student, teacher_logits[:, kept]) + extra_terms
     reference.backward()
     assert_equivalent(f"{prefix} loss", loss, reference)
-    for name, param in method.named_parameters():
+    for name, param in method.base.named_parameters():
         assert_gradient_equivalent(f"{prefix} grad {name}", param.grad[0], p[name].grad)
     with torch.no_grad():
         assert_caught("forward KL only", loss, reference_kdpl(student, teacher_logits[:, kept], reverse=False)
@@ -239,7 +239,7 @@ def test_a_teacher_whose_weights_are_missing_is_named_with_the_options_that_choo
             KDPL.view_teacher(config, tiny)
 
 
-def test_label_schedules_are_refused_and_runs_train_without_labels(tmp_path_factory):
+def test_label_schedules_are_refused(tmp_path_factory):
     from atlas_fast.atlas.schedules import Alternating
     from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.engine import run
@@ -248,9 +248,7 @@ def test_label_schedules_are_refused_and_runs_train_without_labels(tmp_path_fact
     with pytest.raises(ValueError, match=r"kdpl-coop trains without labels.*base method \+ ATLaS"):
         run(tiny_pets_config(root, method="kdpl-coop", method_options=TEACHER, schedule=Alternating(2),
                              soft_labels=soft_label_preset("base2new", "isl")))
-    record = run(tiny_pets_config(root, method="kdpl-coop", method_options=TEACHER))
-    assert record["config"]["method_config"]["teacher"] == "atlas-tiny-teacher"
-    assert set(record["metrics"]) >= {"base", "new", "H"} and record["epochs"][-1]["loss"] >= 0
+    # whole runs without labels, alone and as one group: tests/test_batched.py (kdpl-coop)
 
 
 def test_recipes_and_configs(dictionary_file):
@@ -270,6 +268,11 @@ def test_recipes_and_configs(dictionary_file):
     with pytest.raises(ValueError, match="temperature"):
         KDPLCoOpConfig(temperature=0.0)
     assert read_classnames(dictionary_file) == tuple(DICTIONARY)
+    # class-aware runs train as one module (tests/test_batched.py); class-agnostic ones keep their own classes
+    agnostic = KDPLCoOpConfig(class_agnostic=True, agnostic_classnames=str(dictionary_file))
+    assert METHODS["kdpl-coop"].batches_runs(config) and not METHODS["kdpl-coop"].batches_runs(agnostic)
+    with pytest.raises(ValueError, match="class-agnostic KDPL keeps each run's own top-1000 dictionary classes"):
+        METHODS["kdpl-coop"](None, CLASSNAMES, dataclasses.replace(agnostic, num_runs=2))
     with pytest.raises(ValueError, match=re.escape("nowhere.csv cannot be read")):
         read_classnames(dictionary_file.parent / "nowhere.csv")
 
@@ -287,7 +290,7 @@ def test_vit_b16_student_with_a_vit_b32_teacher_matches_the_official_trainer(dic
     method = build_method("kdpl-coop", student, CLASSNAMES, dataclasses.replace(
         CONFIGS["kdpl-coop"], teacher="ViT-B-32", teacher_pretrained="none", **changes))
     with torch.no_grad():
-        method.ctx.add_(0.05 * torch.randn_like(method.ctx))
+        method.base.ctx.add_(0.05 * torch.randn_like(method.base.ctx))
     teacher = method.teacher
     saved = teacher.model.logit_scale.detach().clone()
     teacher.model.logit_scale.data.fill_(math.log(40.0))  # off the student's, so the temperature control can fail

@@ -391,7 +391,8 @@ def test_the_memory_plan_counts_a_live_graphs_pool_beside_the_eager_steps(tiny, 
     fixed = memory.frozen_bytes(tiny, True)
     card = int((fixed + 12 * per_run) / memory.DEVICE_SHARE) + 1
     config = SimpleNamespace(graph_steps=None, schedule=OneHot())
-    spec = SimpleNamespace(device=torch.device("cuda"), method=entry, backbone=lambda: tiny, amp=True, config=config,
+    spec = SimpleNamespace(device=torch.device("cuda"), method=entry, method_config=None, backbone=lambda: tiny,
+                           amp=True, config=config,
                            data=SimpleNamespace(train_split=SimpleNamespace(num_classes=1000)),
                            optim_recipe=SimpleNamespace(batch_size=32))
     monkeypatch.setattr(memory, "device_bytes", lambda device: card)

@@ -33,10 +33,12 @@ PER_RUN_FIELDS = ("seed", "shots", "soft_labels", "schedule", "views", "aug_seed
                   "snapshot_epochs", "fewshot_order")
 
 
-def batches_runs(entry: type[PromptMethod]) -> bool:
+def batches_runs(entry: type[PromptMethod], method_config: MethodConfig | None = None) -> bool:
     """Whether runs of the registered method ``entry`` can train as one module (every learned tensor leads with R;
-    its registry entry's ``supports_batched_runs``); a method that cannot trains each run as a group of one."""
-    return bool(entry.supports_batched_runs)
+    its registry entry's ``supports_batched_runs``), with ``method_config`` where the runs' config is known (an
+    option may rule it out: :meth:`~atlas_fast.methods.base.PromptMethod.batches_runs`, class-agnostic KDPL); a
+    method that cannot trains each run as a group of one."""
+    return bool(entry.supports_batched_runs if method_config is None else entry.batches_runs(method_config))
 
 
 def shared_settings(spec) -> dict[str, str]:
@@ -71,7 +73,7 @@ def group_size(spec, batch_runs: int) -> int:
     unchanged where this machine cannot see that device)."""
     from atlas_fast.engine import memory
 
-    if not batches_runs(spec.method):
+    if not batches_runs(spec.method, spec.method_config):
         return 1
     total = memory.device_bytes(spec.device)
     if batch_runs == 1 or total is None:

@@ -216,7 +216,7 @@ def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False, looked_up:
     repeats = [i for i in todo if first_of.setdefault(specs[i].stem, i) != i]
     todo = [i for i in todo if i not in repeats]
     method = specs[todo[0]].method
-    if len(todo) > 1 and not batches_runs(method):
+    if len(todo) > 1 and not batches_runs(method, specs[todo[0]].method_config):
         if warn_unbatched:
             warnings.warn(f"{method.name} does not support batched runs: its runs train one by one.")
         groups = [[i] for i in todo]

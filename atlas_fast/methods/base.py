@@ -99,6 +99,12 @@ class PromptMethod(nn.Module):
     trains_text_tower: ClassVar[bool] = True
 
     @classmethod
+    def batches_runs(cls, config: MethodConfig) -> bool:
+        """Whether runs of this config may train as one module: ``supports_batched_runs``, unless an option of the
+        config rules it out (class-agnostic KDPL: each run keeps its own dictionary classes per step)."""
+        return cls.supports_batched_runs
+
+    @classmethod
     def check_before_work(cls, config: MethodConfig, backbone: Backbone) -> None:
         """Called when a run is planned, before anything is encoded: refuse what the run cannot use beyond its config
         (a missing or mismatched teacher, a dictionary that cannot be read), naming the option or file. Default: a

@@ -26,7 +26,7 @@ the fusion runs batch by batch over the test pixels (:meth:`DePTMaPLe.pixel_clas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, Literal, Sequence
+from typing import Callable, ClassVar, Iterator, Literal, Sequence
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from atlas_fast.atlas.criterion import Criterion
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.data.datasets import atlas_template
-from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.wrapped import WrappedMethod
 from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
 from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
@@ -121,16 +121,17 @@ def class_rows(text: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return text.gather(2, labels[:, :, None, None].expand(-1, -1, 1, width)).squeeze(2)
 
 
-class DePT(PromptMethod):
-    """A base method (``base_class``) + the channel-transform head. Learned tensors: the base's (``base.ctx``, ...),
-    ``film_text_scale``/``film_text_bias``/``film_image_scale``/``film_image_bias`` (R, D), ``linear_weight``
-    (R, C_train, D) and ``linear_bias`` (R, C_train)."""
+class DePT(WrappedMethod):
+    """A base method (``base_class``, held as ``base``: :class:`~atlas_fast.methods.wrapped.WrappedMethod`) + the
+    channel-transform head. Learned tensors: the base's (``base.ctx``, ...), ``film_text_scale``/``film_text_bias``/
+    ``film_image_scale``/``film_image_bias`` (R, D), ``linear_weight`` (R, C_train, D) and ``linear_bias``
+    (R, C_train)."""
 
+    base: CoOp
     base_class: ClassVar[type[CoOp]]
 
     def __init__(self, backbone: Backbone, classnames: Sequence[str], config: DePTHeadConfig) -> None:
         super().__init__(backbone, classnames, config)
-        self.base = self.base_class(backbone, classnames, config)
         device, dim, runs = self.base.ctx.device, backbone.embed_dim, config.num_runs
         self.film_text_scale = nn.Parameter(torch.ones(runs, dim, device=device))
         self.film_text_bias = nn.Parameter(torch.zeros(runs, dim, device=device))
@@ -145,8 +146,7 @@ class DePT(PromptMethod):
     # ---- class sets -------------------------------------------------------------------------------------------
     def set_classnames(self, classnames: Sequence[str]) -> None:
         """The base's prompts follow the new class set; the head keeps its training classes (see :meth:`head_rows`)."""
-        self.base.set_classnames(classnames)
-        self.classnames = self.base.classnames
+        super().set_classnames(classnames)
         self._head_rows = self.head_rows()
 
     def head_rows(self) -> torch.Tensor | None:
@@ -186,10 +186,7 @@ class DePT(PromptMethod):
         lam = self.config.head_lambda
         return (1.0 - lam) * similarity + lam * head.to(similarity.dtype)
 
-    # ---- hooks ------------------------------------------------------------------------------------------------
-    def text_features(self) -> torch.Tensor:
-        return self.base.text_features()
-
+    # ---- hooks (the others are the base's) ---------------------------------------------------------------------
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Test-time logits (R, B, C) (see :meth:`fuse`); training goes through :meth:`training_loss`."""
         image = self.base.image_batch(images)

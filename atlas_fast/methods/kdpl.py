@@ -38,15 +38,16 @@ from atlas_fast.clip.backbones import Backbone, BackboneConfig
 from atlas_fast.data.datasets import zeroshot_template
 from atlas_fast.data.dictionary import read_classnames
 from atlas_fast.data.templates import check_template, fill_template
-from atlas_fast.methods.base import PromptMethod
+from atlas_fast.methods.pixel_method import PixelMethod
 from atlas_fast.methods.config import MethodConfig, MissingRecipe, OptimRecipe, check_family, check_scale
 from atlas_fast.methods.registry import register_method
 from atlas_fast.methods.teachers import load_teacher, teacher_for_views
 from atlas_fast.methods.cocoop import CoCoOp, CoCoOpConfig
 from atlas_fast.methods.coop import PAPER_CTX_INIT, CoOp, CoOpConfig
 from atlas_fast.methods.maple import MaPLe, MaPLeConfig
-from atlas_fast.methods.prompts import ClassPrompts
+from atlas_fast.methods.prompts import ClassPrompts, ContextPromptMethod
 from atlas_fast.methods.promptsrc import PromptSRC, PromptSRCConfig, template_text_features
+from atlas_fast.methods.wrapped import WrappedMethod
 
 # The reference's teacher: open_clip's ViT-H-14 with QuickGELU and Apple's DFN-5B weights.
 DEFAULT_TEACHER = ("ViT-H-14-quickgelu", "dfn5b")
@@ -145,6 +146,11 @@ class Distillation(Criterion):
     def __init__(self, teacher: torch.Tensor, config: KDPLConfig, step: Criterion) -> None:
         super().__init__(step.sizes, step.rows)
         self.teacher, self.config = teacher, config
+        self.last: torch.Tensor | None = None  # each run's loss of the last call
+
+    def __call__(self, logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
+        self.last = self.per_run(logits, observe)
+        return self.last.sum()
 
     def per_run(self, logits: torch.Tensor, observe: bool = True) -> torch.Tensor:
         config = self.config
@@ -175,16 +181,29 @@ def class_prompts_subset(prompts: ClassPrompts, index: torch.Tensor) -> ClassPro
     return subset
 
 
-class KDPL(PromptMethod):
-    """The distillation around a base method (a CoOp-family or IVLP-family class, ``base_class``): the KDPL classes
-    derive from both, so their learned tensors, forward and evaluation are the base's."""
+class KDPL(WrappedMethod):
+    """The distillation around a base method (a CoOp-family or IVLP-family class, ``base_class``, held as ``base``:
+    :class:`~atlas_fast.methods.wrapped.WrappedMethod`): its forward, evaluation and learned tensors are the base's,
+    and so is its checkpoint (the base's names, ``ctx``, ...); the loss is the base's with :class:`Distillation` as
+    its criterion. R runs train as one module, each run's KL over its own rows; class-agnostic runs, whose kept
+    dictionary classes are each run's own per step, train one by one (:meth:`batches_runs`)."""
 
-    base_class: ClassVar[type[PromptMethod]]
+    base: ContextPromptMethod
+    base_class: ClassVar[type[ContextPromptMethod]]
     uses_labels = False
-    # Not batched yet: the distillation replaces the criterion, so R runs would need each run's KL over its own rows
-    # (padding left out) and, class-agnostic, each run's own top-K dictionary classes per step; a group's runs train
-    # one by one (docs/deviations.md).
-    supports_batched_runs = False
+    supports_batched_runs = True
+
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: KDPLConfig) -> None:
+        if config.class_agnostic and config.num_runs > 1:
+            raise ValueError(f"{type(self).__name__}: class-agnostic KDPL keeps each run's own top-{config.k_max} "
+                             f"dictionary classes per step, so its runs cannot train as one module; got "
+                             f"num_runs={config.num_runs} (train them one by one)")
+        super().__init__(backbone, classnames, config)
+
+    @classmethod
+    def batches_runs(cls, config: MethodConfig) -> bool:
+        """Class-aware KDPL's runs train together; class-agnostic ones one by one (each run's own kept classes)."""
+        return not getattr(config, "class_agnostic", False)
 
     @classmethod
     def view_teacher(cls, config: KDPLConfig, backbone: Backbone) -> Backbone:
@@ -200,6 +219,13 @@ class KDPL(PromptMethod):
         super().check_before_work(config, backbone)
         if config.class_agnostic:
             read_classnames(config.agnostic_classnames)
+
+    def state_for_checkpoint(self) -> dict[str, torch.Tensor]:
+        """The base's learned tensors under the base's own names: a KDPL model is its base method at test time."""
+        return self.base.state_for_checkpoint()
+
+    def load_checkpoint_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.base.load_checkpoint_state(state)
 
     @property
     def teacher(self) -> Backbone:
@@ -218,8 +244,8 @@ class KDPL(PromptMethod):
         return self.classnames, config.teacher_template
 
     def teacher_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """s cos(u, g): (B, C_teacher) of the teacher's un-normalised image features (B, D_teacher), at the student's
-        temperature s."""
+        """s cos(u, g): (B, C_teacher) of the teacher's un-normalised image features (B, D_teacher) (or (R, B, ...),
+        one batch per run), at the student's temperature s."""
         names, template = self.teacher_classes()
         text = teacher_text_features(self.teacher, template, names).to(features.device)
         return self.logit_scale * F.normalize(features.float(), dim=-1) @ text.t()
@@ -229,8 +255,9 @@ class KDPL(PromptMethod):
         width = int(self.teacher.embed_dim)
         if self.reads_pixels:
             pixels, extra = inputs if isinstance(inputs, tuple) else (inputs, None)
-            if extra is None:  # pixels alone: the teacher encodes them
-                return pixels, self.teacher.encode_image(pixels.to(self.teacher.device))
+            if extra is None:  # pixels alone (B, 3, H, W) or (R, B, 3, H, W): the teacher encodes them
+                encoded = self.teacher.encode_image(pixels.flatten(0, -4).to(self.teacher.device))
+                return pixels, encoded.view(*pixels.shape[:-3], -1)
             own = extra[..., :-width]
             return ((pixels, own) if own.shape[-1] else pixels), extra[..., -width:]
         if inputs.shape[-1] != self.backbone.embed_dim + width:
@@ -240,7 +267,9 @@ class KDPL(PromptMethod):
 
     def training_loss(self, inputs, labels: torch.Tensor, criterion: Criterion) -> torch.Tensor:
         """The base method's training loss with the step's criterion replaced by the symmetric KL to the teacher
-        (:class:`Distillation`, over the step's runs and sizes; labels unused: KDPL learns from the teacher alone)."""
+        (:class:`Distillation`, over the step's runs and sizes; labels unused: KDPL learns from the teacher alone).
+        Class-agnostic: the student's classes are, for this step, the dictionary's top K by batch-mean teacher
+        probability."""
         student_inputs, teacher_features = self.split_inputs(inputs)
         teacher = self.teacher_logits(teacher_features)
         config = self.config
@@ -248,24 +277,29 @@ class KDPL(PromptMethod):
         if config.class_agnostic:
             kept = torch.softmax(teacher.float(), dim=-1).mean(dim=0).topk(min(config.k_max, teacher.shape[1])).indices
             teacher, classes = teacher[:, kept], self.dictionary_classes(kept)
+        distillation = Distillation(teacher, config, criterion)
         with classes:
-            return self.base_class.training_loss(self, student_inputs, labels, Distillation(teacher, config, criterion))
+            loss = self.base.training_loss(student_inputs, labels, distillation)
+        if loss.dim() == 0 and criterion.runs > 1 and distillation.last is not None:
+            return distillation.last  # a base whose loss is the criterion's alone returns their sum: each run's own
+        return loss
 
     @contextmanager
     def dictionary_classes(self, kept: torch.Tensor) -> Iterator[None]:
         """Within the block, the student's classes are the dictionary's classes ``kept`` (class-agnostic KDPL)."""
+        base = self.base
         if getattr(self, "_dictionary_prompts", None) is None:
-            prompts = ClassPrompts(self.backbone, self.class_prompts.n_ctx, self.class_prompts.prompt_prefix,
-                                   self.class_prompts.class_token_position)
-            prompts.set_classnames(self.teacher_classes()[0], self.ctx.device)
+            prompts = ClassPrompts(self.backbone, base.class_prompts.n_ctx, base.class_prompts.prompt_prefix,
+                                   base.class_prompts.class_token_position)
+            prompts.set_classnames(self.teacher_classes()[0], base.ctx.device)
             self._dictionary_prompts = prompts
-        saved = self.class_prompts, self.classnames
+        saved = base.class_prompts, base.classnames
         subset = class_prompts_subset(self._dictionary_prompts, kept)
-        self.class_prompts, self.classnames = subset, subset.classnames
+        base.class_prompts, base.classnames = subset, subset.classnames
         try:
             yield
         finally:
-            self.class_prompts, self.classnames = saved
+            base.class_prompts, base.classnames = saved
 
 
 def kdpl_recipe(name: str, family: str, setting: str, dataset: str, config: KDPLConfig, epochs: int, batch: int,
@@ -311,7 +345,7 @@ def kdpl_promptsrc_recipe(family: str, setting: str, shots: int,
     return kdpl_recipe("KDPL-PromptSRC", family, setting, dataset, config, 20, 4, 0.0025)
 
 
-class KDPLCoOp(KDPL, CoOp):
+class KDPLCoOp(KDPL):
     name = "kdpl-coop"
     printed_name = "KDPL-CoOp"
     recipe_function = staticmethod(kdpl_coop_recipe)
@@ -319,7 +353,7 @@ class KDPLCoOp(KDPL, CoOp):
     base_class = CoOp
 
 
-class KDPLCoCoOp(KDPL, CoCoOp):
+class KDPLCoCoOp(KDPL):
     name = "kdpl-cocoop"
     printed_name = "KDPL-CoCoOp"
     recipe_function = staticmethod(kdpl_cocoop_recipe)
@@ -327,15 +361,16 @@ class KDPLCoCoOp(KDPL, CoCoOp):
     base_class = CoCoOp
 
 
-class KDPLMaPLe(KDPL, MaPLe):
+class KDPLMaPLe(KDPL, PixelMethod):
     name = "kdpl-maple"
     printed_name = "KDPL-MaPLe"
     recipe_function = staticmethod(kdpl_maple_recipe)
     config_class = KDPLMaPLeConfig
     base_class = MaPLe
+    depth_options = ("depth",)
 
 
-class KDPLPromptSRC(KDPL, PromptSRC):
+class KDPLPromptSRC(KDPL, PixelMethod):
     """KDPL on PromptSRC: the self-regulating terms and GPA stay; in the class-agnostic variant its frozen text
     targets are the kept dictionary classes'."""
 
@@ -343,19 +378,23 @@ class KDPLPromptSRC(KDPL, PromptSRC):
     printed_name = "KDPL-PromptSRC"
     recipe_function = staticmethod(kdpl_promptsrc_recipe)
     config_class = KDPLPromptSRCConfig
+    base: PromptSRC
     base_class = PromptSRC
+    reads_frozen_features = True
+    depth_options = ("depth_text", "depth_vision")
 
     @contextmanager
     def dictionary_classes(self, kept: torch.Tensor) -> Iterator[None]:
         with super().dictionary_classes(kept):
-            saved = self.fixed_classnames, self.fixed_embeddings
+            base = self.base
+            saved = base.fixed_classnames, base.fixed_embeddings
             dictionary = template_text_features(self.backbone, self.teacher_classes()[0])
-            self.fixed_classnames = self.classnames
-            self.fixed_embeddings = dictionary.to(kept.device)[kept]
+            base.fixed_classnames = base.classnames
+            base.fixed_embeddings = dictionary.to(kept.device)[kept]
             try:
                 yield
             finally:
-                self.fixed_classnames, self.fixed_embeddings = saved
+                base.fixed_classnames, base.fixed_embeddings = saved
 
 
 register_method(KDPLCoOp)

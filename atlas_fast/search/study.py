@@ -201,7 +201,7 @@ def preflight(search: SearchConfig) -> int:
     if "epochs" in search.space:
         high = search.space["epochs"]
         epochs = int(max(high.values) if isinstance(high, Choice) else high.high) * len(search.datasets)
-    if not batches_runs(spec.method):  # its seeds train one after the other, a step per epoch of each
+    if not batches_runs(spec.method, spec.method_config):  # its seeds train one after the other, a step per epoch of each
         epochs *= len(search.seeds)
     return epochs
 

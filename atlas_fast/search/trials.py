@@ -87,7 +87,7 @@ def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], reporter: R
         for work in live:
             for spec in specs[id(work)]:
                 check_validation(spec)
-        if batches_runs(specs[id(live[0])][0].method):
+        if batches_runs(specs[id(live[0])][0].method, specs[id(live[0])][0].method_config):
             groups: dict[str, list[TrialWork]] = {}
             for work in live:
                 groups.setdefault(group_key(specs[id(work)][0]), []).append(work)
