@@ -107,7 +107,7 @@ def build_check(root: Path, images: int, views: int, rounds: int) -> None:
           f"{torch.get_num_threads()} thread(s), decoding {'beside' if overlap else 'in turn with'} the encoder; "
           f"load {load()}")
     for _ in range(rounds):
-        decode = measure_decode(backbone, images=[d.impath for d in (*data.train[:4], *data.test[:4])])
+        decode = measure_decode(backbone, images=[d.impath for d in (*data.train[:4], *data.test[:4])], pixels=True)
         for size in dict.fromkeys((64, batch)):
             clock = cpu_seconds()
             encode = measure_encode(backbone, batch=size)

@@ -43,6 +43,7 @@ def hand_worked():
                       device="cpu", plan_seconds=0.5)
     units = {
         keys.LOAD_KEY: Unit(2.0), keys.encode_key(64): Unit(0.01), keys.DECODE_KEY: Unit(0.002, fixed_seconds=0.003),
+        keys.CUT_KEY: Unit(0.002, fixed_seconds=0.003),
         keys.LOADER_KEY: Unit(0.1),
         keys.step_key("coop", 10, 4, 2, "d"): Unit(0.05, peak_host_bytes=1000),
         keys.step_key("ivlp", 10, 2, 2, "e"): Unit(0.3, peak_host_bytes=3000),
@@ -62,7 +63,7 @@ def test_price_matches_the_hand_worked_example():
     """By hand (units of a group's R runs evaluated together are measured at its R):
 
     setup        = load 2.0 + planning 0.5                                                        = 2.5
-    cache build  = 100 features x (encode 0.01 + decode 0.002) + 40 images x 0.003 (CPU: in turn)   = 1.32
+    cache build  = 100 features x (encode 0.01 + cut 0.002) + 40 images x 0.003 (CPU: in turn)    = 1.32
     soft labels  = ISL(C=10, N=10) 0.4 + CSL(C=10, N=5) 0.3 (the plain runs have none)             = 0.7
     training     = CoOp: 3 epochs x ceil(10 / 4) = 3 steps x 0.05                                 = 0.45
                  + IVLP: ceil(5 / 2) = 3 steps per epoch, each decoding 2 images x 1 training set x
@@ -98,7 +99,7 @@ def test_price_matches_the_hand_worked_example():
 
 def test_price_on_cuda_overlaps_decoding_with_the_encoder_and_the_steps():
     """CUDA, 2 decoding workers for the cache build and 4 for the pixel steps: cache build = 100 x max(encode 0.01,
-    decode 0.002 / 2) + 40 x 0.003 / 2 = 1.06; IVLP's steps = 3 x max(0.2, 2 x 0.005 / 4) + 3 x max(0.3, ...) = 1.5, so training = 0.45 + 1.5 + 0.1 (pool) =
+    cut 0.002 / 2) + 40 x 0.003 / 2 = 1.06; IVLP's steps = 3 x max(0.2, 2 x 0.005 / 4) + 3 x max(0.3, ...) = 1.5, so training = 0.45 + 1.5 + 0.1 (pool) =
     2.05; IVLP's test
     images = 40 x max(0.025, 0.005 / 4) = 1.0, so evaluation = 0.205 + 0.29 + 1.0 = 1.495."""
     facts, units = hand_worked()
@@ -110,7 +111,7 @@ def test_price_on_cuda_overlaps_decoding_with_the_encoder_and_the_steps():
 
 def test_on_the_cpu_decoding_overlaps_encoding_where_its_process_has_a_core_of_its_own():
     """The CPU build decodes in one process beside the encoder: with one torch thread on two cores (the demo) it has a
-    core of its own, and the build costs 100 x max(encode 0.01, decode 0.002) + 40 x 0.003 = 1.12 (it was priced
+    core of its own, and the build costs 100 x max(encode 0.01, cut 0.002) + 40 x 0.003 = 1.12 (it was priced
     as if they took turns, 1.32: the large world build came out far above its cost); with every core taken by the
     encoder's threads they do take turns."""
     facts, units = hand_worked()
@@ -139,9 +140,9 @@ def test_a_dataset_whose_cache_is_full_needs_no_decode_unit():
     """After the demo filled WorldPhotos' cache, an experiment over WorldPhotos and another dataset encodes only the
     other one's features: its estimate needs (and reads) no WorldPhotos decode unit (it was a KeyError)."""
     facts, units = hand_worked()
-    facts = dataclasses.replace(facts, encode_parts=(("decode/WorldPhotos", 64, 0, 0), ("decode/Other", 64, 100, 40)))
-    units = {**units, "decode/Other": units[keys.DECODE_KEY]}
-    assert "decode/WorldPhotos" not in keys.needed_units(facts)
+    facts = dataclasses.replace(facts, encode_parts=(("cut/WorldPhotos", 64, 0, 0), ("cut/Other", 64, 100, 40)))
+    units = {**units, "cut/Other": units[keys.CUT_KEY]}
+    assert "cut/WorldPhotos" not in keys.needed_units(facts)
     assert price(facts, units).phases["cache build"] == pytest.approx(1.32)
 
 
@@ -152,7 +153,7 @@ def test_each_part_of_the_cache_build_is_priced_at_its_encoder_batch():
     each part reads the unit of its batch: 2 x 201 x 0.012 + 10 x 0.01 (+ 12 images x 0.003 decoding) = 4.96 s."""
     facts, units = hand_worked()
     facts = dataclasses.replace(facts, features_to_encode=412, images_to_decode=12,
-                                encode_parts=(("decode", 64, 10, 10), ("decode", 201, 402, 2)))
+                                encode_parts=(("cut", 64, 10, 10), ("cut", 201, 402, 2)))
     units = {**units, keys.encode_key(201): Unit(0.012)}
     assert keys.encode_key(201) in keys.needed_units(facts)
     expected = 402 * (0.012 + 0.002) + 10 * (0.01 + 0.002) + 12 * 0.003
@@ -220,7 +221,7 @@ def test_a_second_estimate_measures_nothing(pets, monkeypatch):
     assert [second.phases[p] for p in unchanged] == pytest.approx([first.phases[p] for p in unchanged])
     assert first.runs == 2 and first.groups == 1  # CoOp batches its two seeds
     store = json.loads((pets / "reuse" / "cache" / "pricing" / "calibration.json").read_text())
-    assert "decode/OxfordPets" in next(iter(store.values()))  # timed on the dataset's own files
+    assert "cut/OxfordPets" in next(iter(store.values()))  # timed on the dataset's own files
 
 
 def test_evaluation_units_are_timed_in_proportion_to_the_plan_s_test_sets(pets, monkeypatch):
@@ -267,7 +268,7 @@ def test_features_already_cached_are_not_counted(pets, tiny):
     before = plan.plan_facts(specs, 4, tiny)
     assert before.features_to_encode == 2 * len(train) + len(test) + len(held_out)
     assert before.images_to_decode == len(train) + len(test) + len(held_out)
-    assert before.encode_parts == (("decode/OxfordPets", 64, before.features_to_encode, before.images_to_decode),)
+    assert before.encode_parts == (("cut/OxfordPets", 64, before.features_to_encode, before.images_to_decode),)
     FeatureCache(root / "cache").build(tiny, "OxfordPets", test, num_views=0, progress=False)
     after = plan.plan_facts(specs, 4, tiny)
     assert after.features_to_encode == 2 * len(train) + len(held_out)

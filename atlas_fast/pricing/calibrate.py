@@ -56,18 +56,26 @@ def encode_key(batch: int) -> str:
     return f"{ENCODE_KEY}/B={batch}"
 
 
+CUT_KEY = "cut"  # the cache build's workers' part of decoding: 8-bit views, not normalised
+
+
+def cut_key(dataset: str) -> str:
+    """The cut unit (:data:`CUT_KEY`) timed on a sample of ``dataset``'s own image files."""
+    return f"{CUT_KEY}/{dataset}"
+
+
 def decode_key(dataset: str) -> str:
     """The decode unit timed on a sample of ``dataset``'s own image files."""
     return f"{DECODE_KEY}/{dataset}"
 
 
 def encode_parts(facts: "PlanFacts") -> tuple[tuple[str, int, int, int], ...]:
-    """(decode unit, views per encoder batch, features, images) of what the cache build encodes: only the parts with
+    """(cut unit, views per encoder batch, features, images) of what the cache build encodes: only the parts with
     features to encode (a dataset whose cache is already full, e.g. the demo's, needs no decode unit and is priced at
     nothing)."""
     from atlas_fast.cache.build import BATCH_VIEWS
 
-    parts = facts.encode_parts or ((DECODE_KEY, BATCH_VIEWS, facts.features_to_encode, facts.images_to_decode),)
+    parts = facts.encode_parts or ((CUT_KEY, BATCH_VIEWS, facts.features_to_encode, facts.images_to_decode),)
     return tuple(part for part in parts if part[2])
 
 
@@ -81,8 +89,8 @@ ZERO_SHOT = "zsclip"
 def needed_units(facts: PlanFacts) -> list[str]:
     """Every unit key :func:`price` reads for ``facts``, each once, in a fixed order."""
     keys: list[str] = [LOAD_KEY] + ([REPORT_KEY] if facts.report else [])
-    for decode, batch, _, _ in encode_parts(facts):
-        keys += [encode_key(batch), decode]
+    for cut, batch, _, _ in encode_parts(facts):
+        keys += [encode_key(batch), cut]
     for g in facts.groups:
         if g.learns:
             keys.append(step_key(g.method, g.classes, g.batch, g.runs, g.config_digest))
@@ -119,7 +127,7 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any],
     for spec in specs:
         files = [d.impath for d in (*spec.data.train_split.train[:DECODE_SAMPLE // 2],
                                     *spec.data.fewshot.test[:DECODE_SAMPLE // 2])]
-        samples.setdefault(decode_key(spec.dataset), files[:DECODE_SAMPLE])
+        samples.setdefault(spec.dataset, files[:DECODE_SAMPLE])
 
     def classnames(count: int) -> list[str]:
         return names.get(count) or measure.synthetic_classnames(count)
@@ -132,10 +140,9 @@ def measure_units(facts: PlanFacts, store, backbone, specs: Sequence[Any],
             return lambda: command_units.measure_report(report)
         if key == EXIT_KEY:
             return command_units.measure_exit
-        if key == DECODE_KEY:
-            return lambda: command_units.measure_decode(backbone)
-        if key.startswith(DECODE_KEY + "/"):  # a sample of the dataset's own files, train and test
-            return lambda: command_units.measure_decode(backbone, images=samples[key])
+        if kind in (DECODE_KEY, CUT_KEY):  # on a sample of the dataset's own files, train and test, where named
+            files = samples[rest[0]] if rest else ()
+            return lambda: command_units.measure_decode(backbone, images=files, pixels=kind == CUT_KEY)
         if key == LOADER_KEY:
             return lambda: command_units.measure_loader_start(backbone)
         fields = {part.split("=")[0]: part.split("=")[1] for part in rest if "=" in part}

@@ -49,16 +49,19 @@ def measure_encode(backbone: Backbone, batch: int = 64, precision: str = "auto",
 
 
 def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
-                   images: Sequence[str | Path] = ()) -> Unit:
+                   images: Sequence[str | Path] = (), pixels: bool = False) -> Unit:
     """Seconds to decode an image and transform it into views: ``seconds`` per view, ``fixed_seconds`` per decoded
     image. Timed on ``images`` (a sample of the files a plan reads: their sizes set the cost) or, without them, on a
     500 x 375 random-texture JPEG (the size of an average photo of the paper's datasets). It times
-    :func:`~atlas_fast.clip.transforms.load_views`, a pixel method's per-view work; a cache build's workers do all of
-    it but ToTensor + Normalize (on the encoder's device, in :func:`measure_encode`), so for them it is an upper
-    bound (by about an eighth at 224 px: ``benchmarks/cache_build.py --parts views``)."""
+    :func:`~atlas_fast.clip.transforms.load_views`, a pixel method's per-view work, or with ``pixels`` what a cache
+    build's workers do (:func:`~atlas_fast.clip.transforms.load_view_pixels`: 8-bit views, without the ToTensor +
+    Normalize the encoder's thread does, which :func:`measure_encode` times; the world's 32 px views cost 0.05 ms
+    cut, 0.13 ms normalised)."""
     from PIL import Image
 
-    from atlas_fast.clip.transforms import load_views
+    from atlas_fast.clip.transforms import load_view_pixels, load_views
+
+    load = load_view_pixels if pixels else load_views
 
     spec = backbone.transform
     cpu = torch.device("cpu")
@@ -69,9 +72,9 @@ def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
             noise = torch.randint(0, 256, (375, 500, 3), generator=torch.Generator().manual_seed(0),
                                   dtype=torch.uint8)
             Image.fromarray(noise.numpy()).save(paths[0], quality=90)
-        one, _ = timed(lambda: [load_views(p, p.name, [0], spec) for p in paths], cpu, max_repeats)
-        many, repeats = timed(lambda: [load_views(p, p.name, list(range(1, views + 1)), spec) for p in paths], cpu,
-                               max_repeats)
+        one, _ = timed(lambda: [load(p, p.name, [0], spec) for p in paths], cpu, max_repeats)
+        many, repeats = timed(lambda: [load(p, p.name, list(range(1, views + 1)), spec) for p in paths], cpu,
+                              max_repeats)
     one, many = one / len(paths), many / len(paths)
     per_view = max(0.0, (many - one) / max(1, views - 1)) if views > 1 else one
     return Unit(per_view, fixed_seconds=max(0.0, one - per_view), repeats=repeats)

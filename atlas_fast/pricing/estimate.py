@@ -100,11 +100,12 @@ def price(facts: PlanFacts, units: Mapping[str, Unit]) -> Estimate:
     * setup = the process's start up to planned runs (``facts.startup_seconds``, when the command measured it),
       else backbone load + planning (``facts.plan_seconds``)
     * cache build = per part (dataset and encoder batch: an image's views are encoded together, so a 200-epoch
-      recipe's 201 views are one batch and its test images 64 to a batch): features x (encode at that batch + decode
-      per view) + images x decode per image on the CPU when the encoder's threads take every core; on CUDA, and on
-      the CPU when the decoding processes have cores of their own (``spare_cores``: the demo's one thread on two
-      cores), the decoding runs in ``cache_workers`` processes beside the encoder (and the writes in a thread beside
-      it): features x max(encode, decode per view / workers) + images x decode per image / workers
+      recipe's 201 views are one batch and its test images 64 to a batch): features x (encode at that batch + cut
+      per view) + images x cut per image (the workers' decoding into 8-bit views) on the CPU when the encoder's
+      threads take every core; on CUDA, and on the CPU when the decoding processes have cores of their own
+      (``spare_cores``: the demo's one thread on two cores), the decoding runs in ``cache_workers`` processes beside
+      the encoder (and the writes in a thread beside it): features x max(encode, cut per view / workers) + images x
+      cut per image / workers
     * soft labels = sum over runs with CSL/ISL/mix of soft(kind, C, N of the run) (LS is free)
     * training = sum over the groups that learn (zero-shot CLIP trains nothing) of epochs x steps per epoch x
       (step(method, C, B, R) + for pixel methods B x S x (decode per view + per image), the views decoded in the

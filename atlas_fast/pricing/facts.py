@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from atlas_fast.pricing.calibrate import config_digest, decode_key
+from atlas_fast.pricing.calibrate import config_digest, cut_key, decode_key
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,9 @@ class PlanFacts:
     # the new process's start up to its runs' planning (imports, backbone, data listing), as this process took
     # it; 0 when unknown (then setup = backbone load + planning)
     startup_seconds: float = 0.0
-    # (decode unit, views per encoder batch, features, images) per dataset and batch size the cache build encodes
+    # (cut unit, views per encoder batch, features, images) per dataset and batch size the cache build encodes
     # (an image's views are encoded together: 201 views of a 200-epoch recipe are a batch); empty: all of them with
-    # the "decode" unit in batches of BATCH_VIEWS
+    # the "cut" unit in batches of BATCH_VIEWS
     encode_parts: tuple[tuple[str, int, int, int], ...] = ()
     decode_workers: int = 1  # decoding processes beside the steps (CUDA: the pixel methods)
     report: bool = False  # the command writes a report (tables and plots) once its runs are done
@@ -178,7 +178,7 @@ def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> Plan
                 part[0], part[1] = part[0] + views * count, part[1] + count
             for batch, (f, i) in sorted(encoded.items()):
                 features, images = features + f, images + i
-                parts.append((decode_key(dataset), batch, f, i))
+                parts.append((cut_key(dataset), batch, f, i))
     device = specs[0].device.type if specs else "cpu"
     workers = min(8, os.cpu_count() or 1) if device == "cuda" else 1
     embed_dim = int(backbone.embed_dim) if backbone is not None else 0
