@@ -18,9 +18,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Sequence
 
 from atlas_fast.data.datasets import ELEVEN
-from atlas_fast.app.options import (add_download, add_execution_options, add_method_options, add_methods,
-                                    add_progress, add_run_options, add_seeds, add_workers, apply_download,
-                                    check_range, method_options, resolve_backbone, train_config)
+from atlas_fast.app.options import (add_download, add_method_options, add_methods, add_options, add_progress,
+                                    add_seeds, add_workers, apply_download, check_range, method_options,
+                                    resolve_backbone, train_config)
 from atlas_fast.data.check import require_layouts
 from atlas_fast.errors import UsageError
 from atlas_fast.vocabulary import EXECUTORS
@@ -47,19 +47,19 @@ def parser(description: str, datasets: Sequence[str] = ELEVEN) -> argparse.Argum
     p.add_argument("--world-images", type=int, nargs=3, default=list(WORLD_IMAGES), metavar=("TRAIN", "VAL", "TEST"),
                    help="with --world: images per class generated for each split (default: %(default)s)")
     p.add_argument("--datasets", nargs="+", default=list(datasets), help="default: %(default)s")
-    add_run_options(p, ("model", "pretrained"))
+    add_options(p, ("model", "pretrained"))
     add_download(p)
     add_seeds(p, [1, 2, 3])
-    add_run_options(p, ("recipe_family", "epochs", "views", "device", "graph_steps", "cache_root", "results_dir",
+    add_options(p, ("recipe_family", "epochs", "views", "device", "graph_steps", "cache_root", "results_dir",
                         "save_predictions"))
     p.add_argument("--out", default="results/experiments", help="where tables and plots are written")
     run = p.add_argument_group("execution")
     run.add_argument("--dry-run", action="store_true", help="list the runs (and which are finished); train nothing")
-    add_execution_options(run, ("estimate",))
+    add_options(run, ("estimate",))
     add_progress(run)
     run.add_argument("--executor", choices=EXECUTORS, default="local",
                      help="local (this process), ray (one task per group) or slurm (submitit job array)")
-    add_execution_options(run, ("batch_runs",))
+    add_options(run, ("batch_runs",))
     run.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local Ray)")
     run.add_argument("--gpus-per-group", type=float, default=None,
                      help="GPUs per Ray task / SLURM array task (fractions share a GPU under Ray; default 0 on "

@@ -2,7 +2,7 @@
 spelling and one meaning each; nothing here imports torch, so ``--help`` and argument errors are instant.
 
 The options that set a :class:`~atlas_fast.engine.config.TrainConfig` field are declared once, in :data:`RUN_OPTIONS`:
-:func:`add_run_options` adds those a command offers to its parser and :func:`train_config` builds the config from
+:func:`add_options` adds those a command offers to its parser and :func:`train_config` builds the config from
 them (``train``, ``search`` and every experiment module use the two). Their choices are the vocabulary's
 (:mod:`atlas_fast.vocabulary`)."""
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from atlas_fast.engine.config import TrainConfig
 
 # An option table: destination -> (flags, add_argument keywords); a command adds the entries it offers by name
-# (add_run_options, add_label_options, add_execution_options), so each option is declared once.
+# (add_options), so each option is declared once.
 OptionTable = dict[str, tuple[tuple[str, ...], dict[str, Any]]]
 
 
@@ -71,7 +71,7 @@ def add_data_and_backbone(parser: argparse.ArgumentParser) -> None:
     (left unset, --model/--pretrained are filled in by :func:`resolve_backbone`)."""
     parser.add_argument("--dataset", required=True, type=dataset_name, help="dataset registry name, e.g. OxfordPets")
     add_data_root(parser)
-    add_run_options(parser, ("model", "pretrained"))
+    add_options(parser, ("model", "pretrained"))
     add_download(parser)
 
 
@@ -112,7 +112,7 @@ def world_method_options() -> list[str]:
 
 # The options that set a TrainConfig field, each declared once: destination (the field, except the backbone's
 # model/pretrained and --graph-steps' choice) -> (flags, add_argument keywords). A command offers those it names to
-# add_run_options; train_config reads every one it finds.
+# add_options; train_config reads every one it finds.
 RUN_OPTIONS: OptionTable = {
     "model": (("--model",), dict(
         default=None, help="open_clip model name (default ViT-B-16; for the World* datasets the world's own CLIP, "
@@ -208,28 +208,12 @@ EXECUTION_OPTIONS: OptionTable = {
 }
 
 
-def _add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, table: OptionTable,
-                 names: Sequence[str]) -> None:
+def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: Sequence[str]) -> None:
+    """Add the options ``names`` (keys of :data:`RUN_OPTIONS`, :data:`LABEL_OPTIONS` or :data:`EXECUTION_OPTIONS`,
+    in that order) to ``parser`` or an argument group of it."""
     for name in names:
-        flags, keywords = table[name]
+        flags, keywords = {**RUN_OPTIONS, **LABEL_OPTIONS, **EXECUTION_OPTIONS}[name]
         parser.add_argument(*flags, dest=name, **keywords)
-
-
-def add_run_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: Sequence[str]) -> None:
-    """Add the run options ``names`` (keys of :data:`RUN_OPTIONS`, in that order) to ``parser`` or an argument
-    group of it."""
-    _add_options(parser, RUN_OPTIONS, names)
-
-
-def add_label_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-                      names: Sequence[str] = tuple(LABEL_OPTIONS)) -> None:
-    """Add the label schedule's options ``names`` (keys of :data:`LABEL_OPTIONS`; default all of them)."""
-    _add_options(parser, LABEL_OPTIONS, names)
-
-
-def add_execution_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: Sequence[str]) -> None:
-    """Add the execution options ``names`` (keys of :data:`EXECUTION_OPTIONS`)."""
-    _add_options(parser, EXECUTION_OPTIONS, names)
 
 
 def variant_from_args(args: argparse.Namespace) -> LabelVariant:
@@ -323,16 +307,15 @@ def add_methods(parser: argparse.ArgumentParser, default: Sequence[str] | None, 
     with ``--zero-shot``; ``among``: only these). ``default`` None: the command decides (e.g. all it knows);
     ``help`` replaces the listing of the methods where the command takes few of them."""
     names = list(among) if among is not None else method_names(learning_only)
-    zero_shot = "" if learning_only or "zsclip" not in names else ", zsclip = zero-shot CLIP (nothing trained)"
-    pixel = [name for name in pixel_method_names() if name in names]
-    dept = "dept-* = DePT's head on coop/cocoop/kgcoop/maple" if any(n.startswith("dept-") for n in names) else ""
-    notes = ", ".join(filter(None, (dept, zero_shot.removeprefix(", "))))
-    listing = (f"prompt method(s): {', '.join(names)} (default {' '.join(default or ['all'])}); "
-               + (f"{notes}; " if notes else "") + f"{', '.join(pixel)} prompt or adapt the image encoder and train "
-               "on pixels, the others on cached image features")
+    notes = [note for note, shown in (("dept-* = DePT's head on coop/cocoop/kgcoop/maple", "dept-coop" in names),
+                                      ("zsclip = zero-shot CLIP (nothing trained)", "zsclip" in names)) if shown]
+    notes.append(f"{', '.join(n for n in pixel_method_names() if n in names)} prompt or adapt the image encoder and "
+                 "train on pixels, the others on cached image features")
     parser.add_argument("--methods", "--method", dest="methods", nargs="+", metavar="METHOD",
                         default=list(default) if default is not None else None,
-                        type=method_name(learning_only, among), action=Distinct, help=help or listing)
+                        type=method_name(learning_only, among), action=Distinct,
+                        help=help or f"prompt method(s): {', '.join(names)} (default {' '.join(default or ['all'])}); "
+                                     + "; ".join(notes))
 
 
 def check_methods(methods: Sequence[str], learning_only: bool = False, among: Sequence[str] | None = None) -> None:

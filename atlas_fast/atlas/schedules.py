@@ -116,10 +116,8 @@ class LabelSchedule:
 
 
 def check_soft_labels(schedule: LabelSchedule | type[LabelSchedule], soft_kind: str | None) -> None:
-    """The one rule that pairs a label schedule with soft labels (the command line, :func:`~atlas_fast.atlas.
-    variants.label_variant` and every :class:`~atlas_fast.engine.config.TrainConfig` go through it): a schedule that
-    trains on them (``needs_soft_labels``: ATLaS's, joint) needs their kind ``soft_kind``, any other reads none. The
-    ValueError says so in the command line's words, then the Python API's."""
+    """The one rule pairing a schedule with soft labels (``label_variant`` and every ``TrainConfig`` apply it): one
+    that trains on them (``needs_soft_labels``) needs a ``soft_kind``, any other none; said in both APIs' words."""
     kinds = "|".join(SOFT_LABEL_KINDS)
     if schedule.needs_soft_labels and soft_kind is None:
         raise ValueError(f"--schedule {schedule.name} trains on soft labels: choose them with --atlas {kinds} (Python: "

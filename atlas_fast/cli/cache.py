@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from atlas_fast.app.options import add_data_and_backbone, add_run_options, add_workers, check_range, resolve_backbone
+from atlas_fast.app.options import add_data_and_backbone, add_options, add_workers, check_range, resolve_backbone
 from atlas_fast.vocabulary import CACHE_PRECISIONS, CLASS_SETS, STORAGE_DTYPES
 from atlas_fast.errors import UsageError
 
@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "and --seed, train/val are the few-shot subsets (test stays full).")
     add_data_and_backbone(build)
     build.add_argument("--views", type=int, default=0, help="augmented views per train image (default 0)")
-    add_run_options(build, ("aug_seed",))
+    add_options(build, ("aug_seed",))
     build.add_argument("--shots", type=int, default=None, help="few-shot K: train/val become K-shot subsets")
     build.add_argument("--seeds", "--seed", dest="seeds", type=int, nargs="+", default=None, metavar="SEED",
                        help="few-shot seed(s), e.g. --seeds 1 2 3 (required with --shots)")
@@ -37,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="comma list of the splits to encode (default train,val,test)")
     build.add_argument("--subsample", choices=CLASS_SETS, default="all",
                        help="base-to-new class subset (default all)")
-    add_run_options(build, ("cache_root",))
+    add_options(build, ("cache_root",))
     build.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default 64)")
     add_workers(build)
     build.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
@@ -45,11 +45,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="encoder precision (default auto: fp16 autocast on CUDA, fp32 on CPU)")
     build.add_argument("--storage-dtype", choices=STORAGE_DTYPES, default="float16",
                        help="dtype of stored features for new cache files (default float16)")
-    add_run_options(build, ("content_hash",))
+    add_options(build, ("content_hash",))
     build.set_defaults(func=run_cache_build)
 
     info = commands.add_parser("info", help="list what is cached, with sizes (--verify: check every checksum)")
-    add_run_options(info, ("cache_root",))
+    add_options(info, ("cache_root",))
     info.add_argument("--verify", action="store_true",
                       help="read every chunk and check its checksum; exit status 1 if a file is damaged")
     info.set_defaults(func=run_cache_info)

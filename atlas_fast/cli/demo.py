@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.options import Distinct, add_progress, add_run_options, add_seeds, command_graph_steps
+from atlas_fast.app.options import Distinct, add_options, add_progress, add_seeds, command_graph_steps
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                            "setting; fewer is faster, see docs/views-study.md)")
     demo.add_argument("--epochs", type=int, default=None, help="override the CoOp recipe's 200 epochs")
     demo.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")
-    add_run_options(demo, ("graph_steps",))
+    add_options(demo, ("graph_steps",))
     demo.add_argument("--kappa", action="store_true", help="also measure κ of Theorem 1 for each soft label")
     add_progress(demo)
     # One CPU thread unless --threads says otherwise: the table then does not depend on the machine's thread count

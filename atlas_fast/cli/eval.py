@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from atlas_fast.app.options import add_data_root, add_progress, add_run_options, dataset_name
+from atlas_fast.app.options import add_data_root, add_options, add_progress, dataset_name
 from atlas_fast.vocabulary import CLASS_SETS
 
 
@@ -22,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           help="class subset of the test split (default all)")
     evaluate.add_argument("--shots", type=int, default=None, help="few-shot K defining base/new (default: the run's)")
     evaluate.add_argument("--seed", type=int, default=None, help="few-shot seed defining base/new (default: the run's)")
-    add_run_options(evaluate, ("cache_root", "device", "save_predictions"))
+    add_options(evaluate, ("cache_root", "device", "save_predictions"))
     add_progress(evaluate)
     evaluate.set_defaults(func=run_eval)
 

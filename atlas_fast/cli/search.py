@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from atlas_fast.app.options import (add_data_root, add_label_options, add_method_options, add_progress,
-                                    add_run_options, add_seeds, check_methods, method_name, method_options,
-                                    train_config, variant_from_args)
+from atlas_fast.app.options import (add_data_root, add_method_options, add_options, add_progress, add_seeds,
+                                    check_methods, method_name, method_options, train_config, variant_from_args)
 from atlas_fast.vocabulary import OBJECTIVES, PRUNERS, SAMPLERS
 
 
@@ -27,12 +26,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--datasets", "--dataset", dest="datasets", nargs="+", required=True, metavar="DATASET",
                         help="dataset(s) a trial trains on (its value is the mean over them and the seeds)")
     add_data_root(search)
-    add_run_options(search, ("model", "pretrained"))
+    add_options(search, ("model", "pretrained"))
     search.add_argument("--method", default="coop", type=method_name(learning_only=True),
                         help="the prompt method (default coop)")
-    add_run_options(search, ("recipe_family", "setting", "shots"))
+    add_options(search, ("recipe_family", "setting", "shots"))
     add_seeds(search, [1])
-    add_label_options(search, ("soft_kind",))  # the base run's soft labels
+    add_options(search, ("soft_kind",))  # the base run's soft labels
     space = search.add_argument_group("the study")
     space.add_argument("--param", action="append", default=[], metavar="NAME=SPEC", required=True,
                        help="a searched parameter (repeat): LOW:HIGH, LOW:HIGH:STEP, log:LOW:HIGH, int:LOW:HIGH or "
@@ -59,7 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="seconds to wait for a locked SQLite storage before giving up (default 60)")
     optim = search.add_argument_group("fixed recipe overrides and execution")
     add_method_options(optim)
-    add_run_options(optim, ("epochs", "batch_size", "lr", "views", "device", "precision", "graph_steps",
+    add_options(optim, ("epochs", "batch_size", "lr", "views", "device", "precision", "graph_steps",
                             "cache_root", "results_dir"))
     add_progress(optim)
     search.set_defaults(func=run_search_command)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from atlas_fast.app.options import (WORLD_BACKBONE, add_data_and_backbone, add_execution_options, add_label_options,
-                                    add_method_options, add_methods, add_progress, add_run_options, add_seeds,
-                                    add_workers, check_methods, method_options, resolve_backbone, train_config,
-                                    variant_from_args, world_method_options)
+from atlas_fast.app.options import (LABEL_OPTIONS, WORLD_BACKBONE, add_data_and_backbone, add_method_options,
+                                    add_methods, add_options, add_progress, add_seeds, add_workers, check_methods,
+                                    method_options, resolve_backbone, train_config, variant_from_args,
+                                    world_method_options)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,19 +22,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "the output.")
     add_data_and_backbone(train)
     add_methods(train, ["coop"])
-    add_run_options(train, ("recipe_family", "setting", "shots", "fewshot_order"))
+    add_options(train, ("recipe_family", "setting", "shots", "fewshot_order"))
     add_seeds(train, [1])
-    add_run_options(train, ("subsample",))
-    add_label_options(train.add_argument_group("label schedule (ATLaS and baselines)"))
+    add_options(train, ("subsample",))
+    add_options(train.add_argument_group("label schedule (ATLaS and baselines)"), tuple(LABEL_OPTIONS))
     optim = train.add_argument_group("recipe overrides and execution")
     add_method_options(optim)
-    add_run_options(optim, ("epochs", "batch_size", "lr", "views", "aug_seed", "eval_every_epoch", "device",
+    add_options(optim, ("epochs", "batch_size", "lr", "views", "aug_seed", "eval_every_epoch", "device",
                             "precision", "graph_steps", "cache_root", "results_dir", "save_predictions"))
-    add_execution_options(optim, ("batch_runs",))
+    add_options(optim, ("batch_runs",))
     add_workers(optim)
     add_progress(optim)
-    add_execution_options(optim, ("estimate",))
-    add_run_options(optim, ("content_hash",))
+    add_options(optim, ("estimate", "content_hash"))
     train.set_defaults(func=run_train)
 
 
