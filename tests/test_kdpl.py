@@ -271,6 +271,9 @@ def test_recipes_and_configs(dictionary_file):
     # class-aware runs train as one module (tests/test_batched.py); class-agnostic ones keep their own classes
     agnostic = KDPLCoOpConfig(class_agnostic=True, agnostic_classnames=str(dictionary_file))
     assert METHODS["kdpl-coop"].batches_runs(config) and not METHODS["kdpl-coop"].batches_runs(agnostic)
+    from atlas_fast.engine.group import batches_runs  # where sweeps, the pipeline and the search decide a group
+
+    assert batches_runs(METHODS["kdpl-coop"], config) and not batches_runs(METHODS["kdpl-coop"], agnostic)
     with pytest.raises(ValueError, match="class-agnostic KDPL keeps each run's own top-1000 dictionary classes"):
         METHODS["kdpl-coop"](None, CLASSNAMES, dataclasses.replace(agnostic, num_runs=2))
     with pytest.raises(ValueError, match=re.escape("nowhere.csv cannot be read")):
