@@ -143,7 +143,7 @@ def test_the_command_line_takes_threads_anywhere_and_refuses_nonsense(tmp_path, 
 def test_deterministic_is_one_thread_anywhere_on_the_line(monkeypatch, capsys):
     import argparse
 
-    from atlas_fast.app.options import command_threads as option_threads, split_threads
+    from atlas_fast.app.thread_options import command_threads as option_threads, split_threads
     from atlas_fast.cli import main
 
     assert split_threads(["report", "r", "--deterministic", "--threads", "1"]) == (

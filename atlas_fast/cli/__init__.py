@@ -20,7 +20,8 @@ import warnings
 from typing import Sequence
 
 from atlas_fast.app.torch_pair import check_torch_pair
-from atlas_fast.app.options import UnknownName, add_threads, apply_download, command_threads, split_threads
+from atlas_fast.app.options import UnknownName, apply_download
+from atlas_fast.app.thread_options import add_threads, command_threads, split_threads
 from atlas_fast.errors import shorten_values, user_errors
 
 # The command groups in the order ``--help`` lists them: modules of this package.
