@@ -54,7 +54,7 @@ def rss_mb() -> float:
 
 
 def rss_peak(block) -> dict:
-    """``rss_before_mb`` and ``peak_rss_mb`` of a finished :class:`atlas_fast.pricing.units.PeakMemory` block."""
+    """``rss_before_mb`` and ``peak_rss_mb`` of a finished :class:`atlas_fast.pricing.timing.PeakMemory` block."""
     return {"rss_before_mb": block.host_start / 2**20, "peak_rss_mb": block.host / 2**20}
 
     def __exit__(self, *exc) -> None:
