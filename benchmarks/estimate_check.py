@@ -84,8 +84,9 @@ def cpu_seconds() -> float:
 def build_check(root: Path, images: int, views: int, rounds: int) -> None:
     """The cache build's price per feature against the real build of the same features, side by side, alternating
     ``rounds`` times (median): the encode unit at 64 views per batch (what was priced before) and at the build's own
-    batch, the cut unit (the workers' decoding) on the dataset's files, and :class:`~atlas_fast.cache.FeatureCache` building ``images``
-    WorldPhotos training images x ``views`` + 1 views from nothing, in wall and CPU time (CPU time holds under load)."""
+    batch, the cut unit (the workers' decoding) on the dataset's files, and :class:`~atlas_fast.cache.FeatureCache`
+    building ``images`` WorldPhotos training images x ``views`` + 1 views from nothing, in wall and CPU time (CPU
+    time holds under load)."""
     import statistics
 
     import torch
