@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import math
 import sys
 import time
@@ -79,7 +78,7 @@ def step_flops(backbone, method: str, names: list[str], runs: int, batch: int, m
 
     entry, config, _ = recipe_of(method, "ImageNet", setting)
     torch.manual_seed(0)
-    module = entry.build(backbone, names, dataclasses.replace(config, num_runs=runs))
+    module = entry.build(backbone, names, config, runs)
     module.train()
     optimizer = RunsSGD(module.param_groups(), runs, 0.9, 5e-4, amp=False)
     cpu = torch.device("cpu")
@@ -220,7 +219,7 @@ def host_counts(backbone, method: str, runs: int, amp: bool, batch: int = 8, ste
 
     def build():
         torch.manual_seed(0)
-        return entry.build(backbone, names, entry.config_class(ctx_init="a photo of a", num_runs=runs))
+        return entry.build(backbone, names, entry.config_class(ctx_init="a photo of a"), runs)
 
     # eager, per step: an epoch of 2N steps less an epoch of N (what an epoch does once cancels)
     eager = {}
@@ -263,7 +262,7 @@ def before_host_counts(backbone, method: str, runs: int, amp: bool, batch: int =
     names = [f"class {i}" for i in range(10)]
     generator = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    module = entry.build(backbone, names, entry.config_class(ctx_init="a photo of a", num_runs=runs))
+    module = entry.build(backbone, names, entry.config_class(ctx_init="a photo of a"), runs)
     states = _states(backbone, runs, batch * 3, len(names), generator)
     stream = StreamedBatches(states, batch, torch.device("cpu")).epoch(
         0, [torch.randperm(batch * 3, generator=generator) for _ in states])

@@ -364,13 +364,13 @@ def _largest_difference(a: torch.nn.Module, b: torch.nn.Module, run: int | None 
                .item() for p, q in pairs)
 
 
-def cached_method_config(name: str, backbone, runs: int = 1):
-    """A cached method's paper base-to-new config for ``runs`` runs, its depths cut to the backbone's towers; a
+def cached_method_config(name: str, backbone):
+    """A cached method's paper base-to-new config, its depths cut to the backbone's towers; a
     method with a teacher (KDPL) gets the backbone's architecture with random weights as its teacher (nothing is
     downloaded)."""
     from atlas_fast.pricing.units import method_config_for
 
-    config = method_config_for(name, runs, None, backbone)
+    config = method_config_for(name, None, backbone)
     if hasattr(config, "teacher"):
         config = dataclasses.replace(config, teacher=SETUP["model"], teacher_pretrained="none")
     return config
@@ -621,7 +621,7 @@ def _train_pixels(name: str, backbone, classnames, runs: int, steps: int, epochs
     device = torch.device(SETUP["device"])
     entry = method_class(name)
     torch.manual_seed(0)
-    method = entry.build(backbone, classnames, method_config_for(name, runs, None, backbone)).to(device)
+    method = entry.build(backbone, classnames, method_config_for(name, None, backbone), runs).to(device)
     inputs = _pixel_inputs(backbone, entry, 4 * steps)
     labels = torch.arange(4 * steps) % len(classnames)
     states = [RunState(inputs, labels, None, OneHot(), seed=r, device=device) for r in range(runs)]
@@ -690,7 +690,7 @@ def check_pixel_memory(backbone) -> None:
     for name, setting, classes in cases:
         entry = method_class(name)
         config, recipe = entry.recipe_function("paper", setting, 16, "ImageNet")
-        config = method_config_for(name, 1, config, backbone)
+        config = method_config_for(name, config, backbone)
         if name == "coprompt":  # its class descriptions: two per class (ImageNet's file has 50; K x C x D fp32 once)
             path = Path(tempfile.mkdtemp()) / "descriptions.json"
             path.write_text(json.dumps({f"class {i}": [f"a photo of class {i}.", f"class {i}, a kind of thing."]
@@ -848,7 +848,7 @@ def check_promptsrc_unequal(backbone, steps: int = 5) -> None:
 
     def trained(graph_steps: bool):
         torch.manual_seed(0)
-        method = entry.build(backbone, classnames, method_config_for("promptsrc", len(sizes), None, backbone))
+        method = entry.build(backbone, classnames, method_config_for("promptsrc", None, backbone), len(sizes))
         method = method.to(device)
         states = []
         for r, n in enumerate(sizes):

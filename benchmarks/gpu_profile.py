@@ -57,7 +57,7 @@ def profile(backbone, classes: int, runs: int, steps: int, device: torch.device,
         labels = torch.randint(classes, (n,), generator=generator)
         states.append(RunState(RandomFeatures(features), labels, None, OneHot(), seed=seed, device=device))
     torch.manual_seed(0)
-    method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a", num_runs=runs)).to(device)
+    method = entry.build(backbone, classnames, entry.config_class(ctx_init="a photo of a"), runs).to(device)
     recipe = OptimRecipe(epochs=1, batch_size=32, lr=0.002)
     train_runs(TrainingRuns(method, states), recipe, device, amp=amp, progress=False)  # warm-up: kernels, cuBLAS handles
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

@@ -185,7 +185,7 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
     for method in methods:
         entry = method_class(method)
         config, recipe = entry.recipe_function("paper", p["setting"], SHOTS, p["recipe_dataset"])
-        config = measure.method_config_for(method, 1, config, backbone)
+        config = measure.method_config_for(method, config, backbone)
         digest = keys.config_digest(config)
         runs = runs_per_group(method, bench.device, backbone, p["classes"], recipe.batch_size, amp)
         images = SHOTS * p["classes"]
@@ -217,7 +217,7 @@ def measure_dataset(bench: Bench, dataset: str, methods: list[str], steps: bool)
     for method in methods:  # the plan facts of the dataset's part of the table
         entry = method_class(method)
         config, recipe = entry.recipe_function("paper", p["setting"], SHOTS, p["recipe_dataset"])
-        digest = keys.config_digest(measure.method_config_for(method, 1, config, backbone))
+        digest = keys.config_digest(measure.method_config_for(method, config, backbone))
         runs = runs_per_group(method, bench.device, backbone, p["classes"], recipe.batch_size, amp)
         images = SHOTS * p["classes"]
         evals = tuple(plan.EvalFacts(name, c, n) for name, c, n in p["eval"])

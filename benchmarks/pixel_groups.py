@@ -82,7 +82,7 @@ def method_config(method: str):
     from atlas_fast.clip.backbones import BackboneConfig, shared_backbone
     from atlas_fast.pricing.units import method_config_for
 
-    return method_config_for(method, 1, None, shared_backbone(BackboneConfig("atlas-tiny", None)))
+    return method_config_for(method, None, shared_backbone(BackboneConfig("atlas-tiny", None)))
 
 
 def configs(work: Path, method: str, results: str, seeds, variants, workers: int = 0, epochs: int = 2):

@@ -222,7 +222,7 @@ def test_the_cached_path_equals_the_pixel_path(tiny):
 
 def test_initialisation_runs_and_class_sets(tiny):
     torch.manual_seed(3)
-    method = build_method("clip-lora", tiny, CLASSNAMES, CLIPLoRAConfig(num_runs=2))
+    method = build_method("clip-lora", tiny, CLASSNAMES, CLIPLoRAConfig(), runs=2)
     a = method.text_lora_a.detach()
     assert a.shape == (2, 2, 3, 2, 64) and a.abs().max() <= 64 ** -0.5 and a.std() > 0.05
     assert method.text_lora_b.abs().max() == 0 and not torch.equal(a[0], a[1])

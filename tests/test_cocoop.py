@@ -86,7 +86,7 @@ def test_chunked_evaluation_equals_one_call_and_is_bounded_by_the_sequence_budge
 
 def test_runs_are_independent_and_accept_per_run_batches(tiny):
     torch.manual_seed(2)
-    batched = CoCoOp(tiny, CLASSNAMES, CoCoOpConfig(n_ctx=2, num_runs=2))
+    batched = CoCoOp(tiny, CLASSNAMES, CoCoOpConfig(n_ctx=2), runs=2)
     features = torch.randn(2, 3, tiny.embed_dim)  # (R, B, D): each run its own batch
     logits = batched(features)
     assert logits.shape == (2, 3, 4)

@@ -59,7 +59,7 @@ def test_init_phrase_sets_m_and_embeddings_and_positions(tiny, position, templat
 
 def test_runs_are_independent_models(tiny):
     torch.manual_seed(1)
-    batched = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=3, num_runs=2))
+    batched = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=3), runs=2)
     features = torch.randn(5, tiny.embed_dim)
     logits = batched(features)
     assert logits.shape == (2, 5, 4)
@@ -71,7 +71,7 @@ def test_runs_are_independent_models(tiny):
 
 
 def test_csc_shapes_and_class_set_guard(tiny):
-    method = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=5, csc=True, num_runs=3))
+    method = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=5, csc=True), runs=3)
     width = tiny.architecture["text_width"]
     assert method.ctx.shape == (3, 4, 5, width)
     assert method.text_features().shape == (3, 4, tiny.embed_dim)

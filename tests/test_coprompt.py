@@ -50,10 +50,10 @@ def descriptions(tmp_path_factory):
     return path
 
 
-def build(backbone, path, moved, **changes):
+def build(backbone, path, moved, runs=1, **changes):
     torch.manual_seed(0)
     config = CoPromptConfig(descriptions=str(path), **{"n_ctx": 2, "depth": 2, "consistency_weight": 2.0, **changes})
-    method = build_method("coprompt", backbone, CLASSNAMES, config)
+    method = build_method("coprompt", backbone, CLASSNAMES, config, runs)
     if moved:
         with torch.no_grad():
             for param in method.parameters():
@@ -261,7 +261,7 @@ def test_vit_b16_shapes_match_the_official_trainer(descriptions):
 def test_the_description_index_is_each_run_s_own_and_counts_only_its_steps(tiny, descriptions):
     """Run r's k depends on its seed and its own step count: a run that sits a step out (batch size 0 in a group)
     does not advance, so it draws what it would draw alone; the sequence covers the descriptions."""
-    method = build(tiny, descriptions, False, num_runs=2)
+    method = build(tiny, descriptions, False, runs=2)
     method.description_seed.copy_(torch.tensor([11, 11]))
     first = method.take_description_step([3, 0])
     assert first[0] == first[1] and method.description_step.tolist() == [1, 0]

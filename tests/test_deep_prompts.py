@@ -280,7 +280,7 @@ def test_training_steps_are_deterministic_per_seed(tiny):
 def test_runs_are_independent_along_the_run_dimension(tiny):
     """R runs in one module: each run's logits are those of a single-run module holding that run's tensors."""
     torch.manual_seed(0)
-    together = randomize(build_method("maple", tiny, CLASSES, MaPLeConfig(n_ctx=2, depth=2, num_runs=2)))
+    together = randomize(build_method("maple", tiny, CLASSES, MaPLeConfig(n_ctx=2, depth=2), runs=2))
     single = build_method("maple", tiny, CLASSES, MaPLeConfig(n_ctx=2, depth=2))
     with torch.no_grad():
         for name, p in single.named_parameters():

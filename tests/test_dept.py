@@ -25,12 +25,12 @@ CONFIGS = {"dept-coop": DePTCoOpConfig(n_ctx=3),
            "dept-kgcoop": DePTKgCoOpConfig(ctx_init="a photo of a", kg_weight=2.0, template=TEMPLATE)}
 
 
-def build(tiny, name, classnames=CLASSNAMES, **changes):
+def build(tiny, name, classnames=CLASSNAMES, runs=1, **changes):
     """A DePT method with FiLM and meta-net moved off their init, so every tensor's role shows in the gradients."""
     import dataclasses
 
     torch.manual_seed(0)
-    method = build_method(name, tiny, classnames, dataclasses.replace(CONFIGS[name], **changes))
+    method = build_method(name, tiny, classnames, dataclasses.replace(CONFIGS[name], **changes), runs)
     with torch.no_grad():
         for param in method.head_parameters()[:4]:
             param.add_(0.1 * torch.randn_like(param))
@@ -158,7 +158,7 @@ def test_without_fusion_the_head_alone_scores_its_classes(tiny):
 
 
 def test_checkpoints_hold_the_head_and_runs_are_independent(tiny):
-    batched = build(tiny, "dept-coop", num_runs=2)
+    batched = build(tiny, "dept-coop", runs=2)
     features = torch.randn(2, 5, tiny.embed_dim)
     labels = torch.tensor([0, 1, 2, 3, 0])
     state = batched.state_for_checkpoint()

@@ -120,7 +120,7 @@ def test_gradient_variance_on_a_hand_worked_case():
 
 
 def test_pixel_methods_and_grouped_runs_are_refused(tiny):
-    grouped = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=2, num_runs=2))
+    grouped = CoOp(tiny, CLASSNAMES, CoOpConfig(n_ctx=2), runs=2)
     with pytest.raises(ValueError, match="one run at a time"):
         per_sample_gradients(grouped, torch.randn(2, tiny.embed_dim), torch.tensor([0, 1]))
     ivlp = build_method("ivlp", tiny, CLASSNAMES, IVLPConfig(depth_text=1, depth_vision=1))

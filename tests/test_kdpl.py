@@ -275,7 +275,7 @@ def test_recipes_and_configs(dictionary_file):
 
     assert batches_runs(METHODS["kdpl-coop"], config) and not batches_runs(METHODS["kdpl-coop"], agnostic)
     with pytest.raises(ValueError, match="class-agnostic KDPL keeps each run's own top-1000 dictionary classes"):
-        METHODS["kdpl-coop"](None, CLASSNAMES, dataclasses.replace(agnostic, num_runs=2))
+        METHODS["kdpl-coop"](None, CLASSNAMES, agnostic, runs=2)
     with pytest.raises(ValueError, match=re.escape("nowhere.csv cannot be read")):
         read_classnames(dictionary_file.parent / "nowhere.csv")
 

@@ -32,11 +32,11 @@ NEW = ["sea_lion", "pug"]
 TEMPLATE = "a photo of a {}, a type of pet."
 
 
-def build(backbone, moved, name="mmrl", **changes):
+def build(backbone, moved, name="mmrl", runs=1, **changes):
     torch.manual_seed(0)
     base = (MMRLppConfig(beta=0.6) if name == "mmrl++" else MMRLConfig())
     config = dataclasses.replace(base, **{"rep_dim": 16, "template": TEMPLATE, "reg_weight": 0.7, **changes})
-    method = build_method(name, backbone, BASE, config)
+    method = build_method(name, backbone, BASE, config, runs)
     if moved:
         with torch.no_grad():
             for param in method.parameters():
@@ -309,7 +309,7 @@ def test_runs_trained_together_keep_their_own_rows_and_losses(tiny, name):
     for MMRL; MMRL++'s are not: after 3 epochs of AdamW its batched and lone runs' losses agree to 1e-6 but its
     learned tensors differ by up to 4e-5, mostly in the low-rank factors whose B start at zero, above that test's
     tolerance of 1e-5: AdamW's normalised steps enlarge the float reordering of a batched pass.)"""
-    together = build(tiny, True, name, depth=2, num_runs=2)
+    together = build(tiny, True, name, depth=2, runs=2)
     pixels, labels = torch.randn(2, 3, 3, 32, 32), torch.tensor([[0, 1, 2], [2, 0, 0]])
     pixels[1, 2] = 0.0
 

@@ -336,6 +336,18 @@ def test_estimate_refuses_an_empty_sweep():
         est.estimate_configs([])
 
 
+def test_a_method_config_keeps_the_digest_its_stored_units_are_found_by():
+    """The units a machine keeps are found by the digest of a method config's text as it was when R was a config
+    field (``num_runs=1`` first): taking R out of the config changed no digest (values from the version before)."""
+    from atlas_fast.methods.registry import method_class
+
+    paper = {name: method_class(name).recipe_function("paper", "base2new", 16, "ImageNet")[0]
+             for name in ("coop", "maple", "kdpl-coop")}
+    assert {name: keys.config_digest(config) for name, config in paper.items()} == {
+        "coop": "6a961f1666d1", "maple": "fd86e0f09d1b", "kdpl-coop": "37e9c707dde9"}
+    assert keys.config_digest(method_class("zsclip").config_class()) == "808a1e7618ab"
+
+
 def test_measure_step_refuses_batched_runs_of_a_method_that_does_not_batch(tiny, monkeypatch):
     from atlas_fast.methods.registry import method_class
 

@@ -532,9 +532,8 @@ def test_the_teacher_benchmark_prints_both_rows_their_ratio_and_the_memory_check
 def test_runs_trained_together_equal_runs_trained_alone(tiny):
     """R = 2 runs as one module, one batch each, the second zero-padded (3 of 5 rows its own): each run's loss, the
     gradient of each of its tensors and its BatchNorm's running statistics are those of training it alone."""
-    config = dataclasses.replace(CONFIG, num_runs=2)
     alone = [build(tiny, CONFIG, moved=True), build(tiny, CONFIG, moved=False)]
-    together = build_method("promptkd", tiny, CLASSNAMES, config)
+    together = build_method("promptkd", tiny, CLASSNAMES, CONFIG, runs=2)
     together.load_checkpoint_state({name: torch.cat([a.state_for_checkpoint()[name] for a in alone])
                                     for name in alone[0].state_for_checkpoint()})
     torch.manual_seed(5)

@@ -41,9 +41,9 @@ class TextShift(PromptMethod):
     supports_batched_runs = True
     depth_options = ("depth",)
 
-    def __init__(self, backbone, classnames, config: ShiftConfig) -> None:
-        super().__init__(backbone, classnames, config)
-        self.shift = nn.Parameter(torch.zeros(config.num_runs, 1, backbone.embed_dim))
+    def __init__(self, backbone, classnames, config: ShiftConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
+        self.shift = nn.Parameter(torch.zeros(self.num_runs, 1, backbone.embed_dim))
         self.set_classnames(classnames)
 
     def set_classnames(self, classnames) -> None:

@@ -87,9 +87,8 @@ PIXEL_METHODS = [("ivlp", IVLPConfig(n_ctx_text=2, n_ctx_vision=3, depth_text=2,
 @pytest.mark.parametrize("name,config", FEATURE_METHODS + PIXEL_METHODS,
                          ids=[f"{n}-{i}" for i, (n, _) in enumerate(FEATURE_METHODS + PIXEL_METHODS)])
 def test_every_method_gets_the_plain_logits_losses_and_gradients(tiny, name, config, runs):
-    config = type(config)(**{**config.to_dict(), "num_runs": runs})
     torch.manual_seed(0)
-    method = randomize(build_method(name, tiny, CLASSES, config))
+    method = randomize(build_method(name, tiny, CLASSES, config, runs))
     labels = torch.tensor([0, 3, 6, 1, 2])
     if not method.reads_pixels:
         inputs = torch.randn(runs, 5, tiny.embed_dim) if runs > 1 and name != "kgcoop" else torch.randn(5, tiny.embed_dim)
@@ -109,10 +108,10 @@ def test_shared_prefix_is_exact_in_float64():
     """In float64 the shared-prefix pass agrees with open_clip's blocks to rounding: it is the same function."""
     backbone = load_backbone(BackboneConfig("atlas-tiny", None))
     backbone.model.double()
-    for name, config in (("coop", CoOpConfig(ctx_init="a photo of a", num_runs=2)),
-                         ("ivlp", IVLPConfig(n_ctx_text=2, depth_text=2, depth_vision=0, num_runs=2))):
+    for name, config in (("coop", CoOpConfig(ctx_init="a photo of a")),
+                         ("ivlp", IVLPConfig(n_ctx_text=2, depth_text=2, depth_vision=0))):
         torch.manual_seed(0)
-        method = randomize(build_method(name, backbone, CLASSES, config)).double()
+        method = randomize(build_method(name, backbone, CLASSES, config, runs=2)).double()
         results = []
         for mode in ("plain", "grouped"):
             set_paths(method, mode)
@@ -129,7 +128,7 @@ def test_multi_head_model_and_fixed_words_in_the_prefix():
     """A 2-head text tower (atlas-world) and an IVLP phrase whose unlearned words join the shared prefix."""
     world = load_backbone(BackboneConfig("atlas-world", None))
     torch.manual_seed(0)
-    method = randomize(build_method("maple", world, CLASSES, MaPLeConfig(n_ctx=2, depth=3, num_runs=2)))
+    method = randomize(build_method("maple", world, CLASSES, MaPLeConfig(n_ctx=2, depth=3), runs=2))
     assert method.class_prompts.shared_words == 2  # "of a" after the learned "a photo"
     labels = torch.tensor([0, 3, 6, 1])
     pixels = torch.randn(4, 3, 32, 32)

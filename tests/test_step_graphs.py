@@ -73,8 +73,7 @@ def _group(tiny, name, runs=3, seed=0, sizes=SIZES, schedules=None):
     """A method of ``runs`` runs and their states: different sizes, schedules, soft labels."""
     entry = method_class(name)
     torch.manual_seed(seed)
-    config = entry.config_class(ctx_init="a photo of a", num_runs=runs)
-    method = entry.build(tiny, CLASSES, config)
+    method = entry.build(tiny, CLASSES, entry.config_class(ctx_init="a photo of a"), runs)
     generator = torch.Generator().manual_seed(seed)
     states = []
     schedules = schedules or [OneHot(), Alternating(2), Alternating(1)]
@@ -311,7 +310,7 @@ def test_a_pixel_group_replays_its_steps_from_the_graphs_buffers(tiny, fake_grap
 
     def trained(graph_steps):
         torch.manual_seed(0)
-        method = entry.build(tiny, CLASSES[:3], PromptSRCConfig(depth_text=2, depth_vision=2, num_runs=2))
+        method = entry.build(tiny, CLASSES[:3], PromptSRCConfig(depth_text=2, depth_vision=2), runs=2)
         states = [RunState(PixelRows(pixels, frozen), labels, None, OneHot(), seed=r + 1,
                            device=torch.device("cpu")) for r, (pixels, frozen, labels) in enumerate(data)]
         with graph_length_groups():
@@ -340,7 +339,7 @@ def test_adam_recipes_replay_their_steps_and_read_nothing_back(tiny, fake_graphs
     recipe = dataclasses.replace(own, epochs=3, batch_size=BATCH, lr=0.01, min_lr=0.0)
     if own.iterations is not None:
         recipe = dataclasses.replace(recipe, iterations=10).for_training_images(16)
-    config = method_config_for(name, 1, None, tiny)
+    config = method_config_for(name, None, tiny)
     features = torch.randn(16, tiny.embed_dim, generator=torch.Generator().manual_seed(0))
     labels = torch.arange(16) % len(CLASSES)
     inside = DispatchCount()
@@ -416,11 +415,12 @@ def test_every_methods_replayed_step_uploads_nothing_and_reads_nothing_back(tiny
     import dataclasses
 
     from atlas_fast.engine.graphs import DispatchCount
+    from atlas_fast.engine.group import batches_runs
     from atlas_fast.pricing.units import _SyntheticInputs, _training_inputs, method_config_for
 
     entry = method_class(name)
-    runs = 2 if entry.supports_batched_runs else 1
-    config = method_config_for(name, runs, None, tiny)
+    runs = 2 if batches_runs(entry) else 1
+    config = method_config_for(name, None, tiny)
     config = dataclasses.replace(config, **{**_runnable_here(config, tmp_path), **options})
     _, own = entry.recipe_function("paper", "base2new", 16, "ImageNet")
     batch, epochs = 2, 3
@@ -431,7 +431,7 @@ def test_every_methods_replayed_step_uploads_nothing_and_reads_nothing_back(tiny
     fake_graphs["before"].append(inside.__enter__)
     fake_graphs["after"].append(lambda: inside.__exit__(None, None, None))
     torch.manual_seed(0)
-    method = entry.build(tiny, CLASSES, config)
+    method = entry.build(tiny, CLASSES, config, runs)
     states = []
     for r in range(runs):
         items = 2 * batch if r == 0 else batch

@@ -7,7 +7,6 @@ no knowledge term, injection added instead of replacing) is caught at the same t
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -116,7 +115,7 @@ def test_class_tokens_replace_the_context_from_block_depth_minus_one(tiny):
 def test_runs_are_independent_and_new_classes_get_their_own_class_tokens(tiny):
     torch.manual_seed(2)
     config = TCPConfig(template=TEMPLATE, depth=2)
-    batched = TCP(tiny, CLASSNAMES, dataclasses.replace(config, num_runs=2))
+    batched = TCP(tiny, CLASSNAMES, config, runs=2)
     features = torch.randn(3, tiny.embed_dim)
     logits = batched(features)
     state = batched.state_for_checkpoint()

@@ -222,7 +222,7 @@ def train_group(name: str, backbone, device: torch.device, runs: int, steps: int
 
     entry = method_class(name)
     classnames = [f"class {i}" for i in range(CLASSES)]
-    config = method_config_for(name, 1, None, backbone)
+    config = method_config_for(name, None, backbone)
     singles = []
     for r in range(runs):
         torch.manual_seed(r)

@@ -58,8 +58,6 @@ def _recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str,
     return (dataclasses.asdict(method_config) if method_config is not None else None), dataclasses.asdict(recipe)
 
 
-# Method config fields that are no choice of the user's (the runs a group trains together)
-NOT_OPTIONS = {"num_runs"}
 # Run fields a described configuration (a record's ``config``) holds only when they are not these defaults
 # (:func:`atlas_fast.engine.spec.describe`): a record without one ran with the default.
 UNSTORED_DEFAULTS = {"fewshot_order": "coop"}
@@ -114,7 +112,7 @@ def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
     method_config = config.get("method_config")
     if isinstance(method_config, Mapping) and own_method is not None:  # --method-option, KDPL's teacher, ...
         for name, value in method_config.items():
-            if name not in NOT_OPTIONS and name in own_method and _json(value) != _json(own_method[name]):
+            if name in own_method and _json(value) != _json(own_method[name]):
                 found[f"method_config.{name}"] = value
     return {key: f"{PRINTED_NAMES.get(key, key.rpartition('.')[2])}={_text(value)}" for key, value in found.items()}
 

@@ -137,7 +137,7 @@ def stacked_method(entry: type[PromptMethod], backbone, classnames: Sequence[str
                    ) -> PromptMethod:
     """A module of method ``entry`` holding R = ``len(states)`` runs, run r's learned tensors ``states[r]`` (a
     one-run method's ``state_for_checkpoint()``), on ``device`` (None: where it is built)."""
-    module = entry.build(backbone, classnames, dataclasses.replace(config, num_runs=len(states)))
+    module = entry.build(backbone, classnames, config, runs=len(states))
     if device is not None:
         module = module.to(device)
     module.load_checkpoint_state(stack_runs(states))

@@ -47,7 +47,7 @@ from atlas_fast.engine.record import (FailedRun, ResultStore, RunRecord, adopt_l
                                       finished_record, load_learned, rewrite_record, save_failure, save_record,
                                       split_snapshots, utc_now, with_snapshots)
 from atlas_fast.engine.run_identity import evaluated_sets
-from atlas_fast.engine.spec import RunSpec, load_run_data, plan_run
+from atlas_fast.engine.spec import STORED_ONLY, RunSpec, load_run_data, plan_run
 from atlas_fast.engine.validity import CALIBRATION, SAVED_RUN_FIELDS, check_seal, missing_fields, read_record
 from atlas_fast.errors import RunsFailed, user_errors
 from atlas_fast.methods.registry import method_class
@@ -362,7 +362,8 @@ def run_predictions(scores: dict[str, SetScores], r: int) -> dict[str, Any]:
 def saved_method_config(entry, fields: dict[str, Any]):
     """The method config a record describes. Records written before the CoOp family's ``n_ctx`` followed its init
     phrase say ``n_ctx=16`` beside a phrase; those runs learned one token per word of the phrase, which is what
-    leaving ``n_ctx`` out gives."""
+    leaving ``n_ctx`` out gives. A record's ``num_runs`` (``spec.STORED_ONLY``) is no field of the config."""
+    fields = {k: v for k, v in fields.items() if k not in STORED_ONLY}
     try:
         return entry.config_class(**fields)
     except ValueError:

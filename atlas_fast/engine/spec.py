@@ -95,6 +95,17 @@ def _as_dict(value: Any) -> Any:
     return dataclasses.asdict(value)
 
 
+def stored_method_config(method_config: MethodConfig) -> dict[str, Any]:
+    """A method config as a record stores it: ``"num_runs": 1`` first, then its fields. Records were first written
+    when R was a field of the config (every record describes one run), so every record holds it; it stays in this
+    stored spelling so that every run keeps its key and name (:data:`STORED_ONLY` lists it for the readers)."""
+    return {"num_runs": 1, **method_config.to_dict()}
+
+
+#: The method config fields a record holds that no config has (:func:`stored_method_config`).
+STORED_ONLY = ("num_runs",)
+
+
 def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig, optim_recipe: OptimRecipe,
                  device: torch.device) -> dict[str, Any]:
     """The JSON form of a run's configuration, with every default resolved (this is what the record hash covers);
@@ -104,7 +115,7 @@ def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig,
     field names are the record's: ``recipe_family`` is the family, ``recipe`` the optimisation recipe."""
     described = {
         "dataset": dataset, "backbone": config.backbone.to_dict(), "method": config.method,
-        "method_config": _as_dict(method_config), "recipe_family": config.recipe_family,
+        "method_config": stored_method_config(method_config), "recipe_family": config.recipe_family,
         "recipe": optim_recipe.to_dict(),
         "setting": config.setting, "shots": config.shots, "seed": config.seed, "subsample": config.train_subsample,
         "soft_labels": _as_dict(config.soft_labels), "schedule": config.schedule.describe(),

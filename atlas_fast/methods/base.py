@@ -156,22 +156,22 @@ class PromptMethod(nn.Module):
         return config
 
     @classmethod
-    def build(cls, backbone: Backbone, classnames: Sequence[str], config: MethodConfig | None = None
-              ) -> "PromptMethod":
-        """The method for ``classnames`` (config defaults to the config class's defaults)."""
-        return cls(backbone, classnames, config if config is not None else cls.config_class())
+    def build(cls, backbone: Backbone, classnames: Sequence[str], config: MethodConfig | None = None,
+              runs: int = 1) -> "PromptMethod":
+        """The method for ``classnames`` holding R = ``runs`` runs (config defaults to the config class's
+        defaults). R is how many runs train together (the engine's group), not a hyper-parameter of the method."""
+        return cls(backbone, classnames, config if config is not None else cls.config_class(), runs)
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig, runs: int = 1) -> None:
         super().__init__()
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+            raise ValueError(f"{type(self).__name__} holds runs >= 1, got {runs!r}")
         self.backbone = backbone  # a dataclass, not an nn.Module: the frozen CLIP stays out of the module tree
         self.config = config
+        self.num_runs = runs  # R: the leading dimension of every learned tensor
         self.classnames: tuple[str, ...] = ()
-
-    @property
-    def num_runs(self) -> int:
-        return self.config.num_runs
 
     @property
     def logit_scale(self) -> torch.Tensor:

@@ -178,8 +178,8 @@ class LoRATowers(PromptMethod):
 
     config_class = CLIPLoRAConfig
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CLIPLoRAConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CLIPLoRAConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         model = backbone.model
         self._logit_scale: torch.Tensor | None = None  # made on first use, on the device (:attr:`logit_scale`)
         self.text_encoder = PromptTextEncoder(backbone)
@@ -196,9 +196,9 @@ class LoRATowers(PromptMethod):
             width = int(transformer.resblocks[0].attn.embed_dim)
             # A: the reference's kaiming_uniform_(a=sqrt(5)) of each (r, w) matrix, i.e. U(-1/sqrt(w), 1/sqrt(w));
             # B: zeros, so the adapted towers start as CLIP's own
-            a = torch.empty(config.num_runs, len(blocks), len(config.targets), config.rank, width, device=device)
+            a = torch.empty(self.num_runs, len(blocks), len(config.targets), config.rank, width, device=device)
             setattr(self, f"{tower}_lora_a", nn.Parameter(nn.init.uniform_(a, -width ** -0.5, width ** -0.5)))
-            setattr(self, f"{tower}_lora_b", nn.Parameter(torch.zeros(config.num_runs, len(blocks),
+            setattr(self, f"{tower}_lora_b", nn.Parameter(torch.zeros(self.num_runs, len(blocks),
                                                                       len(config.targets), width, config.rank,
                                                                       device=device)))
             self.blocks[tower] = blocks
@@ -267,8 +267,8 @@ class CLIPLoRA(PixelMethod, LoRATowers):
     printed_name = "CLIP-LoRA"
     recipe_function = staticmethod(clip_lora_recipe)
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CLIPLoRAConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CLIPLoRAConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self.image_encoder = PromptedVisionEncoder(backbone)
 
     def image_batch(self, pixels: torch.Tensor) -> torch.Tensor:

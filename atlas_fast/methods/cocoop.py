@@ -68,8 +68,8 @@ class CoCoOp(CoOp):
     #: text sequences per text-encoder call at evaluation (images per call = max(1, eval_sequences // C)).
     eval_sequences: int = 4096
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CoCoOpConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CoCoOpConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         vis_dim = backbone.embed_dim
         hidden = vis_dim // META_NET_REDUCTION
         if hidden < 1:
@@ -77,7 +77,7 @@ class CoCoOp(CoOp):
                              f"embed_dim {vis_dim}")
         width = self.ctx.shape[-1]
         # One torch Linear per layer and run, so each run starts from PyTorch's default init, drawn after ctx.
-        layers = [(nn.Linear(vis_dim, hidden), nn.Linear(hidden, width)) for _ in range(config.num_runs)]
+        layers = [(nn.Linear(vis_dim, hidden), nn.Linear(hidden, width)) for _ in range(self.num_runs)]
         device = self.ctx.device
         self.meta_weight1 = nn.Parameter(torch.stack([a.weight.detach() for a, _ in layers]).to(device))
         self.meta_bias1 = nn.Parameter(torch.stack([a.bias.detach() for a, _ in layers]).to(device))

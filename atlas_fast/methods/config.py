@@ -14,13 +14,10 @@ from atlas_fast.vocabulary import OPTIMIZERS, RECIPE_FAMILIES as _RECIPE_FAMILIE
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """Fields shared by every method's config. ``num_runs`` = R, the runs trained together in one module."""
-
-    num_runs: int = 1
+    """What every method's config is: its hyper-parameters (how many runs a module holds is not one of them: a
+    method is built for R runs, :meth:`~atlas_fast.methods.base.PromptMethod.build`)."""
 
     def __post_init__(self) -> None:
-        if self.num_runs < 1:
-            raise ValueError(f"{type(self).__name__}.num_runs must be >= 1, got {self.num_runs}")
         check_finite_fields(self)
 
     def to_dict(self) -> dict[str, Any]:

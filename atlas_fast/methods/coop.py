@@ -120,11 +120,11 @@ class CoOp(ContextPromptMethod):
     config_class = CoOpConfig
     supports_batched_runs = True  # ctx is (R, M, d) / (R, C, M, d); the text pass is per prompt
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CoOpConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: CoOpConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self.text_encoder = PromptTextEncoder(backbone)
         n_ctx = config.context_length
-        lead = (config.num_runs, len(classnames)) if config.csc else (config.num_runs,)
+        lead = (self.num_runs, len(classnames)) if config.csc else (self.num_runs,)
         ctx = initial_context(backbone, n_ctx, config.init_words, lead, backbone.model.transformer.get_cast_dtype())
         self.prompt_prefix = config.init_words or " ".join(["X"] * n_ctx)
         self.n_ctx = n_ctx

@@ -264,8 +264,8 @@ class CoPrompt(MaPLe):
         rows = read_descriptions(path, classnames)
         return replace(config, descriptions=str(path), descriptions_checksum=descriptions_checksum(rows))
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self.trained_classnames = tuple(classnames)
         self._descriptions: tuple[tuple[str, ...], ...] | None = None  # read at the first training step
         self._targets: torch.Tensor | None = None  # their features, (K, C, D)

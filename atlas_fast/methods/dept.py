@@ -130,9 +130,9 @@ class DePT(WrappedMethod):
     base: CoOp
     base_class: ClassVar[type[CoOp]]
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: DePTHeadConfig) -> None:
-        super().__init__(backbone, classnames, config)
-        device, dim, runs = self.base.ctx.device, backbone.embed_dim, config.num_runs
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: DePTHeadConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
+        device, dim, runs = self.base.ctx.device, backbone.embed_dim, self.num_runs
         self.film_text_scale = nn.Parameter(torch.ones(runs, dim, device=device))
         self.film_text_bias = nn.Parameter(torch.zeros(runs, dim, device=device))
         self.film_image_scale = nn.Parameter(torch.ones(runs, dim, device=device))

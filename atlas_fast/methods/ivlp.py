@@ -114,8 +114,8 @@ class IVLP(PixelMethod, ContextPromptMethod):
     depth_options = ("depth_text", "depth_vision")
     config_class = IVLPConfig
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self.text_encoder = PromptTextEncoder(backbone)
         self.image_encoder = PromptedVisionEncoder(backbone)
         self.text_layers = len(backbone.model.transformer.resblocks)

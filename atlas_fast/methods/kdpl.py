@@ -193,12 +193,12 @@ class KDPL(WrappedMethod):
     uses_labels = False
     supports_batched_runs = True
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: KDPLConfig) -> None:
-        if config.class_agnostic and config.num_runs > 1:
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: KDPLConfig, runs: int = 1) -> None:
+        if config.class_agnostic and runs > 1:
             raise ValueError(f"{type(self).__name__}: class-agnostic KDPL keeps each run's own top-{config.k_max} "
                              f"dictionary classes per step, so its runs cannot train as one module; got "
-                             f"num_runs={config.num_runs} (train them one by one)")
-        super().__init__(backbone, classnames, config)
+                             f"{runs} runs (train them one by one)")
+        super().__init__(backbone, classnames, config, runs)
 
     @classmethod
     def batches_runs(cls, config: MethodConfig) -> bool:

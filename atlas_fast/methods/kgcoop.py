@@ -78,8 +78,8 @@ class KgCoOp(CoOp):
     config_class = KgCoOpConfig
     supports_batched_runs = True  # ctx leads with R; the regulariser is each run's own term
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: KgCoOpConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: KgCoOpConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self._targets_of: tuple[str, ...] = ()
         # w of the current class set, computed at its first training step: a buffer, so it moves with the method
         # and a captured step that reads it sees when it is replaced (engine/graphs.py)

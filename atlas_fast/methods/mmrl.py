@@ -151,8 +151,8 @@ class MMRL(RepresentationTowers):
     supports_batched_runs = True
     depth_options = ("depth",)
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self.create_tensors()
         self.fixed_classnames = tuple(classnames)  # the classes it trains on (its frozen text targets, its fusion)
         self._fixed_text: torch.Tensor | None = None
@@ -162,7 +162,7 @@ class MMRL(RepresentationTowers):
     def create_tensors(self) -> None:
         """The learned tensors (module docstring), in the reference's order of drawing."""
         config, device = self.config, self.backbone.device
-        runs, k, r, depth = config.num_runs, config.n_rep_tokens, config.rep_dim, config.depth
+        runs, k, r, depth = self.num_runs, config.n_rep_tokens, config.rep_dim, config.depth
         text_width, vision_width = self.text_encoder.width, self.image_encoder.width
         self.rep_projection = nn.Parameter(
             (vision_width ** -0.5 * torch.randn(runs, vision_width, self.backbone.embed_dim)).to(device))
@@ -359,7 +359,7 @@ class MMRLpp(MMRL):
         (R, J, width, rank) (kaiming-uniform) and ``*_residual_b`` (R, J, rank, r) (zeros); the projection's
         ``proj_lora_a`` (R, d_v, rank) (kaiming-uniform) and ``proj_lora_b`` (R, rank, D) (zeros)."""
         config, device = self.config, self.backbone.device
-        runs, k, r, depth = config.num_runs, config.n_rep_tokens, config.rep_dim, config.depth
+        runs, k, r, depth = self.num_runs, config.n_rep_tokens, config.rep_dim, config.depth
         text_width, vision_width = self.text_encoder.width, self.image_encoder.width
         embed_dim, rank = self.backbone.embed_dim, config.res_lora_dim
         self.proj_lora_a = nn.Parameter(kaiming_uniform((runs, vision_width, config.proj_lora_dim)).to(device))

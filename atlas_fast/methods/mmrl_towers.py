@@ -42,8 +42,8 @@ class RepresentationTowers(PixelMethod):
     (:meth:`representation_projection`); its ``__init__`` makes its tensors after this one's, then sets its class
     set."""
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         config = self.config
         model = backbone.model
         self.text_encoder = PromptTextEncoder(backbone)

@@ -162,8 +162,8 @@ class PromptKD(PixelMethod):
     # the student's only: the teacher's depths count its own towers (checked when it loads)
     depth_options = ("depth_vision",)
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self.image_encoder = PromptedVisionEncoder(backbone)
         runs, device, width = self.num_runs, backbone.device, self.image_encoder.width
         check_depth(type(self).__name__, "depth_vision", config.depth_vision, self.image_encoder.layers, 0)

@@ -134,8 +134,8 @@ class PromptSRC(IVLP):
     config_class = PromptSRCConfig
     reads_frozen_features = True
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self.fixed_classnames = tuple(classnames)  # targets are for the classes it is built (trained) for
         self.fixed_embeddings: torch.Tensor | None = None  # computed at the first training step (not needed at test)
         self._gpa_sum: dict[str, torch.Tensor] | None = None

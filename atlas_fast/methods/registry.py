@@ -50,6 +50,7 @@ def method_class(name: str) -> type[PromptMethod]:
 
 
 def build_method(name: str, backbone: Backbone, classnames: Sequence[str],
-                 config: MethodConfig | None = None) -> PromptMethod:
-    """Build a registered method for ``classnames`` (config defaults to the method's config class defaults)."""
-    return method_class(name).build(backbone, classnames, config)
+                 config: MethodConfig | None = None, runs: int = 1) -> PromptMethod:
+    """Build a registered method for ``classnames`` holding ``runs`` runs (config defaults to the method's config
+    class defaults)."""
+    return method_class(name).build(backbone, classnames, config, runs)

@@ -194,14 +194,14 @@ class TCP(PromptMethod):
     depth_options = ("depth",)
     supports_batched_runs = True  # ctx and the meta-net lead with R; the knowledge term is each run's own
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: TCPConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: TCPConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self.text_encoder = PromptTextEncoder(backbone)
         layers = len(backbone.model.transformer.resblocks)
         if config.depth > layers:
             raise ValueError(f"TCP: depth must be in [1, {layers}] (the text tower has {layers} blocks), got "
                              f"{config.depth}")
-        width, dim, runs = self.text_encoder.width, backbone.embed_dim, config.num_runs
+        width, dim, runs = self.text_encoder.width, backbone.embed_dim, self.num_runs
         self.n_ctx = config.n_ctx
         ctx = initial_context(backbone, config.n_ctx, init_phrase(config.ctx_init), (runs,),
                               backbone.model.transformer.get_cast_dtype())

@@ -28,9 +28,9 @@ class WrappedMethod(PromptMethod):
 
     base_class: ClassVar[type[PromptMethod]]
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig) -> None:
-        super().__init__(backbone, classnames, config)
-        self.base = self.base_class(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: MethodConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
+        self.base = self.base_class(backbone, classnames, config, runs)
         self.classnames = self.base.classnames
 
     def set_classnames(self, classnames: Sequence[str]) -> None:

@@ -67,8 +67,8 @@ class ZeroShotCLIP(PromptMethod):
     config_class = ZeroShotConfig
     learns = False
 
-    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: ZeroShotConfig) -> None:
-        super().__init__(backbone, classnames, config)
+    def __init__(self, backbone: Backbone, classnames: Sequence[str], config: ZeroShotConfig, runs: int = 1) -> None:
+        super().__init__(backbone, classnames, config, runs)
         self.set_classnames(classnames)
 
     @torch.no_grad()

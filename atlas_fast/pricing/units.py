@@ -111,9 +111,9 @@ def _training_inputs(entry, backbone: Backbone, items: int, device: torch.device
     return pixels if features is None else (pixels, features)
 
 
-def method_config_for(method: str, runs: int, config: MethodConfig | None = None,
-                      backbone: Backbone | None = None) -> MethodConfig:
-    """The method's config for R = ``runs``: ``config`` (a planned run's) or else its paper base-to-new recipe's,
+def method_config_for(method: str, config: MethodConfig | None = None, backbone: Backbone | None = None
+                      ) -> MethodConfig:
+    """The method's config to measure: ``config`` (a planned run's) or else its paper base-to-new recipe's,
     with prompt depths deeper than ``backbone``'s towers cut to them (a tiny test model has fewer blocks than
     ViT-B/16)."""
     entry = method_class(method)
@@ -128,7 +128,7 @@ def method_config_for(method: str, runs: int, config: MethodConfig | None = None
             layers = text if "text" in option else vision if "vision" in option else min(text, vision)
             cut[option] = min(getattr(config, option), layers)
         config = dataclasses.replace(config, **cut)
-    return dataclasses.replace(config, num_runs=runs)
+    return config
 
 
 def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], batch: int, runs: int = 1,
@@ -153,9 +153,9 @@ def measure_step(backbone: Backbone, method: str, classnames: Sequence[str], bat
     entry = method_class(method)
     if runs > 1 and not batches_runs(entry):
         raise ValueError(f"{method} trains its runs one by one (it does not batch runs): measure it at runs=1.")
-    method_config = method_config_for(method, runs, config, backbone)
+    method_config = method_config_for(method, config, backbone)
     torch.manual_seed(0)
-    module = entry.build(backbone, list(classnames), method_config).to(device)
+    module = entry.build(backbone, list(classnames), method_config, runs).to(device)
     schedules = [OneHot() for _ in range(runs)]
     graphs = use_graph_steps([graph_steps] * runs, entry, schedules, device) and warmup
     warm_steps = GRAPH_WARMUP_STEPS + 1 if graphs else 1
@@ -190,7 +190,7 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
     amp = device.type == "cuda" if amp is None else amp
     entry = method_class(method)
     torch.manual_seed(0)
-    module = entry.build(backbone, list(classnames), method_config_for(method, runs, config, backbone))
+    module = entry.build(backbone, list(classnames), method_config_for(method, config, backbone), runs)
     module = module.to(device).eval()
     reached = 0
     with PeakMemory(device) as peak:
@@ -266,7 +266,7 @@ def measure_run_overhead(backbone: Backbone, method: str, classnames: Sequence[s
 
     entry = method_class(method)
     device = backbone.device
-    method_config = method_config_for(method, 1, config, backbone)
+    method_config = method_config_for(method, config, backbone)
     names = list(classnames)
 
     def one_run(folder: Path) -> None:

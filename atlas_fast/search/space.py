@@ -119,8 +119,8 @@ def _scalar(text: str) -> Any:
 
 
 def method_fields(method_config) -> list[str]:
-    """The fields of a method config that a search may set (``num_runs`` is the engine's)."""
-    return [f.name for f in dataclasses.fields(method_config) if f.name != "num_runs"]
+    """The fields of a method config that a search may set."""
+    return [f.name for f in dataclasses.fields(method_config)]
 
 
 def valid_names(base, method_config) -> list[str]:
