@@ -230,15 +230,13 @@ class TrainStep:
 
     def weights(self, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(the runs' batch sizes as floats, which runs take part (None: all), the sizes as integers) on the device,
-        made once per pattern of sizes without a copy from the host (fills only): a step, replayed or not, uploads
-        nothing, and the tensors a captured step reads live as long as the step does."""
+        made once per pattern of sizes without a copy from the host (:func:`size_rows`): a step, replayed or not,
+        uploads nothing, and the tensors a captured step reads live as long as the step does."""
         key = tuple(sizes)
         if key not in self._weights:
-            weights = torch.zeros(len(sizes), device=self.device)
-            for r, size in enumerate(sizes):
-                weights[r].fill_(size)  # not ``weights[r] = size``: that makes a tensor of the host's number
-            active = None if all(sizes) else weights > 0
-            self._weights[key] = (weights, active, weights.long())
+            rows = size_rows(sizes, self.device)
+            weights = rows.float()
+            self._weights[key] = (weights, None if all(sizes) else weights > 0, rows)
         return self._weights[key]
 
     def __call__(self, epoch: int, inputs: Any, labels: torch.Tensor, targets: list, sizes: list[int],
