@@ -237,21 +237,23 @@ class PromptKD(PixelMethod):
     def vision_prompts(self) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         return self.vision_ctx, list(self.deep_vision.unbind(1)) if self.deep_vision is not None else []
 
-    def project(self, features: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
+    def project(self, features: torch.Tensor, criterion: Criterion | None = None) -> torch.Tensor:
         """The projector on (R, B, D_s): linear, BatchNorm over the batch (training: the batch's statistics, the
         running ones updated with momentum 0.1 and the unbiased variance; evaluation: the running ones), ReLU,
-        linear. ``sizes``: each run's own rows when R runs' batches are zero-padded to B (its statistics are over
-        those rows only; a run with none leaves its running statistics)."""
+        linear. ``criterion``: the step's, whose sizes say each run's own rows when R runs' batches are zero-padded
+        to B (its statistics are over those rows only; a run with none leaves its running statistics); its row
+        counts are already on the device, so a padded step uploads nothing."""
         h = torch.baddbmm(self.proj_b1.unsqueeze(1).to(features.dtype), features,
                           self.proj_w1.transpose(1, 2).to(features.dtype))
         if self.training:
             h32 = h.float()
+            sizes = criterion.sizes if criterion is not None else None
             if sizes is None or min(sizes) == h.shape[1]:  # every row is a run's own
                 mean = h32.mean(dim=1)
                 var = h32.var(dim=1, unbiased=False)
                 counts = torch.full((h.shape[0],), float(h.shape[1]), device=h.device)
             else:  # each run's statistics over its own rows, as training it alone computes them
-                counts = torch.tensor([float(n) for n in sizes], device=h.device)
+                counts = criterion.rows.float()
                 zeros = h32.new_zeros(h32.shape[-1])
                 mean = torch.stack([h32[r, :n].mean(dim=0) if n else zeros for r, n in enumerate(sizes)])
                 var = torch.stack([h32[r, :n].var(dim=0, unbiased=False) if n else zeros
@@ -274,15 +276,15 @@ class PromptKD(PixelMethod):
         return torch.baddbmm(self.proj_b2.unsqueeze(1).to(h.dtype), F.relu(normed),
                              self.proj_w2.transpose(1, 2).to(h.dtype))
 
-    def image_batch(self, pixels: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
+    def image_batch(self, pixels: torch.Tensor, criterion: Criterion | None = None) -> torch.Tensor:
         """Projected student image features (R, B, D_t), un-normalised, of pixels (B, 3, H, W) seen by every run, or
-        (R, B, 3, H, W), one batch per run (``sizes``: each run's own rows of a padded batch)."""
+        (R, B, 3, H, W), one batch per run (``criterion``: the step's, for each run's own rows of a padded batch)."""
         self.check_pixels(pixels)
         prompts, deep = self.vision_prompts()
         features = self.image_encoder(pixels, prompts, deep)
         if features.shape[0] != self.num_runs:
             features = features.expand(self.num_runs, -1, -1)
-        return self.project(features, sizes)
+        return self.project(features, criterion)
 
     def raw_text_features(self) -> torch.Tensor:
         """(R, C, D_t): the teacher's text features of the current classes, the student's classifier (normalised
@@ -313,8 +315,7 @@ class PromptKD(PixelMethod):
             student = self.forward(pixels)
             return sum(distillation_loss(student[r], teacher, config.kd_weight, config.temperature)
                        for r in range(student.shape[0]))
-        sizes = criterion.sizes
-        student = self.similarity_logits(self.image_batch(pixels, sizes), self.text_features())
+        student = self.similarity_logits(self.image_batch(pixels, criterion), self.text_features())
         T = config.temperature
         kl = F.kl_div(F.log_softmax(student.float() / T, dim=-1), F.log_softmax(teacher.float() / T, dim=-1),
                       reduction="none", log_target=True).sum(dim=-1)  # (R, B)
