@@ -1,40 +1,17 @@
 """The on-disk format of a feature cache file: its name, layout and attributes, and the checks every open makes.
 
-Layout (plain HDF5, readable with h5py alone)
----------------------------------------------
-One file per (dataset, backbone weights, transform)::
+The layout (datasets ``keys``, ``image_ids``, ``features`` (N, 1+V, D), ``done`` (N, 1+V)) and the file attributes
+are described, with how to read a file with h5py alone, in docs/cache.md (section File format). One file per
+(dataset, backbone weights, transform)::
 
     <cache root>/<dataset>/<backbone fingerprint[:12]>-<transform fingerprint[:12]>.h5
 
-==================  =================  ===================================================================
-name                shape / type       meaning
-==================  =================  ===================================================================
-``keys``            (N,) utf-8 str     image path relative to the dataset folder (``Datum.key``); row i
-``image_ids``       (N,) utf-8 str     identity of the file row i was encoded from: ``"<size>:<mtime_ns>"``
-                                       or ``"b2:<content hash>"`` (:mod:`atlas_fast.data.identity`)
-``features``        (N, 1+V, D)        un-normalised image features (``encode_image`` output) of row i,
-                    float16/float32    view v; view 0 = test transform, views 1..V = seeded augmentations
-``done``            (N, 1+V) bool      True once ``features[i, v]`` is written; anything else is garbage
-==================  =================  ===================================================================
-
 A row is found by its (key, image id) pair, so an image replaced in place, or another dataset that shares the name
-and a relative path, gets a row of its own and is encoded afresh; features are never reused across files that
-differ. ``features`` and ``done`` carry HDF5's fletcher32 checksum per chunk; ``keys_digest`` (file attribute) is
-a BLAKE2b of the keys and image ids, which HDF5 cannot checksum (variable-length strings take no filters); the other
-attributes are compared with what the caller expects on every open. (The default HDF5 file format is kept: the
-1.10 format checksums its headers too, but marks a file "open for writing" while a writer has it, so a writer killed
-at the wrong millisecond would leave a file no reader can open.)
-
-File attributes: ``format`` ("atlas_fast.feature_cache"), ``format_version``, ``dataset``,
-``backbone_fingerprint``, ``backbone_config`` / ``backbone_architecture`` (JSON), ``transform_fingerprint``,
-``transform`` (JSON, see :mod:`atlas_fast.clip.transforms`), ``preprocessing`` (JSON), ``encode_precision``
-(fp32/fp16/bf16 autocast), ``storage_dtype``, ``embed_dim``, ``keys_digest``, ``created_utc``,
-``atlas_fast_version``. Reading view 0 of some images with h5py alone::
-
-    with h5py.File(path, "r") as f:
-        row = {k: i for i, k in enumerate(f["keys"].asstr()[...])}  # the last row of a key is the newest
-        i = row["images/abyssinian_1.jpg"]; assert f["done"][i, 0]
-        feature = f["features"][i, 0].astype("float32")
+and a relative path, gets a row of its own; features are never reused across files that differ. ``features`` and
+``done`` carry fletcher32 per chunk; ``keys_digest`` is a BLAKE2b of the keys and image ids, which HDF5 cannot
+checksum (variable-length strings take no filters). The default HDF5 file format is kept: the 1.10 format checksums
+its headers too, but marks a file "open for writing" while a writer has it, so a killed writer would leave a file no
+reader can open.
 
 Self-checking: the attributes are compared on every open with what the caller's backbone and transform produce
 (and with the file's own name); any disagreement raises :class:`CacheMismatchError`, so features of other weights,

@@ -1,14 +1,10 @@
 """Result records: one JSON file per training run, plus the learned tensors beside it.
 
-A record is named by a hash of the run's configuration, the backbone fingerprint and the data fingerprint of its
-inputs (:mod:`atlas_fast.data.identity`), so an identical run on unchanged data finds its finished record and is
-skipped (sweeps can be re-launched after a crash and only redo what is missing), while a run on other or changed
-data never returns another run's numbers. Files are written to a temporary name and renamed, so a crash never
-leaves a half-written record. Records are validated when looked up (:mod:`atlas_fast.engine.validity`, the one
-validator): one that is damaged or does not match its name counts as missing, with a warning, and the run is redone;
-writing its new record moves the invalid one aside (``<name>.json.invalid-<time>``). This module is the one writer of
-records: a trained run's, and a finished one rewritten (more class sets evaluated on its saved prompts, or taken over
-from the name it had before evaluation stopped naming runs).
+A record is named by a hash of the run's configuration, backbone fingerprint and data fingerprint
+(:mod:`atlas_fast.data.identity`), so an identical run on unchanged data is skipped and a run on changed data never
+returns another run's numbers. Files are written atomically. A record that fails validation
+(:mod:`atlas_fast.engine.validity`) counts as missing, with a warning; writing the new one moves it aside
+(``<name>.json.invalid-<time>``). This module is the one writer of records.
 
 Layout under ``results_dir`` (default ``results/``)::
 
@@ -17,25 +13,20 @@ Layout under ``results_dir`` (default ``results/``)::
     <dataset>/<...>-<hash12>.predictions.npz   per-image predictions (``save_predictions`` only)
 
 Record fields: ``key`` (full hash of configuration, backbone and data), ``config_key`` (configuration and backbone
-only), ``status`` ("finished"), ``config`` (the run's configuration), ``backbone`` (fingerprint, architecture,
-description), ``data`` (dataset, ``fingerprint``, counts, ``shots_used``), ``metrics`` (final: base/new/all/H, ``calibration``
-per class set, zero-shot references), ``reliability`` (per class set, image count, correct predictions and summed
-confidence in each of the 15 confidence bins), ``epochs``
-(per-epoch loss, lr, soft-label flag and optional accuracies; with CUDA graphs the steps replayed and run eagerly),
-``timings`` (seconds per stage), ``graphs`` (whether the steps were CUDA-graphed, the steps replayed and run eagerly,
-and why the graphs fell back to eager steps if they did: :func:`graph_summary`), ``versions``
-(python/torch/open_clip/numpy/atlas_fast), ``provenance`` (code commit and dirty flag, CUDA version, device type
-and name: :func:`atlas_fast.engine.seal.provenance`), ``created`` (UTC ISO time), ``learned`` (file name of the
-``.pt``), ``learned_blake2b`` (the checksum of its bytes, checked when it is read) and ``seal`` (the checksum of every
-other field, :mod:`atlas_fast.engine.seal`). A record whose seal does not match is invalid like a damaged one; a
-record from before seals is used with a warning. With ``save_predictions`` the record also names its
+only), ``status`` ("finished"), ``config``, ``backbone`` (fingerprint, architecture, description), ``data`` (dataset,
+``fingerprint``, counts, ``shots_used``), ``metrics`` (final: base/new/all/H, ``calibration`` per class set, zero-shot
+references), ``reliability`` (per class set, image count, correct predictions and summed confidence in each of the 15
+confidence bins), ``epochs`` (per-epoch loss, lr, soft-label flag, optional accuracies, steps replayed and run
+eagerly), ``timings`` (seconds per stage), ``graphs`` (:func:`graph_summary`), ``versions``, ``provenance``
+(:func:`atlas_fast.engine.seal.provenance`), ``created`` (UTC ISO time), ``learned`` (file name of the ``.pt``),
+``learned_blake2b`` (the checksum of its bytes, checked when it is read) and ``seal`` (the checksum of every other
+field, :mod:`atlas_fast.engine.seal`; a record from before seals is used with a warning). With ``save_predictions``
+the record also names its
 ``predictions`` file (``S_logits`` (N, C) float32 and ``S_labels`` (N,) int64 per evaluated class set S, numpy's
 ``.npz``) and holds the checksum of its bytes (``predictions_blake2b``), so the seal covers them too.
 
-A run of a group that fails on its own (its numbers stopped being finite, or its own inputs, evaluation or record
-raised) gets no record but a failure note, ``<stem>.json.failed`` (JSON: ``status`` "failed", its printed name,
-seed, epoch, step, lr, last finite loss and reason; :func:`save_failure`), which the report lists and the run's
-record, once a later command trains it, replaces. The other runs of its group are recorded as usual.
+A run of a group that fails on its own gets no record but a failure note, ``<stem>.json.failed``
+(:func:`save_failure`), which the report lists and a later record of the run replaces.
 """
 
 from __future__ import annotations
@@ -77,11 +68,9 @@ FAILED_SUFFIX = ".failed"  # a failure note is <stem>.json.failed, beside where 
 
 @dataclass(frozen=True)
 class FailedRun:
-    """A run of a group that failed on its own and has no record (what :func:`~atlas_fast.engine.pipeline.
-    run_specs` returns in its place): its printed name (``RunSpec.name``), record name, dataset, seed, the reason
-    (one line), where it diverged (epoch, optimiser step, lr, last finite epoch loss; None for a failure that is not
-    a divergence), the failure note written (None when it could not be) and, in the process that failed, the
-    exception (not sent from a worker)."""
+    """A run of a group that failed on its own and has no record: the reason (one line), where it diverged (None
+    for a failure that is not a divergence), its failure note (None when it could not be written) and, in the
+    process that failed, the exception (not sent from a worker)."""
 
     name: str
     stem: str
@@ -109,9 +98,7 @@ def utc_now() -> str:
 
 
 class ResultStore:
-    """Finished run records under ``root``, looked up by name stem (see the module docstring). The one writer of
-    records: a run's record (:meth:`save`), and a record rewritten with more class sets evaluated or under a run's
-    newer name (:func:`rewrite_record`)."""
+    """Finished run records under ``root``, looked up by name stem (see the module docstring)."""
 
     def __init__(self, root: str | Path = "results") -> None:
         self.root = Path(root)
@@ -129,10 +116,7 @@ class ResultStore:
 
     def find(self, dataset: str, stem: str, key: str | None = None) -> dict[str, Any] | None:
         """The finished record with this name (and full ``key``), or None; a lookup changes no file. A record
-        without its learned tensors counts as missing; an invalid one (:func:`~atlas_fast.engine.validity.
-        stored_record_problems`: damaged, inconsistent, another run's, or its learned tensors failing their checksum)
-        is named in a warning and counts as missing, so the run is redone (:meth:`save` then moves it aside). A
-        record written before checksums is used with a warning that its tensors are unverified."""
+        without its learned tensors, or invalid (named in a warning), counts as missing."""
         path = self.record_path(dataset, stem)
         if not path.is_file():
             return None
@@ -156,12 +140,9 @@ class ResultStore:
 
     def save(self, dataset: str, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor],
              predictions: dict[str, Any] | None = None) -> Path:
-        """Write the learned tensors, then the record (so a record never points at a missing ``.pt``). The record
-        holds the BLAKE2b of the ``.pt`` bytes (``learned_blake2b``), checked by :meth:`find` and
-        :func:`load_learned`. A record with non-finite metrics is refused (it would not be valid JSON). An invalid
-        record already under the name (another run's, damaged, or with damaged tensors) is moved aside first
-        (``<name>.json.invalid-<time>``, its tensors too when they are the damaged part); a valid one of the same
-        run is replaced."""
+        """Write the learned tensors, then the record (so a record never points at a missing ``.pt``). A record
+        with non-finite metrics is refused (not valid JSON). An invalid record already under the name is moved aside
+        first (its tensors too when they are the damaged part); a valid one is replaced."""
         bad = non_finite(record.get("metrics", {}))
         if bad:
             raise ValueError(f"Run {stem}: metric(s) {', '.join(bad)} are not finite numbers (NaN/inf); the record is "
@@ -193,8 +174,7 @@ class ResultStore:
 
     @staticmethod
     def _move_invalid_aside(path: Path, key: str | None) -> None:
-        """Move an invalid record at ``path`` (and its learned tensors when they are what is damaged) aside, with a
-        warning naming where it went, so the record being written does not destroy it."""
+        """Move an invalid record at ``path`` aside with a warning, so the record being written does not destroy it."""
         if not path.is_file():
             return
         _, problems, damaged = stored_record_problems(path, key)
@@ -228,10 +208,8 @@ def build_record(spec: RunSpec, backbone: Backbone, metrics: dict[str, Any], epo
 
 
 def graph_summary(epochs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The record's ``graphs``: whether the run's steps were CUDA-graphed (``on``), and if so how many steps were
-    replayed (``graphed_steps``) and run eagerly (``eager_steps``: warm-ups, partial batches, steps after a
-    fallback), and why the graphs fell back to eager steps (``fallback``, None when they did not), from the
-    per-epoch logs (:func:`atlas_fast.engine.loop.train_runs`)."""
+    """The record's ``graphs``: whether the steps were CUDA-graphed (``on``), and if so the steps replayed
+    (``graphed_steps``) and run eagerly (``eager_steps``), and why the graphs fell back (``fallback``, or None)."""
     if not any("graphed_steps" in epoch for epoch in epochs):
         return {"on": False}
     return {"on": True, "graphed_steps": sum(epoch.get("graphed_steps", 0) for epoch in epochs),
@@ -251,9 +229,8 @@ def _rounded(value: Any) -> Any:
 
 
 class RunRecord(dict):
-    """A record as the Python API returns it: the plain dict of the stored record (values unchanged: metrics of
-    float32 accuracies such as 67.66666412353516 compare equal to the file's), printed with its floats at 6
-    significant digits (67.6667), so ``print(record)`` shows no float32 noise."""
+    """A record as the Python API returns it: the stored dict, values unchanged, printed with floats at 6 significant
+    digits so ``print(record)`` shows no float32 noise."""
 
     def __repr__(self) -> str:
         return repr(_rounded(dict(self)))
@@ -272,10 +249,9 @@ def finished_record(spec: RunSpec) -> dict[str, Any] | None:
 
 def save_failure(spec: RunSpec, reason: str, error: BaseException | None = None, divergence: Any = None
                  ) -> FailedRun:
-    """Write the failure note of a run that failed on its own (``<stem>.json.failed``, atomically) and return it as
-    a :class:`FailedRun`; ``divergence`` (:class:`~atlas_fast.engine.loop.Divergence`) says where its numbers stopped
-    being finite. A note that cannot be written (a full disk) is said in the reason; the failure is returned anyway,
-    so the command still names the run."""
+    """Write the failure note of a run (``<stem>.json.failed``) and return it as a :class:`FailedRun`;
+    ``divergence`` (:class:`~atlas_fast.engine.loop.Divergence`) says where it diverged. A note that cannot be written
+    is said in the reason; the failure is returned anyway."""
     where = {} if divergence is None else {"epoch": divergence.epoch, "step": divergence.step,
                                            "lr": divergence.lr, "last_loss": divergence.last_loss}
     failed = FailedRun(spec.name, spec.stem, spec.dataset, spec.config.seed, reason.splitlines()[0] if reason
@@ -309,9 +285,8 @@ ADDED_FIELDS = ("status", "learned", "learned_blake2b", "seal", "skipped", "path
 
 def rewrite_record(spec: RunSpec, stem: str, record: dict[str, Any], learned: dict[str, torch.Tensor],
                    predictions: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write a finished run's record again under ``stem`` with its fields as in ``record`` (a record as read or
-    returned, with changes) and its ``learned`` tensors (atomically, sealed anew), and new ``predictions`` when
-    given (else the record keeps naming the ones it has); returns it as a skipped run returns it."""
+    """Write a finished run's record (as read or returned, with changes) again under ``stem``, sealed anew, with new
+    ``predictions`` when given; returns it as a skipped run returns it."""
     fields = {k: v for k, v in record.items() if k not in ADDED_FIELDS}
     path = ResultStore(spec.config.results_dir).save(spec.dataset, stem, fields, learned, predictions)
     return {**read_record(path), "skipped": True, "path": str(path)}
@@ -349,8 +324,7 @@ def predictions_bytes(arrays: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-# Learned tensors saved along a run (TrainConfig.snapshot_epochs) sit beside the final ones in the same file, named
-# ``snapshot.<finished epochs>.<tensor name>``.
+# Snapshots (TrainConfig.snapshot_epochs) sit in the final tensors' file as ``snapshot.<epochs>.<tensor name>``.
 SNAPSHOT_PREFIX = "snapshot."
 
 
@@ -376,8 +350,8 @@ def split_snapshots(learned: dict[str, torch.Tensor]
 
 
 def load_learned(record_path: str | Path) -> dict[str, torch.Tensor]:
-    """The learned tensors saved beside a record, checked against the record's ``learned_blake2b`` (a record
-    written before checksums is loaded with a warning that the tensors are unverified)."""
+    """The learned tensors saved beside a record, checked against its ``learned_blake2b`` (unverified, with a warning,
+    when the record has none)."""
     record_path = Path(record_path)
     record = read_record(record_path)
     learned = record_path.with_name(record.get("learned", record_path.with_suffix(".pt").name))

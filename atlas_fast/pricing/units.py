@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -281,9 +280,4 @@ def measure_run_overhead(backbone: Backbone, method: str, classnames: Sequence[s
     with tempfile.TemporaryDirectory(prefix="atlas_pricing_") as tmp, PeakMemory(device) as peak:
         seconds, repeats = timed(lambda: one_run(Path(tmp)), device, max_repeats, min_seconds=0.0)
     return Unit(seconds, peak.host, peak.device_bytes, repeats=repeats)
-
-
-def steps_per_epoch(items: int, batch: int) -> int:
-    """Optimiser steps of one epoch over ``items`` images (the last partial batch is kept)."""
-    return math.ceil(items / batch) if items else 0
 
