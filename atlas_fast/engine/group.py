@@ -198,12 +198,6 @@ class RunGroup(TrainingRuns):
         super().__init__(method, states)
         self.graph_steps = use_graph_steps([s.config.graph_steps for s in self.specs], first.method,
                                            [state.schedule for state in states], first.device)
-        self.on_failure: Callable[[int, Divergence], None] | None = None
-        self.retire: Callable[[int, list[list[dict[str, Any]]]], Iterable[int]] | None = None
-        self.shrink = False
-        self.fork: ForkPlan | None = None
-        self.forked_runs: list[RunState] = []
-        self.failed_trunk: dict[int, Divergence] = {}  # trunk run -> where it diverged, before the fork
 
     def stacked(self, states: Sequence[dict[str, torch.Tensor]]) -> PromptMethod:
         first = self.specs[0]
@@ -242,14 +236,15 @@ class RunGroup(TrainingRuns):
         if fork is not None and retire is not None:
             raise ValueError("A group's fork and retired runs cannot be combined.")
         self.fields, self.on_failure, self.retire, self.shrink, self.fork = fields, on_failure, retire, shrink, fork
+        self.forked_runs: list[RunState] = []
+        self.failed_trunk: dict[int, Divergence] = {}  # trunk run -> where it diverged, before the fork
         if fork is not None:  # the trunk trains first: the group's runs join at the fork
             self.forked_runs = self.runs
             self.method = self.stacked([self.alone[i].state_for_checkpoint() for i in fork.trunk])
             self.runs = [self.forked_runs[i] for i in fork.trunk]
             self.logs = [[] for _ in fork.trunk]
             self.slots = list(range(len(fork.trunk)))
-        first = self.specs[0]
-        return train_runs(self, self.recipe, first.device, first.amp, progress, self.graph_steps)
+        return train_runs(self, self.recipe, self.specs[0].device, self.specs[0].amp, progress, self.graph_steps)
 
     def diverged(self, run: int, divergence: Divergence) -> bool:
         if self.on_failure is None:

@@ -13,6 +13,7 @@ cross-entropy term a method has. On a GPU the forward runs under fp16 autocast w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -119,6 +120,25 @@ class TrainingRuns:
         """Every run retired: the loop ends."""
         return len(self.retired) == len(self.logs)
 
+    def check_finite(self, where: Divergence, losses: list[float], recipe: OptimRecipe) -> None:
+        """Hand each training run whose epoch loss or learned tensors are not finite to :meth:`diverged` (``where``:
+        the epoch, step and lr); stop the call where that does not retire it."""
+        for p in _not_finite(self.method, losses, [not self.training(p) for p in range(len(self.runs))]):
+            log = self.logs[self.slots[p]]
+            divergence = dataclasses.replace(where, last_loss=log[-1]["loss"] if log else None)
+            if not self.diverged(self.slots[p], divergence):
+                who = f" of run [{p}]" if self.method.num_runs > 1 else ""  # a caller without names: its position
+                raise FloatingPointError(divergence.describe(recipe, who) + ". No record is written.")
+
+    def log_epoch(self, epoch: int, lr: float, losses: list[float], seconds: float, graphed: dict[str, Any]) -> None:
+        """Each training run's log entry of ``epoch`` (with :attr:`fields`' and the step graphs' fields)."""
+        extra = self.fields(epoch) if self.fields is not None else [{} for _ in self.logs]
+        for p, run in enumerate(self.runs):
+            if self.training(p):
+                self.logs[self.slots[p]].append({"epoch": epoch, "lr": lr, "loss": losses[p],
+                                                 "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds,
+                                                 **extra[self.slots[p]], **graphed})
+
     def diverged(self, run: int, divergence: Divergence) -> bool:
         """Run ``run`` stopped being finite: True where it is retired and the others go on, False (here) where the
         loop stops (:class:`FloatingPointError`: no record may describe such a run)."""
@@ -139,19 +159,13 @@ def train_runs(runs: TrainingRuns, recipe: OptimRecipe, device: torch.device, am
     """Train the R runs held by ``runs.method`` (``method.num_runs == R``) in place; returns each run's epoch log
     (mean loss, lr, soft-label flag, seconds, + ``runs.fields``' fields for that run).
 
-    With R = 1 a batch goes to the method as it comes ((B, ...) inputs, (B,) labels). With R > 1 each step stacks
-    every run's next batch (its own order, size and targets) into (R, B_max, ...) inputs, so the text encoder sees
-    R x C prompts once; the method returns each run's loss (each the mean over its own batch, auxiliary terms
-    included), and the backward pass differentiates their sum, so run r's tensors get exactly run r's gradient. Each
-    run has its own optimiser state and, under AMP, its own gradient scaler (:class:`RunsSGD`, :class:`RunsAdam`):
-    an fp16 overflow skips the step of the run that overflowed and of no other, as training it alone would. A run
-    whose epoch has fewer batches (a smaller few-shot set) or that is retired (:class:`TrainingRuns`) sits out the
-    steps: its tensors, optimiser state and scaler stay as they were, so the other runs train exactly as they would
-    without it. R runs trained together equal the same runs trained alone up to float reordering. A run whose loss
-    or learned tensors stop being finite is found at the end of its epoch and handed to ``runs.diverged``; where
-    that does not retire it, the call fails (:class:`FloatingPointError`). After each epoch's log,
-    ``runs.end_epoch`` may retire runs (the loop ends when every run is retired) or give the loop a new module to
-    go on with (a group's smaller module or its forked runs, their optimiser state carried).
+    With R > 1 each step stacks every run's next batch (its own order, size and targets) into (R, B_max, ...)
+    inputs; the method returns each run's loss and the backward pass differentiates their sum, so run r's tensors get
+    exactly run r's gradient; each run has its own optimiser state and gradient scaler (an fp16 overflow skips only
+    its own step). A run whose epoch has fewer batches, or that is retired, sits out the steps untouched, so the
+    others train exactly as they would without it. A run whose loss or learned tensors stop being finite is found at
+    the end of its epoch and handed to ``runs.diverged`` (where that does not retire it: :class:`FloatingPointError`);
+    after each epoch's log ``runs.end_epoch`` may retire runs or hand over a new module (:class:`TrainingRuns`).
 
     A step is one :class:`~atlas_fast.engine.step.TrainStep`: the batch, the loss, the backward pass, the update and
     the epoch's loss sums, all device work; the loop reads the losses back once per epoch. Where every run's inputs
@@ -215,21 +229,11 @@ def train_runs(runs: TrainingRuns, recipe: OptimRecipe, device: torch.device, am
         method.end_epoch(epoch, recipe.epochs)
         epoch_losses = [total / (count or len(run.labels))
                         for total, count, run in zip(step.totals.tolist(), seen, runs.runs)]
-        for p in _not_finite(method, epoch_losses, [not runs.training(p) for p in range(len(runs.runs))]):
-            log = runs.logs[runs.slots[p]]
-            divergence = Divergence(epoch, steps, lr, log[-1]["loss"] if log else None)
-            if not runs.diverged(runs.slots[p], divergence):
-                who = f" of run [{p}]" if method.num_runs > 1 else ""  # a caller without names: its position
-                raise FloatingPointError(divergence.describe(recipe, who) + ". No record is written.")
+        runs.check_finite(Divergence(epoch, steps, lr, None), epoch_losses, recipe)
         seconds = time.perf_counter() - start
         graphed = _graph_log(graphs, graph_steps, epoch_steps, fallback)  # before the fields
         fallback = fallback or (graphs.fallback if graphs is not None else None)
-        extra = runs.fields(epoch) if runs.fields is not None else [{} for _ in runs.logs]
-        for p, run in enumerate(runs.runs):
-            if runs.training(p):
-                runs.logs[runs.slots[p]].append({"epoch": epoch, "lr": lr, "loss": epoch_losses[p],
-                                                 "soft": run.schedule.uses_soft_labels(epoch), "seconds": seconds,
-                                                 **extra[runs.slots[p]], **graphed})
+        runs.log_epoch(epoch, lr, epoch_losses, seconds, graphed)
         finite = [loss for p, loss in enumerate(epoch_losses) if runs.training(p)]
         bar.set_postfix(loss=f"{sum(finite) / max(len(finite), 1):.4f}", lr=f"{lr:.2e}")
         lines.update(1)

@@ -4,18 +4,13 @@
     (:mod:`~atlas_fast.engine.loop`) -> evaluate (:mod:`~atlas_fast.engine.evaluate`) -> record
     (:mod:`~atlas_fast.engine.record`)
 
-A lone run is a group of one: ``run(config) == run_group([config])[0]``. A group's runs share the dataset, backbone,
-method, method config and resolved recipe; each keeps its own few-shot subset (sizes may differ), data order,
-initialisation, label schedule, soft labels and record. Run r starts exactly as a lone run with its seed would; the
-learned tensors of the runs are stacked along their leading R dimension and trained together by the one loop
-(the group: :mod:`~atlas_fast.engine.group`), then
-each run is evaluated and recorded on its own, from its slice. Each record equals the record of the run trained alone
-(up to float reordering) and has the same name, so grouping is a pure speed knob. A run that fails on its own (its
-numbers stop being finite, or its own inputs, evaluation or record raise a user error) is stopped and written as a
-failed run (:func:`~atlas_fast.engine.record.save_failure`) while the rest of its group trains on, each of them as it
-would have without it; ``run_group`` then raises :class:`~atlas_fast.errors.RunsFailed` naming the failed runs
-(a lone run its own error), after every other run's record is written, and the same call trains only those again. Methods whose registry entry says
-they do not batch train a group's runs one by one. A finished identical run on unchanged data is returned as it is
+A lone run is a group of one: ``run(config) == run_group([config])[0]``; a group's runs train as one module
+(:mod:`~atlas_fast.engine.group`), then each is evaluated and recorded on its own, from its slice, with the record
+(and name) of the run trained alone (up to float reordering): grouping is a pure speed knob. A run that fails on its
+own (its numbers, or its own inputs, evaluation or record) is written as a failed run
+(:func:`~atlas_fast.engine.record.save_failure`) while the others go on as they would without it; ``run_group`` then
+raises :class:`~atlas_fast.errors.RunsFailed` (a lone run its own error), and the same call trains only those again.
+A finished identical run on unchanged data is returned as it is
 (``skipped``), before any feature is encoded. A sweep is a plain loop over configs::
 
     from atlas_fast import TrainConfig, run_group
