@@ -1,27 +1,11 @@
-"""Intra-op CPU threads that fit the machine: how many CPUs this process may use, the default count, a short probe
-for small cached steps, and :func:`set_threads`.
-
-torch starts one intra-op thread per physical core of the *node*; it ignores a container's or a SLURM job's CPU
-quota, and a machine shared with other jobs makes those threads wait on each other. The many small ops of a training
-step on cached features suffer most: on a loaded 2-core machine one thread ran four CoOp runs several times faster
-than two. This module
-
-* reads what the process may use (:func:`available_cpus`): the CPU affinity mask, the cgroup v2 ``cpu.max`` / v1
-  ``cpu.cfs_quota_us`` quota (rounded up), and ``SLURM_CPUS_PER_TASK`` (the smallest wins);
-* keeps a policy (:func:`set_threads`): a fixed count, ``"auto"`` (the available CPUs, and for small cached steps
-  the count a short probe measures fastest), or nothing set (torch's own default: the Python API changes nothing
-  unless asked, beyond capping a training loop at the CPUs it may use). The command line applies ``--threads`` (default ``auto``; ``OMP_NUM_THREADS`` set by the user counts
-  as a fixed count) before torch is imported, so its workers inherit it;
-* measures (:func:`probe_threads`) a small cached step (a two-layer MLP forward and backward on a batch of tokens)
-  at 1, 2, 4... threads up to the available CPUs and keeps the fastest per machine and load for a day
-  (``~/.cache/atlas_fast/threads.json``; an entry of the wrong type or range there is measured again, with a
-  warning naming the file).
+"""Intra-op CPU threads that fit the machine: how many CPUs this process may use (:func:`available_cpus`), the
+default count, a short probe for small cached steps (:func:`probe_threads`), and :func:`set_threads`. The policy
+and why it exists (torch ignores CPU quotas, and small cached steps suffer most on a shared machine) are in
+docs/threads.md.
 
 No count above the available CPUs reaches torch (a fixed count is lowered to them, with a warning): an absurd one
-(100,000 threads) would crash the process.
-
-The thread count is not part of a run's identity: it changes no record name, and the numbers only up to float
-reordering in parallel reductions.
+(100,000 threads) would crash the process. The thread count is not part of a run's identity: it changes no record
+name, and the numbers only up to float reordering in parallel reductions.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """The HDF5 feature cache: frozen CLIP image features, encoded once per image view and read by every later run.
 
-One file per (dataset, backbone weights, transform) under a cache root; :class:`FeatureCache` is the one object
-callers use. Each module has one job:
-
-=================  ======================================================================================
-``errors``         the error classes (all derive from :class:`CacheError`)
-``format``         the file's name, HDF5 layout and attributes, and the checks every open makes
-``locking``        the flock side files that let readers and builders share a file across processes
-``space``          disk and memory budgets: refusals before work, a reservation before each write
-``build``          encoding what a file lacks: image loader, write transactions (:class:`CacheBuilder`)
-``read``           reads of cached features (:class:`CacheReader`)
-``inspect``        listing and ``--verify`` for ``atlas-fast cache info`` (:class:`CacheInspector`)
-=================  ======================================================================================
+One file per (dataset, backbone weights, transform) under a cache root (docs/cache.md); :class:`FeatureCache` is
+the one object callers use, the sum of the modules' roles (errors, format, locking, space, build, read, inspect).
 """
 
 from __future__ import annotations
@@ -32,10 +22,8 @@ __all__ = ["FeatureCache", "BuildReport", "CacheEntry", "CacheError", "CacheMism
 class FeatureCache(CacheBuilder, CacheReader, CacheInspector):
     """Image features of frozen CLIP backbones under ``root``, one HDF5 file per (dataset, backbone, transform).
 
-    It is the sum of three roles, each usable alone: :meth:`build` (:class:`CacheBuilder`), :meth:`load`
-    (:class:`CacheReader`), :meth:`entries`, :meth:`info` and :meth:`verify_file` (:class:`CacheInspector`). They
-    share one base, :class:`~atlas_fast.cache.format.CacheFiles`: the root, the storage dtype, how images are
-    identified, and :meth:`path_for`, the file naming.
+    It is the sum of three roles, each usable alone (:class:`CacheBuilder`, :class:`CacheReader`,
+    :class:`CacheInspector`) on one base, :class:`~atlas_fast.cache.format.CacheFiles`.
 
     ``storage_dtype`` ("float16" default, or "float32") applies to files this instance creates; an existing file
     keeps its own dtype (building into it with another dtype raises), and :meth:`load` always returns float32.

@@ -1,14 +1,8 @@
 """Deep prompts in CLIP's towers, run over open_clip's own modules (nothing in open_clip is patched).
 
-The multi-modal methods (IVLP, MaPLe, PromptSRC; ``docs/method-zoo.md``, section IVLP) change the towers in two places:
-
-* **input prompts**: text context tokens at positions 1..M of the embedded prompt (built by the method, see
-  :mod:`atlas_fast.clip.text_encoder`), and M_v visual tokens **appended after the patch tokens**, after the positional
-  embedding and before ``ln_pre``: ``[CLS, patches, P_v]``. Visual prompts get ``ln_pre`` but no positional embedding;
-  the class token stays at index 0 and is what the tower pools.
-* **deep prompts**: at the *input* of block i, 1 <= i < J, the hidden states at the prompt slots are **replaced** by
-  that block's own prompts (text: positions 1..M; vision: the last M_v tokens). Block 0 never gets a deep prompt, so
-  depth J means the input prompt plus J - 1 deep sets. Deep prompts skip ``ln_pre`` and get no positional embedding.
+The multi-modal methods (IVLP, MaPLe, PromptSRC) add input prompts (text positions 1..M; M_v visual tokens appended
+after the patch tokens, ``[CLS, patches, P_v]``) and deep prompts that **replace** the prompt slots at the input of
+blocks 1..J-1, as ``docs/method-zoo.md`` (section IVLP) specifies.
 
 :func:`run_blocks` is the block loop with that replacement; :class:`PromptedVisionEncoder` is the vision tower around
 it (the text tower is :class:`atlas_fast.clip.text_encoder.PromptTextEncoder`). Both take prompts with a leading run

@@ -1,20 +1,15 @@
 """Image views for the feature cache: CLIP's test transform and per-(image, view) seeded train augmentations.
 
-A *view* of an image is fully determined by ``(transform spec, image key, view index)``:
-
-* view 0 is the test transform of CLIP / Dassl: PIL bicubic resize of the shorter side to
-  ``image_size``, centre crop, RGB, ToTensor, normalise with the backbone's mean/std;
-* views 1..V are Dassl's train augmentation for the CoOp configs: ``RandomResizedCrop(image_size, scale=(0.08, 1),
-  ratio=(3/4, 4/3), bicubic)`` (no pre-resize), horizontal flip with p=0.5, ToTensor, normalise. The crop and flip
-  parameters are drawn from a ``torch.Generator`` seeded by a blake2b hash of ``(aug_seed, key, view)``, never from
-  global RNG state nor Python's salted ``hash()``, so a view is the same pixels on every machine, in every run, in any
-  batch order or DataLoader worker. The sampling follows torchvision's ``RandomResizedCrop.get_params`` step by step.
+A *view* of an image is fully determined by ``(transform spec, image key, view index)``: view 0 is CLIP's test
+transform, views 1..V Dassl's train augmentation for the CoOp configs, with the crop and flip drawn from a
+``torch.Generator`` seeded by a blake2b hash of ``(aug_seed, key, view)`` (never global RNG state nor Python's salted
+``hash()``), following torchvision's ``RandomResizedCrop.get_params`` step by step (docs/protocol.md, section
+Views and augmentation, gives the parameters).
 
 :meth:`TransformSpec.fingerprint` hashes a JSON description of all of this (plus a version number bumped whenever
 the pixels a spec produces change), and keys the feature cache. A loaded backbone carries its spec
-(:attr:`atlas_fast.clip.backbones.Backbone.transform`, derived once from its :class:`Preprocessing`), as open_clip's
-``create_model_and_transforms`` returns the transforms with the model; code that needs a backbone's views reads them
-from there (:meth:`~atlas_fast.clip.backbones.Backbone.transform_for` for another augmentation seed).
+(:attr:`atlas_fast.clip.backbones.Backbone.transform`; :meth:`~atlas_fast.clip.backbones.Backbone.transform_for`
+for another augmentation seed).
 
 A view is computed in two steps, which may run in different places: its 8-bit pixels (:func:`load_view_pixels`:
 decode, crop, resize, flip; a feature cache's worker processes), then ToTensor + Normalize (:func:`normalize_pixels`;

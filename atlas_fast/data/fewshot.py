@@ -1,30 +1,17 @@
-"""Subsets of a dataset as the CoOp protocol derives them: K-shot sampling, then the base/new class split.
+"""Subsets of a dataset as the CoOp protocol derives them: K-shot sampling, then the base/new class split. The
+draw (Dassl's ``generate_fewshot_dataset`` with a fresh ``random.Random(seed)``, never the global RNG), the stored
+file and the base/new split are specified in docs/protocol.md (sections Few-shot sampling, Base and new classes).
 
-Few-shot sampling reproduces Dassl's ``generate_fewshot_dataset``: with
-Python's Mersenne Twister seeded by ``seed``, the train list gets K items per class and then the val list
-min(K, 4); classes are visited in order of first appearance (never sorted), a class with at least K items gives
-``random.sample(items, K)`` and a smaller class gives all its items. ImageNet samples train only (its val is the
-test list). A fresh ``random.Random(seed)`` draws exactly what ``random.seed(seed)`` followed by the same calls
-on the global RNG draws, without touching global state.
-
-Subsets are stored as portable JSON (keys = paths relative to the dataset folder, not Dassl's pickles of absolute
-paths) named by the fingerprint of the ordered (path, label) lists they were drawn from, and reused when present:
-a split file edited in any way that changes the draw (images added or removed, drawn or not, classes reordered,
-labels changed) names another file, so the subset is drawn afresh from the new lists; a stored subset that does
-not fit its name or the current lists is an error, never reused. (Dassl's pickle of absolute paths is reused whatever the split file says.)
-
-A stored subset carries a BLAKE2b ``checksum`` of its content. One that fails it (damaged, or edited after it was
-drawn) is refused with an error naming the file, not silently redrawn: runs that share a store then either use the
-subset every earlier run used or stop, never a different one without notice, and deleting the file redraws exactly
-the subset of the seed. A subset without a checksum (written by hand, or before checksums) is used, with a warning,
-after the usual check that its images are in the current lists. A store in a read-only folder (another user's
-cache) keeps nothing new: the subset is drawn from the seed, used, and not kept (with a warning naming the file).
-
-``subsample_classes`` is CoOp's ``OxfordPets.subsample_classes``, applied after few-shot sampling.
+Subsets are stored as portable JSON named by the fingerprint of the ordered (path, label) lists they were drawn
+from, so an edited split file names another file and gets a fresh draw; a stored subset that does not fit its name
+or the current lists is an error, never reused. A stored subset carries a BLAKE2b ``checksum``: one that fails it is
+refused naming the file, not silently redrawn, so runs sharing a store use the same subset or stop. A subset without
+a checksum (written by hand) is used with a warning; in a read-only folder the subset is drawn, used and not kept
+(with a warning naming the file).
 
 Both take an optional ``memo``: a dict kept with the full listing while a sweep is planned, so what every run of
-the sweep derives alike from the shared lists (the draw's source fingerprint, the index of the full train list, the
-base/new relabelling of the test list) is computed once per sweep rather than once per run; results are the same.
+the sweep derives alike from the shared lists is computed once per sweep rather than once per run; results are the
+same.
 """
 
 from __future__ import annotations

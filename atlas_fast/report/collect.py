@@ -1,27 +1,13 @@
-"""``atlas-fast report RESULTS_DIR``: every finished run under a results folder as paper tables and plots.
+"""``atlas-fast report RESULTS_DIR``: every finished run under a results folder as paper tables and plots
+(docs/experiments.md, section Reports, describes the outputs).
 
-Runs write one record per run to ``<results_dir>/<dataset>/<stem>.json`` (:mod:`atlas_fast.engine.record`), whichever
-command trained them (``train``, ``demo``, ``experiment``, the Python API). :func:`report_folder` reads them back
-(:mod:`~atlas_fast.report.results_folder`: damaged or unfinished ones are skipped with a warning naming the file;
-nothing is moved or changed), gives each its table and row (:mod:`~atlas_fast.report.grouping`) and writes one table
-per setting (per shot count for few-shot):
-
-- each cell is the mean over seeds ± the *population* standard deviation over seeds (``statistics.pstdev``, as
-  CoOp's ``parse_test_res``); an "Average" section (several datasets; last) averages the per-dataset means (± the mean of
-  the per-dataset stds) of the variants every dataset has;
-- base-to-new shows base, new and H, where H is the harmonic mean of the *mean* base and new accuracies (the
-  papers' convention, :func:`atlas_fast.report.rows.aggregate`); few-shot and cross-dataset show the accuracy on
-  their class set (``all``; cross-dataset records hold the source dataset; the targets are evaluated by
-  ``atlas-fast experiment table_cross_dataset``).
-
-Outputs in ``out`` (default ``<results_dir>/report/``): ``report.md``, ``report.tex`` (booktabs, one labelled table
-each, pure ASCII; :func:`atlas_fast.report.formats.latex_table`), ``report.csv`` (one line per row, every metric's
-mean and std, the last metric's mean paired difference to the block's first row with its 95 % interval), per table a
-plot ``<table>.png`` / ``<table>.pdf`` (bars of the Average or single-dataset rows; few-shot over several shot counts:
-accuracy against shots) and, with several datasets, ``<table>_<dataset>.png`` / ``.pdf`` per dataset, and
-``sources.json`` (what :mod:`atlas_fast.report.verify` checks). What every row of a table changes from the recipes
-and presets is said once, in its notes and caption, not on each row; the records left out are listed under the
-tables. This module imports neither torch nor the engine until a report is made, so the command line stays quick.
+:func:`report_folder` reads the records back (:mod:`~atlas_fast.report.results_folder`: damaged or unfinished ones
+are skipped with a warning naming the file; nothing is moved or changed), gives each its table and row
+(:mod:`~atlas_fast.report.grouping`) and writes one table per setting (per shot count for few-shot). Each cell is
+the mean over seeds ± the *population* standard deviation (``statistics.pstdev``, as CoOp's ``parse_test_res``); an
+"Average" section averages the per-dataset means (± the mean of the per-dataset stds) of the variants every dataset
+has; H is the harmonic mean of the *mean* base and new accuracies (:func:`atlas_fast.report.rows.aggregate`).
+This module imports neither torch nor the engine until a report is made, so the command line stays quick.
 """
 
 from __future__ import annotations
@@ -107,8 +93,7 @@ def report_folder(results_dir: str | Path, out: str | Path | None = None, datase
     ``out`` (default ``<results_dir>/report/``) as ``report.md``, ``report.tex``, ``report.csv`` and
     ``<table>.png``/``.pdf`` (``formats``: any of md, tex, csv, png, pdf; default all); returns the Markdown.
     ``datasets``/``methods`` keep only those records; ``metrics`` replaces each table's columns (default: base, new,
-    H for base-to-new, ``all`` otherwise). Cells are mean ± population std over seeds; H is that of the mean base and
-    new accuracies. ``paths``: only these record files (relative to ``results_dir``). Beside the tables,
+    H for base-to-new, ``all`` otherwise). ``paths``: only these record files (relative to ``results_dir``).
     ``sources.json`` names every record a cell was computed from, with its seal (what
     :func:`~atlas_fast.report.verify.verify_report` checks). Raises ``ValueError`` when no finished record matches."""
     from atlas_fast.engine.deviations import table_marks
