@@ -301,11 +301,9 @@ class RunGroup(TrainingRuns):
 
     def _fail_forked(self) -> set[int]:
         """The forked runs whose trunk run diverged, each reported to ``on_failure``: retired from the fork on."""
-        fork = self.fork
-        failed = {i for i, parent in enumerate(fork.parents) if parent in self.failed_trunk}
-        for i in sorted(failed):
-            if self.on_failure is not None:
-                self.on_failure(i, self.failed_trunk[fork.parents[i]])
+        failed = {i for i, parent in enumerate(self.fork.parents) if parent in self.failed_trunk}
+        for i in sorted(failed):  # (a trunk run is only ever failed with an on_failure)
+            self.on_failure(i, self.failed_trunk[self.fork.parents[i]])
         self.failed_trunk.clear()
         return failed
 

@@ -167,17 +167,12 @@ def train_runs(runs: TrainingRuns, recipe: OptimRecipe, device: torch.device, am
     the end of its epoch and handed to ``runs.diverged`` (where that does not retire it: :class:`FloatingPointError`);
     after each epoch's log ``runs.end_epoch`` may retire runs or hand over a new module (:class:`TrainingRuns`).
 
-    A step is one :class:`~atlas_fast.engine.step.TrainStep`: the batch, the loss, the backward pass, the update and
-    the epoch's loss sums, all device work; the loop reads the losses back once per epoch. Where every run's inputs
-    are rows on the device (cached views), the step gathers its batch there from an order moved once per epoch
-    (:class:`~atlas_fast.engine.step.GatheredBatches`). ``graph_steps`` (CUDA): full-size steps replay a CUDA graph
-    of the whole step (:class:`~atlas_fast.engine.graphs.StepGraphs`), so such a step is one replay and no host
-    synchronisation; each epoch's log then counts them (``graphed_steps``, ``eager_steps``), and a fallback to eager
-    steps (one warning, the same numbers) is named in the log of its epoch (``graph_fallback``).
-
-    A recipe with ``iterations`` (a cosine over optimiser steps) sets each step's lr before the step and stops after
-    the last iteration, inside an epoch if it must; that epoch's loss is the mean over the items it reached. Its
-    runs train together only when their epochs have the same steps (the schedule counts the group's steps).
+    A step is one :class:`~atlas_fast.engine.step.TrainStep` (batch, loss, backward, update, the epoch's loss sums:
+    device work; losses are read back once per epoch). ``graph_steps`` (CUDA): full-size steps replay a CUDA graph of
+    the whole step (:class:`~atlas_fast.engine.graphs.StepGraphs`); each epoch's log counts them (``graphed_steps``,
+    ``eager_steps``) and names a fallback to eager steps (``graph_fallback``). A recipe with ``iterations`` sets each
+    step's lr and stops after the last iteration, inside an epoch if it must (that epoch's loss: the mean over the
+    items it reached); its runs train together only on training sets of one size.
     """
     method = runs.method
     if method.num_runs != len(runs.runs):

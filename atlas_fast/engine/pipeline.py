@@ -165,34 +165,25 @@ def complete_record(spec: RunSpec, record: dict[str, Any]) -> dict[str, Any]:
     return rewrite_record(spec, path.stem, completed, learned, run_predictions(scores, 0) if keep else None)
 
 
-def scores_sets(spec: RunSpec, names: Sequence[str], backbone) -> list:
-    """The evaluation sets ``names`` of ``spec``'s data (test features from the cache, built where missing)."""
-    cache = FeatureCache(spec.config.cache_root, content_hash=spec.config.content_hash)
-    sets = []
-    for name in names:
-        split = spec.data.splits[name]
-        cache.build(backbone, spec.dataset, split.test, num_views=0, progress=spec.config.progress)
-        sets.append(evaluation_set(name, split, backbone, cache, spec.method, spec.config.workers, spec.device))
-    return sets
-
-
 def rescore_saved(spec: RunSpec, record: dict[str, Any], learned: dict[str, torch.Tensor], backbone,
                   names: Sequence[str], keep_logits: bool) -> tuple[dict[str, SetScores], list]:
-    """A finished run's accuracy and calibration on the class sets ``names``, scored on its saved learned tensors
-    as the run scored itself: its temperature fitted on its few-shot validation split (where that is not the test
-    split), every set in one pass."""
-    sets = scores_sets(spec, names, backbone)
-    held_out = None
-    train_split = spec.data.train_split
+    """A finished run's accuracy and calibration on the class sets ``names`` (their test features from the cache,
+    built where missing), scored on its saved learned tensors as the run scored itself: its temperature fitted on
+    its few-shot validation split (where that is not the test split), every set in one pass."""
+    config, train_split = spec.config, spec.data.train_split
+    cache = FeatureCache(config.cache_root, content_hash=config.content_hash)
+    wanted = [(name, spec.data.splits[name], "test") for name in names]
     if not spec.data.fewshot.val_is_test and train_split.val:
-        cache = FeatureCache(spec.config.cache_root, content_hash=spec.config.content_hash)
-        cache.build(backbone, spec.dataset, train_split.val, num_views=0, progress=spec.config.progress)
-        held_out = evaluation_set(VALIDATION, train_split, backbone, cache, spec.method, spec.config.workers,
-                                  spec.device, "val")
+        wanted.append((VALIDATION, train_split, "val"))
+    sets = []
+    for name, split, part in wanted:
+        cache.build(backbone, spec.dataset, getattr(split, part), num_views=0, progress=config.progress)
+        sets.append(evaluation_set(name, split, backbone, cache, spec.method, config.workers, spec.device, part))
+    held_out = sets.pop() if len(sets) > len(names) else None
     trained_on = record.get("data", {}).get("classnames") or train_split.classnames
     method = spec.method.build(backbone, trained_on, spec.method_config).to(spec.device)
     method.load_checkpoint_state(split_snapshots(learned)[0])
-    return score_method(method, sets, spec.amp, spec.config.progress, calibrate=True, keep_logits=keep_logits,
+    return score_method(method, sets, spec.amp, config.progress, calibrate=True, keep_logits=keep_logits,
                         held_out=held_out), sets
 
 
