@@ -5,15 +5,12 @@ Three stages run side by side: worker processes decode each image once and cut i
 on a GPU, one on the CPU, where the encoder needs the cores); the caller's thread normalises them on the encoder's
 device and encodes them in batches; a writer thread (:class:`Writer`) commits the features in transactions of many
 images. A transaction covers whole blocks of :data:`~atlas_fast.cache.format.FEATURE_CHUNK_ROWS` rows, so every HDF5
-chunk of new rows is written once, whole, and never read back (committing one image's views at a time rewrote each
-of its views' partly filled chunks).
+chunk of new rows is written once, whole, and never read back.
 
-Resumability: every transaction is committed (space reserved, features written and flushed before their ``done``
-flags) at least every :attr:`CacheBuilder.transaction_seconds`, and whatever was encoded is committed before an error
-or an interruption propagates, so a build that is interrupted keeps every feature encoded before it and a killed one
-all but the last few seconds'; rebuilding encodes only the rest. (A hard kill in the middle of a transaction can
-damage the file; opening it then raises an error naming it and telling to delete it.) A second builder of the same
-file waits for the first (:mod:`atlas_fast.cache.locking`), then encodes only what is still missing.
+Resumability (docs/cache.md, Properties): every transaction is committed (space reserved, features written and
+flushed before their ``done`` flags) at least every :attr:`CacheBuilder.transaction_seconds` and before an error or
+an interruption propagates. A hard kill in the middle of a transaction can damage the file; opening it then raises an
+error naming it. A second builder of the same file waits for the first (:mod:`atlas_fast.cache.locking`).
 """
 
 from __future__ import annotations

@@ -6,11 +6,6 @@ set), a missing ``split_zhou_<Name>.json``, a missing ``classnames.txt``, a half
 :mod:`atlas_fast.data.datasets` stop at the first such fault of the dataset a run reaches; this module looks at every
 dataset asked for and names every fault it can see.
 
-* :func:`layout_findings` - the cheap part (a few ``stat`` calls and one folder scan per dataset, no image listed
-  or decoded). ``train``, ``cache build`` and ``experiment`` call :func:`require_layouts` before any work.
-* :func:`check_dataset` - the layout, then the full listing (the reader itself), the counts against
-  :data:`PUBLISHED_SIZES`, and a decode check of a sample of the images (all of them with ``full``).
-
 The published sizes are CoOp's fixed splits (the dataset table of the CoOp paper; ImageNet's val set is its test
 set; the four ImageNet variants are test-only). A count that differs is a warning (a subset may be deliberate); a
 missing or malformed file, an empty split and an image that does not decode are errors.

@@ -4,14 +4,6 @@ Features, few-shot subsets and result records are keyed by these fingerprints to
 two datasets that share a name (``folder:projA/data`` and ``folder:projB/data``) or an image replaced in place
 never share features or records, while moving or renaming the data root changes nothing.
 
-* :func:`image_identity` - one file: ``"<size>:<mtime_ns>"`` from one ``stat`` (cheap), or ``"b2:<hash>"`` of its
-  bytes with ``content=True`` (reads every byte; survives ``cp`` without ``-p``, catches same-size edits that keep
-  the mtime).
-* :func:`listing_fingerprint` - the ordered (relative path, label, class name) lists of train/val/test: what a
-  few-shot draw depends on.
-* :func:`dataset_fingerprint` - the listing plus the identity of every file in it: what the numbers depend on.
-* :func:`subset_fingerprint` - a run's inputs: the full listing and the fingerprint of the few-shot subset.
-
 The runs of one sweep share a listing (its test list, often 50,000 images, and its full train list): the functions
 that take ``memo`` (a dict kept with the listing while the sweep is planned) compute what those runs share once,
 the listing's fingerprint and each file's identity, instead of once per run. The values are the same either way.

@@ -1,21 +1,13 @@
 """The on-disk layouts of the 15 CoOp benchmarks and of a user's own data, and their readers.
 
 A :class:`Layout` reads a dataset folder's train/val/test lists and describes the tree it expects (for the error when
-something is missing); the registry (:mod:`atlas_fast.data.datasets`) pairs each dataset with its layout. As the
-reference code (CoOp's dataset classes on Dassl) reads them:
-
-* split-JSON datasets (``split_zhou_<Name>.json``): labels and class names are taken from the JSON verbatim; the
-  paths are relative to an image prefix (StanfordCars: the dataset folder itself); every file is stat'ed as
-  Dassl's ``Datum`` does. A split file is untrusted input: its paths must stay inside the dataset folder and its
-  labels run 0..K-1 over its K class names, checked in memory proportional to its entries (never sized by a label);
-* FGVCAircraft: label = line index of ``variants.txt``; ``images_variant_{train,val,test}.txt`` lists images;
-* ImageNet: labels from the sorted wnid folders of each split, names from ``classnames.txt``, val is test. Image
-  names are **sorted** (Dassl lists them in file-system order): a documented deviation so that few-shot subsets do
-  not depend on the file system;
-* the test-only variants (V2, Sketch, -A, -R) have ``train == val == ()``; -A/-R are 200-way over the sorted wnids.
-
-``DatasetSplits.classnames`` follows Dassl's rule (names of the *train* list; the test list for test-only sets).
-Keys (``Datum.key``) are posix paths relative to the dataset folder, so caches are portable across machines.
+something is missing); the registry (:mod:`atlas_fast.data.datasets`) pairs each dataset with its layout. Each
+layout reads its lists as the reference code (CoOp's dataset classes on Dassl) does, with the label and name rules
+of docs/protocol.md (section Datasets and layout). A split file is untrusted input: its paths must stay inside the
+dataset folder and its labels run 0..K-1 over its K class names, checked in memory proportional to its entries
+(never sized by a label). ImageNet's image names are **sorted** (Dassl lists them in file-system order): a
+documented deviation so that few-shot subsets do not depend on the file system. Keys (``Datum.key``) are posix paths
+relative to the dataset folder, so caches are portable across machines.
 """
 
 from __future__ import annotations

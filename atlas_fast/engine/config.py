@@ -63,20 +63,17 @@ class TrainConfig:
     epoch, the faithful setting). ``soft_labels`` (a :class:`atlas_fast.atlas.softlabels.SoftLabelConfig`) is
     required exactly when the schedule uses soft labels.
     ``evaluate`` lists the class sets evaluated after training (and every epoch with ``eval_every_epoch``), within
-    base/new/all and always including the training subset; None is every set the setting has (base-to-new: base, new
-    and all), and it names the run only when it differs from that. ``graph_steps`` replays each full-size training
-    step from a CUDA graph (a speed knob that leaves the numbers unchanged, see :mod:`atlas_fast.engine.graphs`): None
-    (auto) wherever a graph can replay the step (a CUDA device, any method that learns, a label schedule without
-    per-step host statistics), True to require it (refused elsewhere), False for eager steps; its default is the
-    ``ATLAS_FAST_GRAPH_STEPS`` environment variable (auto/on/off; unset: auto), read when the config is made. ``workers`` are the DataLoader decoding processes of the methods that train on
-    pixels (None: up to 8 on a GPU, none on the CPU). ``snapshot_epochs`` (off by default) also saves the learned
-    tensors after each of these numbers of finished epochs (0 = the initialisation) beside the final ones, for
-    analyses along a run (:func:`atlas_fast.engine.record.split_snapshots`); it names the run only when set.
-    ``save_predictions`` (off by default) writes each run's per-image logits and labels beside its record
-    (:data:`atlas_fast.engine.record.PREDICTIONS_SUFFIX`). ``data_root``, ``cache_root``, ``results_dir``,
-    ``progress``, ``save_predictions``, ``workers`` and ``graph_steps`` do not change the numbers and are not part of the record's name (the data are,
-    by their fingerprint, see :mod:`atlas_fast.data.identity`). ``content_hash`` identifies images by a hash of
-    their bytes rather than size and mtime (slower; see docs/guarantees.md).
+    base/new/all and always including the training subset; None is every set the setting has. ``graph_steps``
+    replays each full-size training step from a CUDA graph (:mod:`atlas_fast.engine.graphs`): None (auto) wherever a
+    graph can replay the step, True to require it (refused elsewhere), False for eager steps; its default is the
+    ``ATLAS_FAST_GRAPH_STEPS`` environment variable (auto/on/off), read when the config is made. ``workers`` are the
+    decoding processes of the pixel methods (None: up to 8 on a GPU, none on the CPU). ``snapshot_epochs`` also saves
+    the learned tensors after each of these numbers of finished epochs (0 = the initialisation)
+    (:func:`atlas_fast.engine.record.split_snapshots`); it names the run only when set. ``save_predictions`` writes
+    each run's per-image logits and labels beside its record. ``data_root``, ``cache_root``, ``results_dir``,
+    ``progress``, ``save_predictions``, ``workers`` and ``graph_steps`` do not change the numbers and are not part of
+    the record's name (the data are, by their fingerprint). ``content_hash`` identifies images by a hash of their
+    bytes rather than size and mtime (slower; see docs/guarantees.md).
     """
 
     dataset: str

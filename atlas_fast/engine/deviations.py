@@ -13,10 +13,7 @@ a run's *described* configuration (``RunSpec.described``, which a record stores 
 
 Only printed text uses it: names, keys and metrics of runs are unchanged. The keys are the record's dotted config
 fields (``soft_labels.theta``, ``recipe.epochs``, ``schedule.period``...), so a report that already names a field
-in its row (a sweep over α) can leave it out here. ``atlas-fast report`` marks each row's name
-(:func:`deviation_note`); the experiment modules' tables mark what all their rows change alike once, after the
-title, and the rest after each row's name (:func:`table_marks`); :func:`deviation_legend` is the sentence below
-both.
+in its row (a sweep over α) can leave it out here.
 """
 
 from __future__ import annotations

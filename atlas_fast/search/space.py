@@ -1,14 +1,9 @@
 """What a search may change: ranges and choices over a run's fields, its ATLaS knobs and its method's options, checked
 before anything is trained.
 
-A space maps names to :class:`Range` or :class:`Choice`. A name is one of
-
-* a :class:`~atlas_fast.engine.config.TrainConfig` recipe field: ``lr``, ``epochs``, ``batch_size``, ``views``,
-  ``shots``;
-* an ATLaS knob: ``K`` (the period of :class:`~atlas_fast.atlas.schedules.Alternating`), the soft labels' ``theta``,
-  ``tau_c`` (or ``inv_tau_c``, 1/τ_c as the paper's sensitivity figure sweeps it), ``alpha``, ``w``, ``delta`` and
-  ``kind``;
-* a field of the method's config (``n_ctx``, ``depth``, ...; what ``--method-option`` sets).
+A space maps names to :class:`Range` or :class:`Choice`: a recipe field of
+:class:`~atlas_fast.engine.config.TrainConfig`, an ATLaS knob (``K``, ``theta``, ``tau_c`` or ``inv_tau_c``, ...) or
+a field of the method's config (docs/search.md lists them).
 
 :func:`check_space` refuses, with a message naming the parameter, an empty or inverted range, a log range that
 reaches 0, a name the method (or its soft labels) does not have, and values the run's config would refuse. A grid

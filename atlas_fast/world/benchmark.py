@@ -64,13 +64,11 @@ def checkerboard(shapes: Sequence[str], textures: Sequence[str]) -> tuple[str, .
 
 def held_out_split(shapes: Sequence[str], textures: Sequence[str], held_out: str) -> tuple[str, ...]:
     """Class names ordered so that the new half (second) holds the second half of the ``held_out`` attribute's
-    values, which no base class has: new classes are novel in that attribute, as new classes on real benchmarks are
-    novel concepts (issue 19), not recombinations of base parts.
+    values, which no base class has: new classes are novel in that attribute, not recombinations of base parts.
 
-    ``held_out``: "shape" or "texture" (all shapes x textures, split by that attribute), or "both": only the two
-    diagonal blocks, base = first half of the shapes x first half of the textures, new = second x second, so that
-    new classes share neither attribute with any base class (half as many classes). A held-out attribute needs an
-    even number of values, so that the halves are exactly CoOp's base/new halves."""
+    ``held_out``: "shape" or "texture" (all shapes x textures, split by that attribute), or "both": base = first
+    half of the shapes x first half of the textures, new = second x second (half as many classes). A held-out
+    attribute needs an even number of values, so that the halves are exactly CoOp's base/new halves."""
     if held_out not in ("shape", "texture", "both"):
         raise ValueError(f"held_out must be 'shape', 'texture' or 'both', got {held_out!r}")
     for kind, values in (("shape", shapes), ("texture", textures)):
@@ -100,8 +98,7 @@ def split_order(order: str, shapes: Sequence[str], textures: Sequence[str]) -> t
     raise ValueError(f"unknown split order {order!r}; valid: {SPLIT_ORDERS}")
 
 
-# The 24 classes of the main datasets: six shapes x four textures, base = circle, triangle, square (every texture),
-# new = star, cross, heart: new classes are novel shapes, as new classes on real benchmarks are novel concepts.
+# The 24 classes of the main datasets: six shapes x four textures, new classes novel shapes (module docstring).
 MAIN_CLASSES = split_order("shape", SHAPES[:6], TEXTURES[:4])
 # Cross-dataset targets: other class sets, partly overlapping the main one (as Caltech101 overlaps ImageNet).
 SYMBOL_CLASSES = checkerboard(("star", "cross", "heart", "diamond", "moon"), ("solid", "hollow"))
@@ -167,9 +164,8 @@ class SplitSizes:
 
 
 def register_world_datasets() -> None:
-    """Make every world dataset loadable by name (idempotent: re-registering replaces the same spec). The data
-    registry calls this through the ``atlas_fast.datasets`` entry point (setup.cfg), so the names are known in every
-    process without the data package importing the world."""
+    """Make every world dataset loadable by name (idempotent). Called through the ``atlas_fast.datasets`` entry point
+    (setup.cfg), so the data package need not import the world."""
     for d in WORLD_DATASETS:
         register_split_json_dataset(d.name, d.folder, IMAGE_FOLDER, d.template, split_file=d.split_file)
 
@@ -177,9 +173,7 @@ def register_world_datasets() -> None:
 def write_dataset(dataset: WorldDataset, data_root: str | Path, sizes: SplitSizes = SplitSizes(), seed: int = 0,
                   progress: bool = True, layout: Layout = BENCHMARK_LAYOUT) -> Path:
     """Write (or reuse, if its stamp matches) one dataset under ``<data_root>/<folder>``; returns the folder.
-
-    Regenerating with other arguments deletes only the files the generator wrote there (listed in
-    :data:`MANIFEST_FILE`, written before the first image), never other files a user put in the folder."""
+    Regenerating with other arguments deletes only the files listed in :data:`MANIFEST_FILE`, never a user's."""
     dataset_dir = Path(data_root) / dataset.folder
     stamp = {"generator_version": GENERATOR_VERSION, "dataset": asdict(dataset), "sizes": asdict(sizes), "seed": seed,
              "layout": asdict(layout)}
@@ -336,9 +330,8 @@ def _remove_written(dataset_dir: Path) -> None:
 
 def generate_benchmark(data_root: str | Path, datasets: Sequence[str] | None = None,
                        sizes: SplitSizes = SplitSizes(), seed: int = 0, progress: bool = True) -> list[Path]:
-    """Write the world datasets (all, or those named) under ``data_root``, reusing finished ones, and register them.
-
-    Idempotent: a dataset folder whose stamp matches the arguments is left untouched."""
+    """Write the world datasets (all, or those named) under ``data_root``, reusing those whose stamp matches, and
+    register them."""
     names = list(datasets) if datasets is not None else [d.name for d in WORLD_DATASETS]
     unknown = [n for n in names if n not in WORLD_BY_NAME]
     if unknown:

@@ -2,17 +2,11 @@
 real on-disk layout, with its real class names, class count and split sizes (:mod:`~atlas_fast.world.standin_plan`),
 but small generated images (:mod:`~atlas_fast.world.standin_images`).
 
-Each dataset folder gets a ``STANDIN.json`` manifest (the request, the counts written and published, that it is a
-stand-in, and ``files``: every file the generator writes there), written before the first image and marked complete
-after the last, when it also records each file's size and modification time. A complete manifest of the same
-request is skipped; an incomplete one of the same request is completed (images already there are kept: each image
-is written to a hidden temporary name and renamed; the temporary files a killed run left are removed); a manifest
-of another request has its files rewritten: only the files it lists are deleted, and only while they are as the
-generator wrote them. Anything else in the folder (a user's notes, real data extracted beside it) is kept; a listed
-file that was changed since (real data extracted over it), or a file of the user's where a new image would go,
-stops the rewrite before anything is deleted, with an error naming it. A folder that holds files but no manifest
-is not a stand-in and is never touched. A lock per dataset makes concurrent generators safe: the second waits, then
-finds the dataset done.
+Each dataset folder gets a ``STANDIN.json`` manifest, written before the first image (``files``: every file the
+generator writes there) and marked complete after the last (with each file's size and modification time); what is
+skipped, completed, rewritten or refused, and why a user's files are never deleted, is in docs/data-check.md
+(section Stand-ins of the 15 benchmarks). A folder that holds files but no manifest is never touched; a lock per
+dataset makes concurrent generators safe.
 """
 
 from __future__ import annotations
