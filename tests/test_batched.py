@@ -116,7 +116,7 @@ def test_runs_that_cannot_share_a_module_are_refused(pets):
 
     configs = _configs(pets, "mixed")
     other = TrainConfig(**{**configs[0].__dict__, "lr": 0.01})
-    with pytest.raises(ValueError, match="cannot train as one group"):
+    with pytest.raises(ValueError, match="cannot train as one group: they differ in recipe "):
         train_group([plan_run(configs[0]), plan_run(other)])
 
 

@@ -61,8 +61,8 @@ def check_group(specs: Sequence) -> None:
         mine, theirs = shared_settings(first), shared_settings(spec)
         if mine != theirs:
             differ = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
-            raise ValueError(f"Runs {first.stem} and {spec.stem} cannot train as one group: their "
-                             f"{', '.join(differ)} differ (only {', '.join(PER_RUN_FIELDS)} may).")
+            raise ValueError(f"Runs {first.stem} and {spec.stem} cannot train as one group: they differ in "
+                             f"{', '.join(differ)} (only {', '.join(PER_RUN_FIELDS)} may differ).")
         if spec.data.train_split.classnames != first.data.train_split.classnames:
             raise ValueError(f"The runs of a group must train on the same classes ({first.dataset}).")
 
