@@ -5,15 +5,9 @@ Accuracy is Dassl's ``Classification`` evaluator: micro top-1 in percent over th
 (docs/protocol.md, "Evaluation"). In base-to-new, *base* is an m-way problem over the base class names, *new* an (n-m)-way
 problem over the new names whose text features are built from the **learned** context (``set_classnames``), and
 H = 2BN/(B+N). *all* is the n-way problem over every class name (not reported by the references, but cheap here).
-Methods that prompt the image tower (``reads_pixels``) are evaluated on the test view (view 0) of each
-image, decoded in batches of :data:`EVAL_PIXEL_BATCH` (the references' test batch), with the class prompts encoded
-once per class set; every evaluated set in one pass, each distinct image through the prompted tower once
-(:func:`pixel_scores`). A module of R runs (a group) is evaluated in that one pass for all of them.
-
-The same pass scores calibration (:func:`score_method`, :mod:`atlas_fast.engine.calibration`): from each chunk of
-logits it keeps, beside the hits, each image's top-1 confidence, NLL and Brier score (and the same of the logits
-divided by the run's temperature, fitted first on its few-shot validation split), and, when predictions are saved,
-the logits themselves.
+Methods that prompt the image tower are evaluated on the test view (view 0) of each image (:func:`pixel_scores`).
+A module of R runs (a group) is evaluated in one pass for all of them, which also scores calibration
+(:func:`score_method`, :mod:`atlas_fast.engine.calibration`).
 """
 
 from __future__ import annotations

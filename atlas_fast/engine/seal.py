@@ -4,12 +4,11 @@ A record's ``seal`` is the BLAKE2b-256 of the canonical JSON of every other fiel
 (configuration, data and backbone fingerprints, metrics, per-epoch values, timings, versions, provenance and the
 checksum of the learned tensors), so any change to the numbers a table quotes, by a disk fault or an edit, no
 longer matches it. It is a checksum, not a signature: whoever edits a record and recomputes the seal with this
-module is not detected (``docs/guarantees-seal.md``). Records written before seals existed have none; they are read
-with a warning (:func:`seal_problem` returns None for them, :func:`is_sealed` tells them apart).
+module is not detected (docs/guarantees.md, section Sealed records). An unsealed record is read with a warning
+(:func:`seal_problem` returns None for it, :func:`is_sealed` tells it apart).
 
-``provenance`` records what the versions do not: the git commit of the atlas_fast code that ran (and whether its
-tracked files differed from that commit), the CUDA version torch was built with, and the device's name, so two
-tables made on two machines, or by two states of the code, can be told apart.
+``provenance`` records what the versions do not (the code's git commit and dirty flag, torch's CUDA version, the
+device's name), so tables made on two machines, or by two states of the code, can be told apart.
 """
 
 from __future__ import annotations

@@ -55,8 +55,7 @@ def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
     500 x 375 random-texture JPEG (the size of an average photo of the paper's datasets). It times
     :func:`~atlas_fast.clip.transforms.load_views`, a pixel method's per-view work, or with ``pixels`` what a cache
     build's workers do (:func:`~atlas_fast.clip.transforms.load_view_pixels`: 8-bit views, without the ToTensor +
-    Normalize the encoder's thread does, which :func:`measure_encode` times; the world's 32 px views cost 0.05 ms
-    cut, 0.13 ms normalised)."""
+    Normalize the encoder's thread does, which :func:`measure_encode` times)."""
     from PIL import Image
 
     from atlas_fast.clip.transforms import load_view_pixels, load_views

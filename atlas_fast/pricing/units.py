@@ -1,27 +1,13 @@
 """A run's units of work, measured on this machine: what the estimator (:mod:`atlas_fast.pricing.estimate`) multiplies
-per step, per test image and per run. The command's own units around its runs (its start, the feature cache's build,
+per step, per test image and per run (:func:`measure_step`, :func:`measure_eval`, :func:`measure_soft_labels`,
+:func:`measure_run_overhead`). The command's own units around its runs (its start, the feature cache's build,
 decoding, its report, its end) are in :mod:`atlas_fast.pricing.command_units`; how a unit is timed, in
 :mod:`atlas_fast.pricing.timing`.
 
-Every unit runs the engine's own code on synthetic inputs of the real shapes, so what is timed is what a run does:
-
-* :func:`measure_step`: a method's training step at (C classes, batch B, R runs), through the training loop itself
-  (:func:`atlas_fast.engine.loop.train_runs`: the same whole step, batch gathered on the device, forward, backward,
-  per-run update and, on CUDA, the step graphs with their length groups); inputs are random cached features (B, D)
-  held on the device as the cached views are, or random pixels (B, 3, S, S) for the methods that read pixels (the
-  method's registry entry says which); decoding images is priced apart
-  (:func:`~atlas_fast.pricing.command_units.measure_decode`). The class names set the prompts' lengths, so a plan's
-  own names are passed where there are any.
-* :func:`measure_eval`: a method's test-time logits of N test images at C classes for the R runs of a group
-  evaluated together (the engine's ``method_logits`` on cached features; on pixels, the prompted image features
-  and the class set's classifier, as a group's one pass computes them), as a fixed part (the class prompts,
-  encoded once per class set) and a part per image.
-* :func:`measure_soft_labels`: CSL / ISL generation at C (the text encoder over C class prompts, then the rows).
-* :func:`measure_run_overhead`: what a run pays outside its steps: building the method for C classes, the zero-shot
-  references' class prompts and writing its record.
-
-Each returns a :class:`~atlas_fast.pricing.timing.Unit` (seconds, and the peak host RSS and peak device memory seen
-while it ran).
+Every unit runs the engine's own code on synthetic inputs of the real shapes, so what is timed is what a run does
+(docs/estimate.md, section Where the numbers come from). The class names set the prompts' lengths, so a plan's own
+names are passed where there are any. Each returns a :class:`~atlas_fast.pricing.timing.Unit` (seconds, and the peak
+host RSS and peak device memory seen while it ran).
 """
 
 from __future__ import annotations
@@ -181,8 +167,8 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
     towers, :data:`~atlas_fast.engine.evaluate.EVAL_PIXEL_SEQUENCES` sequences per call, for the methods that read
     pixels; decoding priced apart), measured on ``images`` random test inputs and scaled linearly. On cached
     features the count grows up to ``max_images`` (a few times the largest test set the plan evaluates: an image's
-    cost that does not show on that many images does not matter to the plan, and timing 16,384 took most of a small
-    job's calibration); the unit keeps the count it reached (``images``)."""
+    cost that does not show on that many images does not matter to the plan); the unit keeps the count it reached
+    (``images``)."""
     from atlas_fast.engine.evaluate import EVAL_PIXEL_BATCH, EVAL_PIXEL_SEQUENCES, method_logits
 
     device = backbone.device

@@ -230,10 +230,8 @@ def shots_text(shots: int, records: Sequence[dict[str, Any]]) -> str:
 
 
 class _Staged:
-    """A report written whole or not at all: each file is written into a staging folder beside ``out`` (same file
-    system) and, once every one is written, renamed over its place, so a failure (a full disk, a file-size limit, a
-    read-only folder) leaves the previous report as it was and names the file and folder; the staging folder goes
-    either way."""
+    """A report written whole or not at all: files are written into a staging folder beside ``out`` and renamed over
+    their places once all are written, so a failure leaves the previous report as it was and names the file."""
 
     def __init__(self, out: Path) -> None:
         self.out, self.written = out, []  # type: ignore[var-annotated]

@@ -84,12 +84,10 @@ _SIDEWAYS_LABEL_INCHES = 0.13
 
 
 def rows_figure(rows: Sequence[TableRow], title: str | None = None):
-    """Grouped bars (one group per metric, one bar per row) on an axis from 0, made to be read: each bar's value
-    printed above it and above its error bar (upright where the bar is wide enough, on its side where it is narrow,
-    not at all where even that would overlap its neighbours), the seeds' population std as an error bar only where
-    a row has several seeds and a spread (no flat error bars), and the legend below the axes, so long labels never
-    squeeze the bars. A legend label is the row's name and the marks of what its runs change that not every row
-    shares (those belong in the caption); returns the figure."""
+    """Grouped bars (one group per metric, one bar per row) on an axis from 0: each value printed above its bar and
+    error bar (on its side where the bar is narrow, not at all where it would overlap), the seeds' population std as
+    an error bar only where a row has a spread, and the legend (row name and the marks not every row shares) below
+    the axes, so long labels never squeeze the bars; returns the figure."""
     from atlas_fast.engine.deviations import table_marks
 
     cols = metric_columns(rows)
@@ -235,7 +233,7 @@ def reliability_tables(records: Iterable[dict[str, Any]], class_set: str = "new"
                        ) -> dict[str, dict[str, list[float]]]:
     """Per label variant (first-seen order), the reliability table of ``class_set`` summed over its records (seeds
     and datasets): image ``count``, ``correct`` predictions and ``confidence_sum`` per confidence bin
-    (``record["reliability"]``). Records without one (written before records held it) are left out."""
+    (``record["reliability"]``). Records without one are left out."""
     tables: dict[str, dict[str, list[float]]] = {}
     for record in records:
         table = (record.get("reliability") or {}).get(class_set)

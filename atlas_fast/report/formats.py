@@ -1,15 +1,9 @@
 """A results table's rows (:mod:`atlas_fast.report.rows`) written for a paper: Markdown, booktabs LaTeX and CSV,
 and the lines ``atlas-fast train`` and ``eval`` print.
 
-LaTeX with booktabs rules and no vertical ones, ``mean ± std``, a ``\\label`` and the best value of each column in
-bold, in pure ASCII (math-mode ``$\\Delta$``, ``$\\pm$``, Greek letters; :func:`latex_escape`), so plain pdflatex with
-booktabs compiles it; the paired differences' 95 % t intervals in a column of their own (Markdown, LaTeX and CSV;
-with one seed the column is the difference alone and no caption speaks of an interval). The table's notes (what a
-cell is, over how many seeds, what the marks mean: :func:`table_notes`) close the Markdown table and the LaTeX
-caption alike. What the rows' runs change from their method's recipe and the paper's presets is marked: what all
-rows change alike once, after the title or in the caption, the rest after each row's name, every CSV line in full
-(:func:`atlas_fast.engine.deviations.table_marks`). :mod:`atlas_fast.report.collect` builds the ``atlas-fast
-report`` tables from a results folder.
+The outputs are described in docs/experiments.md (section Reports). The table's notes (:func:`table_notes`) close
+the Markdown table and the LaTeX caption alike; what all rows' runs change alike from their recipes and presets is
+marked once, the rest after each row's name, every CSV line in full (:func:`atlas_fast.engine.deviations.table_marks`).
 """
 
 from __future__ import annotations

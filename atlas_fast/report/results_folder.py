@@ -44,9 +44,8 @@ def collect_records(results_dir: str | Path, datasets: Sequence[str] | None = No
     only those of ``datasets`` and ``methods`` (registry names such as ``coop``, ``dept-coop``; case-insensitive)
     or only the files ``paths`` (relative to ``results_dir``, as a report's ``sources.json`` lists them). Each record
     gets ``path`` (its file). A file that cannot be read, is not finished, fails its seal, or lacks what the report
-    needs is skipped with a warning on stderr naming it (it is left where it is, and ``(path, why)`` is appended to
-    ``left_out`` when given); one from before seals is used with a warning. A run with several records is listed
-    once (:func:`atlas_fast.engine.run_identity.one_record_per_run`)."""
+    needs is skipped with a warning naming it (``(path, why)`` appended to ``left_out`` when given); an unsealed one
+    is used with a warning. A run with several records is listed once."""
     from atlas_fast.engine.run_identity import one_record_per_run
     from atlas_fast.engine.seal import is_sealed
 

@@ -119,10 +119,9 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
               leave_out: Collection[str] = ()) -> list[TableRow]:
     """Group records by variant name (first-seen order) and average as the papers do; adds H when base and new are
     present. ``spread`` is the population std over seeds (CoOp's ``parse_test_res``), averaged over datasets.
-    With ``by_method`` each method's records form a block of rows (the paper's Table III: CoOp, + ATLaS, ...,
-    CoCoOp, + ATLaS, ...), compared with that block's first row. Each row keeps what its runs change from the
-    recipes and presets (``deviations=False``: nothing, for names that say it already), without the fields
-    ``leave_out`` (ones the names say, e.g. a swept α)."""
+    With ``by_method`` each method's records form a block of rows compared with its first row (the paper's Table
+    III). Each row keeps what its runs change from the recipes and presets (``deviations=False``: nothing), without
+    the fields ``leave_out`` (ones the names say, e.g. a swept α)."""
     from atlas_fast.engine.deviations import runs_deviations
     from atlas_fast.engine.evaluate import harmonic_mean
 
@@ -221,8 +220,8 @@ def reference_rows(rows: Sequence[TableRow], baseline: int) -> list[int | None]:
 
 def best_cells(rows: Sequence[TableRow], digits: int = 2) -> set[tuple[int, str]]:
     """``(row index, metric)`` of the best value of each metric column as printed (the highest; the lowest for ECE,
-    NLL and Brier; ties all count; missing values never), per
-    block of rows when rows carry blocks or sections, else over the table. A block of one row has no best."""
+    NLL and Brier; ties all count; missing values never), per block of rows when rows carry blocks or sections, else
+    over the table. A block of one row has no best."""
     blocks: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, key in enumerate(_block_keys(rows)):
         blocks[key].append(i)

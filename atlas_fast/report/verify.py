@@ -53,11 +53,10 @@ def _unlisted(root: Path, out: Path, seen: Collection[Path], datasets: Sequence[
 def verify_report(results_dir: str | Path, out: str | Path | None = None) -> list[str]:
     """Check a written report and the folder it was made from: every record named in ``<out>/sources.json``
     (default ``<results_dir>/report``) must be there, sealed, with a seal that matches its content and the one the
-    report used; every cell of ``report.csv`` must come out the same when the tables are computed again from exactly
-    those records; and every other record file in the folder must be readable and sealed, with a matching seal
-    (:func:`folder_problems`: a damaged record the report left out still fails), and be one the report used or
-    listed as left out (not one written since). Returns the problems found (empty: verified), each naming the file,
-    row or cell."""
+    report used; every cell of ``report.csv`` must come out the same when computed again from those records; and
+    every other record file in the folder must be sealed and valid (:func:`folder_problems`) and one the report used
+    or left out (not one written since). Returns the problems found (empty: verified), each naming the file, row or
+    cell."""
     from atlas_fast.engine.validity import predictions_problems, read_record
     from atlas_fast.engine.seal import SEAL_FIELD, is_sealed, seal_problem
     from atlas_fast.files import JsonFileError, read_json
