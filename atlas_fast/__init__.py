@@ -1,9 +1,6 @@
 """atlas_fast: feature-cache-first prompt tuning of CLIP with ATLaS.
 
-The package is laid out by layer (docs/architecture.md): ``clip`` (backbones, the towers, image views), ``data`` and
-``cache`` (datasets and the feature cache), ``atlas`` (soft labels and label schedules), ``methods`` (one file per
-method, a registry), ``engine`` (plan -> feed -> loop -> evaluate -> record), ``sweep`` (grids and executors), ``app``
-(CLI, demo, report) and ``experiments`` (one module per paper table or figure).
+The package is laid out by layer, as docs/architecture.md draws it.
 
 ``from atlas_fast import TrainConfig, run, run_group`` is the Python entry point; it is imported on first use, so
 importing the package (e.g. for the command line's ``--help``) does not import torch. ``atlas_fast.set_threads(n)``

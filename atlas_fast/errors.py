@@ -107,9 +107,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
 class RunsFailed(RunFailed):
     """Runs of a command that failed on their own (a run that diverged, or whose own inputs, evaluation or record
     raised), raised after every other run's record is written: ``failures`` (each a
-    :class:`~atlas_fast.engine.record.FailedRun`: printed name, seed, epoch, step, lr, last finite loss, reason) and
-    ``records`` (the records in the order asked, None for a failed run). The same command trains only the failed
-    runs again."""
+    :class:`~atlas_fast.engine.record.FailedRun`) and ``records`` (in the order asked, None for a failed run). The
+    same command trains only the failed runs again."""
 
     def __init__(self, message: str, failures: Sequence[Any] = (), records: Sequence[Any] = ()) -> None:
         super().__init__(message)

@@ -1,12 +1,9 @@
 """The words a run is described with, each spelled once: settings, recipe families, class sets, metrics, precisions,
 soft-label kinds, label schedules, executors and the search's choices.
 
-Everything that checks or offers one of these values imports it from here: the configs (``TrainConfig``,
-``SoftLabelConfig``, ``Execution``, ``SearchConfig``), the method recipes, the command line's ``choices=``, the
-experiments and the report. The module imports nothing (no torch), so the command line can use it while it parses.
-A tuple is derived from its ``Literal`` type, so adding a value is one line: add it to the ``Literal`` (then teach the
-code that acts on it, e.g. a recipe for a new setting, what to do; everything that only lists, checks or offers the
-value follows by itself).
+Everything that checks or offers one of these values imports it from here. The module imports nothing (no torch),
+so the command line can use it while it parses. A tuple is derived from its ``Literal`` type, so adding a value is
+one line in the ``Literal`` (plus the code that acts on it); everything that only lists, checks or offers it follows.
 """
 
 from __future__ import annotations

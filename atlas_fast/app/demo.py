@@ -5,8 +5,7 @@ and trains CoOp, + ATLaS, + ATLaS-CSL and + ATLaS-ISL on the base classes (16 sh
 ATLaS presets, one fresh augmented view per epoch as the reference trains, seeds 1-3), then prints a table shaped
 like Table III with a zero-shot row and a plain sentence on whether ATLaS helped here (paired by seed, with a 95 %
 interval; with ``kappa``, also κ of Theorem 1 for each soft label at the start and end of its run), and saves a
-plot. Every stage
-goes through the same loaders, cache and trainer as a real dataset; finished runs are reused on a second call.
+plot. Every stage goes through the same loaders, cache and trainer as a real dataset; finished runs are reused.
 """
 
 from __future__ import annotations

@@ -6,16 +6,11 @@ Every schedule has one interface, ``loss(epoch, logits, labels, soft_rows) -> sc
 ``end_epoch(epoch)`` after each epoch (for schedules with state). ``loss`` is pure, so a method may apply it to
 several terms (DePT's head) without the extra terms reaching a schedule's statistics.
 
-- :class:`OneHot` - the baseline, CE(z, y) as every reference trainer uses (``docs/method-zoo.md``, section ATLaS in
-  every method).
-- :class:`Alternating` - ATLaS (the paper, Algorithm 1): epoch ``e`` (0-based) trains on the soft labels iff
-  ``(e + 1) % K == 0``, otherwise on one-hot labels. ``K = 1`` is soft labels every epoch (the "+ LS/CSL/ISL"
-  rows of the ablation table, no alternation).
-- :class:`Joint` - the "soft + y" rows of the ablation table: two CE terms every iteration, CE(y) + CE(soft).
-- :class:`OnlineLabelSmoothing` - OLS (Zhang et al. 2021, "Delving Deep into Label Smoothing"), one of the two
-  comparisons of the paper's Fig. 1.
-- :class:`TeacherFreeKD` - TF-KD_reg (Yuan et al. 2020, "Revisiting Knowledge Distillation via Label Smoothing
-  Regularization"), the other comparison of Fig. 1.
+The schedules: :class:`OneHot` (the baseline, ``docs/method-zoo.md``, section ATLaS in every method),
+:class:`Alternating` (ATLaS, the paper's Algorithm 1), :class:`Joint` (the ablation's "soft + y" rows), and the two
+comparisons of the paper's Fig. 1, :class:`OnlineLabelSmoothing` (Zhang et al. 2021, "Delving Deep into Label
+Smoothing") and :class:`TeacherFreeKD` (Yuan et al. 2020, "Revisiting Knowledge Distillation via Label Smoothing
+Regularization").
 
 The soft labels themselves (LS, CSL, ISL, mixed) come from :mod:`atlas_fast.atlas.softlabels`; schedules only decide when
 and how they are used. :mod:`atlas_fast.atlas.variants` pairs them into the variants the paper's tables compare.

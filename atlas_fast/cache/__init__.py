@@ -25,9 +25,7 @@ class FeatureCache(CacheBuilder, CacheReader, CacheInspector):
     It is the sum of three roles, each usable alone (:class:`CacheBuilder`, :class:`CacheReader`,
     :class:`CacheInspector`) on one base, :class:`~atlas_fast.cache.format.CacheFiles`.
 
-    ``storage_dtype`` ("float16" default, or "float32") applies to files this instance creates; an existing file
-    keeps its own dtype (building into it with another dtype raises), and :meth:`load` always returns float32.
-    ``content_hash`` identifies images by a hash of their bytes instead of (size, mtime): slower (every image is
-    read on each build and load), but it also catches edits that keep size and mtime, and survives copies that
-    reset the mtime.
+    ``storage_dtype`` and ``content_hash`` are :class:`~atlas_fast.cache.format.CacheFiles`'; building into an
+    existing file with another dtype raises, and :meth:`load` always returns float32. ``content_hash`` is slower
+    (every image is read on each build and load) but catches edits that keep size and mtime.
     """

@@ -8,8 +8,8 @@
 
 Tables are keyed by registry name (``OxfordPets``, ``DescribableTextures``, ...); the lookups by dataset name
 (``atlas_template``, ``zeroshot_template``) live with the registry in ``datasets.py``, so this module imports nothing
-of the data package. A dataset registered with ``register_split_json_dataset`` gets its own template from both lookups; any other name (a ``{train,val,test}/<class>``
-folder dataset, whose ``DatasetSplits.name`` is its folder name) gets :data:`DEFAULT_TEMPLATE`.
+of the data package. A dataset registered with ``register_split_json_dataset`` gets its own template from both;
+any other name (a folder dataset) gets :data:`DEFAULT_TEMPLATE`.
 """
 
 from __future__ import annotations

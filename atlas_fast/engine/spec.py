@@ -108,11 +108,9 @@ STORED_ONLY = ("num_runs",)
 
 def describe_run(config: TrainConfig, dataset: str, method_config: MethodConfig, optim_recipe: OptimRecipe,
                  device: torch.device) -> dict[str, Any]:
-    """The JSON form of a run's configuration, with every default resolved (this is what the record hash covers);
-    ``dataset`` is the registry name, so ``oxford_pets`` and ``OxfordPets`` name the same run. ``graph_steps`` is
-    not part of it (a speed knob: the replayed steps are the eager ones), nor which class sets are evaluated
-    (``evaluate``: a run is one run whatever asked for it, see :mod:`atlas_fast.engine.run_identity`). The stored
-    field names are the record's: ``recipe_family`` is the family, ``recipe`` the optimisation recipe."""
+    """The JSON form of a run's configuration, with every default resolved (what the record hash covers); ``dataset``
+    is the registry name, so ``oxford_pets`` and ``OxfordPets`` name the same run. Neither ``graph_steps`` (a speed
+    knob) nor the evaluated class sets are part of it (:mod:`atlas_fast.engine.run_identity`)."""
     described = {
         "dataset": dataset, "backbone": config.backbone.to_dict(), "method": config.method,
         "method_config": stored_method_config(method_config), "recipe_family": config.recipe_family,
@@ -185,11 +183,9 @@ def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: b
     """List the dataset, draw the few-shot subset, split the classes and fingerprint the run's images; refuse data
     the run cannot use (no training images, an evaluation class set without test images). ``evaluation_only``: the
     data of a saved run's evaluation (no training list needed; the few-shot draw only defines base/new, so the
-    ``all`` class set is the full dataset). ``listings``: dataset listings already made while planning the same
-    sweep, by (dataset, data root), each with what the sweep's runs share on it (the listing's fingerprint, each
-    file's identity, the few-shot source, the relabelled test list), computed once per sweep; each run still draws
-    and fingerprints its own few-shot subset. ``domain``: the run trains on every training image of every class
-    (a method's ``trains_on_domain``); its evaluation sets are the few-shot subset's, as any run's."""
+    ``all`` class set is the full dataset). ``listings``: by (dataset, data root), the listings and what the runs
+    of one sweep share on them, computed once per sweep; each run still draws and fingerprints its own few-shot
+    subset. ``domain``: the run trains on every training image of every class (a method's ``trains_on_domain``)."""
     from atlas_fast.data import fewshot_subset, load_dataset, subsample_classes
     from atlas_fast.data.fewshot import shots_used
     from atlas_fast.data.identity import subset_fingerprint
@@ -226,9 +222,7 @@ def load_run_data(config: TrainConfig, subsamples: list[str], evaluation_only: b
 @dataclass
 class RunSpec:
     """A planned run: its config (paths absolute), everything resolved, its data listed, its record named. Small and
-    picklable (no model inside), so a sweep's driver plans and its workers (Ray, SLURM) train from the spec. The
-    keys are named as the record stores them: ``config_key`` (configuration and backbone) and ``record_key`` (with
-    the data too; the record's ``key``, which names its file)."""
+    picklable (no model inside), so a sweep's workers (Ray, SLURM) train from the spec."""
 
     config: TrainConfig
     device: torch.device

@@ -6,11 +6,8 @@ files, ImageNet's ``images/{train,val}/<wnid>/`` with ``classnames.txt``, the va
 txt files), the class names in label order (``standin_classes.json``, gathered from the datasets' public class
 lists) and the published split sizes (:data:`atlas_fast.data.check.PUBLISHED_SIZES`).
 
-Sizes. Test and val splits are written in full unless a ``test_fraction`` F < 1 is asked for: then a split of
-published size n over K classes holds ``max(K, floor(F * n + 0.5))`` images (every class keeps one). Training sets
-hold ``train_per_class`` images per class (default 16, the most shots the papers use; a class whose published share
-is smaller keeps its share); the full 1.28 M ImageNet training images would be pointless for few-shot runs. Any
-split's images are spread evenly over the classes (the first ``n mod K`` classes get one more).
+The sizes (``test_fraction``, ``train_per_class``, images spread evenly over the classes) are as docs/data-check.md
+(section Stand-ins of the 15 benchmarks) states them.
 """
 
 from __future__ import annotations
