@@ -359,9 +359,8 @@ def method_options(items: Sequence[str], method: str, methods: Sequence[str] | N
 
 
 def check_option_files(options: dict[str, str]) -> None:
-    """Refuse a ``--method-option`` file that is not there as the line is read, before torch is imported or anything
-    is planned (a teacher's weights file, ``teacher_pretrained=``; KDPL-CA's dictionary, ``agnostic_classnames=``:
-    it was refused after seconds of imports and planning), in the words the run's own checks use."""
+    """Refuse a ``--method-option`` file that is not there (``teacher_pretrained=``, KDPL-CA's
+    ``agnostic_classnames=``) as the line is read, before torch is imported, in the words the run's own checks use."""
     from atlas_fast.clip.weights_files import in_teacher_words, missing_weights_message, random_weights  # no torch
     from atlas_fast.data.dictionary import read_classnames  # no torch
 

@@ -1,18 +1,12 @@
 """ATLaS's offline soft labels (paper §3.4, ``docs/protocol.md``), computed once before training and stored.
 
-* LS  -- vanilla label smoothing: ``(1 - theta) y + theta / C``.
-* CSL -- class-wise: row c of ``A = softmax_j(cos(t_c, t_j) / tau_c)`` over the text embeddings of the dataset's
-  hand-crafted prompts; the cosine similarities come from a faiss inner-product index (optionally only the
-  ``top_k`` nearest classes per row, for very large label sets).
-* ISL -- instance-wise: CLIP's zero-shot probabilities ``p`` of each training image (un-augmented view 0, CLIP's own
-  logit scale), rectified towards the label: ``(p + delta alpha y) / (1 + delta alpha)`` with ``delta = 1`` only
-  when CLIP's argmax is wrong (base-to-new, cross-dataset) or always (few-shot).
-* mix -- ``w CSL + (1 - w) ISL`` (paper appendix "Combination of CSL and ISL"; w = 0.3 was best on ImageNet).
+The four kinds (LS, CSL, ISL and their mix) and the paper's presets are specified in docs/protocol.md (section
+Soft labels, with each row's formula).
 
 :func:`compute_soft_labels` returns one row per training item (N, C), so the trainer indexes rows by item, and keeps
 them in a small ``.pt`` store keyed by everything they depend on. A stored file carries a BLAKE2b of its rows; one
-that is unreadable, fails its checksum or has none (older files) is recomputed and replaced, with a warning naming
-it: the rows are derived data, so the recomputed ones are the ones the file held.
+that is unreadable, fails its checksum or has none is recomputed and replaced, with a warning naming it (the rows
+are derived data).
 """
 
 from __future__ import annotations

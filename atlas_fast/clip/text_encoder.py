@@ -9,16 +9,11 @@ which replace positions 1..M at the input of blocks 1..J-1 (:func:`atlas_fast.cl
 replaced position is before the EOT.
 
 **Shared prefix** (:meth:`PromptTextEncoder.encode_classes`). Every class's prompt starts with the same positions
-``[SOT][ctx_1..M]`` (and the fixed words of the init phrase, if any). Under the causal mask their hidden states do
-not depend on what follows, so they are the same for every class: they are computed once per prompt set (per run,
-per image for CoCoOp), and each class runs only its own positions (class tokens, ".", EOT), whose attention reads
-the prefix's keys and values of that block followed by its own, causally. Deep text prompts replace prefix positions
-only, so they are applied to the prefix once. The class suffixes are packed: every token-wise operation (layer norms,
-projections, MLP) runs once over all of them without padding, and attention runs per group of classes of one suffix
-length on a CPU and inside a captured CUDA graph (neighbouring lengths are merged when the padding costs less than
-another group would); an eager GPU pass runs one group padded to the longest suffix, since there kernel launches
-cost more than padding. Same arithmetic per position as the plain pass, so features and gradients agree to fp32
-rounding.
+``[SOT][ctx_1..M]``; under the causal mask their hidden states do not depend on what follows, so they are computed
+once per prompt set (per run, per image for CoCoOp), and each class runs only its own positions, attending to the
+prefix's keys and values. Deep text prompts replace prefix positions only. The class suffixes are packed: token-wise
+operations run once over all of them without padding, and attention runs per length group (:func:`length_groups`).
+Same arithmetic per position as the plain pass, so features and gradients agree to fp32 rounding.
 
 Both passes run the blocks fused (:func:`atlas_fast.clip.prompted_towers.fused_block`) where open_clip's blocks allow it,
 and the last block only for the EOT rows: their query, output projection and MLP, with every row's keys and values
@@ -43,9 +38,8 @@ from atlas_fast.clip.prompted_towers import (attention_input, block_residuals, f
                                         merge_heads, replace_slot, run_blocks, runs_to_batch, split_heads)
 
 #: per extra attention group, the suffix positions it costs to run it instead of padding (see :func:`length_groups`).
-#: Devices not listed run one group padded to the longest suffix when the step runs eagerly: on an H100 an eager
-#: cached step is bound by kernel launches, and length groups made a C = 500 text step 0.51x as fast as one padded
-#: group (benchmarks/step_speed.py).
+#: Devices not listed run one group padded to the longest suffix when the step runs eagerly: an eager GPU step is
+#: bound by kernel launches (length groups made a C = 500 step 0.51x as fast on an H100, benchmarks/step_speed.py).
 GROUP_COST_POSITIONS = {"cpu": 2.0}
 #: the same price inside a captured CUDA graph (:func:`graph_length_groups`), where an extra group's kernels cost no
 #: launches, only their own small run time: about a hundred small kernels per group over a ViT-B/16 text tower's

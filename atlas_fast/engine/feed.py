@@ -193,9 +193,9 @@ def prepare_inputs(spec: RunSpec, backbone: Backbone, read_once: dict | None = N
     view 0 and, for PromptSRC, 1..V), read the evaluation features and compute the soft labels once.
 
     ``read_once``: one dict for the runs of a group (same dataset, backbone and method), so the test images are
-    checked against the cache and each evaluation set is read once per group rather than once per run (the test
-    split does not depend on the seed), and runs on the same training images share their preloaded views. ``evaluate_on="val"`` (a hyper-parameter search) builds and reads the
-    few-shot validation split in place of the test split, which is then never touched."""
+    checked against the cache and each evaluation set is read once per group rather than once per run, and runs on
+    the same training images share their preloaded views. ``evaluate_on="val"`` (a hyper-parameter search) builds
+    and reads the few-shot validation split in place of the test split, which is then never touched."""
     config, data, method = spec.config, spec.data, spec.method
     read_once = {} if read_once is None else read_once
     train_split = data.train_split

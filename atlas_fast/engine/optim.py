@@ -21,10 +21,9 @@ the group step as usual. The unscaling and overflow check are GradScaler's own k
 arithmetic in multi-tensor kernels (a few launches for all the tensors, which matters where steps run eagerly on a
 GPU), so a lone run's tensors equal torch's (``tests/test_optim.py``).
 
-:class:`RunsAdam` is the same per-run machinery around Adam (Dassl's ``adam``: L2 weight decay added to the
-gradient; TCP) or AdamW (decoupled weight decay; CLIP-LoRA): each run keeps torch's moments and its own step count,
-so its bias corrections count its own steps (a skipped or idle step counts none, as a lone run's skipped
-``optimizer.step()``), and its lr and step size are device scalars, so a graphed step replays it too.
+:class:`RunsAdam` is the same per-run machinery around Adam (TCP) or AdamW (CLIP-LoRA): each run's bias
+corrections count its own steps (a skipped or idle step counts none), and its lr and step size are device scalars,
+so a graphed step replays it too.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Pixels of seeded image views, decoded once, for the methods whose image tower is prompted.
 
-A view is the same pixels here as in the feature cache (:mod:`atlas_fast.clip.transforms`: view 0 = the test
-transform, view v >= 1 = the augmentation seeded by (aug_seed, image key, v)), so a pixel run sees exactly the views
-whose frozen features the cache holds.
-
-Three pieces:
-
-* :class:`DecodingPool`: the processes that decode and augment views, **one per command** (:func:`decoding_pool`):
-  a DataLoader whose workers persist from pass to pass (an epoch, an evaluation), so no epoch and no evaluated class
-  set starts processes again. Without workers (the CPU's default) the views are decoded in this process.
-* :class:`ViewFeed`: the views the runs of a group read, decoded once per step. Each run registers its epoch (items,
-  view, order) before the first batch is asked for (the training loop asks every run for its batches before it
-  steps); a pass then decodes, step by step, each distinct (image, view) of the step once for every run that reads
-  it (the label variants of one seed read the same images in the same order), and serves each run its rows.
-* :class:`ImageViews`: the items of one split, served as batches of one view through a feed.
-
-The pixels are those of :func:`~atlas_fast.clip.transforms.load_views`, bit for bit, wherever they are decoded. On a
-GPU a step's decoded views come through pinned memory and are copied to the device once, without blocking.
+A view is the same pixels here as in the feature cache (:func:`~atlas_fast.clip.transforms.load_views`, bit for bit,
+wherever it is decoded), so a pixel run sees exactly the views whose frozen features the cache holds. Three pieces:
+:class:`DecodingPool`, the decoding processes, **one per command** (:func:`decoding_pool`), so no epoch and no
+evaluated class set starts processes again; :class:`ViewFeed`, which decodes each distinct (image, view) of a step
+once for every run of a group that reads it (the label variants of one seed read the same images in the same
+order); :class:`ImageViews`, the items of one split served as batches of one view through a feed. On a GPU a
+step's decoded views come through pinned memory and are copied to the device once, without blocking.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The calibration store: measured units (:mod:`atlas_fast.pricing.units`) kept in a JSON file under the cache root,
 per machine, backbone, device and precision, so a second estimate of the same work measures nothing.
 
-The file (``<cache root>/pricing/calibration.json``) maps a context key (:func:`context_key`: this machine's name, CPU
-model and thread count or GPU name, the backbone's fingerprint, the device type and the precision) to that context's
-units, each under its own key (``step/coop/C=500/B=32/R=4/<config digest>``). Writes are atomic (a reader never sees
-half a file) and merge what another process stored meanwhile. A unit measured on another machine, backbone or
-precision is never used: that is another context. A damaged store (a unit of the wrong type or range, a negative
-time) is a miss: those units are measured again, with one warning naming the file. A read-only cache root still
-gets its estimate: the units are measured and used, only not kept.
+The file (``<cache root>/pricing/calibration.json``) maps a context key (:func:`context_key`) to that context's
+units, each under its own key (``step/coop/C=500/B=32/R=4/<config digest>``); docs/estimate.md (section Where the
+numbers come from) says what a context is and how a damaged or read-only store is handled. Writes are atomic and
+merge what another process stored meanwhile.
 """
 
 from __future__ import annotations
