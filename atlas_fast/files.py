@@ -1,20 +1,12 @@
 """Atomic file writes and checksums shared by the result records, the stored few-shot subsets and soft labels.
 
-A file is written under a temporary name in its folder, flushed to disk and renamed over the target, so a crash or
-a concurrent reader never sees half a file. The temporary file is created private (``mkstemp``) and then given the
-permissions an ordinary ``open()`` would: ``0o666`` less the user's umask.
-
-A temporary file is named ``.<name>.<host>-<pid>-<random>.tmp`` (:func:`temporary_path`): a writer killed before
-its rename leaves one, and the next write of the same file on the same machine removes it once its process is gone
-(:func:`remove_stale_temporaries`); a live writer's, or another machine's, is never touched.
-
-Stored artefacts that are read back carry a BLAKE2b checksum (:func:`blake2b_hex`, :func:`file_blake2b`) so that
-bytes changed on disk (a disk fault, an outside write) are detected instead of silently loaded: ``torch.load``
-does not check the CRCs of its zip entries, and JSON that still parses says nothing about its values.
-
-JSON that may be damaged or come from elsewhere (records, a report's sources, the program's own caches) is read with
-:func:`read_json`: bounded in size (read no further than the bound) and in nesting depth, so that one stray file
-is a :class:`JsonFileError` naming it, never a ``RecursionError`` or a read of gigabytes.
+A file is written under a temporary name in its folder, flushed and renamed over the target
+(:func:`atomic_write`), so a crash or a concurrent reader never sees half a file; a killed writer's temporary file is
+removed by the next write once its process is gone (:func:`remove_stale_temporaries`). Stored artefacts that are
+read back carry a BLAKE2b checksum (:func:`blake2b_hex`, :func:`file_blake2b`): ``torch.load`` does not check the
+CRCs of its zip entries, and JSON that still parses says nothing about its values. JSON that may be damaged or come
+from elsewhere is read with :func:`read_json`, bounded in size and nesting depth, so one stray file is a
+:class:`JsonFileError` naming it, never a ``RecursionError`` or a read of gigabytes.
 """
 
 from __future__ import annotations

@@ -63,8 +63,8 @@ UNSTORED_DEFAULTS = {"fewshot_order": "coop"}
 def run_deviations(config: Mapping[str, Any]) -> dict[str, str]:
     """Dotted config field -> printed ``name=value`` for every field of ``config`` (a record's ``config``) that
     differs from its method's recipe or the paper's presets, in the order θ, τ_c, α, δ, w, top_k, K, epochs, batch,
-    lr, shots, fewshot_order, views, backbone, then the method's options (``depth=2``, KDPL's ``teacher=ViT-B-32``: every field of
-    its method config that is not the recipe's). Fields a record lacks (older records) are not compared."""
+    lr, shots, fewshot_order, views, backbone, then the method's options (``depth=2``: every field of its method
+    config that is not the recipe's). Fields a record lacks are not compared."""
     from atlas_fast.atlas.softlabels import soft_label_preset
     from atlas_fast.atlas.variants import ALTERNATION_PERIODS
 
@@ -134,8 +134,7 @@ def run_name(config: Mapping[str, Any]) -> str:
     """A run's printed name, the one place it is built: ``coop+ATLaS-ISL (K=2) [θ=0.3, epochs=2]``, its variant as
     the ``train`` command prints it (:func:`~atlas_fast.atlas.variants.run_variant_name`, which names K) and what it
     changes from its method's recipe and the paper's presets (:func:`deviation_note`). ``config`` is a run's
-    described configuration (``RunSpec.described``, a record's ``config``); progress lines, the dry-run listing,
-    ``train``'s lines and summary print it."""
+    described configuration (``RunSpec.described``, a record's ``config``)."""
     from atlas_fast.atlas.variants import run_variant_name
 
     name = run_variant_name(config["method"], config["schedule"], (config.get("soft_labels") or {}).get("kind"))

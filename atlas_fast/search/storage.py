@@ -103,10 +103,9 @@ def _sql_reason(exc: Exception) -> str:
 
 
 def _fast_commits(engine) -> None:
-    """Write-ahead logging with ``synchronous=NORMAL``: a commit no longer waits for the disk, which made a tenth of a
-    small trial's time; a killed process loses nothing committed (only a power cut may lose the last commits), and
-    readers (a dashboard, another process) do not block writers. The journal mode stays with the file; the
-    synchronous setting is per connection, so the pool is emptied to reopen them with it."""
+    """Write-ahead logging with ``synchronous=NORMAL``: a commit does not wait for the disk; a killed process loses
+    nothing committed (only a power cut may lose the last commits), and readers do not block writers. The journal
+    mode stays with the file; the synchronous setting is per connection, so the pool is emptied to reopen them."""
     import sqlalchemy
 
     def on_connect(connection, _record) -> None:

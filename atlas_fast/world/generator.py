@@ -59,7 +59,6 @@ STYLES: tuple[str, ...] = ("photo", "sketch", "dark", "cartoon")
 CONCEPTS: tuple[str, ...] = tuple(f"{texture} {shape}" for shape in SHAPES for texture in TEXTURES)
 
 
-
 @dataclass(frozen=True)
 class Layout:
     """How an object sits in its image: circumradius range (pixels of the 32-pixel image), largest shift of its centre
