@@ -1,14 +1,11 @@
 """Whether the installed torch and torchvision are a matching pair, read from their installed metadata and files
 without importing either (a mismatched torchvision fails on import with an operator error that names neither
 version): their version numbers, their builds (a CPU torch beside PyPI's CUDA torchvision has matching numbers), and
-the libraries torchvision's compiled operators need, read from its ``_C`` file, against those torch has.
-``python -m atlas_fast.app.torch_pair`` then also imports both and looks ``torchvision::nms`` up.
-
-    python -m atlas_fast.app.torch_pair
-
-prints the pair and exits 0 when it matches, else one ``error:`` line with both versions and the command that fixes
-it (status 2); the command line makes the same check before a command runs. A mismatch happens when PyTorch's CPU
-index is unreachable and pip takes one of the two from the default index.
+the libraries torchvision's compiled operators need, read from its ``_C`` file, against those torch has. The command
+line makes this check before a command runs. ``python -m atlas_fast.app.torch_pair`` also imports both and looks
+``torchvision::nms`` up, prints the pair and exits 0 when it matches, else one ``error:`` line with both versions
+and the command that fixes it (status 2). A mismatch happens when PyTorch's CPU index is unreachable and pip takes
+one of the two from the default index.
 """
 
 from __future__ import annotations

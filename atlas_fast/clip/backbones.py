@@ -1,14 +1,10 @@
 """Frozen CLIP backbones through open_clip: what a :class:`Backbone` is and the two ways to get one
 (:func:`load_backbone`, :func:`shared_backbone`).
 
-A backbone is named by a :class:`BackboneConfig`:
-
-* ``model="ViT-B-16", pretrained="openai"`` -- an open_clip model name with a pretrained tag, downloaded on the
-  user's machine the way open_clip does it (QuickGELU is switched on when the tag needs it, as OpenAI's CLIP has it;
-  :mod:`~atlas_fast.clip.open_clip_names`);
-* ``pretrained="/path/to/ViT-B-16.pt"`` -- a local file: OpenAI's ``.pt`` or an open_clip checkpoint for ``model``
-  (:mod:`~atlas_fast.clip.checkpoints`);
-* ``pretrained=None`` -- random weights from the model's config, seeded by ``init_seed`` (tests, benchmarks).
+A backbone is named by a :class:`BackboneConfig`: an open_clip model name with a pretrained tag, downloaded the way
+open_clip does it (QuickGELU switched on when the tag needs it, :mod:`~atlas_fast.clip.open_clip_names`); a local
+file, OpenAI's ``.pt`` or an open_clip checkpoint (:mod:`~atlas_fast.clip.checkpoints`); or None, random weights
+seeded by ``init_seed`` (tests, benchmarks).
 
 The :attr:`Backbone.fingerprint` (:mod:`~atlas_fast.clip.fingerprint`) keys caches and result records.
 """

@@ -6,19 +6,9 @@ cos``) and the labels, per image first (:func:`per_image_scores`: the top-1 conf
 the label, the negative log-likelihood of the label and the Brier score), then reduced over the split
 (:func:`summarise`). An evaluation streams its logits chunk by chunk and keeps only the per-image values, so the
 figures of a record and those of :func:`calibration_metrics` on the whole split's logits are the same numbers.
-
-* **ECE** (Guo et al. 2017), in percent: the images are put in :data:`CALIBRATION_BINS` = 15 equal-width bins of
-  their top-1 confidence (bin b holds ``b/15 < confidence <= (b+1)/15``) and
-  ``ECE = sum_b (n_b / N) |acc_b - conf_b|``, acc_b and conf_b the accuracy and mean confidence of bin b.
-* **NLL**: the mean of ``-log p(label)`` over the images, in nats.
-* **Brier**: the mean over the images of ``sum_c (p_c - [c = label])^2`` (the multi-class score, between 0 and 2).
-* **confidence**: the mean top-1 probability, in percent (beside the accuracy, in percent, it says over- or
-  under-confidence).
-* **Temperature scaling**: one scalar T > 0 minimising the NLL of ``logits / T`` on held-out images
-  (:func:`fit_temperature`); a run fits it on its few-shot validation split and reports ``ece_ts`` / ``nll_ts``, the
-  test figures after dividing by it.
-
-A user scores their own predictions the same way with :func:`calibration_metrics`.
+Each figure's definition (ECE over :data:`CALIBRATION_BINS` = 15 equal-width bins, in percent; NLL in nats; the
+multi-class Brier score; mean confidence in percent; temperature scaling by :func:`fit_temperature` on the run's
+few-shot validation split) is in docs/experiments.md, section Calibration.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The world's benchmark datasets, written in CoOp's split-JSON layout and registered with the dataset readers.
 
-A dataset is a class set (concepts of :mod:`atlas_fast.world.generator`) drawn in one style. The four settings of the
-paper have their world counterparts:
-
-* base-to-new and few-shot: any dataset (its first half of labels is the base half);
-* domain generalisation: WorldPhotos (the "ImageNet") -> the same 24 classes as sketches, dark photos, cartoons;
-* cross-dataset: WorldPhotos -> WorldSymbols and WorldTiles, other class sets that share shapes and textures with it.
-
-Labels of the 24-class datasets are ordered so that the base half is circle, triangle and square and the new half
-star, cross and heart, each in every texture: new classes are novel shapes, as new classes on real benchmarks are
-novel concepts (:func:`split_order` gives the other orders measured for issue 19). Every image of a class has one of
-its shape's two typical colours, which no class name says. Every dataset's template is the pretraining captions'
-own "a photo of a {}.", and no caption names the style: there is no hidden domain word for prompt tuning to
-discover. The layout:
+A dataset is a class set (concepts of :mod:`atlas_fast.world.generator`) drawn in one style; docs/world.md (section
+The world) says which dataset serves which of the paper's settings. Labels of the 24-class datasets are ordered so
+that the new half (star, cross, heart) are novel shapes, as new classes on real benchmarks are novel concepts
+(:func:`split_order` gives the other orders). Every template is the captions' own "a photo of a {}.", so there is no
+hidden domain word for prompt tuning to discover. The layout:
 
     <data_root>/world_sketches/images/<texture>_<shape>/<split>_<i>.png
     <data_root>/world_sketches/split_zhou_WorldSketches.json   ([relative_path, label, classname] lists, indent 4)
@@ -98,7 +90,7 @@ def split_order(order: str, shapes: Sequence[str], textures: Sequence[str]) -> t
     raise ValueError(f"unknown split order {order!r}; valid: {SPLIT_ORDERS}")
 
 
-# The 24 classes of the main datasets: six shapes x four textures, new classes novel shapes (module docstring).
+# The 24 classes of the main datasets: six shapes x four textures, new classes novel shapes.
 MAIN_CLASSES = split_order("shape", SHAPES[:6], TEXTURES[:4])
 # Cross-dataset targets: other class sets, partly overlapping the main one (as Caltech101 overlaps ImageNet).
 SYMBOL_CLASSES = checkerboard(("star", "cross", "heart", "diamond", "moon"), ("solid", "hollow"))
@@ -137,7 +129,7 @@ WORLD_DATASETS: tuple[WorldDataset, ...] = (
     WorldDataset("WorldTiles", "world_tiles", "cartoon", TILE_CLASSES),
 )
 WORLD_BY_NAME: dict[str, WorldDataset] = {d.name: d for d in WORLD_DATASETS}
-# The world's counterparts of the paper's settings (see the module docstring).
+# The world's counterparts of the paper's settings (docs/world.md, section The world).
 BASE_TO_NEW = tuple(d.name for d in WORLD_DATASETS)
 DG_SOURCE, DG_TARGETS = "WorldPhotos", ("WorldSketches", "WorldDark", "WorldCartoons")
 CROSS_SOURCE, CROSS_TARGETS = "WorldPhotos", ("WorldSymbols", "WorldTiles")

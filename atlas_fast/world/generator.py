@@ -1,14 +1,10 @@
 """A deterministic compositional image world: textured shapes in random colours, drawn in several rendering styles.
 
-A *concept* is a shape with a surface texture ("striped triangle"): 8 shapes x 5 textures = 40 concepts. Shapes share
-attributes (corner count, roundness, points), textures are shared by every shape, and no class name mentions a
-colour: pretraining draws it at random for every image, benchmark datasets (:mod:`atlas_fast.world.benchmark`) from
-the shape's two typical colours (:data:`SHAPE_PALETTES`). A benchmark dataset picks a class set from the concepts and
-a style.
-
-Every image varies position, size, tilt, colour, background, clutter and noise, and is drawn in one *style* (photo,
-sketch, dark photo, cartoon): the same concepts in another style is the world's domain shift. Pretraining captions
-never name the style, so a style carries no word for prompt tuning to discover.
+A *concept* is a shape with a surface texture ("striped triangle"): 8 shapes x 5 textures = 40 concepts (docs/world.md,
+section The world). No class name mentions a colour: pretraining draws it at random for every image, benchmark
+datasets (:mod:`atlas_fast.world.benchmark`) from the shape's two typical colours (:data:`SHAPE_PALETTES`). Every
+image is drawn in one *style* (photo, sketch, dark photo, cartoon), the world's domain shift; pretraining captions
+never name the style.
 
 Rendering is a pure function of ``(seed, style, split, concept, index)``: the same arguments give byte-identical
 pixels on every machine (numpy's PCG64 and Pillow's rasteriser, no global random state).
