@@ -1,23 +1,12 @@
 """κ of the paper's Theorem 1, measured: how much noisier a soft label makes the stochastic gradient than the one-hot
-label, at a given context (``docs/theorem1-kappa.md`` maps the paper's symbols to what is computed here).
+label, at a given context. ``docs/theorem1-kappa.md`` (section From the paper's definitions to what is computed) maps
+each of the paper's symbols (∇F, σ², σ̂², κ, the variance factors of Theorem 1 and Lemma 3) to what is computed here.
 
-For a method on cached features, at its current learned tensors v and over a set of N training samples (x_i, y_i):
-
-* per-sample gradients ``g_i(q) = ∇_v ℓ(q_i, f(v; x_i))`` of exactly the loss a run trains
-  (:meth:`~atlas_fast.methods.base.PromptMethod.training_loss` of a batch of one, with the schedule's one-hot or
-  soft cross-entropy as its criterion), all N at once with ``torch.func`` (``vmap`` over ``grad`` of a functional
-  call with the learned tensors as the parameters);
-* ``∇F = mean_i g_i(y)``: the full-batch one-hot gradient (F is the expected one-hot loss, Assumption 2);
-* ``σ² = mean_i ‖∇F − g_i(y)‖²`` (Assumption 2) and ``σ̂² = mean_i ‖∇F − g_i(ŷ)‖²`` (Lemma 1: centred on the one-hot
-  ∇F, not on the soft label's own mean gradient), ``κ = σ̂² / σ²``;
-* the variance factors of the two bounds: ATLaS ``1 − θ/K + θκ/K`` (Theorem 1) and vanilla LS ``1 − θ + θκ``
-  (the appendix's Lemma 3), where ``y_LS = (1 − θ) y + θ ŷ`` is the target of a smoothing epoch.
-
-Which ŷ and θ a soft label stands for (:func:`smoothing_parts`): uniform LS trains on ``(1 − θ) y + θ/C``, so
-``ŷ = 1/C`` (the paper's Lemma 1 proof) with the preset θ; CSL, ISL and the mix replace the smoothing epoch's target
-outright (Algorithm 1: ``y_LS := y_CSL``), so ŷ is the soft label itself and θ = 1. ``κ_target`` is the same ratio
-for the smoothing epoch's actual target ``y_LS`` (equal to κ when θ = 1), so ``1 − 1/K + κ_target/K`` is the ATLaS
-variance itself, without the convexity step of the bound.
+The per-sample gradients are of exactly the loss a run trains
+(:meth:`~atlas_fast.methods.base.PromptMethod.training_loss` of a batch of one, with the schedule's one-hot or soft
+cross-entropy as its criterion), all N at once with ``torch.func`` (``vmap`` over ``grad``). σ̂² is centred on the
+one-hot ∇F (Lemma 1), not on the soft label's own mean gradient. Which ŷ and θ a soft label stands for:
+:func:`smoothing_parts`; ``κ_target`` is the same ratio for the smoothing epoch's actual target ``y_LS``.
 """
 
 from __future__ import annotations

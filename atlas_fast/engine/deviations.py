@@ -1,15 +1,10 @@
 """What a run's configuration changes from its method's recipe and the paper's presets, as every printed name
 shows it: ``[θ=0.3, epochs=2, views=1, backbone=atlas-tiny]``.
 
-A name such as ``coop+ATLaS-ISL (K=2)`` or ``+ ATLaS-ISL`` names a variant, not the numbers it ran with; a run at
-θ = 0.3, shortened to 2 epochs or on another backbone must not read like the paper's. :func:`run_deviations` compares
-a run's *described* configuration (``RunSpec.described``, which a record stores as ``config``) with
-
-- the paper's soft-label presets for its setting and kind (θ, τ_c, α, δ, w, top-k:
-  :func:`atlas_fast.atlas.softlabels.soft_label_preset`) and the setting's ATLaS period K;
-- the method's recipe for the setting, shots and dataset (epochs, or iterations for a schedule over optimiser
-  steps, batch size, lr), and views = epochs;
-- the paper's 16 shots (base-to-new and cross-dataset; few-shot tables are per shot count) and its backbone.
+A name such as ``+ ATLaS-ISL`` names a variant, not the numbers it ran with; a run at θ = 0.3, shortened to 2 epochs
+or on another backbone must not read like the paper's. :func:`run_deviations` compares a run's *described*
+configuration with the paper's soft-label presets and ATLaS period for its setting, the method's recipe (and views =
+epochs), and the paper's 16 shots (few-shot tables are per shot count) and backbone.
 
 Only printed text uses it: names, keys and metrics of runs are unchanged. The keys are the record's dotted config
 fields (``soft_labels.theta``, ``recipe.epochs``, ``schedule.period``...), so a report that already names a field

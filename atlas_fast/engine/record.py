@@ -21,9 +21,8 @@ eagerly), ``timings`` (seconds per stage), ``graphs`` (:func:`graph_summary`), `
 (:func:`atlas_fast.engine.seal.provenance`), ``created`` (UTC ISO time), ``learned`` (file name of the ``.pt``),
 ``learned_blake2b`` (the checksum of its bytes, checked when it is read) and ``seal`` (the checksum of every other
 field, :mod:`atlas_fast.engine.seal`; a record from before seals is used with a warning). With ``save_predictions``
-the record also names its
-``predictions`` file (``S_logits`` (N, C) float32 and ``S_labels`` (N,) int64 per evaluated class set S, numpy's
-``.npz``) and holds the checksum of its bytes (``predictions_blake2b``), so the seal covers them too.
+the record also names its ``predictions`` file (``S_logits`` (N, C) float32 and ``S_labels`` (N,) int64 per
+evaluated class set S, numpy's ``.npz``) and holds the checksum of its bytes (``predictions_blake2b``).
 
 A run of a group that fails on its own gets no record but a failure note, ``<stem>.json.failed``
 (:func:`save_failure`), which the report lists and a later record of the run replaces.

@@ -1,12 +1,10 @@
 """A results table's rows from result records: one :class:`TableRow` per variant, aggregated as the papers do.
 
 Aggregation follows the papers' convention (``docs/protocol.md``, section Evaluation): per dataset the accuracies are
-averaged over seeds; the "average over datasets" row averages those means; H is computed from the averaged base and new
-accuracies (not averaged per-dataset H values). Improvements are given against the row marked as the baseline, and,
-where the rows come from records, as the mean paired difference over seeds with a 95 % t interval
-(:mod:`atlas_fast.report.stats`). What the rows' runs change from their method's recipe and the paper's presets is
-kept per row (:func:`aggregate`), for the outputs to mark (:mod:`atlas_fast.report.formats`). A row's name and the
-variant labels come from the ATLaS package's variants (:mod:`atlas_fast.atlas.variants`).
+averaged over seeds; the "average over datasets" row averages those means; H is computed from the averaged base and
+new accuracies (not averaged per-dataset H values). Improvements are given against the row marked as the baseline,
+and, where the rows come from records, as the mean paired difference over seeds with a 95 % t interval
+(:mod:`atlas_fast.report.stats`).
 """
 
 from __future__ import annotations
