@@ -89,10 +89,8 @@ def install_extra(extra: str) -> str:
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The exception types that mean "the input is wrong": ValueError (DatasetFormatError, CheckpointError,
-    UsageError, RunFailed), OSError (DatasetLayoutError, a full disk, a read-only folder), the cache's CacheError and
-    the image reader's ImageReadError (RuntimeErrors), NotImplementedError (an unsupported model) and
-    FloatingPointError (a run that diverged)."""
+    """The exception types that mean "the input is wrong" (subclasses included: DatasetFormatError, UsageError,
+    DatasetLayoutError, a full disk...), each reported as one ``error:`` line."""
     import sys
 
     errors: list[type[BaseException]] = [ValueError, OSError, NotImplementedError, FloatingPointError]

@@ -66,9 +66,8 @@ def run_report_command(args: argparse.Namespace) -> int:
 
 
 def has_records(folder: Path) -> bool:
-    """Whether ``folder`` holds a valid run record among its first 20 ``<dataset>/*.json`` (the report's own
-    validator, :func:`atlas_fast.engine.validity.is_record_file`, which imports no torch): the test made before the
-    report's modules are imported."""
+    """Whether ``folder`` holds a valid run record among its first 20 ``<dataset>/*.json``, checked before the
+    report's modules (and torch) are imported."""
     from atlas_fast.engine.validity import is_record_file
 
     try:

@@ -1,11 +1,9 @@
 """Feed a run: the feature cache built for what it lacks, the evaluation sets, the soft labels, and the training
 inputs the loop iterates over, all from the run's spec (its data were listed and fingerprinted when it was planned).
 
-Here alone is decided whether a method reads cached features or pixels (its registry entry says which): the loop sees
-training inputs only through :class:`TrainInputs`. :class:`CachedViews` serves cached image features,
-:class:`PixelViews` the pixels of the same seeded views for methods that prompt the image encoder (IVLP, MaPLe,
-PromptSRC). Everything else (soft labels, the evaluation sets' frozen features for the zero-shot references) comes
-from the feature cache either way: the frozen CLIP is never run again for it.
+Here alone is decided whether a method reads cached features (:class:`CachedViews`) or pixels (:class:`PixelViews`):
+the loop sees training inputs only through :class:`TrainInputs`. Soft labels and the zero-shot references' frozen
+features come from the feature cache either way: the frozen CLIP is never run again for them.
 """
 
 from __future__ import annotations

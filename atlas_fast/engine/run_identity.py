@@ -3,9 +3,8 @@
 A run is named by a hash of its described configuration, the backbone fingerprint and the data fingerprint
 (:mod:`atlas_fast.engine.spec`). Which class sets are evaluated after training is not part of it: evaluation changes
 no learned tensor, so a record evaluated on more sets answers a request for fewer, and a set a record lacks is
-evaluated later on its saved prompts (:func:`atlas_fast.engine.pipeline.complete_record`). Records written before
-this named a non-default choice in their configuration (``"evaluate": [...]``); :func:`record_identity` leaves it out,
-so such a record and the same run's newer one have one identity.
+evaluated later on its saved prompts. A legacy record's ``"evaluate": [...]`` is left out by
+:func:`record_identity`, so it and the same run's newer record have one identity.
 """
 
 from __future__ import annotations

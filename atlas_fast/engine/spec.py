@@ -3,9 +3,8 @@ resolved (device, precision, backbone fingerprint, method config, recipe), its d
 record named.
 
 Planning is the only step that lists the dataset (once per sweep), draws the few-shot subset and fingerprints the
-run's images (:func:`load_run_data`); everything after it (inputs, training, evaluation, the record, and the workers
-of a sweep) reads the spec. The record's name covers the data, so an identical run on changed data is never mistaken
-for a finished one, and data that are gone (a wrong ``--data-root``) are an error, never old numbers. No image is
+run's images (:func:`load_run_data`); everything after it reads the spec. The record's name covers the data, so
+changed data never return old numbers, and data that are gone (a wrong ``--data-root``) are an error. No image is
 decoded and no feature is read here.
 """
 

@@ -1,5 +1,5 @@
-"""What counts as a valid result record: the one validator that the skip logic (:class:`ResultStore`), the report and
-the command line all use. No heavy import (``atlas-fast report`` checks a folder with it before torch is imported).
+"""What counts as a valid result record: the one validator. No heavy import (``atlas-fast report`` checks a folder
+with it before torch is imported).
 
 A record is valid when it reads back as JSON, is finished, holds its key, finite metrics with zero-shot references,
 a data fingerprint and what evaluating its run needs, its config fields have the types the report groups by, and

@@ -1,12 +1,10 @@
 """Where the groups of a sweep train: this process, Ray tasks, or a SLURM job array through submitit.
 
-Every executor has one method, ``map(groups)``, that trains each group (a list of compatible planned runs,
-:class:`~atlas_fast.engine.spec.RunSpec`, see :mod:`atlas_fast.sweep.grid`) with :func:`train_specs` and yields
-``(group index, records)`` as groups finish (a run that failed on its own is a
-:class:`~atlas_fast.engine.record.FailedRun` among them). Workers write the records themselves, into the runs' ``results_dir``,
-so that folder (and ``cache_root``, ``data_root``) must be visible to every worker: a shared file system on a cluster.
-Ray and submitit are optional extras (``ray`` / ``slurm``; :func:`atlas_fast.errors.install_extra` says how to
-install them), imported only here and only when their executor is used.
+Every executor has one method, ``map(groups)``, that trains each group (a list of compatible planned runs) with
+:func:`train_specs` and yields ``(group index, records)`` as groups finish (a run that failed on its own is a
+:class:`~atlas_fast.engine.record.FailedRun` among them). Workers write the records themselves, so ``results_dir``,
+``cache_root`` and ``data_root`` must be visible to every worker (a shared file system on a cluster). Ray and
+submitit are optional extras (``ray`` / ``slurm``), imported only here and only when their executor is used.
 """
 
 from __future__ import annotations
