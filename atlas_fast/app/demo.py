@@ -159,8 +159,7 @@ def verdict(records: Sequence[dict]) -> str:
     """One plain sentence per ATLaS variant: does it raise or lower new-class accuracy and H against CoOp? The paired
     per-seed differences decide, with a 95 % t interval over them (:mod:`atlas_fast.report.stats`): "raises" or
     "lowers" when the interval excludes 0, "no difference at 95 %" when it holds it; with one seed there is no
-    interval, and the sentence says so. With several datasets each gets its own sentences (seeds pair within a
-    dataset)."""
+    interval, and the sentence says so. Seeds pair within a dataset; each dataset gets its own sentences."""
     datasets = list(dict.fromkeys(record["config"]["dataset"] for record in records))
     if len(datasets) > 1:
         return " ".join(f"On {dataset}: " + verdict([r for r in records if r["config"]["dataset"] == dataset])

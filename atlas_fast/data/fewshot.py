@@ -97,9 +97,8 @@ def fewshot_subset(splits: DatasetSplits, num_shots: int, seed: int,
     ``num_shots < 1`` returns ``splits`` unchanged, as do test-only datasets (no train list). With ``store_dir``,
     the subset is read from ``<store_dir>/shot_{K}-seed_{S}-<source fingerprint[:12]>.json`` when that file exists
     (and checked against the current lists) and written there otherwise. Must run before :func:`subsample_classes`,
-    as in CoOp. A negative seed is refused: Python seeds ``Random(-1)`` exactly like ``Random(1)``. ``memo``: shared
-    by the plans of one sweep on ``splits`` (see the module's docstring). ``order``: :func:`draw_subset`'s (another
-    order's subsets are stored under another name, ``shot_{K}-seed_{S}-clip-lora-...``)."""
+    as in CoOp. A negative seed is refused: Python seeds ``Random(-1)`` exactly like ``Random(1)``. ``memo``: see the
+    module docstring. ``order``: :func:`draw_subset`'s (stored as ``shot_{K}-seed_{S}-clip-lora-...``)."""
     if num_shots < 1 or not splits.train:
         return splits
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

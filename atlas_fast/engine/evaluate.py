@@ -255,9 +255,7 @@ def score_method(method: PromptMethod, sets: Sequence[EvalSet], amp: bool = Fals
     sets read as pixels go through the image tower together (:func:`pixel_scores`). With ``held_out`` (and
     ``calibrate``: one set for every run, or one per run) each run's temperature is fitted on it and the figures
     after dividing by it are added; ``temperatures``: the runs' temperatures already fitted (None for a run without
-    one). On cached features the held-out images go through the pass of the set with their class names, first (the
-    classifier built once for both); on pixels they are scored first, alone (:func:`fitted_temperatures`). The
-    method's own class set is restored afterwards."""
+    one). The method's own class set is restored afterwards."""
     original = tuple(method.classnames)
     held = _per_run(method, held_out) if calibrate and temperatures is None and held_out is not None else []
     owners = _owners(held)

@@ -45,10 +45,8 @@ class CalibrationStore:
     """The units of one context, read from and written to ``<root>/pricing/calibration.json``.
 
     :meth:`unit` returns the stored unit of a key or measures it (``measure()``) and stores it; ``measured`` counts
-    the units measured by this store (a second estimate of the same work measures none). The store is only a
-    cache: a file that is not JSON, too large or too deep, or a context or unit of the wrong type or range
-    (:meth:`Unit.from_dict`: a negative or infinite time, text for a number) is a miss, measured again, with one
-    warning naming the file."""
+    the units measured by this store. The store is only a cache: a damaged file, context or unit
+    (:meth:`Unit.from_dict`) is a miss, measured again, with one warning naming the file."""
 
     def __init__(self, root: str | Path, context: str) -> None:
         self.path = Path(root) / CALIBRATION_FILE

@@ -143,12 +143,10 @@ print("\\nall imported", flush=True)
 
 
 def measure_exit(modules: Sequence[str] | None = None) -> Unit:
-    """Seconds a command's process takes to end once its work is done and its report written: Python tearing down
-    every module and freeing every object (with torch, the engine and matplotlib loaded, over a second of CPU on the
-    world's CLIP; a command pays it before its shell returns). Timed on a fresh interpreter that imports the modules
-    this process holds (call it after the other units, so that they are what the run's process will hold), from the
-    moment it has imported them to its end (``modules``: those instead). A failure to time it warns and prices
-    nothing."""
+    """Seconds a command's process takes to end once its work is done: Python tearing down every module and object
+    (a command pays it before its shell returns). Timed on a fresh interpreter that imports the modules this process
+    holds (call it after the other units; ``modules``: those instead), from then to its end. A failure to time it
+    warns and prices nothing."""
     names = "\n".join(name for name in (list(sys.modules) if modules is None else modules)
                       if name not in ("__main__", "__mp_main__"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}

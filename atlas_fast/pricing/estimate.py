@@ -215,11 +215,9 @@ def estimate_configs(configs: Sequence[Any], execution: Any = None, cache_root: 
                      command_start: bool = False, report: Callable[[Path], Any] | None = None) -> Estimate:
     """Price a sweep of :class:`~atlas_fast.engine.TrainConfig` values on this machine without training: plan it,
     read the cache's state, take the units from the calibration store under the cache root (``cache_root``, default
-    the first config's) or measure them once, and do the arithmetic (:func:`price`). ``command_start`` (a command
-    that will run the sweep in a new process of its own): setup is this process's time from its start to planned
-    runs, which that process will take again. ``report``: the command writes a report once its runs are done (an
-    experiment's tables and plots), priced too: a function that writes a sample of it into a folder, timed once per
-    machine (the report unit)."""
+    the first config's) or measure them once, and do the arithmetic (:func:`price`). ``command_start``: setup is this
+    process's time from its start to planned runs (a command that will run the sweep in a new process of its own).
+    ``report``: a function that writes a sample of the command's report into a folder, timed once per machine."""
     import time
 
     import torch
