@@ -2,9 +2,8 @@
 learned tensors at the saved points (initialisation, snapshots, end), and :func:`atlas_fast.atlas.kappa.measure_kappa`
 at each; plus the tables and sentences the experiment ``theorem1_kappa`` and the demo print from them.
 
-The expectation is over the run's few-shot training items, each with its un-augmented cached view 0 (the view ISL's
-soft labels are computed on); the soft labels are the ones a run of each kind trains on, with the run's own
-hyper-parameters where the run used that kind and the setting's preset otherwise (``docs/theorem1-kappa.md``).
+The expectation is over the run's few-shot training items at their cached view 0 (``docs/theorem1-kappa.md``); the
+soft labels are a run's of each kind, with the run's own hyper-parameters where it used that kind, else the presets.
 """
 
 from __future__ import annotations

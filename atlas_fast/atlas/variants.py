@@ -1,11 +1,9 @@
 """Every label variant a run can train with, and the names it is printed under.
 
-A variant is a label schedule with the soft labels it reads (:class:`LabelVariant`): the plain method (one-hot),
-ATLaS with LS / CSL / ISL / their mix (soft labels every K-th epoch; K = 1 is soft labels every epoch, the "+ LS"
-rows of Fig. 1 and the ablation), the ablation's "soft + y" rows (:class:`~atlas_fast.atlas.schedules.Joint`) and
-the Fig. 1 baselines OLS and TF-KD. :func:`label_variant` builds one from a setting's paper presets (K here, the
-soft-label hyper-parameters in :func:`atlas_fast.atlas.softlabels.soft_label_preset`); every variant and printed name
-comes from this module.
+A variant is a label schedule (:mod:`atlas_fast.atlas.schedules`) with the soft labels it reads
+(:class:`LabelVariant`). :func:`label_variant` builds one from a setting's paper presets (K here, the soft-label
+hyper-parameters in :func:`atlas_fast.atlas.softlabels.soft_label_preset`); every variant and printed name comes from
+this module.
 
 The naming functions read a run's *described* schedule (``LabelSchedule.describe()``, as a record stores it) and
 soft-label kind, so a live config and a record read back from disk are named alike.

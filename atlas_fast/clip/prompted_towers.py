@@ -8,14 +8,11 @@ blocks 1..J-1, as ``docs/method-zoo.md`` (section IVLP) specifies.
 it (the text tower is :class:`atlas_fast.clip.text_encoder.PromptTextEncoder`). Both take prompts with a leading run
 dimension R (several runs trained together, ``methods/base.py``) and fold it into the batch.
 
-**Fused attention.** open_clip's blocks run attention through ``nn.MultiheadAttention``, which transposes the
-sequence, splits heads and adds the causal mask as a float tensor. :func:`fused_block` computes the same block from
-the block's own weights: ``ln_1``, one ``F.linear`` with the packed input projection, ``F.scaled_dot_product_attention``
-(``is_causal`` for text), the output projection, ``ls_1``, then ``ln_2``, ``mlp``, ``ls_2`` (the block's own
-modules). It is used for blocks it can reproduce exactly (:func:`fused_attention_supported`); any other block (open_clip's
-``CustomResidualAttentionBlock``, cross-attention, attention dropout in training, a block someone observes with forward
-hooks, gradient checkpointing) runs its own ``forward``. When only one row per sequence is pooled (the class token,
-the EOT), the fused last block computes only that row (:func:`pooled_block`).
+**Fused attention.** open_clip's ``nn.MultiheadAttention`` transposes the sequence, splits heads and adds the causal
+mask as a float tensor; :func:`fused_block` computes the same block from its own weights with one input-projection
+matmul and ``F.scaled_dot_product_attention``, for the blocks it reproduces exactly
+(:func:`fused_attention_supported`); any other block (gradient checkpointing included) runs its own ``forward``. When
+one row per sequence is pooled, the fused last block computes only that row (:func:`pooled_block`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ Features, few-shot subsets and result records are keyed by these fingerprints to
 two datasets that share a name (``folder:projA/data`` and ``folder:projB/data``) or an image replaced in place
 never share features or records, while moving or renaming the data root changes nothing.
 
-The runs of one sweep share a listing (its test list, often 50,000 images, and its full train list): the functions
-that take ``memo`` (a dict kept with the listing while the sweep is planned) compute what those runs share once,
-the listing's fingerprint and each file's identity, instead of once per run. The values are the same either way.
+The functions that take ``memo`` (a dict kept with a listing while a sweep is planned) compute what the sweep's runs
+share (the listing's fingerprint, each file's identity) once instead of once per run; the values are the same.
 """
 
 from __future__ import annotations
