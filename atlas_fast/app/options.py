@@ -3,8 +3,7 @@ spelling and one meaning each; nothing here imports torch, so ``--help`` and arg
 
 The options that set a :class:`~atlas_fast.engine.config.TrainConfig` field are declared once, in :data:`RUN_OPTIONS`:
 :func:`add_options` adds those a command offers to its parser and :func:`train_config` builds the config from
-them (``train``, ``search`` and every experiment module use the two). Their choices are the vocabulary's
-(:mod:`atlas_fast.vocabulary`)."""
+them. Their choices are the vocabulary's (:mod:`atlas_fast.vocabulary`)."""
 
 from __future__ import annotations
 

@@ -3,12 +3,10 @@ module of this package each, with ``add_parser(subparsers)`` beside the ``run_*`
 out), and :func:`main` runs the chosen command. The modules import nothing heavy at import time (torch, the engine
 and the methods are imported inside the ``run_*`` functions), so ``--help`` and argument errors stay instant.
 
-Expected errors (bad data, arguments, files, checkpoints, a full disk: :func:`atlas_fast.errors.user_errors`) print ``error: ...``
-naming the file or value and exit with status 2; ``--debug`` (anywhere on the line) shows the traceback instead.
-Ctrl-C prints one ``interrupted: ...`` line (what was finished, and that the same command resumes) and exits with
-status 130, as shells report an interrupted command.
-Argument errors are argparse's one line (where the options are listed, not the whole usage) and warnings one
-``warning: ...`` line each, without the source line that raised them."""
+Expected errors (:func:`atlas_fast.errors.user_errors`) print ``error: ...`` naming the file or value and exit with
+status 2; ``--debug`` (anywhere on the line) shows the traceback instead. Ctrl-C prints one ``interrupted: ...`` line
+(what was finished, and that the same command resumes) and exits with status 130, as shells report it. Argument
+errors are argparse's one line and warnings one ``warning: ...`` line each, without their source line."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """CLIP's text tower applied to prompt *embeddings* (learned context + class tokens), truncated to the longest prompt.
 
-This is CoOp's ``TextEncoder`` (``docs/method-zoo.md``, section Common CLIP pieces) on the open_clip model: x = prompts
-+ positional embedding, the causal transformer, ``ln_final``, the row at the EOT position, ``text_projection``. Under
-the causal mask the EOT output depends only on positions <= EOT, so running just the first ``max(eot_index) + 1``
-positions (slicing the positional embedding and the mask) gives the same features and gradients as the full 77-token
-pass, at a fraction of the cost for short prompts. That stays exact with deep text prompts (IVLP, MaPLe, PromptSRC),
-which replace positions 1..M at the input of blocks 1..J-1 (:func:`atlas_fast.clip.prompted_towers.run_blocks`): every
-replaced position is before the EOT.
+This is CoOp's ``TextEncoder`` (``docs/method-zoo.md``, section Common CLIP pieces) on the open_clip model. Under the
+causal mask the EOT output depends only on positions <= EOT, so running just the first ``max(eot_index) + 1``
+positions gives the same features and gradients as the full 77-token pass, at a fraction of the cost; that stays
+exact with deep text prompts, which replace positions 1..M, all before the EOT.
 
 **Shared prefix** (:meth:`PromptTextEncoder.encode_classes`). Every class's prompt starts with the same positions
 ``[SOT][ctx_1..M]``; under the causal mask their hidden states do not depend on what follows, so they are computed
@@ -15,10 +12,9 @@ prefix's keys and values. Deep text prompts replace prefix positions only. The c
 operations run once over all of them without padding, and attention runs per length group (:func:`length_groups`).
 Same arithmetic per position as the plain pass, so features and gradients agree to fp32 rounding.
 
-Both passes run the blocks fused (:func:`atlas_fast.clip.prompted_towers.fused_block`) where open_clip's blocks allow it,
-and the last block only for the EOT rows: their query, output projection and MLP, with every row's keys and values
-(nothing else of the last block reaches the features). ``fused_attention``, ``shared_prefix`` and ``length_groups``
-switch each part off (benchmarks, tests); with all three off the pass is open_clip's own blocks.
+Both passes run the blocks fused where open_clip's blocks allow it, and the last block only for the EOT rows.
+``fused_attention``, ``shared_prefix`` and ``length_groups`` switch each part off (benchmarks, tests); with all three
+off the pass is open_clip's own blocks.
 """
 
 from __future__ import annotations
