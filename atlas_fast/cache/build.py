@@ -256,13 +256,11 @@ def default_workers(device: torch.device) -> int:
 class Writer:
     """Commits encoded batches in a thread beside the encoder, in transactions of whole row blocks.
 
-    :meth:`put` hands over a batch (it waits while a few batches are queued, so memory stays bounded); the thread
-    keeps them until the rows of at least ``transaction_bytes`` of features fill whole blocks of
-    :data:`FEATURE_CHUNK_ROWS` rows (cells arrive in row order, so a block is complete once a later block starts),
-    then commits those blocks as one transaction through ``commit``; once the oldest kept batch has waited
-    ``transaction_seconds``, it commits everything kept. Leaving the ``with`` block commits the rest, also when the
-    encoder failed or was interrupted (what was encoded is kept); a failed transaction is raised in the caller's
-    thread at its next :meth:`put` or on leaving the block."""
+    :meth:`put` hands over a batch (waiting while a few are queued, so memory stays bounded); whole blocks of
+    :data:`FEATURE_CHUNK_ROWS` rows are committed once ``transaction_bytes`` of them wait (cells arrive in row order),
+    and everything kept once the oldest batch has waited ``transaction_seconds``. Leaving the ``with`` block commits
+    the rest, also when the encoder failed or was interrupted; a failed transaction is raised in the caller's thread
+    at its next :meth:`put` or on leaving the block."""
 
     def __init__(self, commit, path: Path, transaction_bytes: int, transaction_seconds: float, depth: int = 8):
         self.commit, self.path = commit, path

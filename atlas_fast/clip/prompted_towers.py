@@ -142,9 +142,8 @@ def run_blocks(transformer: nn.Module, x: torch.Tensor, attn_mask: torch.Tensor 
 
     ``fused``: run the blocks with :func:`fused_block` where every block supports it and ``attn_mask`` is None or
     CLIP's causal mask (``causal=True``: the caller has checked that it is; None: it is inspected here); otherwise
-    (or with ``fused=False``) each block runs its own ``forward``. ``pooled_rows``
-    (N,): return only row ``pooled_rows[n]`` of sequence n, (N, w); fused, the last block computes only those rows
-    (:func:`pooled_block`)."""
+    each block runs its own ``forward``. ``pooled_rows`` (N,): return only row ``pooled_rows[n]`` of sequence n,
+    (N, w); fused, the last block computes only those rows (:func:`pooled_block`)."""
     blocks = transformer.resblocks
     if len(deep_prompts) >= len(blocks):
         raise ValueError(f"{len(deep_prompts)} deep prompt sets need more than the tower's {len(blocks)} blocks "

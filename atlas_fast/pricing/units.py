@@ -162,10 +162,9 @@ def measure_eval(backbone: Backbone, method: str, classnames: Sequence[str], ima
                  config: MethodConfig | None = None, amp: bool | None = None, max_repeats: int = 5,
                  runs: int = 1, max_images: int = MAX_EVAL_IMAGES) -> Unit:
     """A method's evaluation at C = ``len(classnames)`` of ``runs`` runs evaluated together (a group's one pass):
-    ``fixed_seconds`` once per class set (the R runs' class prompts through the text encoder) and ``seconds`` per
-    test image for all R runs (cached features through the R runs' heads, or pixels through their prompted image
-    towers, :data:`~atlas_fast.engine.evaluate.EVAL_PIXEL_SEQUENCES` sequences per call, for the methods that read
-    pixels; decoding priced apart), measured on ``images`` random test inputs and scaled linearly. On cached
+    ``fixed_seconds`` once per class set (the R runs' class prompts) and ``seconds`` per test image for all R runs
+    (cached features, or pixels through the prompted image towers; decoding priced apart), measured on ``images``
+    random test inputs and scaled linearly. On cached
     features the count grows up to ``max_images`` (a few times the largest test set the plan evaluates: an image's
     cost that does not show on that many images does not matter to the plan); the unit keeps the count it reached
     (``images``)."""
