@@ -162,11 +162,10 @@ def parse_threads(value: str | int | None) -> int | str | None:
 
 
 def set_threads(threads: int | str | None = "auto") -> int | None:
-    """Set this process's intra-op thread policy and apply it: a count, or ``"auto"`` (the CPUs this process may use,
-    :func:`available_cpus`; small cached steps then use :func:`probe_threads`' count). None restores "not set".
-    A count above the available CPUs is lowered to them, with a warning. Sets ``OMP_NUM_THREADS`` (and MKL's,
-    OpenBLAS's) for workers started later, and torch's count if torch is imported. Returns the count now in force
-    (None when not set)."""
+    """Set this process's intra-op thread policy and apply it: a count, or ``"auto"`` (:func:`available_cpus`; small
+    cached steps then use :func:`probe_threads`' count); None restores "not set". A count above the available CPUs is
+    lowered to them, with a warning. Sets ``OMP_NUM_THREADS`` (and MKL's, OpenBLAS's) for later workers, and torch's
+    count if torch is imported; returns the count now in force (None when not set)."""
     global _policy
     threads = parse_threads(threads)
     if isinstance(threads, int):

@@ -68,10 +68,8 @@ class BackboneConfig:
 class Backbone:
     """A frozen open_clip CLIP model with its tokenizer, preprocessing, image transforms and fingerprint.
 
-    ``transform`` (the test view and the seeded augmentations, :mod:`atlas_fast.clip.transforms`, at augmentation
-    seed 0) is derived from ``preprocessing`` once, when the backbone is made, and read from here by the feature
-    cache and the pixel path alike, as open_clip's ``create_model_and_transforms`` hands its transforms out with the
-    model."""
+    ``transform`` (the test view and the seeded augmentations at augmentation seed 0) is derived from
+    ``preprocessing`` once, and read from here by the feature cache and the pixel path alike."""
 
     model: nn.Module
     tokenizer: Callable[..., torch.Tensor]

@@ -183,9 +183,8 @@ def check_prompted_vision(visual: nn.Module) -> None:
 class PromptedVisionEncoder:
     """The frozen vision tower of ``backbone`` with optional input and deep visual prompts.
 
-    Not an ``nn.Module`` (as :class:`~atlas_fast.clip.text_encoder.PromptTextEncoder`): the frozen weights stay in the
-    backbone. Without prompts it computes exactly ``model.encode_image`` (through the blocks' own forwards); with
-    prompts the blocks run fused when :attr:`fused_attention` is on (the default).
+    Not an ``nn.Module``, as :class:`~atlas_fast.clip.text_encoder.PromptTextEncoder`. Without prompts it computes
+    exactly ``model.encode_image``; with prompts the blocks run fused when :attr:`fused_attention` is on (the default).
     """
 
     def __init__(self, backbone: Backbone) -> None:

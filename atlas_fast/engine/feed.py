@@ -53,9 +53,8 @@ class CachedViews(EpochTensorInputs):
     """The cached augmented views of the training images: epoch ``e`` gets view ``first_view + (e mod V)`` as (N, D)
     (``first_view`` 1; V + 1 for the second views a method's consistency term reads, CoPrompt's).
 
-    Every view is read once when they fit :data:`PRELOAD_BYTES`; on a CUDA device they are then kept there when they
-    fit :data:`DEVICE_RESIDENT_BYTES` (``resident``), so an epoch's batches are gathered on the device from its
-    order, moved there once per epoch."""
+    Every view is read once when they fit :data:`PRELOAD_BYTES`, and kept on a CUDA device when they fit
+    :data:`DEVICE_RESIDENT_BYTES` (``resident``), so an epoch's batches are gathered there."""
 
     def __init__(self, cache, backbone: Backbone, dataset: str, items, views: int, aug_seed: int,
                  device: torch.device | str = "cpu", first_view: int = 1) -> None:

@@ -51,11 +51,9 @@ def measure_encode(backbone: Backbone, batch: int = 64, precision: str = "auto",
 def measure_decode(backbone: Backbone, views: int = 2, max_repeats: int = 5,
                    images: Sequence[str | Path] = (), pixels: bool = False) -> Unit:
     """Seconds to decode an image and transform it into views: ``seconds`` per view, ``fixed_seconds`` per decoded
-    image. Timed on ``images`` (a sample of the files a plan reads: their sizes set the cost) or, without them, on a
-    500 x 375 random-texture JPEG (the size of an average photo of the paper's datasets). It times
-    :func:`~atlas_fast.clip.transforms.load_views`, a pixel method's per-view work, or with ``pixels`` what a cache
-    build's workers do (:func:`~atlas_fast.clip.transforms.load_view_pixels`: 8-bit views, without the ToTensor +
-    Normalize the encoder's thread does, which :func:`measure_encode` times)."""
+    image. Timed on ``images`` (a sample of the files a plan reads) or, without them, on a 500 x 375 random-texture
+    JPEG (an average photo of the paper's datasets): :func:`~atlas_fast.clip.transforms.load_views`, or with
+    ``pixels`` a cache build's workers' 8-bit views (:func:`~atlas_fast.clip.transforms.load_view_pixels`)."""
     from PIL import Image
 
     from atlas_fast.clip.transforms import load_view_pixels, load_views

@@ -79,11 +79,9 @@ def open_storage(url: str, name: str, definition: dict[str, Any], lock_timeout: 
 
 
 def close_storage(storage) -> None:
-    """Close the database connections of ``storage`` (an Optuna storage, or a study on one: Optuna wraps a database
-    storage in a cache) now. An SQLite study is in write-ahead-log mode (:func:`_fast_commits`): the last
-    connection's close copies the log into the file and removes it, so the file holds the whole study (to copy,
-    compare or back up) when a search returns, not at whatever later time its engine is freed. Reads through the
-    study afterwards open new connections."""
+    """Close the database connections of ``storage`` (an Optuna storage, or a study on one) now, so an SQLite study's
+    write-ahead log (:func:`_fast_commits`) is copied into its file when a search returns, not whenever its engine is
+    freed. Reads through the study afterwards open new connections."""
     for inner in ("_storage", "_backend"):
         storage = getattr(storage, inner, storage)
     engine = getattr(storage, "engine", None)
