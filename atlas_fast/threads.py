@@ -201,11 +201,9 @@ def threads_policy() -> int | str | None:
 
 @contextlib.contextmanager
 def command_threads(threads: str | int | None, default: str | int = "auto") -> Iterator[None]:
-    """The thread policy of one command-line command, applied before torch is imported: ``--threads N`` or
-    ``auto`` as given; without it, the policy inherited from a parent atlas_fast process, else the user's
-    ``OMP_NUM_THREADS`` as a fixed count, else the command's ``default`` (``auto``; the demo's is 1). The policy,
-    the environment and torch's count are restored when the command returns (the same process may run more
-    commands, e.g. tests)."""
+    """The thread policy of one command-line command, applied before torch is imported: ``--threads`` as given, else
+    the policy inherited from a parent atlas_fast process, else the user's ``OMP_NUM_THREADS`` as a fixed count, else
+    the command's ``default``. The policy, the environment and torch's count are restored when the command returns."""
     global _policy
     if threads is None:
         user = os.environ.get("OMP_NUM_THREADS", "")

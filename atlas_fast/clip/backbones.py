@@ -111,9 +111,8 @@ class Backbone:
     def tokenize(self, texts: Sequence[str], labels: Sequence[str] | None = None) -> torch.Tensor:
         """Token ids (N, context_length) of ``texts``, on the CPU.
 
-        A text longer than the text tower's context is refused: open_clip's tokenizer would cut it silently, and
-        two long class names that differ only after the cut would then be encoded identically. The ValueError
-        names the text and, given ``labels`` (one per text, e.g. the class names), its label.
+        A text longer than the text tower's context is a ValueError naming it and, given ``labels`` (one per text),
+        its label: open_clip's tokenizer would cut it silently, so two long names could be encoded identically.
         """
         texts = list(texts)
         length = self.context_length
@@ -215,11 +214,9 @@ _SHARED_MAX = 2
 
 
 def shared_backbone(config: BackboneConfig, device: str | torch.device = "cpu") -> Backbone:
-    """:func:`load_backbone`, memoised within the process: a sweep of many runs (or a cross-dataset evaluation of many
-    records) loads and fingerprints the weights once. Keyed by the config, the device and, for a local checkpoint,
-    the file's identity and size, modification and change times, so an edited file is loaded afresh (the change
-    time moves on every write, even one that restores the size and the modification time). Holds at most two
-    backbones."""
+    """:func:`load_backbone`, memoised within the process, so a sweep loads and fingerprints the weights once. Keyed by
+    the config, the device and, for a local checkpoint, the file's identity, size, modification and change times, so
+    an edited file is loaded afresh. Holds at most two backbones."""
     file_state = None
     pretrained = _expand(config.pretrained)
     if pretrained is not None and os.path.isfile(pretrained):

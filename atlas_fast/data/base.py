@@ -94,10 +94,9 @@ def prompt_text(classname: str) -> str:
 def check_distinct_classnames(classnames: Sequence[str], source: object) -> None:
     """Refuse class names that differ but that CLIP's tokenizer cannot tell apart (:func:`prompt_text`: 'Café' in
     NFC and NFD, 'Sea Lion' and 'sea lion', 'red  fox' and 'red fox'), naming both and ``source`` (the dataset's
-    folder): their prompts would be identical, so one of the two classes could never be predicted, and a difference
-    that the tokenizer drops is a typo or an encoding accident. The same name written twice is kept with a warning:
-    CLIP's ImageNet list, which CoOp's ``classnames.txt`` copies, has "missile" and "sunglasses" twice, and every
-    published ImageNet number was evaluated with them."""
+    folder): their prompts would be identical, so one of the two classes could never be predicted. The same name
+    written twice is kept with a warning: CLIP's ImageNet list (CoOp's ``classnames.txt``) has "missile" and
+    "sunglasses" twice, and every published ImageNet number was evaluated with them."""
     seen: dict[str, tuple[int, str]] = {}
     repeated: list[str] = []
     for label, name in enumerate(classnames):

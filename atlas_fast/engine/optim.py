@@ -40,11 +40,11 @@ GROWTH_INTERVAL = 2000
 
 
 class RunsOptimizer:
-    """What the optimisers of R runs share: the learned tensors of R runs (every tensor leads with R, or, for a lone
-    run, any shape) in the method's parameter groups (``{"params": [...], "lr_scale": s}``), each group's lr in a
-    device scalar (:meth:`set_lrs`, set per epoch or per step, so a captured step needs no recapture when it
-    changes), and under ``amp`` a gradient scaler per run. Subclasses name their per-tensor state
-    (:attr:`tensor_state`) and per-run state (:attr:`run_state`) and write :meth:`step`."""
+    """What the optimisers of R runs share: the learned tensors of R runs (each leads with R, or, for a lone run, any
+    shape) in the method's parameter groups (``{"params": [...], "lr_scale": s}``), each group's lr in a device
+    scalar (:meth:`set_lrs`: a captured step needs no recapture when it changes), and under ``amp`` a gradient scaler
+    per run. Subclasses name their per-tensor and per-run state (:attr:`tensor_state`, :attr:`run_state`) and write
+    :meth:`step`."""
 
     tensor_state: tuple[str, ...] = ()
     run_state: tuple[str, ...] = ("scale", "growth_tracker")
