@@ -44,9 +44,8 @@ def runs_cross_entropy(kinds: Sequence[str], logits: torch.Tensor, labels: torch
                        soft_rows: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """Each run's CE (R,) of logits (R, B, C) in one pass over the runs, run r against its labels (R, B) where
     ``kinds[r]`` is "hard" and against its soft rows (B, C) where it is "soft" (:meth:`LabelSchedule.
-    cross_entropy_kind`): :func:`hard_cross_entropy` and :func:`soft_cross_entropy` of each run, with the operations
-    of consecutive runs of one kind shared (what R runs trained together need per step: a handful of operations,
-    not a handful per run)."""
+    cross_entropy_kind`), with the operations of consecutive runs of one kind shared (a handful of operations per
+    step, not a handful per run)."""
     log_probs = F.log_softmax(logits.float(), dim=-1)
     parts, start = [], 0
     for kind, members in itertools.groupby(kinds):
@@ -226,9 +225,9 @@ class OnlineLabelSmoothing(LabelSchedule):
 class TeacherFreeKD(LabelSchedule):
     """TF-KD_reg (Yuan et al. 2020): a hand-designed teacher puts probability ``a`` on the true class and
     ``(1-a)/(C-1)`` on every other; loss = (1-α)·CE(z, y) + α·τ²·KL(teacher_τ ‖ softmax(z/τ)), where teacher_τ is the
-    teacher's distribution at temperature τ (softmax of its log-probabilities / τ) and KL is averaged over the batch.
-    This is the paper's formula; the authors' code instead softens the probabilities directly and averages the KL over
-    all B·C elements, which only rescales the term."""
+    teacher's distribution at temperature τ (softmax of its log-probabilities / τ) and KL is averaged over the batch:
+    the paper's formula (the authors' code softens the probabilities directly and averages the KL over all B·C
+    elements, which only rescales the term)."""
 
     a: float = 0.9
     alpha: float = 0.1

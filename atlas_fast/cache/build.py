@@ -82,8 +82,8 @@ class CacheBuilder(CacheFiles):
         """Encode views 0..``num_views`` of every item, only those not cached yet (moves the backbone to ``device``).
 
         ``precision``: "auto" (the file's recorded precision, else fp16 autocast on CUDA and fp32 on CPU), "fp32",
-        "fp16" or "bf16". ``num_workers`` decoding processes (None: :func:`default_workers`).
-        When everything is cached already, nothing is written (a read-only cache folder works)."""
+        "fp16" or "bf16". ``num_workers``: None is :func:`default_workers`. When everything is cached already,
+        nothing is written (a read-only cache folder works)."""
         start = time.perf_counter()
         if num_views < 0:
             raise ValueError(f"num_views must be >= 0 (0 = only the test-transform view), got {num_views}.")

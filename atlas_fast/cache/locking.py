@@ -1,13 +1,11 @@
 """Locks that let readers and builders of one cache file share it safely across processes.
 
-``fcntl.flock`` on two side files. ``<file>.lock`` is taken *shared* by readers and *exclusive* by a writer for the
-few milliseconds of one write transaction (open, write a batch of features, flush, mark them done, close), so a
-reader sees only committed batches. ``<file>.build.lock`` is held exclusively for a whole build, so a second builder
-waits, then encodes only what the first one left missing (no duplicate work, no interleaved writes). HDF5's SWMR mode
-was not used: it admits a single writer for the file's lifetime, forbids creating datasets or attributes while
-readers are open, and needs ``libver="latest"``; flock works with the default format and lets successive processes
-extend a file. HDF5's own file locking is switched off (our locks supersede it and it fails on some network file
-systems). A complete cache in a read-only folder is read without any lock file.
+``fcntl.flock`` on two side files: ``<file>.lock``, *shared* by readers and *exclusive* for one write transaction,
+so a reader sees only committed batches; ``<file>.build.lock``, exclusive for a whole build, so a second builder
+waits, then encodes only what is left. HDF5's SWMR mode was not used: it admits a single writer for the file's
+lifetime, forbids creating datasets or attributes while readers are open, and needs ``libver="latest"``. HDF5's own
+file locking is switched off (it fails on some network file systems). A complete cache in a read-only folder is read
+without any lock file.
 """
 
 from __future__ import annotations

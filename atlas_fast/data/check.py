@@ -1,14 +1,10 @@
 """``atlas-fast data check``: what is present under a data root, its layout, its counts against the published split
 sizes, what is missing or wrong and how to fix it (one line each), and which images do not decode.
 
-Real data is where users stumble most: ImageNet's val images shipped flat (not in class folders: an empty test
-set), a missing ``split_zhou_<Name>.json``, a missing ``classnames.txt``, a half-extracted archive. The readers of
-:mod:`atlas_fast.data.datasets` stop at the first such fault of the dataset a run reaches; this module looks at every
-dataset asked for and names every fault it can see.
-
-The published sizes are CoOp's fixed splits (the dataset table of the CoOp paper; ImageNet's val set is its test
-set; the four ImageNet variants are test-only). A count that differs is a warning (a subset may be deliberate); a
-missing or malformed file, an empty split and an image that does not decode are errors.
+The readers of :mod:`atlas_fast.data.datasets` stop at the first fault of the dataset a run reaches; this module
+looks at every dataset asked for and names every fault it can see (docs/data-check.md). The published sizes are
+CoOp's fixed splits. A count that differs is a warning (a subset may be deliberate); a missing or malformed file, an
+empty split and an image that does not decode are errors.
 """
 
 from __future__ import annotations

@@ -201,9 +201,9 @@ def register_split_json_dataset(name: str, folder: str, image_prefix: str, templ
                                 split_file: str | None = None) -> DatasetSpec:
     """Register a dataset stored in CoOp's split-JSON layout under ``<data_root>/<folder>/``.
 
-    ``image_prefix``: the folder (relative to ``<folder>``, ``""`` for the folder itself) that the JSON paths are
-    relative to; ``split_file`` defaults to ``split_zhou_<name>.json``. Re-registering a user dataset replaces it;
-    the 15 benchmark names (and their aliases) are reserved."""
+    ``image_prefix``: the folder the JSON paths are relative to (``""``: ``<folder>`` itself); ``split_file``
+    defaults to ``split_zhou_<name>.json``. Re-registering a user dataset replaces it; the 15 benchmarks' names and
+    aliases are reserved."""
     if "{}" not in template:
         raise ValueError(f"template {template!r} of dataset {name!r} must contain '{{}}' for the class name")
     if not name or name.startswith(FOLDER_PREFIX) or name.startswith(".") or "/" in name or os.sep in name:

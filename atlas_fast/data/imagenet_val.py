@@ -1,12 +1,10 @@
 """Sort ImageNet's validation images into class folders by the ILSVRC-2012 devkit's ground truth.
 
 ``ILSVRC2012_img_val.tar`` holds 50,000 images in one flat folder; the ImageNet reader (as CoOp's) wants them in
-``images/val/<wnid>/`` like the train set. The devkit (``ILSVRC2012_devkit_t12.tar.gz``, from image-net.org)
-gives the class of each: ``data/ILSVRC2012_validation_ground_truth.txt`` holds, on line i, the ILSVRC2012_ID of
-``ILSVRC2012_val_<i, 8 digits>.JPEG``, and ``data/meta.mat`` maps each ID to its wnid. Both are checked before
-anything moves (``synsets`` and its fields, the ground truth's encoding, every line a class number, no more lines
-than the 50,000 images), each fault an error naming the file and the line or entry; then every move is checked:
-nothing moves unless every flat image has a class.
+``images/val/<wnid>/``. In the devkit, ``data/ILSVRC2012_validation_ground_truth.txt`` holds, on line i, the
+ILSVRC2012_ID of ``ILSVRC2012_val_<i, 8 digits>.JPEG``, and ``data/meta.mat`` maps each ID to its wnid. Both are
+checked before anything moves (docs/data-check.md lists the faults named); nothing moves unless every flat image has
+a class.
 """
 
 from __future__ import annotations

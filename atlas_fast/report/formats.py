@@ -286,11 +286,10 @@ CSV_FIELDS = ("group", "method", "variant", "seeds", "datasets")
 
 def csv_lines(rows: Sequence[TableRow], baseline: int = 0, paired: Sequence[str] | None = None
               ) -> list[dict[str, Any]]:
-    """One dict per row for a CSV file: every metric's mean and std over seeds, and the last metric's mean paired
-    difference to the row it is compared with, its 95 % interval and the seeds it rests on (empty where none). A
-    row's variant is marked with all its runs change from the recipes and presets (a CSV line stands alone).
-    ``paired``: the metrics whose paired differences are given (default the last; beyond one, each metric's as
-    ``<metric> diff`` / ``ci95_low`` / ``ci95_high`` / ``seeds``). A value the records lack is empty."""
+    """One dict per row for a CSV file: every metric's mean and std over seeds, and the paired difference to the
+    compared row of each metric of ``paired`` (default the last; beyond one, as ``<metric> diff`` / ``ci95_low`` /
+    ``ci95_high`` / ``seeds``), with its 95 % interval and seeds. A row's variant carries all its marks (a CSV line
+    stands alone); a value the records lack is empty."""
     from atlas_fast.engine.deviations import table_marks
 
     cols = metric_columns(rows)
