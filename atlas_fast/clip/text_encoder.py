@@ -161,9 +161,8 @@ def cached_layouts(eot_index: torch.Tensor) -> list[PackedLayout]:
 class PromptTextEncoder:
     """The frozen text tower of ``backbone`` as a function of prompt embeddings.
 
-    Not an ``nn.Module`` on purpose: it owns no tensors (it uses the backbone's), so methods holding one keep the
-    frozen CLIP out of their parameters, checkpoints and ``train()``/``eval()`` switches.
-    """
+    Not an ``nn.Module`` on purpose: it owns no tensors, so methods holding one keep the frozen CLIP out of their
+    parameters, checkpoints and ``train()``/``eval()`` switches."""
 
     def __init__(self, backbone: Backbone) -> None:
         model = backbone.model

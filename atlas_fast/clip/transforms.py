@@ -251,10 +251,9 @@ def normalize_table(mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Te
 def normalize_pixels(pixels: np.ndarray | torch.Tensor, spec: TransformSpec,
                      device: torch.device | str | None = None) -> torch.Tensor:
     """(N, S, S, 3) uint8 view pixels -> (N, 3, S, S) float32 on ``device`` (default: where ``pixels`` are), equal
-    bit for bit to ToTensor + Normalize of each view. On the CPU these are the same IEEE float32 operations (/ 255,
-    - mean, / std), run by numpy a megabyte of floats at a time (one thread: torch's threads would spin on such
-    short operations on a loaded machine); elsewhere a lookup in :func:`normalize_table` (a GPU divides by 255
-    through a reciprocal, which can differ in the last bit)."""
+    bit for bit to ToTensor + Normalize of each view: on the CPU the same float32 operations, by numpy (one thread:
+    torch's would spin on such short operations); elsewhere a lookup in :func:`normalize_table` (a GPU divides by
+    255 through a reciprocal, which can differ in the last bit)."""
     device = (pixels.device if isinstance(pixels, torch.Tensor) else torch.device("cpu")) if device is None else (
         torch.device(device))
     if device.type == "cpu":

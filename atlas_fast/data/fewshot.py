@@ -232,8 +232,7 @@ def subsample_classes(splits: DatasetSplits, subsample: str, memo: dict | None =
     """Keep the base (first ceil(n/2)) or new (remaining) classes of the train labels and relabel them from 0.
 
     ``"all"`` keeps every class and label. The same relabelling filters train, val and test; class names are rebuilt
-    from the new train list, so a ``"new"`` model classifies among the new names only. ``memo``: shared by the plans
-    of one sweep, so a test (and val) list shared by its runs is relabelled once per class selection."""
+    from the new train list, so a ``"new"`` model classifies among the new names only. ``memo``: see the module."""
     if subsample not in CLASS_SETS:
         raise ValueError(f"subsample must be one of {CLASS_SETS}, got {subsample!r}")
     if splits.subset.get("classes", "all") != "all":

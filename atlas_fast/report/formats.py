@@ -224,11 +224,10 @@ def latex_label(text: str) -> str:
 
 def latex_table(rows: Sequence[TableRow], caption: str = "", baseline: int = 0, label: str | None = None,
                 paired: Sequence[str] | None = None) -> str:
-    """A booktabs LaTeX table shaped like the paper's Table III: Method | metrics as ``mean ± std`` (std over
-    seeds, when there are several), the change of the last metric against the block's first row in parentheses, the
-    best value of each column in bold (per method block when rows come in blocks), ``\\midrule`` between blocks
-    (between sections, with ``\\cmidrule`` between the blocks of a section), no vertical rules. ``label`` names the
-    ``\\label{tab:...}`` (default: from the caption). Needs ``\\usepackage{booktabs}``."""
+    """A booktabs LaTeX table shaped like the paper's Table III: ``mean ± std`` cells, the last metric's change
+    against the block's first row, each column's best in bold (per block), ``\\midrule`` between blocks
+    (``\\cmidrule`` within a section), no vertical rules. ``label`` names the ``\\label{tab:...}`` (default: from
+    the caption). Needs ``\\usepackage{booktabs}``."""
     cols = metric_columns(rows)
     sectioned = any(row.section for row in rows)
     best = best_cells(rows)

@@ -73,9 +73,9 @@ def name_records(records: Sequence[dict[str, Any]], left_out: list[tuple[Path, s
                   ) -> list[dict[str, Any]]:
     """Records with ``name`` (the row: its name and the marks of what its runs change), ``row_name`` (the name
     alone), ``marks`` (those changes, :func:`atlas_fast.engine.deviations.run_deviations` less what the name says)
-    and ``table`` (``(setting, shots)``), in table order: method blocks (zero-shot CLIP first, then the registry's
-    order), the plain method first in its block, then the ATLaS variants; one record per seed and row (of two, the
-    newer one is kept, with a warning naming both files, and the older one appended to ``left_out`` when given)."""
+    and ``table`` (``(setting, shots)``), in table order (zero-shot CLIP first, then the registry's order; the plain
+    method first in its block); one record per seed and row (of two, the newer, with a warning naming both files
+    and the older appended to ``left_out`` when given)."""
     from atlas_fast.atlas.variants import row_order
     from atlas_fast.engine.deviations import UNSTORED_DEFAULTS, deviation_note, run_deviations
     from atlas_fast.methods import METHODS

@@ -1,11 +1,10 @@
 """Class descriptions of the world's classes, the world's stand-in for the LLM-written descriptions CoPrompt reads
 (``--method-option descriptions=PATH``; ``docs/method-zoo.md``, section CoPrompt).
 
-An LLM asked to describe a flamingo says what its name does not: it is pink, it stands on one leg. The world's
-counterpart says what a world class name does not: its shape's two typical colours (the colours a benchmark draws it
-in, :data:`~atlas_fast.world.generator.SHAPE_PALETTES`) and what its shape has in common with others (its attribute,
-:data:`~atlas_fast.world.generator.SHAPE_ATTRIBUTES`), in the words of the world CLIP's pretraining captions. Every
-class gets the same four descriptions, as CoPrompt needs the same number per class.
+As an LLM's description says what a class name does not (a flamingo is pink), these say a world class's shape's two
+typical colours (:data:`~atlas_fast.world.generator.SHAPE_PALETTES`) and its attribute
+(:data:`~atlas_fast.world.generator.SHAPE_ATTRIBUTES`), in the pretraining captions' words; every class gets four,
+as CoPrompt needs the same number per class.
 """
 
 from __future__ import annotations
