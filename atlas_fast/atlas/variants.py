@@ -104,9 +104,8 @@ def paper_variants(setting: str, kinds: Sequence[str] = PAPER_SOFT_LABEL_KINDS) 
 
 def row_name(schedule: Mapping[str, Any], soft_kind: str | None, every_epoch_names: bool = False) -> str:
     """A variant's row in the paper's tables, without the method: ``""`` for the plain method, ``+ ATLaS``,
-    ``+ ATLaS-CSL``, ``+ soft + y (ISL)``, ``+ OLS``, ``+ TF-KD``. The period K is not part of the name unless
-    ``every_epoch_names``: then K = 1 (soft labels every epoch) is ``+ LS`` / ``+ CSL`` / ``+ ISL``, as the
-    paper's curves name them. ``KeyError`` for a soft-label kind this version does not know."""
+    ``+ ATLaS-CSL``, ``+ soft + y (ISL)``, ``+ OLS``, ``+ TF-KD``; K is not named, except with ``every_epoch_names``:
+    K = 1 is then ``+ LS`` / ``+ CSL`` / ``+ ISL``, as the paper's curves say. ``KeyError`` for an unknown kind."""
     name = schedule["name"]
     if name == "onehot":
         return ""

@@ -154,10 +154,9 @@ def find_dataset_spec(name: str) -> DatasetSpec | None:
 
 
 def split_file_spec(argument: str) -> DatasetSpec:
-    """The dataset of ``split:<dataset folder>/<split file>.json[#<image folder>]`` (the command line's way to read a
-    CoOp split-JSON dataset without registering it): the JSON's folder is the dataset folder and names the cache and
-    result folders; image paths in the JSON are relative to ``<image folder>`` under it (default: the folder
-    itself)."""
+    """The dataset of ``split:<dataset folder>/<split file>.json[#<image folder>]``, a CoOp split-JSON dataset read
+    without registering it: the JSON's folder names the cache and result folders; image paths are relative to
+    ``<image folder>`` under it (default: the folder itself)."""
     path, _, image_prefix = argument.partition("#")
     split = Path(path)
     folder_name = split.parent.name

@@ -111,9 +111,8 @@ def calibration_metrics(logits: Any, labels: Any, temperature: float | None = No
                         ) -> dict[str, Any]:
     """ECE (percent, ``bins`` equal-width bins), NLL (nats), Brier, mean confidence and accuracy (percent) of logits
     (N, C) and labels (N,) (tensors or arrays), after dividing the logits by ``temperature`` when given; with the
-    reliability table under ``bins``. The function a run's record is computed with: the figures of a record are
-    reproduced from its saved predictions by ``calibration_metrics(logits, labels)`` (and, with the record's
-    temperature, ``ece_ts`` / ``nll_ts``)."""
+    reliability table under ``bins``. A record's figures are reproduced from its saved predictions by this function
+    (with the record's temperature, ``ece_ts`` / ``nll_ts``)."""
     logits, labels = torch.as_tensor(logits), torch.as_tensor(labels)
     if logits.dim() != 2:
         raise ValueError(f"calibration_metrics takes logits of shape (N, C), not {tuple(logits.shape)}")

@@ -170,10 +170,8 @@ def _pstdev(values: Sequence[float]) -> float:
 
 def deviation_marks(rows: Mapping[Hashable, Sequence[dict[str, Any]]], leave_out: Collection[str] = ()
                     ) -> tuple[str, dict[Hashable, str]]:
-    """The marks of a table that is not made of :class:`TableRow` s, given each printed row's records: what all its
-    rows' runs change alike from their recipes and presets, once for the table (`` [epochs=2]``, after its title),
-    and per row the rest (after its name), without the fields ``leave_out``
-    (:func:`atlas_fast.engine.deviations.table_marks`); :func:`deviation_sentences` explains them."""
+    """:func:`atlas_fast.engine.deviations.table_marks` for a table not made of :class:`TableRow` s, given each
+    printed row's records, without the fields ``leave_out``; :func:`deviation_sentences` explains the marks."""
     from atlas_fast.engine.deviations import runs_deviations, table_marks
 
     table_note, marks = table_marks([runs_deviations((r["config"] for r in records), leave_out)
