@@ -73,9 +73,9 @@ def process_seconds() -> float:
 
 class ProgressLines:
     """The lines a :func:`progress_bar` stands for where no bar can redraw (a log): when ``enabled`` and standard
-    error is not a terminal, a line every ``every`` seconds saying how much of ``total`` is done, the rate and the
-    :class:`TimeLeft` words (work that ends within ``every`` seconds prints nothing). Use as a context manager beside
-    the bar and call :meth:`update` as the bar's."""
+    error is not a terminal, a line every ``every`` seconds with how much of ``total`` is done, the rate and the
+    :class:`TimeLeft` words (nothing for work that ends sooner). Use as a context manager beside the bar and call
+    :meth:`update` as the bar's."""
 
     def __init__(self, total: int, what: str, unit: str, enabled: bool = True, every: float = 10.0) -> None:
         self.total, self.what, self.unit, self.every = total, what, unit, every

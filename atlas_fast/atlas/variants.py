@@ -68,12 +68,10 @@ SCHEDULE_CLASSES: dict[str, type[LabelSchedule]] = {
 
 def label_variant(setting: str, soft_kind: str = "ls", schedule: str = "auto", *, period: int | None = None,
                   schedule_options: Mapping[str, Any] | None = None, **soft_overrides: Any) -> LabelVariant:
-    """The variant with soft labels ``soft_kind`` (none | ls | csl | isl | mix) under ``schedule`` (auto | atlas |
-    joint | ols | tfkd; auto = atlas with soft labels, one-hot without), from ``setting``'s paper presets.
-
-    ``period`` replaces the setting's K (ATLaS only; 1 = soft labels every epoch), ``soft_overrides`` the soft-label
-    hyper-parameters (``theta``, ``tau_c``, ``alpha``, ``delta``, ``w``, ``top_k``), ``schedule_options`` the
-    schedule's own (OLS ``alpha``; TF-KD ``a``, ``alpha``, ``tau``)."""
+    """The variant with soft labels ``soft_kind`` under ``schedule`` (auto = atlas with soft labels, one-hot without),
+    from ``setting``'s paper presets. ``period`` replaces the setting's K (ATLaS only), ``soft_overrides`` the
+    soft-label hyper-parameters (``theta``, ``tau_c``, ``alpha``, ``delta``, ``w``, ``top_k``), ``schedule_options``
+    the schedule's own (OLS ``alpha``; TF-KD ``a``, ``alpha``, ``tau``)."""
     if soft_kind not in SOFT_LABEL_CHOICES:
         raise ValueError(f"Unknown soft-label kind {soft_kind!r}; valid: {', '.join(SOFT_LABEL_CHOICES)}.")
     if schedule not in _SCHEDULE_CHOICES:

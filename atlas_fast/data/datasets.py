@@ -184,9 +184,8 @@ def dataset_spec(name: str) -> DatasetSpec:
 def load_dataset(name: str, data_root: str | Path) -> DatasetSplits:
     """Full train/val/test lists of a dataset under ``data_root``.
 
-    ``name``: a registry name (``OxfordPets``), a CoOp config name (``oxford_pets``), any case, or
-    ``folder:<path>`` for a ``{train,val,test}/<class>/`` folder, or ``split:<path>/<split file>.json[#<images>]`` for
-    a CoOp split-JSON dataset (a relative path is taken under ``data_root``)."""
+    ``name``: a registry or CoOp config name (any case), ``folder:<path>`` for a ``{train,val,test}/<class>/`` folder,
+    or ``split:<path>/<split file>.json[#<images>]`` (a relative path is taken under ``data_root``)."""
     return dataset_spec(name).load(data_root)
 
 

@@ -55,10 +55,9 @@ class LocalExecutor:
 
 
 class RayExecutor:
-    """Each group is one Ray task. ``gpus_per_group`` may be fractional (0.25: four groups share a GPU);
-    ``workers`` caps the tasks in flight (default: as many as Ray schedules). Connects to ``address`` (an existing
-    cluster, or ``auto``) or, when Ray is not initialised yet and no address is given, starts a local instance with
-    ``num_cpus`` CPUs whose workers import the same atlas_fast as this process."""
+    """Each group is one Ray task. ``gpus_per_group`` may be fractional (0.25: four groups share a GPU); ``workers``
+    caps the tasks in flight. Connects to ``address`` (a cluster, or ``auto``) or, without one and with Ray not yet
+    initialised, starts a local instance with ``num_cpus`` CPUs whose workers import this process's atlas_fast."""
 
     def __init__(self, address: str | None = None, gpus_per_group: float = 0.0, cpus_per_group: float = 1.0,
                  workers: int | None = None, num_cpus: int | None = None) -> None:
