@@ -41,9 +41,8 @@ def duration(seconds: float) -> str:
 
 class TimeLeft:
     """The time words of a phase's progress lines: time since the phase began and, from the work done so far, about
-    how much is left (``12 s so far, about 36 s left``). ``done`` and ``total`` count any unit (runs, images); the
-    rate is the phase's own (``seconds``: the part of the time spent on counted work, when some of it, such as a
-    first cache build, is not like the rest)."""
+    how much is left (``12 s so far, about 36 s left``). ``done`` and ``total`` count any unit; ``seconds``: the part
+    of the time spent on counted work, when some of it (a first cache build) is not like the rest."""
 
     def __init__(self, total: float) -> None:
         self.total = total

@@ -56,11 +56,10 @@ def sample_per_class(items: Sequence[Datum], num_shots: int, rng: random.Random,
 
 def draw_subset(splits: DatasetSplits, num_shots: int, seed: int, order: FewShotOrder = "coop"
                 ) -> tuple[list[Datum], list[Datum]]:
-    """The K-shot training and min(K, 4)-shot validation lists of ``seed``, in ``order``: ``"coop"`` (CoOp's and
-    Dassl's readers: training first, then validation; a list whose validation is its test list samples training
-    only) or ``"clip-lora"`` (CLIP-LoRA's readers: validation first, then training, a class short of the shots
-    repeated; ImageNet, whose validation is its test list, draws K + min(K, 4) images of each class from its
-    training list at once and trains on the first K, the rest being CLIP-LoRA's validation, unused here)."""
+    """The K-shot training and min(K, 4)-shot validation lists of ``seed``, in ``order``: ``"coop"`` (training first,
+    then validation; a list whose validation is its test list samples training only) or ``"clip-lora"``
+    (validation first, a class short of the shots repeated; ImageNet draws K + min(K, 4) images of each class from
+    its training list at once and trains on the first K)."""
     rng = random.Random(seed)
     val_shots = min(num_shots, MAX_VAL_SHOTS)
     if order == "coop":

@@ -124,10 +124,9 @@ def missing_features(cache_root: str | Path, backbone, dataset: str, wanted: dic
 
 
 def plan_facts(specs: Sequence[Any], runs_per_group: int, backbone=None) -> PlanFacts:
-    """The facts of planned runs (:class:`~atlas_fast.engine.spec.RunSpec`): finished runs dropped, the rest grouped
-    as the sweep groups them (one by one for a method that does not batch runs), and the features the cache lacks
-    for the runs to train (train views 0..V, or view 0 for the pixel methods; the test split's view 0 and the
-    few-shot validation split's, which calibration reads), by the encoder batches the build will put them in."""
+    """The facts of planned runs: finished runs dropped, the rest grouped as the sweep groups them, and the features
+    the cache lacks for them (train views 0..V, view 0 for the pixel methods; the test and few-shot validation
+    splits' view 0), by the encoder batches the build will put them in."""
     import torch
 
     from atlas_fast.cache.build import batch_views, default_workers

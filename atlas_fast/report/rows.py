@@ -116,10 +116,9 @@ def aggregate(records: Iterable[dict[str, Any]], metrics: Sequence[str] = ("base
               name_of=variant_name, by_method: bool = False, deviations: bool = True,
               leave_out: Collection[str] = ()) -> list[TableRow]:
     """Group records by variant name (first-seen order) and average as the papers do; adds H when base and new are
-    present. ``spread`` is the population std over seeds (CoOp's ``parse_test_res``), averaged over datasets.
-    With ``by_method`` each method's records form a block of rows compared with its first row (the paper's Table
-    III). Each row keeps what its runs change from the recipes and presets (``deviations=False``: nothing), without
-    the fields ``leave_out`` (ones the names say, e.g. a swept α)."""
+    present; ``spread`` is the population std over seeds, averaged over datasets. With ``by_method`` each method's
+    records form a block compared with its first row. Each row keeps its runs' deviations (``deviations=False``:
+    none), without the fields ``leave_out`` (ones the names say, e.g. a swept α)."""
     from atlas_fast.engine.deviations import runs_deviations
     from atlas_fast.engine.evaluate import harmonic_mean
 
