@@ -199,10 +199,9 @@ class PromptTextEncoder:
                 deep_prompts: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         """Un-normalised text features (..., C, D) of prompt embeddings (..., C, L, d) pooled at ``eot_index``.
 
-        ``eot_index`` is (C,) (shared by the leading dims, e.g. the R runs) or has the full leading shape (..., C).
-        ``L`` may be anything from ``max(eot_index) + 1`` to the context length. ``deep_prompts``: one (R, M, d)
-        tensor per block 1..J-1 (R = the product of the leading dims before C), written into positions 1..M.
-        """
+        ``eot_index`` is (C,) (shared by the leading dims) or (..., C); ``L`` is from ``max(eot_index) + 1`` to the
+        context length. ``deep_prompts``: one (R, M, d) tensor per block 1..J-1 (R = the product of the leading dims
+        before C), written into positions 1..M."""
         if prompt_embeddings.dim() < 3 or prompt_embeddings.shape[-1] != self.width:
             raise ValueError(f"prompt_embeddings must be (..., C, L, {self.width}), got {tuple(prompt_embeddings.shape)}")
         *lead, length, width = prompt_embeddings.shape

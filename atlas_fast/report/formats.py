@@ -158,10 +158,9 @@ def table_notes(rows: Sequence[TableRow], baseline: int = 0, in_title: bool = Fa
 
 def markdown_table(rows: Sequence[TableRow], title: str = "", baseline: int = 0,
                    paired: Sequence[str] | None = None) -> str:
-    """A Markdown table; the last metric column carries the change against ``rows[baseline]`` (or the first row of
-    the row's block) in parentheses. Rows with a ``section`` get a first column naming it (e.g. the dataset); the
-    table's notes (:func:`table_notes`) close it. ``paired``: the metrics that get a paired-difference column
-    (default: the last one)."""
+    """A Markdown table; the last metric column carries the change against ``rows[baseline]`` (or the block's first
+    row). Rows with a ``section`` get a first column naming it; :func:`table_notes` close it. ``paired``: the metrics
+    that get a paired-difference column (default: the last one)."""
     if not rows:
         return "(no results)"
     cols = metric_columns(rows)

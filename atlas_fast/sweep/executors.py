@@ -99,10 +99,9 @@ class RayExecutor:
 
 
 class SlurmExecutor:
-    """One SLURM job array per sweep (one array task per group) through submitit. ``folder`` holds submitit's logs
-    and pickles; ``partition``, ``timeout_min``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gb`` and
-    ``array_parallelism`` become the sbatch options. ``cluster="local"`` runs the array as local processes
-    (submitit's LocalExecutor: tests and a dry rehearsal on a workstation)."""
+    """One SLURM job array per sweep (one task per group) through submitit; ``folder`` holds its logs and pickles, the
+    other arguments become the sbatch options. ``cluster="local"`` runs the array as local processes (submitit's
+    LocalExecutor: tests and a dry rehearsal on a workstation)."""
 
     def __init__(self, folder: str | Path = "results/submitit", partition: str | None = None, timeout_min: int = 240,
                  gpus_per_node: int = 1, cpus_per_task: int = 4, mem_gb: int | None = None,
