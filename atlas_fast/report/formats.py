@@ -22,9 +22,8 @@ from atlas_fast.report.stats import PairedDifference, counted, interval_note
 
 
 def train_results(dataset: str, methods: Sequence[str], seeds: Sequence[int], records: Sequence[dict[str, Any]]) -> str:
-    """What ``atlas-fast train`` prints: a line per run (its metrics, zero-shot CLIP's and the record's path), then a
-    Markdown table of the mean ± population std over seeds per method (± with several seeds; H of the mean base and
-    new, as the papers' tables, without ±)."""
+    """What ``atlas-fast train`` prints: a line per run (its metrics, zero-shot CLIP's, the record's path), then a
+    Markdown table per method of the mean ± population std over seeds (H of the mean base and new, without ±)."""
     from atlas_fast.engine.deviations import run_name
     from atlas_fast.engine.evaluate import harmonic_mean
 

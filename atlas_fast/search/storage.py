@@ -210,9 +210,8 @@ def wait_for_verdicts(study, heartbeat_seconds: float, grace_seconds: float) -> 
 
 def dead_trials(study, storage, study_id: int, grace_seconds: float, heartbeat: Heartbeat, limit: int) -> list:
     """Up to ``limit`` trials left running by a process that died (no heartbeat for ``grace_seconds``) or handed
-    them back (:data:`RELEASED`), each claimed by this process (a beat in its name) and returned as ``(optuna Trial,
-    seconds silent (inf: handed back), intermediate values)``: the caller trains them again from their start, under
-    their own numbers and values."""
+    them back (:data:`RELEASED`), each claimed by this process and returned as ``(optuna Trial, seconds silent (inf:
+    handed back), intermediate values)``, to be trained again from their start under their own numbers."""
     import optuna
     from optuna.trial import TrialState
 
