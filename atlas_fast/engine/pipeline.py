@@ -4,14 +4,10 @@
     (:mod:`~atlas_fast.engine.loop`) -> evaluate (:mod:`~atlas_fast.engine.evaluate`) -> record
     (:mod:`~atlas_fast.engine.record`)
 
-A lone run is a group of one: ``run(config) == run_group([config])[0]``; a group's runs train as one module
-(:mod:`~atlas_fast.engine.group`), then each is evaluated and recorded on its own, from its slice, with the record
-(and name) of the run trained alone (up to float reordering): grouping is a pure speed knob. A run that fails on its
-own (its numbers, or its own inputs, evaluation or record) is written as a failed run
-(:func:`~atlas_fast.engine.record.save_failure`) while the others go on as they would without it; ``run_group`` then
-raises :class:`~atlas_fast.errors.RunsFailed` (a lone run its own error), and the same call trains only those again.
-A finished identical run on unchanged data is returned as it is
-(``skipped``), before any feature is encoded. A sweep is a plain loop over configs::
+A lone run is a group of one: ``run(config) == run_group([config])[0]``; grouping is a pure speed knob (records
+equal those of runs trained alone, up to float reordering); finished runs are skipped (docs/architecture.md); a run
+that fails on its own is written as failed while the others go on (docs/guarantees.md).
+A sweep is a plain loop over configs::
 
     from atlas_fast import TrainConfig, run_group
     records = run_group([TrainConfig("OxfordPets", "data", seed=s, soft_labels=soft_label_preset("base2new"),
@@ -60,11 +56,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
 
 
 def run_group(configs: Sequence[TrainConfig]) -> list[dict[str, Any]]:
-    """Plan every config once, then train (or reuse) the runs as one group; records (:class:`RunRecord`) in the
-    order of ``configs`` (a method that cannot batch trains them one by one, with a warning: the caller asked for a
-    group). Where runs failed on their own, every other run's record is written first, then a lone run raises its
-    own error and a group :class:`~atlas_fast.errors.RunsFailed` (its ``records``: the others', None for the
-    failed)."""
+    """Plan every config once, then train (or reuse) the runs as one group (one by one, with a warning, where the
+    method cannot batch); records in the order of ``configs``. Failed runs raise after the others are written (see
+    :func:`raise_failures`)."""
     listings: dict = {}
     specs = [plan_run(config, listings=listings) for config in configs]
     results = run_specs(specs, warn_unbatched=True)
@@ -85,8 +79,7 @@ def raise_failures(results: Sequence[Any]) -> None:
 
 
 def failure_message(failed: Sequence[FailedRun], total: int) -> str:
-    """The error of a command whose runs failed: how many, each by its printed name and reason, and that the same
-    command trains only those again."""
+    """The error of a command whose runs failed: each by its printed name and reason."""
     lines = "\n".join(f"  {f.line()}" + (f" [{f.note}]" if f.note else "") for f in failed)
     return (f"{len(failed)} of {total} run(s) failed (the other runs' records are written; run the same command "
             f"again to train only the failed ones):\n{lines}")
@@ -95,10 +88,8 @@ def failure_message(failed: Sequence[FailedRun], total: int) -> str:
 def split_finished(specs: Sequence[RunSpec], complete: bool = True
                    ) -> tuple[list[dict[str, Any] | None], list[int]]:
     """Each spec's finished record (None where there is none) and the indices of the runs still to train: the one
-    place where finished runs are skipped. A run is one run whatever class sets it asks for: a record evaluated on
-    more sets answers, one under the name a run had before evaluation stopped naming runs is taken over, and with
-    ``complete`` a set the record lacks is evaluated on its saved prompts (:func:`complete_record`, no retraining;
-    a dry run passes False)."""
+    place where finished runs are skipped. With ``complete`` the sets a record lacks are evaluated on its saved
+    prompts (:func:`complete_record`; a dry run passes False)."""
     records = []
     for spec in specs:
         record = finished_record(spec) or adopt_legacy_record(spec)
@@ -114,19 +105,15 @@ def missing_sets(spec: RunSpec, record: dict[str, Any]) -> list[str]:
 
 
 def uncalibrated_sets(spec: RunSpec, record: dict[str, Any]) -> list[str]:
-    """The class sets ``spec`` asks for that ``record`` holds an accuracy but no calibration figures for (a record
-    written before records held them)."""
+    """The class sets ``spec`` asks for that ``record`` holds an accuracy but no calibration figures for."""
     calibrated = (record.get("metrics") or {}).get(CALIBRATION) or {}
     return [name for name in evaluated_sets(record) if name in spec.data.splits and name not in calibrated]
 
 
 def complete_record(spec: RunSpec, record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` with what ``spec`` asks for and it lacks evaluated on its saved learned tensors and written back
-    (:func:`~atlas_fast.engine.record.rewrite_record`), no retraining: the class sets it lacks (accuracy, zero-shot
-    reference, calibration), the calibration figures and reliability table of the sets it has without them
-    (records written before they existed), and with ``save_predictions`` its per-image predictions (then every set
-    it asks for is scored again, so the file covers them all). Unchanged when it holds them all. The per-epoch
-    accuracies of ``eval_every_epoch`` stay those of the sets evaluated then."""
+    """``record`` with what ``spec`` asks for and it lacks (class sets, calibration, with ``save_predictions`` the
+    predictions of every set) evaluated on its saved learned tensors and written back, no retraining; unchanged when
+    it holds them all. Per-epoch accuracies stay those of the sets evaluated then."""
     missing = missing_sets(spec, record)
     keep = spec.config.save_predictions and "predictions" not in record or bool(missing and "predictions" in record)
     rescored = list(spec.data.splits) if keep else [
@@ -167,9 +154,8 @@ def complete_record(spec: RunSpec, record: dict[str, Any]) -> dict[str, Any]:
 
 def rescore_saved(spec: RunSpec, record: dict[str, Any], learned: dict[str, torch.Tensor], backbone,
                   names: Sequence[str], keep_logits: bool) -> tuple[dict[str, SetScores], list]:
-    """A finished run's accuracy and calibration on the class sets ``names`` (their test features from the cache,
-    built where missing), scored on its saved learned tensors as the run scored itself: its temperature fitted on
-    its few-shot validation split (where that is not the test split), every set in one pass."""
+    """A finished run's scores on the class sets ``names``, from its saved learned tensors, scored as the run scored
+    itself (temperature fitted on its validation split where that is not the test split)."""
     config, train_split = spec.config, spec.data.train_split
     cache = FeatureCache(config.cache_root, content_hash=config.content_hash)
     wanted = [(name, spec.data.splits[name], "test") for name in names]
@@ -190,11 +176,8 @@ def rescore_saved(spec: RunSpec, record: dict[str, Any], learned: dict[str, torc
 def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False, looked_up: bool = False
               ) -> list[dict[str, Any]]:
     """Train the planned runs that have no finished record, as one group when their method batches, else one by one
-    (what a sweep's worker calls: it plans nothing; ``warn_unbatched`` warns of the latter, for callers that asked
-    for the group themselves, not for a sweep's default grouping); returns every run's record in order. A run asked
-    for twice (the same record name, e.g. with other evaluated sets) trains once; the others then find its record.
-    ``looked_up``: the caller found these runs unfinished just now (a local sweep's driver, :func:`split_finished`),
-    so they are not looked up again; a remote worker looks again (another process may have finished one since)."""
+    (warned of with ``warn_unbatched``); every run's record in order. A run asked for twice (same record name) trains
+    once. ``looked_up``: the caller has just found these runs unfinished, so they are not looked up again."""
     records, todo = ([None] * len(specs), list(range(len(specs)))) if looked_up else split_finished(specs)
     if not todo:
         return records  # type: ignore[return-value]
@@ -218,9 +201,8 @@ def run_specs(specs: Sequence[RunSpec], warn_unbatched: bool = False, looked_up:
 
 def train_group(specs: Sequence[RunSpec]) -> list[dict[str, Any] | FailedRun]:
     """Train R >= 1 planned runs as one module (:class:`~atlas_fast.engine.group.RunGroup`), evaluate each and write
-    its record. A run that fails on its own (its inputs, its numbers, its evaluation or its record) is written as a
-    failed run and returned as a :class:`FailedRun`; the others go on as they would without it (a run whose inputs
-    fail is left out of the module, a run that diverges sits out the rest of training)."""
+    its record. A run that fails on its own is written as failed and returned as a :class:`FailedRun`; the others go
+    on as they would without it."""
     check_group(specs)
     results: list[dict[str, Any] | FailedRun | None] = [None] * len(specs)
     for spec in specs:
@@ -346,9 +328,8 @@ def run_predictions(scores: dict[str, SetScores], r: int) -> dict[str, Any]:
 
 
 def saved_method_config(entry, fields: dict[str, Any]):
-    """The method config a record describes. Records written before the CoOp family's ``n_ctx`` followed its init
-    phrase say ``n_ctx=16`` beside a phrase; those runs learned one token per word of the phrase, which is what
-    leaving ``n_ctx`` out gives. A record's ``num_runs`` (``spec.STORED_ONLY``) is no field of the config."""
+    """The method config a record describes (without ``spec.STORED_ONLY`` fields). A config refused with both
+    ``ctx_init`` and ``n_ctx`` is rebuilt without ``n_ctx``: those runs learned one token per word of the phrase."""
     fields = {k: v for k, v in fields.items() if k not in STORED_ONLY}
     try:
         return entry.config_class(**fields)
@@ -361,16 +342,12 @@ def saved_method_config(entry, fields: dict[str, Any]):
 def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path, subsample: str = "all",
                    shots: int | None = None, seed: int | None = None, cache_root: str | Path = "cache",
                    device: str = "auto", progress: bool = True, save_predictions: bool = False) -> dict[str, Any]:
-    """Evaluate a saved run's learned tensors on a dataset's test split (e.g. cross-dataset transfer, or the new
-    classes of another seed), through the steps a run takes: its config is planned again for ``dataset`` (data
-    listed, few-shot subset drawn, classes split), the feed builds the evaluation set, the method is rebuilt from the
-    registry. ``subsample`` picks the class set; ``shots``/``seed`` only matter for the base/new split, which is
-    defined by the (few-shot) train list's labels, so they default to the run's own. The result holds the
-    accuracy, the zero-shot reference and the ``calibration`` figures (with ``ece_ts``/``nll_ts`` after the run's own
-    temperature, fitted on its validation split when it trained, where its record holds one) and ``reliability``;
-    ``save_predictions`` writes the logits and labels beside the record (``<record>.<dataset>-<subsample>
-    .predictions.npz``; ``predictions`` and ``predictions_blake2b`` in the result: this command writes no record,
-    so no seal covers them)."""
+    """Evaluate a saved run's learned tensors on a dataset's test split (cross-dataset transfer, or another seed's
+    new classes), its config planned again for ``dataset``. ``subsample`` picks the class set; ``shots``/``seed``
+    (default: the run's own) only define the base/new split. The result holds accuracy, zero-shot reference,
+    ``calibration`` (``ece_ts``/``nll_ts`` with the run's own temperature where its record holds one) and
+    ``reliability``; ``save_predictions`` writes ``<record>.<dataset>-<subsample>.predictions.npz`` (no seal covers
+    it: this command writes no record)."""
     record = read_record(record_path)
     missing = missing_fields(record, SAVED_RUN_FIELDS)
     if missing:
@@ -392,8 +369,7 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
     cache = FeatureCache(cache_root)
     cache.build(backbone, data.dataset, split.test, num_views=0, progress=progress)
     eval_set = evaluation_set(subsample, split, backbone, cache, entry, device=torch_device)
-    # Built for the classes it was trained on (DePT's head is sized and matched by them; older records lack them),
-    # then evaluated on the target's classes by evaluate_method.
+    # Built for the classes it was trained on (DePT's head is sized by them), evaluated on the target's.
     trained_on = record.get("data", {}).get("classnames") or split.classnames
     method = entry.build(backbone, trained_on, saved_method_config(entry, saved["method_config"]))
     method = method.to(torch_device)
@@ -419,7 +395,7 @@ def evaluate_saved(record_path: str | Path, dataset: str, data_root: str | Path,
 
 def run_temperature(record: dict[str, Any]) -> float | None:
     """The temperature a run fitted on its validation split (its record's figures of the class set it trained
-    on), or None (a record written before records held one, or a dataset whose validation split is its test)."""
+    on), or None (none recorded, or a dataset whose validation split is its test)."""
     trained = (record.get("config") or {}).get("subsample")
     figures = ((record.get("metrics") or {}).get(CALIBRATION) or {}).get(trained) or {}
     return figures.get("temperature")
