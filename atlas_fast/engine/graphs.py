@@ -1,12 +1,8 @@
-"""CUDA graphs of the whole training step (``TrainConfig.graph_steps``; on by default wherever they apply): full-size
-steps, on cached features or on pixels (the prompted image towers), replay a captured
-:class:`~atlas_fast.engine.step.TrainStep`, its batch gathered on the device (cached views) or copied into the
-graph's input buffers (pixels from the loader), the loss, the backward pass, every run's update with its own fp16
-overflow check and the epoch's loss sums. A graphed step is one replay: no host synchronisation, no kernel
-launched one by one. Nothing here runs on a CPU (the refusals and the bookkeeping are tested there with torch.cuda
-faked, host traffic counted by :class:`DispatchCount`; the replays themselves by benchmarks/gpu_check.py on a GPU);
-a step that still synchronises with the host, uploads from it or reads values back, or whose capture or first
-replay fails, trains eagerly with one warning (docs/protocol.md, "CUDA graphs").
+"""CUDA graphs of the whole training step (``TrainConfig.graph_steps``, on by default wherever they apply): a
+full-size step (batch, loss, backward, every run's update and overflow check, the loss sums) is one replay of a
+captured :class:`~atlas_fast.engine.step.TrainStep`. A step that synchronises with the host, uploads from it or
+reads values back, or whose capture or first replay fails, trains eagerly with one warning (docs/protocol.md,
+"CUDA graphs"). CPU tests fake torch.cuda; the replays are checked by benchmarks/gpu_check.py on a GPU.
 """
 
 from __future__ import annotations
@@ -111,11 +107,9 @@ def _devices_of_copy(name: str, args: tuple, kwargs: dict) -> tuple[str | None, 
 
 
 class DispatchCount(TorchDispatchMode):
-    """Counts the aten operators dispatched while active (``ops``, by name), those that read values back to the host
-    (``read_backs``: :data:`READ_BACK_OPS` and copies from a device to the host) and those that upload host data
-    (``uploads``: :data:`UPLOAD_OPS` and copies from the host to a device): what a function asks of the device,
-    measurable on any device (the CPU's tests and benchmarks use it where CUDA's sync debug mode cannot run). A
-    step a CUDA graph replays must have neither."""
+    """Counts the aten operators dispatched while active (``ops``), reads back to the host (``read_backs``) and
+    uploads of host data (``uploads``), on any device (where CUDA's sync debug mode cannot run). A step a CUDA graph
+    replays must have neither."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -179,9 +173,8 @@ def host_traffic(function: Callable[[], Any]) -> tuple[Any, list[str]]:
 
 
 def sync_messages(messages) -> list[str]:
-    """The first lines of the warnings that report a host synchronisation. torch's notice that the sync debug mode
-    is a prototype (given once per process, the first time the mode is set) reports none: counting it once kept the
-    first run of every process from replaying graphs (seen on an H100)."""
+    """The first lines of the warnings that report a host synchronisation (not torch's once-per-process notice that
+    the sync debug mode is a prototype)."""
     return [message.splitlines()[0] for message in messages
             if "synchroniz" in message and "debug mode is a prototype" not in message]
 
@@ -220,24 +213,16 @@ def capture(body: Callable[[], Any], stream: torch.cuda.Stream, pool: Any = None
 class StepGraphs:
     """CUDA graphs of the full-size steps of R runs.
 
-    A step's shapes are static when every run's batch is full-size (or empty: a run that sits the step out); its
-    graph is keyed by which runs take part and which of them use soft labels in the epoch (the only way the
-    supported schedules' losses depend on it). Each key's first :data:`GRAPH_WARMUP_STEPS` steps run eagerly, the
-    last of them under :func:`host_traffic`: a step that synchronises with the host, uploads from it or reads back
-    from the device (which a graph cannot replay) falls back. Then the step is captured once and replayed: with
-    :class:`~atlas_fast.engine.step.GatheredBatches` the captured step gathers its batch at the device's step counter
-    and advances it, so a replay is the whole step; otherwise each step's inputs, labels and soft rows are copied
-    into the graph's buffers first. The per-epoch lr lives in device scalars, so it needs no recapture.
+    A graph is keyed by which runs take part (full-size or empty batch) and which use soft labels in the epoch.
+    Each key's first :data:`GRAPH_WARMUP_STEPS` steps run eagerly, the last under :func:`host_traffic` (host
+    traffic falls back); then the step is captured once and replayed. With
+    :class:`~atlas_fast.engine.step.GatheredBatches` a replay gathers its batch at the device's step counter and
+    advances it; otherwise inputs are copied into the graph's buffers first. The lr lives in device scalars.
 
-    Graphs are dropped (and warmed up and captured again) when a tensor they read is rebuilt: a learned tensor or
-    buffer replaced or moved, or a new class set (``set_classnames`` during a per-epoch evaluation builds new class
-    buffers and the text layouts hanging off them; every call bumps the method's ``class_version``, so a rebuild is
-    seen even when the new buffers land at the old addresses). Until then the tensors they read are held, so none is
-    freed under a live graph. Partial batches run eagerly.
-
-    A fallback (host traffic in a key's last warm-up, a capture that fails, a first replay that fails) ends the
-    graphs of the whole group, with one warning naming the method and the key: the runs train on eagerly, with the
-    same numbers. :attr:`fallback` says why (the record keeps it)."""
+    Graphs are dropped and captured again when a tensor they read is rebuilt (replaced, moved, or a new class set:
+    ``class_version`` catches buffers landing at the old addresses); until then those tensors are held, so none is
+    freed under a live graph. Partial batches run eagerly. A fallback ends the whole group's graphs with one
+    warning, the same numbers; :attr:`fallback` says why (the record keeps it)."""
 
     def __init__(self, step: TrainStep, batches: GatheredBatches | StreamedBatches, batch_size: int) -> None:
         self.train_step, self.batches, self.batch_size = step, batches, batch_size
@@ -282,10 +267,8 @@ class StepGraphs:
                 or tuple(t.data_ptr() for t in tensors) != self.pointers)
 
     def start_epoch(self) -> None:
-        """Drop the graphs if a tensor they read was rebuilt since the last epoch's steps (new class buffers after
-        a per-epoch evaluation), so that they are warmed up, checked and captured again. Keys still warming up start
-        again too: the first step after a rebuild builds what a method caches lazily (the text layouts of the new
-        buffers, KgCoOp's targets), which no key's checked last warm-up may do."""
+        """Drop the graphs if a tensor they read was rebuilt since the last epoch's steps, so they are warmed up,
+        checked and captured again; warm-up counts restart too (the first step after a rebuild fills lazy caches)."""
         if self.held and self._stale():
             self.graphs.clear()
             self.held, self.held_layouts = [], []  # noted again at the next capture or the epoch's end

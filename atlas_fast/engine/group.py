@@ -1,10 +1,5 @@
-"""A group: R >= 1 planned runs trained as one module, in one room.
-
-Which runs may share a module (:func:`group_key`, the one rule), whether a method's runs batch at all
-(:func:`batches_runs`), how many fit the device's memory (:func:`group_size`), a sweep's runs split into groups
-(:func:`group_runs`), and the group itself (:class:`RunGroup`): built, trained through the one loop while runs are
-retired, kept or forked, one run's own method, every run's accuracies. The pipeline, a search's trials, the sweep's
-planner and the estimate all use it.
+"""A group: R >= 1 planned runs trained as one module. Which runs may share a module (:func:`group_key`, the one
+rule), how many fit the device (:func:`group_size`), and the group itself (:class:`RunGroup`); docs/architecture.md.
 """
 from __future__ import annotations
 
@@ -34,16 +29,14 @@ PER_RUN_FIELDS = ("seed", "shots", "soft_labels", "schedule", "views", "aug_seed
 
 
 def batches_runs(entry: type[PromptMethod], method_config: MethodConfig | None = None) -> bool:
-    """Whether runs of the registered method ``entry`` can train as one module (every learned tensor leads with R;
-    its registry entry's ``supports_batched_runs``), with ``method_config`` where the runs' config is known (an
-    option may rule it out: :meth:`~atlas_fast.methods.base.PromptMethod.batches_runs`, class-agnostic KDPL); a
-    method that cannot trains each run as a group of one."""
+    """Whether runs of method ``entry`` can train as one module (every learned tensor leads with R), with
+    ``method_config`` where known (an option may rule it out, e.g. class-agnostic KDPL)."""
     return bool(entry.supports_batched_runs if method_config is None else entry.batches_runs(method_config))
 
 
 def shared_settings(spec) -> dict[str, str]:
-    """What every run of a group shares (as JSON): its described configuration (dataset, backbone, method, method
-    config, resolved recipe, class subset, precision...) but for :data:`PER_RUN_FIELDS`, its folders, its device."""
+    """What every run of a group shares (as JSON): its described configuration but for :data:`PER_RUN_FIELDS`, its
+    folders, its device."""
     shared = {k: v for k, v in spec.described.items() if k not in PER_RUN_FIELDS}
     shared.update({k: getattr(spec.config, k) for k in ("data_root", "cache_root", "results_dir")}, device=spec.device)
     return {k: json.dumps(v, sort_keys=True, default=str) for k, v in shared.items()}
@@ -68,9 +61,8 @@ def check_group(specs: Sequence) -> None:
 
 
 def group_size(spec, batch_runs: int) -> int:
-    """R for a group of runs like ``spec``: 1 for a method whose runs do not batch, else ``batch_runs`` lowered
-    where R runs' steps (graphed or not) would not fit the device's memory (:mod:`atlas_fast.engine.memory`;
-    unchanged where this machine cannot see that device)."""
+    """R for a group of runs like ``spec``: 1 where runs do not batch, else ``batch_runs`` lowered to what fits the
+    device's memory (:mod:`atlas_fast.engine.memory`; unchanged where that device is not visible)."""
     from atlas_fast.engine import memory
 
     if not batches_runs(spec.method, spec.method_config):
@@ -91,8 +83,8 @@ def group_size(spec, batch_runs: int) -> int:
 
 
 def group_runs(specs: Sequence, batch_runs: int) -> list[list]:
-    """Split planned runs into the groups that train (the listing, the progress lines and the estimate count these):
-    runs that may share a module, at most :func:`group_size` a group, in the sweep's order."""
+    """Split planned runs into the groups that train: runs that may share a module, at most :func:`group_size` a
+    group, in the sweep's order."""
     by_key: dict[str, list] = {}
     for spec in specs:
         by_key.setdefault(group_key(spec), []).append(spec)
@@ -155,10 +147,9 @@ class ForkPlan:
 
 
 def plan_fork(specs: Sequence, schedules: Sequence[LabelSchedule]) -> ForkPlan | None:
-    """Where a group's runs share their first epochs: runs with the same seed, data and views train alike while
-    every run's schedule gives one-hot CE (ATLaS with K >= 2 for K - 1 epochs). None where nothing is shared. Only
-    for pixel methods (their step grows with R; a cached GPU step is launch-bound: no gain), and not with per-epoch
-    evaluations or snapshots, which read every run in every epoch."""
+    """Where a group's runs share their first epochs (same seed, data and views, every schedule one-hot CE), or
+    None. Only for pixel methods (a cached GPU step is launch-bound: no gain), not with per-epoch evaluations or
+    snapshots."""
     first = specs[0]
     if (len(specs) < 2 or not first.method.reads_pixels
             or any(s.config.eval_every_epoch or s.config.snapshot_epochs for s in specs)):
@@ -177,10 +168,9 @@ def plan_fork(specs: Sequence, schedules: Sequence[LabelSchedule]) -> ForkPlan |
 
 
 class RunGroup(TrainingRuns):
-    """R >= 1 planned runs (:func:`check_group`) and their inputs, trained as one module. Each run keeps its own
-    few-shot subset, data order, initialisation, label schedule and soft labels, and starts exactly as it would alone
-    (``alone[r]``: its method built after seeding with its seed); ``method`` holds every run (a group of one trains
-    ``alone[0]``). ``graph_steps``: whether its steps replay CUDA graphs (from the runs' configs)."""
+    """R >= 1 planned runs (:func:`check_group`) and their inputs, trained as one module; each starts exactly as it
+    would alone (``alone[r]``, built after seeding with its seed). ``method`` holds every run (a group of one trains
+    ``alone[0]``); ``graph_steps``: whether its steps replay CUDA graphs."""
 
     def __init__(self, specs: Sequence, backbone, inputs: Sequence[RunInputs]) -> None:
         self.specs, self.backbone, self.inputs = list(specs), backbone, list(inputs)
@@ -228,11 +218,9 @@ class RunGroup(TrainingRuns):
         """Train the runs through the one loop (:func:`~atlas_fast.engine.loop.train_runs`); each run's epoch log.
 
         ``fields(epoch)``: each run's extra log fields. ``on_failure(run, divergence)``: a run that stops being
-        finite is retired and reported, the others train on as they would without it (else it stops the call).
-        ``retire(epoch, logs)`` (a pruner, failed runs) names runs to stop; with ``shrink`` the others go on in a
-        module of their own. ``fork`` (:meth:`fork_plan`, not with ``retire``): the trunk runs train the shared
-        epochs, then each is copied into its runs (learned tensors, optimiser state and scaler, data order, label
-        schedule, logs), which go on alone."""
+        finite is retired and reported (without it, the call stops). ``retire(epoch, logs)`` names runs to stop;
+        with ``shrink`` the others go on in a smaller module. ``fork`` (not with ``retire``): the trunk runs train
+        the shared epochs, then each is copied into its runs (tensors, optimiser, data order, schedule, logs)."""
         if fork is not None and retire is not None:
             raise ValueError("A group's fork and retired runs cannot be combined.")
         self.fields, self.on_failure, self.retire, self.shrink, self.fork = fields, on_failure, retire, shrink, fork
@@ -308,10 +296,8 @@ class RunGroup(TrainingRuns):
         return failed
 
     def scores(self, progress: bool, keep_logits: bool = False) -> tuple[dict[str, SetScores] | None, float]:
-        """Every run's accuracies and calibration figures (its temperature fitted on its own validation split) from
-        one pass of the module over the sets the runs share (each test image read and decoded once), and each run's
-        share of its seconds; (None, 0) for a group of one or runs on different sets (each is then evaluated alone,
-        from :meth:`run_method`)."""
+        """Every run's scores from one pass of the module over the sets the runs share, and each run's share of its
+        seconds; (None, 0) for a group of one or runs on different sets (each is then evaluated alone)."""
         inputs = self.inputs
         first = [id(eval_set) for eval_set in inputs[0].eval_sets]
         if len(inputs) == 1 or any([id(eval_set) for eval_set in i.eval_sets] != first for i in inputs):
