@@ -4,19 +4,9 @@ validation split, stored where several processes can share and resume it.
     from atlas_fast.search import SearchConfig, integers, run_search, uniform
     result = run_search(SearchConfig(base, {"alpha": uniform(0.1, 1.0), "K": integers(1, 5)}, objective="H"))
 
-* **Objective**: ``accuracy`` (default: the accuracy of the classes the run trains on), ``base``, ``new``, ``H`` or
-  ``all``, on the few-shot **validation** split; a trial's value is the mean over its datasets and seeds. The test
-  split is never read during the study.
-* **Pruning**: the validation objective is reported to the pruner (Hyperband by default) at the epochs where it can
-  act; a trial it stops leaves its group, which trains on with the survivors.
-* **Batched trials**: ``batch_trials`` (R) trials are asked at once and their runs train as one module where they
-  can (a GPU's default: 12 runs a group; the CPU's: one trial at a time), then their results are told.
-* **Storage**: any URL Optuna supports; by default ``sqlite:///<results_dir>/search/<study>/study.db``. The study's
-  definition is stored with it, so the same command resumes it and another definition under the same name is
-  refused. A trial whose process died (no heartbeat for ``grace_seconds``) is taken over and trained again from
-  its start by the next process that finds it, under its own number: no trial is counted twice.
-* **Determinism**: the sampler is re-seeded from ``sampler_seed`` and the trial's number at every ask, so a study
-  resumed after ``kill -9`` ends as the uninterrupted one would (CPU; one process).
+A trial's value is the mean over its datasets and seeds of the objective on the few-shot **validation** split; the
+test split is never read during the study. Pruning, batched trials, storage, take-over of dead trials and
+determinism: docs/search.md.
 """
 
 from __future__ import annotations
@@ -171,9 +161,9 @@ class SearchResult:
 
 
 def preflight(search: SearchConfig) -> int:
-    """Everything checked before the storage is opened or anything trained: the space, the objective, the datasets'
-    validation splits (by planning the base run of every dataset and seed: lists data, reads no feature). Returns
-    the epochs of one trial over all its datasets (the pruners' resource)."""
+    """Everything checked before the storage is opened or anything trained (space, objective, every dataset's and
+    seed's validation split, reading no feature); returns one trial's epochs over its datasets (the pruners'
+    resource)."""
     from atlas_fast.engine.group import batches_runs
     from atlas_fast.engine.spec import evaluation_subsamples, plan_run, resolve_recipe
     from atlas_fast.search.trials import check_validation
@@ -247,9 +237,8 @@ def make_pruner(search: SearchConfig, max_steps: int):
 
 
 def pruner_steps(search: SearchConfig) -> Callable[[int], bool]:
-    """The steps at which the pruner can stop a trial, where the validation split is evaluated (besides each
-    dataset's last epoch): every step for the median pruner, the rungs 1, 3, 9, 27, ... for successive halving and
-    Hyperband (min resource 1, reduction factor 3), none without pruning."""
+    """The steps at which the pruner can stop a trial (the validation split is evaluated there): every step for the
+    median pruner, the rungs 1, 3, 9, 27, ... for halving and Hyperband, none without pruning."""
     if search.pruner == "median":
         return lambda step: True
     if search.pruner == "none":
@@ -418,8 +407,8 @@ def _work(search: SearchConfig, trial, reported: dict[int, float]):
 
 
 def _tell(study, trial, progress: bool, **result) -> bool:
-    """Tell the study a trial's end; False when another process had already told it (it took the trial over while
-    this process was silent past the grace period: both trained the same trial, it is counted once)."""
+    """Tell the study a trial's end; False when another process, which took it over, had told it already (it is
+    counted once)."""
     import optuna
 
     try:

@@ -1,14 +1,10 @@
 """Train a batch of trials on the validation split, with pruning.
 
-Each trial is one run per (dataset, seed) of its configuration. For each dataset in turn the live trials' runs are
-planned, grouped as a sweep groups them (:func:`atlas_fast.engine.group.group_key`: trials that differ only in ATLaS
-knobs, seeds or shots train as one module) and trained as a :class:`~atlas_fast.engine.group.RunGroup`, as the
-pipeline trains its runs. After each epoch at which the pruner can act (and each dataset's last) the group's
-``retire`` hook evaluates every live run on the **validation** split from the feature cache (one text pass per class
-set for the whole group), reports each trial's objective (mean over its seeds) to the study at step ``epochs of
-earlier datasets + epoch`` and retires the runs of the trials the pruner stops; the group then goes on with a module
-of the survivors, whose learned tensors are what they would have been without the pruned trials. A method that does not batch (KgCoOp, DePT) trains each run alone, its
-seeds one after the other like datasets. No test image is read and no record is written: a trial is not a result.
+Each trial is one run per (dataset, seed). Dataset by dataset, the live trials' runs are grouped as a sweep groups
+them (:func:`~atlas_fast.engine.group.group_key`) and trained as a :class:`~atlas_fast.engine.group.RunGroup`; at
+the epochs where the pruner can act, the group's ``retire`` hook reports each trial's validation objective (mean
+over seeds) at step ``epochs of earlier datasets + epoch`` and retires pruned trials' runs; the survivors go on
+as they would have without them. No test image is read and no record is written: a trial is not a result.
 """
 
 from __future__ import annotations
@@ -73,10 +69,8 @@ def check_validation(spec: RunSpec) -> None:
 
 def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], reporter: Reporter,
                 listings: dict | None = None) -> None:
-    """Train the trials of ``works`` dataset by dataset, reporting through ``reporter``; the caller tells the study
-    each trial's end. A
-    trial's ``finals`` get its objective after the last epoch of each dataset (mean over seeds) or, for a method
-    that does not batch, of each run."""
+    """Train the trials of ``works`` dataset by dataset, reporting through ``reporter``; a trial's ``finals`` get its
+    objective after each dataset's last epoch (mean over seeds; for a method that does not batch, of each run)."""
     listings = {} if listings is None else listings
     for dataset in datasets:
         live = [work for work in works if work.live]
@@ -105,12 +99,9 @@ def train_batch(works: Sequence[TrialWork], datasets: Sequence[str], reporter: R
 
 
 def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: Reporter) -> None:
-    """Train the runs of ``works`` as one group (:class:`~atlas_fast.engine.group.RunGroup`, as the pipeline
-    does). A run that diverges fails its trial (the run's printed name, epoch, step, lr and last finite loss in
-    ``error``) and the trial's other runs are retired with it, while the other trials train on, once, exactly as
-    they would have without it. A run whose own inputs raise fails its trial the same way, before the group's
-    module is built from the other trials' runs. Runs the pruner stops leave the module: the survivors go on in a
-    smaller one."""
+    """Train the runs of ``works`` as one group. A run that diverges or whose inputs raise fails its trial (why in
+    ``error``) and retires the trial's other runs; the other trials train on exactly as they would without it.
+    Pruned runs leave the module: the survivors go on in a smaller one."""
     flat = [spec for trial_specs in specs for spec in trial_specs]
     owner = [w for w, trial_specs in enumerate(specs) for _ in trial_specs]
     check_group(flat)
@@ -166,9 +157,8 @@ def _train_group(works: list[TrialWork], specs: list[list[RunSpec]], reporter: R
 
 def _validation_objectives(group: RunGroup, inputs: list[RunInputs], runs: list[int], amp: bool,
                            objective: str) -> dict[int, float]:
-    """Each live run's objective on its validation sets, from the module the group trains now. Runs of one seed
-    share their sets, so the module is evaluated once per distinct set list: every run's accuracy comes out of one
-    text pass per class set."""
+    """Each live run's objective on its validation sets, from the module the group trains now: one evaluation per
+    distinct set list (runs of one seed share theirs)."""
     by_sets: dict[tuple[int, ...], list[int]] = {}
     for r in runs:
         by_sets.setdefault(tuple(id(s) for s in inputs[r].eval_sets), []).append(r)
