@@ -1,24 +1,13 @@
 """CLIP-LoRA (Zanella & Ben Ayed, CVPR Workshops 2024): low-rank adapters on the attention projections of CLIP's
-text and/or image tower, trained with cross-entropy on the dataset's "a photo of a {}." prompts
-(``docs/method-zoo.md``, section CLIP-LoRA).
-
-In every adapted block and for every targeted projection P of ``q``, ``k``, ``v`` (the reference's default) and
-``o`` (the output projection), with h the projection's input:
+text and/or image tower, trained with cross-entropy on "a photo of a {}." prompts (``docs/method-zoo.md``, section
+CLIP-LoRA; reference MaxZanella/CLIP-LoRA).
 
     P(h) = W_P h + b_P + (α / sqrt(r)) B_P A_P dropout(h)       A_P (r, w) Kaiming-uniform, B_P (w, r) = 0 at init
 
-(the reference's scaling is α / sqrt(r), not LoRA's α / r, and its dropout acts on the adapter's input only, one
-mask per projection). Class text = the text tower on the filled template (with adapters when the text tower has
-them), image features = the image tower (with adapters when it has them), logits = 100 cos(v, t) (the reference's
-fixed scale), loss = criterion(z). At test time dropout is off; the adapters stay separate matrices (the reference
-merges them into the weights: the same function).
-
-Two registered classes, one math (:class:`LoRATowers`: the adapters, the text side and the fixed logit scale):
-``clip-lora`` (:class:`CLIPLoRA`) reads pixels (adapters on the vision tower need them; the paper's recipe adapts both
-towers), ``clip-lora-text`` (:class:`CLIPLoRAText`) adapts the text tower only and trains from the cached image
-features, which are exactly what a vision tower without adapters computes. Learned tensors, for each adapted tower
-(``text`` / ``vision``): ``<tower>_lora_a`` (R, blocks, targets, r, w) and ``<tower>_lora_b`` (R, blocks, targets,
-w, r). All of CLIP-LoRA's math is in this file.
+for P in ``q``, ``k``, ``v``, ``o`` as targeted (the reference's α / sqrt(r) and input-only dropout); logits
+100 cos(v, t). ``clip-lora`` (:class:`CLIPLoRA`) reads pixels; ``clip-lora-text`` (:class:`CLIPLoRAText`) adapts the
+text tower only and trains from cached image features. Learned tensors per adapted tower (``text`` / ``vision``):
+``<tower>_lora_a`` (R, blocks, targets, r, w) and ``<tower>_lora_b`` (R, blocks, targets, w, r).
 """
 
 from __future__ import annotations

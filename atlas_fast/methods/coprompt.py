@@ -1,33 +1,19 @@
 """CoPrompt (Roy & Etemad, ICLR 2024, "Consistency-guided Prompt Learning for Vision-Language Models"): MaPLe's
-prompts plus two adapters, trained with a consistency constraint towards the frozen CLIP on perturbed inputs and on
-LLM-written class descriptions (``docs/method-zoo.md``, section CoPrompt).
+prompts plus two adapters, trained with a consistency constraint towards the frozen CLIP on a second augmented view
+and on LLM-written class descriptions (``docs/method-zoo.md``, section CoPrompt; reference ShuvenduRoy/CoPrompt).
 
 Learned tensors (R runs lead every one): MaPLe's (``ctx``, ``deep_text``, ``coupling_weight``, ``coupling_bias``)
-and two bias-free adapters ``A(x) = ReLU(ReLU(x W_down) W_up)`` (D -> D/4 -> D), one on the image and one on the text
-features, mixed in residually:
+and two bias-free adapters ``A(x) = ReLU(ReLU(x W_down) W_up)`` (D -> D/4 -> D), image and text, mixed residually:
 
     v = 0.1 * A_img(f_v) + 0.9 * f_v,   t_c = 0.2 * A_txt(f_t,c) + 0.8 * f_t,c      (then L2-normalised)
-    z = s * v t^T                                                                  (training and test)
+    L = CE(z, y) + W * [(1 - mean_c cos(t_c, g_k,c)) + (1 - mean_i cos(v_i, u_i))]  (``consistency="cosine"``)
+    L = CE(z, y) + W * [mse(t, g_k) + mse(v, normalize(u))]                        (``consistency="mse"``)
 
-Training loss of a batch, x' a **second, independent augmentation** of each image x, u = the frozen CLIP's image
-features of x', g_k,c = the frozen CLIP's normalised text features of class c's k-th description, k drawn per step:
-
-    L = CE(z, y) + W * [(1 - mean_c cos(t_c, g_k,c)) + (1 - mean_i cos(v_i, u_i))]      (``consistency="cosine"``)
-    L = CE(z, y) + W * [mse(t, g_k) + mse(v, normalize(u))]                            (``consistency="mse"``)
-
-With ATLaS only CE(z, y) receives the schedule's targets; both consistency terms are unchanged.
-
-What is cached: u is the frozen CLIP's feature of the second view, so it is exactly a cached feature: the cache holds
-views 1..2V of every training image, the prompted towers read the pixels of view 1 + (e mod V) in epoch e and the
-consistency term the cached features of view V + 1 + (e mod V) (``frozen_second_view``); the frozen image tower is
-never run in training. The description features g are computed once per process and class set (the frozen text
-tower over K x C descriptions). Given pixels alone (no cache), :meth:`CoPrompt.training_loss` takes the second view's
-pixels and encodes them.
-
-The description index k: the reference draws ``random.randint`` per step (one k for every class). Here run r's k at
-its s-th step is a fixed integer hash of (its description seed, s), computed on the device, so a run draws the same
-sequence whether it trains alone or batched and whether its step is replayed from a CUDA graph or not; the seed is
-drawn from the run's seeded initialisation and saved with its learned tensors.
+With ATLaS only CE(z, y) receives the schedule's targets. u (the frozen CLIP's features of the second view) is a
+cached feature: the cache holds views 1..2V, the consistency term reads view V + 1 + (e mod V)
+(``frozen_second_view``); given pixels alone, :meth:`CoPrompt.training_loss` encodes them. The description index k
+is a fixed integer hash of (the run's description seed, step), computed on the device, so a run draws the same
+sequence alone, batched or replayed from a CUDA graph (the reference draws ``random.randint`` per step).
 """
 
 from __future__ import annotations

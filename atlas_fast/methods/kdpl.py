@@ -2,24 +2,13 @@
 Distillation") on CoOp, CoCoOp, MaPLe and PromptSRC: a larger frozen CLIP teacher's zero-shot predictions on every
 training view supervise the student's prompts, without labels (``docs/method-zoo.md``, section KDPL).
 
-For a batch of views with the teacher's image features u_i and its text features g_c of the dataset's hand-crafted
-prompt (CoOp's zero-shot template), s the **student's** CLIP temperature (the reference passes the student's
-``logit_scale`` to the teacher) and T a temperature (1 in the reference, which has none):
+    p_i = softmax(s cos(u_i, g) / T),   q_i = softmax(z_i / T)   (s: the **student's** temperature, as the reference)
+    L = 1/2 KL(p || q) + 1/2 KL(q || p)   ("batchmean"; + PromptSRC's terms for KDPL on PromptSRC)
 
-    p_i = softmax(s cos(u_i, g) / T),   q_i = softmax(z_i / T)   (z: the base method's logits of view i)
-    L = 1/2 KL(p || q) + 1/2 KL(q || p)   each summed over classes and averaged over the batch ("batchmean")
-        (+ PromptSRC's self-regulating terms for KDPL on PromptSRC; the base's cross-entropy is replaced)
-
-Class-agnostic KDPL (KDPL-CA) knows no class names of the dataset: the teacher scores a dictionary of class names
-("a photo of a {}."), the K = 1000 classes with the highest batch-mean teacher probability are kept each step, and
-the student's prompts are built for those K names. At test time a KDPL model is its base method, unchanged.
-
-The teacher's image features are those of exactly the views the student trains on: the feed caches them in a file
-keyed by the teacher's own fingerprint (:meth:`KDPL.view_teacher`) and serves them beside the student's inputs
-(cached features: the last D_teacher columns; pixels: :class:`~atlas_fast.engine.feed.PixelBatch` features). Given
-pixels alone, the teacher encodes them. The teacher's text features are computed once per class set and process, in
-fp32. Learned tensors are the base method's. KDPL uses no labels: a label schedule (ATLaS, ...) is refused
-(``uses_labels = False``), since there is no cross-entropy for its targets to reach.
+Class-agnostic KDPL (KDPL-CA) keeps, each step, the K = 1000 dictionary class names of highest batch-mean teacher
+probability and builds the student's prompts for those. The teacher's image features of exactly the student's views
+are cached under its own fingerprint (:meth:`KDPL.view_teacher`); given pixels alone, the teacher encodes them.
+Learned tensors are the base method's; a label schedule is refused (``uses_labels = False``).
 """
 
 from __future__ import annotations

@@ -1,42 +1,21 @@
 """MMRL (Guo & Gu, CVPR 2025, "Multi-Modal Representation Learning"): a shared, learnable representation space
-projected into tokens of the higher blocks of both towers of a frozen CLIP (``docs/method-zoo.md``, section MMRL).
+projected into tokens of the higher blocks of both towers of a frozen CLIP. Towers, features, loss, test-time
+fusion and ATLaS: ``docs/method-zoo.md``, section MMRL (reference yunncheng/MMRL).
 
-Learned tensors (R runs lead every one of them):
-
-* ``rep_tokens`` (R, K, r): the shared representation space, N(0, 0.02^2) (K = 5 tokens of width r = 512);
-* ``text_map_weight`` (R, J, r, d_t), ``text_map_bias`` (R, J, d_t) and ``vision_map_weight`` (R, J, r, d_v),
-  ``vision_map_bias`` (R, J, d_v): one Linear(r -> width) per prompted block and tower; the J maps of a tower start
-  as copies of one freshly initialised Linear (the reference clones one layer), PyTorch's default Linear init;
-* ``rep_projection`` (R, d_v, D): the image tower's second projection, for the representation tokens,
-  N(0, 1 / d_v) (the reference's ``proj_rep``, drawn like CLIP's own ``proj`` and never loaded from weights).
-
-The towers (J = ``depth`` top blocks of each, the reference's layers 6..12 of ViT-B/16's 12 = 7):
-
-* the K projected tokens are **inserted** after the first token at the first prompted block and **replace**
-  positions 1..K at each later one (:class:`~atlas_fast.methods.mmrl_towers.RepresentationTowers`, shared with
-  MMRL++, says how);
-* image: the class token's ``ln_post`` output times CLIP's ``proj`` gives v; the **mean over the K representation
-  tokens of their ``ln_post`` outputs** times ``rep_projection`` gives v_r; text: t_c at EOT + K of the class prompt
-  ``template.format(class)`` (the dataset's hand-crafted prompt, no learned context).
-
-Logits use the reference's fixed scale s = 100 (not CLIP's ``logit_scale``; the released weights' exp(logit_scale)
-is 100): z = s cos(v, t), z_r = s cos(v_r, t). Training loss of a batch, t0 / v0 the frozen CLIP's normalised text
-(same template) and image features (of the same augmented view: the cache's):
+Learned tensors (R runs lead every one): ``rep_tokens`` (R, K, r), N(0, 0.02^2); ``text_map_weight`` (R, J, r, d_t),
+``text_map_bias`` (R, J, d_t), ``vision_map_weight`` (R, J, r, d_v), ``vision_map_bias`` (R, J, d_v): one
+Linear(r -> width) per prompted block and tower, the J maps of a tower copies of one Linear (the reference clones
+one layer); ``rep_projection`` (R, d_v, D), N(0, 1 / d_v) (the reference's ``proj_rep``).
 
     L = alpha * CE(z, y) + (1 - alpha) * CE(z_r, y) + lambda * (1 - mean_b cos(v_b, v0_b))
         + lambda * (1 - mean_c cos(t_c, t0_c))                                  (alpha = 0.7)
 
-With ATLaS both CE terms take the label schedule's targets (both classify the same image against the same labels;
-only z feeds a schedule's statistics); the two cosine terms have no labels and are unchanged.
+z = 100 cos(v, t), z_r = 100 cos(v_r, t) (the reference's fixed scale). At test time the class set it trained on
+gets alpha z + (1 - alpha) z_r, any other z alone. With ATLaS both CE terms take the schedule's targets.
 
-Test time: on the class set it trained on (base classes; a few-shot run's classes; ImageNet after a cross-dataset
-run) the logits are the fusion alpha z + (1 - alpha) z_r; on any other class set (new classes, other datasets) z
-alone, since the representation branch only learned the training classes.
-
-MMRL++ (:class:`MMRLpp`, ``mmrl++``) changes three pieces through hooks of :class:`MMRL`: the maps (one shared
-weight per tower plus a low-rank residual per block, :meth:`MMRLpp.mapped_tokens`), the later blocks' tokens (blended
-with the previous block's output by beta, :meth:`MMRLpp.enter_block`) and the representation projection (CLIP's
-``proj`` plus a low-rank update, :meth:`MMRLpp.representation_projection`).
+MMRL++ (:class:`MMRLpp`, ``mmrl++``) changes three pieces through hooks of :class:`MMRL`: the maps
+(:meth:`MMRLpp.mapped_tokens`), the later blocks' tokens (:meth:`MMRLpp.enter_block`) and the representation
+projection (:meth:`MMRLpp.representation_projection`).
 """
 
 from __future__ import annotations

@@ -1,34 +1,20 @@
 """PromptKD (Li et al., CVPR 2024, "PromptKD: Unsupervised Prompt Distillation for Vision-Language Models"): a
-PromptSRC teacher on a larger CLIP distils into a student whose image tower carries visual prompts and whose image
-features pass a projector into the teacher's feature space; the student is scored against the teacher's prompted text
-features, on every training image of the domain, without labels (``docs/method-zoo.md``, section PromptKD).
-
-For a batch of B views, the teacher's prompted image features u_i and its prompted text features g_c of the C classes
-(both normalised; s_T the teacher's CLIP temperature), the student's prompted image features x_i, the projector P
-(1x1 conv D_s -> D_t, BatchNorm, ReLU, 1x1 conv D_t -> D_t, as linear maps), s the student's temperature, T the
-distillation temperature and w the KD weight:
+PromptSRC teacher on a larger CLIP distils into a student with visual prompts and a projector into the teacher's
+feature space, scored against the teacher's prompted text features, without labels (``docs/method-zoo.md``, section
+PromptKD; reference zhengli97/PromptKD).
 
     z_T = s_T u g^T,   z_S = s normalize(P(x)) g^T
     L = w * T^2 * sum_{i,c} KL(softmax(z_T,i / T) || softmax(z_S,i / T)) / (B * C)
 
-At test time the student's logits of a class set are z_S with that set's teacher text features (so evaluating a
-PromptKD model needs its teacher's text tower and prompts, never the teacher's image tower).
-
-What is cached: the teacher's **prompted image features** of every training view, in a cache file keyed by a
-fingerprint of the teacher's weights *and* its prompts (:meth:`PromptKD.view_teacher`); its logits of a view are one
-product of those with the text features, which are computed once per class set and process. Given pixels alone, the
-teacher runs on them (the official trainer's way, kept for the benchmark and the equivalence tests). The student's
-image tower is prompted, so it trains on pixels. The teacher itself (its prompts, their checks, loading it once per
-process, its text features) is :mod:`atlas_fast.methods.promptkd_teacher`.
+The teacher's prompted image features of every training view are cached, keyed by a fingerprint of its weights
+*and* prompts (:meth:`PromptKD.view_teacher`); given pixels alone the teacher runs on them. The teacher itself is
+:mod:`atlas_fast.methods.promptkd_teacher`.
 
 Learned tensors (R runs lead every one): ``vision_ctx`` (R, M_v, w), ``deep_vision`` (R, J_v - 1, M_v, w),
 N(0, 0.02^2) as IVLP's; the projector ``proj_w1`` (R, D_t, D_s), ``proj_b1``, ``proj_gamma``, ``proj_beta``,
-``proj_w2`` (R, D_t, D_t), ``proj_b2`` (PyTorch's Conv2d / BatchNorm2d init). The BatchNorm's running mean and
-variance are state too (saved with the learned tensors; the test-time projector uses them).
-
-PromptKD uses no labels: a label schedule (ATLaS, ...) is refused (``uses_labels = False``); the comparison for ATLaS
-is the student's base method (IVLP/PromptSRC on the few-shot labels) + ATLaS. It trains on the domain's unlabeled
-images (``trains_on_domain``): every training image of every class of the dataset, not the few-shot subset.
+``proj_w2`` (R, D_t, D_t), ``proj_b2`` (PyTorch's Conv2d / BatchNorm2d init); the BatchNorm's running statistics are
+saved with them. A label schedule is refused (``uses_labels = False``); it trains on every training image of the
+domain (``trains_on_domain``).
 """
 
 from __future__ import annotations
