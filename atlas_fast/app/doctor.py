@@ -1,24 +1,13 @@
 """``atlas-fast doctor``: what this machine will do with atlas_fast, in about a minute, as one table a user pastes into
 a bug report.
 
-Rows: the versions (Python, torch and the CUDA it was built for, the NVIDIA driver, open_clip, faiss), the device and
-its memory; then for each method family (cached text: CoOp; CoCoOp; a pixel method: IVLP; an Adam-based one: TCP) a
-few training steps at small shapes:
-
-* **eager steps**: the steps train and stay finite; the host traffic of one steady-state step (values read back to
-  the host and uploads from it, :class:`~atlas_fast.engine.graphs.DispatchCount`: a CUDA graph can replay none) and
-  the milliseconds per step;
-* **graphed = eager** (CUDA): the same steps replayed from CUDA graphs (``graph_steps``) against the same steps run
-  eagerly with the graph's length groups: the learned tensors must be equal bit for bit, every step after the
-  warm-ups replayed and no fallback warning; the memory the graphed steps reserved. On a CPU the row says it needs a
-  GPU;
-* **group = alone**: two runs trained as one group (fp32) against the first trained alone (float reordering apart).
-
-Then the R the memory plan (:mod:`atlas_fast.engine.memory`) picks for CoOp and IVLP at ViT-B/16 and ImageNet's
-1,000 classes on this device, and where faiss searches. On a GPU the steps use ViT-B/16's architecture with random
-weights (nothing is downloaded) under the default precision (fp16 autocast); on a CPU the tiny ``atlas-tiny`` model
-in fp32, eagerly (the rows that need a GPU say so). Any mismatch (tensors that differ, host traffic in a step, a
-fallback, a step that is not finite) is a FAIL row, and the command exits non-zero.
+Rows: the versions (Python, torch and its CUDA, the NVIDIA driver, open_clip, faiss), the device and its memory;
+then for CoOp, CoCoOp, IVLP and TCP a few training steps at small shapes: **eager steps** (finite; host traffic of
+one steady-state step, :class:`~atlas_fast.engine.graphs.DispatchCount`; ms per step), **graphed = eager** (CUDA:
+learned tensors bit-equal, every post-warm-up step replayed, no fallback; memory reserved) and **group = alone**
+(two runs as one group against the first alone, fp32). Then the R the memory plan picks for CoOp and IVLP at
+ViT-B/16 and 1,000 classes, and where faiss searches. A GPU uses ViT-B/16 with random weights under fp16 autocast;
+a CPU ``atlas-tiny`` in fp32, eagerly (GPU rows say they need one). Any mismatch is a FAIL row and a non-zero exit.
 """
 
 from __future__ import annotations

@@ -159,20 +159,15 @@ def train_runs(runs: TrainingRuns, recipe: OptimRecipe, device: torch.device, am
     """Train the R runs held by ``runs.method`` (``method.num_runs == R``) in place; returns each run's epoch log
     (mean loss, lr, soft-label flag, seconds, + ``runs.fields``' fields for that run).
 
-    With R > 1 each step stacks every run's next batch (its own order, size and targets) into (R, B_max, ...)
-    inputs; the method returns each run's loss and the backward pass differentiates their sum, so run r's tensors get
-    exactly run r's gradient; each run has its own optimiser state and gradient scaler (an fp16 overflow skips only
-    its own step). A run whose epoch has fewer batches, or that is retired, sits out the steps untouched, so the
-    others train exactly as they would without it. A run whose loss or learned tensors stop being finite is found at
-    the end of its epoch and handed to ``runs.diverged`` (where that does not retire it: :class:`FloatingPointError`);
-    after each epoch's log ``runs.end_epoch`` may retire runs or hand over a new module (:class:`TrainingRuns`).
-
-    A step is one :class:`~atlas_fast.engine.step.TrainStep` (batch, loss, backward, update, the epoch's loss sums:
-    device work; losses are read back once per epoch). ``graph_steps`` (CUDA): full-size steps replay a CUDA graph of
-    the whole step (:class:`~atlas_fast.engine.graphs.StepGraphs`); each epoch's log counts them (``graphed_steps``,
-    ``eager_steps``) and names a fallback to eager steps (``graph_fallback``). A recipe with ``iterations`` sets each
-    step's lr and stops after the last iteration, inside an epoch if it must (that epoch's loss: the mean over the
-    items it reached); its runs train together only on training sets of one size.
+    Each step stacks every run's next batch into (R, B_max, ...) inputs and differentiates the sum of the runs'
+    losses, so run r's tensors get exactly run r's gradient; each run has its own optimiser state and scaler (an
+    fp16 overflow skips only its own step). A run
+    with fewer batches, or retired, sits steps out untouched. A run that stops being finite is found at its epoch's
+    end and handed to ``runs.diverged`` (not retired there: :class:`FloatingPointError`); ``runs.end_epoch`` may
+    retire runs or hand over a new module. Losses are read back once per epoch. ``graph_steps`` (CUDA): full-size
+    steps replay a CUDA graph (:class:`~atlas_fast.engine.graphs.StepGraphs`; ``graphed_steps``, ``eager_steps``,
+    ``graph_fallback`` in the log). A recipe with ``iterations`` stops after the last one, inside an epoch if it must
+    (its loss: the mean over the items reached); its runs train together only on training sets of one size.
     """
     method = runs.method
     if method.num_runs != len(runs.runs):

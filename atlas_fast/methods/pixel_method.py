@@ -1,23 +1,14 @@
 """The contract of a method that prompts or adapts CLIP's image tower (:class:`PixelMethod`): it trains and is
 evaluated on decoded pixels, not on cached image features.
 
-What the engine calls on such a method, and nothing else:
-
-* training: :meth:`PixelMethod.training_loss` (default ``criterion(self(inputs))``, so :meth:`PixelMethod.forward`)
-  on a batch of pixels (B, 3, H, W), (R, B, 3, H, W) for R runs trained together, or a
-  :class:`~atlas_fast.engine.feed.PixelBatch` of pixels and the frozen CLIP's cached features
-  (``reads_frozen_features``, declared with the other data-path flags on
-  :class:`~atlas_fast.methods.base.PromptMethod`);
-* evaluation (``engine/evaluate.py``'s ``pixel_scores``, and the pricing of a unit of evaluation):
-  ``classify = method.pixel_classifier()`` once per class set (the class text encoded once), then
-  ``classify(method.eval_pixel_features(pixels))`` for each batch of test pixels (B, 3, H, W), so an image evaluated
-  on several class sets (base, new, all) goes through the image tower once.
-
-A pixel method implements :meth:`PixelMethod.image_batch` (its un-normalised image features of pixels),
-``raw_text_features()`` (un-normalised class text (R, C, D)) and ``text_features()``; this class supplies the rest.
-A method whose test logits are more than one cosine (MMRL's fusion of two branches, DePT-MaPLe's head) overrides
-:meth:`PixelMethod.eval_pixel_features` and :meth:`PixelMethod.pixel_classifier` together, and a method that wraps a
-base method (DePT-MaPLe) lists its wrapper class first, so the wrapper's ``forward`` and loss stay its own.
+The engine calls only :meth:`PixelMethod.training_loss` on pixels (B, 3, H, W), (R, B, 3, H, W) for R runs, or a
+:class:`~atlas_fast.engine.feed.PixelBatch` with cached frozen features (``reads_frozen_features``); and, at
+evaluation, ``classify = method.pixel_classifier()`` once per class set, then
+``classify(method.eval_pixel_features(pixels))`` per batch, so an image goes through the image tower once for every
+class set. A pixel method implements :meth:`PixelMethod.image_batch`, ``raw_text_features()`` (R, C, D) and
+``text_features()``. A method whose test logits are more than one cosine (MMRL, DePT-MaPLe) overrides
+:meth:`PixelMethod.eval_pixel_features` and :meth:`PixelMethod.pixel_classifier` together; a wrapper (DePT-MaPLe)
+lists its class first, so its ``forward`` and loss stay its own.
 """
 
 from __future__ import annotations

@@ -14,10 +14,8 @@ The image features are CLIP's, unchanged, so TCP trains from cached features. Le
 ``ctx`` (R, M, d_t) and the meta-net's ``meta_weight1`` (R, D/4, D), ``meta_bias1`` (R, D/4), ``meta_weight2``
 (R, M d_t, D/4), ``meta_bias2`` (R, M d_t). All of TCP's math is in this file.
 
-The reference hard-codes several numbers; here they are config fields with its values: 4 class-aware tokens (here
-one per context token, M), the injection at the input of block 8 (``depth`` J = 9: the last block of a depth-9
-prompt, so the embedded world's 4-block towers take J = 4), β = 1 (its ``weights=[1.0]``; the ``W`` it passes to the
-tower is overridden there) and the knowledge weight 8.0.
+Numbers the reference hard-codes are config fields with its values: M class-aware tokens, injection at block 8
+(``depth`` J = 9), β = 1 (its ``weights=[1.0]``) and the knowledge weight 8.0.
 """
 
 from __future__ import annotations
