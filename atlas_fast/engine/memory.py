@@ -1,17 +1,12 @@
 """How many runs of a group fit the device's memory, estimated from the towers' shapes before anything runs.
 
-A training step keeps, for the backward pass, about :data:`KEPT_BYTES` bytes per token, width and block of every
-tower that has a gradient path: the text tower over each run's C class prompts (each class's own positions: the
-prefix all classes share is computed once per run), and for a method that prompts the image tower, that tower over
-each run's B images (class token, patches and visual prompts). Each run of a group adds its own (its prompts, its
-images), so a group of R runs needs R times one run's activations plus the frozen CLIP once. Where the steps are
-CUDA-graphed, a captured step keeps its activations in the graphs' private memory pool, reserved for as long as the
-graph lives, while the eager steps beside it (each key's warm-ups, a soft-label epoch's first steps, a ragged last
-batch, re-warming after a class-set rebuild or a fallback) need a second set of their own:
-:data:`GRAPHED_ACTIVATION_SETS` times the activations. The planner (:func:`atlas_fast.engine.group.group_size`) lowers R
-where that would pass :data:`DEVICE_SHARE` of the device's memory; a GPU check (``benchmarks/gpu_check.py``)
-measures the largest pixel group's peak of reserved memory (what the allocator holds, pools included, not only what
-live tensors use) beside this estimate.
+A step keeps, for the backward pass, about :data:`KEPT_BYTES` bytes per token, width and block of every tower with a
+gradient path (the text tower over each run's C class prompts past their shared prefix; a prompted image tower over
+each run's B images), so R runs need R times one run's activations plus the frozen CLIP once. CUDA-graphed steps
+keep theirs in the graphs' private pool while the eager steps beside them (warm-ups, ragged batches, re-warming)
+need another set: :data:`GRAPHED_ACTIVATION_SETS` times the activations. The planner
+(:func:`atlas_fast.engine.group.group_size`) lowers R where that would pass :data:`DEVICE_SHARE` of the device's
+memory; ``benchmarks/gpu_check.py`` measures the reserved peak beside this estimate.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""One optimiser step of R >= 1 runs, whole: the step's batch, the loss with the label schedules' targets, the
-backward pass, the update of every run (:class:`~atlas_fast.engine.optim.RunsOptimizer`, fp16 overflows handled per run)
-and the per-run loss sums of the epoch, all as device work that reads nothing back to the host. The training loop
-(``loop.py``) runs a :class:`TrainStep` eagerly; ``graphs.py`` captures the very same call in a CUDA graph and replays
-it, so a replayed step computes what the eager step computes.
+"""One optimiser step of R >= 1 runs, whole: batch, loss with the schedules' targets, backward, every run's update
+(fp16 overflows per run) and the epoch's per-run loss sums, all device work that reads nothing back to the host.
+``loop.py`` runs a :class:`TrainStep` eagerly; ``graphs.py`` captures the very same call and replays it.
 
-Where a step's batch comes from:
-
-* :class:`GatheredBatches`: every run's inputs are rows of a tensor already on the training device (the cached
-  views, :meth:`~atlas_fast.engine.feed.CachedViews.device_rows`). Each epoch's data order goes to the device once;
-  a step gathers its rows, labels and soft rows there, from a step counter on the device when replayed, so a
-  graphed step is one replay and nothing else.
-* :class:`StreamedBatches`: any :class:`TrainInputs` (pixels decoded by a loader's workers, views read per epoch):
-  each run's next batch as it comes, stacked; a graphed step copies them into the graph's input buffers first.
+Batches: :class:`GatheredBatches` gathers rows of the cached views already on the device (each epoch's order
+uploaded once; replayed steps read a device step counter); :class:`StreamedBatches` stacks any
+:class:`TrainInputs`' next batches (pixels from a loader), which a graphed step copies into its input buffers.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Grids of training runs (datasets x method variants x seeds), planned once, grouped, skipped when finished and sent
 to an executor.
 
-A sweep is a list of :class:`~atlas_fast.engine.config.TrainConfig` values; the driver plans each once
-(:func:`plan_sweep`) and the workers train from the specs. :func:`run_configs` drops the runs whose finished
-record already exists, packs the others into groups of up to ``batch_runs`` compatible runs (same dataset, backbone,
-method and resolved recipe: :func:`atlas_fast.engine.group.group_runs`) and hands the groups to an executor (:mod:`atlas_fast.sweep.executors`:
-this process, Ray tasks or a SLURM job array). Every run writes its own record as soon as its group finishes, so a
-killed sweep is resumed by running it again and loses at most the groups in flight.
+The driver plans each :class:`~atlas_fast.engine.config.TrainConfig` once (:func:`plan_sweep`); :func:`run_configs`
+drops finished runs, groups the others (:func:`atlas_fast.engine.group.group_runs`) and hands the groups to an
+executor (:mod:`atlas_fast.sweep.executors`). A killed sweep resumes by running again (docs/sweeps.md).
 """
 
 from __future__ import annotations
