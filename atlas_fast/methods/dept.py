@@ -8,16 +8,13 @@ labels y, similarity logits z (the base method's), text features T and image fea
 
     (1 - λ) * CE(z, y) + λ * CE(linear([film_text(T[y]); film_image(V)]), [y; y])  (+ KgCoOp's term for DePT-KgCoOp)
 
-with λ = 0.7; for CoCoOp, T[y_i] is image i's own conditioned text feature. The head's parameters train at
-6.5 x the prompt lr (DePT's staged lr, :meth:`DePT.param_groups`). At test time the head scores only the classes it
-was trained on: on those (base classes; ImageNet and its -V2/-Sketch variants after an ImageNet run; the matching
-rows for the -A/-R subsets) the logits are ``(1 - λ) z + λ linear(film_image(V))``; on any other class set (new
-classes, other datasets) they are z alone.
+with λ = 0.7 (for CoCoOp, T[y_i] is image i's own conditioned text feature); the head trains at 6.5 x the prompt lr
+(:meth:`DePT.param_groups`). At test time the classes it was trained on (see docs/method-zoo.md for ImageNet's
+variants) get ``(1 - λ) z + λ linear(film_image(V))``, any other class set z alone.
 
-ATLaS: the label schedule's criterion (one-hot or soft targets per epoch) is applied to z and to the image rows of
-the head. The text rows are class prototypes T[y_i] paired with image i; with ``head_text_targets = "mirror"``
-(default) they take image i's target too, as the reference's [y; y] duplicates the label; ``"onehot"`` keeps them on
-y (see docs/protocol.md, protocol decisions).
+ATLaS: the schedule's targets reach z and the head's image rows; its text rows T[y_i] take image i's target too
+with ``head_text_targets = "mirror"`` (default, as the reference's [y; y]), stay on y with ``"onehot"``
+(docs/protocol.md).
 
 DePT-MaPLe trains on pixels (MaPLe prompts the image tower): V are MaPLe's prompted image features, and at test time
 the fusion runs batch by batch over the test pixels (:meth:`DePTMaPLe.pixel_classifier`).

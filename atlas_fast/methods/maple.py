@@ -7,9 +7,8 @@ Learned tensors (R runs lead each one):
 * ``deep_text`` (R, J - 1, M, d_t): one text prompt set per block 1..J-1, N(0, 0.02^2).
 * ``coupling_weight`` (R, J, d_t, d_v) and ``coupling_bias`` (R, J, d_v): J independent Linear(d_t -> d_v) maps.
   Level 0 maps ``ctx`` to the visual input prompts, level k maps ``deep_text[k - 1]`` to the visual prompts of vision
-  block k. There are **no independent visual parameters**: the vision gradients reach the text prompts through
-  these maps. The reference builds the J - 1 deep maps as deep copies of **one** freshly initialised Linear (so they
-  start equal) and the input map separately; the same is done here (PyTorch's default Linear init).
+  block k; **no independent visual parameters**. As in the reference, the J - 1 deep maps start as copies of
+  **one** Linear and the input map separately (PyTorch's default Linear init).
 
 With ViT-B/16 widths (d_t = 512, d_v = 768), M = 2 and J = 9 this is 1,024 + 393,984 + 8 * (1,024 + 393,984) =
 3,555,072 parameters. The reference hard-codes 512 -> 768; here both widths come from the backbone. Everything else

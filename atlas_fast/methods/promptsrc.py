@@ -9,18 +9,16 @@ z = s v t^T with s = exp(logit_scale)):
 
 * t0 = normalize(mean over the 60 ``IMAGENET_TEMPLATES`` of the frozen CLIP's **un-normalised** text features),
   computed once for the training classes;
-* v0 = normalize(frozen CLIP image features of the **same augmented view**). Views are seeded, so these are exactly
-  the cached features of that view: the pixel input path passes them in and the frozen image tower is never run
-  (given only pixels, they are computed, as the reference does);
+* v0 = normalize(frozen CLIP image features of the **same augmented view**): the cached features of that seeded
+  view (given only pixels, they are computed, as the reference does);
 * z0 = s v0 t0^T; the KL is summed and divided by ``z.numel()`` = B * C (not by B); the L1 terms are element means.
   lambda_t = 25, lambda_v = 10 in every reference config.
 
 With ATLaS the CE term is the label schedule's (one-hot or soft targets per epoch); the regularisers are unchanged.
 
 GPA: after each epoch e (1-based) the learned tensors are scaled by g_e = N(e; mu, sigma) / sum_e' N(e'; mu, sigma)
-and accumulated; after the last epoch the aggregate replaces them, so the evaluated and saved prompts are the GPA
-prompts. The reference aggregates its whole state dict, frozen CLIP included (sum g = 1 leaves frozen fp32 weights as
-they are, but in its fp16 model it re-rounds them); here only the learned tensors are aggregated.
+and accumulated; the aggregate replaces them after the last epoch (evaluated and saved). Only the learned tensors
+are aggregated (the reference's whole fp16 state dict re-rounds the frozen weights).
 """
 
 from __future__ import annotations
