@@ -9,10 +9,8 @@ Learned tensors (R runs lead every one of them):
 * ``deep_text`` (R, J_t - 1, M, d_t): one set per text block 1..J_t-1, N(0, 0.02^2).
 * ``vision_ctx`` (R, M_v, d_v) and ``deep_vision`` (R, J_v - 1, M_v, d_v), N(0, 0.02^2), present iff J_v > 0.
 
-The injection itself (visual prompts appended after the patch tokens, deep prompts replacing the prompt slots at the
-input of blocks 1..J-1) is in :mod:`atlas_fast.clip.prompted_towers`. Logits and loss are CoOp's (CE on
-``exp(logit_scale) * f_v f_t^T``), but both feature sets have a graph: IVLP trains on pixels, not on cached features.
-MaPLe and PromptSRC subclass this class.
+The injection is in :mod:`atlas_fast.clip.prompted_towers`. Logits and loss are CoOp's, but IVLP trains on pixels
+(both feature sets have a graph). MaPLe and PromptSRC subclass this class.
 """
 
 from __future__ import annotations

@@ -5,15 +5,9 @@ learned; everything else is the frozen token embedding of the string ``"{prompt_
 ``prompt_prefix`` is the init phrase (or M placeholders "X" with random init). CoOp's phrase has exactly M words;
 IVLP-family phrases may be longer, the words after the first M then stay fixed text.
 
-Three pieces, used by every method of the two families:
-
-* :func:`initial_context`: the context at init, the embeddings of the first M init tokens or N(0, 0.02^2);
-* :class:`ClassPrompts`: the frozen per-class buffers of one class set (SOT, the tokens after the context, EOT
-  positions, CoOp's "middle"/"front" layouts), the assembly of full prompts from a context, and the text pass;
-* :class:`ContextPromptMethod`: the base class of CoOp and IVLP, whose class set is their ``ClassPrompts``.
-
-The learned tensors stay on the methods (their checkpoint names are ``ctx``, ``deep_text``, ...); this module owns
-only buffers, none of them saved.
+:func:`initial_context` (first M init-token embeddings or N(0, 0.02^2)), :class:`ClassPrompts` (one class set's
+frozen buffers, prompt assembly, the text pass) and :class:`ContextPromptMethod` (base of CoOp and IVLP). The learned
+tensors stay on the methods; this module owns only buffers, none of them saved.
 """
 
 from __future__ import annotations
