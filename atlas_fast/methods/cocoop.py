@@ -7,9 +7,8 @@ Linear(D_v -> D_v // 16) -> ReLU -> Linear(D_v // 16 -> d) with D_v the image em
 (512 -> 32 -> 512 for ViT-B/16). Image features come from the cache; the meta-net sits after the frozen image
 encoder, so no image-side graph exists. All of CoCoOp's math is in this file.
 
-Evaluation batches the prompts of many images into one text-encoder call, at most :attr:`CoCoOp.eval_sequences`
-sequences per call, so memory is bounded by that budget and not by the test-set size (ImageNet: 50,000 x 1,000
-sequences); a progress bar follows the chunks.
+Evaluation encodes at most :attr:`CoCoOp.eval_sequences` sequences per text-encoder call, so memory is bounded by
+that budget, not by the test set (ImageNet: 50,000 x 1,000 sequences).
 """
 
 from __future__ import annotations

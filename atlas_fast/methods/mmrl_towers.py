@@ -5,9 +5,8 @@ CLIP's frozen text and image towers with the representation tokens entering thei
 At the input of the first prompted block the K mapped tokens of that block are inserted right after the first token
 (SOT / class token), lengthening the sequence by K; each later prompted block is entered through
 :meth:`RepresentationTowers.enter_block` with its own tokens (MMRL replaces positions 1..K). They get no positional
-embedding and (vision) no ``ln_pre``; text stays causal over the longer sequence and pools at EOT + K. The blocks below
-the first prompted one see no learned tensor: their text states are computed once per class set, their image states
-without a graph. The class prompt is ``template.format(class)`` (no learned context).
+embedding and (vision) no ``ln_pre``; text stays causal and pools at EOT + K. Blocks below the first prompted one
+are computed once per class set (text) or without a graph (image).
 """
 
 from __future__ import annotations

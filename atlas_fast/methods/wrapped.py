@@ -1,10 +1,8 @@
 """The one way a method builds on another (DePT's head, KDPL's distillation): composition. A
 :class:`WrappedMethod` holds its base method as a submodule, ``self.base``, built for the same backbone, classes and
-config (the wrapper's config class derives from the base's), and passes every hook it does not change to it: the
-class set, the text features, the forward and test-time logits (cached features or pixels), the loss, the optimiser's
-groups and the per-epoch bookkeeping (PromptSRC's GPA under KDPL). A wrapper overrides only what it changes (DePT:
-its head's tensors, loss, test-time fusion and lr groups; KDPL: the criterion its base's loss gets) and declares its
-class attributes itself (``reads_pixels`` by deriving from :class:`~atlas_fast.methods.pixel_method.PixelMethod`
+config (the wrapper's config class derives from the base's), and passes every hook it does not change to it
+(class set, text features, logits, loss, optimiser groups, per-epoch bookkeeping). A wrapper overrides only what it
+changes and declares its class attributes itself (``reads_pixels`` by deriving from :class:`~atlas_fast.methods.pixel_method.PixelMethod`
 after the wrapper, ``reads_frozen_features``, ``depth_options``, ``supports_batched_runs``), as every registered
 class does, so the command line reads them from the file without importing torch.
 """
