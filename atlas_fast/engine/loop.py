@@ -1,13 +1,9 @@
 """The training loop, the only one: R >= 1 runs held by one method, Dassl's optimisation over any
 :class:`~atlas_fast.engine.step.TrainInputs` (docs/protocol.md, "Optimisation").
 
-SGD (momentum 0.9, weight decay 5e-4 on the learned tensors) with a cosine learning rate stepped once per epoch after
-a constant warmup epoch at 1e-5; a method's recipe may name Adam or AdamW instead and a cosine stepped per optimiser
-step over a number of iterations (TCP, CLIP-LoRA). Each run's batches follow a permutation drawn from a
-``torch.Generator`` seeded with the run's seed, and the last partial batch is **kept** (a protocol decision; Dassl
-drops it). The method computes each batch's loss (:meth:`~atlas_fast.methods.base.PromptMethod.training_loss`) with
-a criterion that applies the label schedule's targets of the epoch (one-hot or soft), so ATLaS reaches every
-cross-entropy term a method has. On a GPU the forward runs under fp16 autocast with a gradient scaler per run.
+Each run's batches follow a permutation from a ``torch.Generator`` seeded with its seed; the last partial batch is
+**kept** (Dassl drops it). Each batch's loss gets a criterion with the epoch's label-schedule targets, so ATLaS
+reaches every cross-entropy term. On a GPU the forward runs under fp16 autocast with a gradient scaler per run.
 """
 
 from __future__ import annotations

@@ -56,12 +56,10 @@ class OptimRecipe:
     The warmup epochs count inside ``epochs``; lr of 0-based epoch e is ``warmup_lr`` for e < warmup_epochs, then
     ``0.5 * lr * (1 + cos(pi * (e - warmup_epochs) / epochs))``.
 
-    ``optimizer``: ``sgd`` (``momentum``, ``weight_decay``), ``adam`` (Dassl's: L2 ``weight_decay`` added to the
-    gradient, TCP) or ``adamw`` (decoupled weight decay, CLIP-LoRA), both with ``betas``. ``iterations``: the
-    schedule counts optimiser steps instead of epochs (CLIP-LoRA's ``CosineAnnealingLR`` stepped every iteration):
-    step t runs at ``min_lr + 0.5 * (lr - min_lr) * (1 + cos(pi * t / iterations))``, there is no warmup, and
-    training stops after ``iterations`` steps, inside an epoch if it must. ``epochs`` is then resolved when a run is
-    planned, from its training images: ``ceil(iterations / steps per epoch)``.
+    ``optimizer``: ``sgd``, ``adam`` (Dassl's: L2 ``weight_decay`` added to the gradient, TCP) or ``adamw``
+    (decoupled, CLIP-LoRA). ``iterations`` (CLIP-LoRA): step t runs at ``min_lr + 0.5 * (lr - min_lr) * (1 +
+    cos(pi * t / iterations))``, no warmup, training stops after ``iterations`` steps; ``epochs`` is then resolved at
+    planning: ``ceil(iterations / steps per epoch)``.
     """
 
     epochs: int

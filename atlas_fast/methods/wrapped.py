@@ -2,9 +2,10 @@
 :class:`WrappedMethod` holds its base method as a submodule, ``self.base``, built for the same backbone, classes and
 config (the wrapper's config class derives from the base's), and passes every hook it does not change to it
 (class set, text features, logits, loss, optimiser groups, per-epoch bookkeeping). A wrapper overrides only what it
-changes and declares its class attributes itself (``reads_pixels`` by deriving from :class:`~atlas_fast.methods.pixel_method.PixelMethod`
-after the wrapper, ``reads_frozen_features``, ``depth_options``, ``supports_batched_runs``), as every registered
-class does, so the command line reads them from the file without importing torch.
+changes and declares its class attributes itself (``reads_pixels`` by deriving from
+:class:`~atlas_fast.methods.pixel_method.PixelMethod` after the wrapper, ``reads_frozen_features``,
+``depth_options``, ``supports_batched_runs``), as every registered class does, so the command line reads them from
+the file without importing torch.
 """
 
 from __future__ import annotations
