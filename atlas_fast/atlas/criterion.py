@@ -6,8 +6,8 @@ auxiliary head's logits (only class predictions may feed a schedule's statistics
 ``rows`` (the same, (R,) long on the device) are the runs' batch sizes B_r: rows past B_r are padding, which a
 method's own terms leave out (:meth:`Criterion.padding_mask`) without uploading anything in a step.
 
-:class:`ScheduleCriterion` is the engine's; :class:`LossCriterion` applies a given loss to each run's rows (κ's batch
-of one, tests, benchmarks); a method may replace the criterion it is given by its own (KDPL's distillation).
+:class:`ScheduleCriterion` is the engine's; :class:`LossCriterion` applies a given loss to each run's rows; a method
+may replace it by its own (KDPL).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Prompt-tuning methods behind one interface (:class:`~atlas_fast.methods.base.PromptMethod`).
 
-Each method's file defines its class (which declares its name, printed name, recipe and data path), config and
-recipe, and registers the class with :func:`~atlas_fast.methods.registry.register_method`; importing this package
-imports every module in it, so a new method is one new file here (docs/method-zoo.md, section Adding a method).
-The registry, :data:`atlas_fast.methods.registry.METHODS`, is what the rest of atlas_fast reads; import a method's
-names from its own module (``from atlas_fast.methods.coop import CoOp``).
+Each method's file defines and registers its class, config and recipe; importing this package imports every
+module, so a new method is one new file (docs/method-zoo.md, section Adding a method). The rest of atlas_fast reads
+:data:`atlas_fast.methods.registry.METHODS`.
 """
 
 import importlib

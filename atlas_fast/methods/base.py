@@ -4,12 +4,8 @@ A method owns its *learned* tensors (prompts, meta-nets, heads) and the class-na
 class set; the frozen CLIP stays in the :class:`~atlas_fast.clip.backbones.Backbone` and is **not** part of the method's
 module tree, so ``.to()``, ``.train()``, ``parameters()`` and checkpoints touch only what the method learns.
 
-``R`` (number of runs trained together, e.g. several seeds of one sweep) is the leading dimension of every learned
-tensor and of the text path: ``text_features()`` is (R, C, D) and ``forward()`` gives logits (R, B, C), so runs can
-share one batched text-encoder pass. ``R = 1`` is an ordinary single run.
-
-Its config and recipe types are in :mod:`atlas_fast.methods.config`, the registry of method classes in
-:mod:`atlas_fast.methods.registry`.
+``R`` (runs trained together) leads every learned tensor and the text path: ``text_features()`` is (R, C, D),
+``forward()`` gives logits (R, B, C). Config and recipe types: :mod:`atlas_fast.methods.config`.
 """
 
 from __future__ import annotations

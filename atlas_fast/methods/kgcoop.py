@@ -1,10 +1,9 @@
 """KgCoOp: CoOp plus a pull of the learned class text towards CLIP's hand-crafted one (``docs/method-zoo.md``, section
 KgCoOp).
 
-Prompts are CoOp's with the class name at the end. The loss adds, to the cross-entropy terms,
-``W * (1 - mean_c cos(t_c, w_c))`` where t_c is the learned text feature of class c and w_c the normalised CLIP
-feature of the dataset's template filled with class c ("a photo of a {}, a type of pet.", the KgCoOp/DePT table;
-the recipe passes it in), computed once per class set. Only ``ctx`` is learned. All of KgCoOp's math is in this file.
+Prompts are CoOp's (class name at the end); the loss adds ``W * (1 - mean_c cos(t_c, w_c))``, w_c the normalised
+CLIP feature of the dataset's template with class c (the KgCoOp/DePT table), once per class set. Only ``ctx`` is
+learned.
 
 Deviation: the reference replaces any non-empty ``ctx_init`` by the hard-coded "a photo of a"; here ``ctx_init`` is
 used as given (the recipes pass "a photo of a", so the recipes' runs are the same).

@@ -1,10 +1,8 @@
 """Zero-shot CLIP (``ZeroshotCLIP``, ``docs/method-zoo.md``, section Zero-shot CLIP): one hand-crafted prompt per class,
 nothing learned.
 
-A method like the others so that every table prints its zero-shot row through the same evaluation path. The text
-features of ``template.format(class name with "_" -> " ")`` are computed once per class set with CLIP's own
-``encode_text`` and L2-normalised; logits follow docs/method-zoo.md, section Common CLIP pieces. Training it is a no-op
-(it has no learned tensors).
+A method like the others, so every zero-shot row goes through the same evaluation path. Text features of
+``template.format(class name with "_" -> " ")``, once per class set, CLIP's ``encode_text``, L2-normalised.
 """
 
 from __future__ import annotations
