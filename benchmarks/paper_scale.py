@@ -61,7 +61,7 @@ from atlas_fast.data.check import PUBLISHED_SIZES  # noqa: E402
 from atlas_fast.data.datasets import ELEVEN  # noqa: E402
 from atlas_fast.engine import memory  # noqa: E402
 from atlas_fast.methods.registry import method_class  # noqa: E402
-from atlas_fast.pricing import calibrate as keys  # noqa: E402
+from atlas_fast.pricing import calibrate, unit_keys as keys  # noqa: E402
 from atlas_fast.pricing import command_units  # noqa: E402
 from atlas_fast.pricing import estimate as est  # noqa: E402
 from atlas_fast.pricing import facts as plan  # noqa: E402
@@ -269,12 +269,12 @@ def priced(bench: Bench, groups: list[plan.GroupFacts], features: int, images: i
     parts = ((keys.CUT_KEY, bench.args.encode_batch, features, images),)  # the unit timed at --encode-batch
     facts = plan.PlanFacts((), 0, 0, features, images, int(bench.backbone.embed_dim), bench.device.type,
                            decode_workers=bench.decode_workers, cache_workers=bench.cache_workers, encode_parts=parts)
-    common = [k for k in keys.needed_units(facts)]
+    common = [k for k in calibrate.needed_units(facts)]
     kept, left_out = [], []
     for g in groups:
         one = plan.PlanFacts((g,), g.runs, 0, 0, 0, facts.embed_dim, facts.device,
                              decode_workers=bench.decode_workers)
-        if all(k in bench.units for k in keys.needed_units(one)):
+        if all(k in bench.units for k in calibrate.needed_units(one)):
             kept.append(g)
         else:
             left_out.append(g)
@@ -325,7 +325,7 @@ def report(bench: Bench, datasets: list[str], groups: list[plan.GroupFacts]) -> 
             continue
         one = plan.PlanFacts((g,), g.runs, 0, 0, 0, int(bench.backbone.embed_dim), device.type,
                              decode_workers=bench.decode_workers)
-        if all(k in bench.units for k in keys.needed_units(one)):
+        if all(k in bench.units for k in calibrate.needed_units(one)):
             e = est.price(one, bench.units)
             train, evaluation = e.phases["training"] / g.runs, e.phases["evaluation"] / g.runs
             train_s, eval_s = f"{train:.1f}", f"{evaluation:.1f}"

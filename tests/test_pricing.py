@@ -14,7 +14,7 @@ import atlas_fast
 from atlas_fast.clip.backbones import BackboneConfig
 from atlas_fast.engine import TrainConfig
 from atlas_fast.progress import process_seconds
-from atlas_fast.pricing import calibrate as keys
+from atlas_fast.pricing import calibrate, unit_keys as keys
 from atlas_fast.pricing import command_units
 from atlas_fast.pricing import estimate as est
 from atlas_fast.pricing import facts as plan
@@ -142,7 +142,7 @@ def test_a_dataset_whose_cache_is_full_needs_no_decode_unit():
     facts, units = hand_worked()
     facts = dataclasses.replace(facts, encode_parts=(("cut/WorldPhotos", 64, 0, 0), ("cut/Other", 64, 100, 40)))
     units = {**units, "cut/Other": units[keys.CUT_KEY]}
-    assert "cut/WorldPhotos" not in keys.needed_units(facts)
+    assert "cut/WorldPhotos" not in calibrate.needed_units(facts)
     assert price(facts, units).phases["cache build"] == pytest.approx(1.32)
 
 
@@ -155,7 +155,7 @@ def test_each_part_of_the_cache_build_is_priced_at_its_encoder_batch():
     facts = dataclasses.replace(facts, features_to_encode=412, images_to_decode=12,
                                 encode_parts=(("cut", 64, 10, 10), ("cut", 201, 402, 2)))
     units = {**units, keys.encode_key(201): Unit(0.012)}
-    assert keys.encode_key(201) in keys.needed_units(facts)
+    assert keys.encode_key(201) in calibrate.needed_units(facts)
     expected = 402 * (0.012 + 0.002) + 10 * (0.01 + 0.002) + 12 * 0.003
     assert price(facts, units).phases["cache build"] == pytest.approx(expected)
 
@@ -183,9 +183,9 @@ def test_a_command_s_process_end_is_priced(tmp_path, monkeypatch):
     unit = measure_exit(["json", "slow_end", "no_such_module_here"])
     assert 0.3 <= unit.seconds < 10
     facts, units = hand_worked()
-    assert keys.EXIT_KEY not in keys.needed_units(facts) and price(facts, units).phases["process end"] == 0
+    assert keys.EXIT_KEY not in calibrate.needed_units(facts) and price(facts, units).phases["process end"] == 0
     ended = dataclasses.replace(facts, ends_process=True)
-    assert keys.needed_units(ended)[-1] == keys.EXIT_KEY  # timed last: after what the other units load
+    assert calibrate.needed_units(ended)[-1] == keys.EXIT_KEY  # timed last: after what the other units load
     assert price(ended, {**units, keys.EXIT_KEY: unit}).phases["process end"] == unit.seconds
 
 
@@ -232,14 +232,14 @@ def test_evaluation_units_are_timed_in_proportion_to_the_plan_s_test_sets(pets, 
     real = measure.measure_eval
     monkeypatch.setattr(measure, "measure_eval", lambda *a, **k: asked.append(k["max_images"]) or real(*a, **k))
     first = est.estimate_configs(configs(pets, "evals"))
-    assert asked and set(asked) == {keys.EVAL_IMAGES_FLOOR}  # the tiny test sets: the floor
+    assert asked and set(asked) == {calibrate.EVAL_IMAGES_FLOOR}  # the tiny test sets: the floor
     store = json.loads((pets / "evals" / "cache" / "pricing" / "calibration.json").read_text())
     timed = [u["images"] for k, u in next(iter(store.values())).items() if k.startswith("eval/")]
     assert timed and all(0 < n for n in timed)
     asked.clear()
     est.estimate_configs(configs(pets, "evals"))
     assert asked == [] and first.units_measured > 0  # enough for the same plan: reused
-    monkeypatch.setattr(keys, "EVAL_IMAGES_FLOOR", 4 * measure.MAX_EVAL_IMAGES)  # a plan needing more than was timed
+    monkeypatch.setattr(calibrate, "EVAL_IMAGES_FLOOR", 4 * measure.MAX_EVAL_IMAGES)  # a plan needing more than was timed
     est.estimate_configs(configs(pets, "evals"))
     short = [n for n in timed if n < measure.MAX_EVAL_IMAGES]
     assert len(asked) == len(short) and set(asked) <= {measure.MAX_EVAL_IMAGES}

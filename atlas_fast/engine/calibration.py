@@ -49,7 +49,10 @@ def scaled(logits: torch.Tensor, temperature: float | torch.Tensor | None) -> to
     record's figures after temperature scaling are reproduced from its saved logits and temperature."""
     if temperature is None:
         return logits
-    t = torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device)
+    if isinstance(temperature, torch.Tensor):
+        t = temperature.to(dtype=logits.dtype, device=logits.device)
+    else:  # a fill on the logits' device, not a copy from the host
+        t = torch.full((), temperature, dtype=logits.dtype, device=logits.device)
     return logits / (t.reshape(*t.shape, *([1] * (logits.dim() - t.dim()))) if t.dim() else t)
 
 

@@ -156,6 +156,7 @@ class _SetCollector:
         self.per: PerImage | None = None
         self.per_ts: PerImage | None = None
         self.logits: torch.Tensor | None = None
+        self.divide: torch.Tensor | None = None  # the runs' temperatures on the logits' device, made once per set
         self.seen = 0
 
     def _allocate(self, runs: int) -> None:
@@ -185,8 +186,10 @@ class _SetCollector:
         if self.per is not None:
             self._place(self.per, at, per_image_scores(logits, labels))
         if self.per_ts is not None:
-            divide = [1.0 if t is None else t for t in self.temperatures]
-            self._place(self.per_ts, at, per_image_scores(scaled(logits, divide), labels))
+            if self.divide is None:  # fitted on the host: copied to the device once per set, not per chunk
+                self.divide = torch.tensor([1.0 if t is None else t for t in self.temperatures],
+                                           dtype=logits.dtype).to(logits.device)
+            self._place(self.per_ts, at, per_image_scores(scaled(logits, self.divide), labels))
         if self.keep:
             if self.logits is None:
                 self.logits = torch.zeros(logits.shape[0], self.labels.shape[0], logits.shape[-1])

@@ -10,18 +10,19 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from atlas_fast.clip.backbones import Backbone
 from atlas_fast.files import file_blake2b, read_json
+from atlas_fast.methods.config import MethodConfig
 from atlas_fast.methods.promptsrc import PromptSRC, PromptSRCConfig
 from atlas_fast.methods.teachers import load_teacher as load_teacher_clip
 
-if TYPE_CHECKING:
-    from atlas_fast.methods.promptkd import PromptKDConfig
+# ``config`` below is always PromptKD's (atlas_fast.methods.promptkd.PromptKDConfig, its teacher_* fields), typed by its
+# base so that the student's file imports this one and not the other way round.
 
 # The methods whose records carry a teacher's prompts (IVLP's four tensors; PromptSRC is the official teacher).
 TEACHER_RECORD_METHODS = ("promptsrc", "ivlp")
@@ -38,7 +39,7 @@ def teacher_shape_error(exc: Exception) -> str:
             f"is PromptKD's option teacher_X: set them with {TEACHER_SHAPE_OPTIONS}")
 
 
-def check_teacher_record(config: PromptKDConfig, path: Path) -> dict[str, Any]:
+def check_teacher_record(config: MethodConfig, path: Path) -> dict[str, Any]:
     """The record's JSON, refused unless it holds a one-run PromptSRC or IVLP trained on the teacher's model and
     weights (checked by name before any weights are loaded; the weights' fingerprint when the teacher loads)."""
     try:
@@ -70,7 +71,7 @@ class TeacherPrompts:
     source: str
 
 
-def record_prompts(config: PromptKDConfig, path: Path) -> TeacherPrompts:
+def record_prompts(config: MethodConfig, path: Path) -> TeacherPrompts:
     """The prompts of an atlas_fast PromptSRC / IVLP record (its learned tensors, checksum verified)."""
     record = check_teacher_record(config, path)
     learned = path.with_name(record.get("learned", path.with_suffix(".pt").name))
@@ -87,7 +88,7 @@ def record_prompts(config: PromptKDConfig, path: Path) -> TeacherPrompts:
     return TeacherPrompts(PromptSRCConfig(**saved), tensors, f"record {path}")
 
 
-def dassl_prompts(config: PromptKDConfig, path: Path) -> TeacherPrompts:
+def dassl_prompts(config: MethodConfig, path: Path) -> TeacherPrompts:
     """The prompts of the official teacher checkpoint (Dassl: ``{"state_dict": ...}`` of PromptSRC's CustomCLIP):
     ``prompt_learner.ctx`` (M, d_t), ``text_encoder.transformer.resblocks.{i}.VPT_shallow`` and
     ``image_encoder.VPT`` / ``image_encoder.transformer.resblocks.{i}.VPT_shallow`` for blocks i = 1..J-1. The text
@@ -131,7 +132,7 @@ def dassl_prompts(config: PromptKDConfig, path: Path) -> TeacherPrompts:
     return TeacherPrompts(prompt_config, tensors, f"Dassl checkpoint {path}")
 
 
-def teacher_prompts(config: PromptKDConfig) -> TeacherPrompts | None:
+def teacher_prompts(config: MethodConfig) -> TeacherPrompts | None:
     """The prompts ``teacher_prompts`` names (None: ``none``, the initialisation)."""
     if config.teacher_prompts.lower() == "none":
         return None
@@ -176,7 +177,7 @@ _TEACHER_TEXT: dict[tuple, torch.Tensor] = {}
 _TEACHER_TEXT_KEPT = 4
 
 
-def load_teacher(config: PromptKDConfig, device: torch.device | str) -> Backbone:
+def load_teacher(config: MethodConfig, device: torch.device | str) -> Backbone:
     """The prompted teacher: its backbone (``teacher``, ``teacher_pretrained``) with ``model`` a
     :class:`PromptedTeacherModel` holding its PromptSRC prompts, and a fingerprint of its weights and its prompts.
     A missing or mismatched teacher is refused here, naming the options, before it encodes anything."""

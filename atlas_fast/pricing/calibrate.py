@@ -1,77 +1,25 @@
-"""The units a plan needs, each under a key that names what it measures (``step/coop/C=500/B=32/R=4/<config
-digest>``), and measuring them: :func:`needed_units` lists the keys :func:`~atlas_fast.pricing.estimate.price` reads
+"""The units a plan needs, each under its key (:mod:`~atlas_fast.pricing.unit_keys`), and measuring them: :func:`needed_units` lists the keys :func:`~atlas_fast.pricing.estimate.price` reads
 for a plan's facts; :func:`measure_units` reads each from the calibration store
 (:mod:`atlas_fast.pricing.calibration`) or measures it once on this machine (:mod:`atlas_fast.pricing.units`, a
 run's; :mod:`atlas_fast.pricing.command_units`, the command's around its runs)."""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
+from atlas_fast.pricing.facts import PlanFacts
 from atlas_fast.pricing.timing import Unit
-
-if TYPE_CHECKING:
-    from atlas_fast.pricing.facts import PlanFacts
+from atlas_fast.pricing.unit_keys import (CUT_KEY, DECODE_KEY, ENCODE_KEY, EXIT_KEY, LOAD_KEY, LOADER_KEY, REPORT_KEY,
+                                          ZERO_SHOT, config_digest, encode_key, eval_key, overhead_key, soft_key,
+                                          step_key)
 
 DECODE_SAMPLE = 8  # image files of a dataset its decode unit is timed on
 EVAL_IMAGES_FACTOR = 4  # an evaluation unit is timed on up to this many times the plan's largest test set
 EVAL_IMAGES_FLOOR = 256  # ... and on at least this many images
 
 
-def config_digest(method_config: Any) -> str:
-    """A short digest of a method config (a unit is measured per config), of the text it always had: the config's
-    repr after ``num_runs=1``, once its first field, so the units a machine keeps stay found."""
-    if method_config is None:
-        return ""
-    fields = [f"{f.name}={getattr(method_config, f.name)!r}" for f in dataclasses.fields(method_config) if f.repr]
-    text = f"{type(method_config).__name__}({', '.join(['num_runs=1'] + fields)})"
-    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
-
-
-def step_key(method: str, classes: int, batch: int, runs: int, digest: str = "") -> str:
-    return f"step/{method}/C={classes}/B={batch}/R={runs}/{digest}"
-
-
-def eval_key(method: str, classes: int, digest: str = "", runs: int = 1) -> str:
-    """The evaluation unit of ``method`` at C = ``classes`` for ``runs`` runs evaluated together in one pass."""
-    return f"eval/{method}/C={classes}{f'/R={runs}' if runs > 1 else ''}/{digest}"
-
-
-def soft_key(kind: str, classes: int, images: int) -> str:
-    return f"soft/{kind}/C={classes}/N={images}"
-
-
-def overhead_key(method: str, classes: int, digest: str = "") -> str:
-    return f"overhead/{method}/C={classes}/{digest}"
-
-
-ENCODE_KEY = "encode"
-DECODE_KEY = "decode"
-
-
-def encode_key(batch: int) -> str:
-    """The encode unit timed in encoder batches of ``batch`` views (the cost per view grows with the batch on a CPU:
-    201 views of one image cost 1.1-1.25x the view of a batch of 64 on the world CLIP)."""
-    return f"{ENCODE_KEY}/B={batch}"
-
-
-CUT_KEY = "cut"  # the cache build's workers' part of decoding: 8-bit views, not normalised
-
-
-def cut_key(dataset: str) -> str:
-    """The cut unit (:data:`CUT_KEY`) timed on a sample of ``dataset``'s own image files."""
-    return f"{CUT_KEY}/{dataset}"
-
-
-def decode_key(dataset: str) -> str:
-    """The decode unit timed on a sample of ``dataset``'s own image files."""
-    return f"{DECODE_KEY}/{dataset}"
-
-
-def encode_parts(facts: "PlanFacts") -> tuple[tuple[str, int, int, int], ...]:
+def encode_parts(facts: PlanFacts) -> tuple[tuple[str, int, int, int], ...]:
     """(cut unit, views per encoder batch, features, images) of what the cache build encodes: only the parts with
     features to encode (a dataset whose cache is already full, e.g. the demo's, needs no decode unit and is priced at
     nothing)."""
@@ -79,13 +27,6 @@ def encode_parts(facts: "PlanFacts") -> tuple[tuple[str, int, int, int], ...]:
 
     parts = facts.encode_parts or ((CUT_KEY, BATCH_VIEWS, facts.features_to_encode, facts.images_to_decode),)
     return tuple(part for part in parts if part[2])
-
-
-EXIT_KEY = "process end"
-LOADER_KEY = "loader start"
-LOAD_KEY = "backbone load"
-REPORT_KEY = "report"
-ZERO_SHOT = "zsclip"
 
 
 def needed_units(facts: PlanFacts) -> list[str]:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from atlas_fast.progress import process_seconds
-from atlas_fast.pricing.calibrate import (EXIT_KEY, LOAD_KEY, LOADER_KEY, REPORT_KEY, ZERO_SHOT, encode_key,
-                                          encode_parts, eval_key, measure_units, needed_units, overhead_key, soft_key,
-                                          step_key)
+from atlas_fast.pricing.calibrate import encode_parts, measure_units, needed_units
 from atlas_fast.pricing.facts import PlanFacts, plan_facts
 from atlas_fast.pricing.timing import Unit
+from atlas_fast.pricing.unit_keys import (EXIT_KEY, LOAD_KEY, LOADER_KEY, REPORT_KEY, ZERO_SHOT, encode_key, eval_key,
+                                          overhead_key, soft_key, step_key)
 
 #: bytes of one cached feature value (the cache stores float16)
 STORAGE_ITEMSIZE = 2

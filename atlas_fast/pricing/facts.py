@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from atlas_fast.pricing.calibrate import config_digest, cut_key, decode_key
+from atlas_fast.pricing.unit_keys import config_digest, cut_key, decode_key
 
 
 @dataclass(frozen=True)
